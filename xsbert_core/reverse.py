@@ -1,0 +1,35 @@
+"""Slow, obviously correct sentence factors: reverse mode, one backward pass per embedding dimension.
+
+    P[k, s] = sum_n w_n sum_h (d e_k / d x)[s, h] (x(alpha_n)) * Delta[s, h]
+
+This is how the reference research code computes attributions (a loop over all D output
+dimensions, one sentence at a time). It is the yardstick for the forward-mode engine in tests and
+in bench/, not a production path.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .factors import endpoints
+from .quadrature import nodes_and_weights
+from .split import SplitModel
+
+
+def sentence_factor_reverse(split: SplitModel, text: str, rule: str, n_steps: int) -> Tensor:
+    """The (D, S) factor of one text, by D backward passes per quadrature node."""
+    batch = split.tokenize([text])
+    ends = endpoints(split, batch)
+    delta = ends.delta
+    alphas, weights = nodes_and_weights(rule, n_steps)
+    dim = ends.e_x.shape[-1]
+    factor = torch.zeros(dim, batch.lengths[0], dtype=torch.float64)
+    with torch.enable_grad():
+        for alpha, weight in zip(alphas, weights):
+            x = (ends.h_r + float(alpha) * delta).detach().requires_grad_(True)
+            e = split.tail(x, batch.features, ends.shift)[0]
+            for k in range(dim):
+                (grad,) = torch.autograd.grad(e[k], x, retain_graph=k < dim - 1)
+                factor[k] += float(weight) * (grad[0] * delta[0]).sum(-1).double().cpu()
+    return factor.to(ends.e_x.dtype)

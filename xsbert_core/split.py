@@ -1,0 +1,212 @@
+"""A sentence-transformers model split at encoder layer L.
+
+    h(x) = hidden_states[L](x)             the S x H states entering encoder layer L
+    e(x) = tail(h(x))                      layers L..n-1, then pooling (+ Dense), no Normalize
+    exact mode:  e(x) = pool(T(x) - T(r))  token embeddings of the reference subtracted, so e(r) = 0
+
+`tail` re-enters the HF model with its embeddings output replaced by `h` and its layer list sliced
+to L..n-1, so masks, position bias (MPNet) and layer signatures stay the model's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from sentence_transformers import SentenceTransformer
+from torch import Tensor, nn
+
+from .errors import InputError, TruncationError, UnsupportedModelError
+from .references import pad_token_id, reference_ids
+
+logger = logging.getLogger(__name__)
+
+Mode = Literal["approx", "exact"]
+Truncation = Literal["warn", "error"]
+MODES: tuple[str, ...] = ("approx", "exact")
+TRUNCATION_POLICIES: tuple[str, ...] = ("warn", "error")
+
+# Where the encoder layers live, by architecture family.
+_LAYER_PATHS = ("encoder.layer", "transformer.layer", "encoder.layers")
+
+
+def _find_layers(auto_model: nn.Module) -> tuple[nn.Module, str, nn.ModuleList]:
+    for path in _LAYER_PATHS:
+        owner_path, attr = path.rsplit(".", 1)
+        owner = getattr(auto_model, owner_path, None)
+        layers = getattr(owner, attr, None) if owner is not None else None
+        if isinstance(layers, nn.ModuleList) and len(layers) > 0:
+            return owner, attr, layers
+    raise UnsupportedModelError(
+        f"{type(auto_model).__name__} has no encoder layer list ({', '.join(_LAYER_PATHS)}): supported are "
+        "BERT-like encoders (BERT/MiniLM, MPNet, RoBERTa/XLM-R, DistilBERT)"
+    )
+
+
+@dataclass
+class TokenBatch:
+    """A padded batch of tokenized texts and their references, all (B, S)."""
+
+    texts: list[str]
+    features: dict[str, Tensor]  # input_ids, attention_mask[, token_type_ids]: what the HF model takes
+    reference_ids: Tensor
+    lengths: list[int]
+    truncated: list[bool]
+    tokens: list[list[str]]
+    word_ids: list[list[int | None]]
+    offsets: list[list[tuple[int, int]]]
+
+    def reference_features(self) -> dict[str, Tensor]:
+        return {**self.features, "input_ids": self.reference_ids}
+
+    def select(self, rows: list[int]) -> TokenBatch:
+        idx = torch.as_tensor(rows, dtype=torch.long)
+        s = max(self.lengths[i] for i in rows)
+        return TokenBatch(
+            texts=[self.texts[i] for i in rows],
+            features={k: v[idx, :s] for k, v in self.features.items()},
+            reference_ids=self.reference_ids[idx, :s],
+            lengths=[self.lengths[i] for i in rows],
+            truncated=[self.truncated[i] for i in rows],
+            tokens=[self.tokens[i] for i in rows],
+            word_ids=[self.word_ids[i] for i in rows],
+            offsets=[self.offsets[i] for i in rows],
+        )
+
+
+class SplitModel:
+    """`model` split at layer `layer` (negative counts from the top: -1 is the last layer's input)."""
+
+    def __init__(self, model: SentenceTransformer, layer: int, mode: Mode = "approx") -> None:
+        if mode not in MODES:
+            raise InputError(f"Unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
+        first = model[0]
+        auto_model = getattr(first, "auto_model", None)
+        if auto_model is None:
+            raise UnsupportedModelError(
+                f"The first module of the model is {type(first).__name__}, not a Hugging Face Transformer"
+            )
+        self.model = model
+        self.auto_model = auto_model
+        self.tokenizer = first.tokenizer
+        if not getattr(self.tokenizer, "is_fast", False):
+            raise UnsupportedModelError("A fast (Rust) tokenizer is needed for word ids and offsets")
+        self._owner, self._attr, self._layers = _find_layers(auto_model)
+        if not isinstance(getattr(auto_model, "embeddings", None), nn.Module):
+            raise UnsupportedModelError(f"{type(auto_model).__name__} has no `embeddings` module to split after")
+        impl = getattr(auto_model.config, "_attn_implementation", "eager")
+        if impl not in (None, "eager"):
+            warnings.warn(
+                f"attention implementation {impl!r}: forward-mode AD needs 'eager'; load the model with "
+                "xsbert_core.load_model or model_kwargs={'attn_implementation': 'eager'}",
+                stacklevel=2,
+            )
+        self.n_layers = len(self._layers)
+        if isinstance(layer, bool) or not isinstance(layer, int):
+            raise InputError(f"layer must be an integer, got {layer!r}")
+        resolved = layer + self.n_layers if layer < 0 else layer
+        if not 0 <= resolved < self.n_layers:
+            raise InputError(
+                f"layer {layer} is out of range for a model with {self.n_layers} encoder layers "
+                f"(valid: 0..{self.n_layers - 1}, or -{self.n_layers}..-1 from the top)"
+            )
+        self.layer = resolved
+        self.mode: Mode = mode
+        modules = [model[i] for i in range(1, len(model))]
+        while modules and type(modules[-1]).__name__ == "Normalize":
+            modules.pop()
+        self.post = modules
+        self.pad_id = pad_token_id(self.tokenizer)
+        self.max_seq_length = int(first.max_seq_length or self.tokenizer.model_max_length)
+        self.hidden_size = int(auto_model.config.hidden_size)
+        self._model_inputs = [
+            k for k in ("input_ids", "attention_mask", "token_type_ids") if k in self.tokenizer.model_input_names
+        ]
+        self._replacement: Tensor | None = None
+        auto_model.embeddings.register_forward_hook(self._replace_embeddings)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.auto_model.parameters()).device
+
+    # -------------------------------------------------------------- tokenization
+    def tokenize(self, texts: list[str], truncation: Truncation = "warn") -> TokenBatch:
+        """Tokenize like the model does, flag (or reject) texts over max_seq_length, build references."""
+        if truncation not in TRUNCATION_POLICIES:
+            raise InputError(f"Unknown truncation policy {truncation!r}; valid: {', '.join(TRUNCATION_POLICIES)}")
+        for text in texts:
+            if not isinstance(text, str):
+                raise InputError(f"Texts must be strings, got {type(text).__name__}")
+            if not text.strip():
+                raise InputError("Empty or whitespace-only text cannot be attributed")
+        full_lengths = [len(ids) for ids in self.tokenizer(texts, truncation=False)["input_ids"]]
+        truncated = [n > self.max_seq_length for n in full_lengths]
+        for text, n, cut in zip(texts, full_lengths, truncated):
+            if cut and truncation == "error":
+                raise TruncationError(
+                    f"Text of {n} tokens exceeds max_seq_length={self.max_seq_length}: {text[:60]!r}..."
+                )
+            if cut:
+                logger.warning("Truncating a text of %d tokens to max_seq_length=%d", n, self.max_seq_length)
+        enc = self.tokenizer(
+            texts,
+            padding=True,
+            truncation=True,
+            max_length=self.max_seq_length,
+            return_tensors="pt",
+            return_special_tokens_mask=True,
+            return_offsets_mapping=True,
+        )
+        features = {k: enc[k].to(self.device) for k in self._model_inputs if k in enc}
+        mask = enc["attention_mask"]
+        lengths = mask.sum(-1).tolist()
+        ref = reference_ids(enc["input_ids"], enc["special_tokens_mask"], mask, self.pad_id).to(self.device)
+        return TokenBatch(
+            texts=list(texts),
+            features=features,
+            reference_ids=ref,
+            lengths=lengths,
+            truncated=truncated,
+            tokens=[self.tokenizer.convert_ids_to_tokens(enc["input_ids"][b, :n]) for b, n in enumerate(lengths)],
+            word_ids=[enc.word_ids(b)[:n] for b, n in enumerate(lengths)],
+            offsets=[[tuple(o) for o in enc["offset_mapping"][b, :n].tolist()] for b, n in enumerate(lengths)],
+        )
+
+    # ------------------------------------------------------------------ forward
+    def _replace_embeddings(self, module: nn.Module, inputs: tuple, output: Tensor) -> Tensor | None:
+        return self._replacement if self._replacement is not None else None
+
+    @contextlib.contextmanager
+    def _entering_at_layer(self, hidden: Tensor):
+        """Within: the HF model's embeddings output is `hidden` and its layers are L..n-1."""
+        self._replacement = hidden
+        setattr(self._owner, self._attr, nn.ModuleList(list(self._layers)[self.layer :]))
+        try:
+            yield
+        finally:
+            setattr(self._owner, self._attr, self._layers)
+            self._replacement = None
+
+    @torch.no_grad()
+    def hidden(self, features: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """(h, T): hidden states entering layer L and the last layer's token embeddings, (B, S, H)."""
+        out = self.auto_model(**features, output_hidden_states=True)
+        return out.hidden_states[self.layer], out.last_hidden_state
+
+    def tail(self, hidden: Tensor, features: dict[str, Tensor], shift: Tensor | None = None) -> Tensor:
+        """e = pool(T_L(hidden) - shift), shape (B, D); differentiable in `hidden`.
+
+        `shift` is the reference's last-layer token embeddings in exact mode, None in approx mode.
+        """
+        with self._entering_at_layer(hidden):
+            token_embeddings = self.auto_model(**features).last_hidden_state
+        if shift is not None:
+            token_embeddings = token_embeddings - shift
+        out = {"token_embeddings": token_embeddings, "attention_mask": features["attention_mask"]}
+        for module in self.post:
+            out = module(out)
+        return out["sentence_embedding"]
