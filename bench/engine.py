@@ -1,0 +1,243 @@
+"""Engine benchmark: forward-mode factors vs the reverse-mode reference and vs a plain forward.
+
+Everything is measured in one run on this machine; ratios compare timings from that same run.
+
+    python bench/engine.py                      # all-MiniLM-L6-v2 and all-mpnet-base-v2, layer -3 (= 9 for mpnet)
+    python bench/engine.py --models minilm --pairs 16
+
+For each model it reports
+  same-N speed-up:  engine (rule riemann, N=--steps) vs reverse mode (one backward pass per embedding
+                    dimension per node: the reference code's algorithm), same pairs' sentences
+  equal-error speed-up: engine with the smallest gauss-legendre N whose mean factor error is <= that of
+                    riemann N=--ref-steps, vs reverse mode at riemann N=--ref-steps. Reverse cost is
+                    N x (one forward + D backward passes): the N=--steps timing is scaled by
+                    ref_steps/steps unless --reverse-full times it directly.
+  forward ratio:    engine time / no-grad forward of the same batch of sequences the engine pushes
+                    tangents through (B*N*S rows), and / forward of the B*N interpolation points alone
+  peak RSS:         a fresh process attributing one 512-token text (max_seq_length raised to 512)
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from xsbert_core import Explainer, load_model  # noqa: E402
+from xsbert_core.factors import endpoints  # noqa: E402
+from xsbert_core.quadrature import nodes_and_weights  # noqa: E402
+from xsbert_core.reverse import sentence_factor_reverse  # noqa: E402
+
+MODELS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2", "mpnet": "all-mpnet-base-v2"}
+GL_CANDIDATES = (4, 6, 8, 10, 12, 16, 20, 24, 32)
+STSB_PATHS = (ROOT / "jobs" / "data" / "stsb.tsv.gz", ROOT.parent / "shared" / "data" / "stsb" / "stsb.tsv.gz")
+
+
+def stsb_test_pairs(n: int, seed: int) -> list[tuple[str, str]]:
+    path = next(p for p in STSB_PATHS if p.exists())
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        rows = [r for r in csv.DictReader(fh, delimiter="\t", quoting=csv.QUOTE_NONE) if r["split"] == "test"]
+    idx = np.random.default_rng(seed).choice(len(rows), size=n, replace=False)
+    return [(rows[i]["sentence1"], rows[i]["sentence2"]) for i in idx]
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def engine_run(model, layer, rule, steps, pairs):
+    ex = Explainer(model, layer=layer, rule=rule, steps=steps)
+    res, dt = timed(lambda: ex.explain_pairs(pairs))
+    errs = np.array([e for r in res for e in (r.factor_error_a, r.factor_error_b)])
+    return ex, dt, errs
+
+
+def reverse_run(ex: Explainer, rule: str, steps: int, pairs):
+    def go():
+        return [
+            (sentence_factor_reverse(ex.split, a, rule, steps), sentence_factor_reverse(ex.split, b, rule, steps))
+            for a, b in pairs
+        ]
+
+    return timed(go)
+
+
+@torch.no_grad()
+def plain_forward(ex: Explainer, texts: list[str], steps: int, expand_tokens: bool) -> float:
+    """No-grad forward through the same split model of the interpolation points x(alpha_n)
+    (expand_tokens: each repeated once per token, the batch the engine pushes tangents through)."""
+    alphas, _ = nodes_and_weights("riemann", steps)
+    total = 0.0
+    batch = ex.split.tokenize(texts)
+    order = sorted(range(len(texts)), key=lambda i: batch.lengths[i])
+    for k in range(0, len(order), 32):
+        sub = batch.select(order[k : k + 32])
+        ends = endpoints(ex.split, sub)
+        a = torch.as_tensor(alphas, dtype=ends.h_x.dtype)
+        n = len(alphas)
+        x = ends.h_r.repeat_interleave(n, 0) + a.repeat(len(sub.texts))[:, None, None] * ends.delta.repeat_interleave(n, 0)
+        feats = {k2: v.repeat_interleave(n, 0) for k2, v in sub.features.items()}
+        reps = max(sub.lengths) if expand_tokens else 1
+        rows = x.shape[0]
+        chunk = max(1, 4096 // x.shape[1])
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            for r0 in range(0, rows, chunk):
+                ex.split.tail(x[r0 : r0 + chunk], {k2: v[r0 : r0 + chunk] for k2, v in feats.items()}, None)
+        total += time.perf_counter() - t0
+    return total
+
+
+def rss_probe(model_name: str, layer: int, tokens: int, steps: int) -> dict:
+    """Run in a fresh process: peak RSS for one long text."""
+    code = f"""
+import resource, json, time, torch
+torch.set_num_threads({torch.get_num_threads()})
+from xsbert_core import Explainer, load_model
+m = load_model({model_name!r})
+m.max_seq_length = {tokens}
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+ex = Explainer(m, layer={layer}, steps={steps})
+text = " ".join(["The quick brown fox jumps over the lazy dog near the river bank."] * 60)
+t0 = time.perf_counter(); f = ex.factors([text])[0]; dt = time.perf_counter() - t0
+print(json.dumps(dict(tokens=len(f.tokens), seconds=dt, rss_after_load_mb=base,
+      peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, error=f.error)))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    if out.returncode or not lines:
+        raise RuntimeError(f"rss probe failed: {out.stderr[-2000:]}")
+    return json.loads(lines[-1])
+
+
+def bench_model(key: str, args) -> dict:
+    name = MODELS[key]
+    model = load_model(name)
+    pairs = stsb_test_pairs(args.pairs, args.seed)
+    rev_pairs = pairs[: args.reverse_pairs]
+    texts = [t for p in pairs for t in p]
+    r: dict = {"model": name, "pairs": len(pairs), "reverse_pairs": len(rev_pairs), "steps": args.steps}
+
+    # 1. same rule, same N
+    ex, t_eng, errs = engine_run(model, args.layer, "riemann", args.steps, pairs)
+    r.update(layer=ex.layer, dim=int(ex.model.get_embedding_dimension()))
+    r["engine_pairs_per_s"] = len(pairs) / t_eng
+    rev, t_rev = reverse_run(ex, "riemann", args.steps, rev_pairs)
+    r["reverse_pairs_per_s"] = len(rev_pairs) / t_rev
+    r["speedup_same_n"] = r["engine_pairs_per_s"] / r["reverse_pairs_per_s"]
+    fwd = ex.factors([t for p in rev_pairs for t in p])
+    rev_flat = [f for pr in rev for f in pr]
+    r["max_rel_diff_vs_reverse"] = max(float((f.factor - g).norm() / g.norm()) for f, g in zip(fwd, rev_flat))
+    r["riemann_n_mean_error"] = float(errs.mean())
+
+    # 2. equal-or-better completeness error
+    _, t_ref, errs_ref = engine_run(model, args.layer, "riemann", args.ref_steps, pairs)
+    r["ref_steps"] = args.ref_steps
+    r["riemann_ref_mean_error"] = float(errs_ref.mean())
+    for n in GL_CANDIDATES:
+        _, t_gl, errs_gl = engine_run(model, args.layer, "gauss-legendre", n, pairs)
+        if errs_gl.mean() <= errs_ref.mean():
+            break
+    r.update(gl_steps=n, gl_mean_error=float(errs_gl.mean()), gl_pairs_per_s=len(pairs) / t_gl)
+    if args.reverse_full:
+        _, t_rev_ref = reverse_run(ex, "riemann", args.ref_steps, rev_pairs)
+        r["reverse_ref_pairs_per_s"], r["reverse_ref_timing"] = len(rev_pairs) / t_rev_ref, "measured"
+    else:
+        r["reverse_ref_pairs_per_s"] = r["reverse_pairs_per_s"] * args.steps / args.ref_steps
+        r["reverse_ref_timing"] = f"N={args.steps} timing x {args.ref_steps}/{args.steps}"
+    r["speedup_equal_error"] = r["gl_pairs_per_s"] / r["reverse_ref_pairs_per_s"]
+
+    # 3. plain forward of the same batches
+    t_fwd_tok = plain_forward(ex, texts, args.steps, expand_tokens=True)
+    t_fwd = plain_forward(ex, texts, args.steps, expand_tokens=False)
+    r["engine_over_forward_same_rows"] = t_eng / t_fwd_tok
+    r["engine_over_forward_interp_points"] = t_eng / t_fwd
+
+    # 4. memory for a 512-token text
+    if not args.skip_rss:
+        r["rss_512"] = rss_probe(name, args.layer, 512, args.rss_steps)
+    r["this_process_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return r
+
+
+def to_markdown(results: list[dict], args) -> str:
+    lines = [
+        f"Engine benchmark ({time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads; STS-B test pairs, seed {args.seed}). Command: "
+        f"`python bench/engine.py {' '.join(sys.argv[1:])}`",
+        "",
+        "| | " + " | ".join(r["model"].split("/")[-1] + f" (layer {r['layer']}, D={r['dim']})" for r in results) + " |",
+        "|---|" + "---|" * len(results),
+    ]
+
+    def row(label, fmt):
+        lines.append(f"| {label} | " + " | ".join(fmt(r) for r in results) + " |")
+
+    row("pairs timed (engine / reverse)", lambda r: f"{r['pairs']} / {r['reverse_pairs']}")
+    row("engine, riemann N (pairs/s)", lambda r: f"{r['engine_pairs_per_s']:.2f} (N={r['steps']})")
+    row("reverse mode, riemann N (pairs/s)", lambda r: f"{r['reverse_pairs_per_s']:.4f}")
+    row("**speed-up, same rule and N**", lambda r: f"**{r['speedup_same_n']:.0f}x**")
+    row("max rel. diff engine vs reverse", lambda r: f"{r['max_rel_diff_vs_reverse']:.1e}")
+    row("mean factor error, riemann N", lambda r: f"{r['riemann_n_mean_error']:.2e}")
+    row("mean factor error, riemann N_ref", lambda r: f"{r['riemann_ref_mean_error']:.2e} (N_ref={r['ref_steps']})")
+    row("smallest GL N with error <= that", lambda r: f"{r['gl_steps']} ({r['gl_mean_error']:.2e})")
+    row("engine GL (pairs/s)", lambda r: f"{r['gl_pairs_per_s']:.2f}")
+    row("reverse riemann N_ref (pairs/s)", lambda r: f"{r['reverse_ref_pairs_per_s']:.5f} ({r['reverse_ref_timing']})")
+    row("**speed-up, equal-or-better error**", lambda r: f"**{r['speedup_equal_error']:.0f}x**")
+    row("engine / forward of same B·N·S rows", lambda r: f"{r['engine_over_forward_same_rows']:.2f}x")
+    row("engine / forward of B·N interpolation points", lambda r: f"{r['engine_over_forward_interp_points']:.1f}x")
+    row(
+        "512-token text: peak RSS (after load)",
+        lambda r: f"{r['rss_512']['peak_rss_mb']:.0f} MB ({r['rss_512']['rss_after_load_mb']:.0f} MB), "
+        f"{r['rss_512']['seconds']:.1f} s"
+        if "rss_512" in r
+        else "skipped",
+    )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default="minilm,mpnet", help="comma list of: " + ", ".join(MODELS))
+    p.add_argument("--layer", type=int, default=-3)
+    p.add_argument("--pairs", type=int, default=24, help="pairs for engine timings")
+    p.add_argument("--reverse-pairs", type=int, default=1, help="pairs for reverse-mode timings")
+    p.add_argument("--steps", type=int, default=4, help="N for the same-N comparison")
+    p.add_argument("--ref-steps", type=int, default=50, help="riemann N of the reference code's setting")
+    p.add_argument("--reverse-full", action="store_true", help="time reverse mode at --ref-steps directly")
+    p.add_argument("--rss-steps", type=int, default=4)
+    p.add_argument("--skip-rss", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "engine.md"))
+    args = p.parse_args()
+    results = []
+    for key in args.models.split(","):
+        print(f"== {key}", flush=True)
+        results.append(bench_model(key.strip(), args))
+        print(json.dumps(results[-1], indent=1), flush=True)
+    md = to_markdown(results, args)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(md)
+    Path(args.out).with_suffix(".json").write_text(json.dumps(results, indent=1))
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
