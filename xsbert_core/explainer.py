@@ -164,10 +164,8 @@ class Explainer:
             raise InputError(f"max_steps ({max_steps}) must be >= steps ({steps})")
         if internal_batch_size is not None and internal_batch_size < 1:
             raise InputError(f"internal_batch_size must be >= 1, got {internal_batch_size!r}")
-        self.model_name = model if isinstance(model, str) else getattr(model, "model_card_data", None) and str(
-            getattr(model.model_card_data, "base_model", None) or "<in-memory model>"
-        )
-        self.model = load_model(model, device=device) if not isinstance(model, SentenceTransformer) else model
+        self.model = model if isinstance(model, SentenceTransformer) else load_model(model, device=device)
+        self.model_name = str(getattr(self.model, "xsbert_name", None) or "<in-memory model>")
         self.split = SplitModel(self.model, layer, mode)
         self.mode: Mode = mode
         self.steps = steps

@@ -162,6 +162,7 @@ def load_model(name: str | os.PathLike = DEFAULT_MODEL, device: str | None = Non
             f"{str(exc).splitlines()[0] if str(exc) else ''}). {_install_hint(str(name))}"
         ) from exc
     model.eval()
+    model.xsbert_name = str(name)  # what the user asked for, for settings and run ids
     for p in model.parameters():
         p.requires_grad_(False)
     return model
