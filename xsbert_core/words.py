@@ -20,7 +20,10 @@ class Word:
 
 
 def words_of(text: str, word_ids: list[int | None], offsets: list[tuple[int, int]]) -> list[Word]:
-    """Group token indices by word id, in order; the word's text spans its tokens' character offsets."""
+    """Group token indices by word id, in order; the word's text spans its tokens' character offsets.
+
+    Groups whose span is only whitespace are not words.
+    """
     groups: dict[int, list[int]] = {}
     for i, wid in enumerate(word_ids):
         if wid is not None:
@@ -30,7 +33,10 @@ def words_of(text: str, word_ids: list[int | None], offsets: list[tuple[int, int
         idx = groups[wid]
         start = min(offsets[i][0] for i in idx)
         end = max(offsets[i][1] for i in idx)
-        words.append(Word(text=text[start:end].strip(), tokens=tuple(idx)))
+        word = text[start:end].strip()
+        if not word:  # whitespace-only pre-token (byte-level BPE's lone 'Ġ' for extra spaces): no word
+            continue
+        words.append(Word(text=word, tokens=tuple(idx)))
     return words
 
 
