@@ -161,6 +161,10 @@ class SplitModel:
             return_special_tokens_mask=True,
             return_offsets_mapping=True,
         )
+        content = (enc["attention_mask"].bool() & ~enc["special_tokens_mask"].bool()).sum(-1)
+        for text, n in zip(texts, content.tolist()):
+            if n == 0:  # e.g. only zero-width or control characters: e(x) = e(r), nothing to attribute
+                raise InputError(f"Text {text[:60]!r} has no tokens but special ones after tokenization")
         features = {k: enc[k].to(self.device) for k in self._model_inputs if k in enc}
         mask = enc["attention_mask"]
         lengths = mask.sum(-1).tolist()
