@@ -174,5 +174,6 @@ def weights_fingerprint(model: torch.nn.Module) -> str:
     for key, tensor in sorted(model.state_dict().items()):
         t = tensor.detach().cpu().contiguous()
         h.update(f"{key}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        # reshape(-1): view(uint8) refuses 0-dim tensors (scalar parameters, BatchNorm's num_batches_tracked)
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()

