@@ -1,0 +1,110 @@
+"""`xsbert explain`, run in-process through cli.main(argv) with the real all-MiniLM-L6-v2."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from xsbert_core import Explainer
+from xsbert_core.cli import EXAMPLE_PAIR, main
+
+A = "A man is playing a guitar."
+B = "Someone plays an instrument."
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def cli_json(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "out.json"
+    code = main(["explain", A, B, "--steps", "4", "--layer", "-2", "--json", str(out), "-q"])
+    assert code == 0
+    return json.loads(out.read_text())
+
+
+def test_json_has_every_field(cli_json, minilm):
+    d = cli_json
+    for key in ("tokens_a", "tokens_b", "matrix", "score", "attribution_sum", "ref_sim_a", "ref_sim_b",
+                "ref_term", "error", "settings"):
+        assert key in d, key
+    tok = minilm[0].tokenizer
+    assert d["tokens_a"] == tok.convert_ids_to_tokens(tok(A)["input_ids"])  # the tokenizer's own strings
+    assert d["tokens_b"] == tok.convert_ids_to_tokens(tok(B)["input_ids"])
+    assert d["tokens_a"][0] == "[CLS]" and d["tokens_a"][-1] == "[SEP]"
+    m = np.array(d["matrix"])
+    assert m.shape == (len(d["tokens_a"]), len(d["tokens_b"]))
+    assert d["attribution_sum"] == pytest.approx(float(m.sum()), abs=1e-9)
+    assert d["error"] == pytest.approx(d["attribution_sum"] - d["target"], abs=1e-12)
+    assert -1.0 <= d["score"] <= 1.0
+    assert d["settings"]["steps"] == 4 and d["settings"]["layer"] == 4 and d["settings"]["n_layers"] == 6
+    assert d["settings"]["mode"] == "approx" and d["settings"]["model"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert d["text_a"] == A and d["text_b"] == B
+    assert "words_a" not in d  # only with --words
+
+
+def test_json_equals_the_library(cli_json, minilm):
+    res = Explainer(minilm, layer=-2, steps=4).explain(A, B)
+    np.testing.assert_allclose(np.array(cli_json["matrix"]), res.matrix, rtol=1e-5, atol=1e-8)
+    for key in ("score", "attribution_sum", "ref_sim_a", "ref_sim_b", "ref_term", "error"):
+        assert cli_json[key] == pytest.approx(getattr(res, key), rel=1e-5, abs=1e-7), key
+
+
+def test_words_and_plot(tmp_path, capsys):
+    out, png = tmp_path / "w.json", tmp_path / "a.png"
+    code = main(["explain", "Unbelievably good guitarists.", B, "--steps", "2", "--layer", "-1", "--words",
+                 "--json", str(out), "--plot", str(png), "--mode", "exact"])
+    assert code == 0
+    d = json.loads(out.read_text())
+    assert d["words_a"] == ["Unbelievably", "good", "guitarists", "."]
+    assert d["words_b"] == ["Someone", "plays", "an", "instrument", "."]
+    assert np.array(d["word_matrix"]).shape == (4, 5)
+    assert "un" in d["tokens_a"] and any(t.startswith("##") for t in d["tokens_a"])
+    assert d["ref_sim_a"] == 0.0 and d["ref_term"] == 0.0 and d["settings"]["mode"] == "exact"
+    data = png.read_bytes()
+    assert len(data) > 1000 and data.startswith(PNG_MAGIC)
+    printed = capsys.readouterr().out
+    assert "score f(a,b)" in printed and "top 5 token pairs" in printed and "word pairs" in printed
+
+
+def test_default_example_pair(tmp_path):
+    out = tmp_path / "d.json"
+    assert main(["explain", "--steps", "1", "--layer", "-1", "--json", str(out), "-q"]) == 0
+    d = json.loads(out.read_text())
+    assert (d["text_a"], d["text_b"]) == EXAMPLE_PAIR
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["explain", "", "Some text."], "mpty"),
+        (["explain", "   ", "Some text."], "mpty"),
+        (["explain", "Some text.", "Other.", "--steps", "0"], "steps"),
+        (["explain", "Some text.", "Other.", "--layer", "6"], "out of range"),
+        (["explain", "Some text.", "Other.", "--rule", "simpson"], "rule"),
+        (["explain", "Some text.", "Other.", "--similarity", "l2"], "similarity"),
+        (["explain", "only one text"], "both texts"),
+    ],
+)
+def test_bad_input_exits_2_with_message(argv, needle, capsys, tmp_path):
+    out = tmp_path / "never.json"
+    code = main(argv + ["--json", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2
+    messages = [line for line in err.splitlines() if line.startswith("xsbert: error:")]  # (HF progress bars aside)
+    assert len(messages) == 1 and needle in messages[0]
+    assert "Traceback" not in err
+    assert not out.exists()
+
+
+def test_unknown_model_exits_2(capsys, tmp_path):
+    code = main(["explain", "a", "b", "--model", str(tmp_path / "no-model-here"), "--steps", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and "xsbert: error:" in err and "Traceback" not in err
+
+
+def test_argparse_rejects_bad_choices(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["explain", "a", "b", "--mode", "tuned"])
+    assert info.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
