@@ -75,7 +75,8 @@ def test_approx_sum_converges_to_bracket_not_score(approx_runs):
 def test_approx_target_is_the_design_bracket(minilm, approx_runs):
     """Recompute the bracket from e(a), e(b), e(r_a), e(r_b) independently of the engine's pairs module."""
     fa, fb = Explainer(minilm, layer=-3, mode="approx", steps=2).factors([A, B])
-    a, b, ra, rb = (t.double().numpy() for t in (fa.embedding, fb.embedding, fa.reference_embedding, fb.reference_embedding))
+    ends = (fa.embedding, fb.embedding, fa.reference_embedding, fb.reference_embedding)
+    a, b, ra, rb = (t.double().numpy() for t in ends)
     c = np.linalg.norm(a) * np.linalg.norm(b)
     bracket = (a @ b - a @ rb - ra @ b + ra @ rb) / c
     res = approx_runs[32]

@@ -124,7 +124,9 @@ def test_model_unchanged_after_explaining(tiny, arch):
     assert list(model[0].auto_model.modules()) == layers_before
 
 
-@pytest.mark.parametrize("arch,pad_name", [("bert", "[PAD]"), ("mpnet", "<pad>"), ("roberta", "<pad>"), ("xlmr", "<pad>")])
+@pytest.mark.parametrize(
+    "arch,pad_name", [("bert", "[PAD]"), ("mpnet", "<pad>"), ("roberta", "<pad>"), ("xlmr", "<pad>")]
+)
 def test_reference_tokens_come_from_the_tokenizer(tiny, arch, pad_name):
     """r = [CLS/BOS] PAD ... PAD [SEP/EOS], same length, ids from the model's own tokenizer."""
     model = tiny.get(arch)

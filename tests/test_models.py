@@ -146,7 +146,8 @@ HUB_SCRIPT = textwrap.dedent(
     out["fingerprint"] = weights_fingerprint(model)
     out["name"] = model.xsbert_name
     out["embedding"] = model.encode(["A man plays guitar."])[0].tolist()
-    out["settings_model"] = Explainer(model, layer=1, steps=2).explain("A man plays guitar.", "Music.").settings["model"]
+    res = Explainer(model, layer=1, steps=2).explain("A man plays guitar.", "Music.")
+    out["settings_model"] = res.settings["model"]
     try:
         load_model("xsbert-test/not-in-cache")
         out["missing"] = "loaded?!"

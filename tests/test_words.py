@@ -106,4 +106,5 @@ def test_words_of_and_averaging_matrix_directly():
     m = averaging_matrix(words, 5)
     np.testing.assert_allclose(m, [[0, 0.5, 0.5, 0, 0], [0, 0, 0, 1, 0]])
     a = np.arange(25, dtype=float).reshape(5, 5)
-    np.testing.assert_allclose(word_matrix(a, words, words), [[(6 + 7 + 11 + 12) / 4, (8 + 13) / 2], [(16 + 17) / 2, 18]])
+    expected = [[(6 + 7 + 11 + 12) / 4, (8 + 13) / 2], [(16 + 17) / 2, 18]]
+    np.testing.assert_allclose(word_matrix(a, words, words), expected)
