@@ -176,9 +176,11 @@ class LocalHead:
             f"--temp-dir={self.temp_dir}",
             "--disable-usage-stats",
         ]  # fmt: skip
-        self._log = open(self.log_path, "wb")
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the head
         # Own session, so that teardown can signal exactly this head's processes.
-        self.proc = subprocess.Popen(cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
     def wait_ready(self, timeout: float = HEAD_START_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout
@@ -246,7 +248,7 @@ def test_ray_job_submit_end_to_end(ray_head, tmp_path):
     ]  # fmt: skip
     try:
         submitted = subprocess.run(
-            cmd, cwd=ROOT, env=ray_head.env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S
+            cmd, check=False, cwd=ROOT, env=ray_head.env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S
         )
     except subprocess.TimeoutExpired:
         _job_client(ray_head.url).stop_job(submission_id)
