@@ -160,6 +160,8 @@ class LocalHead:
             PATH=f"{BIN}{os.pathsep}{self.env.get('PATH', '')}",
             RAY_AUTH_MODE="disabled",
             RAY_USAGE_STATS_ENABLED="0",
+            # No Serve replicas to quiesce: stop at once on SIGTERM instead of draining for 30 s.
+            RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",
             HF_HUB_OFFLINE="1",
             TRANSFORMERS_OFFLINE="1",
         )
@@ -244,7 +246,7 @@ def test_ray_job_submit_end_to_end(ray_head, tmp_path):
         "--",
         "python", "-m", "jobs.attribute",
         "--dataset", "stsb", "--split", "test", "--limit", str(JOB_LIMIT), "--steps", "2",
-        "--out", str(out),
+        "--out", str(out), "-q",
     ]  # fmt: skip
     try:
         submitted = subprocess.run(
