@@ -126,8 +126,6 @@ class SplitModel:
         self._model_inputs = [
             k for k in ("input_ids", "attention_mask", "token_type_ids") if k in self.tokenizer.model_input_names
         ]
-        self._replacement: Tensor | None = None
-        auto_model.embeddings.register_forward_hook(self._replace_embeddings)
 
     @property
     def device(self) -> torch.device:
@@ -181,19 +179,16 @@ class SplitModel:
         )
 
     # ------------------------------------------------------------------ forward
-    def _replace_embeddings(self, module: nn.Module, inputs: tuple, output: Tensor) -> Tensor | None:
-        return self._replacement if self._replacement is not None else None
-
     @contextlib.contextmanager
     def _entering_at_layer(self, hidden: Tensor):
         """Within: the HF model's embeddings output is `hidden` and its layers are L..n-1."""
-        self._replacement = hidden
+        handle = self.auto_model.embeddings.register_forward_hook(lambda module, inputs, output: hidden)
         setattr(self._owner, self._attr, nn.ModuleList(list(self._layers)[self.layer :]))
         try:
             yield
         finally:
             setattr(self._owner, self._attr, self._layers)
-            self._replacement = None
+            handle.remove()
 
     @torch.no_grad()
     def hidden(self, features: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
