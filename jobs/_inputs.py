@@ -1,0 +1,560 @@
+"""Pair datasets in; validated pairs and quarantined rows out.
+
+    source  = built-in name (stsb, qqp) | local file (TSV/CSV/Parquet/JSONL, .gz ok)
+              | local `datasets` folder | `datasets` hub name ("glue/qqp", "name:config")
+    rows    = read(source) -> split filter -> --sample (seeded) -> --limit
+    columns = recognised by name (flags override): text a/b, label, pair id
+    good, quarantine = validate(rows)          every row lands in exactly one of the two
+
+A row's `row` is its 0-based position in the source (the file, or the hub split) before any
+sampling, so it is stable when a dataset grows at the end. Its `pair_id` is the dataset's own id
+as a string (several id columns are joined with ':'), else `str(row)`.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import math
+import os
+import sys
+import unicodedata
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from xsbert_core import InputError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+BUNDLED_STSB = Path(__file__).resolve().parent / "data" / "stsb.tsv.gz"
+# The QQP subset (23,497 GLUE-train pairs) lives next to the repository, not in it (Quora's terms).
+DEFAULT_QQP_PATH = REPO_ROOT.parent / "shared" / "data" / "qqp" / "qqp_glue_train_subset.tsv.gz"
+
+BUILTINS: tuple[str, ...] = ("stsb", "qqp")
+STSB_SPLITS = {"train": "train", "dev": "dev", "validation": "dev", "test": "test"}
+
+# Recognised without flags, first match wins (compared case-insensitively).
+TEXT_A_COLUMNS = ("sentence1", "question1", "text_a", "sentence_a", "text1", "premise")
+TEXT_B_COLUMNS = ("sentence2", "question2", "text_b", "sentence_b", "text2", "hypothesis")
+LABEL_COLUMNS = ("score", "label", "is_duplicate", "similarity_score", "relatedness_score")
+ID_COLUMNS = ("pair_id", "id", "idx", "sid")
+NO_COLUMN = ("", "none", "-")  # --id-column none: row numbers; --label-column none: no labels
+
+# Labels that must be 0 or 1; other label columns must be finite numbers (and in --label-range).
+BINARY_LABEL_COLUMNS = ("is_duplicate",)
+
+# Quarantine reasons, in the order they are checked (a row gets the first that applies).
+REASONS: tuple[str, ...] = (
+    "malformed_row",  # a JSONL line that is not a JSON object
+    "missing_pair_id",
+    "duplicate_pair_id",  # the second and later rows with an id already seen
+    "empty_text_a",
+    "empty_text_b",
+    "undecodable_text_a",  # bytes that are not UTF-8, lone surrogates, U+FFFD, NUL
+    "undecodable_text_b",
+    "bad_label",  # not a number, not finite, outside the label range, not 0/1 for is_duplicate
+    "too_long_a",  # more tokens than the model's max_seq_length (--truncation quarantine)
+    "too_long_b",
+    "attribution_error",  # the engine failed on the pair (NaN/Inf); retried on every rerun
+)
+
+
+@dataclass
+class Source:
+    """Where rows come from, and what identifies the dataset in the run id."""
+
+    kind: str  # "file" | "hub" | "hub-folder"
+    location: str  # file path, `datasets` folder, or hub name
+    identity: str  # the dataset's name in the run id: built-in name, hub name, or the path as given
+    split: str | None = None
+    config: str | None = None
+    id_columns: tuple[str, ...] | None = None  # None: recognise; (): row numbers
+    label_range: tuple[float, float] | None = None
+    split_column: str | None = None  # the file's split column, filtered by `split`
+    whole_file_split: bool = False  # the file is `split` as a whole (the QQP subset: GLUE train)
+
+
+@dataclass
+class Columns:
+    text_a: str
+    text_b: str
+    label: str | None
+    ids: tuple[str, ...]  # empty: row numbers are the pair ids
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"text_a": self.text_a, "text_b": self.text_b, "label": self.label, "id": list(self.ids)}
+
+
+@dataclass
+class Pairs:
+    """The rows selected for a run, normalised: row, pair_id, text_a, text_b, label_raw (object dtype)."""
+
+    rows: pd.DataFrame
+    columns: Columns
+    source: Source
+    label_kind: str  # "binary" | "range" | "number" | "none"
+    label_range: tuple[float, float] | None
+    n_source_rows: int  # rows in the source (after the split filter), before sampling
+    notes: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- resolving --dataset
+def qqp_path(explicit: str | None = None) -> Path | None:
+    """The QQP subset: --qqp-path, else $XSBERT_QQP, else ../shared/data/qqp/... next to the repo."""
+    for candidate in (explicit, os.environ.get("XSBERT_QQP")):
+        if candidate:
+            path = Path(candidate).expanduser()
+            if not path.exists():
+                raise InputError(f"QQP file {path} does not exist (from --qqp-path / $XSBERT_QQP)")
+            return path
+    return DEFAULT_QQP_PATH if DEFAULT_QQP_PATH.exists() else None
+
+
+def resolve_source(
+    dataset: str, split: str | None = None, config: str | None = None, qqp: str | None = None
+) -> Source:
+    """Turn --dataset/--split/--config into a Source (no reading yet)."""
+    key = dataset.strip()
+    if key.lower() == "stsb":
+        s = STSB_SPLITS.get((split or "test").lower())
+        if s is None:
+            raise InputError(f"stsb has splits {', '.join(sorted(set(STSB_SPLITS)))}; got {split!r}")
+        # sid repeats across source files and years; (source_file, year, sid) is unique in the file.
+        return Source(
+            kind="file", location=str(BUNDLED_STSB), identity="stsb", split=s,
+            id_columns=("source_file", "year", "sid"), label_range=(0.0, 5.0), split_column="split",
+        )  # fmt: skip
+    if key.lower() == "qqp":
+        path = qqp_path(qqp)
+        if path is not None and (split or "train") == "train":
+            return Source(kind="file", location=str(path), identity="qqp", split="train", id_columns=("id",),
+                          whole_file_split=True)  # fmt: skip
+        # The full QQP (or another split) comes from the hub.
+        return Source(kind="hub", location="glue", identity="glue/qqp", config="qqp", split=split or "train")
+    path = Path(key).expanduser()
+    if path.is_file():
+        return Source(kind="file", location=str(path), identity=os.path.normpath(key), split=split)
+    if path.is_dir():
+        return Source(kind="hub-folder", location=str(path), identity=os.path.normpath(key), split=split,
+                      config=config)  # fmt: skip
+    if os.sep in key and (key.startswith((".", os.sep, "~")) or Path(key).suffix):
+        raise InputError(f"--dataset {key!r}: no such file or folder")
+    name, cfg = key, config
+    if cfg is None and ":" in key:
+        name, cfg = key.split(":", 1)
+    elif cfg is None and key.count("/") == 1 and key.split("/")[0].lower() in ("glue", "super_glue"):
+        name, cfg = key.split("/")  # glue/qqp -> load_dataset("glue", "qqp")
+    return Source(kind="hub", location=name, identity=key if config is None else f"{key}:{config}",
+                  config=cfg, split=split)  # fmt: skip
+
+
+# --------------------------------------------------------------------------- reading
+def _format_of(path: str) -> str:
+    name = path.lower()
+    if name.endswith(".gz"):
+        name = name[:-3]
+    for ext, fmt in ((".tsv", "tsv"), (".tab", "tsv"), (".csv", "csv"), (".parquet", "parquet"), (".pq", "parquet"),
+                     (".jsonl", "jsonl"), (".ndjson", "jsonl"), (".json", "jsonl")):  # fmt: skip
+        if name.endswith(ext):
+            return fmt
+    raise InputError(f"{path}: unknown file type; use .tsv, .csv, .parquet or .jsonl (optionally .gz)")
+
+
+def _open_text(path: str):
+    # surrogateescape: bytes that are not UTF-8 survive as lone surrogates, which validation rejects.
+    if path.lower().endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8", errors="surrogateescape", newline="")
+    return open(path, encoding="utf-8", errors="surrogateescape", newline="")
+
+
+def _frame(columns: Sequence[str], records: list[list[Any]]) -> pd.DataFrame:
+    """A DataFrame of Python objects (pandas' string dtype would reject lone surrogates)."""
+    data = {c: pd.Series([r[k] if k < len(r) else None for r in records], dtype=object) for k, c in enumerate(columns)}
+    return pd.DataFrame(data, index=pd.RangeIndex(len(records)))
+
+
+def _read_delimited(path: str, fmt: str) -> pd.DataFrame:
+    csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+    with _open_text(path) as fh:
+        # TSV: no quoting (GLUE / STS-B files keep literal quotes); CSV: standard quoting.
+        reader = csv.reader(fh, delimiter="\t", quoting=csv.QUOTE_NONE) if fmt == "tsv" else csv.reader(fh)
+        header = next(reader, None)
+        if header is None:
+            raise InputError(f"{path} is empty")
+        header = [h.lstrip("\ufeff").strip() for h in header]
+        records = list(reader)
+    return _frame(header, records)
+
+
+def _read_jsonl(path: str) -> pd.DataFrame:
+    opener = gzip.open if path.lower().endswith(".gz") else open
+    records: list[dict] = []
+    with opener(path, "rb") as fh:
+        for line in fh:
+            text = line.decode("utf-8", errors="surrogateescape").strip()
+            if not text:
+                continue
+            try:
+                obj = json.loads(text)
+            except ValueError:
+                obj = None
+            records.append(obj if isinstance(obj, dict) else {"__malformed__": text[:200]})
+    columns = list(dict.fromkeys(k for r in records for k in r))
+    return _frame(columns, [[r.get(c) for c in columns] for r in records])
+
+
+def _read_parquet(path: str) -> pd.DataFrame:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    return pd.DataFrame({name: pd.Series(table.column(name).to_pylist(), dtype=object) for name in table.column_names})
+
+
+def _read_datasets(source: Source) -> pd.DataFrame:
+    try:
+        import datasets
+    except ImportError as exc:  # pragma: no cover - a declared dependency
+        raise InputError("reading hub datasets needs the `datasets` package") from exc
+    try:
+        ds = datasets.load_dataset(source.location, source.config, split=source.split)
+    except Exception as exc:  # noqa: BLE001 - offline, unknown name, unknown split: one clear message
+        hint = (
+            "The built-in `qqp` reads the bundled subset (../shared/data/qqp, $XSBERT_QQP or --qqp-path) for the "
+            "train split; the full QQP needs the Hugging Face hub (network), or a local copy passed as a file."
+            if source.identity == "glue/qqp"
+            else "Pass a local file (TSV/CSV/Parquet/JSONL) or run where the Hugging Face hub is reachable."
+        )
+        raise InputError(
+            f"could not load dataset {source.identity!r} (config {source.config!r}, split {source.split!r}) "
+            f"with `datasets`: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}. {hint}"
+        ) from exc
+    if isinstance(ds, datasets.DatasetDict):
+        if len(ds) != 1:
+            raise InputError(f"dataset {source.identity!r} has splits {', '.join(ds)}: choose one with --split")
+        (source.split, ds), = ds.items()
+    return pd.DataFrame({name: pd.Series(ds[name], dtype=object) for name in ds.column_names})
+
+
+def read_source(source: Source) -> pd.DataFrame:
+    """All rows of the source (after the split filter), object dtype, with a `__row__` column."""
+    if source.kind == "file":
+        fmt = _format_of(source.location)
+        if fmt in ("tsv", "csv"):
+            df = _read_delimited(source.location, fmt)
+        elif fmt == "parquet":
+            df = _read_parquet(source.location)
+        else:
+            df = _read_jsonl(source.location)
+        df["__row__"] = np.arange(len(df), dtype=np.int64)
+        column = source.split_column or _find(df.columns, ("split",))
+        if source.split is not None and not source.whole_file_split:
+            if column is None:
+                raise InputError(f"{source.location} has no `split` column to select --split {source.split!r} from")
+            df = df[df[column].astype(str) == source.split]
+            if df.empty:
+                raise InputError(f"{source.location} has no rows with split == {source.split!r}")
+        return df.reset_index(drop=True)
+    df = _read_datasets(source)
+    df["__row__"] = np.arange(len(df), dtype=np.int64)
+    return df
+
+
+# --------------------------------------------------------------------------- columns
+def _find(columns, candidates: Sequence[str]) -> str | None:
+    lower = {str(c).lower(): c for c in columns}
+    for name in candidates:
+        if name in lower:
+            return lower[name]
+    return None
+
+
+def _flag_columns(value: str | None) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if value.strip().lower() in NO_COLUMN:
+        return ()
+    return tuple(c.strip() for c in value.split(",") if c.strip())
+
+
+def recognise_columns(
+    df: pd.DataFrame,
+    source: Source,
+    text_a: str | None = None,
+    text_b: str | None = None,
+    label: str | None = None,
+    ids: str | None = None,
+) -> Columns:
+    """Pick the text, label and id columns: flags first, then the built-in's, then common names."""
+    available = [c for c in df.columns if c != "__row__"]
+
+    def must(name: str, flag: str) -> str:
+        found = _find(available, (name.lower(),))
+        if found is None:
+            raise InputError(f"{flag} {name!r}: no such column (columns: {', '.join(map(str, available))})")
+        return found
+
+    col_a = must(text_a, "--text-a-column") if text_a else _find(available, TEXT_A_COLUMNS)
+    col_b = must(text_b, "--text-b-column") if text_b else _find(available, TEXT_B_COLUMNS)
+    if col_a is None or col_b is None:
+        raise InputError(
+            f"could not recognise the two text columns among {', '.join(map(str, available))}; "
+            f"known names: {'/'.join(TEXT_A_COLUMNS)} and {'/'.join(TEXT_B_COLUMNS)}, "
+            "or pass --text-a-column and --text-b-column"
+        )
+    flag_label = _flag_columns(label)
+    if flag_label is None:
+        col_label = _find(available, LABEL_COLUMNS)
+    elif not flag_label:
+        col_label = None
+    else:
+        col_label = must(flag_label[0], "--label-column")
+    flag_ids = _flag_columns(ids)
+    if flag_ids is not None:
+        id_cols = tuple(must(c, "--id-column") for c in flag_ids)
+    elif source.id_columns is not None:
+        id_cols = source.id_columns
+    else:
+        found = _find(available, ID_COLUMNS)
+        id_cols = (found,) if found is not None else ()
+    return Columns(text_a=col_a, text_b=col_b, label=col_label, ids=id_cols)
+
+
+# --------------------------------------------------------------------------- selection
+def select_rows(df: pd.DataFrame, sample: int | None, seed: int, limit: int | None) -> pd.DataFrame:
+    """--sample N (seeded, kept in source order), then --limit N (the first N)."""
+    if sample is not None:
+        if sample < 1:
+            raise InputError(f"--sample must be >= 1, got {sample}")
+        if sample < len(df):
+            idx = np.sort(np.random.default_rng(seed).choice(len(df), size=sample, replace=False))
+            df = df.iloc[idx]
+    if limit is not None:
+        if limit < 1:
+            raise InputError(f"--limit must be >= 1, got {limit}")
+        df = df.iloc[:limit]
+    return df.reset_index(drop=True)
+
+
+def _is_missing(value: Any) -> bool:
+    if value is None:
+        return True
+    if isinstance(value, float) and math.isnan(value):
+        return True
+    return isinstance(value, str) and not value.strip()
+
+
+def _as_text(value: Any) -> Any:
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", errors="surrogateescape")
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return value if isinstance(value, str) else str(value)
+
+
+def _id_part(value: Any) -> str | None:
+    if _is_missing(value):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, (bytes, bytearray)):
+        value = bytes(value).decode("utf-8", errors="backslashreplace")
+    return str(value).strip()
+
+
+def normalise(df: pd.DataFrame, columns: Columns) -> pd.DataFrame:
+    """row, pair_id (str or None), text_a, text_b, label_raw, malformed: one row per source row."""
+    rows = df["__row__"].astype(np.int64).to_numpy()
+    if columns.ids:
+        parts = [[_id_part(v) for v in df[c].tolist()] for c in columns.ids]
+        ids = [None if any(p is None for p in ps) else ":".join(ps) for ps in zip(*parts)]
+    else:
+        ids = [str(r) for r in rows]
+    malformed = df["__malformed__"].notna().tolist() if "__malformed__" in df.columns else [False] * len(df)
+    return pd.DataFrame(
+        {
+            "row": pd.Series(rows, dtype=np.int64),
+            "pair_id": pd.Series(ids, dtype=object),
+            "text_a": pd.Series([_as_text(v) for v in df[columns.text_a].tolist()], dtype=object),
+            "text_b": pd.Series([_as_text(v) for v in df[columns.text_b].tolist()], dtype=object),
+            "label_raw": pd.Series(df[columns.label].tolist() if columns.label else [None] * len(df), dtype=object),
+            "malformed": pd.Series(malformed, dtype=bool),
+        }
+    )
+
+
+# --------------------------------------------------------------------------- validation
+def undecodable(text: str) -> bool:
+    """Not valid text: lone surrogates (from bytes that are not UTF-8, or JSON escapes), U+FFFD, NUL."""
+    return "\ufffd" in text or "\x00" in text or any(unicodedata.category(ch) == "Cs" for ch in text)
+
+
+def parse_label(value: Any, kind: str, bounds: tuple[float, float] | None) -> tuple[float | None, str | None]:
+    """(label or None, problem or None)."""
+    if _is_missing(value):
+        return None, None
+    if isinstance(value, bool):
+        value = int(value)
+    if isinstance(value, (bytes, bytearray)):
+        value = bytes(value).decode("utf-8", errors="replace")
+    try:
+        number = float(value.strip() if isinstance(value, str) else value)
+    except (TypeError, ValueError):
+        return None, f"not a number: {str(value)[:40]!r}"
+    if not math.isfinite(number):
+        return None, f"not finite: {value!r}"
+    if kind == "binary" and number not in (0.0, 1.0):
+        return None, f"{value!r} is not 0 or 1"
+    if bounds is not None and not bounds[0] <= number <= bounds[1]:
+        return None, f"{value!r} is outside [{bounds[0]:g}, {bounds[1]:g}]"
+    return number, None
+
+
+def label_rule(columns: Columns, source: Source, label_range: tuple[float, float] | None) -> tuple[str, Any]:
+    if columns.label is None:
+        return "none", None
+    bounds = label_range or source.label_range
+    if str(columns.label).lower() in BINARY_LABEL_COLUMNS or (source.identity in ("qqp", "glue/qqp")):
+        return "binary", bounds
+    return ("range" if bounds else "number"), bounds
+
+
+def safe_text(value: Any, limit: int = 2000) -> str | None:
+    """Text that Parquet can hold: lone surrogates written as \\udcXX escapes, cut at `limit` chars."""
+    if value is None:
+        return None
+    text = value if isinstance(value, str) else str(value)
+    return text[:limit].encode("utf-8", errors="backslashreplace").decode("utf-8")
+
+
+def validate(
+    rows: pd.DataFrame,
+    label_kind: str,
+    label_bounds: tuple[float, float] | None,
+    count_tokens: Callable[[list[str]], list[int]] | None,
+    max_tokens: int | None,
+    quarantine_long: bool,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Split normalised rows into (good, quarantine); each row lands in exactly one.
+
+    good:       row, pair_id, text_a, text_b, label (float, NaN when none), n_tokens_a, n_tokens_b
+    quarantine: row, pair_id, reason, detail, text_a, text_b, label (the raw value as text)
+    """
+    reasons: list[tuple[str, str] | None] = [None] * len(rows)
+    labels: list[float] = [math.nan] * len(rows)
+    seen: dict[str, int] = {}
+    for k, r in enumerate(rows.itertuples(index=False)):
+        if r.malformed:
+            reasons[k] = ("malformed_row", "not a JSON object")
+            continue
+        if r.pair_id is None:
+            reasons[k] = ("missing_pair_id", "the id column is empty")
+            continue
+        if r.pair_id in seen:
+            reasons[k] = ("duplicate_pair_id", f"same id as source row {seen[r.pair_id]}")
+            continue
+        seen[r.pair_id] = int(r.row)
+        for side, text in (("a", r.text_a), ("b", r.text_b)):
+            if text is None or not text.strip():
+                reasons[k] = (f"empty_text_{side}", "empty or whitespace-only text")
+                break
+        if reasons[k]:
+            continue
+        for side, text in (("a", r.text_a), ("b", r.text_b)):
+            if undecodable(text):
+                reasons[k] = (f"undecodable_text_{side}", "invalid UTF-8, lone surrogate, U+FFFD or NUL")
+                break
+        if reasons[k]:
+            continue
+        label, problem = parse_label(r.label_raw, label_kind, label_bounds)
+        if problem:
+            reasons[k] = ("bad_label", problem)
+            continue
+        labels[k] = math.nan if label is None else label
+    ok = [k for k, reason in enumerate(reasons) if reason is None]
+    n_a = np.zeros(len(rows), dtype=np.int64)
+    n_b = np.zeros(len(rows), dtype=np.int64)
+    if count_tokens is not None and ok:
+        texts = list(dict.fromkeys([rows.text_a.iat[k] for k in ok] + [rows.text_b.iat[k] for k in ok]))
+        lengths = dict(zip(texts, count_tokens(texts)))
+        for k in ok:
+            n_a[k], n_b[k] = lengths[rows.text_a.iat[k]], lengths[rows.text_b.iat[k]]
+            if quarantine_long and max_tokens is not None:
+                for side, n in (("a", n_a[k]), ("b", n_b[k])):
+                    if n > max_tokens:
+                        reasons[k] = (f"too_long_{side}", f"{n} tokens > max_seq_length {max_tokens}")
+                        break
+    good_idx = [k for k, reason in enumerate(reasons) if reason is None]
+    bad_idx = [k for k, reason in enumerate(reasons) if reason is not None]
+    good = pd.DataFrame(
+        {
+            "row": rows.row.to_numpy()[good_idx],
+            "pair_id": pd.Series(rows.pair_id.to_numpy()[good_idx], dtype=object),
+            "text_a": pd.Series(rows.text_a.to_numpy()[good_idx], dtype=object),
+            "text_b": pd.Series(rows.text_b.to_numpy()[good_idx], dtype=object),
+            "label": np.asarray([labels[k] for k in good_idx], dtype=np.float64),
+            "n_tokens_a": n_a[good_idx],
+            "n_tokens_b": n_b[good_idx],
+        }
+    )
+    quarantine = quarantine_frame(
+        rows=rows.row.to_numpy()[bad_idx],
+        pair_ids=[rows.pair_id.iat[k] for k in bad_idx],
+        reasons=[reasons[k][0] for k in bad_idx],  # type: ignore[index]
+        details=[reasons[k][1] for k in bad_idx],  # type: ignore[index]
+        texts_a=[rows.text_a.iat[k] for k in bad_idx],
+        texts_b=[rows.text_b.iat[k] for k in bad_idx],
+        labels=[rows.label_raw.iat[k] for k in bad_idx],
+    )
+    return good, quarantine
+
+
+def quarantine_frame(rows, pair_ids, reasons, details, texts_a, texts_b, labels) -> pd.DataFrame:
+    """The quarantine table's rows (texts made Parquet-safe)."""
+    return pd.DataFrame(
+        {
+            "row": pd.Series(np.asarray(rows, dtype=np.int64), dtype=np.int64),
+            "pair_id": pd.Series([None if p is None else safe_text(p, 200) for p in pair_ids], dtype=object),
+            "reason": pd.Series(list(reasons), dtype=object),
+            "detail": pd.Series([safe_text(d, 500) for d in details], dtype=object),
+            "text_a": pd.Series([safe_text(t) for t in texts_a], dtype=object),
+            "text_b": pd.Series([safe_text(t) for t in texts_b], dtype=object),
+            "label": pd.Series([None if _is_missing(v) else safe_text(v, 100) for v in labels], dtype=object),
+        }
+    )
+
+
+# --------------------------------------------------------------------------- everything above, in order
+def load_pairs(
+    dataset: str,
+    split: str | None = None,
+    config: str | None = None,
+    qqp: str | None = None,
+    text_a: str | None = None,
+    text_b: str | None = None,
+    label: str | None = None,
+    ids: str | None = None,
+    label_range: tuple[float, float] | None = None,
+    sample: int | None = None,
+    seed: int = 0,
+    limit: int | None = None,
+) -> Pairs:
+    """Resolve, read, pick columns, select rows, normalise. Validation is separate (it needs the tokenizer)."""
+    source = resolve_source(dataset, split, config, qqp)
+    df = read_source(source)
+    columns = recognise_columns(df, source, text_a, text_b, label, ids)
+    n_source = len(df)
+    selected = select_rows(df, sample, seed, limit)
+    kind, bounds = label_rule(columns, source, label_range)
+    return Pairs(
+        rows=normalise(selected, columns),
+        columns=columns,
+        source=source,
+        label_kind=kind,
+        label_range=bounds,
+        n_source_rows=n_source,
+    )
