@@ -1,0 +1,317 @@
+"""The Ray Data callables of the attribution job: sentence factors, then pair cells.
+
+    FactorActor: sentences -> one row per sentence: P (D x S, float32 bytes), e(x), e(r), tokens, error
+    PairCells:   pairs     -> one row per pair: Explainer.pair's numbers, its cells and word cells as lists
+
+Both can be called without Ray (`FactorActor(...)(table)`, `PairCells([factor tables], "cos")(table)`),
+which is how the tests compare them with `Explainer.pair`. In the job, PairCells runs inside Ray
+tasks (`pair_cells`): stage 2 is light, and pooled task workers stay warm across waves and runs where
+a fresh actor pool would pay its start-up (~5 s: torch + transformers imports) every wave.
+
+Why the factors travel as they do (measured in docs/STORE.md): a factor is D x S float32, ~22 KB for an
+STS-B sentence under all-MiniLM-L6-v2 (D = 384, S ~ 14), ~1/30 s of CPU work per KB to make, so one copy
+through the object store is noise next to computing it. The factors of one wave are materialized once
+(stage 1); each stage-2 worker reads the wave's blocks once, zero-copy on its node, and looks factors
+up by sentence id, so a sentence shared by many pairs is neither recomputed nor shipped per pair. A
+Ray Data join instead would hash-shuffle two factors with every pair (2 x per pair instead of 1 x per
+sentence per node) and needs polars plus CPU-holding aggregator actors.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import warnings
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from xsbert_core import Explainer, SentenceFactors
+from xsbert_core.pairs import completeness_target, pair_matrix, similarity_score
+from xsbert_core.words import word_matrix
+
+logger = logging.getLogger(__name__)
+
+FACTOR_SCHEMA = pa.schema(
+    [
+        ("sentence_id", pa.string()),
+        ("text", pa.string()),
+        ("n_tokens", pa.int32()),
+        ("dim", pa.int32()),
+        ("factor", pa.large_binary()),  # float32, C order, shape (dim, n_tokens)
+        ("embedding", pa.binary()),  # float32 e(x), (dim,)
+        ("reference_embedding", pa.binary()),  # float32 e(r), (dim,)
+        ("factor_error", pa.float64()),
+        ("n_steps", pa.int32()),
+        ("truncated", pa.bool_()),
+        ("tokens", pa.list_(pa.string())),
+        ("word_ids", pa.list_(pa.int32())),  # null for special tokens
+        ("token_start", pa.list_(pa.int32())),  # character offsets of each token in text
+        ("token_end", pa.list_(pa.int32())),
+        ("failure", pa.string()),  # null, or why the engine could not attribute this sentence
+    ]
+)
+
+PAIR_SCHEMA = pa.schema(
+    [
+        ("ord", pa.int64()),
+        ("pair_id", pa.string()),
+        ("score", pa.float64()),
+        ("attribution_sum", pa.float64()),
+        ("positive_sum", pa.float64()),
+        ("negative_sum", pa.float64()),
+        ("ref_sim_a", pa.float64()),
+        ("ref_sim_b", pa.float64()),
+        ("ref_term", pa.float64()),
+        ("target", pa.float64()),
+        ("completeness_error", pa.float64()),
+        ("factor_error_a", pa.float64()),
+        ("factor_error_b", pa.float64()),
+        ("steps_a", pa.int32()),
+        ("steps_b", pa.int32()),
+        ("truncated_a", pa.bool_()),
+        ("truncated_b", pa.bool_()),
+        ("n_tokens_a", pa.int32()),
+        ("n_tokens_b", pa.int32()),
+        ("failure", pa.string()),
+        ("cell_i", pa.list_(pa.int32())),
+        ("cell_j", pa.list_(pa.int32())),
+        ("cell_token_a", pa.list_(pa.string())),
+        ("cell_token_b", pa.list_(pa.string())),
+        ("cell_value", pa.list_(pa.float64())),
+        ("word_u", pa.list_(pa.int32())),
+        ("word_v", pa.list_(pa.int32())),
+        ("word_a", pa.list_(pa.string())),
+        ("word_b", pa.list_(pa.string())),
+        ("word_value", pa.list_(pa.float64())),
+    ]
+)
+
+
+def _maybe_die(marker: str | None) -> None:
+    """Test hook (XSBERT_TEST_KILL_ONCE): the first call anywhere creates `marker` and kills its process."""
+    if not marker:
+        return
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    os.write(fd, f"killed pid {os.getpid()}\n".encode())
+    os.close(fd)
+    os._exit(1)
+
+
+# --------------------------------------------------------------------------- stage 1
+def factor_rows(ids: list[str], texts: list[str], results: list[SentenceFactors | str]) -> pa.Table:
+    """FACTOR_SCHEMA rows: a SentenceFactors, or a failure message, per sentence."""
+    cols: dict[str, list[Any]] = {name: [] for name in FACTOR_SCHEMA.names}
+    for sid, text, res in zip(ids, texts, results):
+        cols["sentence_id"].append(sid)
+        cols["text"].append(text)
+        if isinstance(res, str):
+            for name in FACTOR_SCHEMA.names[2:-1]:
+                cols[name].append(None)
+            cols["failure"].append(res)
+            continue
+        p = res.factor.detach().to("cpu", torch.float32).contiguous().numpy()
+        cols["n_tokens"].append(p.shape[1])
+        cols["dim"].append(p.shape[0])
+        cols["factor"].append(p.tobytes())
+        cols["embedding"].append(res.embedding.detach().to("cpu", torch.float32).numpy().tobytes())
+        cols["reference_embedding"].append(res.reference_embedding.detach().to("cpu", torch.float32).numpy().tobytes())
+        cols["factor_error"].append(float(res.error))
+        cols["n_steps"].append(int(res.n_steps))
+        cols["truncated"].append(bool(res.truncated))
+        cols["tokens"].append(list(res.tokens))
+        cols["word_ids"].append(list(res.word_ids))
+        cols["token_start"].append([int(o[0]) for o in res.offsets])
+        cols["token_end"].append([int(o[1]) for o in res.offsets])
+        cols["failure"].append(None)
+    return pa.table(cols, schema=FACTOR_SCHEMA)
+
+
+class FactorActor:
+    """Sentences (sentence_id, text) -> FACTOR_SCHEMA rows. Loads the model once per actor."""
+
+    def __init__(
+        self,
+        model: str,
+        layer: int,
+        mode: str,
+        similarity: str,
+        rule: str,
+        steps: int,
+        tolerance: float | None,
+        max_steps: int,
+        truncation: str,
+        device: str = "cpu",
+        threads: int | None = None,
+        batch_size: int = 32,
+        kill_once: str | None = None,
+    ) -> None:
+        if threads:
+            torch.set_num_threads(threads)
+        try:  # one "Loading weights" bar per actor start is noise in the job log
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+        except ImportError:  # pragma: no cover
+            pass
+        self.explainer = Explainer(
+            model, layer=layer, mode=mode, similarity=similarity, rule=rule, steps=steps,  # type: ignore[arg-type]
+            tolerance=tolerance, max_steps=max_steps, truncation=truncation, device=device,  # type: ignore[arg-type]
+        )  # fmt: skip
+        self.batch_size = batch_size
+        self.kill_once = kill_once
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        _maybe_die(self.kill_once)
+        ids = batch.column("sentence_id").to_pylist()
+        texts = batch.column("text").to_pylist()
+        try:
+            results: list[SentenceFactors | str] = list(self.explainer.factors(texts, batch_size=self.batch_size))
+        except Exception as exc:  # noqa: BLE001 - one bad text (or OOM) must not sink its batch: one by one
+            logger.warning("factor batch failed (%s: %s); retrying its %d sentences one by one",
+                           type(exc).__name__, exc, len(texts))  # fmt: skip
+            results = []
+            for text in texts:
+                try:
+                    results.append(self.explainer.factors([text])[0])
+                except Exception as one:  # noqa: BLE001
+                    results.append(f"{type(one).__name__}: {one}"[:500])
+        return factor_rows(ids, texts, results)
+
+
+# --------------------------------------------------------------------------- stage 2
+def _tensor(buf: pa.Buffer | bytes, shape: tuple[int, ...]) -> torch.Tensor:
+    arr = np.frombuffer(buf, dtype=np.float32).reshape(shape)
+    with warnings.catch_warnings():  # a read-only, zero-copy view of the object store; never written
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(arr)
+
+
+class PairCells:
+    """Pairs (ord, pair_id, sentence_id_a, sentence_id_b) -> PAIR_SCHEMA rows.
+
+    The numbers are Explainer.pair's (same functions, same float32 factors, float64 arithmetic):
+    A = P_a^T P_b / (||e(a)|| ||e(b)||), its sums, the reference terms, target and error.
+    Cells with |A_ij| < min_abs (and word cells with |W_uv| < min_abs) are left out; the sums are not.
+    """
+
+    def __init__(self, tables: list[pa.Table], similarity: str, min_abs: float = 0.0) -> None:
+        from xsbert_core.pairs import canonical_similarity
+
+        self.similarity = canonical_similarity(similarity)
+        self.min_abs = float(min_abs)
+        self.factors = pa.concat_tables([t.select(FACTOR_SCHEMA.names) for t in tables]) if tables else None
+        ids = self.factors.column("sentence_id").to_pylist() if self.factors is not None else []
+        self.index = {sid: k for k, sid in enumerate(ids)}
+        self._cache: dict[str, SentenceFactors | str] = {}
+
+    def sentence(self, sid: str) -> SentenceFactors | str:
+        """The SentenceFactors of `sid` (zero-copy views), or its failure message."""
+        if sid in self._cache:
+            return self._cache[sid]
+        k = self.index.get(sid)
+        if k is None:
+            res: SentenceFactors | str = f"no factor for sentence {sid}"
+        else:
+            row = {name: self.factors.column(name)[k] for name in FACTOR_SCHEMA.names}
+            if row["failure"].is_valid:
+                res = row["failure"].as_py()
+            else:
+                d, s = row["dim"].as_py(), row["n_tokens"].as_py()
+                start, end = row["token_start"].as_py(), row["token_end"].as_py()
+                res = SentenceFactors(
+                    text=row["text"].as_py(),
+                    tokens=row["tokens"].as_py(),
+                    word_ids=row["word_ids"].as_py(),
+                    offsets=list(zip(start, end)),
+                    factor=_tensor(row["factor"].as_buffer(), (d, s)),
+                    embedding=_tensor(row["embedding"].as_buffer(), (d,)),
+                    reference_embedding=_tensor(row["reference_embedding"].as_buffer(), (d,)),
+                    n_steps=row["n_steps"].as_py(),
+                    error=row["factor_error"].as_py(),
+                    truncated=row["truncated"].as_py(),
+                )
+        self._cache[sid] = res
+        return res
+
+    def pair(self, fa: SentenceFactors, fb: SentenceFactors) -> dict[str, Any]:
+        """One PAIR_SCHEMA row (without ord/pair_id): the numbers of Explainer.pair, and the cells."""
+        sim = self.similarity
+        a_mat = pair_matrix(fa.factor, fb.factor, fa.embedding, fb.embedding, sim).cpu().numpy()
+        target = completeness_target(fa.embedding, fb.embedding, fa.reference_embedding, fb.reference_embedding, sim)
+        total = float(a_mat.sum())
+        row: dict[str, Any] = {
+            "score": similarity_score(fa.embedding, fb.embedding, sim),
+            "attribution_sum": total,
+            "positive_sum": float(a_mat[a_mat > 0].sum()),
+            "negative_sum": float(a_mat[a_mat < 0].sum()),
+            "ref_sim_a": similarity_score(fa.embedding, fb.reference_embedding, sim),
+            "ref_sim_b": similarity_score(fb.embedding, fa.reference_embedding, sim),
+            "ref_term": similarity_score(fa.reference_embedding, fb.reference_embedding, sim),
+            "target": target,
+            "completeness_error": total - target,
+            "factor_error_a": fa.error,
+            "factor_error_b": fb.error,
+            "steps_a": fa.n_steps,
+            "steps_b": fb.n_steps,
+            "truncated_a": fa.truncated,
+            "truncated_b": fb.truncated,
+            "n_tokens_a": len(fa.tokens),
+            "n_tokens_b": len(fb.tokens),
+            "failure": None,
+        }
+        if not (np.isfinite(a_mat).all() and math.isfinite(row["score"])):
+            return {"failure": "NumericalError: NaN/Inf in the pair matrix"}
+        i, j = np.nonzero(np.abs(a_mat) >= self.min_abs) if self.min_abs > 0 else np.indices(a_mat.shape).reshape(2, -1)
+        ta, tb = np.asarray(fa.tokens, dtype=object), np.asarray(fb.tokens, dtype=object)
+        row.update(cell_i=i.tolist(), cell_j=j.tolist(), cell_token_a=ta[i].tolist(), cell_token_b=tb[j].tolist(),
+                   cell_value=a_mat[i, j].tolist())  # fmt: skip
+        wa, wb = fa.words, fb.words
+        w_mat = word_matrix(a_mat, wa, wb)
+        u, v = np.nonzero(np.abs(w_mat) >= self.min_abs) if self.min_abs > 0 else np.indices(w_mat.shape).reshape(2, -1)
+        na, nb = np.asarray([w.text for w in wa], dtype=object), np.asarray([w.text for w in wb], dtype=object)
+        row.update(word_u=u.tolist(), word_v=v.tolist(), word_a=na[u].tolist() if len(u) else [],
+                   word_b=nb[v].tolist() if len(v) else [], word_value=w_mat[u, v].tolist())  # fmt: skip
+        return row
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        out: dict[str, list[Any]] = {name: [] for name in PAIR_SCHEMA.names}
+        for ord_, pid, sa, sb in zip(
+            batch.column("ord").to_pylist(),
+            batch.column("pair_id").to_pylist(),
+            batch.column("sentence_id_a").to_pylist(),
+            batch.column("sentence_id_b").to_pylist(),
+        ):
+            fa, fb = self.sentence(sa), self.sentence(sb)
+            if isinstance(fa, str) or isinstance(fb, str):
+                row = {"failure": fa if isinstance(fa, str) else fb}
+            else:
+                row = self.pair(fa, fb)
+            row.update(ord=ord_, pair_id=pid)
+            for name in PAIR_SCHEMA.names:
+                out[name].append(row.get(name))
+        return pa.table(out, schema=PAIR_SCHEMA)
+
+
+# One PairCells per worker process, for the wave whose factor blocks it was built from.
+_WORKER_CACHE: dict[tuple[str, ...], PairCells] = {}
+
+
+def pair_cells(
+    batch: pa.Table, factor_refs: list, similarity: str, min_abs: float = 0.0, kill_once: str | None = None
+) -> pa.Table:
+    """Stage 2 as a Ray task: look the wave's factors up (read once per worker, zero-copy), then PairCells."""
+    import ray
+
+    _maybe_die(kill_once)
+    key = tuple(ref.hex() for ref in factor_refs) + (similarity, repr(min_abs))
+    if key not in _WORKER_CACHE:
+        _WORKER_CACHE.clear()  # the previous wave's factors are released
+        _WORKER_CACHE[key] = PairCells(ray.get(list(factor_refs)), similarity, min_abs)
+    return _WORKER_CACHE[key](batch)

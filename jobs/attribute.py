@@ -1,0 +1,570 @@
+"""Attribute every pair of a dataset on Ray and write the Parquet store (docs/STORE.md).
+
+    python -m jobs.attribute                       # the embedded default: a seeded STS-B test sample
+    python -m jobs.attribute --dataset stsb --split test --limit 20 --steps 4 --out runs
+    ray job submit --working-dir . -- python -m jobs.attribute --dataset qqp --num-actors 8
+
+Pipeline, per wave of pairs (a few thousand; each wave commits atomically, so a killed run resumes):
+
+    validate rows -> quarantine | unique sentences, longest first, in batches of --batch-size
+    -> map_batches(FactorActor, ActorPoolStrategy)   sentence factors P, e(x), e(r)   [stage 1, GPU if any]
+    -> materialize (the wave's factors, once, in the object store)
+    -> map_batches(pair_cells) (tasks)               pair numbers + cells + word cells  [stage 2, CPU]
+    -> part files of pairs, cells, word_cells, sentences (+ quarantine), renamed into place, pairs last
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+import xsbert_core
+from xsbert_core import Explainer, InputError, XsbertError, weights_fingerprint
+from xsbert_core.explainer import DEFAULT_LAYER, DEFAULT_MAX_STEPS, DEFAULT_RULE, DEFAULT_STEPS
+from xsbert_core.models import DEFAULT_MODEL
+from xsbert_core.quadrature import SUPPORTED_RULES
+from xsbert_core.words import words_of
+
+from ._inputs import load_pairs, quarantine_frame, validate
+from ._store import SCHEMAS, STORE_VERSION, RunStore, run_id
+
+logger = logging.getLogger("jobs.attribute")
+
+# The embedded default (no --dataset): bundled STS-B test, a seeded sample that finishes in a few
+# minutes on 2 CPU cores with all-MiniLM-L6-v2 at the engine's default layer and N (measured: ~0.6 s
+# per sentence per core at layer 3, N = 16; 100 pairs are ~190 unique sentences).
+DEFAULT_DATASET = "stsb"
+DEFAULT_SPLIT = "test"
+DEFAULT_SAMPLE = 100
+DEFAULT_OUT = "runs"
+# Sentences per actor call, of similar length (sorted, longest first). On CPU small batches balance the
+# actors (a call is seconds to minutes; the last one decides the wave's tail), on GPU large ones fill it.
+DEFAULT_BATCH_SIZE_CPU = 16
+DEFAULT_BATCH_SIZE_GPU = 128
+# Pairs per commit. Bounds the factors held in the object store (~22 KB per MiniLM sentence, ~2x
+# for mpnet) and the work lost to a kill; each wave restarts the actor pools (model load).
+DEFAULT_WAVE_SIZE_CPU = 2048
+DEFAULT_WAVE_SIZE_GPU = 16384
+# Pairs per PairCells call (stage 2 is ~1 ms per pair).
+PAIR_BATCH = 256
+TRUNCATION_CHOICES = ("quarantine", "warn", "error")
+# A batch whose actor dies is retried on a restarted actor; bounded so a poisonous batch fails the run
+# (Ray Data's own default is unbounded). Ray 2.60 still takes these as remote args, with a deprecation
+# warning (RETRY_ARGS_WARNING) that compute_wave keeps out of the log; pyproject pins ray < 2.64, which drops them.
+MAX_RESTARTS = 3
+MAX_TASK_RETRIES = 3
+
+RETRY_ARGS_WARNING = r"`ray_remote_args` is deprecated"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m jobs.attribute",
+        description="Token-pair attributions for every pair of a dataset, on Ray, into a Parquet store. "
+        f"Without --dataset: --dataset {DEFAULT_DATASET} --split {DEFAULT_SPLIT} --sample {DEFAULT_SAMPLE} --seed 0.",
+    )
+    d = p.add_argument_group("data")
+    d.add_argument("--dataset", default=None,
+                   help="stsb | qqp (bundled) | a TSV/CSV/Parquet/JSONL file (.gz ok) | a `datasets` folder | "
+                        "a hub name such as glue/qqp or sentence-transformers/stsb")  # fmt: skip
+    d.add_argument("--split", default=None, help="split (stsb: train|dev|test, default test; qqp: train)")
+    d.add_argument("--config", default=None, help="hub dataset config (glue/qqp needs none)")
+    d.add_argument("--qqp-path", default=None, help="the QQP subset file (default: $XSBERT_QQP, ../shared/data/qqp)")
+    d.add_argument("--limit", type=int, default=None, help="the first N rows (after --sample)")
+    d.add_argument("--sample", type=int, default=None, help="a seeded random sample of N rows")
+    d.add_argument("--seed", type=int, default=0, help="seed of --sample")
+    d.add_argument("--text-a-column", default=None)
+    d.add_argument("--text-b-column", default=None)
+    d.add_argument("--label-column", default=None, help="'none' for no labels")
+    d.add_argument("--id-column", default=None, help="id column(s), comma-separated; 'none' for row numbers")
+    d.add_argument("--label-range", default=None, metavar="LO:HI", help="labels outside are quarantined")
+    m = p.add_argument_group("attribution (as in `xsbert explain`)")
+    m.add_argument("--model", default=DEFAULT_MODEL)
+    m.add_argument("--layer", type=int, default=DEFAULT_LAYER)
+    m.add_argument("--mode", choices=("approx", "exact"), default="approx")
+    m.add_argument("--similarity", default="cos", help="cos or dot")
+    m.add_argument("--rule", default=DEFAULT_RULE, help=" | ".join(SUPPORTED_RULES))
+    m.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="quadrature nodes N")
+    m.add_argument("--tolerance", type=float, default=None, help="adaptive N per sentence")
+    m.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS)
+    m.add_argument("--truncation", choices=TRUNCATION_CHOICES, default="quarantine",
+                   help="texts over max_seq_length: quarantine the pair (default), warn (truncate and flag), "
+                        "or error (stop before computing)")  # fmt: skip
+    m.add_argument("--min-abs", type=float, default=0.0, help="store only cells with |value| >= this (sums unchanged)")
+    r = p.add_argument_group("Ray")
+    r.add_argument("--ray-address", default=None, help="join this cluster (default: $RAY_ADDRESS, else start one)")
+    r.add_argument("--num-actors", type=int, default=None, help="factor actors (default: one per GPU, else per CPU)")
+    r.add_argument("--gpus-per-actor", type=float, default=None, help="default 1 when the cluster has GPUs, else 0")
+    r.add_argument("--cpus-per-actor", type=float, default=1.0, help="CPUs (and torch threads) per factor actor")
+    r.add_argument("--batch-size", type=int, default=None, help="sentences per actor batch (default 16 CPU / 128 GPU)")
+    r.add_argument("--wave-size", type=int, default=None, help="pairs per atomic commit (default 2048 CPU / 16384 GPU)")
+    o = p.add_argument_group("output")
+    o.add_argument("--out", default=DEFAULT_OUT, help="store root; the run directory is <out>/<run id>")
+    o.add_argument("-q", "--quiet", action="store_true", help="no Ray Data progress bars")
+    args = p.parse_args(argv)
+    if args.dataset is None:
+        args.dataset = DEFAULT_DATASET
+        args.split = args.split or DEFAULT_SPLIT
+        if args.sample is None and args.limit is None:
+            args.sample = DEFAULT_SAMPLE
+    return args
+
+
+# --------------------------------------------------------------------------- helpers
+def _label_range(text: str | None) -> tuple[float, float] | None:
+    if not text:
+        return None
+    try:
+        lo, hi = (float(x) for x in text.split(":"))
+    except ValueError as exc:
+        raise InputError(f"--label-range must be LO:HI, got {text!r}") from exc
+    return lo, hi
+
+
+def sentence_id(text: str) -> str:
+    """16 hex digits of sha256(text): the sentence's key in `sentences`, `pairs.sentence_id_a/b`."""
+    import hashlib
+
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def run_config(args: argparse.Namespace, explainer: Explainer, fingerprint: str, pairs) -> dict[str, Any]:
+    """Everything that changes the stored numbers; its hash is the run id. Not --limit/--sample: they
+    select rows, they change no row's numbers (a larger selection later computes only what is new)."""
+    s = explainer.settings
+    return {
+        "store_version": STORE_VERSION,
+        "code_version": xsbert_core.__version__,
+        "model": s["model"],
+        "weights_sha256": fingerprint,
+        "mode": s["mode"],
+        "similarity": s["similarity"],
+        "layer": s["layer"],
+        "n_layers": s["n_layers"],
+        "rule": s["rule"],
+        "steps": s["steps"],
+        "tolerance": s["tolerance"],
+        "max_steps": s["max_steps"],
+        "truncation": args.truncation,
+        "min_abs": float(args.min_abs),
+        "dataset": {
+            "name": pairs.source.identity,
+            "config": pairs.source.config,
+            "split": pairs.source.split,
+            "columns": pairs.columns.as_dict(),
+        },
+    }
+
+
+def init_ray(address: str | None):
+    """Join a running cluster ($RAY_ADDRESS, --ray-address, or the one this process already joined), else start one."""
+    import ray
+
+    if not ray.is_initialized():
+        if address or os.environ.get("RAY_ADDRESS"):
+            ray.init(address=address, log_to_driver=True)
+        else:
+            ray.init(num_cpus=os.cpu_count() or 1)
+    return ray
+
+
+def resources(args: argparse.Namespace, ray) -> dict[str, Any]:
+    total = ray.cluster_resources()
+    cpus, gpus = float(total.get("CPU", 1)), float(total.get("GPU", 0))
+    gpus_per_actor = args.gpus_per_actor if args.gpus_per_actor is not None else (1.0 if gpus > 0 else 0.0)
+    if gpus_per_actor > 0:
+        n_actors = args.num_actors or max(1, int(gpus // gpus_per_actor))
+        cpus_per_actor = min(args.cpus_per_actor, max(0.25, cpus / n_actors))
+    else:
+        cpus_per_actor = args.cpus_per_actor
+        n_actors = args.num_actors or max(1, int(cpus // cpus_per_actor))
+    return {
+        "cluster_cpus": cpus,
+        "cluster_gpus": gpus,
+        "num_actors": n_actors,
+        "gpus_per_actor": gpus_per_actor,
+        "cpus_per_actor": cpus_per_actor,
+        "device": "cuda" if gpus_per_actor > 0 else "cpu",
+        "threads": max(1, int(cpus_per_actor)),
+        "batch_size": args.batch_size or (DEFAULT_BATCH_SIZE_GPU if gpus_per_actor > 0 else DEFAULT_BATCH_SIZE_CPU),
+        # CPU: one call in flight per actor, so that an idle actor takes the next batch (longest first).
+        "tasks_in_flight": 2 if gpus_per_actor > 0 else 1,
+    }
+
+
+# --------------------------------------------------------------------------- one wave
+def compute_wave(
+    ray, wave: pd.DataFrame, args: argparse.Namespace, explainer: Explainer, res: dict[str, Any]
+) -> tuple[pa.Table, pa.Table, dict[str, Any]]:
+    """Stage 1 + stage 2 for the wave's pairs: (factor metadata per sentence, PAIR_SCHEMA rows, timings)."""
+    from ray.data import ActorPoolStrategy
+
+    from ._actors import FactorActor, pair_cells
+
+    # Unique sentences, longest first, cut into batches of similar length (low padding).
+    lengths = dict(zip(wave.text_a, wave.n_tokens_a)) | dict(zip(wave.text_b, wave.n_tokens_b))
+    texts = sorted(lengths, key=lambda t: (-lengths[t], t))
+    ids = [sentence_id(t) for t in texts]
+    bs = res["batch_size"]
+    blocks = [pa.table({"sentence_id": ids[k : k + bs], "text": texts[k : k + bs]}) for k in range(0, len(texts), bs)]
+    kill_once = os.environ.get("XSBERT_TEST_KILL_ONCE") or None
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=RETRY_ARGS_WARNING)
+        factors = ray.data.from_arrow(blocks).map_batches(
+            FactorActor,
+            fn_constructor_kwargs=dict(
+                model=args.model, layer=explainer.layer, mode=explainer.mode, similarity=explainer.similarity,
+                rule=explainer.rule, steps=explainer.steps, tolerance=explainer.tolerance,
+                max_steps=explainer.max_steps, truncation=explainer.truncation, device=res["device"],
+                threads=res["threads"], batch_size=bs, kill_once=kill_once,
+            ),  # fmt: skip
+            batch_size=bs,
+            batch_format="pyarrow",
+            compute=ActorPoolStrategy(
+                size=max(1, min(res["num_actors"], len(blocks))), max_tasks_in_flight_per_actor=res["tasks_in_flight"]
+            ),
+            num_cpus=res["cpus_per_actor"],
+            num_gpus=res["gpus_per_actor"] or None,
+            max_restarts=MAX_RESTARTS,
+            max_task_retries=MAX_TASK_RETRIES,
+        ).materialize()
+    t1 = time.perf_counter()
+    factor_refs = factors.to_arrow_refs()  # the materialized blocks themselves: no recompute, no copy
+    meta = pa.concat_tables(ray.get(factors.drop_columns(["factor"]).to_arrow_refs()))
+    factor_bytes = 4 * int(pc.sum(pc.multiply(meta.column("dim"), meta.column("n_tokens"))).as_py() or 0)
+    t2 = time.perf_counter()
+
+    sid = dict(zip(texts, ids))
+    pair_in = pa.table(
+        {
+            "ord": np.arange(len(wave), dtype=np.int64),
+            "pair_id": wave.pair_id.tolist(),
+            "sentence_id_a": [sid[t] for t in wave.text_a],
+            "sentence_id_b": [sid[t] for t in wave.text_b],
+        }
+    )
+    pair_blocks = [pair_in.slice(k, PAIR_BATCH) for k in range(0, len(wave), PAIR_BATCH)]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=RETRY_ARGS_WARNING)
+        cells = ray.data.from_arrow(pair_blocks).map_batches(
+            pair_cells,
+            fn_kwargs=dict(
+                factor_refs=factor_refs, similarity=explainer.similarity, min_abs=args.min_abs,
+                kill_once=os.environ.get("XSBERT_TEST_KILL_CELLS_ONCE") or None,
+            ),  # fmt: skip
+            batch_size=PAIR_BATCH,
+            batch_format="pyarrow",
+            num_cpus=1,
+            max_retries=MAX_TASK_RETRIES,
+        )
+    out = pa.concat_tables(ray.get(cells.to_arrow_refs()))
+    t3 = time.perf_counter()
+    del factors, factor_refs
+    timings = {
+        "factors_s": t1 - t0,
+        "factor_meta_s": t2 - t1,
+        "cells_s": t3 - t2,
+        "sentences": len(texts),
+        "factor_bytes": int(factor_bytes),
+        "factor_bytes_per_sentence": factor_bytes / max(1, len(texts)),
+    }
+    return meta, out, timings
+
+
+def _explode(out: pa.Table, prefix: str, names: dict[str, str]) -> pa.Table:
+    """Per-pair list columns -> one row per cell, pair_id first, in pair then list order."""
+    first = out.column(f"{prefix}_{next(iter(names))}").combine_chunks()
+    parents = pc.list_parent_indices(first)
+    cols = {"pair_id": out.column("pair_id").combine_chunks().take(parents)}
+    for src, dst in names.items():
+        cols[dst] = pc.list_flatten(out.column(f"{prefix}_{src}").combine_chunks())
+    return pa.table(cols)
+
+
+def wave_tables(
+    wave: pd.DataFrame, meta: pa.Table, out: pa.Table, split: str | None, known_sentences: set[str]
+) -> tuple[dict[str, pa.Table], pd.DataFrame]:
+    """The wave's part tables (pairs, cells, word_cells, sentences) and its failed pairs."""
+    # Exactly once: a retried batch can only add copies; keep the first row per ord, in ord order.
+    ords = out.column("ord").to_numpy()
+    _, first = np.unique(ords, return_index=True)
+    out = out.take(pa.array(np.sort(first))).sort_by("ord")
+    missing = set(range(len(wave))) - set(out.column("ord").to_pylist())
+    if missing:
+        raise RuntimeError(f"{len(missing)} pairs of the wave came back from no actor")
+    failed_mask = out.column("failure").is_valid()
+    ok = out.filter(pc.invert(failed_mask))
+    failed = out.filter(failed_mask)
+    sel = wave.iloc[ok.column("ord").to_numpy()] if ok.num_rows else wave.iloc[[]]
+
+    n_cells = pc.list_value_length(ok.column("cell_i")).cast(pa.int32())
+    n_words = pc.list_value_length(ok.column("word_u")).cast(pa.int32())
+    pairs = pa.table(
+        {
+            "pair_id": pa.array(sel.pair_id.tolist(), pa.string()),
+            "row": pa.array(sel.row.to_numpy(), pa.int64()),
+            "split": pa.array([split] * len(sel), pa.string()),
+            "label": pa.array(sel.label.to_numpy(), pa.float64(), from_pandas=True),
+            "text_a": pa.array(sel.text_a.tolist(), pa.string()),
+            "text_b": pa.array(sel.text_b.tolist(), pa.string()),
+            "sentence_id_a": pa.array([sentence_id(t) for t in sel.text_a], pa.string()),
+            "sentence_id_b": pa.array([sentence_id(t) for t in sel.text_b], pa.string()),
+            **{
+                name: ok.column(name)
+                for name in (
+                    "n_tokens_a", "n_tokens_b", "score", "attribution_sum", "positive_sum", "negative_sum",
+                    "ref_sim_a", "ref_sim_b", "ref_term", "target", "completeness_error", "factor_error_a",
+                    "factor_error_b", "steps_a", "steps_b", "truncated_a", "truncated_b",
+                )  # fmt: skip
+            },
+            "n_cells": n_cells,
+            "n_word_cells": n_words,
+        }
+    )
+    cells = _explode(ok, "cell", {"i": "i", "j": "j", "token_a": "token_a", "token_b": "token_b", "value": "value"})
+    word_cells = _explode(ok, "word", {"u": "u", "v": "v", "a": "word_a", "b": "word_b", "value": "value"})
+
+    # New sentences (not stored before, not failed), in sentence-id order.
+    meta = meta.filter(pc.invert(meta.column("failure").is_valid()))
+    keep = [k for k, s in enumerate(meta.column("sentence_id").to_pylist()) if s not in known_sentences]
+    meta = meta.take(pa.array(keep, pa.int64())).sort_by("sentence_id")
+    words = []
+    for text, wids, start, end in zip(
+        meta.column("text").to_pylist(), meta.column("word_ids").to_pylist(),
+        meta.column("token_start").to_pylist(), meta.column("token_end").to_pylist(),
+    ):  # fmt: skip
+        words.append([w.text for w in words_of(text, wids, list(zip(start, end)))])
+
+    def floats(col: str) -> pa.Array:
+        values = [np.frombuffer(b, dtype=np.float32) for b in meta.column(col).to_pylist()]
+        return pa.array([v.tolist() for v in values], pa.list_(pa.float32()))
+
+    emb = [np.frombuffer(b, dtype=np.float32) for b in meta.column("embedding").to_pylist()]
+    sentences = pa.table(
+        {
+            "sentence_id": meta.column("sentence_id"),
+            "text": meta.column("text"),
+            "n_tokens": meta.column("n_tokens"),
+            "n_words": pa.array([len(w) for w in words], pa.int32()),
+            "tokens": meta.column("tokens"),
+            "word_ids": meta.column("word_ids"),
+            "token_start": meta.column("token_start"),
+            "token_end": meta.column("token_end"),
+            "words": pa.array(words, pa.list_(pa.string())),
+            "factor_error": meta.column("factor_error"),
+            "n_steps": meta.column("n_steps"),
+            "truncated": meta.column("truncated"),
+            "embedding_norm": pa.array([float(np.linalg.norm(e.astype(np.float64))) for e in emb], pa.float64()),
+            "embedding": floats("embedding"),
+            "reference_embedding": floats("reference_embedding"),
+        }
+    )
+    failed_rows = wave.iloc[failed.column("ord").to_numpy()] if failed.num_rows else wave.iloc[[]]
+    failures = quarantine_frame(
+        rows=failed_rows.row.to_numpy(),
+        pair_ids=failed_rows.pair_id.tolist(),
+        reasons=["attribution_error"] * len(failed_rows),
+        details=failed.column("failure").to_pylist(),
+        texts_a=failed_rows.text_a.tolist(),
+        texts_b=failed_rows.text_b.tolist(),
+        labels=[None if math.isnan(x) else repr(x) for x in failed_rows.label],
+    )
+    return {"pairs": pairs, "cells": cells, "word_cells": word_cells, "sentences": sentences}, failures
+
+
+def _quarantine_table(frame: pd.DataFrame) -> pa.Table:
+    frame = frame.sort_values(["row", "reason"], kind="stable")
+    return pa.table({f.name: pa.array(frame[f.name].tolist(), f.type) for f in SCHEMAS["quarantine"]})
+
+
+# --------------------------------------------------------------------------- main
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the job; returns the summary (also printed)."""
+    t_start = time.perf_counter()
+    started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    pairs = load_pairs(
+        args.dataset, split=args.split, config=args.config, qqp=args.qqp_path,
+        text_a=args.text_a_column, text_b=args.text_b_column, label=args.label_column, ids=args.id_column,
+        label_range=_label_range(args.label_range), sample=args.sample, seed=args.seed, limit=args.limit,
+    )  # fmt: skip
+    engine_truncation = "error" if args.truncation == "error" else "warn"
+    explainer = Explainer(
+        args.model, layer=args.layer, mode=args.mode, similarity=args.similarity, rule=args.rule,
+        steps=args.steps, tolerance=args.tolerance, max_steps=args.max_steps, truncation=engine_truncation,
+    )  # fmt: skip
+    fingerprint = weights_fingerprint(explainer.model)
+    tokenizer = explainer.split.tokenizer
+    max_tokens = explainer.split.max_seq_length
+
+    def count_tokens(texts: list[str]) -> list[int]:
+        return [len(x) for x in tokenizer(texts, truncation=False, add_special_tokens=True)["input_ids"]]
+
+    good, quarantine = validate(
+        pairs.rows, pairs.label_kind, pairs.label_range, count_tokens, max_tokens, args.truncation == "quarantine"
+    )
+    if args.truncation == "error":
+        long = good[(good.n_tokens_a > max_tokens) | (good.n_tokens_b > max_tokens)]
+        if len(long):
+            raise InputError(
+                f"{len(long)} pairs have a text over max_seq_length={max_tokens} (first: pair {long.pair_id.iat[0]}); "
+                "use --truncation quarantine or warn"
+            )
+    config = run_config(args, explainer, fingerprint, pairs)
+    rid = run_id(config)
+    summary: dict[str, Any] = {"run_id": rid}
+    with RunStore(args.out, rid) as store:
+        done_before = store.done_pair_ids()
+        todo = good[~good.pair_id.isin(done_before)].reset_index(drop=True)
+        known_q = store.quarantine_keys()
+        new_q = quarantine[
+            [(int(r), p, q) not in known_q for r, p, q in zip(quarantine.row, quarantine.pair_id, quarantine.reason)]
+        ]
+        wrote: list[Path] = []
+        stats: list[dict[str, Any]] = []
+        failures = []
+        res: dict[str, Any] = {}
+        if len(new_q):
+            wrote += store.commit(store.next_seq(), {"quarantine": _quarantine_table(new_q)})
+        if len(todo):
+            ray = init_ray(args.ray_address)
+            if args.quiet:
+                ray.data.DataContext.get_current().enable_progress_bars = False
+            res = resources(args, ray)
+            wave_size = args.wave_size or (DEFAULT_WAVE_SIZE_GPU if res["device"] == "cuda" else DEFAULT_WAVE_SIZE_CPU)
+            known_sentences = store.sentence_ids()
+            n_waves = math.ceil(len(todo) / wave_size)
+            for w in range(n_waves):
+                wave = todo.iloc[w * wave_size : (w + 1) * wave_size].reset_index(drop=True)
+                meta, out, timings = compute_wave(ray, wave, args, explainer, res)
+                tables, failed = wave_tables(wave, meta, out, pairs.source.split, known_sentences)
+                if len(failed):
+                    failures.append(failed)
+                    tables["quarantine"] = _quarantine_table(
+                        failed[[(int(r), p, "attribution_error") not in known_q
+                                for r, p in zip(failed.row, failed.pair_id)]]  # fmt: skip
+                    )
+                wrote += store.commit(store.next_seq(), tables)
+                known_sentences |= set(tables["sentences"].column("sentence_id").to_pylist())
+                timings.update(wave=w, pairs=tables["pairs"].num_rows, cells=tables["cells"].num_rows)
+                stats.append(timings)
+                print(
+                    f"wave {w + 1}/{n_waves}: {timings['pairs']} pairs, {timings['sentences']} sentences, "
+                    f"factors {timings['factors_s']:.1f}s, cells {timings['cells_s']:.1f}s",
+                    flush=True,
+                )
+        wrote += store.commit_missing_tables()
+        wall = time.perf_counter() - t_start
+
+        # The selection's state in the store, whatever run computed it.
+        stored = store.read_table("pairs", ["pair_id", "completeness_error"])
+        empty = pd.DataFrame({"pair_id": [], "completeness_error": []})
+        stored_df = stored.to_pandas() if stored is not None else empty
+        mine = stored_df[stored_df.pair_id.isin(set(good.pair_id))]
+        n_failed = sum(len(f) for f in failures)
+        abs_err = mine.completeness_error.abs()
+        computed_pairs = sum(s["pairs"] for s in stats)
+        computed_sentences = sum(s["sentences"] for s in stats)
+        compute_s = sum(s["factors_s"] + s["factor_meta_s"] + s["cells_s"] for s in stats)
+        summary.update(
+            run_dir=str(store.path),
+            n_in=len(pairs.rows),
+            n_done=len(mine),
+            n_quarantined=len(quarantine) + n_failed,
+            quarantine_reasons=quarantine.reason.value_counts().sort_index().to_dict(),
+            computed_pairs=computed_pairs,
+            computed_sentences=computed_sentences,
+            waves=len(stats),
+            wall_s=wall,
+            compute_s=compute_s,
+            pairs_per_s=computed_pairs / wall if computed_pairs else 0.0,
+            sentences_per_s=computed_sentences / wall if computed_sentences else 0.0,
+            mean_abs_completeness_error=float(abs_err.mean()) if len(mine) else None,
+            max_abs_completeness_error=float(abs_err.max()) if len(mine) else None,
+            wrote_files=len(wrote),
+        )
+        if summary["n_in"] != summary["n_done"] + summary["n_quarantined"]:
+            raise RuntimeError(f"count mismatch: in {summary['n_in']} != done {summary['n_done']} + "
+                               f"quarantined {summary['n_quarantined']}")  # fmt: skip
+        if wrote or store.read_manifest() is None:
+            manifest = store.read_manifest() or {"run_id": rid, "created_at": started_at, "runs": []}
+            manifest.update(
+                run_id=rid,
+                store_version=STORE_VERSION,
+                schema="docs/STORE.md",
+                config=config,
+                settings=explainer.settings,
+                updated_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                tables={t: {"path": f"{t}/*.parquet", "parts": len(store.parts(t)), "rows": n}
+                        for t, n in store.counts().items()},  # fmt: skip
+            )
+            manifest["runs"].append(
+                {
+                    "started_at": started_at,
+                    "selection": {"dataset": args.dataset, "split": pairs.source.split, "limit": args.limit,
+                                  "sample": args.sample, "seed": args.seed, "n_source_rows": pairs.n_source_rows},
+                    "counts": {k: summary[k] for k in ("n_in", "n_done", "n_quarantined", "computed_pairs",
+                                                       "computed_sentences")},
+                    "quarantine_reasons": summary["quarantine_reasons"],
+                    "resources": res,
+                    "waves": stats,
+                    "wall_s": wall,
+                    "mean_abs_completeness_error": summary["mean_abs_completeness_error"],
+                    "max_abs_completeness_error": summary["max_abs_completeness_error"],
+                }
+            )  # fmt: skip
+            store.write_manifest(manifest)
+    print_summary(summary, store.path)
+    return summary
+
+
+def print_summary(s: dict[str, Any], run_dir: Path) -> None:
+    err = (
+        f"mean {s['mean_abs_completeness_error']:.2e}, max {s['max_abs_completeness_error']:.2e}"
+        if s["mean_abs_completeness_error"] is not None
+        else "n/a"
+    )
+    reasons = ", ".join(f"{k} {v}" for k, v in s["quarantine_reasons"].items()) or "none"
+    lines = [
+        "",
+        f"run {s['run_id']}: {s['n_in']} pairs in = {s['n_done']} done + {s['n_quarantined']} quarantined",
+        f"  computed now        {s['computed_pairs']} pairs, {s['computed_sentences']} unique sentences, "
+        f"{s['waves']} wave(s)",
+        f"  throughput          {s['pairs_per_s']:.2f} pairs/s, {s['sentences_per_s']:.2f} sentences/s (wall)",
+        f"  quarantined         {reasons}",
+        f"  |completeness err|  {err}",
+        f"  wall time           {s['wall_s']:.1f} s",
+        "try:",
+        "  python -c \"import duckdb; duckdb.sql(\\\"select pair_id, label, round(score, 3) as score, "
+        "round(attribution_sum, 3) as sum_a, completeness_error from "
+        f"'{run_dir}/pairs/*.parquet' order by score desc limit 5\\\").show()\"",
+        f"store: {run_dir}",
+    ]
+    print("\n".join(lines), flush=True)
+
+
+def cli(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    try:
+        main(args)
+    except XsbertError as exc:
+        print(f"jobs.attribute: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
