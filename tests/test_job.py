@@ -1,0 +1,581 @@
+"""The attribution job (`python -m jobs.attribute`): inputs, store, and real runs on a local 2-CPU Ray.
+
+Unit tests (no Ray) cover dataset reading, column recognition, validation, run ids, atomic commits and
+stage 2 against `Explainer.pair`. The Ray tests share one local cluster (ray.init(num_cpus=2)) and
+run the job in-process on a few real STS-B pairs with all-MiniLM-L6-v2 at its last layer and N = 2
+(cheap; the numbers are checked against `xsbert explain` with the same settings), then read the
+Parquet store back with DuckDB.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from jobs import _inputs, _store
+from jobs._inputs import load_pairs, resolve_source, validate
+from xsbert_core import InputError
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = ["--layer", "-1", "--steps", "2"]  # attribution settings of every Ray test run
+TABLES = ("pairs", "cells", "word_cells", "sentences", "quarantine")
+
+
+# --------------------------------------------------------------------------- helpers
+def stsb_rows(n: int, start: int = 0) -> pd.DataFrame:
+    """Real STS-B test pairs from the bundled copy: id, sentence1, sentence2, score."""
+    df = pd.read_csv(_inputs.BUNDLED_STSB, sep="\t", quoting=3, dtype=str, keep_default_na=False)
+    df = df[df.split == "test"].iloc[start : start + n]
+    return pd.DataFrame({"id": [f"p{start + k:03d}" for k in range(len(df))], "sentence1": df.sentence1.values,
+                         "sentence2": df.sentence2.values, "score": df.score.values})  # fmt: skip
+
+
+def write_tsv(path: Path, df: pd.DataFrame) -> Path:
+    lines = ["\t".join(df.columns)] + ["\t".join(map(str, r)) for r in df.itertuples(index=False)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def duck():
+    import duckdb
+
+    return duckdb.connect()
+
+
+def q(run_dir: Path, sql: str) -> list[tuple]:
+    """Run `sql` with {pairs}, {cells}, ... replaced by read_parquet of the run's tables."""
+    tables = {t: f"read_parquet('{run_dir}/{t}/*.parquet')" for t in TABLES}
+    return duck().execute(sql.format(**tables)).fetchall()
+
+
+def file_hashes(run_dir: Path) -> dict[str, str]:
+    import hashlib
+
+    return {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(run_dir.rglob("*")) if p.is_file()}  # fmt: skip
+
+
+# --------------------------------------------------------------------------- inputs (no Ray)
+def test_builtin_stsb_is_bundled_with_unique_ids():
+    pairs = load_pairs("stsb", split="test")
+    assert pairs.source.location == str(_inputs.BUNDLED_STSB) and _inputs.BUNDLED_STSB.exists()
+    assert len(pairs.rows) == 1379
+    assert pairs.rows.pair_id.is_unique  # sid alone repeats; source_file:year:sid does not
+    assert pairs.rows.pair_id.iat[0] == "MSRvid:2012test:0024"
+    good, quarantine = validate(pairs.rows, pairs.label_kind, pairs.label_range, None, None, False)
+    assert len(good) == 1379 and quarantine.empty
+    assert good.label.between(0, 5).all()
+    assert len(load_pairs("stsb", split="validation").rows) == 1500  # alias of dev
+    with pytest.raises(InputError):
+        load_pairs("stsb", split="nope")
+
+
+def test_builtin_qqp_from_a_path(tmp_path, monkeypatch):
+    path = tmp_path / "qqp.tsv.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as fh:
+        fh.write("id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n")
+        fh.write('133273\t1\t2\tHow do I "learn" Python?\tWhat is the best way to learn Python?\t1\n')
+        fh.write("18\t3\t4\tWhy is the sky blue?\tWhat is a cat?\t0\n")
+        fh.write("19\t5\t6\tIs it good?\tIs it bad?\t2\n")
+    monkeypatch.setenv("XSBERT_QQP", str(path))
+    pairs = load_pairs("qqp")
+    assert pairs.source.identity == "qqp" and pairs.columns.ids == ("id",)
+    assert pairs.rows.pair_id.tolist() == ["133273", "18", "19"]
+    assert pairs.rows.text_a.iat[0] == 'How do I "learn" Python?'  # no quoting in TSV
+    good, quarantine = validate(pairs.rows, pairs.label_kind, pairs.label_range, None, None, False)
+    assert good.label.tolist() == [1.0, 0.0]
+    assert quarantine.reason.tolist() == ["bad_label"]  # is_duplicate must be 0 or 1
+    # --qqp-path wins over the environment
+    assert load_pairs("qqp", qqp=str(path)).source.location == str(path)
+    monkeypatch.setenv("XSBERT_QQP", str(tmp_path / "missing.tsv.gz"))
+    with pytest.raises(InputError, match="does not exist"):
+        load_pairs("qqp")
+
+
+def test_qqp_without_the_subset_goes_to_the_hub_and_says_how_to_get_it(monkeypatch):
+    monkeypatch.delenv("XSBERT_QQP", raising=False)
+    source = resolve_source("qqp", split="validation")  # the subset is train only
+    assert (source.kind, source.location, source.config, source.split) == ("hub", "glue", "qqp", "validation")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True, raising=False)
+    with pytest.raises(InputError, match="network"):
+        load_pairs("qqp", split="validation")
+
+
+def test_hub_names_and_configs_resolve():
+    assert (resolve_source("glue/qqp").location, resolve_source("glue/qqp").config) == ("glue", "qqp")
+    s = resolve_source("sentence-transformers/stsb", split="test")
+    assert (s.kind, s.location, s.config, s.split) == ("hub", "sentence-transformers/stsb", None, "test")
+    assert resolve_source("nyu-mll/glue:qqp").config == "qqp"
+    assert resolve_source("nyu-mll/glue", config="mrpc").config == "mrpc"
+
+
+def test_hub_code_path_through_a_local_datasets_folder(tmp_path):
+    # The same `datasets.load_dataset` call that reads a hub name reads a local dataset folder.
+    folder = tmp_path / "mydata"
+    folder.mkdir()
+    (folder / "train.csv").write_text("sentence1,sentence2,score\nX y.,Z w.,3.0\n", encoding="utf-8")
+    (folder / "test.csv").write_text("sentence1,sentence2,score\nA b.,C d.,1.5\nE f.,G h.,2.0\n", encoding="utf-8")
+    pairs = load_pairs(str(folder), split="test")
+    assert pairs.source.kind == "hub-folder"
+    assert pairs.rows.pair_id.tolist() == ["0", "1"]  # no id column: row numbers
+    assert pairs.rows.text_b.tolist() == ["C d.", "G h."]
+    with pytest.raises(InputError, match="choose one with --split"):
+        load_pairs(str(folder))
+
+
+@pytest.mark.parametrize("fmt", ["tsv", "tsv.gz", "csv", "csv.gz", "parquet", "jsonl", "jsonl.gz"])
+def test_every_file_format_reads_the_same_rows(tmp_path, fmt):
+    df = pd.DataFrame({"pair_id": ["a", "b", "c"], "text_a": ["He said \"hi\".", "x, y", "ümlaut"],
+                       "text_b": ["One.", "Two.", "Three."], "label": ["1", "0.5", "0"]})  # fmt: skip
+    path = tmp_path / f"pairs.{fmt}"
+    base = fmt.replace(".gz", "")
+    if base == "tsv":
+        text = "\n".join(["\t".join(df.columns)] + ["\t".join(r) for r in df.itertuples(index=False)]) + "\n"
+    elif base == "csv":
+        text = df.to_csv(index=False)
+    elif base == "jsonl":
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in df.to_dict("records"))
+    if base == "parquet":
+        pq.write_table(pa.Table.from_pandas(df, preserve_index=False), path)
+    elif fmt.endswith(".gz"):
+        with gzip.open(path, "wt", encoding="utf-8") as fh:
+            fh.write(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+    pairs = load_pairs(str(path))
+    assert pairs.columns.as_dict() == {"text_a": "text_a", "text_b": "text_b", "label": "label", "id": ["pair_id"]}
+    assert pairs.rows.pair_id.tolist() == ["a", "b", "c"]
+    assert pairs.rows.text_a.tolist() == df.text_a.tolist()
+    good, _ = validate(pairs.rows, pairs.label_kind, pairs.label_range, None, None, False)
+    assert good.label.tolist() == [1.0, 0.5, 0.0]
+
+
+def test_column_recognition_and_flags(tmp_path):
+    path = write_tsv(tmp_path / "q.tsv", pd.DataFrame({"Question1": ["a?"], "question2": ["b?"], "is_duplicate": ["1"],
+                                                        "sid": ["7"], "extra": ["x"]}))  # fmt: skip
+    cols = load_pairs(str(path)).columns
+    assert (cols.text_a, cols.text_b, cols.label, cols.ids) == ("Question1", "question2", "is_duplicate", ("sid",))
+    pairs = load_pairs(str(path), text_a="extra", label="none", ids="none")
+    assert (pairs.columns.text_a, pairs.columns.label, pairs.columns.ids) == ("extra", None, ())
+    assert pairs.rows.pair_id.tolist() == ["0"]
+    assert load_pairs(str(path), ids="sid,extra").rows.pair_id.tolist() == ["7:x"]
+    with pytest.raises(InputError, match="no such column"):
+        load_pairs(str(path), text_b="nope")
+    bad = write_tsv(tmp_path / "bad.tsv", pd.DataFrame({"foo": ["a"], "bar": ["b"]}))
+    with pytest.raises(InputError, match="--text-a-column"):
+        load_pairs(str(bad))
+
+
+def test_sample_is_seeded_and_limit_takes_the_first(tmp_path):
+    a = load_pairs("stsb", sample=50, seed=1).rows
+    b = load_pairs("stsb", sample=50, seed=1).rows
+    c = load_pairs("stsb", sample=50, seed=2).rows
+    assert a.pair_id.tolist() == b.pair_id.tolist() != c.pair_id.tolist()
+    assert a.row.is_monotonic_increasing  # kept in source order
+    assert load_pairs("stsb", sample=50, seed=1, limit=5).rows.pair_id.tolist() == a.pair_id.tolist()[:5]
+
+
+BAD_ROWS = [
+    # id, text_a, text_b, score, expected reason
+    ("g1", "A man is playing a guitar.", "A man plays the guitar.", "4.0", None),
+    ("g2", "A dog runs in the park.", "A cat sleeps on a sofa.", "0.5", None),
+    ("e1", "", "Something.", "1.0", "empty_text_a"),
+    ("e2", "Something.", "   ", "1.0", "empty_text_b"),
+    ("", "No id here.", "None at all.", "1.0", "missing_pair_id"),
+    ("g1", "Same id again.", "Twice.", "1.0", "duplicate_pair_id"),
+    ("u1", "Caf\udce9 au lait.", "Coffee.", "2.0", "undecodable_text_a"),  # a latin-1 byte in the file
+    ("u2", "Fine.", "Bad \ufffd char.", "2.0", "undecodable_text_b"),
+    ("l1", "Good text.", "Good too.", "high", "bad_label"),
+    ("l2", "Good text.", "Good too.", "7.5", "bad_label"),
+    ("t1", " ".join(["word"] * 300), "Short.", "3.0", "too_long_a"),
+    ("g3", "Two men are cooking.", "Two men are preparing food.", "", None),  # no label: allowed
+]
+
+
+def write_bad_file(path: Path) -> Path:
+    lines = ["id\tsentence1\tsentence2\tscore"] + ["\t".join(r[:4]) for r in BAD_ROWS]
+    path.write_bytes(("\n".join(lines) + "\n").encode("utf-8", errors="surrogateescape"))
+    return path
+
+
+def test_validation_gives_every_bad_row_its_reason(tmp_path, minilm):
+    pairs = load_pairs(str(write_bad_file(tmp_path / "bad.tsv")), label_range=(0.0, 5.0))
+    tok = minilm[0].tokenizer
+    good, quarantine = validate(
+        pairs.rows, pairs.label_kind, pairs.label_range,
+        lambda texts: [len(x) for x in tok(texts, truncation=False)["input_ids"]], 256, True,
+    )  # fmt: skip
+    expected = {k: r[4] for k, r in enumerate(BAD_ROWS) if r[4]}
+    assert dict(zip(quarantine.row, quarantine.reason)) == expected
+    assert good.pair_id.tolist() == ["g1", "g2", "g3"]
+    assert len(good) + len(quarantine) == len(BAD_ROWS)
+    # Quarantined text is stored Parquet-safe: the undecodable byte as an escape.
+    assert quarantine.set_index("reason").loc["undecodable_text_a", "text_a"] == "Caf\\udce9 au lait."
+    pa.table({"t": quarantine.text_a.tolist()})  # valid UTF-8 throughout
+
+
+def test_malformed_jsonl_line_is_quarantined(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"id": "1", "sentence1": "A.", "sentence2": "B."}\nnot json\n[1, 2]\n', encoding="utf-8")
+    pairs = load_pairs(str(path))
+    good, quarantine = validate(pairs.rows, pairs.label_kind, pairs.label_range, None, None, False)
+    assert good.pair_id.tolist() == ["1"]
+    assert quarantine.reason.tolist() == ["malformed_row", "malformed_row"]
+
+
+# --------------------------------------------------------------------------- store (no Ray)
+def test_run_id_hashes_what_changes_the_numbers():
+    from jobs.attribute import parse_args, run_config
+
+    class FakeExplainer:
+        settings = {"model": "m", "layer": 3, "n_layers": 6, "mode": "approx", "similarity": "cos",
+                    "rule": "gauss-legendre", "steps": 16, "tolerance": None, "max_steps": None}  # fmt: skip
+
+    base_args = parse_args(["--dataset", "stsb"])
+    pairs = load_pairs("stsb", split="test", limit=3)
+    base = run_config(base_args, FakeExplainer(), "w" * 64, pairs)
+    rid = _store.run_id(base)
+    assert rid == _store.run_id(json.loads(json.dumps(base))) and len(rid) == 16
+    # --limit / --sample select rows: same run
+    assert _store.run_id(run_config(parse_args(["--dataset", "stsb", "--limit", "9"]), FakeExplainer(), "w" * 64,
+                                    load_pairs("stsb", split="test", sample=7))) == rid  # fmt: skip
+    for change in (dict(weights_sha256="x" * 64), dict(steps=8), dict(layer=2), dict(mode="exact"),
+                   dict(rule="riemann"), dict(similarity="dot"), dict(min_abs=0.01), dict(code_version="9"),
+                   dict(dataset={**base["dataset"], "split": "dev"})):  # fmt: skip
+        assert _store.run_id({**base, **change}) != rid, change
+
+
+def test_commit_is_atomic_and_recovery_removes_a_cut_commit(tmp_path, monkeypatch):
+    store = _store.RunStore(tmp_path, "r").open()
+    def t(table: str) -> pa.Table:  # one row of the table's schema
+        return pa.Table.from_pylist([{"pair_id": "a", "sentence_id": "s"}], schema=_store.SCHEMAS[table])
+
+    store.commit(0, {"pairs": t("pairs"), "cells": t("cells"), "sentences": t("sentences")})
+    real_replace = os.replace
+
+    def crash_on_pairs(src, dst):
+        if Path(dst).parent.name == "pairs":
+            raise KeyboardInterrupt("killed between the renames of one commit")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", crash_on_pairs)
+    with pytest.raises(KeyboardInterrupt):
+        store.commit(1, {"pairs": t("pairs"), "cells": t("cells"), "word_cells": t("word_cells")})
+    monkeypatch.setattr(os, "replace", real_replace)
+    store.close()
+    assert (tmp_path / "r" / "cells" / "part-000001.parquet").exists()  # the orphan a reader may glance at
+    assert (tmp_path / "r" / "_staging").exists()
+    store = _store.RunStore(tmp_path, "r").open()  # the next run cleans up
+    assert [p.name for p in store.parts("cells")] == ["part-000000.parquet"]
+    assert store.parts("word_cells") == [] and not (tmp_path / "r" / "_staging").exists()
+    assert store.next_seq() == 1 and store.done_pair_ids() == {"a"}
+    with pytest.raises(RuntimeError, match="lock"):
+        _store.RunStore(tmp_path, "r").open()  # one writer at a time
+    store.close()
+
+
+# --------------------------------------------------------------------------- stage 2 == Explainer.pair (no Ray)
+@pytest.fixture(scope="module")
+def small_factors(minilm):
+    from jobs._actors import FactorActor
+    from xsbert_core import Explainer
+
+    texts = ["A man is playing a guitar.", "Someone plays an instrument on stage.", "The cat sat."]
+    actor = FactorActor(minilm_model_name(), layer=-1, mode="approx", similarity="cos", rule="gauss-legendre",
+                        steps=2, tolerance=None, max_steps=256, truncation="warn")  # fmt: skip
+    table = actor(pa.table({"sentence_id": ["s0", "s1", "s2"], "text": texts}))
+    ex = Explainer(minilm, layer=-1, steps=2)
+    return texts, table, ex
+
+
+def minilm_model_name() -> str:
+    from xsbert_core import DEFAULT_MODEL
+
+    return DEFAULT_MODEL
+
+
+def test_stage2_equals_explainer_pair_on_the_same_factors(small_factors):
+    from jobs._actors import PairCells
+
+    texts, table, ex = small_factors
+    assert table.column("failure").null_count == table.num_rows
+    cells = PairCells([table], "cos")
+    out = cells(pa.table({"ord": [0, 1], "pair_id": ["p0", "p1"], "sentence_id_a": ["s0", "s2"],
+                          "sentence_id_b": ["s1", "s1"]}))  # fmt: skip
+    for k, (a, b) in enumerate([("s0", "s1"), ("s2", "s1")]):
+        fa, fb = cells.sentence(a), cells.sentence(b)
+        ref = ex.pair(fa, fb, words=True)
+        row = {name: out.column(name)[k].as_py() for name in out.column_names}
+        for name in ("score", "attribution_sum", "positive_sum", "negative_sum", "ref_sim_a", "ref_sim_b",
+                     "ref_term", "target"):  # fmt: skip
+            assert row[name] == getattr(ref, name), name  # bit-identical: same factors, same functions
+        assert row["completeness_error"] == ref.error
+        m = np.zeros_like(ref.matrix)
+        m[row["cell_i"], row["cell_j"]] = row["cell_value"]
+        assert np.array_equal(m, ref.matrix) and len(row["cell_value"]) == ref.matrix.size
+        assert row["cell_token_a"][0] == ref.tokens_a[row["cell_i"][0]]
+        w = np.zeros_like(ref.word_matrix)
+        w[row["word_u"], row["word_v"]] = row["word_value"]
+        assert np.array_equal(w, ref.word_matrix)
+        assert sorted(set(row["word_a"])) == sorted(set(ref.words_a))
+
+
+def test_min_abs_prunes_cells_never_sums(small_factors):
+    from jobs._actors import PairCells
+
+    _, table, _ = small_factors
+    batch = pa.table({"ord": [0], "pair_id": ["p"], "sentence_id_a": ["s0"], "sentence_id_b": ["s1"]})
+    full = PairCells([table], "cos")(batch)
+    values = np.abs(np.asarray(full.column("cell_value")[0].as_py()))
+    threshold = float(np.quantile(values, 0.75))
+    pruned = PairCells([table], "cos", min_abs=threshold)(batch)
+    kept = np.asarray(pruned.column("cell_value")[0].as_py())
+    assert 0 < len(kept) < len(values) and (np.abs(kept) >= threshold).all()
+    for name in ("attribution_sum", "positive_sum", "negative_sum", "score", "completeness_error"):
+        assert pruned.column(name)[0].as_py() == full.column(name)[0].as_py()
+
+
+def test_a_failed_sentence_fails_only_its_pairs(small_factors):
+    from jobs._actors import PairCells, factor_rows
+
+    _, table, _ = small_factors
+    failed = factor_rows(["bad"], ["x"], ["NumericalError: NaN"])
+    out = PairCells([table, failed], "cos")(
+        pa.table({"ord": [0, 1], "pair_id": ["p0", "p1"], "sentence_id_a": ["s0", "bad"],
+                  "sentence_id_b": ["s1", "s1"]})  # fmt: skip
+    )
+    assert out.column("failure").to_pylist() == [None, "NumericalError: NaN"]
+
+
+# --------------------------------------------------------------------------- real Ray runs
+@pytest.fixture(scope="module")
+def ray_cluster():
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+def run_job(out: Path, *flags: str) -> dict:
+    from jobs.attribute import main, parse_args
+
+    return main(parse_args([*flags, *FAST, "--out", str(out), "--quiet"]))
+
+
+def explain_json(tmp_path: Path, a: str, b: str) -> dict:
+    """What `xsbert explain` writes for the pair, with the test runs' settings."""
+    from xsbert_core.cli import main as xsbert
+
+    out = tmp_path / "explain.json"
+    assert xsbert(["explain", a, b, *FAST, "--words", "--json", str(out), "-q"]) == 0
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_job_counts_cells_and_rerun(ray_cluster, tmp_path, capsys):
+    out = tmp_path / "runs"
+    s = run_job(out, "--dataset", "stsb", "--split", "test", "--limit", "12")
+    run_dir = Path(s["run_dir"])
+    printed = capsys.readouterr().out
+    assert f"store: {run_dir}" in printed.splitlines() and "duckdb" in printed
+    assert (s["n_in"], s["n_done"], s["n_quarantined"], s["computed_pairs"]) == (12, 12, 0, 12)
+
+    # Pair counts exact, each pair once, and its cells sum to its (unpruned) attribution_sum.
+    assert q(run_dir, "select count(*), count(distinct pair_id) from {pairs}") == [(12, 12)]
+    expected_ids = load_pairs("stsb", split="test", limit=12).rows.pair_id.tolist()
+    assert [r[0] for r in q(run_dir, "select pair_id from {pairs} order by row")] == expected_ids
+    worst = q(run_dir, """
+        select max(abs(p.attribution_sum - c.total)), bool_and(p.n_cells = c.n) from {pairs} p
+        join (select pair_id, sum(value) as total, count(*) as n from {cells} group by pair_id) c using (pair_id)
+    """)  # fmt: skip
+    assert worst[0][0] < 1e-9 and worst[0][1]
+    assert q(run_dir, "select count(*) from {cells} c anti join {pairs} p using (pair_id)") == [(0,)]
+    assert q(run_dir, "select count(*) from {quarantine}") == [(0,)]  # empty, but there to query
+    # Unique sentences once each; every pair's sentences are there.
+    n_unique = len(set(load_pairs("stsb", split="test", limit=12).rows[["text_a", "text_b"]].values.ravel()))
+    assert q(run_dir, "select count(*), count(distinct sentence_id) from {sentences}") == [(n_unique, n_unique)]
+    assert s["computed_sentences"] == n_unique
+    assert q(run_dir, """select count(*) from {pairs} p left join {sentences} s on s.sentence_id = p.sentence_id_a
+                         where s.sentence_id is null""") == [(0,)]  # fmt: skip
+
+    # The cells of a pair equal `xsbert explain` for that pair.
+    for pid, a, b in q(run_dir, "select pair_id, text_a, text_b from {pairs} order by row limit 2"):
+        ref = explain_json(tmp_path, a, b)
+        rows = q(run_dir, f"select i, j, token_a, token_b, value from {{cells}} where pair_id = '{pid}'")
+        matrix = np.full(np.shape(ref["matrix"]), np.nan)
+        for i, j, ta, tb, v in rows:
+            matrix[i, j] = v
+            assert (ta, tb) == (ref["tokens_a"][i], ref["tokens_b"][j])
+        np.testing.assert_allclose(matrix, ref["matrix"], rtol=1e-4, atol=1e-6)
+        ((score, total, err),) = q(run_dir, f"select score, attribution_sum, completeness_error from {{pairs}} "
+                                            f"where pair_id = '{pid}'")  # fmt: skip
+        assert score == pytest.approx(ref["score"], abs=1e-6)
+        assert total == pytest.approx(ref["attribution_sum"], abs=1e-5)
+        assert err == pytest.approx(ref["error"], abs=1e-5)
+        words = np.full(np.shape(ref["word_matrix"]), np.nan)
+        for u, v, value in q(run_dir, f"select u, v, value from {{word_cells}} where pair_id = '{pid}'"):
+            words[u, v] = value
+        np.testing.assert_allclose(words, ref["word_matrix"], rtol=1e-4, atol=1e-6)
+
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["run_id"] == run_dir.name == s["run_id"]
+    assert manifest["tables"]["pairs"]["rows"] == 12 and manifest["config"]["layer"] == 5
+    assert set(manifest["tables"]) == set(TABLES)
+
+    # Rerun with the same config: nothing computed, every file byte-identical.
+    before = file_hashes(run_dir)
+    again = run_job(out, "--dataset", "stsb", "--split", "test", "--limit", "12")
+    assert again["run_id"] == s["run_id"]
+    assert (again["computed_pairs"], again["computed_sentences"], again["wrote_files"]) == (0, 0, 0)
+    assert (again["n_in"], again["n_done"]) == (12, 12)
+    assert file_hashes(run_dir) == before
+
+
+@pytest.mark.slow
+def test_job_grown_dataset_computes_only_new_pairs(ray_cluster, tmp_path):
+    data, out = tmp_path / "pairs.tsv", tmp_path / "runs"
+    first = run_job(out, "--dataset", str(write_tsv(data, stsb_rows(8))))
+    run_dir = Path(first["run_dir"])
+    assert first["computed_pairs"] == 8
+    old = {r[0]: r[1:] for r in q(run_dir, "select pair_id, score, attribution_sum from {pairs}")}
+    before = file_hashes(run_dir)
+
+    write_tsv(data, pd.concat([stsb_rows(8), stsb_rows(5, start=8)]))  # the dataset grew by 5 pairs
+    second = run_job(out, "--dataset", str(data))
+    assert second["run_id"] == first["run_id"] and second["computed_pairs"] == 5
+    assert (second["n_in"], second["n_done"], second["n_quarantined"]) == (13, 13, 0)
+    assert q(run_dir, "select count(*), count(distinct pair_id) from {pairs}") == [(13, 13)]
+    assert q(run_dir, "select count(distinct pair_id) from {cells}") == [(13,)]
+    assert q(run_dir, "select count(*) = count(distinct sentence_id) from {sentences}") == [(True,)]
+    # Earlier parts untouched, earlier numbers unchanged.
+    after = file_hashes(run_dir)
+    assert all(after[name] == digest for name, digest in before.items() if name != "manifest.json")
+    now = {r[0]: r[1:] for r in q(run_dir, "select pair_id, score, attribution_sum from {pairs}")}
+    assert {k: v for k, v in now.items() if k in old} == old
+    assert len(json.loads((run_dir / "manifest.json").read_text())["runs"]) == 2
+
+
+@pytest.mark.slow
+def test_job_quarantines_bad_rows_and_attributes_the_rest(ray_cluster, tmp_path):
+    out = tmp_path / "runs"
+    s = run_job(out, "--dataset", str(write_bad_file(tmp_path / "bad.tsv")), "--label-range", "0:5")
+    run_dir = Path(s["run_dir"])
+    n_bad = sum(1 for r in BAD_ROWS if r[4])
+    assert (s["n_in"], s["n_done"], s["n_quarantined"]) == (len(BAD_ROWS), len(BAD_ROWS) - n_bad, n_bad)
+    got = sorted(q(run_dir, "select row, reason from {quarantine}"))
+    assert got == sorted((k, r[4]) for k, r in enumerate(BAD_ROWS) if r[4])
+    assert sorted(r[0] for r in q(run_dir, "select pair_id from {pairs}")) == ["g1", "g2", "g3"]
+    assert q(run_dir, "select label is null from {pairs} where pair_id = 'g3'") == [(True,)]
+    assert all(d for (d,) in q(run_dir, "select detail from {quarantine}"))
+    # A rerun adds no quarantine rows (deduplicated by row, pair id and reason).
+    again = run_job(out, "--dataset", str(tmp_path / "bad.tsv"), "--label-range", "0:5")
+    assert again["wrote_files"] == 0 and again["n_quarantined"] == n_bad
+    assert q(run_dir, "select count(*) from {quarantine}") == [(n_bad,)]
+
+
+def test_all_rows_quarantined_still_gives_queryable_tables(tmp_path):
+    # No pair to compute: no Ray at all, and every table is a (possibly empty) Parquet table.
+    data = tmp_path / "bad.tsv"
+    data.write_text("id\tsentence1\tsentence2\tscore\nx\t\tB.\t1\ny\tA.\t \t2\n", encoding="utf-8")
+    s = run_job(tmp_path / "runs", "--dataset", str(data))
+    run_dir = Path(s["run_dir"])
+    assert (s["n_in"], s["n_done"], s["n_quarantined"], s["computed_pairs"]) == (2, 0, 2, 0)
+    assert q(run_dir, "select reason from {quarantine} order by row") == [("empty_text_a",), ("empty_text_b",)]
+    for table in ("pairs", "cells", "word_cells", "sentences"):
+        assert q(run_dir, f"select count(*) from {{{table}}}") == [(0,)], table
+    assert q(run_dir, "select count(*) from {pairs} p join {cells} c using (pair_id)") == [(0,)]
+    for table, schema in _store.SCHEMAS.items():
+        assert all(pq.read_schema(p) == schema for p in (run_dir / table).glob("*.parquet")), table
+
+
+@pytest.mark.slow
+def test_job_survives_a_killed_factor_actor(ray_cluster, tmp_path, monkeypatch):
+    marker = tmp_path / "killed-once"
+    monkeypatch.setenv("XSBERT_TEST_KILL_ONCE", str(marker))
+    s = run_job(tmp_path / "runs", "--dataset", str(write_tsv(tmp_path / "p.tsv", stsb_rows(12))),
+                "--batch-size", "4")  # fmt: skip
+    assert marker.read_text().startswith("killed pid")  # an actor really died mid-batch
+    run_dir = Path(s["run_dir"])
+    assert s["computed_pairs"] == 12
+    assert q(run_dir, "select count(*), count(distinct pair_id) from {pairs}") == [(12, 12)]
+    cells = q(run_dir, "select count(*), count(distinct (pair_id, i, j)) from {cells}")
+    assert cells[0][0] == cells[0][1] == q(run_dir, "select sum(n_tokens_a * n_tokens_b) from {pairs}")[0][0]
+    assert q(run_dir, "select count(*) = count(distinct sentence_id) from {sentences}") == [(True,)]
+
+
+@pytest.mark.slow
+def test_job_survives_a_killed_stage2_worker(ray_cluster, tmp_path, monkeypatch):
+    marker = tmp_path / "killed-cells-once"
+    monkeypatch.setenv("XSBERT_TEST_KILL_CELLS_ONCE", str(marker))
+    s = run_job(tmp_path / "runs", "--dataset", str(write_tsv(tmp_path / "p.tsv", stsb_rows(6, start=30))))
+    assert marker.exists()
+    assert q(Path(s["run_dir"]), "select count(*), count(distinct pair_id) from {pairs}") == [(6, 6)]
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_where_it_stopped(ray_cluster, tmp_path):
+    data, out = write_tsv(tmp_path / "p.tsv", stsb_rows(16, start=40)), tmp_path / "runs"
+    cmd = [sys.executable, "-m", "jobs.attribute", "--dataset", str(data), *FAST, "--out", str(out),
+           "--wave-size", "4", "--quiet", "--ray-address", ray_cluster.get_runtime_context().gcs_address]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if list(out.glob("*/pairs/part-*.parquet")):
+                break  # the first wave has committed: kill the driver now
+            time.sleep(0.2)
+        assert proc.poll() is None, f"the run ended before it could be killed:\n{proc.stdout.read().decode()[-3000:]}"
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    run_dir = next(out.iterdir())
+    done_before = len(_store.RunStore(out, run_dir.name).done_pair_ids())
+    assert 4 <= done_before < 16
+
+    s = run_job(out, "--dataset", str(data), "--wave-size", "4")
+    assert s["computed_pairs"] == 16 - done_before
+    assert (s["n_in"], s["n_done"]) == (16, 16)
+    assert q(run_dir, "select count(*), count(distinct pair_id) from {pairs}") == [(16, 16)]
+    assert q(run_dir, "select count(distinct pair_id) from {cells}") == [(16,)]
+    assert q(run_dir, "select count(*) = count(distinct sentence_id) from {sentences}") == [(True,)]
+    assert not (run_dir / "_staging").exists()
+    # Every cells/word_cells/sentences part belongs to a committed wave.
+    pairs_parts = {p.name for p in (run_dir / "pairs").iterdir()}
+    for table in ("cells", "word_cells", "sentences"):
+        assert {p.name for p in (run_dir / table).iterdir()} <= pairs_parts
+
+
+def test_no_arguments_means_the_embedded_default():
+    from jobs.attribute import DEFAULT_SAMPLE, parse_args
+
+    args = parse_args([])
+    assert (args.dataset, args.split, args.sample, args.seed, args.out) == ("stsb", "test", DEFAULT_SAMPLE, 0, "runs")
+    flags = parse_args(["--dataset", "stsb", "--split", "test", "--limit", "20", "--steps", "4", "--out", "D"])
+    assert (flags.limit, flags.sample, flags.steps, flags.out) == (20, None, 4, "D")
