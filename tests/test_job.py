@@ -579,3 +579,16 @@ def test_no_arguments_means_the_embedded_default():
     assert (args.dataset, args.split, args.sample, args.seed, args.out) == ("stsb", "test", DEFAULT_SAMPLE, 0, "runs")
     flags = parse_args(["--dataset", "stsb", "--split", "test", "--limit", "20", "--steps", "4", "--out", "D"])
     assert (flags.limit, flags.sample, flags.steps, flags.out) == (20, None, 4, "D")
+
+
+def test_bad_arguments_exit_2_with_a_clear_message(tmp_path, capsys):
+    from jobs.attribute import cli
+
+    assert cli(["--dataset", str(tmp_path / "missing.tsv"), "--out", str(tmp_path)]) == 2
+    assert "no such file" in capsys.readouterr().err
+    no_text = write_tsv(tmp_path / "x.tsv", pd.DataFrame({"foo": ["a"], "bar": ["b"]}))
+    assert cli(["--dataset", str(no_text), "--out", str(tmp_path)]) == 2
+    assert "--text-a-column" in capsys.readouterr().err
+    assert cli(["--dataset", "stsb", "--limit", "2", "--steps", "0", "--out", str(tmp_path)]) == 2
+    assert "jobs.attribute: error:" in capsys.readouterr().err
+    assert not list(tmp_path.glob("*/pairs"))  # nothing written
