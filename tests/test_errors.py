@@ -119,7 +119,13 @@ def test_known_aliases_are_accepted(bert):
 
 def test_unknown_truncation_policy(bert):
     with pytest.raises(InputError, match="truncation"):
-        Explainer(bert, layer=1, truncation="drop").factors(["A text."])  # type: ignore[arg-type]
+        Explainer(bert, layer=1, truncation="drop")  # type: ignore[arg-type]  # at construction, not first use
+
+
+@pytest.mark.parametrize("batch_size", [0, -1, 2.5, True])
+def test_bad_factor_batch_size(bert, batch_size):
+    with pytest.raises(InputError, match="batch_size"):
+        Explainer(bert, layer=1).factors(["A text."], batch_size=batch_size)
 
 
 def test_quadrature_rejects_bad_n():

@@ -31,7 +31,7 @@ from .pairs import (
     similarity_score,
 )
 from .quadrature import canonical_rule
-from .split import Mode, SplitModel, Truncation
+from .split import TRUNCATION_POLICIES, Mode, SplitModel, Truncation
 from .words import Word, word_matrix, words_of
 
 logger = logging.getLogger(__name__)
@@ -164,6 +164,8 @@ class Explainer:
             raise InputError(f"max_steps ({max_steps}) must be >= steps ({steps})")
         if internal_batch_size is not None and internal_batch_size < 1:
             raise InputError(f"internal_batch_size must be >= 1, got {internal_batch_size!r}")
+        if truncation not in TRUNCATION_POLICIES:
+            raise InputError(f"Unknown truncation policy {truncation!r}; valid: {', '.join(TRUNCATION_POLICIES)}")
         self.model = model if isinstance(model, SentenceTransformer) else load_model(model, device=device)
         self.model_name = str(getattr(self.model, "xsbert_name", None) or "<in-memory model>")
         self.split = SplitModel(self.model, layer, mode)
@@ -204,6 +206,8 @@ class Explainer:
         Results equal one-at-a-time computation up to float rounding.
         """
         texts = list(texts)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise InputError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         if not texts:
             return []
         unique = list(dict.fromkeys(texts))
