@@ -6,10 +6,13 @@ Everything is measured in one run on this machine; ratios compare timings from t
     python bench/engine.py --models minilm --pairs 16
 
 For each model it reports
+  throughput:       engine pairs/s over --pairs pairs (riemann N=--steps and the chosen gauss-legendre N)
   same-N speed-up:  engine (rule riemann, N=--steps) vs reverse mode (one backward pass per embedding
-                    dimension per node: the reference code's algorithm), same pairs' sentences
+                    dimension per node: the reference code's algorithm), both timed on the same
+                    --reverse-pairs pairs (engine cost grows ~S^2, reverse ~S: comparing different
+                    pairs would bias the ratio)
   equal-error speed-up: engine with the smallest gauss-legendre N whose mean factor error is <= that of
-                    riemann N=--ref-steps, vs reverse mode at riemann N=--ref-steps. Reverse cost is
+                    riemann N=--ref-steps, vs reverse mode at riemann N=--ref-steps, same pairs. Reverse cost is
                     N x (one forward + D backward passes): the N=--steps timing is scaled by
                     ref_steps/steps unless --reverse-full times it directly.
   forward ratio:    engine time / no-grad forward of the same batch of sequences the engine pushes
@@ -68,6 +71,15 @@ def engine_run(model, layer, rule, steps, pairs):
     return ex, dt, errs
 
 
+def engine_time_on(model, layer, rule, steps, pairs, min_seconds: float = 3.0) -> float:
+    """Seconds per call of the engine on exactly these pairs: best of repeated runs (>= 3, >= min_seconds)."""
+    ex = Explainer(model, layer=layer, rule=rule, steps=steps)
+    times: list[float] = []
+    while len(times) < 3 or sum(times) < min_seconds:
+        times.append(timed(lambda: ex.explain_pairs(pairs))[1])
+    return min(times)
+
+
 def reverse_run(ex: Explainer, rule: str, steps: int, pairs):
     def go():
         return [
@@ -91,7 +103,9 @@ def plain_forward(ex: Explainer, texts: list[str], steps: int, expand_tokens: bo
         ends = endpoints(ex.split, sub)
         a = torch.as_tensor(alphas, dtype=ends.h_x.dtype)
         n = len(alphas)
-        x = ends.h_r.repeat_interleave(n, 0) + a.repeat(len(sub.texts))[:, None, None] * ends.delta.repeat_interleave(n, 0)
+        x = ends.h_r.repeat_interleave(n, 0) + a.repeat(len(sub.texts))[:, None, None] * ends.delta.repeat_interleave(
+            n, 0
+        )
         feats = {k2: v.repeat_interleave(n, 0) for k2, v in sub.features.items()}
         reps = max(sub.lengths) if expand_tokens else 1
         rows = x.shape[0]
@@ -105,22 +119,35 @@ def plain_forward(ex: Explainer, texts: list[str], steps: int, expand_tokens: bo
 
 
 def rss_probe(model_name: str, layer: int, tokens: int, steps: int) -> dict:
-    """Run in a fresh process: peak RSS for one long text."""
+    """Run in a fresh process: peak RSS for one long text.
+
+    Peak RSS is the process's own high-water mark, VmHWM in /proc/self/status. Not getrusage's
+    ru_maxrss: Linux carries that across fork + exec, so a child started by a large benchmark
+    process would report the parent's peak."""
     code = f"""
-import resource, json, time, torch
+import json, resource, time, torch
+def peak_mb():
+    try:
+        with open("/proc/self/status") as fh:
+            return next(int(l.split()[1]) for l in fh if l.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 torch.set_num_threads({torch.get_num_threads()})
 from xsbert_core import Explainer, load_model
 m = load_model({model_name!r})
 m.max_seq_length = {tokens}
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+base = peak_mb()
 ex = Explainer(m, layer={layer}, steps={steps})
 text = " ".join(["The quick brown fox jumps over the lazy dog near the river bank."] * 60)
 t0 = time.perf_counter(); f = ex.factors([text])[0]; dt = time.perf_counter() - t0
-print(json.dumps(dict(tokens=len(f.tokens), seconds=dt, rss_after_load_mb=base,
-      peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, error=f.error)))
+print(json.dumps(dict(tokens=len(f.tokens), seconds=dt, rss_after_load_mb=base, peak_rss_mb=peak_mb(), error=f.error)))
 """
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     if out.returncode or not lines:
@@ -136,13 +163,16 @@ def bench_model(key: str, args) -> dict:
     texts = [t for p in pairs for t in p]
     r: dict = {"model": name, "pairs": len(pairs), "reverse_pairs": len(rev_pairs), "steps": args.steps}
 
+    engine_run(model, args.layer, "riemann", args.steps, pairs[:1])  # warm-up: first-call allocations, lazy init
+
     # 1. same rule, same N
     ex, t_eng, errs = engine_run(model, args.layer, "riemann", args.steps, pairs)
     r.update(layer=ex.layer, dim=int(ex.model.get_embedding_dimension()))
     r["engine_pairs_per_s"] = len(pairs) / t_eng
     rev, t_rev = reverse_run(ex, "riemann", args.steps, rev_pairs)
     r["reverse_pairs_per_s"] = len(rev_pairs) / t_rev
-    r["speedup_same_n"] = r["engine_pairs_per_s"] / r["reverse_pairs_per_s"]
+    r["engine_same_pairs_per_s"] = len(rev_pairs) / engine_time_on(model, args.layer, "riemann", args.steps, rev_pairs)
+    r["speedup_same_n"] = r["engine_same_pairs_per_s"] / r["reverse_pairs_per_s"]
     fwd = ex.factors([t for p in rev_pairs for t in p])
     rev_flat = [f for pr in rev for f in pr]
     r["max_rel_diff_vs_reverse"] = max(float((f.factor - g).norm() / g.norm()) for f, g in zip(fwd, rev_flat))
@@ -163,7 +193,8 @@ def bench_model(key: str, args) -> dict:
     else:
         r["reverse_ref_pairs_per_s"] = r["reverse_pairs_per_s"] * args.steps / args.ref_steps
         r["reverse_ref_timing"] = f"N={args.steps} timing x {args.ref_steps}/{args.steps}"
-    r["speedup_equal_error"] = r["gl_pairs_per_s"] / r["reverse_ref_pairs_per_s"]
+    r["gl_same_pairs_per_s"] = len(rev_pairs) / engine_time_on(model, args.layer, "gauss-legendre", n, rev_pairs)
+    r["speedup_equal_error"] = r["gl_same_pairs_per_s"] / r["reverse_ref_pairs_per_s"]
 
     # 3. plain forward of the same batches
     t_fwd_tok = plain_forward(ex, texts, args.steps, expand_tokens=True)
@@ -191,25 +222,37 @@ def to_markdown(results: list[dict], args) -> str:
     def row(label, fmt):
         lines.append(f"| {label} | " + " | ".join(fmt(r) for r in results) + " |")
 
-    row("pairs timed (engine / reverse)", lambda r: f"{r['pairs']} / {r['reverse_pairs']}")
-    row("engine, riemann N (pairs/s)", lambda r: f"{r['engine_pairs_per_s']:.2f} (N={r['steps']})")
-    row("reverse mode, riemann N (pairs/s)", lambda r: f"{r['reverse_pairs_per_s']:.4f}")
+    row(
+        "engine throughput, riemann N (pairs/s)",
+        lambda r: f"{r['engine_pairs_per_s']:.2f} (N={r['steps']}, {r['pairs']} pairs)",
+    )
+    row(
+        "same pairs: engine, riemann N (pairs/s)",
+        lambda r: f"{r['engine_same_pairs_per_s']:.3f} ({r['reverse_pairs']} pairs)",
+    )
+    row("same pairs: reverse mode, riemann N (pairs/s)", lambda r: f"{r['reverse_pairs_per_s']:.4f}")
     row("**speed-up, same rule and N**", lambda r: f"**{r['speedup_same_n']:.0f}x**")
     row("max rel. diff engine vs reverse", lambda r: f"{r['max_rel_diff_vs_reverse']:.1e}")
     row("mean factor error, riemann N", lambda r: f"{r['riemann_n_mean_error']:.2e}")
     row("mean factor error, riemann N_ref", lambda r: f"{r['riemann_ref_mean_error']:.2e} (N_ref={r['ref_steps']})")
     row("smallest GL N with error <= that", lambda r: f"{r['gl_steps']} ({r['gl_mean_error']:.2e})")
-    row("engine GL (pairs/s)", lambda r: f"{r['gl_pairs_per_s']:.2f}")
-    row("reverse riemann N_ref (pairs/s)", lambda r: f"{r['reverse_ref_pairs_per_s']:.5f} ({r['reverse_ref_timing']})")
+    row("engine throughput, GL (pairs/s)", lambda r: f"{r['gl_pairs_per_s']:.2f} ({r['pairs']} pairs)")
+    row("same pairs: engine GL (pairs/s)", lambda r: f"{r['gl_same_pairs_per_s']:.3f}")
+    row(
+        "same pairs: reverse riemann N_ref (pairs/s)",
+        lambda r: f"{r['reverse_ref_pairs_per_s']:.5f} ({r['reverse_ref_timing']})",
+    )
     row("**speed-up, equal-or-better error**", lambda r: f"**{r['speedup_equal_error']:.0f}x**")
     row("engine / forward of same B·N·S rows", lambda r: f"{r['engine_over_forward_same_rows']:.2f}x")
     row("engine / forward of B·N interpolation points", lambda r: f"{r['engine_over_forward_interp_points']:.1f}x")
     row(
         "512-token text: peak RSS (after load)",
-        lambda r: f"{r['rss_512']['peak_rss_mb']:.0f} MB ({r['rss_512']['rss_after_load_mb']:.0f} MB), "
-        f"{r['rss_512']['seconds']:.1f} s"
-        if "rss_512" in r
-        else "skipped",
+        lambda r: (
+            f"{r['rss_512']['peak_rss_mb']:.0f} MB ({r['rss_512']['rss_after_load_mb']:.0f} MB), "
+            f"{r['rss_512']['seconds']:.1f} s"
+            if "rss_512" in r
+            else "skipped"
+        ),
     )
     return "\n".join(lines) + "\n"
 
@@ -219,7 +262,7 @@ def main() -> None:
     p.add_argument("--models", default="minilm,mpnet", help="comma list of: " + ", ".join(MODELS))
     p.add_argument("--layer", type=int, default=-3)
     p.add_argument("--pairs", type=int, default=24, help="pairs for engine timings")
-    p.add_argument("--reverse-pairs", type=int, default=1, help="pairs for reverse-mode timings")
+    p.add_argument("--reverse-pairs", type=int, default=4, help="pairs for reverse-mode timings (the first of --pairs)")
     p.add_argument("--steps", type=int, default=4, help="N for the same-N comparison")
     p.add_argument("--ref-steps", type=int, default=50, help="riemann N of the reference code's setting")
     p.add_argument("--reverse-full", action="store_true", help="time reverse mode at --ref-steps directly")
