@@ -12,7 +12,7 @@ from .errors import (
 )
 from .explainer import Explainer, PairAttribution, SentenceFactors
 from .models import DEFAULT_MODEL, load_model, resolve_model, weights_fingerprint
-from .pairs import compute_completeness_error, completeness_target, pair_matrix, similarity_score
+from .pairs import completeness_target, compute_completeness_error, pair_matrix, similarity_score
 from .quadrature import nodes_and_weights
 
 __version__ = "0.1.0"

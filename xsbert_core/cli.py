@@ -64,10 +64,12 @@ def _summary(res, top: int) -> str:
             f"f(r_a,r_b) {res.ref_term:+.4f}"
         )
     lines.append(
-        f"factor errors         a {res.factor_error_a:.2e} (N={res.steps_a})   b {res.factor_error_b:.2e} (N={res.steps_b})"
+        f"factor errors         a {res.factor_error_a:.2e} (N={res.steps_a})"
+        f"   b {res.factor_error_b:.2e} (N={res.steps_b})"
     )
     if res.truncated_a or res.truncated_b:
-        lines.append("WARNING               truncated to max_seq_length: " + ("a " if res.truncated_a else "") + ("b" if res.truncated_b else ""))
+        which = ("a " if res.truncated_a else "") + ("b" if res.truncated_b else "")
+        lines.append("WARNING               truncated to max_seq_length: " + which)
     lines.append(f"top {top} token pairs:")
     for i, j, v in res.top_cells(top):
         lines.append(f"  {v:+.4f}  {res.tokens_a[i]!s:>14} ~ {res.tokens_b[j]!s:<14}")
@@ -100,7 +102,10 @@ def explain(args: argparse.Namespace) -> int:
     res = ex.explain(a, b, words=args.words)
     if not args.quiet:
         s = res.settings
-        print(f"model {s['model']}  layer {s['layer']}/{s['n_layers']}  {s['mode']}  {s['similarity']}  {s['rule']} N={s['steps']}")
+        print(
+            f"model {s['model']}  layer {s['layer']}/{s['n_layers']}  {s['mode']}  {s['similarity']}"
+            f"  {s['rule']} N={s['steps']}"
+        )
         print(f"a: {a}\nb: {b}")
         print(_summary(res, args.top))
     if args.json_out:
@@ -114,8 +119,12 @@ def explain(args: argparse.Namespace) -> int:
     if args.plot:
         from .plots import plot_attributions
 
-        title = f"f(a,b) = {res.score:.3f}   ΣA = {res.attribution_sum:.3f}   layer {res.settings['layer']}, {res.settings['mode']}"
-        plot_attributions(res.matrix, [_display(t) for t in res.tokens_a], [_display(t) for t in res.tokens_b], args.plot, title)
+        title = (
+            f"f(a,b) = {res.score:.3f}   ΣA = {res.attribution_sum:.3f}"
+            f"   layer {res.settings['layer']}, {res.settings['mode']}"
+        )
+        labels_a, labels_b = [_display(t) for t in res.tokens_a], [_display(t) for t in res.tokens_b]
+        plot_attributions(res.matrix, labels_a, labels_b, args.plot, title)
         if not args.quiet:
             print(f"wrote {args.plot}")
     return 0
