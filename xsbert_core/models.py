@@ -143,14 +143,17 @@ def resolve_model(name: str | os.PathLike) -> str:
     return text
 
 
-def load_model(name: str | os.PathLike = DEFAULT_MODEL, device: str | None = None) -> SentenceTransformer:
+def load_model(
+    name: str | os.PathLike = DEFAULT_MODEL, device: str | None = None, attn_implementation: str | None = "eager"
+) -> SentenceTransformer:
     """Load a sentence-transformers model for attribution (eager attention, frozen weights).
 
-    Raises ModelNotFoundError, naming what to install, when neither a local folder, an installed
-    package nor the hub provides it.
+    `attn_implementation=None` keeps the model's default (fused SDPA: faster for training, but forward-mode
+    AD has no rule for it). Raises ModelNotFoundError, naming what to install, when neither a local folder,
+    an installed package nor the hub provides it.
     """
     source = resolve_model(name)
-    kwargs = {"model_kwargs": {"attn_implementation": "eager"}}
+    kwargs = {"model_kwargs": {"attn_implementation": attn_implementation}} if attn_implementation else {}
     try:
         model = SentenceTransformer(source, device=device or "cpu", **kwargs)
     except (OSError, ValueError) as exc:

@@ -3,6 +3,7 @@
     h(x) = hidden_states[L](x)             the S x H states entering encoder layer L
     e(x) = tail(h(x))                      layers L..n-1, then pooling (+ Dense), no Normalize
     exact mode:  e(x) = pool(T(x) - T(r))  token embeddings of the reference subtracted, so e(r) = 0
+                                           (a ShiftedTransformer model computes the same in its forward)
 
 `tail` re-enters the HF model with its embeddings output replaced by `h` and its layer list sliced
 to L..n-1, so masks, position bias (MPNet) and layer signatures stay the model's own.
@@ -22,6 +23,7 @@ from torch import Tensor, nn
 
 from .errors import InputError, TruncationError, UnsupportedModelError
 from .references import pad_token_id, reference_ids
+from .shift import is_shifted, outer_reference_ids
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +86,13 @@ class SplitModel:
     def __init__(self, model: SentenceTransformer, layer: int, mode: Mode = "approx") -> None:
         if mode not in MODES:
             raise InputError(f"Unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
+        self.shifted = is_shifted(model)
+        if self.shifted and mode != "exact":
+            raise InputError(
+                "this model is reference-shifted (an exact model: e(x) = pool(T(x) - T(r))), so its attributions "
+                "are exact; mode 'approx' would attribute an unshifted embedding the model never produces. "
+                "Use mode 'exact' (the default for such a model)"
+            )
         first = model[0]
         auto_model = getattr(first, "auto_model", None)
         if auto_model is None:
@@ -166,7 +175,14 @@ class SplitModel:
         features = {k: enc[k].to(self.device) for k in self._model_inputs if k in enc}
         mask = enc["attention_mask"]
         lengths = mask.sum(-1).tolist()
-        ref = reference_ids(enc["input_ids"], enc["special_tokens_mask"], mask, self.pad_id).to(self.device)
+        ref = reference_ids(enc["input_ids"], enc["special_tokens_mask"], mask, self.pad_id)
+        if self.shifted and not torch.equal(ref, outer_reference_ids(enc["input_ids"], mask, self.pad_id)):
+            # The model's own shift keeps the first and last token; the engine keeps the added specials.
+            raise UnsupportedModelError(
+                "the tokenizer adds special tokens other than one at each end, so the model's embedding shift "
+                "and the engine's reference differ"
+            )
+        ref = ref.to(self.device)
         return TokenBatch(
             texts=list(texts),
             features=features,
