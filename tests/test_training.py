@@ -1,0 +1,221 @@
+"""Exact models: the embedding shift, fine-tuning (jobs.train), and the evaluation metrics.
+
+The shift's promise is e(r) = 0 exactly, so that sum A -> f(a, b): checked on tiny models after real
+training steps (any length, batched or not), and on a saved all-MiniLM-L6-v2 exact model reloaded with
+plain `SentenceTransformer(path)`, whose attributions sum to its score (gauss-legendre, N = 32).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from xsbert_core import Explainer, InputError, UnsupportedModelError, is_shifted, load_model
+from xsbert_core.metrics import aso, aso_both_ways, average_ranks, jaccard_top_k, pearson, spearman
+from xsbert_core.training import TrainConfig, build_variant, fine_tune, pairs_dataset
+
+from conftest import CORPUS  # noqa: E402 - pytest puts tests/ on sys.path (rootdir conftest)
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXTS = ["Dogs run.", "The quick brown fox jumps over the lazy dog.", "A man is playing a guitar on stage.", "Hi"]
+
+
+def reference_embeddings(model, texts: list[str]) -> torch.Tensor:
+    """The model's own embeddings of the references r = [CLS] PAD ... PAD [SEP] of each text (batched)."""
+    tok = model[0].tokenizer
+    enc = tok(texts, padding=True, return_tensors="pt", return_special_tokens_mask=True)
+    keep = enc["special_tokens_mask"].bool() & enc["attention_mask"].bool()
+    ids = torch.where(keep, enc["input_ids"], torch.full_like(enc["input_ids"], tok.pad_token_id))
+    features = {k: enc[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc}
+    features["input_ids"] = ids
+    with torch.no_grad():
+        return model(features)["sentence_embedding"]
+
+
+def trainable(model):
+    for p in model.parameters():
+        p.requires_grad_(True)
+    model.train()
+    return model
+
+
+def tiny_data(n: int):
+    a = [CORPUS[k % len(CORPUS)] for k in range(n)]
+    b = [CORPUS[(3 * k + 1) % len(CORPUS)] for k in range(n)]
+    return pairs_dataset(a, b, [((k * 7) % 10) / 10 for k in range(n)])
+
+
+# --------------------------------------------------------------------------- the shift on tiny models
+@pytest.mark.parametrize("variant", ["exact", "orig"])
+@pytest.mark.parametrize("arch", ["bert", "roberta"])
+def test_training_changes_weights_and_keeps_e_r_zero(tiny, tmp_path, arch, variant):
+    model = trainable(tiny.build(arch, n_layers=2))
+    build_variant(model, variant)
+    assert is_shifted(model) and model.similarity_fn_name == ("dot" if variant == "orig" else "cosine")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    result = fine_tune(model, variant, tiny_data(12), tiny_data(6), TrainConfig(batch_size=4, max_steps=3,
+                       learning_rate=1e-3), str(tmp_path), progress=False)  # fmt: skip
+    assert result["steps"] == 3 and np.isfinite(result["dev_spearman"])
+    after = model.state_dict()
+    assert before.keys() == after.keys()  # the shift adds no weights and renames none
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert any("encoder.layer" in k or "layer." in k for k in changed), changed  # the encoder really trained
+    model.eval()
+    batched = reference_embeddings(model, TEXTS)
+    assert torch.count_nonzero(batched) == 0  # exactly zero, in a padded batch of mixed lengths
+    for text in TEXTS:
+        assert torch.count_nonzero(reference_embeddings(model, [text])) == 0  # and one at a time
+    e = model.encode(TEXTS, convert_to_tensor=True)
+    assert (e.norm(dim=-1) > 0).all()  # real texts are not shifted to zero
+
+
+def test_tuned_is_unchanged_and_exact_equals_pooled_difference(tiny):
+    model = tiny.build("bert", n_layers=2)
+    build_variant(model, "tuned")
+    assert not is_shifted(model)
+    exact = build_variant(tiny.build("bert", n_layers=2), "exact")
+    # e(x) of the shifted model == mean-pool(T(x) - T(r)), computed here from the plain HF model
+    hf = exact[0].auto_model
+    tok = exact[0].tokenizer
+    enc = tok(TEXTS, padding=True, return_tensors="pt", return_special_tokens_mask=True)
+    keep = enc["special_tokens_mask"].bool()
+    ref = torch.where(keep, enc["input_ids"], torch.full_like(enc["input_ids"], tok.pad_token_id))
+    mask = enc["attention_mask"]
+    with torch.no_grad():
+        t_x = hf(input_ids=enc["input_ids"], attention_mask=mask).last_hidden_state
+        t_r = hf(input_ids=ref, attention_mask=mask).last_hidden_state
+    m = mask.unsqueeze(-1).float()
+    expected = ((t_x - t_r) * m).sum(1) / m.sum(1)
+    got = exact.encode(TEXTS, convert_to_tensor=True)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_engine_recognises_a_shifted_model(tiny):
+    model = build_variant(tiny.build("bert", n_layers=2), "orig")
+    ex = Explainer(model, layer=0, steps=4)
+    assert (ex.mode, ex.similarity) == ("exact", "dot")  # auto: the model's own mode and similarity
+    res = ex.explain("The quick brown fox.", "A lazy dog sleeps.")
+    assert res.ref_term == 0.0 and res.target == pytest.approx(res.score, abs=1e-12)
+    with pytest.raises(InputError, match="reference-shifted"):
+        Explainer(model, layer=0, mode="approx")
+    plain = tiny.get("bert", n_layers=2)
+    assert (Explainer(plain, layer=0).mode, Explainer(plain, layer=0).similarity) == ("approx", "cos")
+
+
+def test_build_variant_rejects_what_it_cannot_wrap(tiny):
+    with pytest.raises(InputError, match="Unknown variant"):
+        build_variant(tiny.build("bert", n_layers=1), "shifted")
+    model = build_variant(tiny.build("bert", n_layers=1), "exact")
+    with pytest.raises(UnsupportedModelError, match="already"):
+        build_variant(model, "exact")
+
+
+# --------------------------------------------------------------------------- the real model, through jobs.train
+@pytest.fixture(scope="module")
+def saved_exact(tmp_path_factory):
+    from jobs.train import cli
+
+    out = tmp_path_factory.mktemp("models")
+    argv = ["--variant", "exact", "--out", str(out), "--train-limit", "8", "--dev-limit", "8", "--max-steps", "2",
+            "--batch-size", "4", "-q"]  # fmt: skip
+    assert cli(argv) == 0
+    return out / "all-MiniLM-L6-v2-exact"
+
+
+@pytest.mark.slow
+def test_saved_exact_model_reloads_plainly_and_is_complete(saved_exact):
+    info = json.loads((saved_exact / "xsbert_training.json").read_text())
+    assert info["variant"] == "exact" and info["steps"] == 2 and info["hyperparameters"]["weight_decay"] == 0.1
+    card = (saved_exact / "README.md").read_text()
+    for needle in ("STS-B", "exact", "Dev Spearman", "python -m jobs.train --variant exact", "weight decay 0.1"):
+        assert needle in card, needle
+    modules = json.loads((saved_exact / "modules.json").read_text())
+    assert modules[0]["type"] == "xsbert_core.shift.ShiftedTransformer"
+    # plain SentenceTransformer(path): after `import xsbert_core`, or with trust_remote_code=True
+    for code in (
+        "import xsbert_core; from sentence_transformers import SentenceTransformer as S; m = S(P)",
+        "from sentence_transformers import SentenceTransformer as S; m = S(P, trust_remote_code=True)",
+    ):
+        probe = f"P = {str(saved_exact)!r}; {code}; print(type(m[0]).__name__, m.similarity_fn_name)"
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,
+                             env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}, timeout=300)  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.split() == ["ShiftedTransformer", "cosine"], out.stdout
+
+    model = load_model(str(saved_exact))
+    ex = Explainer(model, layer=-2, rule="gauss-legendre", steps=32)
+    assert ex.mode == "exact"
+    a, b = "A man is playing a guitar on stage.", "Someone performs music with an instrument."
+    res = ex.explain(a, b)
+    assert abs(res.attribution_sum - res.score) <= 1e-3
+    own = model.encode([a, b], convert_to_tensor=True)  # the model's own forward: shift, pooling, Normalize
+    fa, fb = ex.factors([a, b])
+    engine = torch.nn.functional.normalize(torch.stack([fa.embedding, fb.embedding]), dim=-1)  # e(x) has no Normalize
+    torch.testing.assert_close(engine, own, rtol=1e-5, atol=1e-6)
+    assert res.score == pytest.approx(float(torch.cosine_similarity(own[0], own[1], dim=0)), abs=1e-6)
+
+
+def test_train_job_bad_inputs_fail_before_training(tmp_path, tiny, capsys):
+    from jobs.train import cli
+
+    out = tmp_path / "m"
+    with pytest.raises(SystemExit) as exc:
+        cli(["--variant", "shifted", "--out", str(out)])
+    assert exc.value.code == 2 and "invalid choice: 'shifted'" in capsys.readouterr().err
+    assert cli(["--variant", "tuned", "--dataset", str(tmp_path / "none.tsv"), "--out", str(out)]) == 2
+    assert "no such file" in capsys.readouterr().err
+    # a model the shift cannot wrap: its first module is not a Transformer
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import StaticEmbedding
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tiny.folder("bert", 1) / "tokenizer.json"))
+    static = SentenceTransformer(modules=[StaticEmbedding(tok, embedding_dim=8)])
+    static.save(str(tmp_path / "static"))
+    capsys.readouterr()
+    assert cli(["--variant", "exact", "--model", str(tmp_path / "static"), "--out", str(out), "--train-limit", "4",
+                "--dev-limit", "4"]) == 2  # fmt: skip
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith("jobs.train: error:") and "StaticEmbedding" in err[-1]
+    assert cli(["--variant", "tuned", "--max-steps", "0", "--out", str(out)]) == 2
+    assert "--max-steps" in capsys.readouterr().err
+    assert not out.exists()  # nothing written by any of them
+
+
+# --------------------------------------------------------------------------- metrics
+def test_spearman_is_pearson_over_average_ranks_like_scipy():
+    from scipy import stats
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 5, size=200).astype(float)  # many ties
+    y = x + rng.integers(0, 3, size=200)
+    assert average_ranks([10, 20, 20, 5]).tolist() == [2.0, 3.5, 3.5, 1.0]
+    assert spearman(x, y) == pytest.approx(stats.spearmanr(x, y).statistic, abs=1e-12)
+    z = rng.normal(size=200)
+    assert pearson(x, z) == pytest.approx(stats.pearsonr(x, z).statistic, abs=1e-12)
+    assert spearman(z, -z) == pytest.approx(-1.0)
+    with pytest.raises(InputError):
+        spearman([1.0, 2.0], [1.0])
+
+
+def test_jaccard_top_k():
+    assert jaccard_top_k([5, -4, 1, 0], [4, 0, -5, 1], k=2) == pytest.approx(1 / 3)  # {0,1} vs {2,0}
+    assert jaccard_top_k([1, 2, 3], [1, 2, 3], k=10) == 1.0
+
+
+def test_aso_is_deepsig_with_our_seed():
+    from deepsig import aso as deepsig_aso
+
+    rng = np.random.default_rng(1)
+    good, bad = rng.normal(1.0, 1.0, 150), rng.normal(0.0, 1.0, 150)
+    got = aso(good, bad, seed=3, num_bootstrap_iterations=200)
+    assert got == deepsig_aso(good, bad, seed=3, num_bootstrap_iterations=200, show_progress=False)
+    assert got < 0.5  # the clearly better one is found better
+    both = aso_both_ways(-good, -bad, seed=3, num_bootstrap_iterations=200)  # errors: lower is better
+    assert both["eps_a_better"] == pytest.approx(got) and both["eps_b_better"] > 0.5

@@ -1,0 +1,162 @@
+"""Fine-tuning the paper's model variants (EACL 2024, Table 1) with sentence-transformers' trainer.
+
+    tuned  unmodified architecture        f = cos(e(a), e(b))      CosineSimilarityLoss
+    exact  embedding shift, T(x) - T(r)    f = cos(e(a), e(b))      CosineSimilarityLoss   e(r) = 0
+    orig   embedding shift + dot product   f = e(a) . e(b)          DotProductMSELoss      e(r) = 0
+
+Labels are similarities in [0, 1] (STS-B scores / 5). The hyper-parameters default to the paper's
+(App. A): batch 16, 5 epochs, AdamW, weight decay 0.1, lr 2e-5, 10% linear warm-up.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from sentence_transformers import SentenceTransformer
+from torch import Tensor, nn
+
+from .errors import InputError, UnsupportedModelError
+from .shift import is_shifted, shifted
+
+logger = logging.getLogger(__name__)
+
+VARIANTS: tuple[str, ...] = ("tuned", "exact", "orig")
+VARIANT_SIMILARITY = {"tuned": "cosine", "exact": "cosine", "orig": "dot"}
+
+
+@dataclass
+class TrainConfig:
+    """The paper's hyper-parameters (App. A), and the seed; `max_steps` > 0 caps training (tests)."""
+
+    epochs: float = 5
+    batch_size: int = 16
+    learning_rate: float = 2e-5
+    weight_decay: float = 0.1
+    warmup_ratio: float = 0.1
+    seed: int = 0
+    max_steps: int = -1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "optimizer": "AdamW", "scheduler": "linear warm-up, then linear decay"}
+
+
+class DotProductMSELoss(nn.Module):
+    """MSE between the dot product of the two embeddings and the label: ||label - e(a) . e(b)||^2.
+
+    The dot-product twin of sentence-transformers' CosineSimilarityLoss (the `orig` variant).
+    """
+
+    def __init__(self, model: SentenceTransformer) -> None:
+        super().__init__()
+        self.model = model
+        self.loss_fct = nn.MSELoss()
+
+    def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor) -> Tensor:
+        u, v = (self.model(features)["sentence_embedding"] for features in sentence_features)
+        return self.loss_fct((u * v).sum(-1), labels.float().view(-1))
+
+    def get_config_dict(self) -> dict[str, Any]:
+        return {"loss_fct": "torch.nn.MSELoss", "similarity": "dot"}
+
+
+def build_variant(model: SentenceTransformer, variant: str) -> SentenceTransformer:
+    """The untrained variant of `model`, in place: tuned unchanged, exact shifted, orig shifted + dot.
+
+    Raises InputError for an unknown variant and UnsupportedModelError for a model the shift cannot wrap.
+    """
+    if variant not in VARIANTS:
+        raise InputError(f"Unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
+    if is_shifted(model):
+        raise UnsupportedModelError("the base model is already reference-shifted: start from an unshifted model")
+    if variant in ("exact", "orig"):
+        shifted(model, drop_normalize=variant == "orig")
+    model.similarity_fn_name = VARIANT_SIMILARITY[variant]
+    return model
+
+
+def variant_loss(model: SentenceTransformer, variant: str) -> nn.Module:
+    """CosineSimilarityLoss for tuned/exact, DotProductMSELoss for orig."""
+    from sentence_transformers.sentence_transformer.losses import CosineSimilarityLoss
+
+    return DotProductMSELoss(model) if variant == "orig" else CosineSimilarityLoss(model)
+
+
+def pairs_dataset(texts_a: Sequence[str], texts_b: Sequence[str], labels: Sequence[float]):
+    """A `datasets.Dataset` with columns sentence1, sentence2, score (the trainer's input layout)."""
+    from datasets import Dataset
+
+    if not (len(texts_a) == len(texts_b) == len(labels)) or not len(labels):
+        raise InputError(f"need equally many texts and labels, at least one (got {len(texts_a)}, {len(texts_b)}, "
+                         f"{len(labels)})")  # fmt: skip
+    bad = [x for x in labels if not (isinstance(x, (int, float)) and math.isfinite(x))]
+    if bad:
+        raise InputError(f"{len(bad)} labels are not finite numbers (first: {bad[0]!r})")
+    return Dataset.from_dict({"sentence1": list(texts_a), "sentence2": list(texts_b), "score": [float(x) for x in labels]})
+
+
+def dev_evaluator(dev, variant: str, name: str = "sts-dev"):
+    """Spearman of the variant's similarity against the dev labels (sentence-transformers' evaluator)."""
+    from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimilarityEvaluator
+
+    return EmbeddingSimilarityEvaluator(
+        dev["sentence1"], dev["sentence2"], dev["score"], main_similarity=VARIANT_SIMILARITY[variant],
+        similarity_fn_names=[VARIANT_SIMILARITY[variant]], name=name, write_csv=False,
+    )  # fmt: skip
+
+
+def fine_tune(
+    model: SentenceTransformer,
+    variant: str,
+    train,
+    dev,
+    config: TrainConfig,
+    work_dir: str,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train `model` (already `build_variant`-ed) on `train`, evaluating on `dev` every epoch.
+
+    Returns {"dev_spearman": final dev Spearman, "history": [{epoch, step, dev_spearman, loss?}, ...],
+    "steps": optimizer steps}.
+    """
+    from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+
+    evaluator = dev_evaluator(dev, variant)
+    args = SentenceTransformerTrainingArguments(
+        output_dir=work_dir,
+        num_train_epochs=config.epochs,
+        max_steps=config.max_steps,
+        per_device_train_batch_size=config.batch_size,
+        per_device_eval_batch_size=config.batch_size,
+        learning_rate=config.learning_rate,
+        weight_decay=config.weight_decay,
+        warmup_steps=config.warmup_ratio,  # transformers >= 5: a float in (0, 1) is the warm-up ratio
+        lr_scheduler_type="linear",
+        optim="adamw_torch",
+        seed=config.seed,
+        data_seed=config.seed,
+        eval_strategy="epoch" if config.max_steps <= 0 else "no",
+        save_strategy="no",
+        logging_strategy="steps",
+        logging_steps=50 if config.max_steps <= 0 else max(1, min(50, config.max_steps)),
+        report_to="none",
+        disable_tqdm=not progress,
+        use_cpu=not torch.cuda.is_available(),
+        dataloader_drop_last=False,
+    )
+    trainer = SentenceTransformerTrainer(
+        model=model, args=args, train_dataset=train, loss=variant_loss(model, variant), evaluator=evaluator
+    )
+    output = trainer.train()
+    final = evaluator(model)
+    key = evaluator.primary_metric
+    history = [
+        {k: v for k, v in entry.items() if k in ("epoch", "step", "loss", f"eval_{key}")}
+        for entry in trainer.state.log_history
+        if "loss" in entry or f"eval_{key}" in entry
+    ]
+    return {"dev_spearman": float(final[key]), "metric": key, "history": history, "steps": int(output.global_step)}
