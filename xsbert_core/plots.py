@@ -46,3 +46,254 @@ def plot_attributions(
         fig.savefig(path, dpi=150, bbox_inches="tight")
         plt.close(fig)
     return fig
+
+
+def plot_histograms(
+    series: dict[str, np.ndarray],
+    path: str | Path,
+    title: str,
+    xlabel: str,
+    bins: int = 40,
+    vlines: dict[str, float] | None = None,
+    note: str | None = None,
+):
+    """Overlaid histograms (step outlines, shared bins), one per named series; dashed vertical lines."""
+    values = [np.asarray(v, dtype=float) for v in series.values()]
+    finite = np.concatenate([v[np.isfinite(v)] for v in values]) if values else np.zeros(0)
+    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    edges = np.linspace(lo, hi if hi > lo else lo + 1.0, bins + 1)
+    n_note = note.count("\n") + 1 if note else 0
+    fig, ax = plt.subplots(figsize=(6.4, 3.8 + 0.22 * n_note))
+    for name, v in zip(series, values):
+        ax.hist(v[np.isfinite(v)], bins=edges, histtype="step", linewidth=1.6, label=f"{name} (n={v.size})")
+    for label, x in (vlines or {}).items():
+        ax.axvline(x, color="0.35", linestyle="--", linewidth=1)
+        ax.annotate(label, (x, 0.98), xycoords=("data", "axes fraction"), xytext=(-3, 0), textcoords="offset points",
+                    rotation=90, ha="right", va="top", fontsize=8, color="0.25")  # fmt: skip
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("pairs")
+    ax.set_title(title, fontsize=11)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    if note:  # below the axes, where it cannot cover bars or labels
+        fig.subplots_adjust(bottom=fig.subplotpars.bottom + 0.06 * n_note)
+        fig.text(0.5, 0.01, note, ha="center", va="bottom", fontsize=8, color="0.2")
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+    return path
+
+
+def plot_by_layer(
+    layers: list[int],
+    series: dict[str, tuple[np.ndarray, np.ndarray | None]],
+    path: str | Path,
+    title: str,
+    ylabel: str,
+    reference: dict[str, tuple[float, float]] | None = None,
+):
+    """Lines over layers: name -> (mean per layer, std per layer or None, drawn as a band).
+
+    `reference` marks published values as points: label -> (layer, value).
+    """
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    for name, (mean, std) in series.items():
+        mean = np.asarray(mean, dtype=float)
+        (line,) = ax.plot(layers, mean, marker="o", linewidth=1.6, label=name)
+        if std is not None:
+            std = np.asarray(std, dtype=float)
+            ax.fill_between(layers, mean - std, mean + std, color=line.get_color(), alpha=0.15, linewidth=0)
+    for label, (x, y) in (reference or {}).items():
+        ax.plot([x], [y], marker="*", markersize=11, color="0.2", linestyle="none")
+        ax.annotate(label, (x, y), xytext=(-6, 6), textcoords="offset points", fontsize=8, ha="right")
+    ax.set_xticks(layers)
+    ax.set_xlabel("layer L (attributions to the input of encoder layer L)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=11)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+    return path
+
+
+# --------------------------------------------------------------------------- report figures (jobs.report)
+def _finish(fig, path: str | Path, note: str | None = None) -> Path:
+    """Tight layout, an optional note below the axes, save at 150 dpi, close."""
+    fig.tight_layout()
+    if note:
+        n_lines = note.count("\n") + 1
+        fig.subplots_adjust(bottom=fig.subplotpars.bottom + 0.05 * n_lines)
+        fig.text(0.5, 0.01, note, ha="center", va="bottom", fontsize=8, color="0.2")
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+    return Path(path)
+
+
+def _mark(ax, vlines: dict[str, float] | None) -> None:
+    """Dashed vertical lines, each labelled at the top of the axes."""
+    for label, x in (vlines or {}).items():
+        ax.axvline(x, color="0.35", linestyle="--", linewidth=1)
+        ax.annotate(label, (x, 0.98), xycoords=("data", "axes fraction"), xytext=(-3, 0), textcoords="offset points",
+                    rotation=90, ha="right", va="top", fontsize=8, color="0.25")  # fmt: skip
+
+
+def plot_cdfs(
+    series: dict[str, np.ndarray],
+    path: str | Path,
+    title: str,
+    xlabel: str,
+    vlines: dict[str, float] | None = None,
+    note: str | None = None,
+) -> Path:
+    """Empirical CDFs, one step line per named series: F(x) = share of values <= x; dashed vertical lines."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    for name, v in series.items():
+        v = np.sort(np.asarray(v, dtype=float)[np.isfinite(np.asarray(v, dtype=float))])
+        if v.size:
+            ax.step(np.concatenate([[v[0]], v]), np.arange(v.size + 1) / v.size, where="post", linewidth=1.6,
+                    label=f"{name} (n={v.size})")  # fmt: skip
+    _mark(ax, vlines)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("share of values ≤ x")
+    ax.set_title(title, fontsize=11)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    return _finish(fig, path, note)
+
+
+def plot_ranked_bars(
+    labels: list[str],
+    values: np.ndarray,
+    path: str | Path,
+    title: str,
+    xlabel: str,
+    errors: np.ndarray | None = None,
+    groups: list[str] | None = None,
+    gap_after: int | None = None,
+    note: str | None = None,
+) -> Path:
+    """Horizontal bars in the given order, first on top; `errors` as whiskers, `groups` colour the bars
+    (with a legend); `gap_after` k leaves a gap (and a dotted line) after the k-th bar (top / bottom lists)."""
+    values = np.asarray(values, dtype=float)
+    n = len(labels)
+    y = np.arange(n, dtype=float)
+    if gap_after is not None and 0 < gap_after < n:
+        y[gap_after:] += 1.0
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    names = list(dict.fromkeys(groups)) if groups else []
+    colors = [palette[names.index(g) % len(palette)] for g in groups] if groups else palette[0]
+    longest = max((len(s) for s in labels), default=4)
+    fig, ax = plt.subplots(figsize=(6.4 + 0.05 * max(0, longest - 12), max(2.6, 0.27 * (y[-1] + 1 if n else 1) + 1.3)))
+    ax.barh(y, values, color=colors, xerr=None if errors is None else np.asarray(errors, dtype=float),
+            error_kw={"elinewidth": 0.8, "ecolor": "0.3", "capsize": 2})  # fmt: skip
+    ax.set_yticks(y, labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.axvline(0, color="0.2", linewidth=0.8)
+    if gap_after is not None and 0 < gap_after < n:
+        ax.axhline(gap_after, color="0.5", linestyle=":", linewidth=1)
+    if groups:
+        from matplotlib.patches import Patch
+
+        ax.legend(handles=[Patch(color=palette[k % len(palette)], label=g) for k, g in enumerate(names)], fontsize=8,
+                  loc="lower right")  # fmt: skip
+    ax.set_xlabel(xlabel)
+    ax.set_title(title, fontsize=11)
+    ax.grid(axis="x", alpha=0.3)
+    return _finish(fig, path, note)
+
+
+def plot_by_bin(
+    bins: list[str],
+    series: dict[str, tuple[np.ndarray, np.ndarray | None]],
+    path: str | Path,
+    title: str,
+    ylabel: str,
+    counts: list[int] | None = None,
+    reference: dict[str, tuple[str, float]] | None = None,
+    note: str | None = None,
+) -> Path:
+    """Lines over ordered categories (score bins): name -> (mean per bin, std per bin or None, a band);
+    `counts` go under the bin labels; `reference` marks published values: label -> (bin, value)."""
+    x = np.arange(len(bins))
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    for name, (mean, std) in series.items():
+        mean = np.asarray(mean, dtype=float)
+        (line,) = ax.plot(x, mean, marker="o", linewidth=1.6, label=name)
+        if std is not None:
+            std = np.nan_to_num(np.asarray(std, dtype=float))
+            ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.15, linewidth=0)
+    for label, (b, value) in (reference or {}).items():
+        if b in bins:
+            ax.plot([bins.index(b)], [value], marker="*", markersize=11, color="0.2", linestyle="none")
+            ax.annotate(label, (bins.index(b), value), xytext=(-6, 6), textcoords="offset points", fontsize=8,
+                        ha="right")  # fmt: skip
+    ticks = bins if counts is None else [f"{b}\nn={c}" for b, c in zip(bins, counts)]
+    ax.set_xticks(x, ticks, fontsize=8)
+    ax.set_xlabel("score bin")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=11)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    return _finish(fig, path, note)
+
+
+def plot_scatter(
+    x: np.ndarray,
+    y: np.ndarray,
+    path: str | Path,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    labels: list[str] | None = None,
+    annotate: list[int] | None = None,
+    diagonal: bool = False,
+    invert: bool = False,
+    note: str | None = None,
+) -> Path:
+    """Points (x, y); `annotate` names the points at these indices with `labels`; `diagonal` draws y = x;
+    `invert` puts rank 1 at the top left (for ranks)."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    fig, ax = plt.subplots(figsize=(5.6, 5.0) if diagonal else (6.4, 3.8))
+    ax.scatter(x, y, s=14, alpha=0.6, linewidths=0)
+    if diagonal and x.size:
+        lo, hi = float(min(x.min(), y.min())), float(max(x.max(), y.max()))
+        ax.plot([lo, hi], [lo, hi], color="0.5", linestyle="--", linewidth=1)
+    for k in annotate or []:
+        ax.annotate(labels[k], (x[k], y[k]), xytext=(3, 3), textcoords="offset points", fontsize=7, color="0.15")
+    if invert:
+        ax.invert_xaxis()
+        ax.invert_yaxis()
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=11)
+    ax.grid(alpha=0.3)
+    return _finish(fig, path, note)
+
+
+def plot_paired_dots(
+    labels: list[str],
+    first: np.ndarray,
+    second: np.ndarray,
+    names: tuple[str, str],
+    path: str | Path,
+    title: str,
+    xlabel: str,
+    note: str | None = None,
+) -> Path:
+    """One row per label: two dots (first, second) joined by a line, in the given order (first row on top)."""
+    first, second = np.asarray(first, dtype=float), np.asarray(second, dtype=float)
+    y = np.arange(len(labels))
+    fig, ax = plt.subplots(figsize=(6.4, max(2.6, 0.26 * len(labels) + 1.4)))
+    ax.hlines(y, np.fmin(first, second), np.fmax(first, second), color="0.75", linewidth=1.5)
+    ax.scatter(first, y, s=22, label=names[0], zorder=3)
+    ax.scatter(second, y, s=22, label=names[1], zorder=3)
+    ax.set_yticks(y, labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.axvline(0, color="0.2", linewidth=0.8)
+    ax.set_xlabel(xlabel)
+    ax.set_title(title, fontsize=11)
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    return _finish(fig, path, note)

@@ -1,0 +1,96 @@
+"""jobs.evaluate end to end on tiny model variants: Table 1 + ASO, agreement through real jobs.attribute runs
+with N chosen per layer, the Fig 2/5 runs and their SQL, and the figures; plus its bad inputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from xsbert_core.metrics import spearman
+from xsbert_core.training import build_variant
+
+VARIANTS = ("tuned", "exact", "orig")
+
+
+@pytest.fixture(scope="module")
+def tiny_variants(tiny, tmp_path_factory):
+    """A tiny BERT as the shelf model, and its three (untrained) variants saved as model folders."""
+    root = tmp_path_factory.mktemp("variants")
+    base = root / "tinybert"
+    tiny.build("bert", n_layers=2).save(str(base))
+    models = root / "models"
+    for v in VARIANTS:
+        build_variant(tiny.build("bert", n_layers=2), v).save(str(models / f"tinybert-{v}"))
+    return base, models
+
+
+@pytest.mark.slow
+def test_evaluate_all_stages_on_tiny_variants(ray_cluster, tiny_variants, tmp_path):
+    from jobs.evaluate import cli, stsb
+
+    base, models = tiny_variants
+    out = tmp_path / "results"
+    argv = ["--base", str(base), "--models", str(models), "--layers", "1", "--fig-layer", "1", "--sample", "6",
+            "--pilot-pairs", "2", "--steps-grid", "2,4", "--max-error", "10", "--runs", str(tmp_path / "runs"),
+            "--out", str(out), "--aso-iterations", "20", "-q"]  # fmt: skip
+    assert cli(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+
+    # Table 1: one row per model, Spearman of the model's own predictions, and the ASO result
+    t1 = pl.read_parquet(out / "table1.parquet")
+    assert t1["model"].to_list() == ["shelf", *VARIANTS] and (t1["n_pairs"] == 1379).all()
+    assert t1.filter(pl.col("model") == "orig")["similarity"][0] == "dot"
+    from xsbert_core import load_model
+
+    a, b, gold, _ = stsb("test")
+    model = load_model(str(models / "tinybert-exact"), attn_implementation=None)
+    ea, eb = model.encode(a, convert_to_tensor=True), model.encode(b, convert_to_tensor=True)
+    ours = 100 * spearman(model.similarity_pairwise(ea, eb).numpy(), gold)  # batches differ: float noise only
+    assert t1.filter(pl.col("model") == "exact")["spearman_x100"][0] == pytest.approx(ours, abs=1e-2)
+    aso = summary["table1"]["aso"]
+    assert 0 <= aso["eps_min_tuned_better"] <= 1 and 0 <= aso["eps_min_exact_better"] <= 1
+
+    # Agreement: N from the grid, both runs within the error bound, the SQL's rows per bin + 'all'
+    rec = summary["layers"]["1"]
+    assert rec["steps"] in (2, 4) and set(rec["runs"]) == {"tuned", "exact"}
+    assert all(r["n_done"] == 6 for r in rec["runs"].values())
+    ag = pl.read_parquet(out / "agreement.parquet")
+    overall = ag.filter(pl.col("score_bin") == "all")
+    assert overall["layer"].to_list() == [1] and overall["n_pairs"][0] == 6
+    assert -1 <= overall["spearman_mean"][0] <= 1
+    # the exact run is the exact model in exact mode, the tuned run the tuned model in approx mode
+    for name, mode in (("exact", "exact"), ("tuned", "approx")):
+        manifest = json.loads((Path(rec["runs"][name]["run_dir"]) / "manifest.json").read_text())
+        assert manifest["config"]["mode"] == mode and manifest["config"]["layer"] == 1
+
+    # Fig 2/5 inputs and the figures
+    terms = pl.read_parquet(out / "reference_terms.parquet")
+    assert set(terms["model"]) == {"shelf", "exact"}
+    exact_terms = terms.filter((pl.col("model") == "exact") & (pl.col("quantity") == "ref_term"))
+    assert exact_terms["max"][0] == 0.0  # e(r) = 0 in exact mode
+    assert set(pl.read_parquet(out / "pos_neg_sums.parquet")["model"]) == {"shelf", "exact"}
+    for name in ("fig2_reference_terms", "fig3_agreement_correlation", "fig4_agreement_jaccard", "fig5_pos_neg_sums"):
+        png = out / f"{name}.png"
+        assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG", name
+    assert "| model |" in (out / "table1.md").read_text()
+
+    # A second call reuses the recorded runs (no new attribution) and only redoes what is asked
+    before = json.loads((out / "summary.json").read_text())["layers"]
+    assert cli([*argv, "--stages", "agreement"]) == 0
+    assert json.loads((out / "summary.json").read_text())["layers"] == before
+
+
+def test_evaluate_bad_inputs(tmp_path, capsys):
+    from jobs.evaluate import cli
+
+    assert cli(["--models", str(tmp_path / "none"), "--out", str(tmp_path / "o"), "--stages", "table1"]) == 2
+    err = capsys.readouterr().err
+    assert "jobs.evaluate: error: model folder(s) not found" in err and "python -m jobs.train --variant tuned" in err
+    with pytest.raises(SystemExit):
+        cli(["--stages", "tables"])
+    assert "unknown stage" in capsys.readouterr().err
+    assert not np.any([p.name.endswith(".parquet") for p in tmp_path.rglob("*")])
