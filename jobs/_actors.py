@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from xsbert_core import Explainer, SentenceFactors
+from xsbert_core import Explainer, NumericalError, SentenceFactors
 from xsbert_core.pairs import completeness_target, pair_matrix, similarity_score
 from xsbert_core.words import word_matrix
 
@@ -104,6 +104,17 @@ def _maybe_die(marker: str | None) -> None:
     os._exit(1)
 
 
+def _die_on(text: str | None, texts: list[str], log: str | None) -> None:
+    """Test hook (XSBERT_TEST_KILL_TEXT): kill this process on every batch holding a text that contains
+    `text`, so that a poisonous batch exhausts the retries; each death appends a line to `log`."""
+    if not text or not any(text in t for t in texts):
+        return
+    if log:
+        with open(log, "a", encoding="utf-8") as fh:
+            fh.write(f"killed pid {os.getpid()}\n")
+    os._exit(1)
+
+
 # --------------------------------------------------------------------------- stage 1
 def factor_rows(ids: list[str], texts: list[str], results: list[SentenceFactors | str]) -> pa.Table:
     """FACTOR_SCHEMA rows: a SentenceFactors, or a failure message, per sentence."""
@@ -151,6 +162,9 @@ class FactorActor:
         threads: int | None = None,
         batch_size: int = 32,
         kill_once: str | None = None,
+        kill_text: str | None = None,
+        kill_log: str | None = None,
+        fail_text: str | None = None,
     ) -> None:
         if threads:
             torch.set_num_threads(threads)
@@ -166,20 +180,29 @@ class FactorActor:
         )  # fmt: skip
         self.batch_size = batch_size
         self.kill_once = kill_once
+        self.kill_text, self.kill_log = kill_text, kill_log
+        self.fail_text = fail_text
+
+    def _factors(self, texts: list[str]) -> list[SentenceFactors]:
+        if self.fail_text and any(self.fail_text in t for t in texts):  # test hook (XSBERT_TEST_FAIL_TEXT)
+            raise NumericalError(f"NaN/Inf in attributions of {[t[:40] for t in texts if self.fail_text in t]} "
+                                 "(test hook)")  # fmt: skip
+        return self.explainer.factors(texts, batch_size=self.batch_size)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         _maybe_die(self.kill_once)
         ids = batch.column("sentence_id").to_pylist()
         texts = batch.column("text").to_pylist()
+        _die_on(self.kill_text, texts, self.kill_log)
         try:
-            results: list[SentenceFactors | str] = list(self.explainer.factors(texts, batch_size=self.batch_size))
+            results: list[SentenceFactors | str] = list(self._factors(texts))
         except Exception as exc:  # noqa: BLE001 - one bad text (or OOM) must not sink its batch: one by one
             logger.warning("factor batch failed (%s: %s); retrying its %d sentences one by one",
                            type(exc).__name__, exc, len(texts))  # fmt: skip
             results = []
             for text in texts:
                 try:
-                    results.append(self.explainer.factors([text])[0])
+                    results.append(self._factors([text])[0])
                 except Exception as one:  # noqa: BLE001
                     results.append(f"{type(one).__name__}: {one}"[:500])
         return factor_rows(ids, texts, results)

@@ -1,9 +1,11 @@
 """Pair datasets in; validated pairs and quarantined rows out.
 
-    source  = built-in name (stsb, qqp) | local file (TSV/CSV/Parquet/JSONL, .gz ok)
+    source  = built-in name (stsb, qqp; negation, adjectives: generated, jobs/_datasets.py)
+              | local file (TSV/CSV/Parquet/JSONL, .gz ok)
               | local `datasets` folder | `datasets` hub name ("glue/qqp", "name:config")
     rows    = read(source) -> split filter -> --sample (seeded) -> --limit
-    columns = recognised by name (flags override): text a/b, label, pair id
+    columns = recognised by name (flags override): text a/b, label, pair id; plus pass-through
+              columns (the source's, and --keep-columns) copied as strings into `pairs`
     good, quarantine = validate(rows)          every row lands in exactly one of the two
 
 A row's `row` is its 0-based position in the source (the file, or the hub split) before any
@@ -30,12 +32,19 @@ import pandas as pd
 
 from xsbert_core import InputError
 
+from . import _datasets
+from ._store import SCHEMAS
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUNDLED_STSB = Path(__file__).resolve().parent / "data" / "stsb.tsv.gz"
 # The QQP subset (23,497 GLUE-train pairs) lives next to the repository, not in it (Quora's terms).
 DEFAULT_QQP_PATH = REPO_ROOT.parent / "shared" / "data" / "qqp" / "qqp_glue_train_subset.tsv.gz"
 
-BUILTINS: tuple[str, ...] = ("stsb", "qqp")
+BUILTINS: tuple[str, ...] = ("stsb", "qqp", "negation", "adjectives")
+# Generated from code (jobs/_datasets.py): name -> its pass-through columns.
+GENERATED: dict[str, tuple[str, ...]] = {"negation": (), "adjectives": _datasets.ADJECTIVE_COLUMNS}
+# Pass-through columns travel through normalise/validate under this prefix (no clash with own columns).
+KEEP_PREFIX = "keep:"
 STSB_SPLITS = {"train": "train", "dev": "dev", "validation": "dev", "test": "test"}
 
 # Recognised without flags, first match wins (compared case-insensitively).
@@ -68,7 +77,7 @@ REASONS: tuple[str, ...] = (
 class Source:
     """Where rows come from, and what identifies the dataset in the run id."""
 
-    kind: str  # "file" | "hub" | "hub-folder"
+    kind: str  # "file" | "hub" | "hub-folder" | "generated"
     location: str  # file path, `datasets` folder, or hub name
     identity: str  # the dataset's name in the run id: built-in name, hub name, or the path as given
     split: str | None = None
@@ -77,6 +86,7 @@ class Source:
     label_range: tuple[float, float] | None = None
     split_column: str | None = None  # the file's split column, filtered by `split`
     whole_file_split: bool = False  # the file is `split` as a whole (the QQP subset: GLUE train)
+    keep_columns: tuple[str, ...] = ()  # pass-through columns the dataset declares (copied into `pairs`)
 
 
 @dataclass
@@ -85,9 +95,13 @@ class Columns:
     text_b: str
     label: str | None
     ids: tuple[str, ...]  # empty: row numbers are the pair ids
+    keep: tuple[str, ...] = ()  # pass-through columns, appended to `pairs` as strings
 
     def as_dict(self) -> dict[str, Any]:
-        return {"text_a": self.text_a, "text_b": self.text_b, "label": self.label, "id": list(self.ids)}
+        out = {"text_a": self.text_a, "text_b": self.text_b, "label": self.label, "id": list(self.ids)}
+        if self.keep:  # only then: the run ids of runs without pass-through columns stay as they were
+            out["keep"] = list(self.keep)
+        return out
 
 
 @dataclass
@@ -120,6 +134,15 @@ def resolve_source(
 ) -> Source:
     """Turn --dataset/--split/--config into a Source (no reading yet)."""
     key = dataset.strip()
+    if key.lower() in GENERATED:
+        name = key.lower()
+        s = STSB_SPLITS.get((split or "test").lower()) if name == "negation" else None
+        if name == "negation" and s is None:
+            raise InputError(f"negation takes the STS-B splits {', '.join(sorted(set(STSB_SPLITS)))}; got {split!r}")
+        if name == "adjectives" and split is not None:
+            raise InputError("adjectives has no splits (the triplets x templates of jobs/_datasets.py)")
+        return Source(kind="generated", location=name, identity=name, split=s, id_columns=("pair_id",),
+                      keep_columns=GENERATED[name])  # fmt: skip
     if key.lower() == "stsb":
         s = STSB_SPLITS.get((split or "test").lower())
         if s is None:
@@ -259,6 +282,13 @@ def read_source(source: Source) -> pd.DataFrame:
             if df.empty:
                 raise InputError(f"{source.location} has no rows with split == {source.split!r}")
         return df.reset_index(drop=True)
+    if source.kind == "generated":
+        if source.location == "negation":
+            df = _datasets.negation_pairs(str(BUNDLED_STSB), source.split or "test")
+        else:
+            df = _datasets.adjective_pairs()
+        df["__row__"] = np.arange(len(df), dtype=np.int64)
+        return df
     df = _read_datasets(source)
     df["__row__"] = np.arange(len(df), dtype=np.int64)
     return df
@@ -288,8 +318,10 @@ def recognise_columns(
     text_b: str | None = None,
     label: str | None = None,
     ids: str | None = None,
+    keep: str | None = None,
 ) -> Columns:
-    """Pick the text, label and id columns: flags first, then the built-in's, then common names."""
+    """Pick the text, label and id columns: flags first, then the built-in's, then common names; and the
+    pass-through columns: the source's, then --keep-columns (comma-separated)."""
     available = [c for c in df.columns if c != "__row__"]
 
     def must(name: str, flag: str) -> str:
@@ -321,7 +353,13 @@ def recognise_columns(
     else:
         found = _find(available, ID_COLUMNS)
         id_cols = (found,) if found is not None else ()
-    return Columns(text_a=col_a, text_b=col_b, label=col_label, ids=id_cols)
+    keep_cols = tuple(dict.fromkeys([*source.keep_columns,
+                                     *(must(c, "--keep-columns") for c in _flag_columns(keep) or ())]))  # fmt: skip
+    taken = {name.lower() for name in SCHEMAS["pairs"].names}
+    for name in keep_cols:
+        if str(name).lower() in taken:
+            raise InputError(f"--keep-columns {name!r}: `pairs` already has a column of that name")
+    return Columns(text_a=col_a, text_b=col_b, label=col_label, ids=id_cols, keep=keep_cols)
 
 
 # --------------------------------------------------------------------------- selection
@@ -367,7 +405,8 @@ def _id_part(value: Any) -> str | None:
 
 
 def normalise(df: pd.DataFrame, columns: Columns) -> pd.DataFrame:
-    """row, pair_id (str or None), text_a, text_b, label_raw, malformed: one row per source row."""
+    """row, pair_id (str or None), text_a, text_b, label_raw, malformed, and keep:<name> (str or None) per
+    pass-through column: one row per source row."""
     rows = df["__row__"].astype(np.int64).to_numpy()
     if columns.ids:
         parts = [[_id_part(v) for v in df[c].tolist()] for c in columns.ids]
@@ -383,6 +422,10 @@ def normalise(df: pd.DataFrame, columns: Columns) -> pd.DataFrame:
             "text_b": pd.Series([_as_text(v) for v in df[columns.text_b].tolist()], dtype=object),
             "label_raw": pd.Series(df[columns.label].tolist() if columns.label else [None] * len(df), dtype=object),
             "malformed": pd.Series(malformed, dtype=bool),
+            **{
+                KEEP_PREFIX + str(c): pd.Series([safe_text(_as_text(v), 10_000) for v in df[c].tolist()], dtype=object)
+                for c in columns.keep
+            },
         }
     )
 
@@ -441,7 +484,8 @@ def validate(
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Split normalised rows into (good, quarantine); each row lands in exactly one.
 
-    good:       row, pair_id, text_a, text_b, label (float, NaN when none), n_tokens_a, n_tokens_b
+    good:       row, pair_id, text_a, text_b, label (float, NaN when none), n_tokens_a, n_tokens_b, and the
+                keep:<name> pass-through columns
     quarantine: row, pair_id, reason, detail, text_a, text_b, label (the raw value as text)
     """
     reasons: list[tuple[str, str] | None] = [None] * len(rows)
@@ -499,6 +543,8 @@ def validate(
             "label": np.asarray([labels[k] for k in good_idx], dtype=np.float64),
             "n_tokens_a": n_a[good_idx],
             "n_tokens_b": n_b[good_idx],
+            **{c: pd.Series(rows[c].to_numpy()[good_idx], dtype=object) for c in rows.columns
+               if str(c).startswith(KEEP_PREFIX)},  # fmt: skip
         }
     )
     quarantine = quarantine_frame(
@@ -542,11 +588,12 @@ def load_pairs(
     sample: int | None = None,
     seed: int = 0,
     limit: int | None = None,
+    keep: str | None = None,
 ) -> Pairs:
     """Resolve, read, pick columns, select rows, normalise. Validation is separate (it needs the tokenizer)."""
     source = resolve_source(dataset, split, config, qqp)
     df = read_source(source)
-    columns = recognise_columns(df, source, text_a, text_b, label, ids)
+    columns = recognise_columns(df, source, text_a, text_b, label, ids, keep)
     n_source = len(df)
     selected = select_rows(df, sample, seed, limit)
     kind, bounds = label_rule(columns, source, label_range)

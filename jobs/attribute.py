@@ -37,7 +37,7 @@ from xsbert_core.models import DEFAULT_MODEL
 from xsbert_core.quadrature import SUPPORTED_RULES
 from xsbert_core.words import words_of
 
-from ._inputs import load_pairs, quarantine_frame, validate
+from ._inputs import KEEP_PREFIX, load_pairs, quarantine_frame, validate
 from ._store import SCHEMAS, STORE_VERSION, RunStore, run_id
 
 logger = logging.getLogger("jobs.attribute")
@@ -63,10 +63,14 @@ TRUNCATION_CHOICES = ("quarantine", "warn", "error")
 # A batch whose actor dies is retried on a restarted actor; bounded so a poisonous batch fails the run
 # (Ray Data's own default is unbounded). Ray 2.60 still takes these as remote args, with a deprecation
 # warning (RETRY_ARGS_WARNING) that compute_wave keeps out of the log; pyproject pins ray < 2.64, which drops them.
-MAX_RESTARTS = 3
-MAX_TASK_RETRIES = 3
+DEFAULT_MAX_RETRIES = 3  # --max-retries: restarts of a factor actor (and retries of its batch / of a cell task)
 
 RETRY_ARGS_WARNING = r"`ray_remote_args` is deprecated"
+
+
+class JobFailedError(XsbertError, RuntimeError):
+    """The run stopped part-way (a batch that kept killing its workers, retried copies that disagree): the
+    waves before are committed, nothing of the failing wave is; the same command resumes the run."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -77,7 +81,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     d = p.add_argument_group("data")
     d.add_argument("--dataset", default=None,
-                   help="stsb | qqp (bundled) | a TSV/CSV/Parquet/JSONL file (.gz ok) | a `datasets` folder | "
+                   help="stsb | qqp (bundled) | negation | adjectives (generated, docs/ANALYSES.md) | "
+                        "a TSV/CSV/Parquet/JSONL file (.gz ok) | a `datasets` folder | "
                         "a hub name such as glue/qqp or sentence-transformers/stsb")  # fmt: skip
     d.add_argument("--split", default=None, help="split (stsb: train|dev|test, default test; qqp: train)")
     d.add_argument("--config", default=None, help="hub dataset config (glue/qqp needs none)")
@@ -90,11 +95,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     d.add_argument("--label-column", default=None, help="'none' for no labels")
     d.add_argument("--id-column", default=None, help="id column(s), comma-separated; 'none' for row numbers")
     d.add_argument("--label-range", default=None, metavar="LO:HI", help="labels outside are quarantined")
+    d.add_argument("--keep-columns", default=None, metavar="A,B",
+                   help="dataset columns copied as strings into the pairs table (part of the run config)")
     m = p.add_argument_group("attribution (as in `xsbert explain`)")
     m.add_argument("--model", default=DEFAULT_MODEL)
     m.add_argument("--layer", type=int, default=DEFAULT_LAYER)
-    m.add_argument("--mode", choices=("approx", "exact"), default="approx")
-    m.add_argument("--similarity", default="cos", help="cos or dot")
+    m.add_argument("--mode", choices=("auto", "approx", "exact"), default="auto",
+                   help="auto: exact for a reference-shifted model, else approx")
+    m.add_argument("--similarity", default="auto", help="cos, dot, or auto (the model's own similarity function)")
     m.add_argument("--rule", default=DEFAULT_RULE, help=" | ".join(SUPPORTED_RULES))
     m.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="quadrature nodes N")
     m.add_argument("--tolerance", type=float, default=None, help="adaptive N per sentence")
@@ -110,6 +118,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     r.add_argument("--cpus-per-actor", type=float, default=1.0, help="CPUs (and torch threads) per factor actor")
     r.add_argument("--batch-size", type=int, default=None, help="sentences per actor batch (default 16 CPU / 128 GPU)")
     r.add_argument("--wave-size", type=int, default=None, help="pairs per atomic commit (default 2048 CPU / 16384 GPU)")
+    r.add_argument("--max-retries", type=int, default=DEFAULT_MAX_RETRIES,
+                   help="a batch whose worker died is retried this often (on a restarted actor), then the run fails")
+    r.add_argument("--device", default=None,
+                   help="torch device of the factor actors (default: cuda when they get GPUs, else cpu)")  # fmt: skip
     o = p.add_argument_group("output")
     o.add_argument("--out", default=DEFAULT_OUT, help="store root; the run directory is <out>/<run id>")
     o.add_argument("-q", "--quiet", action="store_true", help="no Ray Data progress bars")
@@ -180,6 +192,13 @@ def init_ray(address: str | None):
     return ray
 
 
+def ray_identity(ray) -> dict[str, Any]:
+    """Which Ray this run used: its GCS address, the driver's node and Ray job id (recorded in the manifest,
+    so that a run submitted with `ray job submit` can be matched with the head's job list)."""
+    ctx = ray.get_runtime_context()
+    return {"gcs_address": ctx.gcs_address, "node_id": ctx.get_node_id(), "job_id": ctx.get_job_id()}
+
+
 def resources(args: argparse.Namespace, ray) -> dict[str, Any]:
     total = ray.cluster_resources()
     cpus, gpus = float(total.get("CPU", 1)), float(total.get("GPU", 0))
@@ -196,7 +215,7 @@ def resources(args: argparse.Namespace, ray) -> dict[str, Any]:
         "num_actors": n_actors,
         "gpus_per_actor": gpus_per_actor,
         "cpus_per_actor": cpus_per_actor,
-        "device": "cuda" if gpus_per_actor > 0 else "cpu",
+        "device": args.device or ("cuda" if gpus_per_actor > 0 else "cpu"),
         "threads": max(1, int(cpus_per_actor)),
         "batch_size": args.batch_size or (DEFAULT_BATCH_SIZE_GPU if gpus_per_actor > 0 else DEFAULT_BATCH_SIZE_CPU),
         # CPU: one call in flight per actor, so that an idle actor takes the next batch (longest first).
@@ -219,7 +238,9 @@ def compute_wave(
     ids = [sentence_id(t) for t in texts]
     bs = res["batch_size"]
     blocks = [pa.table({"sentence_id": ids[k : k + bs], "text": texts[k : k + bs]}) for k in range(0, len(texts), bs)]
-    kill_once = os.environ.get("XSBERT_TEST_KILL_ONCE") or None
+    # Test hooks (tests/test_job*.py): kill one actor call / every call on a text / a NumericalError on a text.
+    hooks = {k: os.environ.get(f"XSBERT_TEST_{k.upper()}") or None
+             for k in ("kill_once", "kill_text", "kill_log", "fail_text")}  # fmt: skip
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=RETRY_ARGS_WARNING)
@@ -229,7 +250,7 @@ def compute_wave(
                 model=args.model, layer=explainer.layer, mode=explainer.mode, similarity=explainer.similarity,
                 rule=explainer.rule, steps=explainer.steps, tolerance=explainer.tolerance,
                 max_steps=explainer.max_steps, truncation=explainer.truncation, device=res["device"],
-                threads=res["threads"], batch_size=bs, kill_once=kill_once,
+                threads=res["threads"], batch_size=bs, **hooks,
             ),  # fmt: skip
             batch_size=bs,
             batch_format="pyarrow",
@@ -238,8 +259,8 @@ def compute_wave(
             ),
             num_cpus=res["cpus_per_actor"],
             num_gpus=res["gpus_per_actor"] or None,
-            max_restarts=MAX_RESTARTS,
-            max_task_retries=MAX_TASK_RETRIES,
+            max_restarts=args.max_retries,
+            max_task_retries=args.max_retries,
         ).materialize()
     t1 = time.perf_counter()
     factor_refs = factors.to_arrow_refs()  # the materialized blocks themselves: no recompute, no copy
@@ -268,9 +289,9 @@ def compute_wave(
             batch_size=PAIR_BATCH,
             batch_format="pyarrow",
             num_cpus=1,
-            max_retries=MAX_TASK_RETRIES,
+            max_retries=args.max_retries,
         )
-    out = pa.concat_tables(ray.get(cells.to_arrow_refs()))
+    out, duplicates = exactly_once(pa.concat_tables(ray.get(cells.to_arrow_refs())))
     t3 = time.perf_counter()
     del factors, factor_refs
     timings = {
@@ -280,8 +301,29 @@ def compute_wave(
         "sentences": len(texts),
         "factor_bytes": int(factor_bytes),
         "factor_bytes_per_sentence": factor_bytes / max(1, len(texts)),
+        "duplicates_dropped": duplicates,
     }
     return meta, out, timings
+
+
+def exactly_once(out: pa.Table) -> tuple[pa.Table, int]:
+    """(one row per `ord`, in ord order; the number of extra copies dropped).
+
+    A retried stage-2 batch can only add copies of rows it had already returned. Copies must be equal
+    (the same factors, the same arithmetic): copies that differ raise JobFailedError, never pick one."""
+    ords = out.column("ord").to_numpy()
+    _, first = np.unique(ords, return_index=True)
+    dropped = len(ords) - len(first)
+    if dropped:
+        kept_at = {int(ords[k]): int(k) for k in first}
+        for k in sorted(set(range(len(ords))) - set(first.tolist())):
+            copy, kept = out.slice(k, 1).to_pylist()[0], out.slice(kept_at[int(ords[k])], 1).to_pylist()[0]
+            if copy != kept:
+                raise JobFailedError(
+                    f"pair {kept['pair_id']!r} came back twice from stage 2 with different values (a retried batch "
+                    "is not deterministic); nothing of this wave was written"
+                )
+    return out.take(pa.array(np.sort(first))).sort_by("ord"), dropped
 
 
 def _explode(out: pa.Table, prefix: str, names: dict[str, str]) -> pa.Table:
@@ -298,10 +340,7 @@ def wave_tables(
     wave: pd.DataFrame, meta: pa.Table, out: pa.Table, split: str | None, known_sentences: set[str]
 ) -> tuple[dict[str, pa.Table], pd.DataFrame]:
     """The wave's part tables (pairs, cells, word_cells, sentences) and its failed pairs."""
-    # Exactly once: a retried batch can only add copies; keep the first row per ord, in ord order.
-    ords = out.column("ord").to_numpy()
-    _, first = np.unique(ords, return_index=True)
-    out = out.take(pa.array(np.sort(first))).sort_by("ord")
+    out, _ = exactly_once(out)  # compute_wave already dropped and counted copies: then a no-op
     missing = set(range(len(wave))) - set(out.column("ord").to_pylist())
     if missing:
         raise RuntimeError(f"{len(missing)} pairs of the wave came back from no actor")
@@ -332,6 +371,9 @@ def wave_tables(
             },
             "n_cells": n_cells,
             "n_word_cells": n_words,
+            # pass-through columns (--keep-columns, or the dataset's own), strings
+            **{c[len(KEEP_PREFIX) :]: pa.array(sel[c].tolist(), pa.string()) for c in sel.columns
+               if str(c).startswith(KEEP_PREFIX)},  # fmt: skip
         }
     )
     cells = _explode(ok, "cell", {"i": "i", "j": "j", "token_a": "token_a", "token_b": "token_b", "value": "value"})
@@ -399,7 +441,10 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         args.dataset, split=args.split, config=args.config, qqp=args.qqp_path,
         text_a=args.text_a_column, text_b=args.text_b_column, label=args.label_column, ids=args.id_column,
         label_range=_label_range(args.label_range), sample=args.sample, seed=args.seed, limit=args.limit,
+        keep=args.keep_columns,
     )  # fmt: skip
+    if args.max_retries < 0:
+        raise InputError(f"--max-retries must be >= 0, got {args.max_retries}")
     engine_truncation = "error" if args.truncation == "error" else "warn"
     explainer = Explainer(
         args.model, layer=args.layer, mode=args.mode, similarity=args.similarity, rule=args.rule,
@@ -425,7 +470,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     config = run_config(args, explainer, fingerprint, pairs)
     rid = run_id(config)
     summary: dict[str, Any] = {"run_id": rid}
-    with RunStore(args.out, rid) as store:
+    with RunStore(args.out, rid, pairs.columns.keep) as store:
         done_before = store.done_pair_ids()
         todo = good[~good.pair_id.isin(done_before)].reset_index(drop=True)
         known_q = store.quarantine_keys()
@@ -436,6 +481,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         stats: list[dict[str, Any]] = []
         failures = []
         res: dict[str, Any] = {}
+        ray_info: dict[str, Any] = {}
         if len(new_q):
             wrote += store.commit(store.next_seq(), {"quarantine": _quarantine_table(new_q)})
         if len(todo):
@@ -443,12 +489,22 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             if args.quiet:
                 ray.data.DataContext.get_current().enable_progress_bars = False
             res = resources(args, ray)
-            wave_size = args.wave_size or (DEFAULT_WAVE_SIZE_GPU if res["device"] == "cuda" else DEFAULT_WAVE_SIZE_CPU)
+            wave_size = args.wave_size or (DEFAULT_WAVE_SIZE_GPU if res["gpus_per_actor"] > 0 else DEFAULT_WAVE_SIZE_CPU)
+            res.update(wave_size=wave_size, max_retries=args.max_retries)
+            ray_info = ray_identity(ray)
             known_sentences = store.sentence_ids()
             n_waves = math.ceil(len(todo) / wave_size)
             for w in range(n_waves):
                 wave = todo.iloc[w * wave_size : (w + 1) * wave_size].reset_index(drop=True)
-                meta, out, timings = compute_wave(ray, wave, args, explainer, res)
+                try:
+                    meta, out, timings = compute_wave(ray, wave, args, explainer, res)
+                except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as exc:
+                    raise JobFailedError(
+                        f"wave {w + 1}/{n_waves} failed: a batch killed its worker {args.max_retries + 1} times "
+                        f"(--max-retries {args.max_retries}; {type(exc).__name__}: {str(exc).splitlines()[0]}). "
+                        f"{w} earlier wave(s) of this run are committed, nothing of wave {w + 1} was written; "
+                        "the same command resumes the run"
+                    ) from exc
                 tables, failed = wave_tables(wave, meta, out, pairs.source.split, known_sentences)
                 if len(failed):
                     failures.append(failed)
@@ -483,7 +539,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             n_in=len(pairs.rows),
             n_done=len(mine),
             n_quarantined=len(quarantine) + n_failed,
-            quarantine_reasons=quarantine.reason.value_counts().sort_index().to_dict(),
+            quarantine_reasons=pd.concat([quarantine.reason, *(f.reason for f in failures)]).value_counts()
+            .sort_index().to_dict(),
             computed_pairs=computed_pairs,
             computed_sentences=computed_sentences,
             waves=len(stats),
@@ -494,6 +551,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             mean_abs_completeness_error=float(abs_err.mean()) if len(mine) else None,
             max_abs_completeness_error=float(abs_err.max()) if len(mine) else None,
             wrote_files=len(wrote),
+            duplicates_dropped=sum(s["duplicates_dropped"] for s in stats),
+            ray=ray_info,
         )
         if summary["n_in"] != summary["n_done"] + summary["n_quarantined"]:
             raise RuntimeError(f"count mismatch: in {summary['n_in']} != done {summary['n_done']} + "
@@ -519,7 +578,9 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                                                        "computed_sentences")},
                     "quarantine_reasons": summary["quarantine_reasons"],
                     "resources": res,
+                    "ray": ray_info,
                     "waves": stats,
+                    "duplicates_dropped": summary["duplicates_dropped"],
                     "wall_s": wall,
                     "mean_abs_completeness_error": summary["mean_abs_completeness_error"],
                     "max_abs_completeness_error": summary["max_abs_completeness_error"],
@@ -546,6 +607,9 @@ def print_summary(s: dict[str, Any], run_dir: Path) -> None:
         f"  quarantined         {reasons}",
         f"  |completeness err|  {err}",
         f"  wall time           {s['wall_s']:.1f} s",
+        *([f"  duplicate rows      {s['duplicates_dropped']} dropped (retried stage-2 batches; copies were equal)"]
+          if s["duplicates_dropped"] else []),
+        *([f"  ray                 job {s['ray']['job_id']} on {s['ray']['gcs_address']}"] if s["ray"] else []),
         "try:",
         "  python -c \"import duckdb; duckdb.sql(\\\"select pair_id, label, round(score, 3) as score, "
         "round(attribution_sum, 3) as sum_a, completeness_error from "

@@ -226,3 +226,20 @@ def minilm():
     from xsbert_core import load_model
 
     return load_model(MINILM)
+
+
+# --------------------------------------------------------------------------- a local Ray
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """One local Ray per test module (2 CPUs), no dashboard, no progress bars; shut down after the module."""
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    yield ray
+    if started:
+        ray.shutdown()

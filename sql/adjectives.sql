@@ -1,0 +1,124 @@
+-- adjectives.sql: are synonyms attributed more than opposites?
+--
+-- Question  In template sentences that differ only in one adjective
+--           ("This house is beautiful." / "This house is pretty." /
+--           "... ugly."), what attribution does the adjective pair's
+--           word cell get, for synonyms vs opposites?
+-- Paper     Table 2 (the 23 triplets), Fig 9 (attributions of synonym vs
+--           opposite adjective pairs).
+-- Inputs    pairs of run, with the pass-through columns triplet, kind,
+--           template of the built-in dataset (python -m jobs.attribute
+--           --dataset adjectives); pairs without a triplet are left out
+--           sentences of run: words; word_cells of run: the adjective cell
+-- The cell  the two texts' word lists (case-insensitively) have the same
+--           length and differ at exactly one position u: the cell is
+--           word_cells (u, v = u). Otherwise (not a template pair) u and
+--           attribution are null.
+-- Grain     one row per adjective pair, by triplet, template, kind.
+-- Columns   pair_id, triplet ('anchor/synonym/opposite'), kind ('synonym'
+--           | 'opposite'), template (with X for the adjective), word_a
+--           (the anchor), word_b, u, attribution (the word cell's value:
+--           mean over the two adjectives' tokens; null when pruned by
+--           --min-abs), score, attribution_sum
+-- Params    none
+-- Run       duckdb -cmd "set variable run = 'runs/<id>'" -f sql/adjectives.sql
+--           xsbert sql --run runs/<id> --file sql/adjectives.sql
+
+with
+
+---------- imports
+
+pairs as (
+    select
+        pair_id,
+        triplet,
+        kind,
+        template,
+        sentence_id_a,
+        sentence_id_b,
+        score,
+        attribution_sum,
+    from read_parquet(getvariable('run') || '/pairs/*.parquet')
+    where triplet is not null
+),
+
+sentences as (
+    select
+        sentence_id,
+        words,
+    from read_parquet(getvariable('run') || '/sentences/*.parquet')
+),
+
+word_cells as (
+    select
+        pair_id,
+        u,
+        v,
+        value,
+    from read_parquet(getvariable('run') || '/word_cells/*.parquet')
+    where u = v
+),
+
+---------- logic
+
+pair_words as (
+    select
+        pairs.*,
+        sentences_a.words as words_a,
+        sentences_b.words as words_b,
+    from pairs
+    inner join sentences as sentences_a
+        on pairs.sentence_id_a = sentences_a.sentence_id
+    inner join sentences as sentences_b
+        on pairs.sentence_id_b = sentences_b.sentence_id
+),
+
+-- the 1-based positions where the two word lists differ
+differences as (
+    select
+        *,
+        case
+            when len(words_a) = len(words_b) then list_filter(
+                range(1, len(words_a) + 1),
+                lambda k: lower(words_a[k]) <> lower(words_b[k])
+            )
+        end as positions,
+    from pair_words
+),
+
+adjective_pairs as (
+    select
+        pair_id,
+        triplet,
+        kind,
+        template,
+        case when len(positions) = 1 then positions[1] - 1 end as u,
+        case when len(positions) = 1 then words_a[positions[1]] end
+            as word_a,
+        case when len(positions) = 1 then words_b[positions[1]] end
+            as word_b,
+        score,
+        attribution_sum,
+    from differences
+),
+
+adjectives as (
+    select
+        adjective_pairs.pair_id,
+        adjective_pairs.triplet,
+        adjective_pairs.kind,
+        adjective_pairs.template,
+        adjective_pairs.word_a,
+        adjective_pairs.word_b,
+        adjective_pairs.u,
+        word_cells.value as attribution,
+        adjective_pairs.score,
+        adjective_pairs.attribution_sum,
+    from adjective_pairs
+    left join word_cells
+        on adjective_pairs.pair_id = word_cells.pair_id
+        and adjective_pairs.u = word_cells.u
+)
+
+select * from adjectives
+order by triplet, template, kind;

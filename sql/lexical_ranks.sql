@@ -1,0 +1,82 @@
+-- lexical_ranks.sql: how much does a token attribute to the same token
+-- on the other side of the pair?
+--
+-- Question  Which tokens, matched with themselves across a pair
+--           (token_a = token_b), carry the largest attribution, and how
+--           much does it vary?
+-- Paper     Fig 10, Tables 3-4: lexical ranks (DESIGN.md section 4).
+-- Inputs    cells     of run: the same-token cells, over all pairs
+--           sentences of run: the special tokens are the tokens without a
+--                             word id ([CLS], [SEP], <s>, </s>, ...)
+-- Grain     one row per token with at least min_count same-token cells.
+-- Columns   token  the tokenizer's own token (e.g. 'house', '##ing', 'Ġhouse')
+--           n      same-token cells of the token over all pairs (a token
+--                  twice in a and twice in b gives 4 cells)
+--           mean   avg(value)
+--           std    sample standard deviation of value (null when n = 1)
+--           rank   1 = highest mean; ties share the smaller rank (rank())
+-- Params    min_count        30     minimum n of a token
+--           include_special  false  true: keep special tokens, which are
+--                                    excluded by default (they are no words)
+-- Run       duckdb -cmd "set variable run = 'runs/<id>'" -f sql/lexical_ranks.sql
+--           xsbert sql --run runs/<id> --file sql/lexical_ranks.sql --var min_count=10
+
+with
+
+---------- imports
+
+same_token_cells as (
+    select
+        token_a as token,
+        value,
+    from read_parquet(getvariable('run') || '/cells/*.parquet')
+    where token_a = token_b
+),
+
+sentences as (
+    select
+        tokens,
+        word_ids,
+    from read_parquet(getvariable('run') || '/sentences/*.parquet')
+),
+
+---------- logic
+
+special_tokens as (
+    select distinct
+        unnest([t for t, k in tokens if word_ids[k] is null]) as token,
+    from sentences
+),
+
+kept_cells as (
+    select
+        token,
+        value,
+    from same_token_cells
+    where coalesce(getvariable('include_special'), false)
+        or token not in (select token from special_tokens)
+),
+
+token_stats as (
+    select
+        token,
+        count(*) as n,
+        avg(value) as mean,
+        stddev_samp(value) as std,
+    from kept_cells
+    group by 1
+    having count(*) >= coalesce(getvariable('min_count'), 30)
+),
+
+ranked as (
+    select
+        token,
+        n,
+        mean,
+        std,
+        rank() over (order by mean desc) as rank,
+    from token_stats
+)
+
+select * from ranked
+order by rank, token;

@@ -1,0 +1,164 @@
+-- lexical_ranks_compare.sql: do two runs (two models, layers or modes) rank
+-- the same-token attributions alike?
+--
+-- Question  For the tokens both runs rank (lexical_ranks.sql), how do the
+--           ranks compare, and what is their Spearman rank correlation?
+-- Paper     Fig 10, Tables 3-4: lexical-rank Spearman 0.81 between models
+--           (DESIGN.md section 4).
+-- Inputs    cells, sentences of run and of run2 (as in lexical_ranks.sql)
+-- Grain     one row per token that has at least min_count same-token cells
+--           in both runs (inner join on the token string: runs with
+--           different tokenizers share fewer tokens).
+-- Columns   token
+--           n_1, mean_1, std_1, rank_1   run's lexical_ranks.sql row
+--           n_2, mean_2, std_2, rank_2   run2's lexical_ranks.sql row
+--           shared_rank_1, shared_rank_2 average ranks among the shared
+--                  tokens only (1 = highest mean; tied means share the
+--                  average of their positions): what spearman is over
+--           n_shared   number of shared tokens (the same on every row)
+--           spearman   Pearson correlation of shared_rank_1 and
+--                  shared_rank_2 = Spearman's rho with ties averaged
+--                  (scipy.stats.spearmanr); the same on every row, so one
+--                  statement returns table and summary; no shared token:
+--                  no row
+-- Params    min_count        30     minimum n of a token in each run
+--           include_special  false  keep special tokens ([CLS], <s>, ...)
+-- Run       duckdb -cmd "set variable run = 'runs/<id1>'" \
+--                  -cmd "set variable run2 = 'runs/<id2>'" \
+--                  -f sql/lexical_ranks_compare.sql
+--           xsbert sql --run runs/<id1> --run2 runs/<id2> \
+--                  --file sql/lexical_ranks_compare.sql
+
+with
+
+---------- imports
+
+same_token_cells_1 as (
+    select
+        token_a as token,
+        value,
+    from read_parquet(getvariable('run') || '/cells/*.parquet')
+    where token_a = token_b
+),
+
+sentences_1 as (
+    select
+        tokens,
+        word_ids,
+    from read_parquet(getvariable('run') || '/sentences/*.parquet')
+),
+
+same_token_cells_2 as (
+    select
+        token_a as token,
+        value,
+    from read_parquet(getvariable('run2') || '/cells/*.parquet')
+    where token_a = token_b
+),
+
+sentences_2 as (
+    select
+        tokens,
+        word_ids,
+    from read_parquet(getvariable('run2') || '/sentences/*.parquet')
+),
+
+---------- logic: each run's lexical ranks, as in lexical_ranks.sql
+
+special_tokens_1 as (
+    select distinct
+        unnest([t for t, k in tokens if word_ids[k] is null]) as token,
+    from sentences_1
+),
+
+special_tokens_2 as (
+    select distinct
+        unnest([t for t, k in tokens if word_ids[k] is null]) as token,
+    from sentences_2
+),
+
+token_stats_1 as (
+    select
+        token,
+        count(*) as n,
+        avg(value) as mean,
+        stddev_samp(value) as std,
+    from same_token_cells_1
+    where coalesce(getvariable('include_special'), false)
+        or token not in (select token from special_tokens_1)
+    group by 1
+    having count(*) >= coalesce(getvariable('min_count'), 30)
+),
+
+token_stats_2 as (
+    select
+        token,
+        count(*) as n,
+        avg(value) as mean,
+        stddev_samp(value) as std,
+    from same_token_cells_2
+    where coalesce(getvariable('include_special'), false)
+        or token not in (select token from special_tokens_2)
+    group by 1
+    having count(*) >= coalesce(getvariable('min_count'), 30)
+),
+
+ranks_1 as (
+    select
+        *,
+        rank() over (order by mean desc) as rank,
+    from token_stats_1
+),
+
+ranks_2 as (
+    select
+        *,
+        rank() over (order by mean desc) as rank,
+    from token_stats_2
+),
+
+---------- logic: the shared tokens and their rank correlation
+
+shared as (
+    select
+        r1.token,
+        r1.n as n_1,
+        r1.mean as mean_1,
+        r1.std as std_1,
+        r1.rank as rank_1,
+        r2.n as n_2,
+        r2.mean as mean_2,
+        r2.std as std_2,
+        r2.rank as rank_2,
+    from ranks_1 as r1
+    inner join ranks_2 as r2 on r1.token = r2.token
+),
+
+-- average rank = rank() + (number of tied rows - 1) / 2
+shared_ranks as (
+    select
+        *,
+        rank() over by_mean_1
+            + (count(*) over (by_mean_1 range between current row
+                                                and current row) - 1) / 2
+            as shared_rank_1,
+        rank() over by_mean_2
+            + (count(*) over (by_mean_2 range between current row
+                                                and current row) - 1) / 2
+            as shared_rank_2,
+    from shared
+    window
+        by_mean_1 as (order by mean_1 desc),
+        by_mean_2 as (order by mean_2 desc)
+),
+
+compared as (
+    select
+        *,
+        count(*) over () as n_shared,
+        corr(shared_rank_1, shared_rank_2) over () as spearman,
+    from shared_ranks
+)
+
+select * from compared
+order by rank_1, token;

@@ -1,0 +1,149 @@
+-- negation.sql: how is a "not" attributed against the rest of the pair?
+--
+-- Question  In pairs whose two texts differ by one standalone "not" on one
+--           side (the negation dataset: python -m jobs.attribute --dataset
+--           negation), how much does the not-word contribute to the
+--           similarity, and how often negatively?
+-- Paper     Fig 8: not-attributions are negative in 16% (off-the-shelf)
+--           and 9% (exact) of the cases; their relative size.
+-- Inputs    pairs of run: pair ids, sentence ids, score, attribution_sum
+--           sentences of run: words (the tokenizer's words, as in
+--           word_cells.u / v)
+--           word_cells of run: the not-word's cells
+-- Detection any pair of any run qualifies when one side's word list,
+--           compared case-insensitively, equals the other side's with one
+--           word 'not' removed. A "not" is a whole word for the tokenizer:
+--           "cannot" and "n't" are not. The first such position is used.
+-- Grain     one row per qualifying pair, in pair_id order.
+-- Columns   pair_id, text_a, text_b, score, attribution_sum,
+--           not_side         'a' | 'b': the side that has the extra "not"
+--           not_index        its word index (word_cells.u for a, .v for b)
+--           not_attribution  sum of the not-word's word cells against every
+--                            word of the other side (with --min-abs: the
+--                            stored ones; 0 when none is stored)
+--           relative         not_attribution / attribution_sum
+--           is_negative      not_attribution < 0
+--           share_negative, p90_abs_relative  over all rows: share of
+--                            is_negative and the 90th percentile of
+--                            |relative| (linear interpolation, numpy's
+--                            default); the same on every row
+-- Params    none
+-- Run       duckdb -cmd "set variable run = 'runs/<id>'" -f sql/negation.sql
+--           xsbert sql --run runs/<id> --file sql/negation.sql
+
+with
+
+---------- imports
+
+pairs as (
+    select
+        pair_id,
+        text_a,
+        text_b,
+        sentence_id_a,
+        sentence_id_b,
+        score,
+        attribution_sum,
+    from read_parquet(getvariable('run') || '/pairs/*.parquet')
+),
+
+sentences as (
+    select
+        sentence_id,
+        list_transform(words, lambda w: lower(w)) as words,
+    from read_parquet(getvariable('run') || '/sentences/*.parquet')
+),
+
+word_cells as (
+    select
+        pair_id,
+        u,
+        v,
+        value,
+    from read_parquet(getvariable('run') || '/word_cells/*.parquet')
+),
+
+---------- logic: the pairs that differ by one "not"
+
+pair_words as (
+    select
+        pairs.*,
+        sentences_a.words as words_a,
+        sentences_b.words as words_b,
+    from pairs
+    inner join sentences as sentences_a
+        on pairs.sentence_id_a = sentences_a.sentence_id
+    inner join sentences as sentences_b
+        on pairs.sentence_id_b = sentences_b.sentence_id
+    where abs(len(sentences_a.words) - len(sentences_b.words)) = 1
+),
+
+-- the 1-based positions k of a 'not' whose removal gives the other side
+not_positions as (
+    select
+        * exclude (words_a, words_b),
+        list_filter(
+            range(1, len(words_a) + 1),
+            lambda k: words_a[k] = 'not'
+                and list_concat(words_a[1:k - 1], words_a[k + 1:]) = words_b
+        ) as positions_a,
+        list_filter(
+            range(1, len(words_b) + 1),
+            lambda k: words_b[k] = 'not'
+                and list_concat(words_b[1:k - 1], words_b[k + 1:]) = words_a
+        ) as positions_b,
+    from pair_words
+),
+
+negation_pairs as (
+    select
+        * exclude (positions_a, positions_b),
+        case when len(positions_a) > 0 then 'a' else 'b' end as not_side,
+        coalesce(positions_a[1], positions_b[1]) - 1 as not_index,
+    from not_positions
+    where len(positions_a) > 0 or len(positions_b) > 0
+),
+
+---------- logic: the not-word's attribution
+
+not_cells as (
+    select
+        word_cells.pair_id,
+        sum(word_cells.value) as not_attribution,
+    from word_cells
+    inner join negation_pairs
+        on word_cells.pair_id = negation_pairs.pair_id
+    where (negation_pairs.not_side = 'a'
+            and word_cells.u = negation_pairs.not_index)
+        or (negation_pairs.not_side = 'b'
+            and word_cells.v = negation_pairs.not_index)
+    group by 1
+),
+
+negation as (
+    select
+        negation_pairs.pair_id,
+        negation_pairs.text_a,
+        negation_pairs.text_b,
+        negation_pairs.score,
+        negation_pairs.attribution_sum,
+        negation_pairs.not_side,
+        negation_pairs.not_index,
+        coalesce(not_cells.not_attribution, 0) as not_attribution,
+        coalesce(not_cells.not_attribution, 0)
+            / negation_pairs.attribution_sum as relative,
+        coalesce(not_cells.not_attribution, 0) < 0 as is_negative,
+    from negation_pairs
+    left join not_cells on negation_pairs.pair_id = not_cells.pair_id
+),
+
+summarised as (
+    select
+        *,
+        avg(is_negative::double) over () as share_negative,
+        quantile_cont(abs(relative), 0.9) over () as p90_abs_relative,
+    from negation
+)
+
+select * from summarised
+order by pair_id;

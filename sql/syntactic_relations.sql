@@ -1,0 +1,213 @@
+-- syntactic_relations.sql: which syntactic functions do the most
+-- strongly attributed word pairs have?
+--
+-- Question  Per pair, take the top top_share of its word cells by value
+--           (the largest positive attributions). Which pairs of
+--           dependency relations do their two words have, and how often
+--           do the two words have the same function (nsubj ~ nsubj)?
+-- Paper     Fig 6: relations of the top 10% word pairs per pair (labels
+--           inside multi-word expressions and coordinations replaced by
+--           the nearest non-phrase-internal ancestor's: parses.deprel).
+-- Inputs    word_cells of run (u, v index sentences.words of a and b)
+--           pairs, sentences of run: sentence ids, number of words
+--           parses of run (python -m jobs.parse --run DIR): deprel per
+--           (sentence_id, u); when it holds several parsers, stanza's
+--           rows are used if present (else the first parser by name),
+--           or the parser named by the `parser` variable
+-- Top cells per pair: the k = ceil(top_share * U_a * U_b) word cells of
+--           largest value (at least 1; U = words of a side); ties in
+--           value are broken by the smaller u, then the smaller v. With
+--           --min-abs only the stored cells can be chosen.
+-- Relations a word that did not align one-to-one with a parser word has
+--           no deprel: it is counted as relation 'unaligned'; a word of
+--           a sentence that has no parse at all as 'unparsed'. Nothing is
+--           dropped: sum(n) = number of top cells.
+-- Grain     one row per unordered relation pair (relation_a <=
+--           relation_b), most frequent first.
+-- Columns   relation_a, relation_b, n (top cells with these relations),
+--           share (n / all top cells), is_same_function (relation_a =
+--           relation_b, both real relations),
+--           same_function_share, mixed_share, unaligned_share: shares of
+--           all top cells whose two words have the same relation / two
+--           different real relations / at least one 'unaligned' or
+--           'unparsed' word; the same on every row, and
+--           same_function_share + mixed_share + unaligned_share = 1
+--           (the paper's same-vs-mixed split over parsed words is
+--           same_function_share / (same_function_share + mixed_share))
+-- Params    top_share  0.10
+--           parser     (the rule above)  'stanza' | 'spacy'
+-- Run       duckdb -cmd "set variable run = 'runs/<id>'" -f sql/syntactic_relations.sql
+--           xsbert sql --run runs/<id> --file sql/syntactic_relations.sql --var top_share=0.05
+
+with
+
+---------- imports
+
+word_cells as (
+    select
+        pair_id,
+        u,
+        v,
+        value,
+    from read_parquet(getvariable('run') || '/word_cells/*.parquet')
+),
+
+pairs as (
+    select
+        pair_id,
+        sentence_id_a,
+        sentence_id_b,
+    from read_parquet(getvariable('run') || '/pairs/*.parquet')
+),
+
+sentences as (
+    select
+        sentence_id,
+        n_words,
+    from read_parquet(getvariable('run') || '/sentences/*.parquet')
+),
+
+parses as (
+    select
+        sentence_id,
+        u,
+        deprel,
+        parser,
+    from read_parquet(getvariable('run') || '/parses/*.parquet')
+),
+
+parsers as (
+    select distinct
+        parser,
+    from read_parquet(getvariable('run') || '/parses/*.parquet')
+),
+
+---------- logic: the top cells of each pair
+
+pair_sizes as (
+    select
+        pairs.pair_id,
+        pairs.sentence_id_a,
+        pairs.sentence_id_b,
+        greatest(
+            1,
+            ceil(
+                coalesce(getvariable('top_share'), 0.10)
+                * sentences_a.n_words * sentences_b.n_words
+            )
+        )::bigint as k,
+    from pairs
+    inner join sentences as sentences_a
+        on pairs.sentence_id_a = sentences_a.sentence_id
+    inner join sentences as sentences_b
+        on pairs.sentence_id_b = sentences_b.sentence_id
+),
+
+-- max_by keeps, per pair, the k cells of largest (value, -cell) where
+-- cell = u * 65536 + v: a bounded top-k aggregate, no sort of all word cells
+top_cell_lists as (
+    select
+        word_cells.pair_id,
+        pair_sizes.sentence_id_a,
+        pair_sizes.sentence_id_b,
+        max_by(
+            word_cells.u::bigint * 65536 + word_cells.v,
+            (word_cells.value, -(word_cells.u::bigint * 65536 + word_cells.v)),
+            pair_sizes.k
+        ) as top_cells,
+    from word_cells
+    inner join pair_sizes on word_cells.pair_id = pair_sizes.pair_id
+    group by all
+),
+
+top_cells as (
+    select
+        pair_id,
+        sentence_id_a,
+        sentence_id_b,
+        cell // 65536 as u,
+        cell % 65536 as v,
+    from (
+        select
+            *,
+            unnest(top_cells) as cell,
+        from top_cell_lists
+    )
+),
+
+---------- logic: their relations
+
+chosen_parses as (
+    select
+        sentence_id,
+        u,
+        coalesce(deprel, 'unaligned') as relation,
+    from parses
+    where parser = (
+        select
+            coalesce(
+                getvariable('parser'),
+                case
+                    when bool_or(parser = 'stanza') then 'stanza'
+                    else min(parser)
+                end
+            )
+        from parsers
+    )
+),
+
+labelled as (
+    select
+        coalesce(parses_a.relation, 'unparsed') as relation_of_a,
+        coalesce(parses_b.relation, 'unparsed') as relation_of_b,
+    from top_cells
+    left join chosen_parses as parses_a
+        on top_cells.sentence_id_a = parses_a.sentence_id
+        and top_cells.u = parses_a.u
+    left join chosen_parses as parses_b
+        on top_cells.sentence_id_b = parses_b.sentence_id
+        and top_cells.v = parses_b.u
+),
+
+relation_pairs as (
+    select
+        least(relation_of_a, relation_of_b) as relation_a,
+        greatest(relation_of_a, relation_of_b) as relation_b,
+        count(*) as n,
+    from labelled
+    group by 1, 2
+),
+
+classified as (
+    select
+        *,
+        relation_a = relation_b
+            and relation_a not in ('unaligned', 'unparsed')
+            as is_same_function,
+        relation_a in ('unaligned', 'unparsed')
+            or relation_b in ('unaligned', 'unparsed')
+            as is_unaligned,
+    from relation_pairs
+),
+
+shares as (
+    select
+        relation_a,
+        relation_b,
+        n,
+        n / sum(n) over () as share,
+        is_same_function,
+        coalesce(sum(n) filter (where is_same_function) over (), 0)
+            / sum(n) over () as same_function_share,
+        coalesce(
+            sum(n) filter (where not is_same_function and not is_unaligned)
+                over (),
+            0
+        ) / sum(n) over () as mixed_share,
+        coalesce(sum(n) filter (where is_unaligned) over (), 0)
+            / sum(n) over () as unaligned_share,
+    from classified
+)
+
+select * from shares
+order by n desc, relation_a, relation_b;

@@ -1,0 +1,857 @@
+"""The analyses (sql/*.sql), `jobs._sql`, `xsbert sql`, and the built-in negation / adjectives datasets.
+
+Each sql/ file runs on hand-built Parquet run directories (schemas from jobs._store.SCHEMAS) whose
+answers are known: planted effects (a lexical bias, a negative *not*, adjective cells, a known
+top-10% set) and, for every number, a slow plain-Python/numpy/scipy computation of the same
+quantity on the same rows. Then on small real runs (all-MiniLM-L6-v2 through the real job on a local
+2-CPU Ray, FAST settings), through the duckdb CLI exactly as docs/ANALYSES.md says, and through
+`xsbert sql`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from scipy import stats
+
+from jobs import _datasets, _inputs, _sql
+from jobs._store import SCHEMAS
+
+ROOT = Path(__file__).resolve().parents[1]
+SQL = ROOT / "sql"
+DUCKDB_CLI = Path(sys.executable).parent / "duckdb"
+FILES = sorted(p.name for p in SQL.glob("*.sql"))
+TWO_RUN_FILES = ("agreement.sql", "lexical_ranks_compare.sql")
+VOCAB = ["the", "cat", "dog", "house", "is", "not", "big", "small", "runs", "."]
+
+
+# --------------------------------------------------------------------------- hand-built run directories
+def write_table(run: Path, table: str, rows: list[dict[str, Any]], extra: tuple[str, ...] = ()) -> None:
+    """One Parquet part of `table` (its SCHEMAS columns, missing values null; `extra` string columns after)."""
+    schema = SCHEMAS[table]
+    for name in extra:
+        schema = schema.append(pa.field(name, pa.string()))
+    (run / table).mkdir(parents=True, exist_ok=True)
+    data = pa.Table.from_pylist([{f.name: r.get(f.name) for f in schema} for r in rows], schema=schema)
+    pq.write_table(data, run / table / "part-000000.parquet")
+
+
+def make_run(
+    root: Path,
+    name: str,
+    pairs: list[dict[str, Any]],
+    cells: list[dict[str, Any]] = (),
+    word_cells: list[dict[str, Any]] = (),
+    sentences: list[dict[str, Any]] = (),
+    parses: list[dict[str, Any]] | None = None,
+    mode: str = "approx",
+    similarity: str = "cos",
+) -> Path:
+    """A run directory as jobs.attribute writes it (every table, manifest.json); parses only when given."""
+    run = root / name
+    extra = tuple(k for k in dict.fromkeys(k for p in pairs for k in p) if k not in SCHEMAS["pairs"].names)
+    write_table(run, "pairs", pairs, extra)
+    for table, rows in (("cells", cells), ("word_cells", word_cells), ("sentences", sentences), ("quarantine", [])):
+        write_table(run, table, list(rows))
+    if parses is not None:
+        write_table(run, "parses", parses)
+    config = {"model": "hand-built", "mode": mode, "similarity": similarity, "layer": 3}
+    (run / "manifest.json").write_text(json.dumps({"run_id": name, "config": config}, indent=1))
+    return run
+
+
+def sentence(sid: str, words: list[str], special: tuple[str, str] = ("[CLS]", "[SEP]")) -> dict[str, Any]:
+    """A sentences row: one token per word between two special tokens."""
+    return {"sentence_id": sid, "text": " ".join(words), "n_tokens": len(words) + 2, "n_words": len(words),
+            "tokens": [special[0], *words, special[1]], "word_ids": [None, *range(len(words)), None],
+            "words": words}  # fmt: skip
+
+
+def run_sql(run: Path, name: str, run2: Path | None = None, **variables: Any) -> pl.DataFrame:
+    return _sql.run_file(_sql.connect(run, run2, variables), SQL / name)
+
+
+def avg_ranks_desc(values: list[float]) -> np.ndarray:
+    """Average ranks, 1 = largest."""
+    return stats.rankdata([-v for v in values], method="average")
+
+
+def random_run(
+    root: Path, name: str, rng: np.random.Generator, n_pairs: int = 12, bias: dict[str, float] | None = None,
+    mode: str = "approx", similarity: str = "cos",
+) -> tuple[Path, dict[str, list[dict[str, Any]]]]:
+    """Random sentences of VOCAB, full cell grids (values rounded to 0.01, so ties occur), random pair numbers;
+    `bias` adds to the same-token cells of a token. Returns the run and its rows."""
+    bias = bias or {}
+    data: dict[str, list[dict[str, Any]]] = {"pairs": [], "cells": [], "word_cells": [], "sentences": []}
+    for p in range(n_pairs):
+        sa = sentence(f"{name}-{p}a", list(rng.choice(VOCAB, int(rng.integers(2, 7)))))
+        sb = sentence(f"{name}-{p}b", list(rng.choice(VOCAB, int(rng.integers(2, 7)))))
+        data["sentences"] += [sa, sb]
+        pid = f"p{p:02d}"
+        for i, ta in enumerate(sa["tokens"]):
+            for j, tb in enumerate(sb["tokens"]):
+                value = round(float(rng.normal(0, 0.1)), 2) + (bias.get(ta, 0.0) if ta == tb else 0.0)
+                data["cells"].append({"pair_id": pid, "i": i, "j": j, "token_a": ta, "token_b": tb, "value": value})
+        for u, wa in enumerate(sa["words"]):
+            for v, wb in enumerate(sb["words"]):
+                data["word_cells"].append({"pair_id": pid, "u": u, "v": v, "word_a": wa, "word_b": wb,
+                                           "value": round(float(rng.normal(0, 0.1)), 2)})  # fmt: skip
+        positive = float(rng.uniform(0, 3))
+        data["pairs"].append({
+            "pair_id": pid, "row": p, "split": "test", "label": float(rng.integers(0, 6)),
+            "text_a": sa["text"], "text_b": sb["text"], "sentence_id_a": sa["sentence_id"],
+            "sentence_id_b": sb["sentence_id"], "score": round(float(rng.uniform(-1, 1)), 1),
+            "attribution_sum": positive - 0.5, "positive_sum": positive, "negative_sum": -0.5,
+            "ref_sim_a": float(rng.normal(0, 0.1)), "ref_sim_b": float(rng.normal(0, 0.1)),
+            "ref_term": float(rng.uniform(0.8, 1.0)),
+        })  # fmt: skip
+    run = make_run(root, name, data["pairs"], data["cells"], data["word_cells"], data["sentences"], mode=mode,
+                   similarity=similarity)  # fmt: skip
+    return run, data
+
+
+def records(df: pl.DataFrame, key: str) -> dict[Any, dict[str, Any]]:
+    return {r[key]: r for r in df.iter_rows(named=True)}
+
+
+def close(a: float | None, b: float | None) -> bool:
+    if a is None or b is None or (isinstance(b, float) and math.isnan(b)):
+        return (a is None or math.isnan(a)) and (b is None or math.isnan(b))
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+# --------------------------------------------------------------------------- every file
+@pytest.mark.parametrize("name", FILES)
+def test_each_file_is_one_documented_lowercase_statement(name):
+    text = (SQL / name).read_text(encoding="utf-8")
+    import duckdb
+
+    assert len(duckdb.extract_statements(text)) == 1
+    header = "\n".join(line for line in text.splitlines() if line.startswith("--"))
+    for field in ("Question", "Paper", "Inputs", "Grain", "Columns", "Params", "Run"):
+        assert re.search(rf"^-- {field}\b", header, re.M), field
+    assert f"-f sql/{name}" in header
+    code = "\n".join(line.split("--")[0] for line in text.splitlines())
+    assert not re.search(r"\b(SELECT|FROM|WHERE|GROUP BY|JOIN|WITH)\b", code)  # lowercase keywords
+    assert re.search(r"^with\b", code, re.M) and "getvariable('run')" in code
+
+
+def test_files_are_the_documented_set():
+    assert set(FILES) >= {"lexical_ranks.sql", "lexical_ranks_compare.sql", "syntactic_relations.sql", "negation.sql",
+                          "adjectives.sql", "reference_terms.sql", "pos_neg_sums.sql", "agreement.sql",
+                          "table1.sql"}  # fmt: skip
+    doc = (ROOT / "docs" / "ANALYSES.md").read_text(encoding="utf-8")
+    for name in FILES:
+        assert f"## `{name}`" in doc, name  # a section per file
+
+
+# --------------------------------------------------------------------------- lexical ranks
+def slow_lexical(cells, min_count: int, include_special: bool = False) -> dict[str, tuple]:
+    """token -> (n, mean, std, rank) in plain Python: rank = 1 + number of tokens with a larger mean."""
+    groups: dict[str, list[float]] = defaultdict(list)
+    for c in cells:
+        if c["token_a"] == c["token_b"] and (include_special or c["token_a"] not in ("[CLS]", "[SEP]")):
+            groups[c["token_a"]].append(c["value"])
+    kept = {t: v for t, v in groups.items() if len(v) >= min_count}
+    means = {t: sum(v) / len(v) for t, v in kept.items()}
+    return {
+        t: (len(v), means[t], float(np.std(v, ddof=1)) if len(v) > 1 else None,
+            1 + sum(m > means[t] + 1e-12 for m in means.values()))
+        for t, v in kept.items()
+    }  # fmt: skip
+
+
+def check_lexical(df: pl.DataFrame, expected: dict[str, tuple]) -> None:
+    assert df.columns == ["token", "n", "mean", "std", "rank"]
+    got = records(df, "token")
+    assert set(got) == set(expected)
+    for token, (n, mean, std, rank) in expected.items():
+        row = got[token]
+        assert (row["n"], row["rank"]) == (n, rank), token
+        assert close(row["mean"], mean) and close(row["std"], std), token
+    assert df["rank"].to_list() == sorted(df["rank"].to_list())
+
+
+def test_lexical_ranks_find_a_planted_bias(tmp_path):
+    run, data = random_run(tmp_path, "r", np.random.default_rng(1), n_pairs=30, bias={"cat": 1.0})
+    df = run_sql(run, "lexical_ranks.sql", min_count=3)
+    assert df.row(0, named=True)["token"] == "cat" and df.row(0, named=True)["rank"] == 1
+    check_lexical(df, slow_lexical(data["cells"], 3))
+    assert "[CLS]" not in df["token"].to_list()  # special tokens are no words: out by default
+    with_special = run_sql(run, "lexical_ranks.sql", min_count=3, include_special=True)
+    check_lexical(with_special, slow_lexical(data["cells"], 3, include_special=True))
+    assert {"[CLS]", "[SEP]"} <= set(with_special["token"].to_list())
+    default = run_sql(run, "lexical_ranks.sql")  # min_count 30
+    check_lexical(default, slow_lexical(data["cells"], 30))
+
+
+def test_lexical_ranks_compare_is_scipys_spearman_with_ties(tmp_path):
+    rng = np.random.default_rng(2)
+    run1, data1 = random_run(tmp_path, "r1", rng, n_pairs=25)
+    run2, data2 = random_run(tmp_path, "r2", rng, n_pairs=25)
+    # Exact ties of token means in both runs (values that are sums of powers of two stay exact).
+    for data, tied, run in ((data1, ("is", "big"), run1), (data2, ("dog", "house", "runs"), run2)):
+        for c in data["cells"]:
+            if c["token_a"] == c["token_b"] and c["token_a"] in tied:
+                c["value"] = 0.25
+        write_table(run, "cells", data["cells"])
+    df = run_sql(run1, "lexical_ranks_compare.sql", run2, min_count=2)
+    assert df.columns == ["token", "n_1", "mean_1", "std_1", "rank_1", "n_2", "mean_2", "std_2", "rank_2",
+                          "shared_rank_1", "shared_rank_2", "n_shared", "spearman"]  # fmt: skip
+    e1, e2 = slow_lexical(data1["cells"], 2), slow_lexical(data2["cells"], 2)
+    shared = sorted(set(e1) & set(e2))
+    assert sorted(df["token"].to_list()) == shared and len(shared) >= 6
+    got = records(df, "token")
+    m1, m2 = [e1[t][1] for t in shared], [e2[t][1] for t in shared]
+    assert len(set(m2)) < len(m2)  # the planted tie is among the shared tokens
+    rho = stats.spearmanr(m1, m2).statistic
+    assert df["spearman"].to_list() == [pytest.approx(rho, rel=1e-12)] * len(shared)
+    assert df["n_shared"].to_list() == [len(shared)] * len(shared)
+    for t, r1, r2 in zip(shared, avg_ranks_desc(m1), avg_ranks_desc(m2)):
+        assert (got[t]["shared_rank_1"], got[t]["shared_rank_2"]) == (r1, r2)
+        assert (got[t]["rank_1"], got[t]["rank_2"], got[t]["n_1"]) == (e1[t][3], e2[t][3], e1[t][0])
+    assert got["dog"]["rank_2"] == got["house"]["rank_2"]  # tied means share a rank in lexical_ranks
+
+
+# --------------------------------------------------------------------------- table 1
+def test_table1_is_scipys_spearman_times_100_with_ties(tmp_path):
+    run, data = random_run(tmp_path, "r", np.random.default_rng(3), n_pairs=40)
+    data["pairs"][0]["label"] = None  # no label: left out
+    write_table(run, "pairs", data["pairs"])
+    df = run_sql(run, "table1.sql")
+    assert df.columns == ["model", "mode", "similarity", "layer", "n_pairs", "spearman_x100", "spearman", "pearson"]
+    row = df.row(0, named=True)
+    labelled = [p for p in data["pairs"] if p["label"] is not None]
+    scores, labels = [p["score"] for p in labelled], [p["label"] for p in labelled]
+    assert len(set(scores)) < len(scores) and len(set(labels)) < len(labels)  # ties on both sides
+    assert row["n_pairs"] == 39 and (row["model"], row["mode"], row["layer"]) == ("hand-built", "approx", 3)
+    assert row["spearman_x100"] == pytest.approx(100 * stats.spearmanr(scores, labels).statistic, rel=1e-12)
+    assert row["pearson"] == pytest.approx(stats.pearsonr(scores, labels).statistic, rel=1e-12)
+
+
+# --------------------------------------------------------------------------- syntactic relations
+def relations_run(root: Path, name: str = "rel", parsers: tuple[str, ...] = ("stanza", "spacy")) -> Path:
+    """Four pairs whose top cells and relations are known (see test_syntactic_relations_known_top_cells)."""
+    sents = {
+        "a1": ["the", "cat", "runs"], "b1": ["a", "dog", "runs", "."],
+        "a2": ["big", "house"], "b2": ["small", "house", "is", "big"],
+        "a3": ["dog"], "b3": ["cat"],
+        "a4": ["cat", "runs"], "b4": ["dog", "runs"],
+    }  # fmt: skip
+    deprels = {"the": "det", "a": "det", "cat": "nsubj", "dog": "nsubj", "runs": "root", ".": "punct",
+               "big": "amod", "small": "amod", "house": "nsubj", "is": "cop"}  # fmt: skip
+    planted = {  # pair -> {(u, v): value}; every other cell gets a value below them
+        "p1": {(1, 1): 0.9, (2, 2): 0.9, (0, 0): 0.9},  # k = ceil(0.1 * 12) = 2: a three-way tie, (0,0), (1,1) win
+        "p2": {(0, 3): 0.7},  # k = 1: big ~ big, b's "big" did not align with a parser word
+        "p3": {(0, 0): 0.1},  # k = 1: a3 was never parsed
+        "p4": {(0, 1): 0.8},  # k = 1: cat ~ runs, nsubj ~ root: mixed
+    }
+    pairs, word_cells = [], []
+    for k in range(1, 5):
+        a, b, pid = sents[f"a{k}"], sents[f"b{k}"], f"p{k}"
+        pairs.append({"pair_id": pid, "sentence_id_a": f"a{k}", "sentence_id_b": f"b{k}", "score": 0.5})
+        for u in range(len(a)):
+            for v in range(len(b)):
+                value = planted[pid].get((u, v), -5.0 if (u + v) % 2 else 0.05 * (u - v))  # large negatives
+                word_cells.append({"pair_id": pid, "u": u, "v": v, "value": value})
+    parses = []
+    for sid, words in sents.items():
+        if sid == "a3":
+            continue
+        for u, w in enumerate(words):
+            aligned = not (sid == "b2" and u == 3)
+            for parser in parsers:
+                deprel = (deprels[w] if parser == "stanza" else "dep") if aligned else None
+                parses.append({"sentence_id": sid, "u": u, "word": w, "deprel": deprel, "aligned": aligned,
+                               "alignment": "one_to_one" if aligned else "many_to_one", "parser": parser})  # fmt: skip
+    return make_run(root, name, pairs, word_cells=word_cells,
+                    sentences=[sentence(s, w) for s, w in sents.items()], parses=parses)  # fmt: skip
+
+
+def test_syntactic_relations_known_top_cells(tmp_path):
+    run = relations_run(tmp_path)
+    df = run_sql(run, "syntactic_relations.sql")  # stanza's rows are preferred over spacy's
+    assert df.columns == ["relation_a", "relation_b", "n", "share", "is_same_function", "same_function_share",
+                          "mixed_share", "unaligned_share"]  # fmt: skip
+    got = {(r["relation_a"], r["relation_b"]): (r["n"], r["is_same_function"]) for r in df.iter_rows(named=True)}
+    assert got == {("det", "det"): (1, True), ("nsubj", "nsubj"): (1, True), ("amod", "unaligned"): (1, False),
+                   ("nsubj", "unparsed"): (1, False), ("nsubj", "root"): (1, False)}  # fmt: skip
+    assert df["share"].to_list() == [0.2] * 5
+    row = df.row(0, named=True)
+    assert (row["same_function_share"], row["mixed_share"], row["unaligned_share"]) == (0.4, 0.2, 0.4)
+    spacy = run_sql(run, "syntactic_relations.sql", parser="spacy")  # the `parser` variable picks the rows
+    assert {(r["relation_a"], r["relation_b"]) for r in spacy.iter_rows(named=True)} == {
+        ("dep", "dep"), ("dep", "unaligned"), ("dep", "unparsed")}
+    only_spacy = run_sql(relations_run(tmp_path, "rel-spacy", parsers=("spacy",)), "syntactic_relations.sql")
+    assert only_spacy["n"].sum() == 5 and "det" not in only_spacy["relation_a"].to_list()
+
+
+def test_syntactic_relations_equal_a_slow_top_share(tmp_path):
+    rng = np.random.default_rng(4)
+    run, data = random_run(tmp_path, "r", rng, n_pairs=15)
+    labels = ["nsubj", "obj", "det", "amod", "root"]
+    parses = []
+    for s in data["sentences"]:
+        for u, w in enumerate(s["words"]):
+            aligned = bool(rng.random() > 0.1)
+            parses.append({"sentence_id": s["sentence_id"], "u": u, "word": w, "aligned": aligned, "parser": "spacy",
+                           "deprel": str(rng.choice(labels)) if aligned else None})  # fmt: skip
+    write_table(run, "parses", parses)
+    relation = {(p["sentence_id"], p["u"]): p["deprel"] or "unaligned" for p in parses}
+    pair_of = {p["pair_id"]: p for p in data["pairs"]}
+    n_words = {s["sentence_id"]: s["n_words"] for s in data["sentences"]}
+    for top_share in (0.10, 0.25):
+        cells: dict[str, list[dict]] = defaultdict(list)
+        for c in data["word_cells"]:
+            cells[c["pair_id"]].append(c)
+        counts: dict[tuple[str, str], int] = defaultdict(int)
+        for pid, rows in cells.items():
+            p = pair_of[pid]
+            k = max(1, math.ceil(top_share * n_words[p["sentence_id_a"]] * n_words[p["sentence_id_b"]]))
+            for c in sorted(rows, key=lambda c: (-c["value"], c["u"], c["v"]))[:k]:
+                pair = sorted((relation[p["sentence_id_a"], c["u"]], relation[p["sentence_id_b"], c["v"]]))
+                counts[tuple(pair)] += 1
+        df = run_sql(run, "syntactic_relations.sql", top_share=top_share)
+        assert {(r["relation_a"], r["relation_b"]): r["n"] for r in df.iter_rows(named=True)} == counts
+        total = sum(counts.values())
+        same = sum(n for (a, b), n in counts.items() if a == b != "unaligned") / total
+        row = df.row(0, named=True)
+        assert row["same_function_share"] == pytest.approx(same)
+        assert row["same_function_share"] + row["mixed_share"] + row["unaligned_share"] == pytest.approx(1.0)
+        assert df["share"].sum() == pytest.approx(1.0) and df["n"].to_list() == sorted(df["n"].to_list())[::-1]
+
+
+# --------------------------------------------------------------------------- negation
+NEGATION_PAIRS = [
+    # pair_id, text_a, text_b, words_a, words_b, word cells of the not-word (None: no row is detected)
+    ("n1", "This is not good.", "This is good.", ["This", "is", "not", "good", "."], ["This", "is", "good", "."],
+     [-0.2, 0.1, -0.3, 0.05]),
+    ("n2", "A good idea.", "Not a good idea.", ["A", "good", "idea", "."], ["Not", "a", "good", "idea", "."],
+     [0.1, 0.2, 0.0, 0.1]),
+    ("n3", "I cannot go.", "I go.", ["I", "cannot", "go", "."], ["I", "go", "."], None),
+    ("n4", "He did not not go.", "He did not go.", ["He", "did", "not", "not", "go", "."],
+     ["He", "did", "not", "go", "."], [0.1, 0.1, 0.1, 0.1, 0.1]),
+    ("n5", "The cat runs.", "The dog runs.", ["The", "cat", "runs", "."], ["The", "dog", "runs", "."], None),
+    ("n6", "It is not red.", "It is red.", ["It", "is", "not", "red", "."], ["It", "is", "red", "."], []),
+]  # fmt: skip
+
+
+def negation_run(root: Path) -> Path:
+    pairs, sents, word_cells = [], [], []
+    for k, (pid, ta, tb, wa, wb, not_cells) in enumerate(NEGATION_PAIRS):
+        sents += [sentence(f"{pid}a", wa), sentence(f"{pid}b", wb)]
+        pairs.append({"pair_id": pid, "text_a": ta, "text_b": tb, "sentence_id_a": f"{pid}a",
+                      "sentence_id_b": f"{pid}b", "score": 0.5, "attribution_sum": 0.5 + 0.1 * k})  # fmt: skip
+        side_a = len(wa) > len(wb)
+        for u in range(len(wa)):
+            for v in range(len(wb)):
+                not_index = wa.index("not") if side_a and "not" in wa else None
+                if not side_a and "Not" in wb:
+                    not_index = wb.index("Not")
+                is_not = not_cells is not None and (u if side_a else v) == not_index
+                if is_not and not not_cells:
+                    continue  # n6: the not-word's cells were pruned (--min-abs)
+                value = not_cells[v if side_a else u] if is_not else 1.0
+                word_cells.append({"pair_id": pid, "u": u, "v": v, "value": value})
+    return make_run(root, "neg", pairs, word_cells=word_cells, sentences=sents)
+
+
+def test_negation_finds_the_not_and_its_planted_negative_attribution(tmp_path):
+    df = run_sql(negation_run(tmp_path), "negation.sql")
+    assert df.columns == ["pair_id", "text_a", "text_b", "score", "attribution_sum", "not_side", "not_index",
+                          "not_attribution", "relative", "is_negative", "share_negative",
+                          "p90_abs_relative"]  # fmt: skip
+    assert df["pair_id"].to_list() == ["n1", "n2", "n4", "n6"]  # not "cannot", not a pair without a not
+    got = records(df, "pair_id")
+    expected = {  # pair: not_side, not_index, not_attribution, attribution_sum
+        "n1": ("a", 2, -0.35, 0.5), "n2": ("b", 0, 0.4, 0.6), "n4": ("a", 2, 0.5, 0.8), "n6": ("a", 2, 0.0, 1.0),
+    }  # fmt: skip
+    for pid, (side, index, total, attribution_sum) in expected.items():
+        row = got[pid]
+        assert (row["not_side"], row["not_index"]) == (side, index)
+        assert row["not_attribution"] == pytest.approx(total) and row["is_negative"] == (total < 0)
+        assert row["relative"] == pytest.approx(total / attribution_sum)
+    relative = [total / s for _, _, total, s in expected.values()]
+    assert set(df["share_negative"].to_list()) == {0.25}
+    assert df["p90_abs_relative"][0] == pytest.approx(np.percentile(np.abs(relative), 90))
+
+
+# --------------------------------------------------------------------------- adjectives
+def adjectives_run(root: Path) -> Path:
+    t = "This house is X."
+    rows = [  # pair_id, triplet, kind, words_a, words_b, cell values {(u, v): value}
+        ("q1", "beautiful/pretty/ugly", "synonym", ["This", "house", "is", "beautiful", "."],
+         ["This", "house", "is", "pretty", "."], {(3, 3): 0.4}),
+        ("q2", "beautiful/pretty/ugly", "opposite", ["This", "house", "is", "beautiful", "."],
+         ["This", "house", "is", "ugly", "."], {(3, 3): -0.1}),
+        ("q3", "big/huge/small", "opposite", ["This", "house", "is", "big", "."], ["That", "house", "is", "small", "."],
+         {}),  # two words differ: no adjective cell
+        ("q4", "big/huge/small", "synonym", ["This", "house", "is", "big", "."], ["This", "house", "is", "huge", "."],
+         None),  # the adjective cell was pruned
+        ("q5", None, None, ["A", "b"], ["A", "c"], {}),  # not an adjective pair
+    ]  # fmt: skip
+    pairs, sents, word_cells = [], [], []
+    for pid, triplet, kind, wa, wb, planted in rows:
+        sents += [sentence(f"{pid}a", wa), sentence(f"{pid}b", wb)]
+        pairs.append({"pair_id": pid, "sentence_id_a": f"{pid}a", "sentence_id_b": f"{pid}b", "score": 0.7,
+                      "attribution_sum": 0.9, "triplet": triplet, "kind": kind, "template": t if triplet else None})
+        for u in range(len(wa)):
+            for v in range(len(wb)):
+                if planted is None and (u, v) == (3, 3):
+                    continue
+                word_cells.append({"pair_id": pid, "u": u, "v": v, "value": (planted or {}).get((u, v), 0.01)})
+    return make_run(root, "adj", pairs, word_cells=word_cells, sentences=sents)
+
+
+def test_adjectives_read_the_adjective_cell(tmp_path):
+    df = run_sql(adjectives_run(tmp_path), "adjectives.sql")
+    assert df.columns == ["pair_id", "triplet", "kind", "template", "word_a", "word_b", "u", "attribution", "score",
+                          "attribution_sum"]  # fmt: skip
+    got = {r["pair_id"]: (r["kind"], r["word_a"], r["word_b"], r["u"], r["attribution"])
+           for r in df.iter_rows(named=True)}  # fmt: skip
+    assert got == {"q1": ("synonym", "beautiful", "pretty", 3, 0.4), "q2": ("opposite", "beautiful", "ugly", 3, -0.1),
+                   "q3": ("opposite", None, None, None, None), "q4": ("synonym", "big", "huge", 3, None)}  # fmt: skip
+    assert set(df["template"].to_list()) == {"This house is X."}
+
+
+# --------------------------------------------------------------------------- reference terms, pos/neg sums
+def test_reference_terms_quantiles_and_shares(tmp_path):
+    run, data = random_run(tmp_path, "r", np.random.default_rng(5), n_pairs=60)
+    for near_zero, threshold in ((None, None), (0.05, 0.95)):
+        variables = {} if near_zero is None else {"near_zero": near_zero, "term_threshold": threshold}
+        df = run_sql(run, "reference_terms.sql", **variables)
+        assert df.columns == ["quantity", "n", "mean", "std", "min", "q05", "q25", "median", "q75", "q95", "max",
+                              "near_zero", "share_near_zero", "term_threshold", "share_below_threshold"]  # fmt: skip
+        assert df["quantity"].to_list() == ["ref_sim_a", "ref_sim_b", "ref_sim", "ref_term"]
+        a, b, t = (np.array([p[k] for p in data["pairs"]]) for k in ("ref_sim_a", "ref_sim_b", "ref_term"))
+        nz, th = near_zero or 0.1, threshold or 0.9
+        for row, x in zip(df.iter_rows(named=True), (a, b, np.concatenate([a, b]), t)):
+            q = np.quantile(x, [0.05, 0.25, 0.5, 0.75, 0.95])
+            assert row["n"] == len(x) and row["mean"] == pytest.approx(x.mean())
+            assert row["std"] == pytest.approx(x.std(ddof=1)) and (row["min"], row["max"]) == (x.min(), x.max())
+            assert [row[k] for k in ("q05", "q25", "median", "q75", "q95")] == pytest.approx(q)
+            assert row["share_near_zero"] == pytest.approx(np.mean(np.abs(x) <= nz))
+            assert row["share_below_threshold"] == pytest.approx(np.mean(x < th))
+            assert (row["near_zero"], row["term_threshold"]) == (nz, th)
+        assert 0 < df["share_near_zero"][2] < 1 and 0 < df["share_below_threshold"][3] < 1
+
+
+def slow_bins(values: list[float], width: float) -> list[tuple[float, float]]:
+    """(bin_low, bin_high] of each value: right-closed bins of `width`."""
+    return [(math.ceil(x / width) * width + 0.0 - width, math.ceil(x / width) * width + 0.0) for x in values]
+
+
+@pytest.mark.parametrize("mode,similarity,max_score", [("approx", "cos", 2.0), ("exact", "cos", 1.0),
+                                                        ("approx", "dot", None)])  # fmt: skip
+def test_pos_neg_sums_share_over_the_maximum_by_score_bin(tmp_path, mode, similarity, max_score):
+    run, data = random_run(tmp_path, "r", np.random.default_rng(6), n_pairs=50, mode=mode, similarity=similarity)
+    data["pairs"][0]["score"] = -0.1  # its bin is (-0.25, 0.0], not (-0.25, -0.0]
+    write_table(run, "pairs", data["pairs"])
+    for override in (None, 1.5):
+        df = run_sql(run, "pos_neg_sums.sql", **({} if override is None else {"max_score": override}))
+        assert df.columns == ["score_bin", "bin_low", "bin_high", "n_pairs", "mean_score", "mean_attribution_sum",
+                              "mean_positive_sum", "mean_negative_sum", "max_positive_sum", "min_negative_sum",
+                              "n_positive_exceeds", "share_positive_exceeds", "max_score", "mode",
+                              "similarity"]  # fmt: skip
+        limit = override if override is not None else max_score
+        scores = [p["score"] for p in data["pairs"]]
+        groups: dict[tuple, list[dict]] = defaultdict(list)
+        for p, key in zip(data["pairs"], slow_bins(scores, 0.25)):
+            groups[key].append(p)
+        groups[("all",)] = data["pairs"]
+        assert df["score_bin"][-1] == "all" and "(-0.25, 0.0]" in df["score_bin"].to_list()
+        assert len(df) == len(groups)
+        for row in df.iter_rows(named=True):
+            key = ("all",) if row["score_bin"] == "all" else (row["bin_low"], row["bin_high"])
+            rows = groups[key]
+            positive = [p["positive_sum"] for p in rows]
+            assert row["n_pairs"] == len(rows) and row["mean_positive_sum"] == pytest.approx(np.mean(positive))
+            assert row["max_score"] == limit and (row["mode"], row["similarity"]) == (mode, similarity)
+            if limit is None:
+                assert row["share_positive_exceeds"] is None
+            else:
+                assert row["n_positive_exceeds"] == sum(x > limit for x in positive)
+                assert row["share_positive_exceeds"] == pytest.approx(np.mean([x > limit for x in positive]))
+
+
+# --------------------------------------------------------------------------- agreement
+def test_agreement_per_pair_spearman_pearson_jaccard_by_bin(tmp_path):
+    rng = np.random.default_rng(7)
+    run1, data1 = random_run(tmp_path, "r1", rng, n_pairs=14)
+    cells2 = []
+    for c in data1["cells"]:
+        value = c["value"] + float(rng.normal(0, 0.05))
+        if c["pair_id"] == "p00":
+            value = round(value, 1)  # ties in run 2
+        if c["pair_id"] == "p01" and (c["i"] + c["j"]) % 3 == 0:
+            continue  # cells pruned in run 2: the pair is compared on the cells of both
+        cells2.append({**c, "value": value})
+    for c in data1["cells"]:
+        if c["pair_id"] == "p02" and c["i"] < 2:
+            c["value"] = 0.5 if c["j"] % 2 else -0.5  # ties in |value| among the top cells of run 1
+    write_table(run1, "cells", data1["cells"])
+    pairs2 = [{**p, "score": p["score"] + float(rng.normal(0, 0.05))} for p in data1["pairs"][1:]]  # p00 only in run 1
+    run2 = make_run(tmp_path, "r2", pairs2, cells2, [], data1["sentences"], mode="exact")
+
+    def top(cells: dict, k: int) -> set:
+        return {key for key, _ in sorted(cells.items(), key=lambda kv: (-abs(kv[1]), kv[0][0], kv[0][1]))[:k]}
+
+    by_pair1, by_pair2 = defaultdict(dict), defaultdict(dict)
+    for c in data1["cells"]:
+        by_pair1[c["pair_id"]][c["i"], c["j"]] = c["value"]
+    for c in cells2:
+        by_pair2[c["pair_id"]][c["i"], c["j"]] = c["value"]
+    score2 = {p["pair_id"]: p["score"] for p in pairs2}
+    per_pair = []
+    for p in data1["pairs"]:
+        pid = p["pair_id"]
+        if pid not in score2:
+            continue
+        keys = sorted(set(by_pair1[pid]) & set(by_pair2[pid]))
+        c1, c2 = {k: by_pair1[pid][k] for k in keys}, {k: by_pair2[pid][k] for k in keys}
+        x, y = [c1[k] for k in keys], [c2[k] for k in keys]
+        jac = [len(top(c1, k) & top(c2, k)) / len(top(c1, k) | top(c2, k)) for k in (3, 10)]
+        mean_score = (p["score"] + score2[pid]) / 2
+        per_pair.append((mean_score, stats.spearmanr(x, y).statistic, stats.pearsonr(x, y).statistic, *jac))
+    df_default = run_sql(run1, "agreement.sql", run2)
+    for width in (0.25, 0.5):
+        df = df_default if width == 0.25 else run_sql(run1, "agreement.sql", run2, bin_width=width)
+        assert df.columns == ["score_bin", "bin_low", "bin_high", "n_pairs", "spearman_mean", "spearman_std",
+                              "pearson_mean", "pearson_std", "jaccard_top3_mean", "jaccard_top3_std",
+                              "jaccard_top10_mean", "jaccard_top10_std"]  # fmt: skip
+        groups: dict[tuple, list[tuple]] = defaultdict(list)
+        for row, key in zip(per_pair, slow_bins([r[0] for r in per_pair], width)):
+            groups[key].append(row)
+        groups[("all",)] = per_pair
+        assert len(df) == len(groups) and df["score_bin"][-1] == "all"
+        for row in df.iter_rows(named=True):
+            rows = groups[("all",) if row["score_bin"] == "all" else (row["bin_low"], row["bin_high"])]
+            assert row["n_pairs"] == len(rows)
+            for k, name in enumerate(("spearman", "pearson", "jaccard_top3", "jaccard_top10"), start=1):
+                values = [r[k] for r in rows]
+                assert row[f"{name}_mean"] == pytest.approx(np.mean(values), rel=1e-9), name
+                if len(values) > 1:
+                    assert row[f"{name}_std"] == pytest.approx(np.std(values, ddof=1), rel=1e-6, abs=1e-12), name
+                else:
+                    assert row[f"{name}_std"] is None
+    all_row = df.row(len(df) - 1, named=True)
+    assert all_row["n_pairs"] == 13 and 0 < all_row["jaccard_top10_mean"] < 1 and 0 < all_row["spearman_mean"] < 1
+    from polars.testing import assert_frame_equal
+
+    assert_frame_equal(run_sql(run1, "agreement.sql", run2, pair_fraction=1.0), df_default)
+    subset = run_sql(run1, "agreement.sql", run2, pair_fraction=0.5).row(-1, named=True)["n_pairs"]
+    assert 0 < subset < 13 and subset == run_sql(run1, "agreement.sql", run2, pair_fraction=0.5)["n_pairs"][-1]
+
+
+# --------------------------------------------------------------------------- the duckdb CLI, as documented
+def store_for(name: str, root: Path) -> tuple[Path, Path | None]:
+    """A hand-built run (and second run) on which `name` returns rows."""
+    if name == "negation.sql":
+        return negation_run(root), None
+    if name == "adjectives.sql":
+        return adjectives_run(root), None
+    if name == "syntactic_relations.sql":
+        return relations_run(root), None
+    run, data = random_run(root, "r", np.random.default_rng(8), n_pairs=20)
+    if name not in TWO_RUN_FILES:
+        return run, None
+    cells2 = [{**c, "value": c["value"] * 0.5 + 0.01 * (c["i"] - c["j"])} for c in data["cells"]]
+    return run, make_run(root, "r2", data["pairs"], cells2, [], data["sentences"])
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_duckdb_cli_runs_each_file_as_documented(tmp_path, name):
+    run, run2 = store_for(name, tmp_path)
+    cmds = ["-cmd", f"set variable run = '{run}'"]
+    if run2 is not None:
+        cmds += ["-cmd", f"set variable run2 = '{run2}'"]
+    if name.startswith("lexical"):
+        cmds += ["-cmd", "set variable min_count = 2"]
+    # Exactly the documented command (box output), from the repository root ...
+    shown = subprocess.run([str(DUCKDB_CLI), *cmds, "-f", f"sql/{name}"], cwd=ROOT, capture_output=True, text=True)
+    assert shown.returncode == 0 and not shown.stderr, shown.stderr
+    # ... and as CSV: the same rows as through Python.
+    out = subprocess.run([str(DUCKDB_CLI), "-csv", *cmds, "-f", f"sql/{name}"], cwd=ROOT, capture_output=True,
+                         text=True, check=True)  # fmt: skip
+    cli = pl.read_csv(out.stdout.encode(), infer_schema_length=None, null_values="NULL")
+    variables = {"min_count": 2} if name.startswith("lexical") else {}
+    py = run_sql(run, name, run2, **variables)
+    assert cli.columns == py.columns and cli.height == py.height > 0
+    assert [c for c in cli.columns if c in shown.stdout]  # the table shows the columns
+    for col in py.columns:
+        if py[col].dtype.is_float():
+            assert np.allclose(cli[col].cast(pl.Float64).to_numpy(), py[col].to_numpy(), equal_nan=True), col
+        else:
+            assert cli[col].cast(pl.String).to_list() == py[col].cast(pl.String).to_list(), col
+
+
+# --------------------------------------------------------------------------- jobs._sql and `xsbert sql`
+def xsbert_sql(capsys, *argv: str) -> tuple[int, str, str]:
+    from xsbert_core.cli import main as xsbert
+
+    code = xsbert(["sql", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_connect_views_and_variables(tmp_path):
+    run, _ = random_run(tmp_path, "r", np.random.default_rng(9), n_pairs=5)
+    run2 = relations_run(tmp_path)
+    con = _sql.connect(run, run2, {"min_count": 7, "word": "it's", "flag": True})
+    views = {r[0] for r in con.sql("select view_name from duckdb_views() where not internal").fetchall()}
+    assert views == {"pairs", "cells", "word_cells", "sentences", "quarantine",
+                     "pairs_2", "cells_2", "word_cells_2", "sentences_2", "quarantine_2", "parses_2"}  # fmt: skip
+    assert con.sql("select count(*) from pairs").fetchall() == [(5,)]
+    assert con.sql("select count(*) from parses_2").fetchall()[0][0] > 0
+    got = con.sql("select getvariable('run'), getvariable('run2'), getvariable('min_count'), getvariable('word'), "
+                  "getvariable('flag')").fetchall()  # fmt: skip
+    assert got == [(str(run), str(run2), 7, "it's", True)]
+    with pytest.raises(_sql.InputError, match="--run"):
+        _sql.connect(run, variables={"run": "x"})
+    assert _sql.parse_vars(["a=3", "b=0.5", "c=true", "d=text", "e='12'", "f=null"]) == {
+        "a": 3, "b": 0.5, "c": True, "d": "text", "e": "12", "f": None}
+
+
+def test_xsbert_sql_prints_a_table_and_csv(tmp_path, capsys):
+    run, data = random_run(tmp_path, "r", np.random.default_rng(10), n_pairs=30, bias={"dog": 1.0})
+    code, out, err = xsbert_sql(capsys, "--run", str(run), "select count(*) as n_pairs, max(score) as top from pairs")
+    assert code == 0 and not err
+    assert "n_pairs" in out and " 30 " in out and out.rstrip().endswith("1 row")
+    code, out, _ = xsbert_sql(capsys, "--run", str(run), "--file", "sql/lexical_ranks.sql", "--var", "min_count=3")
+    assert code == 0 and "dog" in out.splitlines()[3]  # header, rule, first row: the planted bias ranks first
+    code, out, _ = xsbert_sql(capsys, "--run", str(run), "-f", "lexical_ranks", "--var", "min_count=3", "--csv")
+    csv = pl.read_csv(out.encode())
+    expected = run_sql(run, "lexical_ranks.sql", min_count=3)
+    assert code == 0 and csv["token"].to_list() == expected["token"].to_list()
+    assert np.allclose(csv["mean"].to_numpy(), expected["mean"].to_numpy())
+    code, out, _ = xsbert_sql(capsys, "--run", str(run), "select * from cells", "--max-rows", "5")
+    assert code == 0 and f"showing 5 of {len(data['cells'])} rows" in out
+    code, out, _ = xsbert_sql(capsys, "--run", str(run), "select tokens from sentences limit 1", "--csv")
+    assert code == 0 and json.loads(pl.read_csv(out.encode())["tokens"][0])[0] == "[CLS]"  # lists as JSON
+    code, out, _ = xsbert_sql(capsys, "--run", str(run), "--run2", str(run), "select count(*) from cells_2")
+    assert code == 0 and str(len(data["cells"])) in out
+
+
+def test_xsbert_sql_bad_inputs_exit_2_with_one_line(tmp_path, capsys):
+    run, _ = random_run(tmp_path, "r", np.random.default_rng(11), n_pairs=3)
+    cases = [
+        (["--run", str(run), "selec 1"], "syntax error"),
+        (["--run", str(tmp_path / "missing"), "select 1"], "no such directory"),
+        (["--run", str(tmp_path), "select 1"], "not a run directory"),  # the store root, not a run
+        (["--run", str(run), "--file", "sql/syntactic_relations.sql"], "python -m jobs.parse --run"),
+        (["--run", str(run), "select * from parses"], "python -m jobs.parse --run"),
+        (["--run", str(run), "--file", "sql/agreement.sql"], "--run2"),
+        (["--run", str(run), "select * from pairs_2"], "--run2"),
+        (["--run", str(run), "select * from nope"], "nope"),
+        (["--run", str(run), "--file", "sql/adjectives.sql"], "triplet"),  # not an adjectives run
+        (["--run", str(run)], "QUERY or --file"),
+        (["--run", str(run), "select 1", "--file", "sql/table1.sql"], "QUERY or --file"),
+        (["--run", str(run), "--file", "sql/nope.sql"], "no such file"),
+        (["--run", str(run), "--file", "table1", "--var", "min_count"], "NAME=VALUE"),
+        (["--run", str(run), "select 1", "--max-rows", "0"], "--max-rows"),
+        (["--run", str(run), "  "], "empty"),
+    ]
+    (run / "manifest.json").unlink()
+    cases.append((["--run", str(run), "--file", "pos_neg_sums"], "manifest.json"))
+    for argv, message in cases:
+        code, out, err = xsbert_sql(capsys, *argv)
+        assert code == 2 and not out, argv
+        assert len(err.strip().splitlines()) == 1 and err.startswith("xsbert: error: ") and message in err, (argv, err)
+
+
+def test_empty_run_gives_empty_answers_not_errors(tmp_path):
+    run = make_run(tmp_path, "empty", [], parses=[])
+    write_table(run, "pairs", [], ("triplet", "kind", "template"))
+    for name in FILES:
+        df = run_sql(run, name, run if name in TWO_RUN_FILES else None)
+        if name in ("table1.sql", "reference_terms.sql"):
+            assert df["n_pairs" if name == "table1.sql" else "n"].to_list() == [0] * len(df)
+        elif name in ("pos_neg_sums.sql", "agreement.sql"):
+            assert df["score_bin"].to_list() == ["all"] and df["n_pairs"][0] == 0
+        else:
+            assert df.height == 0, name
+
+
+# --------------------------------------------------------------------------- built-in datasets, --keep-columns
+def test_negation_dataset_is_every_sentence_with_one_standalone_not():
+    pairs = _inputs.load_pairs("negation")
+    rows = pairs.rows
+    assert (pairs.source.split, pairs.columns.label, pairs.columns.keep) == ("test", None, ())
+    # The slow definition: unique STS-B test texts whose words ([\w'’-]+ runs) contain "not" exactly once.
+    stsb = pl.read_csv(_inputs.BUNDLED_STSB, separator="\t", quote_char=None, infer_schema_length=0)
+    test = stsb.filter(pl.col("split") == "test")
+    texts = set(test["sentence1"].to_list()) | set(test["sentence2"].to_list())
+    expected = {t for t in texts if [w.lower() for w in re.findall(r"[\w'’-]+", t)].count("not") == 1}
+    assert set(rows.text_a) == expected and len(rows) == len(expected) == 80 and rows.pair_id.is_unique
+    for a, b in zip(rows.text_a, rows.text_b):
+        words_a, words_b = re.findall(r"[\w'’-]+", a), re.findall(r"[\w'’-]+", b)
+        k = [w.lower() for w in words_a].index("not")
+        assert [w.lower() for w in words_a[:k] + words_a[k + 1 :]] == [w.lower() for w in words_b]
+    assert _datasets.remove_not("Not a good idea.") == "A good idea."
+    assert _datasets.remove_not("Why not?") == "Why?"
+    for text in ("I cannot go.", "It isn't.", "A not-so-good day.", "Not now, not ever.", "Knot."):
+        assert _datasets.remove_not(text) is None, text
+    assert len(_inputs.load_pairs("negation", split="dev").rows) > 0
+
+
+def test_adjectives_dataset_triplets_templates_and_columns():
+    pairs = _inputs.load_pairs("adjectives")
+    rows = pairs.rows
+    assert pairs.columns.keep == ("triplet", "kind", "template") and pairs.columns.label is None
+    assert len(rows) == 23 * len(_datasets.TEMPLATES) * 2 and rows.pair_id.is_unique
+    assert rows["keep:triplet"].nunique() == 23 and set(rows["keep:kind"]) == {"synonym", "opposite"}
+    assert "This house is X." in set(rows["keep:template"]) and len(_datasets.TEMPLATES) >= 3
+    for a, b, triplet, kind, template in zip(rows.text_a, rows.text_b, rows["keep:triplet"], rows["keep:kind"],
+                                             rows["keep:template"]):  # fmt: skip
+        anchor, synonym, opposite = triplet.split("/")
+        other = synonym if kind == "synonym" else opposite
+        assert (a, b) == (template.replace("X", anchor), template.replace("X", other))
+    with pytest.raises(_sql.InputError, match="no splits"):
+        _inputs.load_pairs("adjectives", split="test")
+
+
+def test_keep_columns_flag_passes_columns_through_and_changes_the_run_id(tmp_path):
+    from jobs._store import RunStore, run_id
+    from jobs.attribute import parse_args, run_config
+
+    path = tmp_path / "p.tsv"
+    path.write_text("id\tsentence1\tsentence2\ttopic\tsource\tTarget\nx\tA b.\tC d.\tsport\tweb\t1\n"
+                    "y\tE f.\tG h.\t\tnews\t2\n")
+    pairs = _inputs.load_pairs(str(path), keep="topic,source")
+    good, _ = _inputs.validate(pairs.rows, pairs.label_kind, pairs.label_range, None, None, False)
+    assert good["keep:topic"].tolist() == ["sport", ""] and good["keep:source"].tolist() == ["web", "news"]
+
+    class FakeExplainer:
+        settings = {"model": "m", "layer": 3, "n_layers": 6, "mode": "approx", "similarity": "cos",
+                    "rule": "gauss-legendre", "steps": 16, "tolerance": None, "max_steps": None}  # fmt: skip
+
+    args = parse_args(["--dataset", str(path), "--keep-columns", "topic,source"])
+    with_keep = run_config(args, FakeExplainer(), "w", pairs)
+    without = run_config(args, FakeExplainer(), "w", _inputs.load_pairs(str(path)))
+    assert with_keep["dataset"]["columns"]["keep"] == ["topic", "source"]
+    assert "keep" not in without["dataset"]["columns"]
+    assert run_id(with_keep) != run_id(without)
+    for bad, message in (("target", "already has a column"), ("nope", "no such column")):
+        with pytest.raises(_sql.InputError, match=message):
+            _inputs.load_pairs(str(path), keep=bad)
+    with RunStore(tmp_path, "r", ("topic",)) as store:  # the run's pairs schema has the column, as a string
+        table = pa.Table.from_pylist([{"pair_id": "x", "topic": "sport"}], store.schema("pairs"))
+        store.commit(0, {"pairs": table})
+        store.commit_missing_tables()
+    assert pq.read_schema(tmp_path / "r" / "pairs" / "part-000000.parquet").field("topic").type == pa.string()
+
+
+# --------------------------------------------------------------------------- small real runs
+@pytest.fixture(scope="module")
+def ray_cluster():
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def real_runs(ray_cluster, tmp_path_factory) -> dict[str, Path]:
+    """all-MiniLM-L6-v2 through the real job (FAST settings, one actor: the work is tiny, the model loads are
+    not): 8 STS-B test pairs (parsed by the real jobs.parse, spaCy), the first 3 negation pairs and the first
+    4 adjective pairs."""
+    from jobtools import run_job
+
+    from jobs import parse
+
+    out = tmp_path_factory.mktemp("sql-runs") / "runs"
+    runs = {name: Path(run_job(out, "--dataset", name, "--num-actors", "1", *flags)["run_dir"])
+            for name, flags in (("stsb", ("--split", "test", "--limit", "8")), ("negation", ("--limit", "3")),
+                                ("adjectives", ("--limit", "4")))}  # fmt: skip
+    parse.main(parse.parse_args(["--run", str(runs["stsb"]), "--parser", "spacy", "--quiet"]))
+    return runs
+
+
+@pytest.mark.slow
+def test_real_runs_answer_every_analysis(real_runs, capsys):
+    stsb = real_runs["stsb"]
+    con = _sql.connect(stsb)
+    pairs = con.sql("select * from pairs").pl()
+    sentences = con.sql("select sentence_id, n_words, words from sentences").pl()
+    assert pairs.height == 8
+
+    table1 = run_sql(stsb, "table1.sql").row(0, named=True)
+    assert table1["n_pairs"] == 8 and table1["model"] == "sentence-transformers/all-MiniLM-L6-v2"
+    expected = stats.spearmanr(pairs["score"].to_list(), pairs["label"].to_list()).statistic
+    assert table1["spearman_x100"] == pytest.approx(100 * expected, rel=1e-12)
+
+    lexical = run_sql(stsb, "lexical_ranks.sql", min_count=1)
+    assert lexical.height > 5 and lexical["rank"].min() == 1 and lexical["mean"].is_finite().all()
+    assert not {"[CLS]", "[SEP]"} & set(lexical["token"].to_list())
+    same = run_sql(stsb, "lexical_ranks_compare.sql", stsb, min_count=1)  # a run against itself
+    assert same.height == lexical.height and same["spearman"].to_list() == [pytest.approx(1.0)] * same.height
+
+    reference = run_sql(stsb, "reference_terms.sql")
+    assert reference["n"].to_list() == [8, 8, 16, 8] and reference["share_near_zero"].is_between(0, 1).all()
+    sums = run_sql(stsb, "pos_neg_sums.sql")
+    assert sums.row(-1, named=True)["n_pairs"] == 8 and sums["max_score"][0] == 2.0  # approx: 2
+    agreement = run_sql(stsb, "agreement.sql", stsb).row(-1, named=True)  # a run against itself agrees fully
+    assert agreement["n_pairs"] == 8
+    for col in ("spearman_mean", "pearson_mean", "jaccard_top3_mean", "jaccard_top10_mean"):
+        assert agreement[col] == pytest.approx(1.0), col
+
+    relations = run_sql(stsb, "syntactic_relations.sql")  # real spaCy parses from jobs.parse
+    n_words = dict(zip(sentences["sentence_id"], sentences["n_words"]))
+    top_cells = sum(max(1, math.ceil(0.1 * n_words[a] * n_words[b]))
+                    for a, b in zip(pairs["sentence_id_a"], pairs["sentence_id_b"]))  # fmt: skip
+    assert relations["n"].sum() == top_cells and relations["share"].sum() == pytest.approx(1.0)
+    row = relations.row(0, named=True)
+    assert row["same_function_share"] + row["mixed_share"] + row["unaligned_share"] == pytest.approx(1.0)
+    labels = set(relations["relation_a"]) | set(relations["relation_b"])
+    assert all(re.fullmatch(r"[a-z]+(:[a-z]+)?", x) for x in labels) and {"nsubj", "det"} & labels  # UD labels
+
+    negation = run_sql(real_runs["negation"], "negation.sql")
+    neg = _sql.connect(real_runs["negation"])
+    assert negation.height == 3 and (negation["not_side"] == "a").all()
+    for r in negation.iter_rows(named=True):
+        (word, total, attribution_sum) = neg.sql(f"""
+            select s.words[{r['not_index']} + 1], (select sum(value) from word_cells
+                   where pair_id = '{r['pair_id']}' and u = {r['not_index']}), p.attribution_sum
+            from pairs p join sentences s on s.sentence_id = p.sentence_id_a
+            where p.pair_id = '{r['pair_id']}'""").fetchall()[0]  # fmt: skip
+        assert word.lower() == "not" and r["not_attribution"] == pytest.approx(total)
+        assert r["relative"] == pytest.approx(total / attribution_sum)
+
+    adjectives_run = real_runs["adjectives"]
+    adj = _sql.connect(adjectives_run)
+    schema = dict(adj.sql("select column_name, column_type from (describe pairs)").fetchall())
+    assert {k: schema[k] for k in ("triplet", "kind", "template")} == dict.fromkeys(("triplet", "kind", "template"),
+                                                                                    "VARCHAR")  # fmt: skip
+    manifest = json.loads((adjectives_run / "manifest.json").read_text())
+    assert manifest["config"]["dataset"]["columns"]["keep"] == ["triplet", "kind", "template"]
+    adjectives = run_sql(adjectives_run, "adjectives.sql")
+    assert adjectives.height == 4 and set(adjectives["kind"]) == {"synonym", "opposite"}
+    for r in adjectives.iter_rows(named=True):
+        anchor = r["triplet"].split("/")[0]
+        cell = adj.sql(f"select value from word_cells where pair_id = '{r['pair_id']}' and u = {r['u']} "
+                       f"and v = {r['u']}").fetchall()  # fmt: skip
+        assert r["word_a"] == anchor and r["attribution"] == cell[0][0] and r["u"] == 3  # "This house is X."
+
+    code, out, _ = xsbert_sql(capsys, "--run", str(stsb), "--file", "table1")
+    assert code == 0 and "spearman_x100" in out
