@@ -237,7 +237,8 @@ def write_table(df: pl.DataFrame, out: Path, name: str, title: str, floats: int 
 def _pairs_columns(run: str, columns: list[str]) -> dict[str, np.ndarray]:
     import duckdb
 
-    rows = duckdb.sql(f"select {', '.join(columns)} from read_parquet('{Path(run) / 'pairs' / '*.parquet'}')").fetchnumpy()
+    glob = Path(run) / "pairs" / "*.parquet"
+    rows = duckdb.sql(f"select {', '.join(columns)} from read_parquet('{glob}')").fetchnumpy()
     return {c: np.asarray(rows[c], dtype=float) for c in columns}
 
 
@@ -337,11 +338,11 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             for layer in layers:
                 rec = run_layer(layer)
                 df = sql_file("agreement", rec["runs"]["exact"]["run_dir"], rec["runs"]["tuned"]["run_dir"])
+                worst = max(r["mean_abs_completeness_error"] for r in rec["runs"].values())
                 frames.append(df.with_columns(pl.lit(layer).alias("layer"), pl.lit(rec["steps"]).alias("steps"),
-                                              pl.lit(max(r["mean_abs_completeness_error"] for r in rec["runs"].values()))
-                                              .alias("max_mean_abs_error")))  # fmt: skip
-                print(f"layer {layer}: N={rec['steps']}, "
-                      f"spearman {df.filter(pl.col('score_bin') == 'all')['spearman_mean'][0]:.3f}", flush=True)  # fmt: skip
+                                              pl.lit(worst).alias("max_mean_abs_error")))  # fmt: skip
+                rho = df.filter(pl.col("score_bin") == "all")["spearman_mean"][0]
+                print(f"layer {layer}: N={rec['steps']}, mean |error| <= {worst:.1e}, spearman {rho:.3f}", flush=True)
             first = ["layer", "steps", "max_mean_abs_error"]
             agreement = pl.concat(frames).select([*first, *(c for c in frames[0].columns if c not in first)])
             write_table(agreement, out, "agreement", "Exact vs approximate agreement by layer and score bin")

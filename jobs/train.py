@@ -70,7 +70,8 @@ def _stsb_pairs(dataset: str, split: str, limit: int | None) -> tuple[list[str],
     if len(quarantine):
         logger.warning("%d %s rows left out: %s", len(quarantine), split, quarantine.reason.value_counts().to_dict())
     if good.label.isna().any():
-        raise InputError(f"{dataset} {split}: {int(good.label.isna().sum())} pairs have no label; training needs labels")
+        n = int(good.label.isna().sum())
+        raise InputError(f"{dataset} {split}: {n} pairs have no label; training needs labels")
     labels = (good.label / LABEL_MAX).tolist()
     if not all(0.0 <= x <= 1.0 for x in labels):
         raise InputError(f"{dataset} {split}: labels must lie in 0..{LABEL_MAX:g}")
@@ -85,6 +86,7 @@ def model_card(info: dict[str, Any]) -> str:
         f"{h['loss'] if 'loss' in h else ''} | {h.get('eval_' + info['metric'], '')} |"
         for h in info["history"]
     )
+    capped = ", capped by --max-steps" if hp["max_steps"] > 0 else ""
     shift = (
         "Its first module is `xsbert_core.shift.ShiftedTransformer`: token embeddings minus the reference's "
         "(`[CLS] PAD … PAD [SEP]` of the same length) before pooling, so e(r) = 0 and token-pair attributions "
@@ -108,9 +110,9 @@ datasets: [sentence-transformers/stsb]
 - Data: STS-B (bundled copy, `jobs/data/stsb.tsv.gz`), train split, {info["n_train"]} pairs, labels / 5; dev split
   ({info["n_dev"]} pairs) for evaluation every epoch.
 - Loss: {info["loss"]}.
-- Hyper-parameters: batch {hp["batch_size"]}, {hp["epochs"]:g} epochs, {hp["optimizer"]}, weight decay {hp["weight_decay"]},
-  lr {hp["learning_rate"]}, {hp["warmup_ratio"]:.0%} linear warm-up, seed {hp["seed"]} ({info["steps"]} optimizer steps{
-      ", capped by --max-steps" if hp["max_steps"] > 0 else ""}).
+- Hyper-parameters: batch {hp["batch_size"]}, {hp["epochs"]:g} epochs, {hp["optimizer"]},
+  weight decay {hp["weight_decay"]}, lr {hp["learning_rate"]}, {hp["warmup_ratio"]:.0%} linear warm-up,
+  seed {hp["seed"]} ({info["steps"]} optimizer steps{capped}).
 - **Dev Spearman ({info["metric"]}): {info["dev_spearman"]:.4f}**.
 - Trained {info["finished_at"]} in {info["train_seconds"]:.0f} s with xsbert-scale {info["xsbert_version"]}, command:
 

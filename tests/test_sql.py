@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import subprocess
 import sys
@@ -756,21 +755,6 @@ def test_keep_columns_flag_passes_columns_through_and_changes_the_run_id(tmp_pat
 
 
 # --------------------------------------------------------------------------- small real runs
-@pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    yield ray
-    if started:
-        ray.shutdown()
-
-
 @pytest.fixture(scope="module")
 def real_runs(ray_cluster, tmp_path_factory) -> dict[str, Path]:
     """all-MiniLM-L6-v2 through the real job (FAST settings, one actor: the work is tiny, the model loads are

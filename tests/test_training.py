@@ -15,12 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import CORPUS  # pytest puts tests/ on sys.path (rootdir conftest)
 
 from xsbert_core import Explainer, InputError, UnsupportedModelError, is_shifted, load_model
 from xsbert_core.metrics import aso, aso_both_ways, average_ranks, jaccard_top_k, pearson, spearman
 from xsbert_core.training import TrainConfig, build_variant, fine_tune, pairs_dataset
-
-from conftest import CORPUS  # noqa: E402 - pytest puts tests/ on sys.path (rootdir conftest)
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = ["Dogs run.", "The quick brown fox jumps over the lazy dog.", "A man is playing a guitar on stage.", "Hi"]

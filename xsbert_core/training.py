@@ -96,7 +96,8 @@ def pairs_dataset(texts_a: Sequence[str], texts_b: Sequence[str], labels: Sequen
     bad = [x for x in labels if not (isinstance(x, (int, float)) and math.isfinite(x))]
     if bad:
         raise InputError(f"{len(bad)} labels are not finite numbers (first: {bad[0]!r})")
-    return Dataset.from_dict({"sentence1": list(texts_a), "sentence2": list(texts_b), "score": [float(x) for x in labels]})
+    columns = {"sentence1": list(texts_a), "sentence2": list(texts_b), "score": [float(x) for x in labels]}
+    return Dataset.from_dict(columns)
 
 
 def dev_evaluator(dev, variant: str, name: str = "sts-dev"):
