@@ -73,7 +73,7 @@ def plot_histograms(
     ax.set_xlabel(xlabel)
     ax.set_ylabel("pairs")
     ax.set_title(title, fontsize=11)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     if note:  # below the axes, where it cannot cover bars or labels
         fig.subplots_adjust(bottom=fig.subplotpars.bottom + 0.06 * n_note)
@@ -125,7 +125,7 @@ def _finish(fig, path: str | Path, note: str | None = None) -> Path:
         n_lines = note.count("\n") + 1
         fig.subplots_adjust(bottom=fig.subplotpars.bottom + 0.05 * n_lines)
         fig.text(0.5, 0.01, note, ha="center", va="bottom", fontsize=8, color="0.2")
-    fig.savefig(path, dpi=150)
+    fig.savefig(path, dpi=150, bbox_inches="tight")
     plt.close(fig)
     return Path(path)
 
@@ -159,7 +159,8 @@ def plot_cdfs(
     ax.set_ylabel("share of values ≤ x")
     ax.set_title(title, fontsize=11)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8, loc="lower right")
     return _finish(fig, path, note)
 
 
@@ -171,11 +172,13 @@ def plot_ranked_bars(
     xlabel: str,
     errors: np.ndarray | None = None,
     groups: list[str] | None = None,
+    group_colors: dict[str, str] | None = None,
     gap_after: int | None = None,
     note: str | None = None,
 ) -> Path:
-    """Horizontal bars in the given order, first on top; `errors` as whiskers, `groups` colour the bars
-    (with a legend); `gap_after` k leaves a gap (and a dotted line) after the k-th bar (top / bottom lists)."""
+    """Horizontal bars in the given order, first on top; `errors` as whiskers; `groups` colour the bars (legend
+    below the axes; `group_colors` fixes a colour per group); `gap_after` k leaves a gap and a dotted line after
+    the k-th bar (top / bottom lists)."""
     values = np.asarray(values, dtype=float)
     n = len(labels)
     y = np.arange(n, dtype=float)
@@ -183,9 +186,10 @@ def plot_ranked_bars(
         y[gap_after:] += 1.0
     palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     names = list(dict.fromkeys(groups)) if groups else []
-    colors = [palette[names.index(g) % len(palette)] for g in groups] if groups else palette[0]
+    color_of = {g: (group_colors or {}).get(g, palette[k % len(palette)]) for k, g in enumerate(names)}
+    colors = [color_of[g] for g in groups] if groups else palette[0]
     longest = max((len(s) for s in labels), default=4)
-    fig, ax = plt.subplots(figsize=(6.4 + 0.05 * max(0, longest - 12), max(2.6, 0.27 * (y[-1] + 1 if n else 1) + 1.3)))
+    fig, ax = plt.subplots(figsize=(6.4 + 0.05 * max(0, longest - 12), max(2.6, 0.22 * (y[-1] + 1 if n else 1) + 1.3)))
     ax.barh(y, values, color=colors, xerr=None if errors is None else np.asarray(errors, dtype=float),
             error_kw={"elinewidth": 0.8, "ecolor": "0.3", "capsize": 2})  # fmt: skip
     ax.set_yticks(y, labels, fontsize=8)
@@ -196,10 +200,10 @@ def plot_ranked_bars(
     if groups:
         from matplotlib.patches import Patch
 
-        ax.legend(handles=[Patch(color=palette[k % len(palette)], label=g) for k, g in enumerate(names)], fontsize=8,
-                  loc="lower right")  # fmt: skip
+        ax.legend(handles=[Patch(color=color_of[g], label=g) for g in names], fontsize=8, loc="lower center",
+                  bbox_to_anchor=(0.5, 1.0), ncol=len(names), frameon=False)  # fmt: skip
     ax.set_xlabel(xlabel)
-    ax.set_title(title, fontsize=11)
+    ax.set_title(title, fontsize=11, pad=22 if groups else 6)
     ax.grid(axis="x", alpha=0.3)
     return _finish(fig, path, note)
 
@@ -218,9 +222,10 @@ def plot_by_bin(
     `counts` go under the bin labels; `reference` marks published values: label -> (bin, value)."""
     x = np.arange(len(bins))
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    for name, (mean, std) in series.items():
+    for k, (name, (mean, std)) in enumerate(series.items()):
         mean = np.asarray(mean, dtype=float)
-        (line,) = ax.plot(x, mean, marker="o", linewidth=1.6, label=name)
+        (line,) = ax.plot(x, mean, marker="osD^v<>"[k % 7], linestyle=("-", "--", "-.", ":")[k % 4], linewidth=1.6,
+                          label=name)  # fmt: skip
         if std is not None:
             std = np.nan_to_num(np.asarray(std, dtype=float))
             ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.15, linewidth=0)
@@ -231,6 +236,8 @@ def plot_by_bin(
                         ha="right")  # fmt: skip
     ticks = bins if counts is None else [f"{b}\nn={c}" for b, c in zip(bins, counts)]
     ax.set_xticks(x, ticks, fontsize=8)
+    if len(bins) > 5:  # long interval labels would overlap
+        plt.setp(ax.get_xticklabels(), rotation=35, ha="right", rotation_mode="anchor")
     ax.set_xlabel("score bin")
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=11)
@@ -250,18 +257,33 @@ def plot_scatter(
     annotate: list[int] | None = None,
     diagonal: bool = False,
     invert: bool = False,
+    groups: list[str] | None = None,
+    hlines: dict[str, float] | None = None,
     note: str | None = None,
 ) -> Path:
-    """Points (x, y); `annotate` names the points at these indices with `labels`; `diagonal` draws y = x;
-    `invert` puts rank 1 at the top left (for ranks)."""
+    """Points (x, y), coloured by `groups` (with a legend); `annotate` names the points at these indices with
+    `labels`; `diagonal` draws y = x; `hlines` dashed labelled levels; `invert` puts rank 1 at the top left."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     fig, ax = plt.subplots(figsize=(5.6, 5.0) if diagonal else (6.4, 3.8))
-    ax.scatter(x, y, s=14, alpha=0.6, linewidths=0)
+    if groups is None:
+        ax.scatter(x, y, s=14, alpha=0.6, linewidths=0)
+    else:
+        kinds = np.asarray(groups)
+        for name in dict.fromkeys(groups):
+            ax.scatter(x[kinds == name], y[kinds == name], s=14, alpha=0.6, linewidths=0, label=name)
+        ax.legend(fontsize=8, loc="best")
+    for label, level in (hlines or {}).items():
+        ax.axhline(level, color="0.35", linestyle="--", linewidth=1)
+        ax.annotate(label, (0.01, level), xycoords=("axes fraction", "data"), xytext=(0, 3), textcoords="offset points",
+                    fontsize=8, color="0.25")  # fmt: skip
     if diagonal and x.size:
         lo, hi = float(min(x.min(), y.min())), float(max(x.max(), y.max()))
         ax.plot([lo, hi], [lo, hi], color="0.5", linestyle="--", linewidth=1)
+    at: dict[tuple[float, float], list[str]] = {}  # points at the same place share one label
     for k in annotate or []:
-        ax.annotate(labels[k], (x[k], y[k]), xytext=(3, 3), textcoords="offset points", fontsize=7, color="0.15")
+        at.setdefault((float(x[k]), float(y[k])), []).append(labels[k])
+    for (px, py), names in at.items():
+        ax.annotate(", ".join(names), (px, py), xytext=(3, 3), textcoords="offset points", fontsize=7, color="0.15")
     if invert:
         ax.invert_xaxis()
         ax.invert_yaxis()

@@ -1,0 +1,1129 @@
+"""A run's answers in one folder: every applicable analysis of sql/, its tables, figures and findings.
+
+    python -m jobs.report --run runs/<id> --out reports/<id>
+    python -m jobs.report --run runs/<exact> --run2 runs/<approx> --out reports/x --var min_count=10
+
+For each analysis of sql/ (docs/ANALYSES.md) the report decides from the data whether it applies (pairs at
+all, gold labels, an approximate run, a `parses` table, pairs that differ by a standalone *not*, adjective
+triplets, a second run with the same tokenizer and shared pairs), runs it through jobs._sql, writes
+`<name>.csv` and `<name>.md`, draws its figures (xsbert_core.plots) and states each finding in one plain
+sentence, beside the paper's number where DESIGN.md §4 has one. An analysis that does not apply is skipped
+with the reason. Then a few example heatmaps of real pairs, `index.html` (self-contained: relative links,
+inline CSS, no script), `report.json` (the same findings with their numbers) and a short summary on stdout.
+No Ray: DuckDB over the run's Parquet and matplotlib.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import math
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import polars as pl
+
+from xsbert_core import InputError, XsbertError
+
+from . import _sql
+
+PROG = "python -m jobs.report"
+# Example heatmaps: pairs whose sides have at most this many word tokens are preferred (readable labels).
+EXAMPLE_MAX_TOKENS = 24
+# Bars per list in the ranked charts (top and bottom tokens, relation pairs).
+TOP_K = 15
+# Rows of each result shown on the page (the CSV and Markdown files have all of them).
+PREVIEW_ROWS = 10
+
+
+# --------------------------------------------------------------------------- what a section holds
+@dataclass
+class Finding:
+    """One plain sentence; `values` are its numbers (report.json); `paper` the paper's number, if any."""
+
+    text: str
+    values: dict[str, Any] = field(default_factory=dict)
+    paper: str | None = None
+
+
+@dataclass
+class Section:
+    name: str
+    title: str
+    paper: str
+    status: str = "ok"  # ok | skipped | failed
+    reason: str | None = None
+    findings: list[Finding] = field(default_factory=list)
+    figures: list[tuple[str, str]] = field(default_factory=list)  # (file name, caption)
+    files: list[str] = field(default_factory=list)
+    frame: pl.DataFrame | None = None
+
+
+@dataclass
+class Context:
+    """The connection (views of run and run2, variables set), the runs' facts, the output folder."""
+
+    con: duckdb.DuckDBPyConnection
+    run: Path
+    run2: Path | None
+    out: Path
+    facts: dict[str, Any]
+    facts2: dict[str, Any] | None
+    results: dict[str, pl.DataFrame] = field(default_factory=dict)
+    note: str | None = None
+
+    def scalar(self, sql: str) -> Any:
+        row = first_row(self.con, sql)
+        return None if row is None else row[0]
+
+    def frame(self, sql: str) -> pl.DataFrame:
+        return self.con.sql(sql).pl()
+
+    def var(self, name: str, default: Any) -> Any:
+        value = self.scalar(f"select getvariable('{name}')")
+        return default if value is None else value
+
+    def columns(self, view: str) -> set[str]:
+        return {r[0] for r in self.con.sql(f"describe {view}").fetchall()}
+
+
+# --------------------------------------------------------------------------- formatting
+def pct(x: float | None) -> str:
+    """A share as a percentage with one decimal: 0.1234 -> '12.3%'."""
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}%"
+
+
+def num(x: float | None, digits: int = 2) -> str:
+    """A number with `digits` decimals; 'n/a' for null or NaN."""
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def signed(x: float | None, digits: int = 3) -> str:
+    """An attribution with its sign: +0.123 / -0.045."""
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:+.{digits}f}"
+
+
+def plural(n: int, word: str) -> str:
+    """'1 pair', '3 pairs'."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return "NaN" if math.isnan(value) else f"{value:.4g}"
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, default=str)
+    return str(value)
+
+
+def markdown_table(df: pl.DataFrame, max_rows: int | None = None) -> str:
+    """The frame as a GitHub Markdown table (floats to 4 significant digits, `|` escaped)."""
+    rows = df.head(max_rows) if max_rows is not None else df
+    lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
+    for row in rows.iter_rows():
+        lines.append("| " + " | ".join(_cell(v).replace("|", "\\|") for v in row) + " |")
+    if max_rows is not None and df.height > max_rows:
+        lines.append(f"\n({max_rows} of {df.height} rows)")
+    return "\n".join(lines)
+
+
+def html_table(df: pl.DataFrame, max_rows: int) -> str:
+    """The first `max_rows` rows as an HTML table (escaped)."""
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in df.columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row) + "</tr>" for row in df.head(max_rows).iter_rows()
+    )
+    return f"<table class='data'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+# --------------------------------------------------------------------------- the runs' facts
+def _quote(text: str) -> str:
+    """A SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def first_row(con: duckdb.DuckDBPyConnection, sql: str) -> tuple | None:
+    """The first row of a query's result, or None."""
+    rows = con.sql(sql).limit(1).fetchall()
+    return rows[0] if rows else None
+
+
+def run_facts(con: duckdb.DuckDBPyConnection, run: Path, suffix: str = "") -> dict[str, Any]:
+    """Settings (manifest config) and counts of one run, from its views."""
+    manifest_path = run / "manifest.json"
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.is_file() else {}
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(f"{manifest_path}: not readable JSON ({exc})") from exc
+    config = manifest.get("config") or {}
+    dataset = config.get("dataset") or {}
+    counts = first_row(con, f"""
+        select count(*), count(label), avg(abs(completeness_error)), max(abs(completeness_error)),
+               min(score), max(score)
+        from pairs{suffix}""")  # fmt: skip
+    facts: dict[str, Any] = {
+        "path": str(run),
+        "run_id": manifest.get("run_id", run.name),
+        "model": config.get("model"),
+        "layer": config.get("layer"),
+        "n_layers": config.get("n_layers"),
+        "mode": config.get("mode"),
+        "similarity": config.get("similarity"),
+        "steps": config.get("steps"),
+        "rule": config.get("rule"),
+        "min_abs": config.get("min_abs"),
+        "dataset": dataset.get("name") if isinstance(dataset, dict) else dataset,
+        "split": dataset.get("split") if isinstance(dataset, dict) else None,
+        "n_pairs": counts[0],
+        "n_labelled": counts[1],
+        "mean_abs_completeness_error": counts[2],
+        "max_abs_completeness_error": counts[3],
+        "n_quarantined": first_row(con, f"select count(*) from quarantine{suffix}")[0],
+        "n_sentences": first_row(con, f"select count(*) from sentences{suffix}")[0],
+        "n_cells": first_row(con, f"select count(*) from cells{suffix}")[0],
+        "n_word_cells": first_row(con, f"select count(*) from word_cells{suffix}")[0],
+        "parses": None,
+        "commands": [],
+    }
+    if _sql.has_table(run, "parses"):
+        parsers, rows, aligned = first_row(con, f"""
+            select string_agg(distinct parser || ' ' || coalesce(parser_model, ''), ', '), count(*), avg(aligned::int)
+            from parses{suffix}""")  # fmt: skip
+        facts["parses"] = {"parsers": parsers, "rows": rows, "aligned_share": aligned}
+    for entry in manifest.get("runs") or []:
+        if isinstance(entry, dict):
+            facts["commands"].append(attribute_command(config, entry.get("selection") or {}))
+    return facts
+
+
+def attribute_command(config: dict[str, Any], selection: dict[str, Any]) -> str:
+    """A jobs.attribute command equivalent to one invocation recorded in manifest.json (config + selection)."""
+    dataset = config.get("dataset") or {}
+    flags: list[str] = ["--dataset", str(selection.get("dataset") or dataset.get("name"))]
+    if selection.get("split") or dataset.get("split"):
+        flags += ["--split", str(selection.get("split") or dataset.get("split"))]
+    if selection.get("sample") is not None:
+        flags += ["--sample", str(selection["sample"]), "--seed", str(selection.get("seed", 0))]
+    if selection.get("limit") is not None:
+        flags += ["--limit", str(selection["limit"])]
+    for key, flag in (("model", "--model"), ("layer", "--layer"), ("mode", "--mode"), ("similarity", "--similarity"),
+                      ("rule", "--rule"), ("steps", "--steps"), ("tolerance", "--tolerance"),
+                      ("max_steps", "--max-steps"), ("min_abs", "--min-abs")):  # fmt: skip
+        value = config.get(key)
+        if value is None or (key == "min_abs" and not value) or (key == "max_steps" and not config.get("tolerance")):
+            continue  # defaults: no pruning; max-steps only matters with a tolerance
+        flags += [flag, str(value)]
+    return "python -m jobs.attribute " + shlex.join(flags)
+
+
+def run_difference(facts: dict[str, Any], facts2: dict[str, Any]) -> tuple[str, str]:
+    """How the two runs differ in their settings, as ('layer 3', 'layer 4'); ('run', 'run2') when they do not."""
+    keys = [k for k in ("model", "mode", "similarity", "layer", "steps", "rule", "min_abs") if facts[k] != facts2[k]]
+    if not keys:
+        return "run", "run2"
+    name = {"steps": "N", "min_abs": "min-abs"}
+    return tuple(", ".join(f"{name.get(k, k)} {f[k]}" for k in keys) for f in (facts, facts2))  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------- applicability (from the data)
+def _needs_pairs(ctx: Context) -> str | None:
+    return None if ctx.facts["n_pairs"] else "the run has no pairs"
+
+
+def _needs_two_runs(ctx: Context) -> str | None:
+    if ctx.run2 is None:
+        return "needs a second run: pass --run2 DIR (e.g. the same pairs in another mode, layer or model)"
+    if not ctx.facts["n_pairs"] or not ctx.facts2["n_pairs"]:
+        return "one of the two runs has no pairs"
+    return None
+
+
+def check_table1(ctx: Context) -> str | None:
+    return _needs_pairs(ctx) or (
+        None if ctx.facts["n_labelled"] else "the run's pairs have no gold labels (its dataset has none)"
+    )
+
+
+def check_reference_terms(ctx: Context) -> str | None:
+    if reason := _needs_pairs(ctx):
+        return reason
+    if ctx.facts["mode"] == "exact":
+        return ("an exact-mode run: its reference terms are 0 by definition (this analysis is for approximate "
+                "runs, --mode approx)")  # fmt: skip
+    if not ctx.scalar("select count(*) from pairs where ref_sim_a <> 0 or ref_sim_b <> 0 or ref_term <> 0"):
+        return "the run's reference similarities and terms are all 0 or missing (as in an exact-mode run)"
+    return None
+
+
+def check_pos_neg_sums(ctx: Context) -> str | None:
+    if reason := _needs_pairs(ctx):
+        return reason
+    if not ctx.scalar("select count(positive_sum) from pairs"):
+        return "the run's pairs have no positive_sum / negative_sum values"
+    return None
+
+
+def check_syntactic_relations(ctx: Context) -> str | None:
+    if reason := _needs_pairs(ctx):
+        return reason
+    if not _sql.has_table(ctx.run, "parses"):
+        return f"the run has no parses table: run python -m jobs.parse --run {ctx.run}"
+    return None
+
+
+def check_adjectives(ctx: Context) -> str | None:
+    if reason := _needs_pairs(ctx):
+        return reason
+    missing = {"triplet", "kind"} - ctx.columns("pairs")
+    if missing:
+        return (f"pairs has no {'/'.join(sorted(missing))} column: these are adjective-triplet pairs of "
+                "python -m jobs.attribute --dataset adjectives")  # fmt: skip
+    if not ctx.scalar("select count(*) from pairs where triplet is not null"):
+        return "no pair has a triplet (python -m jobs.attribute --dataset adjectives makes them)"
+    return None
+
+
+def check_agreement(ctx: Context) -> str | None:
+    if reason := _needs_two_runs(ctx):
+        return reason
+    shared, same_texts = first_row(ctx.con, """
+        select count(*), count(*) filter (where p1.sentence_id_a = p2.sentence_id_a
+                                          and p1.sentence_id_b = p2.sentence_id_b)
+        from pairs p1 join pairs_2 p2 using (pair_id)""")  # fmt: skip
+    if not shared:
+        return "the two runs share no pair_id: agreement compares the same pairs attributed twice"
+    if not same_texts:
+        return (f"the {plural(shared, 'pair_id')} the two runs share hold different texts in each: agreement "
+                "compares the same pairs attributed twice")  # fmt: skip
+    differ = ctx.scalar("""
+        select count(*) from sentences s1 join sentences_2 s2 using (sentence_id) where s1.tokens <> s2.tokens""")
+    if differ:
+        return (f"the two runs tokenize {differ} shared sentences differently (different tokenizers): their cells "
+                "do not correspond")  # fmt: skip
+    return None
+
+
+# --------------------------------------------------------------------------- "empty result" reasons
+def empty_lexical(df: pl.DataFrame, ctx: Context) -> str | None:
+    if df.height:
+        return None
+    m = ctx.var("min_count", 30)
+    return f"no token has at least {m} same-token cells (min_count); lower it, e.g. --var min_count={max(1, m // 5)}"
+
+
+def empty_lexical_compare(df: pl.DataFrame, ctx: Context) -> str | None:
+    if df.height:
+        return None
+    m = ctx.var("min_count", 30)
+    return f"no token has at least {m} same-token cells in both runs (min_count; --var min_count=N lowers it)"
+
+
+def empty_negation(df: pl.DataFrame, ctx: Context) -> str | None:
+    if df.height:
+        return None
+    return ("no pair differs by a standalone 'not' on one side (python -m jobs.attribute --dataset negation makes "
+            "such pairs)")  # fmt: skip
+
+
+def empty_agreement(df: pl.DataFrame, ctx: Context) -> str | None:
+    total = df.filter(pl.col("score_bin") == "all")
+    if total.height and total["n_pairs"][0]:
+        return None
+    return "the two runs share no cell (pair_id, i, j)"
+
+
+# --------------------------------------------------------------------------- findings and figures per analysis
+def _paper_table1(ctx: Context) -> str:
+    if ctx.facts["similarity"] == "dot":
+        return "86.0 (Orig, dot)"
+    if ctx.facts["mode"] == "exact":
+        return "87.5 (Exact)"
+    return "83.4 off-the-shelf, 87.8 tuned"
+
+
+def table1(df: pl.DataFrame, ctx: Context) -> list[Finding]:
+    row = df.row(0, named=True)
+    values = {k: row[k] for k in ("n_pairs", "spearman_x100", "spearman", "pearson")}
+    if row["spearman"] is None:
+        return [Finding(f"Score vs gold label: Spearman is undefined over {row['n_pairs']} labelled pairs "
+                        "(constant scores or labels).", values)]  # fmt: skip
+    return [Finding(
+        f"The model's similarity ranks the gold labels with Spearman × 100 = {num(row['spearman_x100'], 1)} over "
+        f"{row['n_pairs']} labelled pairs (Pearson {num(row['pearson'])}).",
+        values, f"{_paper_table1(ctx)}: all-mpnet-base-v2 on all 1,379 STS-B test pairs",
+    )]  # fmt: skip
+
+
+def plot_table1(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
+    from xsbert_core.plots import plot_scatter
+
+    data = ctx.frame("select label, score from pairs where label is not null and score is not null")
+    plot_scatter(data["label"].to_numpy(), data["score"].to_numpy(), ctx.out / "table1.png",
+                 f"Score vs gold label (Spearman × 100 = {num(df['spearman_x100'][0], 1)})", "gold label",
+                 f"predicted similarity ({ctx.facts['similarity']})")  # fmt: skip
+    return [("table1.png", "Predicted similarity f(a, b) against the gold label, one point per pair.")]
+
+
+def reference_terms(df: pl.DataFrame, ctx: Context) -> list[Finding]:
+    rows = {r["quantity"]: r for r in df.iter_rows(named=True)}
+    sim, term = rows["ref_sim"], rows["ref_term"]
+    return [
+        Finding(f"{pct(sim['share_near_zero'])} of the reference similarities f(a, r_b), f(b, r_a) lie within "
+                f"±{num(sim['near_zero'])} of 0 (median {num(sim['median'], 3)}, n = {sim['n']}).",
+                {"share_near_zero": sim["share_near_zero"], "near_zero": sim["near_zero"], "n": sim["n"]},
+                "85.8% within ±0.10"),
+        Finding(f"{pct(term['share_below_threshold'])} of the reference terms f(r_a, r_b) are below "
+                f"{num(term['term_threshold'])} (median {num(term['median'], 3)}).",
+                {"share_below_threshold": term["share_below_threshold"], "term_threshold": term["term_threshold"],
+                 "n": term["n"]},
+                "6.7% below 0.90"),
+    ]  # fmt: skip
+
+
+def plot_reference_terms(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
+    from xsbert_core.plots import plot_cdfs, plot_histograms
+
+    rows = {r["quantity"]: r for r in df.iter_rows(named=True)}
+    nz, th = rows["ref_sim"]["near_zero"], rows["ref_term"]["term_threshold"]
+    data = ctx.frame("select ref_sim_a, ref_sim_b, ref_term from pairs")
+    a, b, t = (data[c].to_numpy() for c in ("ref_sim_a", "ref_sim_b", "ref_term"))
+    plot_histograms({"f(a, r_b)": a, "f(b, r_a)": b}, ctx.out / "reference_terms-similarities.png",
+                    "Reference similarities (ideal: 0)", "cosine similarity", vlines={f"−{nz:g}": -nz, f"+{nz:g}": nz})
+    plot_histograms({"f(r_a, r_b)": t}, ctx.out / "reference_terms-term.png", "Reference term (ideal: 1)",
+                    "cosine similarity of the two references", vlines={f"{th:g}": th})
+    plot_cdfs({"|f(a, r_b)|": np.abs(a), "|f(b, r_a)|": np.abs(b), "1 − f(r_a, r_b)": 1 - t},
+              ctx.out / "reference_terms-cdf.png", "Distance of the reference terms from their ideal values",
+              "distance from the ideal value", vlines={f"{nz:g}": nz})  # fmt: skip
+    return [
+        ("reference_terms-similarities.png", "Histogram of the reference similarities of every pair."),
+        ("reference_terms-term.png", "Histogram of the reference term f(r_a, r_b)."),
+        ("reference_terms-cdf.png", ("Cumulative share of pairs by distance of each reference term from its "
+         "ideal value (0 for the similarities, 1 for the term).")),
+    ]  # fmt: skip
+
+
+def pos_neg_sums(df: pl.DataFrame, ctx: Context) -> list[Finding]:
+    row = df.filter(pl.col("score_bin") == "all").row(0, named=True)
+    values = {k: row[k] for k in ("n_pairs", "share_positive_exceeds", "max_score", "mean_positive_sum",
+                                  "mean_negative_sum", "mean_attribution_sum")}  # fmt: skip
+    sums = (f"mean positive sum {num(row['mean_positive_sum'])}, mean negative sum {num(row['mean_negative_sum'])}, "
+            f"mean total {num(row['mean_attribution_sum'])}")  # fmt: skip
+    if row["max_score"] is None:
+        return [Finding(f"Dot-product scores have no maximum, so no share is given (set --var max_score=X); {sums}.",
+                        values)]  # fmt: skip
+    bound = "f(a, b) ≤ 1" if row["mode"] == "exact" else "f(a, b) + 1 with ideal references"
+    out = [Finding(
+        f"The positive attributions alone exceed {num(row['max_score'], 0)} (the largest total, {bound}) in "
+        f"{pct(row['share_positive_exceeds'])} of {row['n_pairs']} pairs ({sums}).", values)]  # fmt: skip
+    if row["mode"] == "approx":
+        out += reference_norms(ctx, row["max_score"])
+    return out
+
+
+def reference_norms(ctx: Context, max_score: float) -> list[Finding]:
+    """Approximate mode: when ΣA converges above max_score, say why (the references' embedding norms)."""
+    score, target = first_row(ctx.con, "select avg(score), avg(target) from pairs")
+    if target is None or target <= max_score:
+        return []
+    norm_x, norm_r = first_row(ctx.con, """
+        select avg(embedding_norm), avg(sqrt(list_inner_product(reference_embedding, reference_embedding)))
+        from sentences""")  # fmt: skip
+    why = ""
+    if norm_x and norm_r:
+        why = (f": the reference embeddings are {norm_r / norm_x:.1f}× as long as the sentences' (mean norm "
+               f"{num(norm_r)} vs {num(norm_x)}), so the reference term f(r_a, r_b)·‖r_a‖‖r_b‖ / (‖a‖‖b‖) adds about "
+               f"{num(target - score)} rather than 1")  # fmt: skip
+    return [Finding(
+        f"In this run ΣA converges to {num(target)} on average against a mean score of {num(score)}{why}; the bound "
+        f"{num(max_score, 0)} of approximate mode does not hold for this model and layer.",
+        {"mean_target": target, "mean_score": score, "mean_embedding_norm": norm_x,
+         "mean_reference_norm": norm_r})]  # fmt: skip
+
+
+def plot_pos_neg_sums(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
+    from xsbert_core.plots import plot_by_bin, plot_cdfs, plot_scatter
+
+    max_score = df["max_score"][0]
+    data = ctx.frame("select score, positive_sum, negative_sum from pairs")
+    lines = {f"max score {max_score:g}": max_score} if max_score is not None else None
+    n = data.height
+    plot_scatter(np.concatenate([data["score"].to_numpy()] * 2),
+                 np.concatenate([data["positive_sum"].to_numpy(), data["negative_sum"].to_numpy()]),
+                 ctx.out / "pos_neg_sums-scatter.png", "Positive and negative attribution sums per pair",
+                 f"score f(a, b) ({ctx.facts['similarity']})", "sum of attributions",
+                 groups=["positive sum"] * n + ["negative sum"] * n, hlines=lines)  # fmt: skip
+    plot_cdfs({"positive sum": data["positive_sum"].to_numpy(), "|negative sum|": -data["negative_sum"].to_numpy()},
+              ctx.out / "pos_neg_sums-cdf.png", "Cumulative share of pairs by the size of each part",
+              "sum of attributions (absolute)", vlines=lines)  # fmt: skip
+    bins = df.filter(pl.col("score_bin") != "all")
+    plot_by_bin(bins["score_bin"].to_list(),
+                {"mean positive sum": (bins["mean_positive_sum"].to_numpy(), None),
+                 "mean negative sum": (bins["mean_negative_sum"].to_numpy(), None),
+                 "mean total ΣA": (bins["mean_attribution_sum"].to_numpy(), None),
+                 "mean score": (bins["mean_score"].to_numpy(), None)},
+                ctx.out / "pos_neg_sums-bins.png", "Attribution sums by score", "sum of attributions",
+                counts=bins["n_pairs"].to_list())  # fmt: skip
+    return [
+        ("pos_neg_sums-scatter.png", ("Each pair's positive and negative sum against its score; the dashed line is "
+         "the largest possible total.")),
+        ("pos_neg_sums-cdf.png", ("Cumulative share of pairs by positive sum and by |negative sum|; the dashed line "
+         "is the largest possible total.")),
+        ("pos_neg_sums-bins.png", "Means per score bin (the bins of the table)."),
+    ]  # fmt: skip
+
+
+def _bin_row(df: pl.DataFrame, low: float, high: float) -> dict[str, Any] | None:
+    hit = df.filter((pl.col("bin_low") - low).abs() < 1e-9, (pl.col("bin_high") - high).abs() < 1e-9)
+    return hit.row(0, named=True) if hit.height and hit["n_pairs"][0] else None
+
+
+def agreement(df: pl.DataFrame, ctx: Context) -> list[Finding]:
+    row = df.filter(pl.col("score_bin") == "all").row(0, named=True)
+    keys = ("n_pairs", "spearman_mean", "spearman_std", "pearson_mean", "jaccard_top3_mean", "jaccard_top10_mean")
+    one, two = run_difference(ctx.facts, ctx.facts2)
+    out = [Finding(
+        f"Over {row['n_pairs']} shared pairs the token matrices of run ({one}) and run2 ({two}) agree with Spearman "
+        f"{num(row['spearman_mean'])} ± {num(row['spearman_std'])}, Pearson {num(row['pearson_mean'])}, and their "
+        f"top-10 cells overlap with Jaccard {num(row['jaccard_top10_mean'])} (top-3: {num(row['jaccard_top3_mean'])}).",
+        {k: row[k] for k in keys}, "top-10 Jaccard 0.83 (layer 11) to 0.60 (layer 8), exact vs approximate",
+    )]  # fmt: skip
+    top = _bin_row(df, 0.75, 1.0)
+    if top is not None:
+        spread = "" if top["spearman_std"] is None else f" ± {num(top['spearman_std'])}"
+        out.append(Finding(
+            f"Among the {plural(top['n_pairs'], 'pair')} with mean score above 0.75 the Spearman agreement is "
+            f"{num(top['spearman_mean'])}{spread}.",
+            {k: top[k] for k in keys}, "0.81 ± 0.07 for s > 0.75 (exact vs approximate, layer 11)"))  # fmt: skip
+    return out
+
+
+def plot_agreement(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
+    from xsbert_core.plots import plot_by_bin
+
+    bins = df.filter(pl.col("score_bin") != "all", pl.col("n_pairs") > 0)
+    series = {name: (bins[f"{col}_mean"].to_numpy(), bins[f"{col}_std"].to_numpy())
+              for name, col in (("Spearman", "spearman"), ("Pearson", "pearson"), ("top-3 Jaccard", "jaccard_top3"),
+                                ("top-10 Jaccard", "jaccard_top10"))}  # fmt: skip
+    plot_by_bin(bins["score_bin"].to_list(), series, ctx.out / "agreement.png",
+                "Agreement of the two runs' token matrices by score", "agreement (mean ± std over pairs)",
+                counts=bins["n_pairs"].to_list(), reference={"paper 0.81": ("(0.75, 1.0]", 0.81)})  # fmt: skip
+    return [("agreement.png", ("Per-pair agreement of run and run2, mean ± std per bin of the pair's mean score; the "
+             "star is the paper's Spearman for s > 0.75 (exact vs approximate, layer 11)."))]  # fmt: skip
+
+
+def syntactic_relations(df: pl.DataFrame, ctx: Context) -> list[Finding]:
+    row = df.row(0, named=True)
+    same, mixed, unaligned = row["same_function_share"], row["mixed_share"], row["unaligned_share"]
+    parsed = same / (same + mixed) if same + mixed else None
+    top_share = ctx.var("top_share", 0.10)
+    real = df.filter(~pl.col("relation_a").is_in(["unaligned", "unparsed"]),
+                     ~pl.col("relation_b").is_in(["unaligned", "unparsed"]))  # fmt: skip
+    out = [Finding(
+        f"Of the top {100 * top_share:g}% word cells of each pair ({df['n'].sum()} cells), {pct(same)} join two words "
+        f"with the same syntactic function, {pct(mixed)} two different functions, and {pct(unaligned)} a word the "
+        f"parser did not align.",
+        {"n_cells": int(df["n"].sum()), "same_function_share": same, "mixed_share": mixed,
+         "unaligned_share": unaligned, "same_share_of_parsed": parsed},
+    )]  # fmt: skip
+    if real.height:
+        first = real.row(0, named=True)
+        out.append(Finding(
+            f"Over the parsed words the same-function share is {pct(parsed)}; the most frequent relation pair is "
+            f"{first['relation_a']}–{first['relation_b']} ({pct(first['share'])} of the top cells).",
+            {"same_share_of_parsed": parsed, "relation_a": first["relation_a"], "relation_b": first["relation_b"],
+             "share": first["share"]},
+        ))  # fmt: skip
+    return out
+
+
+def plot_syntactic_relations(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
+    from xsbert_core.plots import plot_ranked_bars
+
+    top = df.head(TOP_K)
+    groups = ["same function" if s else ("unaligned / unparsed" if {a, b} & {"unaligned", "unparsed"} else "mixed")
+              for a, b, s in zip(top["relation_a"], top["relation_b"], top["is_same_function"])]  # fmt: skip
+    labels = [a if a == b else f"{a} – {b}" for a, b in zip(top["relation_a"], top["relation_b"])]
+    plot_ranked_bars(labels, top["share"].to_numpy() * 100, ctx.out / "syntactic_relations.png",
+                     f"Relations of the top word pairs ({top.height} most frequent of {df.height})",
+                     "share of the top cells (%)", groups=groups,
+                     group_colors={"same function": "#1f77b4", "mixed": "#ff7f0e",
+                                   "unaligned / unparsed": "#b0b0b0"})  # fmt: skip
+    return [("syntactic_relations.png", ("The most frequent relation pairs of the top word cells; a single name means "
+             "the same relation on both sides."))]  # fmt: skip
+
+
+def negation(df: pl.DataFrame, ctx: Context) -> list[Finding]:
+    share, p90, n = df["share_negative"][0], df["p90_abs_relative"][0], df.height
+    mean_relative = df["relative"].mean()
+    return [
+        Finding(f"The 'not' attribution is negative in {pct(share)} of the {n} pairs that differ by a standalone "
+                "'not'.", {"share_negative": share, "n_pairs": n, "n_negative": int(df["is_negative"].sum())},
+                "16% (off-the-shelf), 9% (exact), all-mpnet-base-v2"),
+        Finding(f"In 90% of the pairs |not attribution / ΣA| is at most {num(p90, 3)}; on average the 'not' "
+                f"contributes {signed(df['not_attribution'].mean())} (relative size {signed(mean_relative)}).",
+                {"p90_abs_relative": p90, "mean_relative": mean_relative,
+                 "mean_not_attribution": df["not_attribution"].mean()}),
+    ]  # fmt: skip
+
+
+def plot_negation(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
+    from xsbert_core.plots import plot_cdfs, plot_histograms
+
+    p90 = df["p90_abs_relative"][0]
+    plot_histograms({"not / ΣA": df["relative"].to_numpy()}, ctx.out / "negation-hist.png",
+                    "Relative size of the 'not' attribution", "not attribution / ΣA", vlines={"0": 0.0})
+    plot_cdfs({"|not / ΣA|": np.abs(df["relative"].to_numpy())}, ctx.out / "negation-cdf.png",
+              "Cumulative share of pairs by |not attribution / ΣA|", "|not attribution / ΣA|",
+              vlines={f"90th percentile {p90:.3f}": p90})  # fmt: skip
+    return [("negation-hist.png", ("The not-word's attribution (its word cells against every word of the other side) "
+             "relative to the pair's total ΣA.")),
+            ("negation-cdf.png", "Cumulative share of pairs by the absolute relative size.")]  # fmt: skip
+
+
+def _adjective_means(df: pl.DataFrame) -> pl.DataFrame:
+    """Per triplet: the mean synonym and opposite cell over templates (rows without a cell left out)."""
+    return (
+        df.filter(pl.col("attribution").is_not_null())
+        .group_by("triplet")
+        .agg(synonym=pl.col("attribution").filter(pl.col("kind") == "synonym").mean(),
+             opposite=pl.col("attribution").filter(pl.col("kind") == "opposite").mean())
+        .drop_nulls()
+        .sort("synonym", descending=True)
+    )
+
+
+def adjectives(df: pl.DataFrame, ctx: Context) -> list[Finding]:
+    cells = df.filter(pl.col("attribution").is_not_null())
+    syn, opp = (cells.filter(pl.col("kind") == k)["attribution"] for k in ("synonym", "opposite"))
+    per = _adjective_means(df)
+    larger = int((per["synonym"] > per["opposite"]).sum())
+    values = {"mean_synonym": syn.mean(), "mean_opposite": opp.mean(), "n_synonym": syn.len(),
+              "n_opposite": opp.len(), "n_triplets": per.height, "n_synonym_larger": larger,
+              "n_without_cell": df.height - cells.height}  # fmt: skip
+    out = [Finding(
+        f"The adjective cell averages {signed(syn.mean())} for synonyms and {signed(opp.mean())} for opposites "
+        f"({syn.len()} and {opp.len()} pairs); the synonym's is larger in {larger} of {per.height} triplets.", values)]
+    if values["n_without_cell"]:
+        out.append(Finding(f"{values['n_without_cell']} adjective pairs have no single adjective cell (the texts "
+                           "differ in more than one word, or the cell was pruned by --min-abs).",
+                           {"n_without_cell": values["n_without_cell"]}))  # fmt: skip
+    return out
+
+
+def plot_adjectives(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
+    from xsbert_core.plots import plot_histograms, plot_paired_dots
+
+    cells = df.filter(pl.col("attribution").is_not_null())
+    plot_histograms({k: cells.filter(pl.col("kind") == k)["attribution"].to_numpy() for k in ("synonym", "opposite")},
+                    ctx.out / "adjectives-hist.png", "Attribution of the adjective pair's cell",
+                    "word-cell attribution", bins=24, vlines={"0": 0.0})  # fmt: skip
+    per = _adjective_means(df)
+    plot_paired_dots(per["triplet"].to_list(), per["synonym"].to_numpy(), per["opposite"].to_numpy(),
+                     ("anchor–synonym", "anchor–opposite"), ctx.out / "adjectives-triplets.png",
+                     "Adjective cell per triplet (mean over templates)", "word-cell attribution")  # fmt: skip
+    return [("adjectives-hist.png", "Attribution of the adjective cell in anchor–synonym vs anchor–opposite pairs."),
+            ("adjectives-triplets.png", "Per triplet (anchor/synonym/opposite), the mean cell over the templates.")]
+
+
+def _placement(rank: int, total: int) -> str:
+    third = rank / total
+    return "in the top third" if third <= 1 / 3 else ("in the bottom third" if third > 2 / 3 else "in the middle third")
+
+
+def lexical_ranks(df: pl.DataFrame, ctx: Context) -> list[Finding]:
+    k, m = df.height, ctx.var("min_count", 30)
+    first, last = df.row(0, named=True), df.row(k - 1, named=True)
+    out = [Finding(
+        f"Of {k} tokens with at least {m} same-token cells, '{first['token']}' attributes most to itself (mean "
+        f"{signed(first['mean'])}) and '{last['token']}' least ({signed(last['mean'])}).",
+        {"n_tokens": k, "min_count": m, "top": first["token"], "top_mean": first["mean"], "bottom": last["token"],
+         "bottom_mean": last["mean"]},
+    )]  # fmt: skip
+    nots = df.filter(pl.col("token").str.to_lowercase().str.strip_chars_start("Ġ▁") == "not")
+    if nots.height:
+        r = nots.row(0, named=True)
+        out.append(Finding(
+            f"'{r['token']}' ranks {r['rank']} of {k} tokens (mean {signed(r['mean'])}), {_placement(r['rank'], k)}.",
+            {"token": r["token"], "rank": r["rank"], "n_tokens": k, "mean": r["mean"]}))  # fmt: skip
+    return out
+
+
+def plot_lexical_ranks(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
+    from xsbert_core.plots import plot_ranked_bars
+
+    k = min(TOP_K, df.height // 2) if df.height > 2 * TOP_K else df.height
+    shown = pl.concat([df.head(k), df.tail(k)]) if df.height > 2 * TOP_K else df
+    labels = [f"{t} ({r})" for t, r in zip(shown["token"], shown["rank"])]
+    title = (f"Top and bottom {k} of {df.height} tokens by same-token attribution" if df.height > 2 * TOP_K
+             else f"{df.height} tokens by same-token attribution")  # fmt: skip
+    plot_ranked_bars(labels, shown["mean"].to_numpy(), ctx.out / "lexical_ranks.png", title,
+                     "mean attribution of the token to itself (± std)", errors=shown["std"].fill_null(0).to_numpy(),
+                     gap_after=k if df.height > 2 * TOP_K else None)  # fmt: skip
+    return [("lexical_ranks.png", ("Mean same-token attribution (token_a = token_b) per token, with its rank; "
+             "whiskers: one standard deviation."))]  # fmt: skip
+
+
+def lexical_ranks_compare(df: pl.DataFrame, ctx: Context) -> list[Finding]:
+    rho, n = df["spearman"][0], df["n_shared"][0]
+    moved = df.with_columns(shift=(pl.col("shared_rank_1") - pl.col("shared_rank_2")).abs()).sort(
+        "shift", descending=True).row(0, named=True)  # fmt: skip
+    one, two = run_difference(ctx.facts, ctx.facts2)
+    return [Finding(
+        f"The lexical ranks of run ({one}) and run2 ({two}) correlate with Spearman ρ = {num(rho)} over {n} shared "
+        f"tokens; '{moved['token']}' "
+        f"moves most (shared rank {num(moved['shared_rank_1'], 1)} vs {num(moved['shared_rank_2'], 1)}).",
+        {"spearman": rho, "n_shared": n, "most_moved": moved["token"]}, "0.81 between two models",
+    )]  # fmt: skip
+
+
+def plot_lexical_ranks_compare(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
+    from xsbert_core.plots import plot_scatter
+
+    x, y = df["shared_rank_1"].to_numpy(), df["shared_rank_2"].to_numpy()
+    shift = np.abs(x - y)
+    annotate = sorted(set(np.argsort(x)[:5]) | set(np.argsort(-x)[:3]) | set(np.argsort(-shift)[:4]))
+    plot_scatter(x, y, ctx.out / "lexical_ranks_compare.png",
+                 f"Lexical ranks of the two runs (Spearman ρ = {num(df['spearman'][0])})", "rank in run",
+                 "rank in run2", labels=df["token"].to_list(), annotate=[int(k) for k in annotate], diagonal=True,
+                 invert=True)  # fmt: skip
+    return [("lexical_ranks_compare.png", ("Rank of each shared token in both runs (1 = largest mean self-attribution, "
+             "top left); the dashed line is equal rank."))]  # fmt: skip
+
+
+@dataclass
+class Analysis:
+    name: str
+    title: str
+    paper: str
+    check: Callable[[Context], str | None] | None
+    summarize: Callable[[pl.DataFrame, Context], list[Finding]]
+    plot: Callable[[pl.DataFrame, Context], list[tuple[str, str]]]
+    empty: Callable[[pl.DataFrame, Context], str | None] | None = None
+
+
+# In the paper's order (DESIGN.md §4).
+ANALYSES: tuple[Analysis, ...] = (
+    Analysis("table1", "Scores vs gold labels", "Table 1", check_table1, table1, plot_table1),
+    Analysis("reference_terms", "Reference terms", "Fig 2", check_reference_terms, reference_terms,
+             plot_reference_terms),
+    Analysis("agreement", "Agreement of two runs", "Fig 3/4", check_agreement, agreement, plot_agreement,
+             empty_agreement),
+    Analysis("pos_neg_sums", "Positive and negative sums", "Fig 5", check_pos_neg_sums, pos_neg_sums,
+             plot_pos_neg_sums),
+    Analysis("syntactic_relations", "Syntactic relations of the top word pairs", "Fig 6", check_syntactic_relations,
+             syntactic_relations, plot_syntactic_relations),
+    Analysis("negation", "Negation", "Fig 8", _needs_pairs, negation, plot_negation, empty_negation),
+    Analysis("adjectives", "Adjective synonyms vs opposites", "Table 2, Fig 9", check_adjectives, adjectives,
+             plot_adjectives),
+    Analysis("lexical_ranks", "Lexical ranks", "Fig 10, Tables 3–4", _needs_pairs, lexical_ranks, plot_lexical_ranks,
+             empty_lexical),
+    Analysis("lexical_ranks_compare", "Lexical ranks of two runs", "Fig 10, Tables 3–4", _needs_two_runs,
+             lexical_ranks_compare, plot_lexical_ranks_compare, empty_lexical_compare),
+)  # fmt: skip
+
+
+# --------------------------------------------------------------------------- running the sections
+def _write_tables(section: Section, df: pl.DataFrame, ctx: Context) -> None:
+    csv, md = f"{section.name}.csv", f"{section.name}.md"
+    with open(ctx.out / csv, "w", encoding="utf-8", newline="") as fh:
+        _sql.write_csv(df, fh)
+    lines = [f"# {section.title}", "", f"`sql/{section.name}.sql` — paper: {section.paper}.", ""]
+    lines += [f"- {f.text}" + (f" (paper: {f.paper})" if f.paper else "") for f in section.findings]
+    lines += ["", markdown_table(df), ""]
+    (ctx.out / md).write_text("\n".join(lines), encoding="utf-8")
+    section.files = [csv, md]
+
+
+def run_analysis(spec: Analysis, ctx: Context) -> Section:
+    """Check, run, summarize, write and plot one analysis; a skip or a failure is recorded with its reason."""
+    section = Section(spec.name, spec.title, spec.paper)
+    try:
+        reason = spec.check(ctx) if spec.check else None
+        if reason is None:
+            df = _sql.run_file(ctx.con, _sql.SQL_DIR / f"{spec.name}.sql")
+            reason = spec.empty(df, ctx) if spec.empty else None
+    except InputError as exc:  # a table or manifest the file reads is missing: the runner says what makes it
+        reason = str(exc)
+    except duckdb.Error as exc:
+        section.status, section.reason = "failed", f"the query failed: {_sql.error_line(exc, ctx.con)}"
+        return section
+    if reason is not None:
+        section.status, section.reason = "skipped", reason
+        return section
+    section.frame = ctx.results[spec.name] = df
+    section.findings = spec.summarize(df, ctx)
+    _write_tables(section, df, ctx)
+    try:
+        section.figures = spec.plot(df, ctx)
+    except Exception as exc:  # noqa: BLE001 - a figure that cannot be drawn must not cost the other sections
+        section.status, section.reason = "failed", f"its figure failed: {type(exc).__name__}: {exc}"
+    return section
+
+
+def run_extra_file(path: Path, ctx: Context) -> Section:
+    """A sql/ file the report has no section for: its table, and a sentence with its size."""
+    section = Section(path.stem, path.stem.replace("_", " ").capitalize(), "—")
+    needs_run2 = "getvariable('run2')" in path.read_text(encoding="utf-8")
+    if needs_run2 and ctx.run2 is None:
+        section.status, section.reason = "skipped", "needs a second run: pass --run2 DIR"
+        return section
+    try:
+        df = _sql.run_file(ctx.con, path)
+    except InputError as exc:
+        section.status, section.reason = "skipped", str(exc)
+        return section
+    except duckdb.Error as exc:
+        section.status, section.reason = "failed", f"the query failed: {_sql.error_line(exc, ctx.con)}"
+        return section
+    section.frame = df
+    section.findings = [Finding(f"sql/{path.name} returned {df.height} rows (see the table).", {"rows": df.height})]
+    _write_tables(section, df, ctx)
+    return section
+
+
+# --------------------------------------------------------------------------- example heatmaps
+def _example_pairs(ctx: Context) -> list[tuple[str, str]]:
+    """(pair_id, why) of a few interesting pairs: highest and lowest score, the most negative cell, a negation
+    pair, an adjective synonym and opposite pair; short pairs (readable labels) first."""
+    picked: list[tuple[str, str]] = []
+
+    def add(pid: str | None, why: str) -> None:
+        if pid is not None and pid not in [p for p, _ in picked]:
+            picked.append((pid, why))
+
+    stored = "coalesce(n_cells, 1) > 0"  # pairs whose cells were all pruned (--min-abs) show nothing
+    short = f"coalesce(greatest(n_tokens_a, n_tokens_b), 0) <= {EXAMPLE_MAX_TOKENS + 2} and {stored}"
+    for order, why in (("desc", "highest score"), ("asc", "lowest score")):
+        pid = ctx.scalar(f"select pair_id from pairs where {short} order by score {order}, pair_id limit 1")
+        add(pid or ctx.scalar(f"select pair_id from pairs where {stored} order by score {order}, pair_id limit 1"), why)
+    pid = ctx.scalar(f"""
+        select cells.pair_id from cells join pairs using (pair_id)
+        where {short} and cells.value < 0 order by cells.value, cells.pair_id limit 1""")  # fmt: skip
+    add(pid, "the most negative token cell")
+    neg = ctx.results.get("negation")
+    if neg is not None and neg.height:
+        row = neg.sort("not_attribution").row(0, named=True)
+        add(row["pair_id"], "negation pair with the smallest 'not' attribution")
+    adj = ctx.results.get("adjectives")
+    if adj is not None:  # both kinds of one triplet and template, the paper's own if there
+        cells = adj.filter(pl.col("attribution").is_not_null()).sort(
+            pl.col("template") != "This house is X.", pl.col("triplet") != "beautiful/pretty/ugly", "triplet",
+            "template", "kind")  # fmt: skip
+        if cells.height:
+            first = cells.row(0, named=True)
+            both = cells.filter(pl.col("triplet") == first["triplet"], pl.col("template") == first["template"])
+            for row in both.sort("kind", descending=True).iter_rows(named=True):
+                add(row["pair_id"], f"adjective pair ({row['kind']})")
+    return picked
+
+
+def pair_matrix(ctx: Context, pid: str) -> tuple[np.ndarray, list[str], list[str], str] | None:
+    """A pair's token matrix without special tokens (cells not stored, --min-abs, are 0), or its word matrix
+    when it has no token cells; None when it has neither."""
+    sides = ctx.con.sql("""
+        select sa.tokens, sa.word_ids, sa.words, sb.tokens, sb.word_ids, sb.words
+        from pairs p join sentences sa on sa.sentence_id = p.sentence_id_a
+                     join sentences sb on sb.sentence_id = p.sentence_id_b
+        where p.pair_id = ?""", params=[pid]).fetchall()  # fmt: skip
+    if not sides:
+        return None
+    tokens_a, ids_a, words_a, tokens_b, ids_b, words_b = sides[0]
+    for table, (x, y), (la, lb) in (("cells", ("i", "j"), (tokens_a, tokens_b)),
+                                    ("word_cells", ("u", "v"), (words_a, words_b))):  # fmt: skip
+        cells = ctx.con.sql(f"select {x} as x, {y} as y, value from {table} where pair_id = ?", params=[pid]).pl()
+        if cells.height and la and lb:
+            matrix = np.zeros((len(la), len(lb)))
+            matrix[cells["x"].to_numpy(), cells["y"].to_numpy()] = cells["value"].to_numpy()
+            if table == "cells":
+                rows = [i for i, w in enumerate(ids_a or []) if w is not None] or list(range(len(la)))
+                cols = [j for j, w in enumerate(ids_b or []) if w is not None] or list(range(len(lb)))
+                return matrix[np.ix_(rows, cols)], [la[i] for i in rows], [lb[j] for j in cols], "token"
+            return matrix, list(la), list(lb), "word"
+    return None
+
+
+def plot_examples(ctx: Context) -> Section:
+    """Heatmaps of a few real pairs (_example_pairs) with xsbert_core.plots.plot_attributions."""
+    from xsbert_core.plots import plot_attributions
+
+    section = Section("examples", "Example pairs", "Fig 1 (heatmaps)")
+    if not ctx.facts["n_pairs"]:
+        section.status, section.reason = "skipped", "the run has no pairs"
+        return section
+    for pid, why in _example_pairs(ctx):
+        found = pair_matrix(ctx, pid)
+        if found is None:
+            continue
+        matrix, labels_a, labels_b, level = found
+        text_a, text_b, score, total = first_row(ctx.con, f"""
+            select text_a, text_b, score, attribution_sum from pairs where pair_id = {_quote(pid)}""")  # fmt: skip
+        k = len(section.figures) + 1
+        name = f"example-{k}.png"
+        plot_attributions(matrix, labels_a, labels_b, ctx.out / name,
+                          title=f"{why}: score {num(score, 3)}, ΣA {num(total, 3)}")  # fmt: skip
+        what = "Token cells, special tokens left out" if level == "token" else "Word cells (no token cells stored)"
+        section.figures.append((name, (f"{why.capitalize()} — pair {pid}; rows: “{text_a}”, columns: “{text_b}”. "
+                                      f"{what}; red positive, blue negative.")))  # fmt: skip
+        section.findings.append(Finding(f"Example {k} ({why}): “{text_a}” / “{text_b}”, score {num(score, 3)}.",
+                                        {"pair_id": pid, "score": score, "attribution_sum": total}))  # fmt: skip
+    if not section.figures:
+        section.status, section.reason = "skipped", "no pair has stored cells"
+    return section
+
+
+# --------------------------------------------------------------------------- the page
+CSS = """
+body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; max-width: 980px; margin: 2em auto;
+       padding: 0 1em; color: #222; line-height: 1.45; }
+h1 { font-size: 1.6em; margin-bottom: 0.2em; } h2 { margin-top: 2em; border-bottom: 1px solid #ddd; }
+code, pre { font-family: Menlo, Consolas, monospace; font-size: 0.88em; background: #f5f5f5; }
+pre { padding: 0.6em; overflow-x: auto; white-space: pre-wrap; }
+table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.88em; }
+th, td { border: 1px solid #ddd; padding: 2px 8px; text-align: left; vertical-align: top; }
+th { background: #f3f3f3; } table.data td { font-family: Menlo, Consolas, monospace; font-size: 0.85em; }
+p.finding { font-size: 1.05em; margin: 0.4em 0; } span.paper { color: #555; }
+p.skip { color: #8a5300; background: #fff6e5; padding: 0.4em 0.6em; }
+p.fail { color: #a00; background: #fdecec; padding: 0.4em 0.6em; }
+figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
+figcaption { font-size: 0.88em; color: #555; } p.meta { color: #666; font-size: 0.9em; }
+ul.summary li { margin: 0.2em 0; }
+"""
+
+
+def _settings_rows(facts: dict[str, Any]) -> list[tuple[str, str]]:
+    layer = facts["layer"] if facts["n_layers"] is None else f"{facts['layer']} of {facts['n_layers']}"
+    rows = [
+        ("run", f"{facts['run_id']} ({facts['path']})"),
+        ("model", str(facts["model"])),
+        ("layer", str(layer)),
+        ("mode / similarity", f"{facts['mode']} / {facts['similarity']}"),
+        ("N (quadrature)", f"{facts['steps']} ({facts['rule']})"),
+        ("dataset", " ".join(str(x) for x in (facts["dataset"], facts["split"]) if x)),
+        ("pairs", f"{facts['n_pairs']:,} ({facts['n_labelled']:,} labelled; {facts['n_quarantined']:,} quarantined)"),
+        ("sentences / cells / word cells", (f"{facts['n_sentences']:,} / {facts['n_cells']:,} / "
+                                           f"{facts['n_word_cells']:,}")),
+        ("mean |completeness error|", "n/a" if facts["mean_abs_completeness_error"] is None
+         else f"{facts['mean_abs_completeness_error']:.2e} (max {facts['max_abs_completeness_error']:.2e})"),
+    ]  # fmt: skip
+    if facts["min_abs"]:
+        rows.append(("cells stored", f"|value| ≥ {facts['min_abs']} (--min-abs)"))
+    parses = facts["parses"]
+    rows.append(("parses", "none (python -m jobs.parse --run DIR)" if parses is None else
+                 f"{parses['parsers']}: {parses['rows']:,} words, {pct(parses['aligned_share'])} aligned one-to-one"))
+    return rows
+
+
+def _section_html(s: Section) -> str:
+    parts = [f"<section id='{s.name}'><h2>{html.escape(s.title)}</h2>",
+             f"<p class='meta'>Paper: {html.escape(s.paper)}."
+             + (f" Query: <code>sql/{s.name}.sql</code>." if s.name != "examples" else "") + "</p>"]  # fmt: skip
+    if s.status == "skipped":
+        parts.append(f"<p class='skip'>Skipped: {html.escape(s.reason or '')}</p>")
+    elif s.status == "failed":
+        parts.append(f"<p class='fail'>Failed: {html.escape(s.reason or '')}</p>")
+    for f in s.findings if s.name != "examples" else []:
+        paper = f" <span class='paper'>(paper: {html.escape(f.paper)})</span>" if f.paper else ""
+        parts.append(f"<p class='finding'>{html.escape(f.text)}{paper}</p>")
+    for name, caption in s.figures:
+        parts.append(f"<figure><img src='{html.escape(name)}' alt='{html.escape(caption)}'>"
+                     f"<figcaption>{html.escape(caption)}</figcaption></figure>")  # fmt: skip
+    if s.files and s.frame is not None:
+        links = " · ".join(f"<a href='{html.escape(f)}'>{html.escape(f)}</a>" for f in s.files)
+        parts.append(f"<p class='meta'>Full table ({plural(s.frame.height, 'row')}): {links}</p>")
+        if s.frame.height:
+            more = f"first {PREVIEW_ROWS} of {s.frame.height} rows" if s.frame.height > PREVIEW_ROWS else "all rows"
+            parts.append(f"<details><summary>Table ({more})</summary>{html_table(s.frame, PREVIEW_ROWS)}</details>")
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def write_page(sections: list[Section], ctx: Context, command: str) -> Path:
+    """index.html: commands, settings, the findings, then one part per section."""
+    facts = [("run", ctx.facts)] + ([("run2", ctx.facts2)] if ctx.facts2 else [])
+    commands = [c for _, f in facts for c in f["commands"]] + [command]
+    note = f"<p class='meta'>Note:</p><pre>{html.escape(ctx.note)}</pre>" if ctx.note else ""
+    tables = [dict(_settings_rows(f)) for _, f in facts]
+    keys = list(dict.fromkeys(k for t in tables for k in t))
+    settings = "".join(
+        f"<tr><th>{html.escape(k)}</th>" + "".join(f"<td>{html.escape(t.get(k, ''))}</td>" for t in tables) + "</tr>"
+        for k in keys
+    )
+    head = "<tr><th></th>" + "".join(f"<th>{n}</th>" for n, _ in facts) + "</tr>" if ctx.facts2 else ""
+    summary = []
+    for s in sections:
+        if s.name == "examples":
+            continue
+        if s.status == "ok":
+            for f in s.findings:
+                paper = f" <span class='paper'>(paper: {html.escape(f.paper)})</span>" if f.paper else ""
+                summary.append(f"<li><a href='#{s.name}'>{html.escape(s.title)}</a>: {html.escape(f.text)}{paper}</li>")
+        else:
+            summary.append(f"<li><a href='#{s.name}'>{html.escape(s.title)}</a>: <em>{s.status}</em> — "
+                           f"{html.escape(s.reason or '')}</li>")  # fmt: skip
+    empty = "" if ctx.facts["n_pairs"] else "<p class='skip'>The run has 0 pairs: there is nothing to analyse.</p>"
+    body = [
+        "<!doctype html>", "<html lang='en'><head><meta charset='utf-8'>",
+        f"<title>xsbert report: {html.escape(str(ctx.facts['run_id']))}</title><style>{CSS}</style></head><body>",
+        f"<h1>Attribution report: {html.escape(str(ctx.facts['model']))}, {html.escape(str(ctx.facts['dataset']))}</h1>",
+        note, (f"<p class='meta'>Made {time.strftime('%Y-%m-%d %H:%M')}; the runs' settings as jobs.attribute "
+        "commands (from manifest.json), and this report's command:</p>"),
+        f"<pre>{html.escape(chr(10).join(commands))}</pre>",
+        empty, f"<h2>Run</h2><table>{head}{settings}</table>",
+        "<h2>Findings</h2><ul class='summary'>" + "".join(summary) + "</ul>",
+        *(_section_html(s) for s in sections),
+        ("<p class='meta'>The paper's numbers are for all-mpnet-base-v2 (the paper, EACL 2024; "
+        "DESIGN.md §4). Every table is in this folder as CSV and Markdown; the queries are in sql/ "
+        "(docs/ANALYSES.md).</p>"),
+        "</body></html>",
+    ]  # fmt: skip
+    path = ctx.out / "index.html"
+    path.write_text("\n".join(body), encoding="utf-8")
+    return path
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (np.integer, np.floating)):
+        return _jsonable(value.item())
+    return value
+
+
+def write_json(sections: list[Section], ctx: Context, command: str) -> Path:
+    """report.json: the runs' facts and every section's status, reason, findings (with numbers) and files."""
+    doc = {
+        "command": command, "run": ctx.facts, "run2": ctx.facts2,
+        "sections": [{"name": s.name, "title": s.title, "paper": s.paper, "status": s.status, "reason": s.reason,
+                      "findings": [{"text": f.text, "paper": f.paper,
+                                    "values": {k: _jsonable(v) for k, v in f.values.items()}} for f in s.findings],
+                      "files": s.files, "figures": [name for name, _ in s.figures]} for s in sections],
+    }  # fmt: skip
+    path = ctx.out / "report.json"
+    path.write_text(json.dumps(doc, indent=1, default=str), encoding="utf-8")
+    return path
+
+
+# --------------------------------------------------------------------------- entry point
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Run every applicable analysis of sql/ on a run (and a second run), write CSV, Markdown, "
+        "figures and index.html into --out, and print the findings.",
+    )
+    p.add_argument("--run", required=True, help="a run directory (<out>/<run id> of python -m jobs.attribute)")
+    p.add_argument("--run2", default=None, help="a second run, for the two-run analyses (agreement, lexical ranks)")
+    p.add_argument("--out", required=True, help="folder for the report (created; files in it are overwritten)")
+    p.add_argument("--var", action="append", default=[], metavar="NAME=VALUE",
+                   help="a DuckDB variable for the analyses, e.g. min_count=10, top_share=0.05 (repeatable)")
+    p.add_argument("--note", default=None, help="text shown at the top of the page (e.g. the commands that made the runs)")
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    return p.parse_args(argv)
+
+
+def _prepare_out(out: Path, runs: list[Path]) -> Path:
+    """Create --out and check it is writable and not a run directory."""
+    resolved = out.expanduser().resolve()
+    for run in runs:
+        if resolved == run.resolve():
+            raise InputError(f"--out {out} is a run directory: choose another folder for the report")
+    if resolved.exists() and not resolved.is_dir():
+        raise InputError(f"--out {out}: exists and is not a directory")
+    try:
+        resolved.mkdir(parents=True, exist_ok=True)
+        probe = resolved / ".report-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise InputError(f"--out {out}: cannot write there ({exc.strerror or exc})") from exc
+    return resolved
+
+
+def open_context(
+    run: str | Path, run2: str | Path | None, out: str | Path, variables: dict[str, Any], note: str | None = None
+) -> Context:
+    """Check the runs and --out, connect (views and variables), read the runs' facts; InputError on bad input."""
+    first = _sql.check_run(run)
+    second = _sql.check_run(run2, "--run2") if run2 is not None else None
+    folder = _prepare_out(Path(out), [first] + ([second] if second else []))
+    try:
+        con = _sql.connect(first, second, variables)
+        facts = run_facts(con, first)
+        facts2 = run_facts(con, second, "_2") if second is not None else None
+    except duckdb.Error as exc:  # a table that is not readable Parquet, or lacks a column every run has
+        raise InputError(f"cannot read the run: {str(exc).strip().splitlines()[0]}") from exc
+    return Context(con, first, second, folder, facts, facts2, note=note)
+
+
+def clear_previous(out: Path) -> None:
+    """Remove the tables and figures of an earlier report in `out` (one with report.json), so that a section
+    skipped now leaves no stale files; nothing else is touched."""
+    if not (out / "report.json").is_file():
+        return
+    names = {spec.name for spec in ANALYSES} | {p.stem for p in _sql.SQL_DIR.glob("*.sql")}
+    for path in out.iterdir():
+        stem = path.name.split(".")[0].split("-")[0]
+        if path.is_file() and path.suffix in (".csv", ".md", ".png") and (stem in names or stem == "example"):
+            path.unlink()
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    """Write the report; returns {'out', 'sections': [Section], 'summary': [lines]}."""
+    ctx = open_context(args.run, args.run2, args.out, _sql.parse_vars(args.var), args.note)
+    out, facts = ctx.out, ctx.facts
+    argv = list(getattr(args, "argv", None) or sys.argv[1:])
+    if args.note:  # the note is on the page already: the command names it
+        argv = ["(the note above)" if a == args.note else a.replace(args.note, "(the note above)") for a in argv]
+    command = f"{PROG} " + shlex.join(argv)
+
+    clear_previous(out)
+    sections = [run_analysis(spec, ctx) for spec in ANALYSES]
+    known = {spec.name for spec in ANALYSES}
+    sections += [run_extra_file(p, ctx) for p in sorted(_sql.SQL_DIR.glob("*.sql")) if p.stem not in known]
+    sections.append(plot_examples(ctx))
+    write_page(sections, ctx, command)
+    write_json(sections, ctx, command)
+
+    summary = [(f"report: {out / 'index.html'} ({facts['n_pairs']} pairs, {facts['model']}, layer {facts['layer']}, "
+               f"{facts['mode']})")]  # fmt: skip
+    if not facts["n_pairs"]:
+        summary.append("the run has 0 pairs: nothing to analyse")
+    for s in sections:
+        if s.name == "examples":
+            summary.append(f"examples: {plural(len(s.figures), 'heatmap')}" if s.status == "ok"
+                           else f"examples: {s.status}: {s.reason}")  # fmt: skip
+        elif s.status == "ok":
+            summary += [f"{s.name}: {f.text}" + (f" (paper: {f.paper})" if f.paper else "") for f in s.findings]
+        else:
+            summary.append(f"{s.name}: {s.status}: {s.reason}")
+    if not args.quiet:
+        print("\n".join(summary), flush=True)
+    return {"out": out, "sections": sections, "summary": summary}
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """Exit 0 when the report is written (skips included), 1 when an analysis failed, 2 on bad input."""
+    args = parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        result = main(args)
+    except XsbertError as exc:
+        print(f"{PROG.split()[-1]}: error: {exc}", file=sys.stderr)
+        return 2
+    failed = [s for s in result["sections"] if s.status == "failed"]
+    for s in failed:
+        print(f"{PROG.split()[-1]}: {s.name} failed: {s.reason}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

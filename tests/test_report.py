@@ -1,0 +1,267 @@
+"""`python -m jobs.report`: every section, its files and figures, the numbers on the page, skips and bad inputs.
+
+The runs are hand-built Parquet stores (the helpers of tests/test_sql.py): a random run with planted lexical bias,
+labels, reference terms and parses, a second run of the same pairs, the negation and adjectives stores. The
+numbers the page states are recomputed here from the SQL results (and, where cheap, from the planted rows).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from scipy import stats
+from test_sql import adjectives_run, make_run, negation_run, random_run, run_sql, write_table
+
+from jobs import report
+
+SECTIONS = ("table1", "reference_terms", "agreement", "pos_neg_sums", "syntactic_relations", "negation", "adjectives",
+            "lexical_ranks", "lexical_ranks_compare")  # fmt: skip
+
+
+def make_report(out: Path, *argv: str, capsys=None) -> tuple[int, dict, str]:
+    """Run the CLI; (exit code, report.json, index.html)."""
+    code = report.cli([*argv, "--out", str(out), "-q"])
+    doc = json.loads((out / "report.json").read_text(encoding="utf-8")) if (out / "report.json").exists() else {}
+    page = (out / "index.html").read_text(encoding="utf-8") if (out / "index.html").exists() else ""
+    return code, doc, page
+
+
+def sections(doc: dict) -> dict[str, dict]:
+    return {s["name"]: s for s in doc["sections"]}
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory) -> dict[str, Path]:
+    """Runs: 'main' (labels, reference terms, parses, a planted lexical bias), 'second' (its pairs, other
+    values), 'negation', 'adjectives' (test_sql's planted stores)."""
+    root = tmp_path_factory.mktemp("report-stores")
+    rng = np.random.default_rng(21)
+    main, data = random_run(root, "main", rng, n_pairs=30, bias={"cat": 1.0})
+    labels = ["nsubj", "obj", "det", "amod", "root"]
+    parses = []
+    for s in data["sentences"]:
+        for u, w in enumerate(s["words"]):
+            aligned = bool(rng.random() > 0.1)
+            parses.append({"sentence_id": s["sentence_id"], "u": u, "word": w, "aligned": aligned, "parser": "spacy",
+                           "deprel": str(rng.choice(labels)) if aligned else None})  # fmt: skip
+    write_table(main, "parses", parses)
+    cells2 = [{**c, "value": c["value"] * 0.5 + 0.01 * (c["i"] - c["j"])} for c in data["cells"]]
+    second = make_run(root, "second", data["pairs"], cells2, [], data["sentences"])
+    return {"main": main, "second": second, "negation": negation_run(root), "adjectives": adjectives_run(root)}
+
+
+@pytest.fixture(scope="module")
+def reports(stores, tmp_path_factory) -> dict[str, tuple[int, dict, str, Path]]:
+    out = tmp_path_factory.mktemp("reports")
+    made = {}
+    for name, argv in (
+        ("two-runs", ["--run", str(stores["main"]), "--run2", str(stores["second"]), "--var", "min_count=3"]),
+        ("negation", ["--run", str(stores["negation"])]),
+        ("adjectives", ["--run", str(stores["adjectives"])]),
+    ):
+        code, doc, page = make_report(out / name, *argv)
+        made[name] = (code, doc, page, out / name)
+    return made
+
+
+def test_every_applicable_section_has_its_csv_markdown_figure_and_sentences(reports, stores):
+    ok_somewhere: set[str] = set()
+    for name, (code, doc, page, out) in reports.items():
+        assert code == 0, name
+        assert page.startswith("<!doctype html>") and "<script" not in page
+        for s in doc["sections"]:
+            if s["name"] == "examples":
+                continue
+            assert f"id='{s['name']}'" in page, (name, s["name"])  # every section has its part of the page
+            if s["status"] == "skipped":
+                assert s["reason"] and html.escape(s["reason"]) in page  # the reason, on the page
+                assert not (out / f"{s['name']}.csv").exists()
+                continue
+            assert s["status"] == "ok", (name, s)
+            ok_somewhere.add(s["name"])
+            assert s["files"] == [f"{s['name']}.csv", f"{s['name']}.md"]
+            run = stores["main" if name == "two-runs" else name]
+            expected = run_sql(run, f"{s['name']}.sql", stores["second"] if name == "two-runs" else None,
+                               **({"min_count": 3} if name == "two-runs" else {}))  # fmt: skip
+            written = pl.read_csv(out / f"{s['name']}.csv", infer_schema_length=None)
+            assert written.columns == expected.columns and written.height == expected.height > 0
+            md = (out / f"{s['name']}.md").read_text(encoding="utf-8")
+            assert "| " + " | ".join(expected.columns) + " |" in md and md.count("\n|") == expected.height + 2
+            assert s["figures"], s["name"]
+            for figure in s["figures"]:
+                assert (out / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+                assert f"<img src='{figure}'" in page  # relative links
+            assert s["findings"]
+            for f in s["findings"]:
+                assert html.escape(f["text"]) in page  # one plain sentence per finding
+        examples = sections(doc)["examples"]
+        assert examples["status"] == "ok" and all((out / f).exists() for f in examples["figures"])
+    assert ok_somewhere == set(SECTIONS)  # together the three reports run every analysis
+
+
+def test_the_numbers_on_the_page_are_the_sqls(reports, stores):
+    _, doc, page, _ = reports["two-runs"]
+    got = sections(doc)
+    text = {name: " ".join(f["text"] for f in s["findings"]) for name, s in got.items()}
+    main, second = stores["main"], stores["second"]
+
+    pairs = pl.read_parquet(main / "pairs" / "*.parquet")
+    rho = stats.spearmanr(pairs["score"], pairs["label"]).statistic  # independent of the SQL
+    assert f"Spearman × 100 = {100 * rho:.1f} over 30 labelled pairs" in text["table1"]
+
+    ref = {r["quantity"]: r for r in run_sql(main, "reference_terms.sql").iter_rows(named=True)}
+    near = np.mean(np.abs(np.concatenate([pairs["ref_sim_a"], pairs["ref_sim_b"]])) <= 0.1)
+    assert ref["ref_sim"]["share_near_zero"] == pytest.approx(near)
+    assert f"{report.pct(near)} of the reference similarities" in text["reference_terms"]
+    assert f"{report.pct(ref['ref_term']['share_below_threshold'])} of the reference terms" in text["reference_terms"]
+    assert "(paper: 85.8% within ±0.10)" in page and "(paper: 6.7% below 0.90)" in page
+
+    sums = run_sql(main, "pos_neg_sums.sql").filter(pl.col("score_bin") == "all").row(0, named=True)
+    share = np.mean(pairs["positive_sum"].to_numpy() > 2.0)
+    assert "exceed 2 (the largest total" in text["pos_neg_sums"]
+    assert f"in {report.pct(share)} of 30 pairs" in text["pos_neg_sums"]
+    assert sums["share_positive_exceeds"] == pytest.approx(share)
+
+    agreement = run_sql(main, "agreement.sql", second).filter(pl.col("score_bin") == "all").row(0, named=True)
+    assert (f"Spearman {report.num(agreement['spearman_mean'])} ± {report.num(agreement['spearman_std'])}"
+            in text["agreement"])  # fmt: skip
+    assert f"Jaccard {report.num(agreement['jaccard_top10_mean'])}" in text["agreement"]
+
+    relations = run_sql(main, "syntactic_relations.sql").row(0, named=True)
+    assert f"{report.pct(relations['same_function_share'])} join two words" in text["syntactic_relations"]
+
+    ranks = run_sql(main, "lexical_ranks.sql", min_count=3)
+    assert ranks["token"][0] == "cat"  # the planted bias
+    assert f"'cat' attributes most to itself (mean {report.signed(ranks['mean'][0])})" in text["lexical_ranks"]
+    if "not" in ranks["token"].to_list():
+        row = ranks.filter(pl.col("token") == "not").row(0, named=True)
+        assert f"'not' ranks {row['rank']} of {ranks.height} tokens" in text["lexical_ranks"]
+    compare = run_sql(main, "lexical_ranks_compare.sql", second, min_count=3)
+    assert f"Spearman ρ = {report.num(compare['spearman'][0])} over {compare.height} shared" in text[
+        "lexical_ranks_compare"]  # fmt: skip
+    for s in ("negation", "adjectives"):
+        assert got[s]["status"] == "skipped"
+
+    # The negation store's planted not-attributions: -0.35, 0.4, 0.5, 0.0 over sums 0.5, 0.6, 0.8, 1.0.
+    neg = " ".join(f["text"] for f in sections(reports["negation"][1])["negation"]["findings"])
+    relative = np.abs([-0.35 / 0.5, 0.4 / 0.6, 0.5 / 0.8, 0.0 / 1.0])
+    assert "negative in 25.0% of the 4 pairs" in neg and f"|not attribution / ΣA| is at most {np.percentile(relative, 90):.3f}" in neg
+    # The adjectives store: one synonym cell 0.4, one opposite cell -0.1, two pairs without a cell.
+    adj = " ".join(f["text"] for f in sections(reports["adjectives"][1])["adjectives"]["findings"])
+    assert "+0.400 for synonyms and -0.100 for opposites" in adj and "larger in 1 of 1 triplets" in adj
+    assert "2 adjective pairs have no single adjective cell" in adj
+
+
+def test_settings_and_paper_numbers_on_the_page(reports):
+    _, doc, page, _ = reports["two-runs"]
+    assert doc["run"]["n_pairs"] == 30 and doc["run2"]["n_pairs"] == 30
+    assert "<th>run2</th>" in page and "mean |completeness error|" in page and "hand-built" in page
+    assert "python -m jobs.report --run" in page  # the command that made the page
+    assert "(paper: 0.81 between two models)" in page  # lexical_ranks_compare's paper number beside ours
+
+
+def test_skipped_analyses_say_why(reports, tmp_path, stores):
+    _, doc, page, _ = reports["negation"]
+    reasons = {s["name"]: s["reason"] for s in doc["sections"] if s["status"] == "skipped"}
+    assert "no gold labels" in reasons["table1"]
+    assert f"python -m jobs.parse --run {stores['negation']}" in reasons["syntactic_relations"]
+    assert f"Skipped: {html.escape(reasons['syntactic_relations'])}" in page
+    assert "--dataset adjectives" in reasons["adjectives"]
+    assert "--run2" in reasons["agreement"] and "--run2" in reasons["lexical_ranks_compare"]
+    assert "min_count" in reasons["lexical_ranks"]  # 30 same-token cells are not there
+    assert "standalone 'not'" in sections(reports["adjectives"][1])["negation"]["reason"]
+    # The checks alone (report.check_*), on runs made for them.
+    rng = np.random.default_rng(5)
+    exact, data = random_run(tmp_path, "exact", rng, n_pairs=6, mode="exact")
+    for p in data["pairs"]:
+        p.update(ref_sim_a=0.0, ref_sim_b=0.0, ref_term=0.0)
+    write_table(exact, "pairs", data["pairs"])
+    ctx = report.open_context(exact, None, tmp_path / "o", {})
+    assert "exact-mode run" in report.check_reference_terms(ctx)
+    other, _ = random_run(tmp_path, "other", rng, n_pairs=4)  # pair ids p00..p03 again, other texts
+    ctx = report.open_context(exact, other, tmp_path / "o", {})
+    assert "the 4 pair_ids the two runs share hold different texts" in report.check_agreement(ctx)
+    ctx = report.open_context(exact, stores["adjectives"], tmp_path / "o", {})
+    assert "share no pair_id" in report.check_agreement(ctx)
+    main = pl.read_parquet(stores["main"] / "pairs" / "*.parquet")
+    retokenized = pl.read_parquet(stores["main"] / "sentences" / "*.parquet").with_columns(
+        pl.col("tokens").list.eval(pl.element() + "x"))  # fmt: skip
+    retok = make_run(tmp_path, "retok", main.to_dicts(), [], [], retokenized.to_dicts())
+    ctx = report.open_context(stores["main"], retok, tmp_path / "o", {})
+    assert "tokenize 60 shared sentences differently" in report.check_agreement(ctx)
+    assert report.check_agreement(report.open_context(stores["main"], stores["second"], tmp_path / "o", {})) is None
+
+
+def test_empty_run_is_reported_not_a_crash(tmp_path):
+    run = make_run(tmp_path, "empty", [])
+    code, doc, page = make_report(tmp_path / "out", "--run", str(run))
+    assert code == 0 and "The run has 0 pairs: there is nothing to analyse." in page
+    assert all(s["status"] == "skipped" for s in doc["sections"])
+    for s in doc["sections"]:
+        assert ("--run2" if s["name"] in ("agreement", "lexical_ranks_compare") else "no pairs") in s["reason"]
+
+
+def test_a_failing_query_fails_its_section_only(tmp_path, stores, capsys):
+    run = make_run(tmp_path, "broken", pl.read_parquet(stores["main"] / "pairs" / "*.parquet").to_dicts(),
+                   pl.read_parquet(stores["main"] / "cells" / "*.parquet").to_dicts(), [],
+                   pl.read_parquet(stores["main"] / "sentences" / "*.parquet").to_dicts())  # fmt: skip
+    (run / "parses").mkdir()  # a parses table without the deprel column: syntactic_relations cannot run
+    columns = {"sentence_id": ["x"], "u": [0], "parser": ["spacy"], "parser_model": ["m"], "aligned": [True]}
+    pl.DataFrame(columns).write_parquet(run / "parses" / "part-000000.parquet")
+    code = report.cli(["--run", str(run), "--out", str(tmp_path / "out"), "-q"])
+    err = capsys.readouterr().err
+    doc = json.loads((tmp_path / "out" / "report.json").read_text(encoding="utf-8"))
+    got = sections(doc)
+    assert code == 1 and got["syntactic_relations"]["status"] == "failed"
+    assert "deprel" in got["syntactic_relations"]["reason"]
+    assert err.startswith("jobs.report: syntactic_relations failed: the query failed")
+    assert got["table1"]["status"] == "ok" and got["pos_neg_sums"]["status"] == "ok"
+    assert "Failed: the query failed" in (tmp_path / "out" / "index.html").read_text(encoding="utf-8")
+    # A table that is not Parquet at all: the run cannot be read, one line and exit 2.
+    (run / "parses" / "part-000000.parquet").write_bytes(b"not parquet")
+    assert report.cli(["--run", str(run), "--out", str(tmp_path / "out2")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("jobs.report: error: ") and "part-000000.parquet" in err[0]
+
+
+def test_bad_inputs_exit_2_with_one_line(tmp_path, stores, capsys):
+    run = str(stores["negation"])
+    (tmp_path / "file").write_text("x")
+    cases = [
+        (["--run", str(tmp_path / "missing"), "--out", str(tmp_path / "o")], "no such directory"),
+        (["--run", str(stores["main"].parent), "--out", str(tmp_path / "o")], "not a run directory"),
+        (["--run", run, "--run2", str(tmp_path / "missing"), "--out", str(tmp_path / "o")], "--run2"),
+        (["--run", run, "--out", str(tmp_path / "file" / "sub")], "cannot write there"),
+        (["--run", run, "--out", str(tmp_path / "file")], "not a directory"),
+        (["--run", run, "--out", run], "is a run directory"),
+        (["--run", run, "--out", str(tmp_path / "o"), "--var", "min_count"], "NAME=VALUE"),
+    ]
+    for argv, message in cases:
+        code = report.cli(argv)
+        captured = capsys.readouterr()
+        assert code == 2 and not captured.out, argv
+        lines = captured.err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("jobs.report: error: ") and message in lines[0], (argv, lines)
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+
+
+def test_summary_lines_and_markdown_helpers(stores, tmp_path, capsys):
+    code = report.cli(["--run", str(stores["adjectives"]), "--out", str(tmp_path / "o")])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0 and out[0].startswith("report: ") and out[0].endswith("approx)")
+    assert any(line.startswith("adjectives: The adjective cell averages") for line in out)
+    assert any(re.match(r"negation: skipped: no pair differs", line) for line in out)
+    # A second report into the same folder, on a run where adjectives do not apply: no stale adjectives files.
+    (tmp_path / "o" / "mine.txt").write_text("kept")
+    assert report.cli(["--run", str(stores["negation"]), "--out", str(tmp_path / "o"), "-q"]) == 0
+    assert not list((tmp_path / "o").glob("adjectives*")) and (tmp_path / "o" / "negation.csv").exists()
+    assert (tmp_path / "o" / "mine.txt").read_text() == "kept"
+    df = pl.DataFrame({"a": ["x|y", None], "b": [0.123456, float("nan")]})
+    assert report.markdown_table(df).splitlines() == ["| a | b |", "|---|---|", "| x\\|y | 0.1235 |", "|  | NaN |"]
+    assert (report.pct(0.1234), report.num(None), report.signed(-0.04567)) == ("12.3%", "n/a", "-0.046")
