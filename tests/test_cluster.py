@@ -153,6 +153,7 @@ class LocalHead:
         # Short path: Ray puts unix sockets under it (108-byte limit).
         self.temp_dir = tempfile.mkdtemp(prefix="xsr-", dir="/tmp")
         gcs_port, dash_port, client_port, agent_port = _free_ports(4)
+        self.gcs_port = gcs_port
         self.url = f"http://127.0.0.1:{dash_port}"
         self.env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
         self.env.update(
@@ -271,6 +272,15 @@ def test_ray_job_submit_end_to_end(ray_head, tmp_path):
 
     manifest = json.loads((run_dir / "manifest.json").read_text(encoding="utf-8"))
     assert isinstance(manifest, dict) and manifest
+
+    # The job ran on the submitted head's Ray, not on one it started itself: the Ray job id and node the
+    # job recorded are the ones the head lists for this submission, and its GCS is the head's.
+    info = client.get_job_info(submission_id)
+    assert submission_id in {j.submission_id for j in client.list_jobs()}
+    used = manifest["runs"][-1]["ray"]
+    assert info.job_id and used["job_id"] == info.job_id, (used, info)
+    assert used["node_id"] == info.driver_node_id
+    assert used["gcs_address"].rsplit(":", 1)[1] == str(ray_head.gcs_port), used
 
     con = duckdb.connect()
     n_pairs = con.execute(f"select count(*) from read_parquet('{run_dir}/pairs/*.parquet')").fetchone()[0]

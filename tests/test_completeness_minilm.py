@@ -11,7 +11,7 @@ import pytest
 import torch
 from sentence_transformers import SentenceTransformer
 
-from xsbert_core import Explainer, completeness_target, pair_matrix, similarity_score
+from xsbert_core import Explainer
 
 A = "A man is playing a guitar on stage."
 B = "Someone performs music with an instrument."
@@ -133,21 +133,26 @@ def test_embedding_is_the_pipeline_without_normalize(minilm):
 
 
 def test_dot_similarity_matrix_and_target(minilm):
-    ex_cos = Explainer(minilm, layer=-1, similarity="cos", steps=8)
+    """dot: A = P_a^T P_b and the bracket without division, written out in numpy from the factors; the
+    score is the dot product of the pipeline's own (unnormalised) embeddings."""
     ex_dot = Explainer(minilm, layer=-1, similarity="dot", steps=8)
-    fa, fb = ex_cos.factors([A, B])
-    rc, rd = ex_cos.pair(fa, fb), ex_dot.pair(fa, fb)
-    c = float(fa.embedding.double().norm() * fb.embedding.double().norm())
-    np.testing.assert_allclose(rd.matrix, rc.matrix * c, rtol=1e-9)
-    assert rd.score == pytest.approx(float(fa.embedding.double() @ fb.embedding.double()), rel=1e-9)
-    assert rd.target == pytest.approx(rc.target * c, rel=1e-9)
+    fa, fb = ex_dot.factors([A, B])
+    rd = ex_dot.pair(fa, fb)
+    p_a, p_b = fa.factor.double().numpy(), fb.factor.double().numpy()
+    ends = (fa.embedding, fb.embedding, fa.reference_embedding, fb.reference_embedding)
+    a, b, ra, rb = (t.double().numpy() for t in ends)
+    np.testing.assert_allclose(rd.matrix, p_a.T @ p_b, rtol=1e-9, atol=1e-12)
+    assert rd.target == pytest.approx(a @ b - a @ rb - ra @ b + ra @ rb, rel=1e-9)
+    assert (rd.ref_sim_a, rd.ref_sim_b, rd.ref_term) == pytest.approx((a @ rb, b @ ra, ra @ rb), rel=1e-9)
+    assert rd.error == pytest.approx(float((p_a.T @ p_b).sum()) - rd.target, abs=1e-9)
+    assert abs(rd.error) < 1e-2 * abs(rd.target)  # N = 8 at the last layer: nearly complete
+    raw = SentenceTransformer(modules=[minilm[0], minilm[1]], device="cpu").encode([A, B], convert_to_tensor=True)
+    assert rd.score == pytest.approx(float(raw[0].double() @ raw[1].double()), rel=1e-5)
+    assert rd.score > 1.5  # unnormalised: a dot product, not a cosine
     assert rd.settings["similarity"] == "dot"
-    assert similarity_score(fa.embedding, fb.embedding, "dot") == pytest.approx(rd.score)
-    assert completeness_target(fa.embedding, fb.embedding, fa.reference_embedding, fb.reference_embedding, "dot") == (
-        pytest.approx(rd.target)
-    )
-    m = pair_matrix(fa.factor, fb.factor, fa.embedding, fb.embedding, "dot").numpy()
-    np.testing.assert_allclose(m, rd.matrix)
+    # the same factors under cos: the same matrix divided by |e(a)| |e(b)|
+    rc = Explainer(minilm, layer=-1, similarity="cos", steps=8).pair(fa, fb)
+    np.testing.assert_allclose(rc.matrix, rd.matrix / (np.linalg.norm(a) * np.linalg.norm(b)), rtol=1e-9)
 
 
 def test_minilm_forward_equals_reverse_at_last_layer(minilm):

@@ -93,19 +93,28 @@ def test_reference_comparison_discriminates(tiny):
 # ----------------------------------------------------------------- the split itself, independently
 @pytest.mark.parametrize("arch", ["bert", "mpnet", "roberta", "distilbert", "xlmr"])
 def test_split_endpoints_match_plain_model(tiny, arch):
-    """h(x) is HF hidden_states[L]; e(x) is the pipeline's own output (tiny models have no Normalize)."""
+    """h(x) = the embeddings output pushed through encoder layers 0..L-1 one by one (tests/independent.py,
+    each text alone, unpadded); e(x) is the pipeline's own output (tiny models have no Normalize)."""
+    import independent as ind
+
     from xsbert_core.factors import endpoints
 
     model = tiny.get(arch, n_layers=3)
     texts = [TEXT, LONGER]
     expected = model.encode(texts, convert_to_tensor=True, batch_size=8)
+    alone = [ind.tokenize(model, t) for t in texts]
+    with torch.no_grad():  # token types are all 0 here, the embeddings' default
+        embedded = [model[0].auto_model.embeddings(input_ids=f["input_ids"]) for f in alone]
     for layer in (0, 1, 2):
         ex = Explainer(model, layer=layer, steps=1)
         batch = ex.split.tokenize(texts)
         ends = endpoints(ex.split, batch)
-        with torch.no_grad():
-            plain = model[0].auto_model(**batch.features, output_hidden_states=True).hidden_states[layer]
-        assert torch.allclose(ends.h_x, plain, atol=1e-6)
+        for b, (feats, h0) in enumerate(zip(alone, embedded)):
+            n = batch.lengths[b]
+            assert batch.features["input_ids"][b, :n].tolist() == feats["input_ids"][0].tolist()
+            with torch.no_grad():
+                h_l = ind.run_layers(model, h0, feats["attention_mask"], 0, layer)[0]
+            assert torch.allclose(ends.h_x[b, :n], h_l, atol=1e-5), (layer, b)
         assert torch.allclose(ends.e_x, expected, rtol=1e-5, atol=1e-5)
         fs = ex.factors(texts)
         assert torch.allclose(torch.stack([f.embedding for f in fs]), expected, rtol=1e-5, atol=1e-5)

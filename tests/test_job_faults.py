@@ -1,0 +1,175 @@
+"""Faults of the attribution job, checked on values against a run that was never interrupted.
+
+Every run here attributes the same 8 real STS-B pairs with the same flags (all-MiniLM-L6-v2, last layer,
+N = 2, waves of 4 pairs, batches of 4 sentences, one factor actor) on one local 2-CPU Ray, so every
+store must hold the same rows, cell by cell. The reference is `clean`: one uninterrupted run into a fresh directory.
+
+- the same config into another fresh directory gives byte-identical Parquet (the store's determinism claim);
+- a run in which one factor actor and one cell task were killed (and retried) equals it;
+- a driver killed after its first commit, then rerun, equals it (byte for byte);
+- a batch that kills every actor fails the run with one clear line after --max-retries restarts,
+  leaves nothing of its wave, and the rerun equals it;
+- retried copies of a stage-2 row are counted and dropped when equal, and fail the run when they differ.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from jobtools import FAST, TABLES, parquet_hashes, q, rows, run_job, stsb_rows, write_tsv
+
+from jobs import _store
+
+ROOT = Path(__file__).resolve().parents[1]
+N_PAIRS = 8
+# Two waves of 4 pairs, two factor batches per wave on one actor (the cheapest pool that shows every fault).
+FLAGS = ["--wave-size", "4", "--batch-size", "4", "--num-actors", "1"]
+
+
+def assert_same_store(got: Path, want: Path) -> None:
+    """Every table of the two run directories holds the same rows, every column exactly equal."""
+    for table in TABLES:
+        assert rows(got, table) == rows(want, table), table
+    assert q(got, "select count(*) from {pairs}") == [(N_PAIRS,)]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return write_tsv(tmp_path_factory.mktemp("faults-data") / "pairs.tsv", stsb_rows(N_PAIRS, start=40))
+
+
+@pytest.fixture(scope="module")
+def clean(ray_cluster, data, tmp_path_factory) -> Path:
+    """The uninterrupted run: its run directory."""
+    s = run_job(tmp_path_factory.mktemp("clean"), "--dataset", str(data), *FLAGS)
+    assert (s["computed_pairs"], s["waves"], s["duplicates_dropped"]) == (N_PAIRS, 2, 0)
+    return Path(s["run_dir"])
+
+
+@pytest.mark.slow
+def test_same_config_into_a_fresh_directory_is_byte_identical(clean, data, tmp_path):
+    s = run_job(tmp_path, "--dataset", str(data), *FLAGS)
+    fresh = Path(s["run_dir"])
+    assert fresh.name == clean.name and fresh != clean
+    hashes = parquet_hashes(fresh)
+    assert hashes == parquet_hashes(clean)
+    assert {h.split("/")[0] for h in hashes} == set(TABLES)
+    manifest = json.loads((clean / "manifest.json").read_text())
+    waves = manifest["runs"][-1]["waves"]
+    assert [w["duplicates_dropped"] for w in waves] == [0, 0]  # an uninterrupted run returns each row once
+
+
+@pytest.mark.slow
+def test_killed_factor_actor_and_cell_task_give_the_same_store(clean, data, tmp_path, monkeypatch):
+    actor_marker, cells_marker = tmp_path / "actor-killed", tmp_path / "cells-killed"
+    monkeypatch.setenv("XSBERT_TEST_KILL_ONCE", str(actor_marker))
+    monkeypatch.setenv("XSBERT_TEST_KILL_CELLS_ONCE", str(cells_marker))
+    s = run_job(tmp_path / "runs", "--dataset", str(data), *FLAGS)
+    assert actor_marker.read_text().startswith("killed pid")  # a factor actor really died mid-batch
+    assert cells_marker.read_text().startswith("killed pid")  # and a stage-2 task
+    assert s["computed_pairs"] == N_PAIRS
+    assert_same_store(Path(s["run_dir"]), clean)
+    # Each retried batch came back once: the killed calls had returned nothing.
+    manifest = json.loads((Path(s["run_dir"]) / "manifest.json").read_text())
+    assert s["duplicates_dropped"] == 0 == sum(w["duplicates_dropped"] for w in manifest["runs"][-1]["waves"])
+
+
+@pytest.mark.slow
+def test_killed_driver_resumes_to_the_same_store(ray_cluster, clean, data, tmp_path):
+    out = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "jobs.attribute", "--dataset", str(data), *FAST, *FLAGS, "--out", str(out),
+           "--quiet", "--ray-address", ray_cluster.get_runtime_context().gcs_address]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if list(out.glob("*/pairs/part-*.parquet")):
+                break  # the first wave has committed: kill the driver now
+            time.sleep(0.1)
+        assert proc.poll() is None, f"the run ended before it could be killed:\n{proc.stdout.read().decode()[-3000:]}"
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    run_dir = out / clean.name
+    assert 4 <= len(_store.RunStore(out, clean.name).done_pair_ids()) < N_PAIRS  # killed between waves
+
+    s = run_job(out, "--dataset", str(data), *FLAGS)
+    assert s["computed_pairs"] == N_PAIRS - 4 and (s["n_in"], s["n_done"]) == (N_PAIRS, N_PAIRS)
+    assert_same_store(run_dir, clean)
+    assert parquet_hashes(run_dir) == parquet_hashes(clean)  # same waves, same parts: the same bytes
+    assert not (run_dir / _store.STAGING).exists()
+
+
+@pytest.mark.slow
+def test_a_batch_that_kills_every_actor_fails_the_run_clearly(clean, data, tmp_path, monkeypatch, capsys):
+    from jobs.attribute import cli
+
+    out, log = tmp_path / "runs", tmp_path / "deaths.log"
+    poison = stsb_rows(N_PAIRS, start=40).sentence1.iat[6]  # a sentence of the second wave
+    monkeypatch.setenv("XSBERT_TEST_KILL_TEXT", poison)
+    monkeypatch.setenv("XSBERT_TEST_KILL_LOG", str(log))
+    argv = ["--dataset", str(data), *FAST, *FLAGS, "--max-retries", "1", "--out", str(out), "-q"]
+    assert cli(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("jobs.attribute: error: wave 2/2 failed: a batch killed its worker 2 times "
+                              "(--max-retries 1"), err[-3:]  # fmt: skip
+    assert "1 earlier wave(s) of this run are committed, nothing of wave 2 was written" in err[-1]
+    assert len(log.read_text().splitlines()) == 2  # the first try and one retry on a restarted actor
+
+    # Nothing half-written: wave 1 committed, no part of wave 2 in any table, no staging left.
+    run_dir = out / clean.name
+    assert [p.name for p in (run_dir / "pairs").iterdir()] == ["part-000000.parquet"]
+    for table in ("cells", "word_cells", "sentences"):
+        assert {p.name for p in (run_dir / table).iterdir()} == {"part-000000.parquet"}, table
+    assert not (run_dir / _store.STAGING).exists()
+    assert q(run_dir, "select count(*) from {pairs}") == [(4,)]
+
+    monkeypatch.delenv("XSBERT_TEST_KILL_TEXT")  # the cause is gone: the same command resumes
+    s = run_job(out, "--dataset", str(data), *FLAGS)
+    assert s["computed_pairs"] == N_PAIRS - 4
+    assert_same_store(run_dir, clean)
+
+
+# --------------------------------------------------------------------------- duplicates (no Ray)
+def _stage2_rows(n: int) -> pa.Table:
+    from jobs._actors import PAIR_SCHEMA
+
+    data = {name: [None] * n for name in PAIR_SCHEMA.names}
+    data.update(ord=list(range(n)), pair_id=[f"p{k}" for k in range(n)], score=[0.5 + k for k in range(n)],
+                cell_value=[[0.1 * k, 0.2] for k in range(n)])  # fmt: skip
+    return pa.table(data, schema=PAIR_SCHEMA)
+
+
+def test_duplicate_rows_are_counted_and_dropped_when_equal():
+    from jobs.attribute import exactly_once
+
+    rows_ = _stage2_rows(4)
+    doubled = pa.concat_tables([rows_.slice(2, 2), rows_, rows_.slice(1, 1)])  # a retried batch, any order
+    out, dropped = exactly_once(doubled)
+    assert dropped == 3
+    assert out.to_pylist() == rows_.to_pylist()  # one row per ord, in ord order
+    once, none = exactly_once(rows_)
+    assert none == 0 and once.equals(rows_)
+
+
+def test_duplicate_rows_that_differ_fail_the_run():
+    from jobs.attribute import JobFailedError, exactly_once
+
+    rows_ = _stage2_rows(3)
+    retried = rows_.slice(1, 1)  # pair p1 again, its score one ulp off
+    retried = retried.set_column(retried.schema.get_field_index("score"), "score", pa.array([np.nextafter(1.5, 2)]))
+    with pytest.raises(JobFailedError, match="'p1' came back twice from stage 2 with different values"):
+        exactly_once(pa.concat_tables([rows_, retried]))

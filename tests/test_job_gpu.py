@@ -1,0 +1,63 @@
+"""The GPU branch of the job's resource plan, on a local Ray with two logical GPUs.
+
+`ray.init(num_gpus=2)` declares two GPUs that do not exist; Ray schedules on them all the same. With
+`--device cpu` the factor actors are placed exactly as on a GPU cluster (one GPU each, GPU batch and
+wave sizes, two calls in flight per actor) and compute on the CPU: the GPU actor path runs end to end
+on a machine without a GPU. Its own module: a Ray's resources are fixed when it starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from jobtools import q, run_job, stsb_rows, write_tsv
+
+from jobs.attribute import DEFAULT_BATCH_SIZE_GPU, DEFAULT_WAVE_SIZE_GPU, parse_args, resources
+
+
+@pytest.fixture(scope="module")
+def gpu_ray():
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if ray.is_initialized():  # another module's Ray: this module needs its own resources
+        ray.shutdown()
+    # The dashboard serves the state API, which tells what each actor was given.
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=True, log_to_driver=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    yield ray
+    ray.shutdown()
+
+
+def test_resources_plan_one_actor_per_gpu(gpu_ray):
+    res = resources(parse_args(["--dataset", "stsb"]), gpu_ray)
+    assert (res["cluster_gpus"], res["num_actors"], res["gpus_per_actor"], res["device"]) == (2.0, 2, 1.0, "cuda")
+    assert (res["batch_size"], res["tasks_in_flight"], res["cpus_per_actor"]) == (DEFAULT_BATCH_SIZE_GPU, 2, 1.0)
+    half = resources(parse_args(["--dataset", "stsb", "--gpus-per-actor", "0.5"]), gpu_ray)
+    assert (half["num_actors"], half["cpus_per_actor"]) == (4, 0.5)  # CPUs shared out, at least 0.25 each
+    forced = resources(parse_args(["--dataset", "stsb", "--device", "cpu", "--gpus-per-actor", "0"]), gpu_ray)
+    assert (forced["device"], forced["num_actors"], forced["batch_size"]) == ("cpu", 2, 16)  # the CPU branch
+
+
+@pytest.mark.slow
+def test_factor_actors_run_on_logical_gpus(gpu_ray, tmp_path):
+    from ray.util.state import list_actors
+
+    data = write_tsv(tmp_path / "pairs.tsv", stsb_rows(4, start=80))
+    # --batch-size 4: two factor batches, so that the pool starts both actors
+    s = run_job(tmp_path / "runs", "--dataset", str(data), "--device", "cpu", "--batch-size", "4")
+    run_dir = Path(s["run_dir"])
+    assert (s["n_done"], s["computed_pairs"]) == (4, 4)
+    assert q(run_dir, "select count(*), count(distinct pair_id) from {cells}")[0][1] == 4
+    res = json.loads((run_dir / "manifest.json").read_text())["runs"][-1]["resources"]
+    assert (res["cluster_gpus"], res["num_actors"], res["gpus_per_actor"], res["device"]) == (2.0, 2, 1.0, "cpu")
+    assert (res["wave_size"], res["tasks_in_flight"]) == (DEFAULT_WAVE_SIZE_GPU, 2)
+    ctx = gpu_ray.get_runtime_context()
+    listed = list_actors(address=ctx.gcs_address, detail=True, limit=1000)
+    actors = [a for a in listed if "FactorActor" in a.class_name and a.job_id == ctx.get_job_id()]
+    assert len(actors) == 2, [a.class_name for a in actors]
+    assert all(a.required_resources.get("GPU") == 1.0 for a in actors), [a.required_resources for a in actors]
