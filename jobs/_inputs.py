@@ -437,8 +437,8 @@ def undecodable(text: str) -> bool:
 
 
 def parse_label(value: Any, kind: str, bounds: tuple[float, float] | None) -> tuple[float | None, str | None]:
-    """(label or None, problem or None)."""
-    if _is_missing(value):
+    """(label or None, problem or None). Null or blank: no label; NaN/Inf (as text or as a float): a bad label."""
+    if value is None or (isinstance(value, str) and not value.strip()):
         return None, None
     if isinstance(value, bool):
         value = int(value)
@@ -569,7 +569,7 @@ def quarantine_frame(rows, pair_ids, reasons, details, texts_a, texts_b, labels)
             "detail": pd.Series([safe_text(d, 500) for d in details], dtype=object),
             "text_a": pd.Series([safe_text(t) for t in texts_a], dtype=object),
             "text_b": pd.Series([safe_text(t) for t in texts_b], dtype=object),
-            "label": pd.Series([None if _is_missing(v) else safe_text(v, 100) for v in labels], dtype=object),
+            "label": pd.Series([None if v is None else safe_text(v, 100) for v in labels], dtype=object),
         }
     )
 

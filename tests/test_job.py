@@ -1,10 +1,12 @@
 """The attribution job (`python -m jobs.attribute`): inputs, store, and real runs on a local 2-CPU Ray.
 
 Unit tests (no Ray) cover dataset reading, column recognition, validation, run ids, atomic commits and
-stage 2 against `Explainer.pair`. The Ray tests share one local cluster (ray.init(num_cpus=2)) and
-run the job in-process on a few real STS-B pairs with all-MiniLM-L6-v2 at its last layer and N = 2
-(cheap; the numbers are checked against `xsbert explain` with the same settings), then read the
-Parquet store back with DuckDB.
+stages 1 + 2 against the independent implementation (tests/independent.py). The Ray tests share one
+local cluster (ray.init(num_cpus=2)) and run the job in-process on a few real STS-B pairs with
+all-MiniLM-L6-v2 at its last layer and N = 2 (cheap; the numbers are checked against `xsbert explain`
+with the same settings), then read the Parquet store back with DuckDB. Killed workers and drivers,
+the retry bound and duplicates: tests/test_job_faults.py; the other options and inputs:
+tests/test_job_paths.py; GPU actors: tests/test_job_gpu.py.
 """
 
 from __future__ import annotations
@@ -12,10 +14,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +26,6 @@ from jobs import _inputs, _store
 from jobs._inputs import load_pairs, resolve_source, validate
 from xsbert_core import InputError
 
-ROOT = Path(__file__).resolve().parents[1]
 FAST = ["--layer", "-1", "--steps", "2"]  # attribution settings of every Ray test run
 TABLES = ("pairs", "cells", "word_cells", "sentences", "quarantine")
 
@@ -239,6 +236,23 @@ def test_malformed_jsonl_line_is_quarantined(tmp_path):
     assert quarantine.reason.tolist() == ["malformed_row", "malformed_row"]
 
 
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_float_nan_and_inf_labels_are_bad_labels_null_is_no_label(tmp_path, fmt):
+    # JSON's NaN/Infinity literals and Parquet's float NaN are labels that are not finite numbers; null is "none".
+    labels = [1.0, float("nan"), float("inf"), None]
+    rows = [{"id": str(k), "sentence1": f"A{k}.", "sentence2": f"B{k}.", "score": x} for k, x in enumerate(labels)]
+    path = tmp_path / f"p.{fmt}"
+    if fmt == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")  # NaN, Infinity, null
+    else:
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    pairs = load_pairs(str(path))
+    good, quarantine = validate(pairs.rows, pairs.label_kind, pairs.label_range, None, None, False)
+    assert good.pair_id.tolist() == ["0", "3"] and np.isnan(good.label.iat[1])  # 3: no label, computed
+    assert quarantine.pair_id.tolist() == ["1", "2"] and set(quarantine.reason) == {"bad_label"}
+    assert quarantine.label.tolist() == ["nan", "inf"] and all("not finite" in d for d in quarantine.detail)
+
+
 # --------------------------------------------------------------------------- store (no Ray)
 def test_run_id_hashes_what_changes_the_numbers():
     from jobs.attribute import parse_args, run_config
@@ -310,30 +324,56 @@ def minilm_model_name() -> str:
     return DEFAULT_MODEL
 
 
-def test_stage2_equals_explainer_pair_on_the_same_factors(small_factors):
-    from jobs._actors import PairCells
+def test_stage2_equals_the_independent_computation(tiny, tmp_path):
+    """FactorActor -> PairCells (stage 1 + 2 of the job, without Ray) against tests/independent.py: every
+    cell, word cell and pair number, on a tiny BERT saved as a sentence-transformers folder."""
+    import independent as ind
 
-    texts, table, ex = small_factors
+    from jobs._actors import FactorActor, PairCells
+
+    folder = tmp_path / "tiny-bert"
+    model = tiny.get("bert", n_layers=3)
+    model.save(str(folder))
+    texts = ["A man is playing a guitar.", "Someone plays an unbelievably loud instrument on stage.", "The cat sat."]
+    actor = FactorActor(str(folder), layer=1, mode="approx", similarity="cos", rule="gauss-legendre", steps=3,
+                        tolerance=None, max_steps=256, truncation="warn")  # fmt: skip
+    table = actor(pa.table({"sentence_id": ["s0", "s1", "s2"], "text": texts}))
     assert table.column("failure").null_count == table.num_rows
-    cells = PairCells([table], "cos")
-    out = cells(pa.table({"ord": [0, 1], "pair_id": ["p0", "p1"], "sentence_id_a": ["s0", "s2"],
-                          "sentence_id_b": ["s1", "s1"]}))  # fmt: skip
-    for k, (a, b) in enumerate([("s0", "s1"), ("s2", "s1")]):
-        fa, fb = cells.sentence(a), cells.sentence(b)
-        ref = ex.pair(fa, fb, words=True)
+    out = PairCells([table], "cos")(pa.table({"ord": [0, 1], "pair_id": ["p0", "p1"], "sentence_id_a": ["s0", "s2"],
+                                              "sentence_id_b": ["s1", "s1"]}))  # fmt: skip
+    refs = [ind.sentence(model, t, 1, "approx", "gauss-legendre", 3) for t in texts]
+    tok = model[0].tokenizer
+
+    def words(text: str) -> tuple[list[str], np.ndarray]:
+        """Words by the tokenizer's word ids, and the (U, S) token-averaging matrix: specials in no word."""
+        enc = tok(text, return_offsets_mapping=True)
+        wids, offs = enc.word_ids(), enc["offset_mapping"]
+        order = sorted({w for w in wids if w is not None})
+        m = np.zeros((len(order), len(wids)))
+        for u, w in enumerate(order):
+            m[u, [i for i, x in enumerate(wids) if x == w]] = 1.0
+        spans = [[offs[i] for i, x in enumerate(wids) if x == w] for w in order]
+        return [text[s[0][0] : s[-1][1]] for s in spans], m / m.sum(1, keepdims=True)
+
+    for k, (a, b) in enumerate([(0, 1), (2, 1)]):
         row = {name: out.column(name)[k].as_py() for name in out.column_names}
-        for name in ("score", "attribution_sum", "positive_sum", "negative_sum", "ref_sim_a", "ref_sim_b",
-                     "ref_term", "target"):  # fmt: skip
-            assert row[name] == getattr(ref, name), name  # bit-identical: same factors, same functions
-        assert row["completeness_error"] == ref.error
-        m = np.zeros_like(ref.matrix)
+        want = ind.pair(refs[a], refs[b], "cos")
+        m = np.full(want["matrix"].shape, np.nan)
         m[row["cell_i"], row["cell_j"]] = row["cell_value"]
-        assert np.array_equal(m, ref.matrix) and len(row["cell_value"]) == ref.matrix.size
-        assert row["cell_token_a"][0] == ref.tokens_a[row["cell_i"][0]]
-        w = np.zeros_like(ref.word_matrix)
+        np.testing.assert_allclose(m, want["matrix"], rtol=1e-5, atol=1e-5 * np.abs(want["matrix"]).max())
+        tokens_a, tokens_b = tok.convert_ids_to_tokens(refs[a].ids), tok.convert_ids_to_tokens(refs[b].ids)
+        assert row["cell_token_a"] == [tokens_a[i] for i in row["cell_i"]]
+        assert row["cell_token_b"] == [tokens_b[j] for j in row["cell_j"]]
+        for name in ("score", "ref_sim_a", "ref_sim_b", "ref_term", "target"):
+            assert row[name] == pytest.approx(want[name], abs=1e-6), name
+        assert row["attribution_sum"] == pytest.approx(float(want["matrix"].sum()), abs=1e-6)
+        assert row["positive_sum"] == pytest.approx(float(want["matrix"][want["matrix"] > 0].sum()), abs=1e-6)
+        assert row["completeness_error"] == pytest.approx(want["error"], abs=1e-6)
+        (wa, ma), (wb, mb) = words(texts[a]), words(texts[b])
+        w = np.full((len(wa), len(wb)), np.nan)
         w[row["word_u"], row["word_v"]] = row["word_value"]
-        assert np.array_equal(w, ref.word_matrix)
-        assert sorted(set(row["word_a"])) == sorted(set(ref.words_a))
+        np.testing.assert_allclose(w, ma @ want["matrix"] @ mb.T, rtol=1e-5, atol=1e-7)
+        assert row["word_a"][:: len(wb)] == wa and row["word_b"][: len(wb)] == wb
 
 
 def test_min_abs_prunes_cells_never_sums(small_factors):
@@ -363,22 +403,7 @@ def test_a_failed_sentence_fails_only_its_pairs(small_factors):
     assert out.column("failure").to_pylist() == [None, "NumericalError: NaN"]
 
 
-# --------------------------------------------------------------------------- real Ray runs
-@pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    yield ray
-    if started:
-        ray.shutdown()
-
-
+# --------------------------------------------------------------------------- real Ray runs (ray_cluster: conftest.py)
 def run_job(out: Path, *flags: str) -> dict:
     from jobs.attribute import main, parse_args
 
@@ -509,67 +534,6 @@ def test_all_rows_quarantined_still_gives_queryable_tables(tmp_path):
     assert q(run_dir, "select count(*) from {pairs} p join {cells} c using (pair_id)") == [(0,)]
     for table, schema in _store.SCHEMAS.items():
         assert all(pq.read_schema(p) == schema for p in (run_dir / table).glob("*.parquet")), table
-
-
-@pytest.mark.slow
-def test_job_survives_a_killed_factor_actor(ray_cluster, tmp_path, monkeypatch):
-    marker = tmp_path / "killed-once"
-    monkeypatch.setenv("XSBERT_TEST_KILL_ONCE", str(marker))
-    s = run_job(tmp_path / "runs", "--dataset", str(write_tsv(tmp_path / "p.tsv", stsb_rows(12))),
-                "--batch-size", "4")  # fmt: skip
-    assert marker.read_text().startswith("killed pid")  # an actor really died mid-batch
-    run_dir = Path(s["run_dir"])
-    assert s["computed_pairs"] == 12
-    assert q(run_dir, "select count(*), count(distinct pair_id) from {pairs}") == [(12, 12)]
-    cells = q(run_dir, "select count(*), count(distinct (pair_id, i, j)) from {cells}")
-    assert cells[0][0] == cells[0][1] == q(run_dir, "select sum(n_tokens_a * n_tokens_b) from {pairs}")[0][0]
-    assert q(run_dir, "select count(*) = count(distinct sentence_id) from {sentences}") == [(True,)]
-
-
-@pytest.mark.slow
-def test_job_survives_a_killed_stage2_worker(ray_cluster, tmp_path, monkeypatch):
-    marker = tmp_path / "killed-cells-once"
-    monkeypatch.setenv("XSBERT_TEST_KILL_CELLS_ONCE", str(marker))
-    s = run_job(tmp_path / "runs", "--dataset", str(write_tsv(tmp_path / "p.tsv", stsb_rows(6, start=30))))
-    assert marker.exists()
-    assert q(Path(s["run_dir"]), "select count(*), count(distinct pair_id) from {pairs}") == [(6, 6)]
-
-
-@pytest.mark.slow
-def test_killed_run_resumes_where_it_stopped(ray_cluster, tmp_path):
-    data, out = write_tsv(tmp_path / "p.tsv", stsb_rows(16, start=40)), tmp_path / "runs"
-    cmd = [sys.executable, "-m", "jobs.attribute", "--dataset", str(data), *FAST, "--out", str(out),
-           "--wave-size", "4", "--quiet", "--ray-address", ray_cluster.get_runtime_context().gcs_address]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)  # fmt: skip
-    deadline = time.monotonic() + 240
-    try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            if list(out.glob("*/pairs/part-*.parquet")):
-                break  # the first wave has committed: kill the driver now
-            time.sleep(0.2)
-        assert proc.poll() is None, f"the run ended before it could be killed:\n{proc.stdout.read().decode()[-3000:]}"
-        os.killpg(proc.pid, signal.SIGKILL)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    run_dir = next(out.iterdir())
-    done_before = len(_store.RunStore(out, run_dir.name).done_pair_ids())
-    assert 4 <= done_before < 16
-
-    s = run_job(out, "--dataset", str(data), "--wave-size", "4")
-    assert s["computed_pairs"] == 16 - done_before
-    assert (s["n_in"], s["n_done"]) == (16, 16)
-    assert q(run_dir, "select count(*), count(distinct pair_id) from {pairs}") == [(16, 16)]
-    assert q(run_dir, "select count(distinct pair_id) from {cells}") == [(16,)]
-    assert q(run_dir, "select count(*) = count(distinct sentence_id) from {sentences}") == [(True,)]
-    assert not (run_dir / "_staging").exists()
-    # Every cells/word_cells/sentences part belongs to a committed wave.
-    pairs_parts = {p.name for p in (run_dir / "pairs").iterdir()}
-    for table in ("cells", "word_cells", "sentences"):
-        assert {p.name for p in (run_dir / table).iterdir()} <= pairs_parts
 
 
 def test_no_arguments_means_the_embedded_default():
