@@ -81,12 +81,22 @@ def _stsb_pairs(dataset: str, split: str, limit: int | None) -> tuple[list[str],
 def model_card(info: dict[str, Any]) -> str:
     """README.md of the saved model: what it is, how it was trained, how well it does, how to load it."""
     hp = info["hyperparameters"]
+    def num(value: Any, digits: int) -> str:
+        return f"{float(value):.{digits}f}" if value not in (None, "") else ""
+
     history = "\n".join(
-        f"| {h.get('epoch', ''):.2f} | {h.get('step', '')} | "
-        f"{h['loss'] if 'loss' in h else ''} | {h.get('eval_' + info['metric'], '')} |"
+        f"| {num(h.get('epoch'), 2)} | {h.get('step', '')} | {num(h.get('loss'), 5)} | "
+        f"{num(h.get('eval_' + info['metric']), 4)} |"
         for h in info["history"]
-    )
+    ) or "| | | (fewer steps than the logging interval) | |"
     capped = ", capped by --max-steps" if hp["max_steps"] > 0 else ""
+    load = (
+        "import xsbert_core                      # registers the shift module with sentence-transformers\n"
+        "from sentence_transformers import SentenceTransformer\n"
+        f'model = SentenceTransformer("{info["path"]}")   # or trust_remote_code=True without the import'
+        if info["variant"] in ("exact", "orig")
+        else f'from sentence_transformers import SentenceTransformer\nmodel = SentenceTransformer("{info["path"]}")'
+    )
     shift = (
         "Its first module is `xsbert_core.shift.ShiftedTransformer`: token embeddings minus the reference's "
         "(`[CLS] PAD … PAD [SEP]` of the same length) before pooling, so e(r) = 0 and token-pair attributions "
@@ -121,9 +131,7 @@ datasets: [sentence-transformers/stsb]
 ## Use
 
 ```python
-import xsbert_core                      # registers the shift module with sentence-transformers
-from sentence_transformers import SentenceTransformer
-model = SentenceTransformer("{info["path"]}")   # or trust_remote_code=True without the import
+{load}
 ```
 
 ```bash
