@@ -9,7 +9,10 @@
 -- Inputs    cells of run and run2, joined on (pair_id, i, j): the cells
 --           stored in both (all of them without --min-abs; runs of
 --           different tokenizers do not match)
---           pairs of run and run2: score (pairs in both runs only)
+--           pairs of run and run2: score; only pairs in both runs with
+--           the same texts (sentence ids) and the same token counts on
+--           both sides count, so a pair re-tokenised differently (another
+--           tokenizer, another truncation) is left out, not misaligned
 -- Per pair  spearman  Pearson correlation of the average ranks of the
 --                     two runs' values (ties averaged: scipy's spearmanr)
 --           pearson   Pearson correlation of the values
@@ -68,6 +71,10 @@ pairs_1 as (
     select
         pair_id,
         score,
+        sentence_id_a,
+        sentence_id_b,
+        n_tokens_a,
+        n_tokens_b,
     from read_parquet(getvariable('run') || '/pairs/*.parquet')
 ),
 
@@ -75,6 +82,10 @@ pairs_2 as (
     select
         pair_id,
         score,
+        sentence_id_a,
+        sentence_id_b,
+        n_tokens_a,
+        n_tokens_b,
     from read_parquet(getvariable('run2') || '/pairs/*.parquet')
 ),
 
@@ -134,7 +145,12 @@ pair_scores as (
         pairs_1.pair_id,
         (pairs_1.score + pairs_2.score) / 2 as mean_score,
     from pairs_1
-    inner join pairs_2 on pairs_1.pair_id = pairs_2.pair_id
+    inner join pairs_2
+        on pairs_1.pair_id = pairs_2.pair_id
+        and pairs_1.sentence_id_a = pairs_2.sentence_id_a
+        and pairs_1.sentence_id_b = pairs_2.sentence_id_b
+        and pairs_1.n_tokens_a = pairs_2.n_tokens_a
+        and pairs_1.n_tokens_b = pairs_2.n_tokens_b
 ),
 
 pair_metrics as (

@@ -229,17 +229,26 @@ def minilm():
 
 
 # --------------------------------------------------------------------------- a local Ray
+@pytest.fixture(scope="session")
+def _ray_session():
+    """Shuts the shared local Ray down at the end of the session (see ray_cluster)."""
+    yield
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
 @pytest.fixture(scope="module")
-def ray_cluster():
-    """One local Ray per test module (2 CPUs), no dashboard, no progress bars; shut down after the module."""
+def ray_cluster(_ray_session):
+    """A local Ray (2 CPUs, no dashboard, no progress bars), shared by the modules that need one: started on
+    first use, started again when a module shut it down to run its own (tests/test_job_gpu.py), stopped at the
+    end of the session. Starting one costs ~10-30 s on 2 cores, so modules do not each start their own."""
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    started = not ray.is_initialized()
-    if started:
+    if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
     yield ray
-    if started:
-        ray.shutdown()
