@@ -27,6 +27,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import shlex
 import sys
 import time
@@ -51,6 +52,7 @@ LABEL_MAX = 5.0
 # The paper's figures for all-mpnet-base-v2 (DESIGN section 4), shown beside ours.
 PAPER_TABLE1 = {"shelf": 83.4, "tuned": 87.8, "exact": 87.5, "orig": 86.0}
 DEFAULT_STEPS_GRID = (4, 8, 16, 32, 64, 128)
+SETTINGS = ("base", "models", "split", "sample", "seed", "max_error")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -305,8 +307,18 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                    max_error=args.max_error)  # fmt: skip
     summary.setdefault("commands", {})
 
-    def save() -> None:
-        summary_path.write_text(json.dumps(summary, indent=1, default=str) + "\n", encoding="utf-8")
+    def save(*keys: str) -> None:
+        """Write `keys` of summary (and the run settings, and commands) into summary.json as it is on disk now,
+        so that two invocations on one --out (say table1 beside a long agreement run) keep each other's results."""
+        disk = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+        for key in (*SETTINGS, *keys):
+            if key in summary:
+                disk[key] = summary[key]
+        disk["commands"] = {**disk.get("commands", {}), **summary["commands"]}
+        tmp = summary_path.with_name(f".{summary_path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(disk, indent=1, default=str) + "\n", encoding="utf-8")
+        os.replace(tmp, summary_path)
+        summary.update(disk)
 
     if "table1" in args.stages:
         t = time.perf_counter()
@@ -315,14 +327,16 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         summary["table1"] = {"rows": df.to_dicts(), "aso": test, "seconds": time.perf_counter() - t}
         summary["commands"]["table1"] = args.command
         print(json.dumps(test, indent=1), flush=True)
-        save()
+        save("table1")
 
     if "agreement" in args.stages or "figures" in args.stages:
         a, b, _, _ = stsb(args.split, args.sample, args.seed)
         pilot = list(zip(a, b))[: args.pilot_pairs]
         n_layers = Explainer(load_model(paths["exact"]), layer=0, steps=1).split.n_layers
         summary["n_layers"] = n_layers
-        layers = list(range(n_layers)) if args.layers == "all" else [int(x) for x in args.layers.split(",")]
+        # "all": the deepest layer first, the cheapest to attribute (and the paper's), so an interrupted
+        # evaluation has those; a rerun reuses every layer recorded in summary.json.
+        layers = list(range(n_layers))[::-1] if args.layers == "all" else [int(x) for x in args.layers.split(",")]
         fig_layer = args.fig_layer % n_layers
         records = {int(k): v for k, v in summary.get("layers", {}).items()}
 
@@ -330,13 +344,15 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             if layer not in records:
                 records[layer] = layer_runs(paths, layer, args, pilot)
                 summary["layers"] = {str(k): v for k, v in sorted(records.items())}
-                save()
+                save("n_layers", "layers")
             return records[layer]
 
         if "agreement" in args.stages:
             frames = []
             for layer in layers:
-                rec = run_layer(layer)
+                run_layer(layer)
+            for layer in sorted(records):  # the requested layers and those recorded by earlier invocations
+                rec = records[layer]
                 df = sql_file("agreement", rec["runs"]["exact"]["run_dir"], rec["runs"]["tuned"]["run_dir"])
                 worst = max(r["mean_abs_completeness_error"] for r in rec["runs"].values())
                 frames.append(df.with_columns(pl.lit(layer).alias("layer"), pl.lit(rec["steps"]).alias("steps"),
@@ -357,7 +373,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                 shelf = {"layer": fig_layer, "steps": rec["steps"], "run_dir": s["run_dir"], "command": s["command"],
                          "mean_abs_completeness_error": s["mean_abs_completeness_error"]}  # fmt: skip
                 summary["shelf_run"] = shelf
-                save()
+                save("shelf_run")
             runs = {"shelf": shelf["run_dir"], "exact": rec["runs"]["exact"]["run_dir"]}
             terms = pl.concat([sql_file("reference_terms", r).with_columns(pl.lit(n).alias("model"))
                                for n, r in runs.items()])  # fmt: skip
@@ -369,13 +385,14 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                         f"Positive / negative sums (Fig 5), layer {fig_layer}")  # fmt: skip
             summary["figures"] = {"layer": fig_layer, "runs": runs}
             summary["commands"]["figures"] = args.command
-            save()
+            save("figures")
 
     if {"agreement", "figures"} & set(args.stages):
         written = plot_all(out, summary)
-        summary["plots"] = [str(p) for p in written]
-    summary["seconds"] = time.perf_counter() - t0
-    save()
+        summary["plots"] = sorted({*summary.get("plots", []), *(str(p) for p in written)})
+        save("plots")
+    summary.setdefault("seconds", {})[",".join(args.stages)] = time.perf_counter() - t0
+    save("seconds")
     print(f"results: {out}", flush=True)
     return summary
 

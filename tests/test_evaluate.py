@@ -83,6 +83,27 @@ def test_evaluate_all_stages_on_tiny_variants(ray_cluster, tiny_variants, tmp_pa
     assert cli([*argv, "--stages", "agreement"]) == 0
     assert json.loads((out / "summary.json").read_text())["layers"] == before
 
+    # Two invocations on one --out keep each other's results: a layer recorded by another process while this
+    # one computes Table 1 survives its save.
+    import jobs.evaluate as evaluate
+
+    real_table1 = evaluate.table1
+
+    def table1_while_another_records_a_layer(*a, **k):
+        on_disk = json.loads((out / "summary.json").read_text())
+        on_disk["layers"]["0"] = {"layer": 0, "by": "another process"}
+        (out / "summary.json").write_text(json.dumps(on_disk))
+        return real_table1(*a, **k)
+
+    evaluate.table1 = table1_while_another_records_a_layer
+    try:
+        assert cli([*argv, "--stages", "table1"]) == 0
+    finally:
+        evaluate.table1 = real_table1
+    after = json.loads((out / "summary.json").read_text())
+    assert after["layers"]["0"]["by"] == "another process" and after["layers"]["1"] == before["1"]
+    assert set(after["commands"]) == {"table1", "agreement", "figures"} and len(after["table1"]["rows"]) == 4
+
 
 def test_evaluate_bad_inputs(tmp_path, capsys):
     from jobs.evaluate import cli
