@@ -21,6 +21,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from jobtools import stsb_rows, write_tsv
 
 from jobs import _inputs, _store
 from jobs._inputs import load_pairs, resolve_source, validate
@@ -31,20 +32,6 @@ TABLES = ("pairs", "cells", "word_cells", "sentences", "quarantine")
 
 
 # --------------------------------------------------------------------------- helpers
-def stsb_rows(n: int, start: int = 0) -> pd.DataFrame:
-    """Real STS-B test pairs from the bundled copy: id, sentence1, sentence2, score."""
-    df = pd.read_csv(_inputs.BUNDLED_STSB, sep="\t", quoting=3, dtype=str, keep_default_na=False)
-    df = df[df.split == "test"].iloc[start : start + n]
-    return pd.DataFrame({"id": [f"p{start + k:03d}" for k in range(len(df))], "sentence1": df.sentence1.values,
-                         "sentence2": df.sentence2.values, "score": df.score.values})  # fmt: skip
-
-
-def write_tsv(path: Path, df: pd.DataFrame) -> Path:
-    lines = ["\t".join(df.columns)] + ["\t".join(map(str, r)) for r in df.itertuples(index=False)]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
-
-
 def duck():
     import duckdb
 

@@ -300,9 +300,8 @@ def test_syntactic_relations_known_top_cells(tmp_path):
     assert only_spacy["n"].sum() == 5 and "det" not in only_spacy["relation_a"].to_list()
 
 
-def test_syntactic_relations_equal_a_slow_top_share(tmp_path):
-    rng = np.random.default_rng(4)
-    run, data = random_run(tmp_path, "r", rng, n_pairs=15)
+def random_parses(data: dict, rng: np.random.Generator) -> list[dict]:
+    """spaCy-style parses rows for every word of a random_run's sentences: a random relation, 10% unaligned."""
     labels = ["nsubj", "obj", "det", "amod", "root"]
     parses = []
     for s in data["sentences"]:
@@ -310,6 +309,13 @@ def test_syntactic_relations_equal_a_slow_top_share(tmp_path):
             aligned = bool(rng.random() > 0.1)
             parses.append({"sentence_id": s["sentence_id"], "u": u, "word": w, "aligned": aligned, "parser": "spacy",
                            "deprel": str(rng.choice(labels)) if aligned else None})  # fmt: skip
+    return parses
+
+
+def test_syntactic_relations_equal_a_slow_top_share(tmp_path):
+    rng = np.random.default_rng(4)
+    run, data = random_run(tmp_path, "r", rng, n_pairs=15)
+    parses = random_parses(data, rng)
     write_table(run, "parses", parses)
     relation = {(p["sentence_id"], p["u"]): p["deprel"] or "unaligned" for p in parses}
     pair_of = {p["pair_id"]: p for p in data["pairs"]}
