@@ -262,13 +262,15 @@ def plot_all(out: Path, summary: dict[str, Any]) -> list[Path]:
         written.append(plot_by_layer(layers, series, out / "fig3_agreement_correlation.png",
                                      "Exact vs approximate attributions: rank correlation per pair",
                                      "correlation of token cells",
-                                     reference={"paper, mpnet L11, s>0.75: 0.81": (n_layers - 1, 0.81)}))  # fmt: skip
+                                     reference={"paper, mpnet L11 (its last), s>0.75: 0.81": (n_layers - 1, 0.81)},
+                                     bounds=(-1.0, 1.0)))  # fmt: skip
         jac = {"top-3 Jaccard": (overall["jaccard_top3_mean"].to_numpy(), overall["jaccard_top3_std"].to_numpy()),
                "top-10 Jaccard": (overall["jaccard_top10_mean"].to_numpy(), overall["jaccard_top10_std"].to_numpy())}
         written.append(plot_by_layer(layers, jac, out / "fig4_agreement_jaccard.png",
                                      "Exact vs approximate attributions: top-k token pairs shared", "Jaccard index",
-                                     reference={"paper L11: 0.83": (n_layers - 1, 0.83),
-                                                "paper L8: 0.60": (n_layers - 4, 0.60)}))  # fmt: skip
+                                     reference={"paper, mpnet L11 (its last): 0.83": (n_layers - 1, 0.83),
+                                                "paper, mpnet L8 (3 below its last): 0.60": (n_layers - 4, 0.60)},
+                                     bounds=(0.0, 1.0)))  # fmt: skip
     fig = summary.get("figures")
     if fig:
         shelf = _pairs_columns(fig["runs"]["shelf"], ["ref_sim_a", "ref_sim_b", "ref_term", "positive_sum",

@@ -115,3 +115,29 @@ def test_evaluate_bad_inputs(tmp_path, capsys):
         cli(["--stages", "tables"])
     assert "unknown stage" in capsys.readouterr().err
     assert not np.any([p.name.endswith(".parquet") for p in tmp_path.rglob("*")])
+
+
+def test_plot_by_layer_clips_bands_to_the_metric_range(tmp_path, monkeypatch):
+    """mean ± std bands stay inside `bounds` (a Jaccard index cannot exceed 1); without bounds they are as given."""
+    import matplotlib.axes
+
+    from xsbert_core.plots import plot_by_layer
+
+    bands = []
+    real = matplotlib.axes.Axes.fill_between
+
+    def spy(self, x, y1, y2=0, **kw):
+        bands.append((np.asarray(y1, dtype=float), np.asarray(y2, dtype=float)))
+        return real(self, x, y1, y2, **kw)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "fill_between", spy)
+    series = {"top-3 Jaccard": (np.array([0.2, 0.7, 0.9]), np.array([0.3, 0.2, 0.3])), "Pearson": ([0.5] * 3, None)}
+    for bounds in ((0.0, 1.0), None):
+        png = plot_by_layer([0, 1, 2], series, tmp_path / f"{bounds}.png", "t", "y", {"paper: 0.8": (2, 0.8)}, bounds)
+        assert png.read_bytes()[:4] == b"\x89PNG"
+    assert len(bands) == 2  # one band per series with a std, per plot
+    (low, high), (raw_low, raw_high) = bands
+    np.testing.assert_allclose(low, [0.0, 0.5, 0.6])
+    np.testing.assert_allclose(high, [0.5, 0.9, 1.0])
+    np.testing.assert_allclose(raw_low, [-0.1, 0.5, 0.6])
+    np.testing.assert_allclose(raw_high, [0.5, 0.9, 1.2])

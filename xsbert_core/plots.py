@@ -90,10 +90,12 @@ def plot_by_layer(
     title: str,
     ylabel: str,
     reference: dict[str, tuple[float, float]] | None = None,
+    bounds: tuple[float, float] | None = None,
 ):
     """Lines over layers: name -> (mean per layer, std per layer or None, drawn as a band).
 
-    `reference` marks published values as points: label -> (layer, value).
+    `reference` marks published values as points: label -> (layer, value); `bounds` clips the
+    mean ± std bands to the metric's range (e.g. (0, 1) for a Jaccard index).
     """
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     for name, (mean, std) in series.items():
@@ -101,7 +103,10 @@ def plot_by_layer(
         (line,) = ax.plot(layers, mean, marker="o", linewidth=1.6, label=name)
         if std is not None:
             std = np.asarray(std, dtype=float)
-            ax.fill_between(layers, mean - std, mean + std, color=line.get_color(), alpha=0.15, linewidth=0)
+            low, high = mean - std, mean + std
+            if bounds is not None:
+                low, high = np.clip(low, *bounds), np.clip(high, *bounds)
+            ax.fill_between(layers, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
     for label, (x, y) in (reference or {}).items():
         ax.plot([x], [y], marker="*", markersize=11, color="0.2", linestyle="none")
         ax.annotate(label, (x, y), xytext=(-6, 6), textcoords="offset points", fontsize=8, ha="right")
