@@ -109,7 +109,9 @@ def plot_by_layer(
             ax.fill_between(layers, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
     for label, (x, y) in (reference or {}).items():
         ax.plot([x], [y], marker="*", markersize=11, color="0.2", linestyle="none")
-        ax.annotate(label, (x, y), xytext=(-6, 6), textcoords="offset points", fontsize=8, ha="right")
+        right_end = x >= max(layers)  # at the right edge the label goes left of its point, elsewhere right of it
+        ax.annotate(label, (x, y), xytext=(-6, 6) if right_end else (8, -3), textcoords="offset points",
+                    fontsize=8, ha="right" if right_end else "left")
     ax.set_xticks(layers)
     ax.set_xlabel("layer L (attributions to the input of encoder layer L)")
     ax.set_ylabel(ylabel)
