@@ -22,6 +22,8 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +39,8 @@ from xsbert_core.models import DEFAULT_MODEL
 from xsbert_core.quadrature import SUPPORTED_RULES
 from xsbert_core.words import words_of
 
-from ._inputs import KEEP_PREFIX, load_pairs, quarantine_frame, validate
+from ._inputs import KEEP_PREFIX, Pairs, load_pairs, quarantine_frame, validate
+from ._ray import filter_stderr, init_ray, quiet_ray
 from ._store import SCHEMAS, STORE_VERSION, RunStore, run_id
 
 logger = logging.getLogger("jobs.attribute")
@@ -178,18 +181,6 @@ def run_config(args: argparse.Namespace, explainer: Explainer, fingerprint: str,
             "columns": pairs.columns.as_dict(),
         },
     }
-
-
-def init_ray(address: str | None):
-    """Join a running cluster ($RAY_ADDRESS, --ray-address, or the one this process already joined), else start one."""
-    import ray
-
-    if not ray.is_initialized():
-        if address or os.environ.get("RAY_ADDRESS"):
-            ray.init(address=address, log_to_driver=True)
-        else:
-            ray.init(num_cpus=os.cpu_count() or 1)
-    return ray
 
 
 def ray_identity(ray) -> dict[str, Any]:
@@ -432,25 +423,39 @@ def _quarantine_table(frame: pd.DataFrame) -> pa.Table:
     return pa.table({f.name: pa.array(frame[f.name].tolist(), f.type) for f in SCHEMAS["quarantine"]})
 
 
-# --------------------------------------------------------------------------- main
-def main(args: argparse.Namespace) -> dict[str, Any]:
-    """Run the job; returns the summary (also printed)."""
+# --------------------------------------------------------------------------- stages
+@dataclass
+class Prepared:
+    """What a run needs before anything is computed: its rows, validated; the engine; the run id."""
+
+    args: argparse.Namespace
+    pairs: Pairs
+    explainer: Explainer
+    good: pd.DataFrame  # rows to attribute (validate's `good`)
+    quarantine: pd.DataFrame  # rows rejected up front, with their reasons
+    config: dict[str, Any]  # what the run id hashes
+    run_id: str
+    started_at: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    t_start: float = field(default_factory=time.perf_counter)
+
+
+def prepare(args: argparse.Namespace) -> Prepared:
+    """Stage 0, no Ray and no writes: read and select the pairs, load the model, validate, hash the config."""
     t_start = time.perf_counter()
     started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    if args.max_retries < 0:
+        raise InputError(f"--max-retries must be >= 0, got {args.max_retries}")
     pairs = load_pairs(
         args.dataset, split=args.split, config=args.config, qqp=args.qqp_path,
         text_a=args.text_a_column, text_b=args.text_b_column, label=args.label_column, ids=args.id_column,
         label_range=_label_range(args.label_range), sample=args.sample, seed=args.seed, limit=args.limit,
         keep=args.keep_columns,
     )  # fmt: skip
-    if args.max_retries < 0:
-        raise InputError(f"--max-retries must be >= 0, got {args.max_retries}")
     engine_truncation = "error" if args.truncation == "error" else "warn"
     explainer = Explainer(
         args.model, layer=args.layer, mode=args.mode, similarity=args.similarity, rule=args.rule,
         steps=args.steps, tolerance=args.tolerance, max_steps=args.max_steps, truncation=engine_truncation,
     )  # fmt: skip
-    fingerprint = weights_fingerprint(explainer.model)
     tokenizer = explainer.split.tokenizer
     max_tokens = explainer.split.max_seq_length
 
@@ -458,8 +463,9 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         return [len(x) for x in tokenizer(texts, truncation=False, add_special_tokens=True)["input_ids"]]
 
     good, quarantine = validate(
-        pairs.rows, pairs.label_kind, pairs.label_range, count_tokens, max_tokens, args.truncation == "quarantine"
-    )
+        pairs.rows, pairs.label_kind, pairs.label_range, count_tokens, max_tokens, args.truncation == "quarantine",
+        count_content=explainer.split.content_counts,
+    )  # fmt: skip
     if args.truncation == "error":
         long = good[(good.n_tokens_a > max_tokens) | (good.n_tokens_b > max_tokens)]
         if len(long):
@@ -467,128 +473,192 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                 f"{len(long)} pairs have a text over max_seq_length={max_tokens} (first: pair {long.pair_id.iat[0]}); "
                 "use --truncation quarantine or warn"
             )
-    config = run_config(args, explainer, fingerprint, pairs)
-    rid = run_id(config)
-    summary: dict[str, Any] = {"run_id": rid}
-    with RunStore(args.out, rid, pairs.columns.keep) as store:
-        done_before = store.done_pair_ids()
-        todo = good[~good.pair_id.isin(done_before)].reset_index(drop=True)
-        known_q = store.quarantine_keys()
-        new_q = quarantine[
-            [(int(r), p, q) not in known_q for r, p, q in zip(quarantine.row, quarantine.pair_id, quarantine.reason)]
-        ]
-        wrote: list[Path] = []
-        stats: list[dict[str, Any]] = []
-        failures = []
-        res: dict[str, Any] = {}
-        ray_info: dict[str, Any] = {}
-        if len(new_q):
-            wrote += store.commit(store.next_seq(), {"quarantine": _quarantine_table(new_q)})
-        if len(todo):
-            ray = init_ray(args.ray_address)
-            if args.quiet:
-                ray.data.DataContext.get_current().enable_progress_bars = False
-            res = resources(args, ray)
-            wave_size = args.wave_size or (DEFAULT_WAVE_SIZE_GPU if res["gpus_per_actor"] > 0 else DEFAULT_WAVE_SIZE_CPU)
-            res.update(wave_size=wave_size, max_retries=args.max_retries)
-            ray_info = ray_identity(ray)
-            known_sentences = store.sentence_ids()
-            n_waves = math.ceil(len(todo) / wave_size)
-            for w in range(n_waves):
-                wave = todo.iloc[w * wave_size : (w + 1) * wave_size].reset_index(drop=True)
-                try:
-                    meta, out, timings = compute_wave(ray, wave, args, explainer, res)
-                except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as exc:
-                    raise JobFailedError(
-                        f"wave {w + 1}/{n_waves} failed: a batch killed its worker {args.max_retries + 1} times "
-                        f"(--max-retries {args.max_retries}; {type(exc).__name__}: {str(exc).splitlines()[0]}). "
-                        f"{w} earlier wave(s) of this run are committed, nothing of wave {w + 1} was written; "
-                        "the same command resumes the run"
-                    ) from exc
-                tables, failed = wave_tables(wave, meta, out, pairs.source.split, known_sentences)
-                if len(failed):
-                    failures.append(failed)
-                    tables["quarantine"] = _quarantine_table(
-                        failed[[(int(r), p, "attribution_error") not in known_q
-                                for r, p in zip(failed.row, failed.pair_id)]]  # fmt: skip
-                    )
-                wrote += store.commit(store.next_seq(), tables)
-                known_sentences |= set(tables["sentences"].column("sentence_id").to_pylist())
-                timings.update(wave=w, pairs=tables["pairs"].num_rows, cells=tables["cells"].num_rows)
-                stats.append(timings)
-                print(
-                    f"wave {w + 1}/{n_waves}: {timings['pairs']} pairs, {timings['sentences']} sentences, "
-                    f"factors {timings['factors_s']:.1f}s, cells {timings['cells_s']:.1f}s",
-                    flush=True,
-                )
-        wrote += store.commit_missing_tables()
-        wall = time.perf_counter() - t_start
+    config = run_config(args, explainer, weights_fingerprint(explainer.model), pairs)
+    return Prepared(args, pairs, explainer, good, quarantine, config, run_id(config), started_at, t_start)
 
-        # The selection's state in the store, whatever run computed it.
-        stored = store.read_table("pairs", ["pair_id", "completeness_error"])
-        empty = pd.DataFrame({"pair_id": [], "completeness_error": []})
-        stored_df = stored.to_pandas() if stored is not None else empty
-        mine = stored_df[stored_df.pair_id.isin(set(good.pair_id))]
-        n_failed = sum(len(f) for f in failures)
-        abs_err = mine.completeness_error.abs()
-        computed_pairs = sum(s["pairs"] for s in stats)
-        computed_sentences = sum(s["sentences"] for s in stats)
-        compute_s = sum(s["factors_s"] + s["factor_meta_s"] + s["cells_s"] for s in stats)
-        summary.update(
-            run_dir=str(store.path),
-            n_in=len(pairs.rows),
-            n_done=len(mine),
-            n_quarantined=len(quarantine) + n_failed,
-            quarantine_reasons=pd.concat([quarantine.reason, *(f.reason for f in failures)]).value_counts()
-            .sort_index().to_dict(),
-            computed_pairs=computed_pairs,
-            computed_sentences=computed_sentences,
-            waves=len(stats),
-            wall_s=wall,
-            compute_s=compute_s,
-            pairs_per_s=computed_pairs / wall if computed_pairs else 0.0,
-            sentences_per_s=computed_sentences / wall if computed_sentences else 0.0,
-            mean_abs_completeness_error=float(abs_err.mean()) if len(mine) else None,
-            max_abs_completeness_error=float(abs_err.max()) if len(mine) else None,
-            wrote_files=len(wrote),
-            duplicates_dropped=sum(s["duplicates_dropped"] for s in stats),
-            ray=ray_info,
-        )
-        if summary["n_in"] != summary["n_done"] + summary["n_quarantined"]:
-            raise RuntimeError(f"count mismatch: in {summary['n_in']} != done {summary['n_done']} + "
-                               f"quarantined {summary['n_quarantined']}")  # fmt: skip
-        if wrote or store.read_manifest() is None:
-            manifest = store.read_manifest() or {"run_id": rid, "created_at": started_at, "runs": []}
-            manifest.update(
-                run_id=rid,
-                store_version=STORE_VERSION,
-                schema="docs/STORE.md",
-                config=config,
-                settings=explainer.settings,
-                updated_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                tables={t: {"path": f"{t}/*.parquet", "parts": len(store.parts(t)), "rows": n}
-                        for t, n in store.counts().items()},  # fmt: skip
+
+@dataclass
+class Progress:
+    """What stage 1-2 did in this invocation (one entry per wave)."""
+
+    wrote: list[Path] = field(default_factory=list)
+    waves: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[pd.DataFrame] = field(default_factory=list)
+    resources: dict[str, Any] = field(default_factory=dict)
+    ray: dict[str, Any] = field(default_factory=dict)
+
+
+def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | None = print) -> Progress:
+    """Stages 1-2 for the selection's pairs not in the store yet, wave by wave, each wave one commit.
+
+    Ray is started (or joined) only when there is something to compute."""
+    args = prep.args
+    progress = Progress()
+    done_before = store.done_pair_ids()
+    todo = prep.good[~prep.good.pair_id.isin(done_before)].reset_index(drop=True)
+    known_q = store.quarantine_keys()
+    quarantine = prep.quarantine
+    new_q = quarantine[
+        [(int(r), p, q) not in known_q for r, p, q in zip(quarantine.row, quarantine.pair_id, quarantine.reason)]
+    ]
+    if len(new_q):
+        progress.wrote += store.commit(store.next_seq(), {"quarantine": _quarantine_table(new_q)})
+    if not len(todo):
+        return progress
+    ray = init_ray(args.ray_address)
+    quiet_ray(ray, progress_bars=not args.quiet and sys.stderr.isatty())
+    res = resources(args, ray)
+    wave_size = args.wave_size or (DEFAULT_WAVE_SIZE_GPU if res["gpus_per_actor"] > 0 else DEFAULT_WAVE_SIZE_CPU)
+    res.update(wave_size=wave_size, max_retries=args.max_retries)
+    progress.resources, progress.ray = res, ray_identity(ray)
+    known_sentences = store.sentence_ids()
+    n_waves = math.ceil(len(todo) / wave_size)
+    for w in range(n_waves):
+        wave = todo.iloc[w * wave_size : (w + 1) * wave_size].reset_index(drop=True)
+        try:
+            meta, out, timings = compute_wave(ray, wave, args, prep.explainer, res)
+        except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as exc:
+            raise JobFailedError(
+                f"wave {w + 1}/{n_waves} failed: a batch killed its worker {args.max_retries + 1} times "
+                f"(--max-retries {args.max_retries}; {type(exc).__name__}: {str(exc).splitlines()[0]}). "
+                f"{w} earlier wave(s) of this run are committed, nothing of wave {w + 1} was written; "
+                "the same command resumes the run"
+            ) from exc
+        tables, failed = wave_tables(wave, meta, out, prep.pairs.source.split, known_sentences)
+        if len(failed):
+            progress.failures.append(failed)
+            tables["quarantine"] = _quarantine_table(
+                failed[[(int(r), p, "attribution_error") not in known_q
+                        for r, p in zip(failed.row, failed.pair_id)]]  # fmt: skip
             )
-            manifest["runs"].append(
-                {
-                    "started_at": started_at,
-                    "selection": {"dataset": args.dataset, "split": pairs.source.split, "limit": args.limit,
-                                  "sample": args.sample, "seed": args.seed, "n_source_rows": pairs.n_source_rows},
-                    "counts": {k: summary[k] for k in ("n_in", "n_done", "n_quarantined", "computed_pairs",
-                                                       "computed_sentences")},
-                    "quarantine_reasons": summary["quarantine_reasons"],
-                    "resources": res,
-                    "ray": ray_info,
-                    "waves": stats,
-                    "duplicates_dropped": summary["duplicates_dropped"],
-                    "wall_s": wall,
-                    "mean_abs_completeness_error": summary["mean_abs_completeness_error"],
-                    "max_abs_completeness_error": summary["max_abs_completeness_error"],
-                }
-            )  # fmt: skip
-            store.write_manifest(manifest)
-    print_summary(summary, store.path)
+        progress.wrote += store.commit(store.next_seq(), tables)
+        known_sentences |= set(tables["sentences"].column("sentence_id").to_pylist())
+        timings.update(wave=w, pairs=tables["pairs"].num_rows, cells=tables["cells"].num_rows)
+        progress.waves.append(timings)
+        if on_wave is not None:
+            on_wave(
+                f"wave {w + 1}/{n_waves}: {timings['pairs']} pairs, {timings['sentences']} sentences, "
+                f"factors {timings['factors_s']:.1f}s, cells {timings['cells_s']:.1f}s"
+            )
+    return progress
+
+
+def summarize(store: RunStore, prep: Prepared, progress: Progress) -> dict[str, Any]:
+    """The selection's state in the store, whatever invocation computed it; counts in = done + quarantined."""
+    good, quarantine, failures, stats = prep.good, prep.quarantine, progress.failures, progress.waves
+    stored = store.read_table("pairs", ["pair_id", "completeness_error"])
+    empty = pd.DataFrame({"pair_id": [], "completeness_error": []})
+    stored_df = stored.to_pandas() if stored is not None else empty
+    mine = stored_df[stored_df.pair_id.isin(set(good.pair_id))]
+    abs_err = mine.completeness_error.abs()
+    computed_pairs = sum(s["pairs"] for s in stats)
+    computed_sentences = sum(s["sentences"] for s in stats)
+    wall = time.perf_counter() - prep.t_start
+    s = prep.explainer.settings
+    summary: dict[str, Any] = dict(
+        run_id=prep.run_id,
+        run_dir=str(store.path),
+        n_in=len(prep.pairs.rows),
+        n_done=len(mine),
+        n_quarantined=len(quarantine) + sum(len(f) for f in failures),
+        quarantine_reasons=pd.concat([quarantine.reason, *(f.reason for f in failures)]).value_counts()
+        .sort_index().to_dict(),
+        computed_pairs=computed_pairs,
+        computed_sentences=computed_sentences,
+        waves=len(stats),
+        wall_s=wall,
+        compute_s=sum(s["factors_s"] + s["factor_meta_s"] + s["cells_s"] for s in stats),
+        pairs_per_s=computed_pairs / wall if computed_pairs else 0.0,
+        sentences_per_s=computed_sentences / wall if computed_sentences else 0.0,
+        mean_abs_completeness_error=float(abs_err.mean()) if len(mine) else None,
+        max_abs_completeness_error=float(abs_err.max()) if len(mine) else None,
+        wrote_files=len(progress.wrote),
+        duplicates_dropped=sum(s["duplicates_dropped"] for s in stats),
+        ray=progress.ray,
+        settings={k: s[k] for k in ("layer", "rule", "steps", "tolerance", "max_steps", "mode")},
+    )
+    summary["advice"] = completeness_advice(summary)
+    if summary["n_in"] != summary["n_done"] + summary["n_quarantined"]:
+        raise RuntimeError(f"count mismatch: in {summary['n_in']} != done {summary['n_done']} + "
+                           f"quarantined {summary['n_quarantined']}")  # fmt: skip
     return summary
+
+
+def update_manifest(store: RunStore, prep: Prepared, progress: Progress, summary: dict[str, Any]) -> None:
+    """Record this invocation in manifest.json when it wrote anything (or the run has no manifest yet)."""
+    if not progress.wrote and store.read_manifest() is not None:
+        return
+    args = prep.args
+    manifest = store.read_manifest() or {"run_id": prep.run_id, "created_at": prep.started_at, "runs": []}
+    manifest.update(
+        run_id=prep.run_id,
+        store_version=STORE_VERSION,
+        schema="docs/STORE.md",
+        config=prep.config,
+        settings=prep.explainer.settings,
+        updated_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        tables={t: {"path": f"{t}/*.parquet", "parts": len(store.parts(t)), "rows": n}
+                for t, n in store.counts().items()},  # fmt: skip
+    )
+    manifest["runs"].append(
+        {
+            "started_at": prep.started_at,
+            "selection": {"dataset": args.dataset, "split": prep.pairs.source.split, "limit": args.limit,
+                          "sample": args.sample, "seed": args.seed, "n_source_rows": prep.pairs.n_source_rows},
+            "counts": {k: summary[k] for k in ("n_in", "n_done", "n_quarantined", "computed_pairs",
+                                               "computed_sentences")},
+            "quarantine_reasons": summary["quarantine_reasons"],
+            "resources": progress.resources,
+            "ray": progress.ray,
+            "waves": progress.waves,
+            "duplicates_dropped": summary["duplicates_dropped"],
+            "wall_s": summary["wall_s"],
+            "mean_abs_completeness_error": summary["mean_abs_completeness_error"],
+            "max_abs_completeness_error": summary["max_abs_completeness_error"],
+        }
+    )  # fmt: skip
+    store.write_manifest(manifest)
+
+
+def attribute(prep: Prepared, on_wave: Callable[[str], None] | None = print) -> dict[str, Any]:
+    """Stages 1-2 into the store, then the summary; a rerun of the same selection computes and writes nothing."""
+    with RunStore(prep.args.out, prep.run_id, prep.pairs.columns.keep) as store:
+        progress = compute(store, prep, on_wave)
+        progress.wrote += store.commit_missing_tables()
+        summary = summarize(store, prep, progress)
+        update_manifest(store, prep, progress, summary)
+    return summary
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the job (prepare -> attribute); returns the summary (also printed)."""
+    summary = attribute(prepare(args), on_wave=lambda line: print(line, flush=True))
+    print_summary(summary, Path(summary["run_dir"]))
+    return summary
+
+
+# Mean |completeness error| above which a run's end warns (similarity units: 1e-2 is 1% of cosine's range).
+COMPLETENESS_WARN = 1e-2
+
+
+def completeness_advice(summary: dict[str, Any]) -> str | None:
+    """A hint when the run's mean |completeness error| is large for its quadrature, else None.
+
+    Riemann's error falls like 1/N, Gauss-Legendre's much faster; --tolerance picks N per sentence."""
+    err = summary.get("mean_abs_completeness_error")
+    if err is None or err <= COMPLETENESS_WARN:
+        return None
+    s = summary["settings"]
+    if s.get("tolerance") is not None:
+        fix = f"--max-steps {2 * int(s['max_steps'])} (adaptive N stopped at the cap) or a smaller --tolerance"
+    elif s["rule"] == "riemann":
+        target = 2 ** math.ceil(math.log2(max(2.0, s["steps"] * err / (COMPLETENESS_WARN / 2))))
+        fix = f"--steps {target} (riemann's error falls like 1/N), --rule gauss-legendre --steps {max(16, s['steps'])}"
+        fix += ", or --tolerance 1e-3"
+    else:
+        fix = f"--steps {4 * s['steps']} or --tolerance 1e-3 (adaptive N per sentence)"
+    return (f"mean |completeness error| {err:.2e} is large for {s['rule']} N={s['steps']} at layer {s['layer']} "
+            f"(> {COMPLETENESS_WARN:g}): the cells do not sum to what they should; rerun with {fix}")
 
 
 def print_summary(s: dict[str, Any], run_dir: Path) -> None:
@@ -611,17 +681,29 @@ def print_summary(s: dict[str, Any], run_dir: Path) -> None:
           if s["duplicates_dropped"] else []),
         *([f"  ray                 job {s['ray']['job_id']} on {s['ray']['gcs_address']}"] if s["ray"] else []),
         "try:",
-        "  python -c \"import duckdb; duckdb.sql(\\\"select pair_id, label, round(score, 3) as score, "
-        "round(attribution_sum, 3) as sum_a, completeness_error from "
-        f"'{run_dir}/pairs/*.parquet' order by score desc limit 5\\\").show()\"",
+        f"  xsbert sql --run {run_dir} \"select pair_id, label, round(score, 3) as score, "
+        "round(attribution_sum, 3) as sum_a, completeness_error from pairs order by score desc limit 5\"",
         f"store: {run_dir}",
     ]
     print("\n".join(lines), flush=True)
+    if s.get("advice"):
+        print(f"warning: {s['advice']}", file=sys.stderr, flush=True)
+
+
+def quiet_console() -> None:
+    """For the command line: no download/loading bars of transformers off a TTY, Ray's C++ restart notice dropped
+    (jobs/_ray.py says why it is harmless)."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if not sys.stderr.isatty():
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+    filter_stderr()
 
 
 def cli(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
+    quiet_console()
     try:
         main(args)
     except XsbertError as exc:

@@ -41,6 +41,7 @@ from xsbert_core import InputError, XsbertError
 from xsbert_core.syntax import ALIGNMENTS, CLEARNLP_TO_UD, ParsedWord, align, clearnlp_to_ud
 from xsbert_core.words import words_of
 
+from ._ray import init_ray, quiet_ray
 from ._store import PARQUET_OPTIONS, PART_RE, SCHEMAS, STAGING, RunStore, _fsync_dir, write_json_atomic
 
 logger = logging.getLogger("jobs.parse")
@@ -482,18 +483,6 @@ def replace_table(store: RunStore, table: str, data: pa.Table) -> list[Path]:
 
 
 # --------------------------------------------------------------------------- Ray
-def init_ray(address: str | None):
-    """Join a running cluster ($RAY_ADDRESS, --ray-address, or the one this process joined), else start one."""
-    import ray
-
-    if not ray.is_initialized():
-        if address or os.environ.get("RAY_ADDRESS"):
-            ray.init(address=address, log_to_driver=True)
-        else:
-            ray.init(num_cpus=os.cpu_count() or 1)
-    return ray
-
-
 def pool(args: argparse.Namespace, ray, n_blocks: int) -> tuple[int, float]:
     """(actors, CPUs per actor): one CPU stays free for Ray Data's other operators (DESIGN section 5)."""
     cpus = float(ray.cluster_resources().get("CPU", 1))
@@ -507,8 +496,7 @@ def parse_on_ray(args: argparse.Namespace, spec: ParserSpec, todo: dict[str, str
     ray = init_ray(args.ray_address)
     from ray.data import ActorPoolStrategy
 
-    if args.quiet:
-        ray.data.DataContext.get_current().enable_progress_bars = False
+    quiet_ray(ray, progress_bars=not args.quiet and sys.stderr.isatty())
     ids = sorted(todo, key=lambda s: (-len(todo[s]), s))  # longest first: the last call is a short one
     bs = args.batch_size
     blocks = [pa.table({"sentence_id": ids[k : k + bs], "text": [todo[s] for s in ids[k : k + bs]]})
@@ -544,8 +532,8 @@ def sorted_first(ids: list[str]) -> tuple[list[str], list[int]]:
 
 
 # --------------------------------------------------------------------------- main
-def main(args: argparse.Namespace) -> dict[str, Any]:
-    """Run the job; returns the summary (also printed)."""
+def main(args: argparse.Namespace, echo: bool = True) -> dict[str, Any]:
+    """Run the job; returns the summary (printed unless `echo` is false)."""
     t_start = time.perf_counter()
     started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     if args.num_actors is not None and args.num_actors < 1:
@@ -556,7 +544,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     for path in paths:
         check_run(path)
     spec = choose_parser(args.parser, args.stanza_dir, args.stanza_download)
-    print(f"parser: {spec.name} {spec.version}, model {spec.model} ({spec.why})", flush=True)
+    if echo:
+        print(f"parser: {spec.name} {spec.version}, model {spec.model} ({spec.why})", flush=True)
     cache = ParseCache(Path(args.cache).expanduser() if args.cache else paths[0].parent / CACHE_DIRNAME, spec)
     mine = (spec.name, spec.version, spec.model)
 
@@ -633,7 +622,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         "wall_s": time.perf_counter() - t_start,
         **ray_info,
     }
-    print_summary(summary)
+    if echo:
+        print_summary(summary)
     return summary
 
 
@@ -681,8 +671,10 @@ def print_summary(s: dict[str, Any]) -> None:
 
 
 def cli(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from .attribute import quiet_console
+
     args = parse_args(argv)
+    quiet_console()
     try:
         main(args)
     except XsbertError as exc:

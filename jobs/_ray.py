@@ -1,0 +1,125 @@
+"""Ray for the jobs: join or start a cluster, and keep its console output to what a user needs.
+
+What a plain local run printed before (non-TTY, Ray 2.60), and where it goes now:
+
+- Ray Data's execution logs ("Starting execution of Dataset ...", "Execution plan ...", "... finished in
+  N seconds", ~8 lines a wave) and its "Progress bars disabled" notice: console handler of the `ray.data`
+  logger raised to WARNING; the file `<session>/logs/ray-data/ray-data.log` keeps everything.
+- `ray.init`'s INFO lines ("Started a local Ray instance", "Generated new authentication token"):
+  `logging_level=WARNING` for the `ray` logger (Ray's own log files are unchanged).
+- "Warning: The Ray cluster currently does not have any available CPUs" (a snapshot when a dataset starts,
+  while the previous stage's actors are being released): dropped from the console, kept in the file.
+- "Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled to opt out": token
+  authentication stays on (it keeps other users of the machine out of the local Ray and its dashboard);
+  only this notice is dropped. Its opposite ("... is disabled ...") is kept: that one matters.
+- "Actor with class name: 'MapWorker(...)' ... has constructor arguments in the object store and
+  max_restarts > 0" (an ERROR line from Ray's C++ core worker, ray-project/ray#53727): not ours to fix.
+  Ray Data 2.60 always hands its map transformer to pool actors as an ObjectRef (MapOperator.
+  _map_transformer_ref) and the operator holds that ref for the pool's life, so the restart it warns
+  about works (tests/test_job_faults.py kills actors and checks the resumed values). The command-line
+  entry points drop exactly this line from the process's stderr (`filter_stderr`), nothing else.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import re
+import sys
+import threading
+
+# Lines of the process's stderr (fd 2, C++ included) that the command-line entry points drop.
+DROPPED_STDERR = (re.compile(r"has constructor arguments in the object store and max_restarts > 0"),)
+# Log records dropped from the console (the log files keep them).
+DROPPED_RECORDS = (
+    re.compile(r"^Token authentication is enabled for this Ray cluster"),
+    re.compile(r"^Progress bars disabled\."),
+    # Ray Data checks free CPUs when a dataset starts; between the jobs' stages the last stage's actors may
+    # still hold them for a moment (they are released: nothing waits on them). A real hang shows as no progress.
+    re.compile(r"^Warning: The Ray cluster currently does not have any available CPUs"),
+)
+
+
+class _DropRecords(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(p.search(message) for p in DROPPED_RECORDS)
+
+
+def init_ray(address: str | None = None):
+    """Join a running cluster (`address`, $RAY_ADDRESS, or the one this process joined), else start a local one.
+
+    Ray's INFO lines stay in its log folder; worker output still reaches the driver."""
+    import ray
+
+    logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(_DropRecords())
+    if not ray.is_initialized():
+        if address or os.environ.get("RAY_ADDRESS"):
+            ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING)
+        else:
+            ray.init(num_cpus=os.cpu_count() or 1, logging_level=logging.WARNING)
+    return ray
+
+
+def quiet_ray(ray, progress_bars: bool) -> None:
+    """Ray Data's progress bars only where asked (a TTY and no -q); its execution logs only in its log file."""
+    ray.data.DataContext.get_current().enable_progress_bars = progress_bars
+    for handler in logging.getLogger("ray.data").handlers:
+        if not isinstance(handler, logging.FileHandler) and "File" not in type(handler).__name__:
+            handler.setLevel(logging.WARNING)
+            if not any(isinstance(f, _DropRecords) for f in handler.filters):
+                handler.addFilter(_DropRecords())
+
+
+def log_folder(ray) -> str | None:
+    """The session's log folder of the Ray this process joined (None when unknown)."""
+    try:
+        from ray._private.worker import global_worker
+
+        return global_worker.node.get_logs_dir_path() if global_worker.node is not None else None
+    except Exception:  # noqa: BLE001 - only for a message
+        return None
+
+
+_filter_lock = threading.Lock()
+_filter_installed = False
+
+
+def filter_stderr(patterns=DROPPED_STDERR) -> None:
+    """Drop the lines matching `patterns` from this process's fd 2 (Ray's C++ logs write there directly).
+
+    For the command-line entry points only: fd 2 becomes a pipe read by a thread that passes every other line
+    through unchanged; at exit the pipe is drained before the process ends."""
+    global _filter_installed
+    with _filter_lock:
+        if _filter_installed:
+            return
+        _filter_installed = True
+    sys.stderr.flush()
+    original = os.dup(2)
+    read_fd, write_fd = os.pipe()
+    os.dup2(write_fd, 2)
+    os.close(write_fd)
+
+    def pump() -> None:
+        with os.fdopen(read_fd, "rb", buffering=0) as pipe:
+            pending = b""
+            while chunk := pipe.read(65536):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                keep = [ln for ln in lines if not any(p.search(ln.decode("utf-8", "replace")) for p in patterns)]
+                if keep:
+                    os.write(original, b"".join(ln + b"\n" for ln in keep))
+            if pending:
+                os.write(original, pending)
+
+    thread = threading.Thread(target=pump, name="xsbert-stderr-filter", daemon=True)
+    thread.start()
+
+    def restore() -> None:
+        sys.stderr.flush()
+        os.dup2(original, 2)  # closes the pipe's last write end: the pump reads EOF and drains
+        thread.join(timeout=5)
+
+    atexit.register(restore)
