@@ -67,6 +67,8 @@ REASONS: tuple[str, ...] = (
     "undecodable_text_a",  # bytes that are not UTF-8, lone surrogates, U+FFFD, NUL
     "undecodable_text_b",
     "bad_label",  # not a number, not finite, outside the label range, not 0/1 for is_duplicate
+    "no_content_a",  # no token but special ones ([CLS] [SEP], <s> </s>, ...) or whitespace under the model's tokenizer
+    "no_content_b",
     "too_long_a",  # more tokens than the model's max_seq_length (--truncation quarantine)
     "too_long_b",
     "attribution_error",  # the engine failed on the pair (NaN/Inf); retried on every rerun
@@ -481,8 +483,13 @@ def validate(
     count_tokens: Callable[[list[str]], list[int]] | None,
     max_tokens: int | None,
     quarantine_long: bool,
+    count_content: Callable[[list[str]], list[int]] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Split normalised rows into (good, quarantine); each row lands in exactly one.
+
+    count_tokens:  tokens per text, specials included (n_tokens_a/_b; too_long_a/_b against max_tokens)
+    count_content: content tokens per text (the engine's SplitModel.content_counts); 0 is no_content_a/_b,
+                   a text the engine would reject. None: not checked.
 
     good:       row, pair_id, text_a, text_b, label (float, NaN when none), n_tokens_a, n_tokens_b, and the
                 keep:<name> pass-through columns
@@ -522,6 +529,15 @@ def validate(
     ok = [k for k, reason in enumerate(reasons) if reason is None]
     n_a = np.zeros(len(rows), dtype=np.int64)
     n_b = np.zeros(len(rows), dtype=np.int64)
+    texts = list(dict.fromkeys([rows.text_a.iat[k] for k in ok] + [rows.text_b.iat[k] for k in ok]))
+    if count_content is not None and texts:
+        content = dict(zip(texts, count_content(texts)))
+        for k in ok:
+            for side, text in (("a", rows.text_a.iat[k]), ("b", rows.text_b.iat[k])):
+                if content[text] == 0:
+                    reasons[k] = (f"no_content_{side}", "no token but special ones (or whitespace) after tokenization")
+                    break
+        ok = [k for k in ok if reasons[k] is None]
     if count_tokens is not None and ok:
         texts = list(dict.fromkeys([rows.text_a.iat[k] for k in ok] + [rows.text_b.iat[k] for k in ok]))
         lengths = dict(zip(texts, count_tokens(texts)))

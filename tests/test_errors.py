@@ -52,6 +52,130 @@ def test_text_without_any_token_is_rejected(minilm, text, mode):
         ex.explain(text, "A man plays guitar.")
 
 
+# Texts of special-token strings only: the model's own tokenization makes them [CLS] [CLS] [SEP] [SEP] (no content).
+ONLY_SPECIALS = {
+    "bert": ["[CLS] [SEP]", "[CLS][SEP]", " [SEP] ", "[PAD] [MASK]", "[CLS]\t[SEP]\n[SEP]"],
+    "roberta": ["<s></s>", "<s> </s>", "</s>", "<pad><mask>", " <s>\t</s> "],  # BPE's lone Ġ / ĉ: whitespace
+}
+# Content the model's tokenizer keeps: a special-token string inside other text is that special token, a
+# string of the other vocabulary's specials is text, and the unknown token stands for real characters.
+WITH_CONTENT = {
+    "bert": ["Hello [SEP] world", "[CLS] guitar [SEP]", "<s></s>", "[UNK]", "[SEP] é [SEP]"],
+    "roberta": ["The dog <mask> runs </s>", "<s>guitar</s>", "[CLS] [SEP]", "<unk>"],
+}
+
+
+@pytest.mark.parametrize("arch,text", [(a, t) for a, ts in ONLY_SPECIALS.items() for t in ts])
+def test_text_of_special_token_strings_only_is_rejected_before_any_computation(tiny, monkeypatch, arch, text):
+    """`[CLS] [SEP]` (BERT) or `<s></s>` (RoBERTa): tokens all special, nothing to attribute: one InputError that
+    names the text, raised by the tokenization, before any forward pass."""
+    import xsbert_core.explainer as explainer_module
+
+    ex = Explainer(tiny.get(arch), layer=1, steps=2)
+    assert ex.split.content_counts([text, "A fine text."]) == [0, ex.split.content_counts(["A fine text."])[0]]
+
+    def no_computation(*args, **kwargs):
+        raise AssertionError("computed before rejecting the text")
+
+    monkeypatch.setattr(explainer_module, "endpoints", no_computation)
+    for call in (
+        lambda: ex.explain(text, "A fine text."),
+        lambda: ex.explain("A fine text.", text),
+        lambda: ex.factors(["A fine text.", text]),
+        lambda: ex.explain_pairs([("A fine text.", "Another one."), (text, "A fine text.")]),
+    ):
+        with pytest.raises(InputError, match="no tokens but special ones") as info:
+            call()
+        message = str(info.value)
+        assert "\n" not in message and repr(text) in message
+
+
+@pytest.mark.parametrize("arch,text", [(a, t) for a, ts in WITH_CONTENT.items() for t in ts])
+def test_special_token_strings_inside_content_are_tokenized_as_the_model_does(tiny, arch, text):
+    """Not rejected; tokens and embedding are `SentenceTransformer.encode`'s (a literal [SEP] is the [SEP] token)."""
+    model = tiny.get(arch)
+    ex = Explainer(model, layer=1, steps=2)
+    assert ex.split.content_counts([text])[0] > 0
+    sf = ex.factors([text])[0]
+    tok = model[0].tokenizer
+    assert sf.tokens == tok.convert_ids_to_tokens(tok(text)["input_ids"])
+    assert torch.allclose(sf.embedding, model.encode(text, convert_to_tensor=True).cpu(), atol=1e-5)
+    res = ex.explain(text, "A fine text.")
+    assert res.matrix.shape == (len(sf.tokens), len(res.tokens_b)) and math.isfinite(res.attribution_sum)
+
+
+def test_embedded_special_token_string_is_the_special_token():
+    """What the docs say: `Hello [SEP] world` has the [SEP] token inside (not `[`, `sep`, `]`)."""
+    from transformers import AutoTokenizer
+
+    from xsbert_core import resolve_model
+
+    tok = AutoTokenizer.from_pretrained(resolve_model("sentence-transformers/all-MiniLM-L6-v2"))
+    assert tok.tokenize("Hello [SEP] world") == ["hello", "[SEP]", "world"]
+
+
+def test_cli_exits_2_on_a_text_of_special_tokens_only(capsys, tmp_path):
+    from xsbert_core.cli import main
+
+    out = tmp_path / "never.json"
+    code = main(["explain", "[CLS] [SEP]", "Some text.", "--steps", "1", "--json", str(out)])
+    err = capsys.readouterr().err
+    messages = [line for line in err.splitlines() if line.startswith("xsbert: error:")]
+    assert code == 2 and len(messages) == 1 and "'[CLS] [SEP]' has no tokens but special ones" in messages[0]
+    assert "Traceback" not in err and not out.exists()
+
+
+@pytest.mark.parametrize("arch", ["bert", "roberta"])
+def test_job_quarantines_texts_without_content_as_the_engine_rejects_them(tiny, arch):
+    """jobs._inputs.validate with the engine's content counts: no_content_a/_b for the texts the engine rejects,
+    in the reasons' order (empty text first, too long after), every row in exactly one of good and quarantine."""
+    import pandas as pd
+
+    from jobs._inputs import REASONS, validate
+
+    ex = Explainer(tiny.get(arch), layer=1, steps=2)
+    tok = ex.split.tokenizer
+    none_a, none_b = ONLY_SPECIALS[arch][0], ONLY_SPECIALS[arch][1]
+    many_specials = " ".join([ONLY_SPECIALS[arch][2].strip()] * 60)  # > max_seq_length 48, still no content
+    rows = [  # pair_id, text_a, text_b, expected reason
+        ("g1", "A man plays the guitar.", "Someone plays music.", None),
+        ("g2", WITH_CONTENT[arch][0], "A fine text.", None),  # an embedded special token: content
+        ("g3", WITH_CONTENT[arch][2], WITH_CONTENT[arch][3], None),  # the other vocabulary's specials; unknown
+        ("n1", none_a, "A fine text.", "no_content_a"),
+        ("n2", "A fine text.", none_b, "no_content_b"),
+        ("n3", none_a, none_b, "no_content_a"),  # the first text that has none, as for the other reasons
+        ("n4", many_specials, "A fine text.", "no_content_a"),  # before too_long_a
+        ("e1", "  ", none_b, "empty_text_a"),
+        ("t1", " ".join(["guitar"] * 60), "A fine text.", "too_long_a"),
+    ]
+    frame = pd.DataFrame({
+        "row": pd.Series(range(len(rows)), dtype="int64"),
+        "pair_id": pd.Series([r[0] for r in rows], dtype=object),
+        "text_a": pd.Series([r[1] for r in rows], dtype=object),
+        "text_b": pd.Series([r[2] for r in rows], dtype=object),
+        "label_raw": pd.Series([None] * len(rows), dtype=object),
+        "malformed": pd.Series([False] * len(rows), dtype=bool),
+    })  # fmt: skip
+    good, quarantine = validate(
+        frame, "none", None, lambda texts: [len(x) for x in tok(texts, truncation=False)["input_ids"]],
+        ex.split.max_seq_length, True, count_content=ex.split.content_counts,
+    )  # fmt: skip
+    assert len(frame) == len(good) + len(quarantine)  # counts in = out + quarantined
+    assert good.pair_id.tolist() == [r[0] for r in rows if r[3] is None]
+    assert dict(zip(quarantine.pair_id, quarantine.reason)) == {r[0]: r[3] for r in rows if r[3]}
+    assert REASONS.index("bad_label") < REASONS.index("no_content_a") < REASONS.index("too_long_a")
+    detail = quarantine.set_index("pair_id").detail
+    assert "special" in detail["n1"] and "max_seq_length" in detail["t1"]
+    # The engine agrees row by row: the good rows are attributed, every no-content text raises.
+    ex.explain_pairs(list(zip(good.text_a, good.text_b)))
+    for text in (none_a, none_b, many_specials):
+        with pytest.raises(InputError, match="no tokens but special ones"):
+            ex.factors([text])
+    # Without count_content (the callers before it), such a row is not quarantined.
+    good_without, _ = validate(frame.iloc[:4], "none", None, None, None, False)
+    assert good_without.pair_id.tolist() == ["g1", "g2", "g3", "n1"]
+
+
 def test_non_string_text(ex):
     with pytest.raises(InputError, match="strings"):
         ex.factors(["ok", None])  # type: ignore[list-item]

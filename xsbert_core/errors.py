@@ -8,7 +8,7 @@ class XsbertError(Exception):
 
 
 class InputError(XsbertError, ValueError):
-    """A text, pair or setting that cannot be attributed (empty text, N < 1, bad layer, ...)."""
+    """A text, pair or setting that cannot be attributed (empty text, only special tokens, N < 1, bad layer, ...)."""
 
 
 class TruncationError(InputError):

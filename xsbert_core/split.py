@@ -49,6 +49,22 @@ def _find_layers(auto_model: nn.Module) -> tuple[nn.Module, str, nn.ModuleList]:
     )
 
 
+def control_token_ids(tokenizer) -> frozenset[int]:
+    """Ids of the tokenizer's special tokens but its unknown token: [CLS] [SEP] [PAD] [MASK], <s> </s> <pad> <mask>.
+
+    [UNK] / <unk> is content: it stands for characters of the text the vocabulary lacks.
+    """
+    unk = tokenizer.unk_token_id
+    return frozenset(int(i) for i in tokenizer.all_special_ids if i != unk)
+
+
+def content_count(text: str, ids, offsets, control: frozenset[int]) -> int:
+    """How many tokens of `text` carry content: not a control token, and over at least one character that is not
+    whitespace (a byte-level BPE `Ġ` on its own is a space). The model's tokenization is taken as it is: a literal
+    `[SEP]` in the text is the [SEP] token (a control token), as `SentenceTransformer.encode` sees it."""
+    return sum(1 for i, (s, e) in zip(ids, offsets) if int(i) not in control and text[s:e].strip())
+
+
 @dataclass
 class TokenBatch:
     """A padded batch of tokenized texts and their references, all (B, S)."""
@@ -130,6 +146,7 @@ class SplitModel:
             modules.pop()
         self.post = modules
         self.pad_id = pad_token_id(self.tokenizer)
+        self.control_ids = control_token_ids(self.tokenizer)
         self.max_seq_length = int(first.max_seq_length or self.tokenizer.model_max_length)
         self.hidden_size = int(auto_model.config.hidden_size)
         self._model_inputs = [
@@ -168,10 +185,15 @@ class SplitModel:
             return_special_tokens_mask=True,
             return_offsets_mapping=True,
         )
-        content = (enc["attention_mask"].bool() & ~enc["special_tokens_mask"].bool()).sum(-1)
-        for text, n in zip(texts, content.tolist()):
-            if n == 0:  # e.g. only zero-width or control characters: e(x) = e(r), nothing to attribute
-                raise InputError(f"Text {text[:60]!r} has no tokens but special ones after tokenization")
+        # No content: only zero-width or control characters, or only special-token strings ("[CLS] [SEP]",
+        # "<s></s>") and whitespace. Then e(x) = e(r) up to the specials' positions: nothing to attribute.
+        for b, (text, n) in enumerate(zip(texts, enc["attention_mask"].sum(-1).tolist())):
+            ids, offsets = enc["input_ids"][b, :n].tolist(), enc["offset_mapping"][b, :n].tolist()
+            if content_count(text, ids, offsets, self.control_ids) == 0:
+                raise InputError(
+                    f"Text {text[:60]!r} has no tokens but special ones (or whitespace) after tokenization "
+                    f"({' '.join(self.tokenizer.convert_ids_to_tokens(ids))}): nothing to attribute"
+                )
         features = {k: enc[k].to(self.device) for k in self._model_inputs if k in enc}
         mask = enc["attention_mask"]
         lengths = mask.sum(-1).tolist()
@@ -193,6 +215,14 @@ class SplitModel:
             word_ids=[enc.word_ids(b)[:n] for b, n in enumerate(lengths)],
             offsets=[[tuple(o) for o in enc["offset_mapping"][b, :n].tolist()] for b, n in enumerate(lengths)],
         )
+
+    def content_counts(self, texts: list[str]) -> list[int]:
+        """Content tokens per text, untruncated (`content_count`): 0 is a text `tokenize` rejects as no content."""
+        enc = self.tokenizer(list(texts), truncation=False, return_offsets_mapping=True)
+        return [
+            content_count(text, ids, offsets, self.control_ids)
+            for text, ids, offsets in zip(texts, enc["input_ids"], enc["offset_mapping"])
+        ]
 
     # ------------------------------------------------------------------ forward
     @contextlib.contextmanager
