@@ -1,4 +1,5 @@
-"""`xsbert explain`, run in-process through cli.main(argv) with the real all-MiniLM-L6-v2."""
+"""`xsbert explain`, run in-process through jobs.cli.main(argv) (the `xsbert` command) with the real
+all-MiniLM-L6-v2; the library's own explain CLI (xsbert_core.cli.main, `python -m xsbert_core`) as well."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import json
 import numpy as np
 import pytest
 
+from jobs.cli import main
 from xsbert_core import Explainer
-from xsbert_core.cli import EXAMPLE_PAIR, main
+from xsbert_core.cli import EXAMPLE_PAIR
+from xsbert_core.cli import main as library_main
 
 A = "A man is playing a guitar."
 B = "Someone plays an instrument."
@@ -67,9 +70,10 @@ def test_words_and_plot(tmp_path, capsys):
     assert "score f(a,b)" in printed and "top 5 token pairs" in printed and "word pairs" in printed
 
 
-def test_default_example_pair(tmp_path):
+@pytest.mark.parametrize("entry", [main, library_main], ids=["xsbert", "xsbert_core"])
+def test_default_example_pair(entry, tmp_path):
     out = tmp_path / "d.json"
-    assert main(["explain", "--steps", "1", "--layer", "-1", "--json", str(out), "-q"]) == 0
+    assert entry(["explain", "--steps", "1", "--layer", "-1", "--json", str(out), "-q"]) == 0
     d = json.loads(out.read_text())
     assert (d["text_a"], d["text_b"]) == EXAMPLE_PAIR
 
@@ -108,3 +112,13 @@ def test_argparse_rejects_bad_choices(capsys):
         main(["explain", "a", "b", "--mode", "tuned"])
     assert info.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_library_cli_is_explain_only(capsys):
+    """xsbert_core.cli offers explain; `sql` (jobs._sql) belongs to the jobs layer's `xsbert` (jobs.cli)."""
+    code = library_main(["explain", "only one text"])
+    assert code == 2 and "xsbert: error: give both texts" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        library_main(["sql", "--run", "runs/x", "select 1"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "invalid choice" in err and "sql" in err

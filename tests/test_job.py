@@ -399,7 +399,7 @@ def run_job(out: Path, *flags: str) -> dict:
 
 def explain_json(tmp_path: Path, a: str, b: str) -> dict:
     """What `xsbert explain` writes for the pair, with the test runs' settings."""
-    from xsbert_core.cli import main as xsbert
+    from jobs.cli import main as xsbert
 
     out = tmp_path / "explain.json"
     assert xsbert(["explain", a, b, *FAST, "--words", "--json", str(out), "-q"]) == 0

@@ -1,4 +1,9 @@
-"""`xsbert` command line: explain one pair at a terminal."""
+"""`xsbert explain`: one pair at a terminal.
+
+The library's part of the `xsbert` command: the explain subcommand (`add_explain_parser`, `explain`) and
+`python -m xsbert_core explain ...`. The installed `xsbert` command, with `xsbert sql` beside explain, is
+jobs.cli (the jobs layer builds on the library, never the reverse).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from . import __version__
@@ -22,10 +28,22 @@ def _display(token: str) -> str:
     return token.replace("##", "").replace("Ġ", "").replace("▁", "") or token
 
 
-def build_parser() -> argparse.ArgumentParser:
+def new_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
+    """The top-level `xsbert` parser (--version) and its subcommand set, without subcommands."""
     p = argparse.ArgumentParser(prog="xsbert", description="Token-pair attributions for sentence transformers.")
     p.add_argument("--version", action="version", version=f"xsbert {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
+    return p, p.add_subparsers(dest="command", required=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The library's own CLI (`python -m xsbert_core`): `explain` only. The `xsbert` command is jobs.cli."""
+    p, sub = new_parser()
+    add_explain_parser(sub)
+    return p
+
+
+def add_explain_parser(sub: argparse._SubParsersAction) -> None:
+    """`xsbert explain`: one pair at a terminal (run by `explain`)."""
     e = sub.add_parser(
         "explain",
         help="attribute the similarity of one pair of texts to token pairs",
@@ -52,26 +70,6 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--plot", metavar="OUT.png", help="write a heatmap")
     e.add_argument("--device", default=None, help="torch device (default: cpu)")
     e.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
-    _add_sql_parser(sub)
-    return p
-
-
-def _add_sql_parser(sub) -> None:
-    """`xsbert sql`: DuckDB over a run directory (jobs/_sql.py, docs/ANALYSES.md)."""
-    s = sub.add_parser(
-        "sql",
-        help="run DuckDB SQL (a query or a sql/ analysis) over a run directory",
-        description="Run one DuckDB statement over a run: views pairs, cells, word_cells, sentences, quarantine, "
-        "parses (those of --run2 suffixed _2), variables run / run2 and --var set. Prints a table, or CSV.",
-    )
-    s.add_argument("query", nargs="?", help="one SQL statement, e.g. \"select count(*) from pairs\"")
-    s.add_argument("--run", required=True, metavar="DIR", help="the run directory (<out>/<run id>)")
-    s.add_argument("--run2", metavar="DIR2", help="a second run, for two-run analyses (views <table>_2)")
-    s.add_argument("--file", "-f", metavar="F", help="a SQL file instead of QUERY: a path, or a name in sql/")
-    s.add_argument("--var", action="append", default=[], metavar="NAME=VALUE",
-                   help="set a DuckDB variable (repeatable): --var min_count=10")  # fmt: skip
-    s.add_argument("--csv", action="store_true", help="print CSV (all rows) instead of a table")
-    s.add_argument("--max-rows", type=int, default=100, help="rows printed as a table (default 100)")
 
 
 def _summary(res, top: int) -> str:
@@ -152,20 +150,21 @@ def explain(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def run(parser: argparse.ArgumentParser, commands: dict[str, Callable[[argparse.Namespace], int]],
+        argv: list[str] | None = None) -> int:  # fmt: skip
+    """Parse argv and run its subcommand; an XsbertError is one `xsbert: error: ...` line and exit status 2."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
+    args = parser.parse_args(argv)
     try:
-        if args.command == "explain":
-            return explain(args)
-        if args.command == "sql":
-            from jobs._sql import cli as sql_cli  # lazily: DuckDB and polars only for this command
-
-            return sql_cli(args)
+        command = commands.get(args.command)
+        return command(args) if command is not None else 1
     except XsbertError as exc:
         print(f"xsbert: error: {exc}", file=sys.stderr)
         return 2
-    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser(), {"explain": explain}, argv)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,55 @@
+"""The `xsbert` command ([project.scripts] in pyproject.toml): `xsbert explain` and `xsbert sql`.
+
+It lives in the jobs layer because `xsbert sql` runs jobs._sql over a run directory; `xsbert explain` is
+the library's (xsbert_core.cli, also `python -m xsbert_core explain ...`). The arrow points down: jobs
+imports xsbert_core, never the reverse (tests/test_layering.py).
+
+    xsbert explain [A B] [...]            one pair at a terminal (xsbert_core.cli)
+    xsbert sql --run DIR [QUERY | -f F]   DuckDB over a run directory (jobs/_sql.py, docs/ANALYSES.md)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from xsbert_core.cli import add_explain_parser, explain, new_parser, run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p, sub = new_parser()
+    add_explain_parser(sub)
+    _add_sql_parser(sub)
+    return p
+
+
+def _add_sql_parser(sub: argparse._SubParsersAction) -> None:
+    """`xsbert sql`: DuckDB over a run directory (jobs/_sql.py, docs/ANALYSES.md)."""
+    s = sub.add_parser(
+        "sql",
+        help="run DuckDB SQL (a query or a sql/ analysis) over a run directory",
+        description="Run one DuckDB statement over a run: views pairs, cells, word_cells, sentences, quarantine, "
+        "parses (those of --run2 suffixed _2), variables run / run2 and --var set. Prints a table, or CSV.",
+    )
+    s.add_argument("query", nargs="?", help="one SQL statement, e.g. \"select count(*) from pairs\"")
+    s.add_argument("--run", required=True, metavar="DIR", help="the run directory (<out>/<run id>)")
+    s.add_argument("--run2", metavar="DIR2", help="a second run, for two-run analyses (views <table>_2)")
+    s.add_argument("--file", "-f", metavar="F", help="a SQL file instead of QUERY: a path, or a name in sql/")
+    s.add_argument("--var", action="append", default=[], metavar="NAME=VALUE",
+                   help="set a DuckDB variable (repeatable): --var min_count=10")  # fmt: skip
+    s.add_argument("--csv", action="store_true", help="print CSV (all rows) instead of a table")
+    s.add_argument("--max-rows", type=int, default=100, help="rows printed as a table (default 100)")
+
+
+def sql(args: argparse.Namespace) -> int:
+    from jobs._sql import cli as sql_cli  # lazily: DuckDB and polars only for this command
+
+    return sql_cli(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser(), {"explain": explain, "sql": sql}, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

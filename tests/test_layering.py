@@ -1,0 +1,64 @@
+"""Layering: xsbert_core (the library) never imports jobs (the Ray entrypoints); the `xsbert` command is jobs.cli."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LIBRARY = ROOT / "xsbert_core"
+
+
+def _is_jobs(name: str | None) -> bool:
+    return name is not None and (name == "jobs" or name.startswith("jobs."))
+
+
+def jobs_imports(source: str, filename: str = "<source>") -> list[str]:
+    """'file:line: what' for every import of `jobs` / `jobs.*` in the source, at any depth (lazy imports too)."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source, filename)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names = [node.module or ""]
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if called in ("import_module", "__import__") and isinstance(node.args[0].value, str):
+                names = [node.args[0].value]
+        found += [(node.lineno, f"{filename}:{node.lineno}: {name}") for name in names if _is_jobs(name)]
+    return [hit for _, hit in sorted(found)]
+
+
+def test_the_check_sees_every_form_of_import():
+    source = (
+        "import jobs\nimport os, jobs._sql as s\nfrom jobs import _sql\nfrom jobs._sql import cli\n"
+        "def f():\n    from jobs.parse import cli\n    importlib.import_module('jobs.report')\n    __import__('jobs')\n"
+        "import jobsearch\nfrom . import jobs\nfrom .jobs import x\nfrom xsbert_core import cli\n"
+    )
+    assert [hit.split(": ")[1] for hit in jobs_imports(source)] == [
+        "jobs", "jobs._sql", "jobs", "jobs._sql", "jobs.parse", "jobs.report", "jobs",
+    ]  # fmt: skip
+
+
+def test_library_never_imports_jobs():
+    files = sorted(LIBRARY.rglob("*.py"))
+    assert LIBRARY / "cli.py" in files and len(files) > 10
+    hits = [hit for f in files for hit in jobs_imports(f.read_text(encoding="utf-8"), str(f.relative_to(ROOT)))]
+    assert not hits, "xsbert_core must not import jobs (the jobs layer builds on the library):\n" + "\n".join(hits)
+
+
+def test_xsbert_command_is_jobs_cli_with_both_subcommands():
+    scripts = {ep.name: ep.value for ep in metadata.entry_points(group="console_scripts")}
+    assert scripts.get("xsbert") == "jobs.cli:main"  # pyproject.toml [project.scripts], as installed
+    done = subprocess.run([sys.executable, "-m", "jobs.cli", "--help"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: xsbert ") and "{explain,sql}" in done.stdout
+    for line in ("    explain ", "    sql "):
+        assert any(row.startswith(line) for row in done.stdout.splitlines()), (line, done.stdout)
+    library = subprocess.run([sys.executable, "-m", "xsbert_core", "--help"], cwd=ROOT, capture_output=True, text=True)
+    assert library.returncode == 0 and "{explain}" in library.stdout, library.stderr
