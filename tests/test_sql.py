@@ -612,7 +612,7 @@ def test_duckdb_cli_runs_each_file_as_documented(tmp_path, name):
 
 # --------------------------------------------------------------------------- jobs._sql and `xsbert sql`
 def xsbert_sql(capsys, *argv: str) -> tuple[int, str, str]:
-    from xsbert_core.cli import main as xsbert
+    from jobs.cli import main as xsbert
 
     code = xsbert(["sql", *argv])
     captured = capsys.readouterr()
@@ -767,21 +767,31 @@ def test_keep_columns_flag_passes_columns_through_and_changes_the_run_id(tmp_pat
 
 
 # --------------------------------------------------------------------------- small real runs
-@pytest.fixture(scope="module")
-def real_runs(ray_cluster, tmp_path_factory) -> dict[str, Path]:
+REAL_RUNS: dict[str, Path] = {}  # made once per session, by the first module that asks
+
+
+def make_real_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """all-MiniLM-L6-v2 through the real job (FAST settings, one actor: the work is tiny, the model loads are
     not): 8 STS-B test pairs (parsed by the real jobs.parse, spaCy), the first 3 negation pairs and the first
-    4 adjective pairs."""
+    4 adjective pairs, in one store. Made once per session for the modules that read them (never write to
+    them); needs a Ray (the ray_cluster fixture)."""
     from jobtools import run_job
 
     from jobs import parse
 
-    out = tmp_path_factory.mktemp("sql-runs") / "runs"
-    runs = {name: Path(run_job(out, "--dataset", name, "--num-actors", "1", *flags)["run_dir"])
-            for name, flags in (("stsb", ("--split", "test", "--limit", "8")), ("negation", ("--limit", "3")),
-                                ("adjectives", ("--limit", "4")))}  # fmt: skip
-    parse.main(parse.parse_args(["--run", str(runs["stsb"]), "--parser", "spacy", "--quiet"]))
-    return runs
+    if not REAL_RUNS:
+        out = tmp_path_factory.mktemp("sql-runs") / "runs"
+        runs = {name: Path(run_job(out, "--dataset", name, "--num-actors", "1", *flags)["run_dir"])
+                for name, flags in (("stsb", ("--split", "test", "--limit", "8")), ("negation", ("--limit", "3")),
+                                    ("adjectives", ("--limit", "4")))}  # fmt: skip
+        parse.main(parse.parse_args(["--run", str(runs["stsb"]), "--parser", "spacy", "--quiet"]))
+        REAL_RUNS.update(runs)
+    return dict(REAL_RUNS)
+
+
+@pytest.fixture(scope="module")
+def real_runs(ray_cluster, tmp_path_factory) -> dict[str, Path]:
+    return make_real_runs(tmp_path_factory)
 
 
 @pytest.mark.slow
