@@ -289,3 +289,59 @@ def test_ray_job_submit_end_to_end(ray_head, tmp_path):
     assert n_pairs == JOB_LIMIT, f"{n_pairs} pairs stored, expected {JOB_LIMIT}"
     assert n_ids == JOB_LIMIT
     assert n_cells > n_pairs  # every pair has a token matrix of at least 3 x 3
+
+
+@pytest.mark.slow
+def test_ray_job_submit_runs_the_pipeline(ray_head, tmp_path):
+    """`ray job submit --working-dir . -- python -m jobs.pipeline --config ...`: the study is brought up to date
+    on the submitted head (attribute -> parse -> report), and a second submission finds every stage up to date."""
+    from ray.job_submission import JobStatus
+
+    from tests.jobtools import stsb_rows, write_tsv
+
+    data = write_tsv(tmp_path / "pairs.tsv", stsb_rows(3))
+    config = tmp_path / "study.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "study": "submitted",
+                "out": str(tmp_path / "runs"),
+                "datasets": {"pairs": {"source": str(data)}},
+                "models": {"minilm": "sentence-transformers/all-MiniLM-L6-v2"},
+                "defaults": {"layer": -1, "steps": 2},
+                "runs": {"minilm": {"dataset": "pairs", "model": "minilm"}},
+                "parse": {"parser": "spacy"},
+                "report": {"out": str(tmp_path / "reports")},
+                "quiet": True,
+            }
+        ),
+        encoding="utf-8",
+    )
+    client = _job_client(ray_head.url)
+    logs = []
+    for attempt in range(2):
+        submission_id = f"xsbert-pipeline-{os.getpid()}-{int(time.time())}-{attempt}"
+        cmd = [
+            str(BIN / "ray"), "job", "submit", "--address", ray_head.url, "--submission-id", submission_id,
+            "--working-dir", str(ROOT), "--runtime-env-json", json.dumps({"excludes": UPLOAD_EXCLUDES}),
+            "--", "python", "-m", "jobs.pipeline", "--config", str(config),
+        ]  # fmt: skip
+        try:
+            subprocess.run(cmd, check=False, cwd=ROOT, env=ray_head.env, capture_output=True, text=True,
+                           timeout=JOB_TIMEOUT_S)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            client.stop_job(submission_id)
+            pytest.fail(f"pipeline job did not finish in {JOB_TIMEOUT_S}s")
+        status, log = client.get_job_status(submission_id), client.get_job_logs(submission_id)
+        assert status == JobStatus.SUCCEEDED, f"job {status}\n{log[-6000:]}"
+        logs.append(log)
+    first, second = logs
+    assert "attribute minilm: computed 3 pairs" in first and "parse: up to date" not in first
+    assert (tmp_path / "reports" / "minilm" / "index.html").is_file() and (
+        tmp_path / "reports" / "index.html"
+    ).is_file()
+    assert "attribute minilm: up to date" in second and "parse: up to date" in second
+    assert "report minilm: up to date" in second
+    # The quiet console: no Ray Data execution logs and no actor-restart notice in the job's output.
+    for noise in ("Execution plan of Dataset", "has constructor arguments in the object store", "Token authentication"):
+        assert noise not in first, noise
