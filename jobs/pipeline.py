@@ -421,9 +421,10 @@ def stage_report(study: Study, run_dirs: dict[str, Path]) -> list[dict[str, Any]
         fingerprint = _sha({"code": code, "vars": study.report.vars, "run": [str(run), run_state(run)],
                             "run2": [str(run2), run_state(run2)] if run2 else None})  # fmt: skip
         previous = state.get(name)
-        if previous and previous.get("fingerprint") == fingerprint and (out / "report.json").is_file():
+        fresh = previous and previous.get("fingerprint") == fingerprint and "findings" in previous
+        if fresh and (out / "report.json").is_file():
             say(f"report {name}: up to date ({out / 'index.html'})")
-            done.append({"name": name, "out": out, "summary": previous["summary"], "run": str(run),
+            done.append({"name": name, "out": out, "findings": previous["findings"], "run": str(run),
                          "run2": str(run2) if run2 else None})  # fmt: skip
             continue
         argv = ["--run", str(run), "--out", str(out), "-q"] + (["--run2", str(run2)] if run2 else [])
@@ -436,10 +437,10 @@ def stage_report(study: Study, run_dirs: dict[str, Path]) -> list[dict[str, Any]
         failed = [s.name for s in result["sections"] if s.status == "failed"]
         say(f"report {name}: written in {time.perf_counter() - t0:.0f} s ({out / 'index.html'})"
             + (f"; failed sections: {', '.join(failed)}" if failed else ""))  # fmt: skip
-        entry = {"fingerprint": fingerprint, "summary": result["summary"], "failed": failed}
+        found = report_findings(result["sections"])
         if not failed:
-            state.put(name, entry)
-        done.append({"name": name, "out": out, "summary": result["summary"], "run": str(run),
+            state.put(name, {"fingerprint": fingerprint, "findings": found})
+        done.append({"name": name, "out": out, "findings": found, "run": str(run),
                      "run2": str(run2) if run2 else None})  # fmt: skip
     state.save()
     return done
@@ -454,14 +455,22 @@ def like_for_like(model: str) -> bool:
     return model.rstrip("/").split("/")[-1].lower() == PAPER_MODEL
 
 
-def findings(lines: list[str], paper_ok: bool) -> list[str]:
-    """A report's summary lines: the report-path line dropped, the paper's number kept only like for like."""
+def report_findings(sections) -> list[dict[str, Any]]:
+    """The findings of a jobs.report result, one per line: {section, text, paper}; a failed analysis is one too.
+    Skipped analyses (not applicable to the run) are on the report's page, not in the summary."""
     out = []
-    for line in lines[1:]:
-        if not paper_ok:
-            line = re.sub(r" \(paper: [^)]*\)$", "", line)
-        out.append(line)
+    for s in sections:
+        if s.status == "ok" and s.name != "examples":
+            out += [{"section": s.name, "text": f.text, "paper": f.paper} for f in s.findings]
+        elif s.status == "failed":
+            out.append({"section": s.name, "text": f"failed: {s.reason}", "paper": None})
     return out
+
+
+def finding_lines(found: list[dict[str, Any]], paper_ok: bool) -> list[str]:
+    """`section: text`, with the paper's number beside it only like for like."""
+    return [f"{f['section']}: {f['text']}" + (f" (paper: {f['paper']})" if paper_ok and f["paper"] else "")
+            for f in found]  # fmt: skip
 
 
 def write_index(study: Study, reports: list[dict[str, Any]], models: dict[str, str]) -> Path:
@@ -469,7 +478,7 @@ def write_index(study: Study, reports: list[dict[str, Any]], models: dict[str, s
     root.mkdir(parents=True, exist_ok=True)
     items = []
     for r in reports:
-        lines = findings(r["summary"], like_for_like(models.get(r["name"], "")))
+        lines = finding_lines(r["findings"], like_for_like(models.get(r["name"], "")))
         li = "".join(f"<li>{html.escape(x)}</li>" for x in lines)
         rel = os.path.relpath(r["out"] / "index.html", root)
         runs = html.escape(r["run"] + (f" vs {r['run2']}" if r["run2"] else ""))
@@ -512,8 +521,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         result.update(reports=reports, index=index)
         say("")
         for r in reports:
-            paper_ok = like_for_like(models[r["name"]])
-            for line in findings(r["summary"], paper_ok):
+            for line in finding_lines(r["findings"], like_for_like(models[r["name"]])):
                 say(f"{r['name']}: {line}")
         if not any(like_for_like(m) for m in models.values()):
             say(f"(the paper's figures are for {PAPER_MODEL}; none of these runs uses it, so none is set beside "
