@@ -19,15 +19,20 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from xsbert_core.errors import XsbertError
+
+logger = logging.getLogger(__name__)
 
 STORE_VERSION = 1
 TABLES: tuple[str, ...] = ("pairs", "cells", "word_cells", "sentences", "quarantine")
@@ -140,7 +145,7 @@ class RunStore:
         except OSError as exc:
             self._lock_fh.close()
             self._lock_fh = None
-            raise RuntimeError(f"another run is writing {self.path} (lock held)") from exc
+            raise StoreError(f"another run is writing {self.path} (lock held)") from exc
         self.recover()
         return self
 
@@ -262,3 +267,344 @@ class RunStore:
 
     def files(self) -> Iterator[Path]:
         yield from sorted(p for p in self.path.rglob("*") if p.is_file() and p.name != ".lock")
+
+
+# --------------------------------------------------------------------------- object storage
+# On S3 (and S3-compatible stores) there is no rename and no lock, but every PUT is atomic (an object is
+# visible whole or not at all) and a PUT can be conditional (If-None-Match: * creates only if absent).
+# The protocol (docs/STORE.md, "On object storage"):
+# - writer lock: <run>/_lock.json created with If-None-Match: *; it names its owner (host, pid, a random
+#   token) and an expiry that a heartbeat thread pushes forward; a lock whose owner is a dead process on
+#   this host, or whose expiry has passed, is taken over (deleted, then created again with If-None-Match,
+#   so of two writers racing for it one wins); before each commit the writer checks the lock is still its own.
+# - commit: each table's part is one PUT of its final name, `pairs` last: the pairs part is the commit point.
+# - recovery on open: cells/word_cells/sentences parts without their pairs part are deleted.
+LOCK_NAME = "_lock.json"
+LOCK_TTL_S = float(os.environ.get("XSBERT_LOCK_TTL_S", "120"))
+REMOTE_SCHEMES = ("s3", "gs", "gcs")
+
+
+class StoreError(XsbertError, RuntimeError):
+    """The store cannot be reached or written (endpoint, bucket, credentials, a lock held by another writer)."""
+
+
+def is_remote(root: str | os.PathLike) -> bool:
+    """`root` is an object-storage URI (s3://, gs://), not a local path."""
+    text = str(root)
+    return "://" in text and text.split("://", 1)[0].lower() in REMOTE_SCHEMES
+
+
+def redact(uri: str) -> str:
+    """The URI without user info or query (never write credentials into a manifest or a log)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(uri)
+    host = parts.hostname or ""
+    return urlunsplit((parts.scheme, host + (f":{parts.port}" if parts.port else ""), parts.path, "", ""))
+
+
+def filesystem(uri: str):
+    """(pyarrow FileSystem, path inside it) for an s3:// or gs:// URI. S3 credentials, region and endpoint come
+    the standard way: AWS_* variables (AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3 for S3-compatible stores), the
+    shared config files, instance roles."""
+    from urllib.parse import urlsplit
+
+    import pyarrow.fs as pafs
+
+    parts = urlsplit(uri)
+    if parts.query or parts.username or parts.password:
+        raise StoreError(f"{redact(uri)}: put credentials and options in the environment (AWS_*), not in the URI")
+    scheme = parts.scheme.lower()
+    path = (parts.netloc + parts.path).rstrip("/")
+    if scheme == "s3":
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        kwargs: dict[str, Any] = {}
+        if endpoint:
+            ep = urlsplit(endpoint)
+            kwargs.update(endpoint_override=ep.netloc or ep.path, scheme=ep.scheme or "https")
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        if region:
+            kwargs["region"] = region
+        return pafs.S3FileSystem(**kwargs), path
+    if scheme in ("gs", "gcs"):
+        return pafs.GcsFileSystem(), path
+    raise StoreError(f"{redact(uri)}: unsupported scheme {scheme!r} (use a local path, s3:// or gs://)")
+
+
+def _s3_client():
+    import boto3
+
+    return boto3.client("s3")
+
+
+class ObjectRunStore(RunStore):
+    """A run on object storage (s3://bucket/prefix/<run id>), with the guarantees of the local store."""
+
+    def __init__(self, root: str, rid: str, extra_pair_columns: tuple[str, ...] = ()) -> None:
+        self.root = root.rstrip("/")
+        self.run_id = rid
+        self.extra_pair_columns = tuple(extra_pair_columns)
+        self.fs, base = filesystem(self.root)
+        self.base = f"{base}/{rid}"
+        self.scheme = self.root.split("://", 1)[0].lower()
+        self.path = f"{self.scheme}://{self.base}"  # type: ignore[assignment]  # a URI, not a Path
+        self._lock_fh = None
+        self._lock: dict[str, Any] | None = None
+        self._beat: Any = None
+
+    # ------------------------------------------------------------------ access and errors
+    def _key(self, *parts: str) -> str:
+        return "/".join((self.base, *parts))
+
+    def _bucket_key(self, *parts: str) -> tuple[str, str]:
+        bucket, _, key = self._key(*parts).partition("/")
+        return bucket, key
+
+    def _fail(self, exc: BaseException, doing: str) -> StoreError:
+        text = " ".join(str(exc).split())
+        low = text.lower()
+        if "nosuchbucket" in low or "bucket does not exist" in low or "the specified bucket does not exist" in low:
+            why = "the bucket does not exist"
+        elif "accessdenied" in low or "access denied" in low or "forbidden" in low or "invalidaccesskeyid" in low \
+                or "signaturedoesnotmatch" in low or "403" in low:  # fmt: skip
+            why = "access denied (check the credentials: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, role)"
+        elif "connect" in low or "timed out" in low or "resolve" in low or "curl" in low or "endpoint" in low:
+            why = "cannot reach the storage endpoint (AWS_ENDPOINT_URL / network)"
+        else:
+            why = text[:300]
+        return StoreError(f"{redact(self.root)}: {doing}: {why}")
+
+    def check(self) -> None:
+        """Reach the bucket before anything is computed (a missing bucket, denied credentials, no endpoint)."""
+        import pyarrow.fs as pafs
+
+        bucket = self.base.split("/", 1)[0]
+        try:
+            info = self.fs.get_file_info(bucket)
+        except OSError as exc:
+            raise self._fail(exc, "cannot open the store") from None
+        if info.type == pafs.FileType.NotFound:
+            raise StoreError(f"{redact(self.root)}: cannot open the store: the bucket {bucket!r} does not exist")
+
+    # ------------------------------------------------------------------ lifecycle
+    def open(self) -> ObjectRunStore:
+        self.check()
+        self._acquire()
+        try:
+            self.recover()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        if self._beat is not None:
+            self._beat[0].set()
+            self._beat[1].join(timeout=5)
+            self._beat = None
+        if self._lock is not None:
+            bucket, key = self._bucket_key(LOCK_NAME)
+            try:
+                if self._lock_is_mine():
+                    _s3_client().delete_object(Bucket=bucket, Key=key)
+            except Exception:  # noqa: BLE001 - the lock expires by itself
+                logger.warning("could not remove the writer lock of %s; it expires in %.0f s", self.path, LOCK_TTL_S)
+            self._lock = None
+
+    # ------------------------------------------------------------------ the writer lock
+    def _read_lock(self) -> tuple[dict[str, Any] | None, str | None]:
+        bucket, key = self._bucket_key(LOCK_NAME)
+        client = _s3_client()
+        try:
+            got = client.get_object(Bucket=bucket, Key=key)
+        except client.exceptions.NoSuchKey:
+            return None, None
+        try:
+            return json.loads(got["Body"].read()), got.get("ETag")
+        except ValueError:
+            return {}, got.get("ETag")
+
+    def _lock_is_mine(self) -> bool:
+        held, _ = self._read_lock()
+        return bool(held) and self._lock is not None and held.get("token") == self._lock["token"]
+
+    def _put_lock(self, body: dict[str, Any]) -> bool:
+        """Create the lock object only if absent; False when another writer has it."""
+        from botocore.exceptions import ClientError
+
+        bucket, key = self._bucket_key(LOCK_NAME)
+        try:
+            _s3_client().put_object(Bucket=bucket, Key=key, Body=canonical_json(body).encode(), IfNoneMatch="*",
+                                    ContentType="application/json")  # fmt: skip
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
+                return False
+            raise
+        return True
+
+    def _stale(self, held: dict[str, Any]) -> str | None:
+        """Why a held lock is dead (its owner's process on this host is gone, or it expired), else None."""
+        import socket
+        import time as _time
+
+        if held.get("host") == socket.gethostname() and isinstance(held.get("pid"), int):
+            try:
+                os.kill(held["pid"], 0)
+            except ProcessLookupError:
+                return f"its writer (pid {held['pid']} on this host) is gone"
+            except PermissionError:
+                pass
+        if float(held.get("expires", 0)) < _time.time():
+            return "it expired (its writer stopped renewing it)"
+        return None
+
+    def _acquire(self) -> None:
+        import secrets
+        import socket
+        import threading
+        import time as _time
+
+        body = {"host": socket.gethostname(), "pid": os.getpid(), "token": secrets.token_hex(8),
+                "since": _time.time(), "expires": _time.time() + LOCK_TTL_S}  # fmt: skip
+        try:
+            for _attempt in range(3):
+                if self._put_lock(body):
+                    break
+                held, _ = self._read_lock()
+                if held is None:
+                    continue  # released in between: try again
+                why = self._stale(held)
+                if why is None:
+                    left = float(held.get("expires", 0)) - _time.time()
+                    raise StoreError(
+                        f"another run is writing {self.path} (lock held by pid {held.get('pid')} on "
+                        f"{held.get('host')}, renewed until {left:.0f} s from now); try again when it has finished"
+                    )
+                logger.warning("taking over the writer lock of %s: %s", self.path, why)
+                bucket, key = self._bucket_key(LOCK_NAME)
+                _s3_client().delete_object(Bucket=bucket, Key=key)
+            else:
+                raise StoreError(f"{self.path}: could not take the writer lock (contended)")
+        except StoreError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - botocore errors: endpoint, credentials, bucket
+            raise self._fail(exc, "cannot take the writer lock") from None
+        self._lock = body
+        stop = threading.Event()
+
+        def renew() -> None:
+            bucket, key = self._bucket_key(LOCK_NAME)
+            while not stop.wait(LOCK_TTL_S / 3):
+                if self._lock is None:
+                    return
+                renewed = {**self._lock, "expires": _time.time() + LOCK_TTL_S}
+                try:
+                    if self._lock_is_mine():
+                        _s3_client().put_object(Bucket=bucket, Key=key, Body=canonical_json(renewed).encode())
+                        self._lock = renewed
+                except Exception:  # noqa: BLE001 - retried at the next beat; the commit check fences
+                    logger.warning("could not renew the writer lock of %s", self.path)
+
+        thread = threading.Thread(target=renew, name="xsbert-lock", daemon=True)
+        thread.start()
+        self._beat = (stop, thread)
+
+    def _fence(self) -> None:
+        """Refuse to commit unless the lock is still this writer's."""
+        if not self._lock_is_mine():
+            raise StoreError(f"{self.path}: the writer lock is no longer this run's (taken over after it "
+                             "expired): nothing more is committed; rerun to resume")  # fmt: skip
+
+    # ------------------------------------------------------------------ reading
+    def parts(self, table: str) -> list[PurePosixPath]:  # type: ignore[override]
+        import pyarrow.fs as pafs
+
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(self._key(table), allow_not_found=True))
+        except OSError as exc:
+            raise self._fail(exc, f"cannot list {table}") from None
+        return sorted(
+            PurePosixPath(i.path) for i in infos if i.type == pafs.FileType.File and PART_RE.match(i.base_name)
+        )
+
+    def _read(self, part: PurePosixPath, columns: list[str] | None = None) -> pa.Table:
+        return pq.read_table(str(part), columns=columns, filesystem=self.fs)
+
+    def read_column(self, table: str, column: str) -> list[Any]:
+        values: list[Any] = []
+        for part in self.parts(table):
+            values.extend(self._read(part, [column]).column(column).to_pylist())
+        return values
+
+    def read_table(self, table: str, columns: list[str] | None = None) -> pa.Table | None:
+        parts = self.parts(table)
+        if not parts:
+            return None
+        return pa.concat_tables([self._read(p, columns) for p in parts])
+
+    def recover(self) -> list[PurePosixPath]:  # type: ignore[override]
+        """Delete wave parts whose pairs part never landed (a commit cut short)."""
+        committed = {p.name for p in self.parts("pairs")}
+        removed = []
+        for table in WAVE_TABLES:
+            for part in self.parts(table):
+                if part.name not in committed:
+                    self.fs.delete_file(str(part))
+                    removed.append(part)
+        return removed
+
+    def counts(self) -> dict[str, int]:
+        return {t: sum(pq.ParquetFile(self.fs.open_input_file(str(p))).metadata.num_rows for p in self.parts(t))
+                for t in TABLES}  # fmt: skip
+
+    def files(self) -> Iterator[PurePosixPath]:  # type: ignore[override]
+        import pyarrow.fs as pafs
+
+        infos = self.fs.get_file_info(pafs.FileSelector(self.base, recursive=True, allow_not_found=True))
+        yield from sorted(
+            PurePosixPath(i.path) for i in infos if i.type == pafs.FileType.File and i.base_name != LOCK_NAME
+        )
+
+    def read_manifest(self) -> dict[str, Any] | None:
+        import pyarrow.fs as pafs
+
+        key = self._key("manifest.json")
+        if self.fs.get_file_info(key).type == pafs.FileType.NotFound:
+            return None
+        with self.fs.open_input_stream(key) as fh:
+            return json.loads(fh.read().decode("utf-8"))
+
+    # ------------------------------------------------------------------ writing
+    def commit(self, seq: int, tables: dict[str, pa.Table], keep_empty: bool = False) -> list[PurePosixPath]:  # type: ignore[override]
+        """Each table's part-<seq> as one PUT (atomic per object), `pairs` last: the wave's commit point."""
+        self._fence()
+        name = f"part-{seq:06d}.parquet"
+        order = sorted(tables, key=lambda t: (t == "pairs", (TABLES + DERIVED_TABLES).index(t)))
+        wrote = []
+        for table in order:
+            data = tables[table]
+            if data is None or (data.num_rows == 0 and not keep_empty):
+                continue
+            data = data.select(self.schema(table).names).cast(self.schema(table))
+            final = self._key(table, name)
+            try:
+                pq.write_table(data, final, filesystem=self.fs, **PARQUET_OPTIONS)
+            except OSError as exc:
+                raise self._fail(exc, f"cannot write {table}/{name}") from None
+            wrote.append(PurePosixPath(final))
+        return wrote
+
+    def write_manifest(self, manifest: dict[str, Any]) -> None:
+        self._fence()
+        text = json.dumps(manifest, indent=1, sort_keys=True, allow_nan=False) + "\n"
+        with self.fs.open_output_stream(self._key("manifest.json")) as fh:
+            fh.write(text.encode("utf-8"))
+
+
+def open_store(root: str | os.PathLike, rid: str, extra_pair_columns: tuple[str, ...] = ()) -> RunStore:
+    """The run `rid` under `root`: a local directory, or a prefix on object storage."""
+    if is_remote(root):
+        return ObjectRunStore(str(root), rid, extra_pair_columns)
+    return RunStore(root, rid, extra_pair_columns)

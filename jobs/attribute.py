@@ -41,7 +41,7 @@ from xsbert_core.words import words_of
 
 from ._inputs import KEEP_PREFIX, Pairs, load_pairs, quarantine_frame, validate
 from ._ray import filter_stderr, init_ray, quiet_ray
-from ._store import SCHEMAS, STORE_VERSION, RunStore, run_id
+from ._store import SCHEMAS, STORE_VERSION, RunStore, open_store, run_id
 
 logger = logging.getLogger("jobs.attribute")
 
@@ -622,7 +622,7 @@ def update_manifest(store: RunStore, prep: Prepared, progress: Progress, summary
 
 def attribute(prep: Prepared, on_wave: Callable[[str], None] | None = print) -> dict[str, Any]:
     """Stages 1-2 into the store, then the summary; a rerun of the same selection computes and writes nothing."""
-    with RunStore(prep.args.out, prep.run_id, prep.pairs.columns.keep) as store:
+    with open_store(prep.args.out, prep.run_id, prep.pairs.columns.keep) as store:
         progress = compute(store, prep, on_wave)
         progress.wrote += store.commit_missing_tables()
         summary = summarize(store, prep, progress)
@@ -633,7 +633,7 @@ def attribute(prep: Prepared, on_wave: Callable[[str], None] | None = print) -> 
 def main(args: argparse.Namespace) -> dict[str, Any]:
     """Run the job (prepare -> attribute); returns the summary (also printed)."""
     summary = attribute(prepare(args), on_wave=lambda line: print(line, flush=True))
-    print_summary(summary, Path(summary["run_dir"]))
+    print_summary(summary, summary["run_dir"])
     return summary
 
 
@@ -661,7 +661,7 @@ def completeness_advice(summary: dict[str, Any]) -> str | None:
             f"(> {COMPLETENESS_WARN:g}): the cells do not sum to what they should; rerun with {fix}")
 
 
-def print_summary(s: dict[str, Any], run_dir: Path) -> None:
+def print_summary(s: dict[str, Any], run_dir: str | Path) -> None:
     err = (
         f"mean {s['mean_abs_completeness_error']:.2e}, max {s['max_abs_completeness_error']:.2e}"
         if s["mean_abs_completeness_error"] is not None

@@ -38,11 +38,22 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from xsbert_core import InputError, XsbertError
+from xsbert_core.models import cache_dir
 from xsbert_core.syntax import ALIGNMENTS, CLEARNLP_TO_UD, ParsedWord, align, clearnlp_to_ud
 from xsbert_core.words import words_of
 
 from ._ray import init_ray, quiet_ray
-from ._store import PARQUET_OPTIONS, PART_RE, SCHEMAS, STAGING, RunStore, _fsync_dir, write_json_atomic
+from ._store import (
+    PARQUET_OPTIONS,
+    PART_RE,
+    SCHEMAS,
+    STAGING,
+    ObjectRunStore,
+    RunStore,
+    _fsync_dir,
+    is_remote,
+    open_store,
+)
 
 logger = logging.getLogger("jobs.parse")
 
@@ -427,8 +438,20 @@ class Run:
     has_parses: bool
 
 
-def check_run(path: Path) -> None:
+def check_run(path: Path | str) -> None:
     """A clear error unless `path` is a run directory with a readable sentences table."""
+    if is_remote(path):
+        store = open_store(*_parent_and_id(str(path)))
+        parts = store.parts("sentences")
+        if not parts:
+            raise InputError(f"{path} has no sentences table ({path}/sentences/*.parquet): pass a run written by "
+                             "jobs.attribute")  # fmt: skip
+        names = pq.read_schema(str(parts[0]), filesystem=store.fs).names  # type: ignore[attr-defined]
+        missing = [c for c in REQUIRED_SENTENCE_COLUMNS if c not in names]
+        if missing:
+            raise InputError(f"{path}/sentences lacks the columns {missing}")
+        return
+    assert isinstance(path, Path)
     if not path.exists():
         raise InputError(f"run directory {path} does not exist")
     if not path.is_dir():
@@ -442,8 +465,13 @@ def check_run(path: Path) -> None:
         raise InputError(f"{path}/sentences lacks the columns {missing}")
 
 
-def open_run(path: Path, stack: contextlib.ExitStack) -> Run:
-    store = RunStore(path.parent, path.name)
+def _parent_and_id(uri: str) -> tuple[str, str]:
+    parent, _, rid = uri.rstrip("/").rpartition("/")
+    return parent, rid
+
+
+def open_run(path: Path | str, stack: contextlib.ExitStack) -> Run:
+    store = open_store(*_parent_and_id(str(path))) if is_remote(path) else RunStore(path.parent, path.name)  # type: ignore[union-attr]
     try:
         stack.enter_context(store)
     except RuntimeError as exc:  # the writer lock is held (jobs.attribute or another jobs.parse)
@@ -464,7 +492,16 @@ def open_run(path: Path, stack: contextlib.ExitStack) -> Run:
 
 def replace_table(store: RunStore, table: str, data: pa.Table) -> list[Path]:
     """Swap the whole `table` folder for one holding `data` as part-000000 (staged, fsynced, two renames;
-    a reader in between finds the folder missing, never a mix of old and new rows)."""
+    a reader in between finds the folder missing, never a mix of old and new rows).
+
+    On object storage (no rename): the new rows are committed as a new part, then the older parts are deleted;
+    a reader in between sees both parsers' rows (they differ in `parser`)."""
+    if isinstance(store, ObjectRunStore):
+        old = store.parts(table)
+        wrote = store.commit(store.next_seq(), {table: data}, keep_empty=True)
+        for part in old:
+            store.fs.delete_file(str(part))
+        return wrote  # type: ignore[return-value]
     staging = store.path / STAGING / f"{table}-new"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -540,13 +577,19 @@ def main(args: argparse.Namespace, echo: bool = True) -> dict[str, Any]:
         raise InputError("--num-actors must be >= 1")
     if args.batch_size < 1:
         raise InputError("--batch-size must be >= 1")
-    paths = list(dict.fromkeys(Path(r).expanduser().resolve() for r in args.run))
+    paths = list(dict.fromkeys(r.rstrip("/") if is_remote(r) else Path(r).expanduser().resolve() for r in args.run))
     for path in paths:
         check_run(path)
     spec = choose_parser(args.parser, args.stanza_dir, args.stanza_download)
     if echo:
         print(f"parser: {spec.name} {spec.version}, model {spec.model} ({spec.why})", flush=True)
-    cache = ParseCache(Path(args.cache).expanduser() if args.cache else paths[0].parent / CACHE_DIRNAME, spec)
+    if args.cache:
+        cache_root = Path(args.cache).expanduser()
+    elif is_remote(paths[0]):  # a run on object storage: the parser cache stays on this machine
+        cache_root = cache_dir() / "parses"
+    else:
+        cache_root = paths[0].parent / CACHE_DIRNAME  # type: ignore[union-attr]
+    cache = ParseCache(cache_root, spec)
     mine = (spec.name, spec.version, spec.model)
 
     with contextlib.ExitStack() as stack:
@@ -584,7 +627,8 @@ def main(args: argparse.Namespace, echo: bool = True) -> dict[str, Any]:
             if args.replace:
                 wrote = replace_table(run.store, "parses", rows.to_arrow())
             elif rows.height or not run.has_parses:  # a first parse without rows still leaves an empty part
-                (run.store.path / "parses").mkdir(exist_ok=True)
+                if not is_remote(run.path):
+                    (run.store.path / "parses").mkdir(exist_ok=True)
                 wrote = run.store.commit(run.store.next_seq(), {"parses": rows.to_arrow()}, keep_empty=True)
             counts = alignment_counts(rows)
             info = {
@@ -630,7 +674,7 @@ def main(args: argparse.Namespace, echo: bool = True) -> dict[str, Any]:
 def write_manifest(run: Run, spec: ParserSpec, cache: ParseCache, info: dict[str, Any], started_at: str,
                    wall: float) -> None:  # fmt: skip
     """manifest.json "parses": the parser, the table's totals, and one entry per invocation that wrote."""
-    manifest = run.store.read_manifest() or {"run_id": run.path.name}
+    manifest = run.store.read_manifest() or {"run_id": run.store.run_id}
     table = run.store.read_table("parses", ["alignment"])
     frame = (
         pl.from_arrow(table) if table is not None else pl.DataFrame({"alignment": []}, schema={"alignment": pl.String})
@@ -645,7 +689,7 @@ def write_manifest(run: Run, spec: ParserSpec, cache: ParseCache, info: dict[str
     entry["runs"].append({"started_at": started_at, "wall_s": wall, **{k: info[k] for k in (
         "sentences", "rows", "aligned", "alignment", "failed_sentences")}})  # fmt: skip
     manifest["parses"] = entry
-    write_json_atomic(run.store.path / "manifest.json", manifest)
+    run.store.write_manifest(manifest)
 
 
 def print_summary(s: dict[str, Any]) -> None:

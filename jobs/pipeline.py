@@ -40,7 +40,7 @@ from xsbert_core.quadrature import SUPPORTED_RULES
 
 from . import _sql
 from ._inputs import BUILTINS, resolve_source
-from ._store import DERIVED_TABLES, TABLES, canonical_json
+from ._store import DERIVED_TABLES, TABLES, canonical_json, filesystem, is_remote
 
 PROG = "python -m jobs.pipeline"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -175,8 +175,9 @@ class Study(Strict):
                 raise ValueError(f"datasets.{name}: {problem}")
         return self
 
-    def report_root(self) -> Path:
-        return Path(self.report.out or f"reports/{self.study}")
+    def report_root(self) -> str:
+        """Where the reports go: a local folder, or an object-storage prefix (s3://...) beside the store."""
+        return (self.report.out or f"reports/{self.study}").rstrip("/")
 
 
 def model_problem(model: str) -> str | None:
@@ -289,15 +290,28 @@ def _sha(obj: Any) -> str:
     return hashlib.sha256(canonical_json(obj).encode()).hexdigest()[:16]
 
 
-def run_state(run_dir: Path) -> dict[str, list[list[Any]]]:
-    """The committed parts of every table of a run: (name, bytes, mtime ns). Parts are written once under
-    new names, so a run whose listing is unchanged has unchanged rows."""
+def _fs(run: str):
+    """(pyarrow FileSystem, path) of a run directory: a local path or an object-storage URI."""
+    import pyarrow.fs as pafs
+
+    if is_remote(run):
+        return filesystem(run)
+    return pafs.LocalFileSystem(), str(Path(run).resolve())
+
+
+def run_state(run: str) -> dict[str, list[list[Any]]]:
+    """The committed parts of every table of a run: (name, bytes, mtime). Parts are written once under new
+    names, so a run whose listing is unchanged has unchanged rows."""
+    import pyarrow.fs as pafs
+
+    fs, base = _fs(run)
     state = {}
     for table in TABLES + DERIVED_TABLES:
-        folder = run_dir / table
-        if folder.is_dir():
-            parts = sorted(p for p in folder.iterdir() if p.suffix == ".parquet")
-            state[table] = [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in parts]
+        infos = fs.get_file_info(pafs.FileSelector(f"{base}/{table}", allow_not_found=True))
+        parts = sorted((i for i in infos if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")),
+                       key=lambda i: i.base_name)  # fmt: skip
+        if parts:
+            state[table] = [[i.base_name, i.size, i.mtime_ns] for i in parts]
     return state
 
 
@@ -312,34 +326,87 @@ def code_state() -> str:
     return digest.hexdigest()[:16]
 
 
-def unparsed(run_dir: Path) -> int:
+def unparsed(run: str) -> int:
     """Sentences with words that have no parse rows yet (0: the parse stage has nothing to do)."""
     import pyarrow.compute as pc
     import pyarrow.dataset as pads
 
-    sentences = pads.dataset(str(run_dir / "sentences"), format="parquet").to_table(columns=["sentence_id", "words"])
+    fs, base = _fs(run)
+    state = run_state(run)
+    if not state.get("sentences"):
+        return 0
+    sentences = pads.dataset(f"{base}/sentences", filesystem=fs, format="parquet").to_table(
+        columns=["sentence_id", "words"]
+    )
     with_words = sentences.filter(pc.greater(pc.list_value_length(sentences.column("words")), 0))
     ids = set(with_words.column("sentence_id").to_pylist())
-    folder = run_dir / "parses"
-    if not ids:
-        return 0
-    if not folder.is_dir() or not any(folder.glob("*.parquet")):
+    if not ids or not state.get("parses"):
         return len(ids)
-    parsed = pads.dataset(str(folder), format="parquet").to_table(columns=["sentence_id"])
+    parsed = pads.dataset(f"{base}/parses", filesystem=fs, format="parquet").to_table(columns=["sentence_id"])
     return len(ids - set(parsed.column("sentence_id").to_pylist()))
+
+
+class Reports:
+    """The report root: a local folder, or a prefix on object storage whose reports are written into a local
+    staging folder and uploaded (each report's old objects deleted first), with pipeline.json and index.html."""
+
+    def __init__(self, root: str) -> None:
+        import tempfile
+
+        self.root = root
+        self.remote = is_remote(root)
+        self.local = Path(tempfile.mkdtemp(prefix="xsbert-reports-")) if self.remote else Path(root)
+        if self.remote:
+            self.fs, self.base = filesystem(root)
+
+    def where(self, name: str) -> str:
+        return f"{self.root}/{name}/index.html"
+
+    def exists(self, relative: str) -> bool:
+        import pyarrow.fs as pafs
+
+        if not self.remote:
+            return (self.local / relative).is_file()
+        return self.fs.get_file_info(f"{self.base}/{relative}").type == pafs.FileType.File
+
+    def read_text(self, relative: str) -> str | None:
+        if not self.exists(relative):
+            return None
+        if not self.remote:
+            return (self.local / relative).read_text(encoding="utf-8")
+        with self.fs.open_input_stream(f"{self.base}/{relative}") as fh:
+            return fh.read().decode("utf-8")
+
+    def publish(self, relative: str) -> None:
+        """Upload local/<relative> (a file or a report folder) over what the root had there."""
+        import pyarrow.fs as pafs
+
+        if not self.remote:
+            return
+        source = self.local / relative
+        target = f"{self.base}/{relative}"
+        if source.is_dir():
+            self.fs.delete_dir_contents(target, missing_dir_ok=True)
+            pafs.copy_files(
+                str(source), target, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=self.fs
+            )
+        else:
+            with self.fs.open_output_stream(target) as fh:
+                fh.write(source.read_bytes())
 
 
 class State:
     """<report root>/pipeline.json: per report, the fingerprint of what it was made from."""
 
-    def __init__(self, root: Path) -> None:
-        self.path = root / STATE_FILE
+    def __init__(self, reports: Reports) -> None:
+        self.reports = reports
+        self.path = reports.local / STATE_FILE
         self.data: dict[str, Any] = {}
-        if self.path.is_file():
-            try:
-                self.data = json.loads(self.path.read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError):
-                self.data = {}
+        try:
+            text = reports.read_text(STATE_FILE)
+            self.data = json.loads(text) if text else {}
+        except (OSError, json.JSONDecodeError):
+            self.data = {}
 
     def get(self, key: str) -> Any:
         return self.data.get("reports", {}).get(key)
@@ -352,6 +419,7 @@ class State:
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         tmp.write_text(json.dumps(self.data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
         os.replace(tmp, self.path)
+        self.reports.publish(STATE_FILE)
 
 
 # --------------------------------------------------------------------------- stages
@@ -372,6 +440,8 @@ def stage_attribute(study: Study) -> dict[str, dict[str, Any]]:
         s["command"] = "python -m jobs.attribute " + " ".join(_quote(a) for a in attribute_argv(study, name))
         summaries[name] = s
         counts = f"{s['n_in']} pairs = {s['n_done']} done + {s['n_quarantined']} quarantined"
+        if s.get("mean_abs_completeness_error") is not None:
+            counts += f", |completeness err| mean {s['mean_abs_completeness_error']:.1e}"
         if s["computed_pairs"] == 0 and s["wrote_files"] == 0:
             say(f"attribute {name}: up to date ({counts}; run {s['run_id']})")
         else:
@@ -382,7 +452,7 @@ def stage_attribute(study: Study) -> dict[str, dict[str, Any]]:
     return summaries
 
 
-def stage_parse(study: Study, run_dirs: dict[str, Path]) -> dict[str, Any] | None:
+def stage_parse(study: Study, run_dirs: dict[str, str]) -> dict[str, Any] | None:
     """jobs.parse over the runs that have unparsed sentences (all of them in one call: one parse per text)."""
     from . import parse
 
@@ -406,24 +476,24 @@ def stage_parse(study: Study, run_dirs: dict[str, Path]) -> dict[str, Any] | Non
     return summary
 
 
-def stage_report(study: Study, run_dirs: dict[str, Path]) -> list[dict[str, Any]]:
+def stage_report(study: Study, run_dirs: dict[str, str]) -> tuple[Reports, list[dict[str, Any]]]:
     """jobs.report per run and per comparison, each redone only when what it reads changed."""
     from . import report
 
-    root = study.report_root()
-    state = State(root)
+    reports = Reports(study.report_root())
+    state = State(reports)
     code = code_state()
     jobs = [(name, run_dirs[name], None) for name in study.runs]
     jobs += [(name, run_dirs[c.run], run_dirs[c.run2]) for name, c in study.compare.items()]
     done = []
     for name, run, run2 in jobs:
-        out = root / name
+        out = reports.local / name
         fingerprint = _sha({"code": code, "vars": study.report.vars, "run": [str(run), run_state(run)],
                             "run2": [str(run2), run_state(run2)] if run2 else None})  # fmt: skip
         previous = state.get(name)
         fresh = previous and previous.get("fingerprint") == fingerprint and "findings" in previous
-        if fresh and (out / "report.json").is_file():
-            say(f"report {name}: up to date ({out / 'index.html'})")
+        if fresh and reports.exists(f"{name}/report.json"):
+            say(f"report {name}: up to date ({reports.where(name)})")
             done.append({"name": name, "out": out, "findings": previous["findings"], "run": str(run),
                          "run2": str(run2) if run2 else None})  # fmt: skip
             continue
@@ -435,7 +505,8 @@ def stage_report(study: Study, run_dirs: dict[str, Path]) -> list[dict[str, Any]
         t0 = time.perf_counter()
         result = report.main(args)
         failed = [s.name for s in result["sections"] if s.status == "failed"]
-        say(f"report {name}: written in {time.perf_counter() - t0:.0f} s ({out / 'index.html'})"
+        reports.publish(name)
+        say(f"report {name}: written in {time.perf_counter() - t0:.0f} s ({reports.where(name)})"
             + (f"; failed sections: {', '.join(failed)}" if failed else ""))  # fmt: skip
         found = report_findings(result["sections"])
         if not failed:
@@ -443,7 +514,7 @@ def stage_report(study: Study, run_dirs: dict[str, Path]) -> list[dict[str, Any]
         done.append({"name": name, "out": out, "findings": found, "run": str(run),
                      "run2": str(run2) if run2 else None})  # fmt: skip
     state.save()
-    return done
+    return reports, done
 
 
 # --------------------------------------------------------------------------- the end: index and findings
@@ -473,14 +544,14 @@ def finding_lines(found: list[dict[str, Any]], paper_ok: bool) -> list[str]:
             for f in found]  # fmt: skip
 
 
-def write_index(study: Study, reports: list[dict[str, Any]], models: dict[str, str]) -> Path:
-    root = study.report_root()
+def write_index(target: Reports, study: Study, reports: list[dict[str, Any]], models: dict[str, str]) -> str:
+    root = target.local
     root.mkdir(parents=True, exist_ok=True)
     items = []
     for r in reports:
         lines = finding_lines(r["findings"], like_for_like(models.get(r["name"], "")))
         li = "".join(f"<li>{html.escape(x)}</li>" for x in lines)
-        rel = os.path.relpath(r["out"] / "index.html", root)
+        rel = f"{r['name']}/index.html"
         runs = html.escape(r["run"] + (f" vs {r['run2']}" if r["run2"] else ""))
         items.append(f'<section><h2><a href="{html.escape(rel)}">{html.escape(r["name"])}</a></h2>'
                      f"<p class=run>{runs}</p><ul>{li}</ul></section>")  # fmt: skip
@@ -493,9 +564,9 @@ def write_index(study: Study, reports: list[dict[str, Any]], models: dict[str, s
         "<p>One report per run and per comparison; the paper's figures (all-mpnet-base-v2) appear beside a "
         "finding only when the run's model is that model.</p>" + "".join(items) + "</body></html>\n"
     )
-    path = root / "index.html"
-    path.write_text(page, encoding="utf-8")
-    return path
+    (root / "index.html").write_text(page, encoding="utf-8")
+    target.publish("index.html")
+    return f"{target.root}/index.html"
 
 
 def _quote(arg: str) -> str:
@@ -510,14 +581,14 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     study = load_config(args.config, args.set)
     say(f"study {study.study}: {len(study.runs)} run(s), {len(study.compare)} comparison(s), store {study.out}")
     summaries = stage_attribute(study)
-    run_dirs = {name: Path(s["run_dir"]) for name, s in summaries.items()}
+    run_dirs = {name: str(s["run_dir"]) for name, s in summaries.items()}
     parsed = stage_parse(study, run_dirs)
     result: dict[str, Any] = {"runs": summaries, "parse": parsed, "reports": [], "index": None}
     if study.report.enabled:
-        reports = stage_report(study, run_dirs)
+        target, reports = stage_report(study, run_dirs)
         models = {n: study.models[r.model] for n, r in study.runs.items()}
         models |= {n: study.models[study.runs[c.run].model] for n, c in study.compare.items()}
-        index = write_index(study, reports, models)
+        index = write_index(target, study, reports, models)
         result.update(reports=reports, index=index)
         say("")
         for r in reports:
