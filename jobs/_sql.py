@@ -1,12 +1,21 @@
 """DuckDB over a run directory: the views, the variables, and the sql/ files (docs/ANALYSES.md).
 
     con = connect("runs/<id>", run2="runs/<id2>", variables={"min_count": 10})
+    con = connect("s3://bucket/prefix/<id>")         # a run on object storage (s3://, gs://)
     run_file(con, "sql/lexical_ranks.sql")           # -> polars.DataFrame
 
 The connection has one view per table of the run (pairs, cells, word_cells, sentences, quarantine,
 and parses once `python -m jobs.parse` wrote it), those of run2 suffixed `_2`, and the DuckDB
 variables `run`, `run2` and `variables` set, so a sql/ file (which reads
 `getvariable('run') || '/<table>/*.parquet'`) runs unchanged here and in the duckdb CLI.
+
+A run is a local directory (a Path) or an object-store URI (a str: s3://bucket/prefix/<id>, gs://...). The
+Python duckdb cannot load httpfs offline, so object storage goes through pyarrow's filesystems (S3 and GCS are
+built into pyarrow): the existence checks here use them directly and DuckDB reads through them as an fsspec
+filesystem (fsspec's ArrowFSWrapper, registered on the connection). Credentials, region and endpoint come the
+standard way (AWS_* variables incl. AWS_ENDPOINT_URL, ~/.aws, instance roles; GOOGLE_APPLICATION_CREDENTIALS);
+they are never printed. A missing bucket, an endpoint that cannot be reached or a denied request is one
+InputError line. The duckdb CLI reads s3:// through httpfs: jobs/_duckdb_cli.py.
 """
 
 from __future__ import annotations
@@ -22,8 +31,12 @@ from typing import Any
 
 import duckdb
 import polars as pl
+import pyarrow as pa
+import pyarrow.fs as pafs
 
 from xsbert_core import InputError
+
+from ._store import filesystem
 
 TABLES: tuple[str, ...] = ("pairs", "cells", "word_cells", "sentences", "quarantine", "parses")
 SQL_DIR = Path(__file__).resolve().parents[1] / "sql"
@@ -34,6 +47,11 @@ _INPUT_RE = re.compile(r"getvariable\('(run2?)'\)\s*\|\|\s*'/([A-Za-z_]+)(/\*\.p
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # `xsbert sql` prints at most this many rows as a table (all of them with --csv).
 DEFAULT_MAX_ROWS = 100
+# Object-store URI schemes -> pyarrow's filesystem type; DuckDB sees each family under all its schemes.
+REMOTE_SCHEMES = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
+_SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+# A run: a local directory, or an object-store URI (str, no trailing slash).
+Run = Path | str
 
 
 def _literal(value: Any) -> str:
@@ -47,32 +65,213 @@ def _literal(value: Any) -> str:
     return "'" + str(value).replace("'", "''") + "'"
 
 
-def has_table(run: Path, table: str) -> bool:
-    """The run has at least one Parquet part of `table`."""
-    folder = run / table
-    return folder.is_dir() and any(p.suffix == ".parquet" for p in folder.iterdir())
+# --------------------------------------------------------------------------- runs: local or on object storage
+def scheme(location: str | os.PathLike) -> str | None:
+    """The URI scheme of an object-store location ('s3', 'gs', ...), None for a local path. InputError for
+    another scheme (http://, file://, ...)."""
+    m = _SCHEME_RE.match(str(location))
+    if m is None:
+        return None
+    name = m.group(1).lower()
+    if name in REMOTE_SCHEMES and "@" in str(location)[m.end() :].split("/", 1)[0]:  # s3://KEY:SECRET@bucket/...
+        raise InputError(f"{name}:// URI with credentials in it: not accepted (they would show in logs and reports); "
+                         "give them the standard way (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, a profile, a role)")  # fmt: skip
+    if name not in REMOTE_SCHEMES:
+        raise InputError(
+            f"{location}: unsupported location (a local path, or {', '.join(s + '://' for s in REMOTE_SCHEMES)})"
+        )
+    return name
 
 
-def check_run(run: str | os.PathLike, flag: str = "--run") -> Path:
-    """The run directory, or an InputError saying what is wrong with it (missing, a store root, ...)."""
-    path = Path(run)
-    if not path.exists():
+def is_remote(location: str | os.PathLike | None) -> bool:
+    """An object-store URI (s3://, gs://), not a local path."""
+    return location is not None and scheme(location) is not None
+
+
+def as_run(run: str | os.PathLike) -> Run:
+    """A run (or a file in one) as given: an object-store URI as a str without a trailing slash, else a Path."""
+    return str(run).rstrip("/") if is_remote(run) else Path(run)
+
+
+def join(run: str | os.PathLike, *parts: str) -> Run:
+    """`run / part / ...` for a local directory or an object-store URI."""
+    run = as_run(run)
+    return run.joinpath(*parts) if isinstance(run, Path) else "/".join([run, *parts])
+
+
+def run_name(run: str | os.PathLike) -> str:
+    """The last component of a run's path (its run id)."""
+    run = as_run(run)
+    return run.name if isinstance(run, Path) else run.rsplit("/", 1)[-1]
+
+
+def _endpoint() -> str | None:
+    """The S3 endpoint from the environment (AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL), without any user:password@."""
+    url = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    return re.sub(r"//[^/@]*@", "//", url) if url else None
+
+
+def _store_error(exc: Exception, location: str, flag: str | None = None) -> InputError:
+    """An object-store failure as one line: unreachable, denied, no such bucket, else its first line."""
+    where = f"{flag} {location}" if flag else str(location)
+    text = " ".join(str(exc).split())
+    family = REMOTE_SCHEMES.get(scheme(location) or "", "")
+    endpoint = (_endpoint() if family == "s3" else None) or ("AWS S3" if family == "s3" else "Google Cloud Storage")
+    if re.search(r"NETWORK_CONNECTION|curlCode|[Cc]ould not (?:connect|resolve)|Couldn't (?:connect|resolve)|"
+                 r"Connection refused|timed out|Timeout", text):  # fmt: skip
+        reason = re.search(r"(Could not resolve[^;.]*|Could not connect to server|Couldn't [^;.]*|Connection refused|"
+                           r"[Tt]imed out|Timeout[^;.]*)", text)  # fmt: skip
+        return InputError(f"{where}: cannot reach the object store at {endpoint}"
+                          + (f" ({reason.group(1).strip()})" if reason else ""))  # fmt: skip
+    if re.search(r"ACCESS_DENIED|AccessDenied|InvalidAccessKeyId|INVALID_ACCESS_KEY|SignatureDoesNotMatch|"
+                 r"SIGNATURE_DOES_NOT_MATCH|ExpiredToken|EXPIRED_TOKEN|Forbidden|\b403\b|"
+                 r"[Uu]nable to (?:load|find) credentials|[Nn]o credentials|Could not find default credentials|"
+                 r"PERMISSION_DENIED|UNAUTHENTICATED", text):  # fmt: skip
+        how = (
+            "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (/ AWS_SESSION_TOKEN), AWS_PROFILE or the instance role"
+            if family == "s3"
+            else "GOOGLE_APPLICATION_CREDENTIALS or the instance's service account"
+        )
+        return InputError(f"{where}: access denied by the object store at {endpoint} (check the credentials: {how})")
+    if re.search(r"NoSuchBucket|NO_SUCH_BUCKET|[Bb]ucket .* (?:not found|does not exist)", text):
+        return InputError(f"{where}: no such bucket {location.split('://', 1)[1].split('/', 1)[0]!r}")
+    return InputError(f"{where}: {text[:300] or type(exc).__name__}")
+
+
+_FILESYSTEMS: dict[tuple, pafs.FileSystem] = {}
+
+
+def _object_store(location: str, flag: str | None = None) -> tuple[pafs.FileSystem, str]:
+    """pyarrow's filesystem for an object-store URI and the path in it ('bucket/prefix/...'). One filesystem per
+    (scheme family, bucket) as long as the environment's settings stay the same."""
+    family = REMOTE_SCHEMES[scheme(location) or ""]
+    rest = str(location).split("://", 1)[1].strip("/")
+    if not rest:
+        raise InputError(f"{flag + ' ' if flag else ''}{location}: no bucket")
+    bucket = rest.split("/", 1)[0]
+    # The settings that make a different filesystem; hashed, so that no secret is kept in the key.
+    env = hash(tuple((k, v) for k, v in sorted(os.environ.items()) if k.startswith(("AWS_", "GOOGLE_", "GCE_"))))
+    key = (family, bucket, env)
+    if key not in _FILESYSTEMS:
+        try:  # the store's own constructor: one way to reach object storage (endpoint, region from AWS_*)
+            _FILESYSTEMS[key] = filesystem(f"{'s3' if family == 's3' else 'gs'}://{bucket}")[0]
+        except (OSError, ValueError, pa.ArrowException) as exc:
+            raise _store_error(exc, str(location), flag) from exc
+    return _FILESYSTEMS[key], rest
+
+
+def _info(location: str | os.PathLike, flag: str | None = None) -> pafs.FileInfo:
+    """What is at a local path or object-store URI (type NotFound when nothing)."""
+    location = as_run(location)
+    if isinstance(location, Path):
+        return pafs.LocalFileSystem().get_file_info(str(location))
+    fs, path = _object_store(location, flag)
+    try:
+        return fs.get_file_info(path)
+    except OSError as exc:
+        raise _store_error(exc, location, flag) from exc
+
+
+def _list(location: str | os.PathLike, flag: str | None = None) -> list[pafs.FileInfo]:
+    """The entries of a directory (local or object store), [] when there is none."""
+    location = as_run(location)
+    if isinstance(location, Path):
+        return list(pafs.LocalFileSystem().get_file_info(pafs.FileSelector(str(location), allow_not_found=True)))
+    fs, path = _object_store(location, flag)
+    try:
+        return list(fs.get_file_info(pafs.FileSelector(path, allow_not_found=True)))
+    except OSError as exc:
+        raise _store_error(exc, location, flag) from exc
+
+
+def is_file(location: str | os.PathLike) -> bool:
+    """A file (object) is there."""
+    return _info(location).type == pafs.FileType.File
+
+
+def read_text(location: str | os.PathLike) -> str | None:
+    """The text of a file (local or object store), None when there is none."""
+    location = as_run(location)
+    if isinstance(location, Path):
+        return location.read_text(encoding="utf-8") if location.is_file() else None
+    fs, path = _object_store(location)
+    try:
+        with fs.open_input_stream(path) as fh:
+            return fh.read().decode("utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if _info(location).type == pafs.FileType.NotFound:
+            return None
+        raise _store_error(exc, location) from exc
+
+
+def has_table(run: str | os.PathLike, table: str) -> bool:
+    """The run has at least one Parquet part of `table` (a local directory or an object-store URI)."""
+    run = as_run(run)
+    if isinstance(run, Path):
+        folder = run / table
+        return folder.is_dir() and any(p.suffix == ".parquet" for p in folder.iterdir())
+    return any(e.type == pafs.FileType.File and e.path.endswith(".parquet") for e in _list(join(run, table)))
+
+
+def check_run(run: str | os.PathLike, flag: str = "--run") -> Run:
+    """The run directory (a Path, or an s3:// / gs:// URI), or an InputError saying what is wrong with it
+    (missing, a store root, a missing bucket, an object store that cannot be reached or denies access, ...)."""
+    try:
+        remote = is_remote(run)
+    except InputError as exc:
+        raise InputError(f"{flag} {exc}") from None
+    if not remote:
+        path = Path(run)
+        if not path.exists():
+            raise InputError(f"{flag} {run}: no such directory")
+        if not path.is_dir():
+            raise InputError(f"{flag} {run}: not a directory")
+        if not has_table(path, "pairs"):
+            inner = sorted(p.name for p in path.iterdir() if p.is_dir() and has_table(p, "pairs"))
+            raise InputError(f"{flag} {run}: not a run directory (no pairs/*.parquet){_runs_hint(inner)}")
+        return path
+    uri = str(as_run(run))
+    info = _info(uri, flag)
+    if info.type == pafs.FileType.NotFound:
+        bucket = uri.split("://", 1)[1].split("/", 1)[0]
+        root = f"{uri.split('://', 1)[0]}://{bucket}"
+        if uri == root or _info(root, flag).type == pafs.FileType.NotFound:
+            raise InputError(f"{flag} {run}: no such bucket {bucket!r}")
         raise InputError(f"{flag} {run}: no such directory")
-    if not path.is_dir():
+    if info.type != pafs.FileType.Directory:
         raise InputError(f"{flag} {run}: not a directory")
-    if not has_table(path, "pairs"):
-        inner = sorted(p.name for p in path.iterdir() if p.is_dir() and has_table(p, "pairs"))
-        hint = f"; it holds the runs {', '.join(inner[:5])}{' ...' if len(inner) > 5 else ''}" if inner else ""
-        raise InputError(f"{flag} {run}: not a run directory (no pairs/*.parquet){hint}")
-    return path
+    if not has_table(uri, "pairs"):
+        entries = [e for e in _list(uri, flag) if e.type == pafs.FileType.Directory][:200]
+        inner = sorted(e.base_name for e in entries if has_table(join(uri, e.base_name), "pairs"))
+        raise InputError(f"{flag} {run}: not a run directory (no pairs/*.parquet){_runs_hint(inner)}")
+    return uri
 
 
-def missing_table_message(run: Path, table: str) -> str:
+def _runs_hint(inner: list[str]) -> str:
+    return f"; it holds the runs {', '.join(inner[:5])}{' ...' if len(inner) > 5 else ''}" if inner else ""
+
+
+def missing_table_message(run: str | os.PathLike, table: str) -> str:
     """One line: the run lacks `table`, and what makes it."""
     make = MAKES.get(table)
     if table == "manifest":
         return f"run {run} has no manifest.json (written by python -m jobs.attribute)"
     return f"run {run} has no {table} table" + (f": run {make.format(run=run)}" if make else "")
+
+
+def _duckdb_filesystem(location: str):
+    """The pyarrow filesystem of an object-store URI as an fsspec filesystem for DuckDB
+    (`con.register_filesystem`), under every URI scheme of its family (s3:// and s3a://, gs:// and gcs://)."""
+    from fsspec.implementations.arrow import ArrowFSWrapper
+
+    family = REMOTE_SCHEMES[scheme(location) or ""]
+
+    class Wrapper(ArrowFSWrapper):
+        protocol = tuple(s for s, f in REMOTE_SCHEMES.items() if f == family)  # DuckDB routes these to it
+
+    return Wrapper(_object_store(location)[0], skip_instance_cache=True)
 
 
 def connect(
@@ -82,12 +281,18 @@ def connect(
     first = check_run(run)
     second = check_run(run2, "--run2") if run2 is not None else None
     con = duckdb.connect()
+    families: dict[str, str] = {}  # one registered filesystem per scheme family (s3, gcs) the runs use
+    for path in (first, second):
+        if isinstance(path, str):
+            families.setdefault(REMOTE_SCHEMES[scheme(path) or ""], path)
+    for location in families.values():
+        con.register_filesystem(_duckdb_filesystem(location))
     for path, suffix in ((first, ""), (second, "_2")):
         if path is None:
             continue
         for table in TABLES:
             if has_table(path, table):
-                glob = _literal(str(path / table / "*.parquet"))
+                glob = _literal(str(join(path, table, "*.parquet")))
                 con.execute(f"create view {table}{suffix} as select * from read_parquet({glob})")
     settings = {"run": str(first), **({"run2": str(second)} if second is not None else {})}
     for name, value in (variables or {}).items():
@@ -112,8 +317,8 @@ def check_inputs(con: duckdb.DuckDBPyConnection, sql: str) -> None:
         if value is None:
             which = "a second run: pass --run2 DIR" if var == "run2" else "a run: pass --run DIR"
             raise InputError(f"this analysis reads {which} (DuckDB variable {var!r})")
-        run = Path(value)
-        there = (run / f"{table}.json").is_file() if kind == ".json" else has_table(run, table)
+        run = as_run(value)
+        there = is_file(join(run, f"{table}.json")) if kind == ".json" else has_table(run, table)
         if not there:
             raise InputError(missing_table_message(run, table))
 
@@ -181,7 +386,7 @@ def error_line(exc: duckdb.Error, con: duckdb.DuckDBPyConnection) -> str:
             run = _variable(con, "run2" if second else "run")
             if run is None:
                 return f"no view {name}: the second run's views ({base}_2, ...) need --run2 DIR"
-            return missing_table_message(Path(run), base)
+            return missing_table_message(as_run(run), base)
     return first
 
 

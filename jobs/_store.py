@@ -281,7 +281,7 @@ class RunStore:
 # - recovery on open: cells/word_cells/sentences parts without their pairs part are deleted.
 LOCK_NAME = "_lock.json"
 LOCK_TTL_S = float(os.environ.get("XSBERT_LOCK_TTL_S", "120"))
-REMOTE_SCHEMES = ("s3", "gs", "gcs")
+REMOTE_SCHEMES = ("s3", "s3a", "gs", "gcs")
 
 
 class StoreError(XsbertError, RuntimeError):
@@ -316,7 +316,7 @@ def filesystem(uri: str):
         raise StoreError(f"{redact(uri)}: put credentials and options in the environment (AWS_*), not in the URI")
     scheme = parts.scheme.lower()
     path = (parts.netloc + parts.path).rstrip("/")
-    if scheme == "s3":
+    if scheme in ("s3", "s3a"):
         endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         kwargs: dict[str, Any] = {}
         if endpoint:

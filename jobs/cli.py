@@ -32,7 +32,8 @@ def _add_sql_parser(sub: argparse._SubParsersAction) -> None:
         "parses (those of --run2 suffixed _2), variables run / run2 and --var set. Prints a table, or CSV.",
     )
     s.add_argument("query", nargs="?", help="one SQL statement, e.g. \"select count(*) from pairs\"")
-    s.add_argument("--run", required=True, metavar="DIR", help="the run directory (<out>/<run id>)")
+    s.add_argument("--run", required=True, metavar="DIR",
+                   help="the run directory (<out>/<run id>), local or on object storage (s3://bucket/prefix/<run id>)")  # fmt: skip
     s.add_argument("--run2", metavar="DIR2", help="a second run, for two-run analyses (views <table>_2)")
     s.add_argument("--file", "-f", metavar="F", help="a SQL file instead of QUERY: a path, or a name in sql/")
     s.add_argument("--var", action="append", default=[], metavar="NAME=VALUE",

@@ -72,8 +72,8 @@ class Context:
     """The connection (views of run and run2, variables set), the runs' facts, the output folder."""
 
     con: duckdb.DuckDBPyConnection
-    run: Path
-    run2: Path | None
+    run: _sql.Run  # a local directory, or an object-store URI (s3://..., gs://...)
+    run2: _sql.Run | None
     out: Path
     facts: dict[str, Any]
     facts2: dict[str, Any] | None
@@ -158,12 +158,13 @@ def first_row(con: duckdb.DuckDBPyConnection, sql: str) -> tuple | None:
     return rows[0] if rows else None
 
 
-def run_facts(con: duckdb.DuckDBPyConnection, run: Path, suffix: str = "") -> dict[str, Any]:
+def run_facts(con: duckdb.DuckDBPyConnection, run: _sql.Run, suffix: str = "") -> dict[str, Any]:
     """Settings (manifest config) and counts of one run, from its views."""
-    manifest_path = run / "manifest.json"
+    manifest_path = _sql.join(run, "manifest.json")
     try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.is_file() else {}
-    except (OSError, json.JSONDecodeError) as exc:
+        text = _sql.read_text(manifest_path)
+        manifest = json.loads(text) if text is not None else {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(f"{manifest_path}: not readable JSON ({exc})") from exc
     config = manifest.get("config") or {}
     dataset = config.get("dataset") or {}
@@ -173,7 +174,7 @@ def run_facts(con: duckdb.DuckDBPyConnection, run: Path, suffix: str = "") -> di
         from pairs{suffix}""")  # fmt: skip
     facts: dict[str, Any] = {
         "path": str(run),
-        "run_id": manifest.get("run_id", run.name),
+        "run_id": manifest.get("run_id", _sql.run_name(run)),
         "model": config.get("model"),
         "layer": config.get("layer"),
         "n_layers": config.get("n_layers"),
@@ -1020,7 +1021,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Run every applicable analysis of sql/ on a run (and a second run), write CSV, Markdown, "
         "figures and index.html into --out, and print the findings.",
     )
-    p.add_argument("--run", required=True, help="a run directory (<out>/<run id> of python -m jobs.attribute)")
+    p.add_argument("--run", required=True,
+                   help="a run directory (<out>/<run id> of python -m jobs.attribute), local or s3://... / gs://...")
     p.add_argument("--run2", default=None, help="a second run, for the two-run analyses (agreement, lexical ranks)")
     p.add_argument("--out", required=True, help="folder for the report (created; files in it are overwritten)")
     p.add_argument("--var", action="append", default=[], metavar="NAME=VALUE",
@@ -1030,11 +1032,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _prepare_out(out: Path, runs: list[Path]) -> Path:
-    """Create --out and check it is writable and not a run directory."""
+def _prepare_out(out: str | Path, runs: list[_sql.Run]) -> Path:
+    """Create --out (a local folder) and check it is writable and not a run directory."""
+    if _sql.is_remote(out):
+        raise InputError(f"--out {out}: the report is written to a local folder (copy it to object storage after)")
+    out = Path(out)
     resolved = out.expanduser().resolve()
     for run in runs:
-        if resolved == run.resolve():
+        if isinstance(run, Path) and resolved == run.resolve():
             raise InputError(f"--out {out} is a run directory: choose another folder for the report")
     if resolved.exists() and not resolved.is_dir():
         raise InputError(f"--out {out}: exists and is not a directory")
@@ -1054,7 +1059,7 @@ def open_context(
     """Check the runs and --out, connect (views and variables), read the runs' facts; InputError on bad input."""
     first = _sql.check_run(run)
     second = _sql.check_run(run2, "--run2") if run2 is not None else None
-    folder = _prepare_out(Path(out), [first] + ([second] if second else []))
+    folder = _prepare_out(out, [first] + ([second] if second else []))
     try:
         con = _sql.connect(first, second, variables)
         facts = run_facts(con, first)

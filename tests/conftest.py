@@ -252,3 +252,16 @@ def ray_cluster(_ray_session):
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
     yield ray
+
+
+# --------------------------------------------------------------------------- a real S3 endpoint
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """moto's S3 server on a free port of 127.0.0.1 with a bucket (tests/s3tools.py): .endpoint_url, .bucket,
+    .env (dummy AWS_* keys, AWS_DEFAULT_REGION, AWS_ENDPOINT_URL), .environ() to set them in os.environ,
+    .upload(local_run, prefix) -> s3:// URI, .auth_enforced(). Stopped at the end of the session."""
+    from s3tools import start_moto
+
+    server = start_moto(tmp_path_factory.mktemp("moto"))
+    yield server
+    server.stop()

@@ -43,6 +43,8 @@ FENCE = re.compile(r"\s*(`{3,}|~{3,})\s*([\w+-]*)")
 SPAN = re.compile(r"(?<!`)`([^`\n]+(?:\n[^`\n]+)*)`(?!`)")  # inline code, over line breaks but no blank line
 PROGRAM = re.compile(r"(\s*(?:[A-Za-z_]\w*=\S*\s+)*)(\S+)")  # leading VAR=value assignments, then the program
 PLACEHOLDER = re.compile(r"runs/<([^<>]+)>")
+# `s3://<bucket>/runs/<name>`: the same real run, uploaded to the test's S3 endpoint (moto, tests/s3tools.py).
+S3_PLACEHOLDER = re.compile(r"s3://<bucket>/runs/<([^<>]+)>")
 LEFT_OVER = re.compile(r"<[A-Za-z][\w -]*>")
 
 
@@ -128,17 +130,25 @@ CASES = [pytest.param(c, f, id=f"{c.source}:{Path(f).stem}" if f else c.source)
 
 
 # --------------------------------------------------------------------------- running one
-def runnable(command: Command, file: str | None, runs: dict[str, Path], out: Path) -> tuple[str, Path | None]:
-    """The command as bash runs it from the repository root: the CLI's full path, real run directories, the sql/
-    file; an output redirect at its end writes under `out` instead of into the repository. Also that file."""
+def runnable(
+    command: Command, file: str | None, runs: dict[str, Path], out: Path, s3=None
+) -> tuple[str, Path | None]:
+    """The command as bash runs it from the repository root: the CLI's full path, real run directories (uploaded to
+    `s3` for an s3:// placeholder), the sql/ file; an output redirect at its end writes under `out` instead of into
+    the repository. Also that file."""
     text = command.text.replace(ANALYSIS, f"sql/{file}")
 
-    def run_dir(m: re.Match) -> str:
+    def key_of(m: re.Match) -> str:
         key = RUN_OF_FILE.get(file or "", "stsb") if m.group(1) in ANY_RUN else NAMED_RUNS.get(m.group(1))
         assert key is not None, f"{command.source}: which run is {m.group(0)}? (NAMED_RUNS)"
-        return str(runs[key])
+        return key
 
-    text = PLACEHOLDER.sub(run_dir, text)
+    def s3_run(m: re.Match) -> str:
+        assert s3 is not None, f"{command.source}: an s3:// command needs the s3 fixture"
+        return s3.upload(runs[key_of(m)], prefix="docs/runs")
+
+    text = S3_PLACEHOLDER.sub(s3_run, text)
+    text = PLACEHOLDER.sub(lambda m: str(runs[key_of(m)]), text)
     assert not LEFT_OVER.findall(text), f"{command.source}: placeholders left: {LEFT_OVER.findall(text)}"
     text = PROGRAM.sub(lambda m: m.group(1) + shlex.quote(str(DUCKDB_CLI)), text, count=1)
     tokens = list(shlex.shlex(text, posix=True, punctuation_chars=True))
@@ -150,9 +160,9 @@ def runnable(command: Command, file: str | None, runs: dict[str, Path], out: Pat
     return re.sub(r"(>>?)\s*\S+\s*$", lambda m: f"{m.group(1)} {shlex.quote(str(target))}", text), target
 
 
-def run_shell(text: str) -> subprocess.CompletedProcess:
+def run_shell(text: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "-c", text], check=False, cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+                          text=True, timeout=300, env=env)  # fmt: skip
 
 
 def check(done: subprocess.CompletedProcess, source: str) -> None:
@@ -179,9 +189,10 @@ def test_the_docs_show_the_known_duckdb_commands():
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("command", "file"), CASES)
-def test_documented_duckdb_command_runs(command, file, runs, tmp_path):
-    text, output = runnable(command, file, runs, tmp_path)
-    done = run_shell(text)
+def test_documented_duckdb_command_runs(command, file, runs, tmp_path, request):
+    s3 = request.getfixturevalue("s3") if S3_PLACEHOLDER.search(command.text) else None
+    text, output = runnable(command, file, runs, tmp_path, s3)
+    done = run_shell(text, s3.subprocess_env() if s3 else None)
     check(done, command.source)
     assert (output.read_text() if output else done.stdout).strip(), f"{command.source}: printed nothing"
 

@@ -1,0 +1,215 @@
+"""The store on object storage: jobs.attribute and the pipeline with `--out s3://...` against a real S3 endpoint
+(moto's standalone server on 127.0.0.1, started by the `s3` fixture), reached over HTTP by the same pyarrow and
+boto3 code a cluster uses. The same guarantees as on a local disk, checked on values against a local run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import pytest
+from jobtools import FAST, TABLES, rows, run_job, stsb_rows, write_tsv
+
+from jobs import _store
+
+ROOT = Path(__file__).resolve().parents[1]
+N_PAIRS = 8
+FLAGS = ["--wave-size", "4", "--batch-size", "4", "--num-actors", "1"]
+
+
+@pytest.fixture()
+def s3env(s3, monkeypatch):
+    """The fixture's endpoint and dummy credentials in this process's environment."""
+    for key, value in s3.env.items():
+        monkeypatch.setenv(key, value)
+    return s3
+
+
+def listing(s3, prefix: str) -> dict[str, str]:
+    """key -> ETag of every object under `prefix` (what a rerun must leave unchanged)."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3.endpoint_url)
+    out = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=s3.bucket, Prefix=prefix):
+        out.update({o["Key"]: o["ETag"] for o in page.get("Contents", [])})
+    return out
+
+
+def download(uri: str, dest: Path) -> Path:
+    fs, path = _store.filesystem(uri)
+    dest.mkdir(parents=True, exist_ok=True)
+    pafs.copy_files(path, str(dest), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
+    return dest
+
+
+def assert_same_rows(got: Path, want: Path) -> None:
+    for table in TABLES:
+        assert rows(got, table) == rows(want, table), table
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return write_tsv(tmp_path_factory.mktemp("s3-data") / "pairs.tsv", stsb_rows(N_PAIRS, start=40))
+
+
+@pytest.fixture(scope="module")
+def local_clean(ray_cluster, data, tmp_path_factory) -> Path:
+    s = run_job(tmp_path_factory.mktemp("local"), "--dataset", str(data), *FLAGS)
+    return Path(s["run_dir"])
+
+
+@pytest.mark.slow
+def test_job_on_s3_equals_local_reruns_without_changes_and_grows(s3env, data, local_clean, tmp_path):
+    out = f"s3://{s3env.bucket}/job/runs"
+    s = run_job(out, "--dataset", str(data), *FLAGS)  # type: ignore[arg-type]
+    assert s["run_dir"] == f"{out}/{local_clean.name}" and s["computed_pairs"] == N_PAIRS and s["waves"] == 2
+    assert_same_rows(download(s["run_dir"], tmp_path / "copy"), local_clean)
+
+    before = listing(s3env, "job/runs/")
+    assert f"job/runs/{local_clean.name}/manifest.json" in before and not any("_lock" in k for k in before)
+    again = run_job(out, "--dataset", str(data), *FLAGS)  # type: ignore[arg-type]
+    assert again["computed_pairs"] == 0 and again["wrote_files"] == 0
+    assert listing(s3env, "job/runs/") == before  # no object written, rewritten or left behind
+
+    # A grown dataset (the same file with more rows: the same run id) computes only its new pairs.
+    grown = tmp_path / "grown.tsv"
+    write_tsv(grown, stsb_rows(N_PAIRS, start=40))
+    first = run_job(out, "--dataset", str(grown), *FLAGS)  # type: ignore[arg-type]
+    write_tsv(grown, stsb_rows(N_PAIRS + 2, start=40))
+    second = run_job(out, "--dataset", str(grown), *FLAGS)  # type: ignore[arg-type]
+    assert first["computed_pairs"] == N_PAIRS and second["computed_pairs"] == 2 and second["n_done"] == N_PAIRS + 2
+    assert second["run_dir"] == first["run_dir"]
+
+
+@pytest.mark.slow
+def test_driver_killed_mid_run_on_s3_resumes_to_the_same_store(s3env, data, local_clean, tmp_path):
+    """SIGKILL the driver after its first commit on S3: its lock stays behind (dead pid on this host), the
+    rerun takes it over, recomputes only the second wave, and the store equals the uninterrupted local run."""
+    out = f"s3://{s3env.bucket}/killed/runs"
+    env = {**os.environ, **s3env.env, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "jobs.attribute", "--dataset", str(data), *FAST, *FLAGS, "--out", out, "-q"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 240
+    prefix = f"killed/runs/{local_clean.name}/pairs/"
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if listing(s3env, prefix):
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, f"the run ended before it could be killed:\n{proc.stdout.read().decode()[-3000:]}"
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    left = listing(s3env, f"killed/runs/{local_clean.name}/")
+    assert any(k.endswith("_lock.json") for k in left)  # the killed writer's lock is still there
+    store = _store.open_store(out, local_clean.name)
+    assert 4 <= len(store.done_pair_ids()) < N_PAIRS
+
+    s = run_job(out, "--dataset", str(data), *FLAGS)  # type: ignore[arg-type]
+    assert s["computed_pairs"] == N_PAIRS - 4 and (s["n_in"], s["n_done"]) == (N_PAIRS, N_PAIRS)
+    assert_same_rows(download(s["run_dir"], tmp_path / "copy"), local_clean)
+    assert not any(k.endswith("_lock.json") for k in listing(s3env, f"killed/runs/{local_clean.name}/"))
+
+
+def test_two_writers_on_one_s3_run_one_fails_cleanly(s3env):
+    first = _store.open_store(f"s3://{s3env.bucket}/locks", "r").open()
+    try:
+        with pytest.raises(_store.StoreError, match=r"another run is writing s3://.*/locks/r \(lock held by pid"):
+            _store.open_store(f"s3://{s3env.bucket}/locks", "r").open()
+    finally:
+        first.close()
+    again = _store.open_store(f"s3://{s3env.bucket}/locks", "r").open()  # released: the next writer gets it
+    again.close()
+
+
+def test_expired_lock_is_taken_over_and_the_old_writer_is_fenced(s3env, monkeypatch):
+    """A writer whose lock expired (killed on another host) is replaced; if it comes back, it cannot commit."""
+    import pyarrow as pa
+
+    old = _store.open_store(f"s3://{s3env.bucket}/fence", "r").open()
+    old._beat[0].set()  # its heartbeat stops, as if its host died
+    monkeypatch.setattr(old, "_lock", {**old._lock, "host": "elsewhere"})
+    import boto3
+
+    body = _store.canonical_json({**old._lock, "expires": 0}).encode()
+    boto3.client("s3").put_object(Bucket=s3env.bucket, Key="fence/r/_lock.json", Body=body)
+    new = _store.open_store(f"s3://{s3env.bucket}/fence", "r").open()
+    table = pa.Table.from_pylist([{"pair_id": "a"}], schema=_store.SCHEMAS["pairs"])
+    with pytest.raises(_store.StoreError, match="no longer this run's"):
+        old.commit(0, {"pairs": table})
+    new.commit(0, {"pairs": table})
+    new.close()
+    old.close()  # not its lock any more: nothing removed
+    assert _store.open_store(f"s3://{s3env.bucket}/fence", "r").done_pair_ids() == {"a"}
+
+
+@pytest.mark.parametrize(
+    "setup,message",
+    [
+        ("missing-bucket", "the bucket 'no-such-bucket' does not exist"),
+        ("no-endpoint", "cannot reach the storage endpoint"),
+        ("credentials-in-uri", "put credentials and options in the environment"),
+    ],
+)
+def test_bad_store_is_one_line_exit_2_and_nothing_written(s3env, monkeypatch, capsys, tmp_path, setup, message):
+    from jobs.attribute import cli
+
+    out = f"s3://{s3env.bucket}/x"
+    if setup == "missing-bucket":
+        out = "s3://no-such-bucket/runs"
+    elif setup == "no-endpoint":
+        monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens on the discard port
+    else:
+        out = f"s3://AKIAXXX:secret@{s3env.bucket}/runs"
+    data = write_tsv(tmp_path / "p.tsv", stsb_rows(2))
+    assert cli(["--dataset", str(data), *FAST, "--out", out, "-q"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("jobs.attribute: error: ") and message in err[-1], err
+    assert "secret" not in "\n".join(err)
+    if setup != "no-endpoint":
+        assert not listing(s3env, "x/") and not listing(s3env, "runs/")
+
+
+@pytest.mark.slow
+def test_pipeline_with_store_and_reports_on_s3(s3env, tmp_path, capsys):
+    """A tiny study whose store and reports live on S3: attribute -> parse -> report; the rerun is up to date
+    and writes no object but the index and the pipeline state."""
+    import yaml
+
+    from jobs import pipeline
+
+    data = write_tsv(tmp_path / "pairs.tsv", stsb_rows(3))
+    config = tmp_path / "study.yaml"
+    root = f"s3://{s3env.bucket}/study"
+    config.write_text(yaml.safe_dump({
+        "study": "on-s3", "out": f"{root}/runs", "datasets": {"pairs": {"source": str(data)}},
+        "models": {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}, "defaults": {"layer": -1, "steps": 2},
+        "runs": {"minilm": {"dataset": "pairs", "model": "minilm"}}, "parse": {"parser": "spacy"},
+        "report": {"out": f"{root}/reports"}, "quiet": True,
+    }), encoding="utf-8")  # fmt: skip
+    first = pipeline.main(pipeline.parse_args(["--config", str(config)]))
+    out = capsys.readouterr().out
+    run = first["runs"]["minilm"]["run_dir"]
+    assert run.startswith(f"{root}/runs/") and "attribute minilm: computed 3 pairs" in out
+    keys = listing(s3env, "study/")
+    rid = run.rsplit("/", 1)[1]
+    assert any(k.startswith(f"study/runs/{rid}/parses/part-") for k in keys)  # parsed on S3
+    assert {"study/reports/index.html", "study/reports/pipeline.json", "study/reports/minilm/index.html",
+            "study/reports/minilm/report.json"} <= set(keys)  # fmt: skip
+    assert f"report: {root}/reports/index.html" in out
+
+    pipeline.main(pipeline.parse_args(["--config", str(config)]))
+    out = capsys.readouterr().out
+    assert "attribute minilm: up to date" in out and "parse: up to date" in out and "report minilm: up to date" in out
+    after = listing(s3env, "study/")
+    changed = {k for k in keys.keys() | after.keys() if keys.get(k) != after.get(k)}
+    assert changed <= {"study/reports/index.html", "study/reports/pipeline.json"}, changed
