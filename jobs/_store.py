@@ -365,8 +365,20 @@ class ObjectRunStore(RunStore):
         low = text.lower()
         if "nosuchbucket" in low or "bucket does not exist" in low or "the specified bucket does not exist" in low:
             why = "the bucket does not exist"
-        elif "accessdenied" in low or "access denied" in low or "forbidden" in low or "invalidaccesskeyid" in low \
-                or "signaturedoesnotmatch" in low or "403" in low:  # fmt: skip
+        elif any(
+            k in low
+            for k in (
+                "accessdenied",
+                "access denied",
+                "access_denied",
+                "forbidden",
+                "invalidaccesskeyid",
+                "invalid_access_key",
+                "signaturedoesnotmatch",
+                "signature_does_not_match",
+                "403",
+            )
+        ):
             why = "access denied (check the credentials: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, role)"
         elif "connect" in low or "timed out" in low or "resolve" in low or "curl" in low or "endpoint" in low:
             why = "cannot reach the storage endpoint (AWS_ENDPOINT_URL / network)"

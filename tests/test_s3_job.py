@@ -158,6 +158,7 @@ def test_expired_lock_is_taken_over_and_the_old_writer_is_fenced(s3env, monkeypa
         ("missing-bucket", "the bucket 'no-such-bucket' does not exist"),
         ("no-endpoint", "cannot reach the storage endpoint"),
         ("credentials-in-uri", "put credentials and options in the environment"),
+        ("denied", "access denied"),
     ],
 )
 def test_bad_store_is_one_line_exit_2_and_nothing_written(s3env, monkeypatch, capsys, tmp_path, setup, message):
@@ -168,10 +169,14 @@ def test_bad_store_is_one_line_exit_2_and_nothing_written(s3env, monkeypatch, ca
         out = "s3://no-such-bucket/runs"
     elif setup == "no-endpoint":
         monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens on the discard port
-    else:
+    elif setup == "credentials-in-uri":
         out = f"s3://AKIAXXX:secret@{s3env.bucket}/runs"
     data = write_tsv(tmp_path / "p.tsv", stsb_rows(2))
-    assert cli(["--dataset", str(data), *FAST, "--out", out, "-q"]) == 2
+    if setup == "denied":  # moto checks signatures: the environment's dummy key is unknown to it
+        with s3env.auth_enforced():
+            assert cli(["--dataset", str(data), *FAST, "--out", out, "-q"]) == 2
+    else:
+        assert cli(["--dataset", str(data), *FAST, "--out", out, "-q"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("jobs.attribute: error: ") and message in err[-1], err
     assert "secret" not in "\n".join(err)
