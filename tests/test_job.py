@@ -412,7 +412,7 @@ def test_job_counts_cells_and_rerun(ray_cluster, tmp_path, capsys):
     s = run_job(out, "--dataset", "stsb", "--split", "test", "--limit", "12")
     run_dir = Path(s["run_dir"])
     printed = capsys.readouterr().out
-    assert f"store: {run_dir}" in printed.splitlines() and "duckdb" in printed
+    assert f"store: {run_dir}" in printed.splitlines() and f"xsbert sql --run {run_dir}" in printed
     assert (s["n_in"], s["n_done"], s["n_quarantined"], s["computed_pairs"]) == (12, 12, 0, 12)
 
     # Pair counts exact, each pair once, and its cells sum to its (unpruned) attribution_sum.
