@@ -26,6 +26,7 @@ import html
 import json
 import os
 import re
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -433,11 +434,12 @@ def stage_attribute(study: Study) -> dict[str, dict[str, Any]]:
 
     summaries = {}
     for name in study.runs:
-        args = attribute.parse_args(attribute_argv(study, name))
+        argv = attribute_argv(study, name)
+        args = attribute.parse_args(argv)
         t0 = time.perf_counter()
         prep = attribute.prepare(args)
         s = attribute.attribute(prep, on_wave=lambda line, n=name: say(f"attribute {n}: {line}"))
-        s["command"] = "python -m jobs.attribute " + " ".join(_quote(a) for a in attribute_argv(study, name))
+        s["command"] = "python -m jobs.attribute " + shlex.join(argv)
         summaries[name] = s
         counts = f"{s['n_in']} pairs = {s['n_done']} done + {s['n_quarantined']} quarantined"
         if s.get("mean_abs_completeness_error") is not None:
@@ -567,12 +569,6 @@ def write_index(target: Reports, study: Study, reports: list[dict[str, Any]], mo
     (root / "index.html").write_text(page, encoding="utf-8")
     target.publish("index.html")
     return f"{target.root}/index.html"
-
-
-def _quote(arg: str) -> str:
-    import shlex
-
-    return shlex.quote(arg)
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
