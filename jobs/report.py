@@ -96,19 +96,25 @@ class Context:
 
 
 # --------------------------------------------------------------------------- formatting
+def missing(x: Any) -> bool:
+    """No number: null, or a NaN (the sql/ files return null for undefined statistics; NaN is guarded all the
+    same)."""
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
 def pct(x: float | None) -> str:
     """A share as a percentage with one decimal: 0.1234 -> '12.3%'."""
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}%"
+    return "n/a" if missing(x) else f"{100 * x:.1f}%"
 
 
 def num(x: float | None, digits: int = 2) -> str:
     """A number with `digits` decimals; 'n/a' for null or NaN."""
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+    return "n/a" if missing(x) else f"{x:.{digits}f}"
 
 
 def signed(x: float | None, digits: int = 3) -> str:
     """An attribution with its sign: +0.123 / -0.045."""
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:+.{digits}f}"
+    return "n/a" if missing(x) else f"{x:+.{digits}f}"
 
 
 def plural(n: int, word: str) -> str:
@@ -355,9 +361,9 @@ def _paper_table1(ctx: Context) -> str:
 def table1(df: pl.DataFrame, ctx: Context) -> list[Finding]:
     row = df.row(0, named=True)
     values = {k: row[k] for k in ("n_pairs", "spearman_x100", "spearman", "pearson")}
-    if row["spearman"] is None:
-        return [Finding(f"Score vs gold label: Spearman is undefined over {row['n_pairs']} labelled pairs "
-                        "(constant scores or labels).", values)]  # fmt: skip
+    if missing(row["spearman"]):
+        return [Finding(f"Score vs gold label: Spearman is undefined over {plural(row['n_pairs'], 'labelled pair')} "
+                        "(fewer than two, or constant scores or labels).", values)]  # fmt: skip
     return [Finding(
         f"The model's similarity ranks the gold labels with Spearman × 100 = {num(row['spearman_x100'], 1)} over "
         f"{row['n_pairs']} labelled pairs (Pearson {num(row['pearson'])}).",
@@ -488,22 +494,36 @@ def _bin_row(df: pl.DataFrame, low: float, high: float) -> dict[str, Any] | None
     return hit.row(0, named=True) if hit.height and hit["n_pairs"][0] else None
 
 
+def _correlated(row: dict[str, Any]) -> str:
+    """What the correlations are over when some of the row's pairs have none (agreement.sql: null, not counted in
+    n_correlated): '' when all have one."""
+    n, k = row["n_pairs"], row["n_correlated"]
+    if k == n:
+        return ""
+    if k == 0:
+        return " (none has a correlation: each shares one cell or has constant values)"
+    return f" (over the {plural(k, 'pair')} with a correlation; {n - k} of {n} share one cell or have constant values)"
+
+
 def agreement(df: pl.DataFrame, ctx: Context) -> list[Finding]:
     row = df.filter(pl.col("score_bin") == "all").row(0, named=True)
-    keys = ("n_pairs", "spearman_mean", "spearman_std", "pearson_mean", "jaccard_top3_mean", "jaccard_top10_mean")
+    keys = ("n_pairs", "n_correlated", "spearman_mean", "spearman_std", "pearson_mean", "jaccard_top3_mean",
+            "jaccard_top10_mean")  # fmt: skip
     one, two = run_difference(ctx.facts, ctx.facts2)
+    spread = "" if missing(row["spearman_std"]) else f" ± {num(row['spearman_std'])}"
+    over = _correlated(row)
     out = [Finding(
         f"Over {row['n_pairs']} shared pairs the token matrices of run ({one}) and run2 ({two}) agree with Spearman "
-        f"{num(row['spearman_mean'])} ± {num(row['spearman_std'])}, Pearson {num(row['pearson_mean'])}, and their "
+        f"{num(row['spearman_mean'])}{spread}, Pearson {num(row['pearson_mean'])}{over}, and their "
         f"top-10 cells overlap with Jaccard {num(row['jaccard_top10_mean'])} (top-3: {num(row['jaccard_top3_mean'])}).",
         {k: row[k] for k in keys}, "top-10 Jaccard 0.83 (layer 11) to 0.60 (layer 8), exact vs approximate",
     )]  # fmt: skip
     top = _bin_row(df, 0.75, 1.0)
     if top is not None:
-        spread = "" if top["spearman_std"] is None else f" ± {num(top['spearman_std'])}"
+        spread = "" if missing(top["spearman_std"]) else f" ± {num(top['spearman_std'])}"
         out.append(Finding(
             f"Among the {plural(top['n_pairs'], 'pair')} with mean score above 0.75 the Spearman agreement is "
-            f"{num(top['spearman_mean'])}{spread}.",
+            f"{num(top['spearman_mean'])}{spread}{_correlated(top)}.",
             {k: top[k] for k in keys}, "0.81 ± 0.07 for s > 0.75 (exact vs approximate, layer 11)"))  # fmt: skip
     return out
 

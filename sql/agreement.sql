@@ -24,12 +24,15 @@
 --           (right-closed: the top cos bin is (0.75, 1.0]), in score
 --           order, then one row with score_bin = 'all'.
 -- Columns   score_bin ('(low, high]' | 'all'), bin_low, bin_high (null
---           for 'all'), n_pairs, spearman_mean, spearman_std,
---           pearson_mean, pearson_std, jaccard_top3_mean,
+--           for 'all'), n_pairs, n_correlated, spearman_mean,
+--           spearman_std, pearson_mean, pearson_std, jaccard_top3_mean,
 --           jaccard_top3_std, jaccard_top10_mean, jaccard_top10_std
---           (std: sample standard deviation over the bin's pairs; a pair
---           whose values are constant has no correlation and counts only
---           in n_pairs and the Jaccard columns)
+--           (std: sample standard deviation over the bin's pairs, null
+--           for fewer than two). A pair with one matched cell, or whose
+--           values are constant in either run, has no correlation (null,
+--           never NaN): it counts in n_pairs and the Jaccard columns
+--           only; n_correlated counts the pairs that have one, the pairs
+--           the spearman and pearson columns are over (null when none)
 -- Params    bin_width      0.25
 --           pair_fraction  1.0: all pairs. Less: a deterministic subset of
 --                          about that share of the pairs (by a hash of
@@ -126,14 +129,17 @@ ranked_cells as (
         by_value_2 as (partition by pair_id order by value_2)
 ),
 
+-- corr() is NaN, not null, when a pair has one matched cell or a run's
+-- values are constant: nullif makes that null (no correlation), which
+-- count(), avg() and stddev_samp() below skip.
 -- top10_r: the cells (cell = i * 65536 + j) of the 10 largest |value_r|,
 -- largest first: max_by keeps the 10 largest keys (|value_r|, -cell), a
 -- bounded top-k aggregate
 pair_agreement as (
     select
         pair_id,
-        corr(rank_1, rank_2) as spearman,
-        corr(value_1, value_2) as pearson,
+        nullif(corr(rank_1, rank_2), 'nan'::double) as spearman,
+        nullif(corr(value_1, value_2), 'nan'::double) as pearson,
         max_by(cell, (abs(value_1), -cell), 10) as top10_1,
         max_by(cell, (abs(value_2), -cell), 10) as top10_2,
     from ranked_cells
@@ -189,6 +195,7 @@ by_bin as (
         bin_high,
         grouping(bin_low) = 1 as is_all,
         count(*) as n_pairs,
+        count(spearman) as n_correlated,
         avg(spearman) as spearman_mean,
         stddev_samp(spearman) as spearman_std,
         avg(pearson) as pearson_mean,

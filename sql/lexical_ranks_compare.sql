@@ -19,8 +19,9 @@
 --           spearman   Pearson correlation of shared_rank_1 and
 --                  shared_rank_2 = Spearman's rho with ties averaged
 --                  (scipy.stats.spearmanr); the same on every row, so one
---                  statement returns table and summary; no shared token:
---                  no row
+--                  statement returns table and summary; null, never NaN,
+--                  when undefined (one shared token, or all shared means
+--                  tied in a run); no shared token: no row
 -- Params    min_count        30     minimum n of a token in each run
 --           include_special  false  keep special tokens ([CLS], <s>, ...)
 -- Run       duckdb -cmd "set variable run = 'runs/<id1>'" \
@@ -152,11 +153,14 @@ shared_ranks as (
         by_mean_2 as (order by mean_2 desc)
 ),
 
+-- corr() is NaN, not null, over one token or constant ranks: nullif makes
+-- that null
 compared as (
     select
         *,
         count(*) over () as n_shared,
-        corr(shared_rank_1, shared_rank_2) over () as spearman,
+        nullif(corr(shared_rank_1, shared_rank_2) over (), 'nan'::double)
+            as spearman,
     from shared_ranks
 )
 

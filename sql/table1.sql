@@ -15,6 +15,8 @@
 --                          score and label (ties get the average rank:
 --                          scipy.stats.spearmanr)
 --           pearson        Pearson correlation of score and label
+--           (spearman_x100, spearman, pearson: null, never NaN, when
+--           undefined: fewer than two pairs, or constant scores or labels)
 -- Params    none
 -- Run       duckdb -cmd "set variable run = 'runs/<id>'" -f sql/table1.sql
 --           xsbert sql --run runs/<id> --file sql/table1.sql
@@ -62,11 +64,13 @@ ranked as (
         by_label as (order by label)
 ),
 
+-- corr() is NaN, not null, over one pair or constant values: nullif
+-- makes that null
 correlations as (
     select
         count(*) as n_pairs,
-        corr(score_rank, label_rank) as spearman,
-        corr(score, label) as pearson,
+        nullif(corr(score_rank, label_rank), 'nan'::double) as spearman,
+        nullif(corr(score, label), 'nan'::double) as pearson,
     from ranked
 ),
 

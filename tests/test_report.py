@@ -16,7 +16,16 @@ import numpy as np
 import polars as pl
 import pytest
 from scipy import stats
-from test_sql import adjectives_run, make_run, negation_run, random_parses, random_run, run_sql, write_table
+from test_sql import (
+    adjectives_run,
+    degenerate_runs,
+    make_run,
+    negation_run,
+    random_parses,
+    random_run,
+    run_sql,
+    write_table,
+)
 
 from jobs import report
 
@@ -191,6 +200,25 @@ def test_skipped_analyses_say_why(reports, tmp_path, stores):
     ctx = report.open_context(stores["main"], retok, tmp_path / "o", {})
     assert "tokenize 60 shared sentences differently" in report.check_agreement(ctx)
     assert report.check_agreement(report.open_context(stores["main"], stores["second"], tmp_path / "o", {})) is None
+
+
+def test_degenerate_pairs_are_reported_as_undefined_not_nan(tmp_path):
+    """Constant labels (table1) and two pairs without a correlation (agreement: a constant pair and a one-cell
+    pair, the only pairs above 0.75): sentences that say so, no NaN on the page or in report.json."""
+    run1, run2, data, _ = degenerate_runs(tmp_path)
+    write_table(run1, "pairs", [{**p, "label": 3.0} for p in data["pairs"]])
+    code, doc, page = make_report(tmp_path / "out", "--run", str(run1), "--run2", str(run2))
+    got = sections(doc)
+    assert code == 0 and got["table1"]["status"] == got["agreement"]["status"] == "ok"
+    assert got["table1"]["findings"][0]["text"] == ("Score vs gold label: Spearman is undefined over 10 labelled "
+                                                    "pairs (fewer than two, or constant scores or labels).")  # fmt: skip
+    assert got["table1"]["findings"][0]["values"]["spearman"] is None
+    total, top = (f["text"] for f in got["agreement"]["findings"])
+    assert "(over the 8 pairs with a correlation; 2 of 10 share one cell or have constant values)" in total
+    assert top == ("Among the 2 pairs with mean score above 0.75 the Spearman agreement is n/a (none has a "
+                   "correlation: each shares one cell or has constant values).")  # fmt: skip
+    assert got["agreement"]["findings"][1]["values"]["spearman_mean"] is None
+    assert "NaN" not in json.dumps(doc) and "NaN" not in page
 
 
 def test_empty_run_is_reported_not_a_crash(tmp_path):

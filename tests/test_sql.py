@@ -129,9 +129,17 @@ def records(df: pl.DataFrame, key: str) -> dict[Any, dict[str, Any]]:
 
 
 def close(a: float | None, b: float | None) -> bool:
-    if a is None or b is None or (isinstance(b, float) and math.isnan(b)):
-        return (a is None or math.isnan(a)) and (b is None or math.isnan(b))
+    """Equal up to rounding; None (SQL null) equals only None, and NaN only NaN."""
+    if a is None or b is None:
+        return a is None and b is None
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def no_nan(df: pl.DataFrame) -> bool:
+    """No float column holds a NaN (nulls are fine)."""
+    return not any(df[c].is_nan().any() for c in df.columns if df[c].dtype.is_float())
 
 
 # --------------------------------------------------------------------------- every file
@@ -541,9 +549,10 @@ def test_agreement_per_pair_spearman_pearson_jaccard_by_bin(tmp_path):
     df_default = run_sql(run1, "agreement.sql", run2)
     for width in (0.25, 0.5):
         df = df_default if width == 0.25 else run_sql(run1, "agreement.sql", run2, bin_width=width)
-        assert df.columns == ["score_bin", "bin_low", "bin_high", "n_pairs", "spearman_mean", "spearman_std",
-                              "pearson_mean", "pearson_std", "jaccard_top3_mean", "jaccard_top3_std",
+        assert df.columns == ["score_bin", "bin_low", "bin_high", "n_pairs", "n_correlated", "spearman_mean",
+                              "spearman_std", "pearson_mean", "pearson_std", "jaccard_top3_mean", "jaccard_top3_std",
                               "jaccard_top10_mean", "jaccard_top10_std"]  # fmt: skip
+        assert df["n_correlated"].to_list() == df["n_pairs"].to_list()  # every pair here has a correlation
         groups: dict[tuple, list[tuple]] = defaultdict(list)
         for row, key in zip(per_pair, slow_bins([r[0] for r in per_pair], width)):
             groups[key].append(row)
@@ -566,6 +575,116 @@ def test_agreement_per_pair_spearman_pearson_jaccard_by_bin(tmp_path):
     assert_frame_equal(run_sql(run1, "agreement.sql", run2, pair_fraction=1.0), df_default)
     subset = run_sql(run1, "agreement.sql", run2, pair_fraction=0.5).row(-1, named=True)["n_pairs"]
     assert 0 < subset < 11 and subset == run_sql(run1, "agreement.sql", run2, pair_fraction=0.5)["n_pairs"][-1]
+
+
+# --------------------------------------------------------------------------- degenerate pairs: null, not NaN
+def degenerate_runs(root: Path) -> tuple[Path, Path, dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
+    """Two runs of 10 pairs, all compared: p00's values are constant in run 2, p01 shares one cell (run 2 keeps
+    only (1, 1), as --min-abs pruning can). Those two score 0.9 (the (0.75, 1.0] bin), the others at most 0.7.
+    Returns both runs, run 1's rows and run 2's cells."""
+    rng = np.random.default_rng(12)
+    run1, data = random_run(root, "d1", rng, n_pairs=10)
+    for p in data["pairs"]:
+        p["score"] = 0.9 if p["pair_id"] in ("p00", "p01") else min(p["score"], 0.7)
+    write_table(run1, "pairs", data["pairs"])
+    cells2 = [{**c, "value": 0.25 if c["pair_id"] == "p00" else c["value"] + float(rng.normal(0, 0.05))}
+              for c in data["cells"] if c["pair_id"] != "p01" or (c["i"], c["j"]) == (1, 1)]  # fmt: skip
+    run2 = make_run(root, "d2", data["pairs"], cells2, [], data["sentences"], mode="exact")
+    return run1, run2, data, cells2
+
+
+def test_agreement_degenerate_pairs_are_null_and_counted_not_nan_or_an_error(tmp_path):
+    run1, run2, data, cells2 = degenerate_runs(tmp_path)
+    df = run_sql(run1, "agreement.sql", run2)  # no "STDDEV_SAMP is out of range"
+    assert no_nan(df)
+    by_pair1, by_pair2 = defaultdict(dict), defaultdict(dict)
+    for c in data["cells"]:
+        by_pair1[c["pair_id"]][c["i"], c["j"]] = c["value"]
+    for c in cells2:
+        by_pair2[c["pair_id"]][c["i"], c["j"]] = c["value"]
+    assert len(by_pair2["p01"]) == 1 and len(set(by_pair2["p00"].values())) == 1  # the two degenerate pairs
+
+    def top(cells: dict, k: int) -> set:
+        return {key for key, _ in sorted(cells.items(), key=lambda kv: (-abs(kv[1]), kv[0][0], kv[0][1]))[:k]}
+
+    spearman, pearson, jaccard3, jaccard10 = [], [], [], []
+    for pid in sorted(by_pair1):
+        keys = sorted(by_pair2[pid])
+        c1, c2 = {k: by_pair1[pid][k] for k in keys}, by_pair2[pid]
+        jaccard3.append(len(top(c1, 3) & top(c2, 3)) / len(top(c1, 3) | top(c2, 3)))
+        jaccard10.append(len(top(c1, 10) & top(c2, 10)) / len(top(c1, 10) | top(c2, 10)))
+        if pid not in ("p00", "p01"):
+            x, y = [c1[k] for k in keys], [c2[k] for k in keys]
+            spearman.append(stats.spearmanr(x, y).statistic)
+            pearson.append(stats.pearsonr(x, y).statistic)
+    rows = records(df, "score_bin")
+    total, top_bin = rows["all"], rows["(0.75, 1.0]"]
+    # Counted in n_pairs and the Jaccard columns; the correlations are over the 8 other pairs.
+    assert (total["n_pairs"], total["n_correlated"]) == (10, 8)
+    assert close(total["spearman_mean"], float(np.mean(spearman)))
+    assert total["spearman_std"] == pytest.approx(np.std(spearman, ddof=1), rel=1e-6)
+    assert close(total["pearson_mean"], float(np.mean(pearson)))
+    assert total["pearson_std"] == pytest.approx(np.std(pearson, ddof=1), rel=1e-6)
+    assert close(total["jaccard_top3_mean"], float(np.mean(jaccard3)))
+    assert close(total["jaccard_top10_mean"], float(np.mean(jaccard10)))
+    # A bin of degenerate pairs only: no correlation at all, null (never NaN); its Jaccard still there.
+    assert (top_bin["n_pairs"], top_bin["n_correlated"]) == (2, 0)
+    for col in ("spearman_mean", "spearman_std", "pearson_mean", "pearson_std"):
+        assert top_bin[col] is None, col
+    assert close(top_bin["jaccard_top3_mean"], float(np.mean(jaccard3[:2])))
+    assert sum(r["n_pairs"] for r in rows.values()) == 20  # the bins and 'all'
+    # The duckdb CLI, as documented: no error, NULL and no nan.
+    cli = subprocess.run([str(DUCKDB_CLI), "-csv", "-cmd", f"set variable run = '{run1}'", "-cmd",
+                          f"set variable run2 = '{run2}'", "-f", "sql/agreement.sql"], cwd=ROOT, capture_output=True,
+                         text=True, check=False)  # fmt: skip
+    assert cli.returncode == 0 and not cli.stderr, cli.stderr
+    assert "nan" not in cli.stdout.lower() and "NULL" in cli.stdout
+
+
+def test_table1_undefined_spearman_is_null_not_nan(tmp_path):
+    run, data = random_run(tmp_path, "r", np.random.default_rng(13), n_pairs=6)
+    cases = {
+        "constant labels": [{**p, "label": 3.0} for p in data["pairs"]],
+        "constant scores": [{**p, "score": 0.5} for p in data["pairs"]],
+        "one labelled pair": [{**p, "label": p["label"] if p["pair_id"] == "p00" else None} for p in data["pairs"]],
+    }
+    for case, pairs in cases.items():
+        write_table(run, "pairs", pairs)
+        row = run_sql(run, "table1.sql").row(0, named=True)
+        assert row["n_pairs"] == (1 if case == "one labelled pair" else 6), case
+        assert (row["spearman_x100"], row["spearman"], row["pearson"]) == (None, None, None), (case, row)
+
+
+def self_cells_run(root: Path, name: str, values: dict[str, float]) -> Path:
+    """One pair of two sentences of the tokens of `values`: each token's same-token cell is its value."""
+    sa, sb = sentence(f"{name}-a", list(values)), sentence(f"{name}-b", list(values))
+    cells = [{"pair_id": "p00", "i": i, "j": j, "token_a": ta, "token_b": tb,
+              "value": values.get(ta, 0.0) if ta == tb else 0.0}
+             for i, ta in enumerate(sa["tokens"]) for j, tb in enumerate(sb["tokens"])]  # fmt: skip
+    pair = {"pair_id": "p00", "row": 0, "split": "test", "text_a": sa["text"], "text_b": sb["text"],
+            "sentence_id_a": sa["sentence_id"], "sentence_id_b": sb["sentence_id"],
+            "n_tokens_a": sa["n_tokens"], "n_tokens_b": sb["n_tokens"], "score": 0.5}  # fmt: skip
+    return make_run(root, name, [pair], cells, [], [sa, sb])
+
+
+def test_lexical_ranks_compare_undefined_spearman_is_null_not_nan(tmp_path):
+    run = self_cells_run(tmp_path, "r", {"cat": 0.5, "dog": 0.1, "big": -0.2})
+    cases = {  # run2's values -> (n_shared, spearman)
+        "one shared token": ({"cat": 0.3, "house": 0.2}, 1, None),
+        "all shared means tied": ({"cat": 0.25, "dog": 0.25, "big": 0.25}, 3, None),
+        "same order": ({"cat": 0.4, "dog": 0.2, "big": 0.0}, 3, 1.0),
+    }
+    for case, (values, n_shared, rho) in cases.items():
+        df = run_sql(run, "lexical_ranks_compare.sql", self_cells_run(tmp_path, case.replace(" ", "-"), values),
+                     min_count=1)  # fmt: skip
+        assert df["n_shared"].to_list() == [n_shared] * n_shared, case
+        assert all(close(x, rho) for x in df["spearman"].to_list()), (case, df["spearman"].to_list())
+
+
+def test_close_tells_nan_from_null():
+    nan = float("nan")
+    assert close(None, None) and close(nan, nan) and close(0.5, 0.5 + 1e-12)
+    assert not close(None, nan) and not close(nan, None) and not close(None, 0.0) and not close(nan, 0.0)
 
 
 # --------------------------------------------------------------------------- the duckdb CLI, as documented
