@@ -31,7 +31,7 @@ import torch
 
 from xsbert_core import Explainer, NumericalError, SentenceFactors
 from xsbert_core.pairs import completeness_target, pair_matrix, similarity_score
-from xsbert_core.words import word_matrix
+from xsbert_core.words import averaging_matrix
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +55,8 @@ FACTOR_SCHEMA = pa.schema(
     ]
 )
 
+# Stage 2's row per pair: Explainer.pair's numbers, the cell counts, and either the cells themselves as lists
+# (the driver writes them) or the names of the parts the task wrote them into (the workers write them).
 PAIR_SCHEMA = pa.schema(
     [
         ("ord", pa.int64()),
@@ -77,6 +79,10 @@ PAIR_SCHEMA = pa.schema(
         ("n_tokens_a", pa.int32()),
         ("n_tokens_b", pa.int32()),
         ("failure", pa.string()),
+        ("n_cells", pa.int32()),
+        ("n_word_cells", pa.int32()),
+        ("cells_part", pa.string()),  # the part holding this pair's cells, when a worker wrote it
+        ("word_cells_part", pa.string()),
         ("cell_i", pa.list_(pa.int32())),
         ("cell_j", pa.list_(pa.int32())),
         ("cell_token_a", pa.list_(pa.string())),
@@ -89,6 +95,10 @@ PAIR_SCHEMA = pa.schema(
         ("word_value", pa.list_(pa.float64())),
     ]
 )
+# The per-pair numbers (everything before the cell columns).
+PAIR_NUMBERS: tuple[str, ...] = tuple(PAIR_SCHEMA.names[: PAIR_SCHEMA.names.index("cells_part")])
+CELL_LISTS = {"cell_i": "i", "cell_j": "j", "cell_token_a": "token_a", "cell_token_b": "token_b", "cell_value": "value"}
+WORD_LISTS = {"word_u": "u", "word_v": "v", "word_a": "word_a", "word_b": "word_b", "word_value": "value"}
 
 
 def _maybe_die(marker: str | None) -> None:
@@ -217,11 +227,14 @@ def _tensor(buf: pa.Buffer | bytes, shape: tuple[int, ...]) -> torch.Tensor:
 
 
 class PairCells:
-    """Pairs (ord, pair_id, sentence_id_a, sentence_id_b) -> PAIR_SCHEMA rows.
+    """Pairs (ord, pair_id, sentence_id_a, sentence_id_b) -> their numbers and cells.
 
     The numbers are Explainer.pair's (same functions, same float32 factors, float64 arithmetic):
     A = P_a^T P_b / (||e(a)|| ||e(b)||), its sums, the reference terms, target and error.
     Cells with |A_ij| < min_abs (and word cells with |W_uv| < min_abs) are left out; the sums are not.
+    `tables(batch)` gives the cells as flat tables (one row per cell, the store's columns), built column-wise
+    with numpy and one Arrow `take` per batch for the token strings; `__call__` gives PAIR_SCHEMA rows with the
+    cells as lists.
     """
 
     def __init__(self, tables: list[pa.Table], similarity: str, min_abs: float = 0.0) -> None:
@@ -233,6 +246,7 @@ class PairCells:
         ids = self.factors.column("sentence_id").to_pylist() if self.factors is not None else []
         self.index = {sid: k for k, sid in enumerate(ids)}
         self._cache: dict[str, SentenceFactors | str] = {}
+        self._words: dict[str, tuple[list[str], np.ndarray]] = {}
 
     def sentence(self, sid: str) -> SentenceFactors | str:
         """The SentenceFactors of `sid` (zero-copy views), or its failure message."""
@@ -263,8 +277,15 @@ class PairCells:
         self._cache[sid] = res
         return res
 
-    def pair(self, fa: SentenceFactors, fb: SentenceFactors) -> dict[str, Any]:
-        """One PAIR_SCHEMA row (without ord/pair_id): the numbers of Explainer.pair, and the cells."""
+    def words(self, sid: str, f: SentenceFactors) -> tuple[list[str], np.ndarray]:
+        """The sentence's word texts and its averaging matrix M (U x S), once per sentence."""
+        if sid not in self._words:
+            ws = f.words
+            self._words[sid] = ([w.text for w in ws], averaging_matrix(ws, len(f.tokens)))
+        return self._words[sid]
+
+    def numbers(self, fa: SentenceFactors, fb: SentenceFactors) -> tuple[dict[str, Any], np.ndarray | None]:
+        """(the pair's numbers as in Explainer.pair, A) or ({failure}, None) when A is not finite."""
         sim = self.similarity
         a_mat = pair_matrix(fa.factor, fb.factor, fa.embedding, fb.embedding, sim).cpu().numpy()
         target = completeness_target(fa.embedding, fb.embedding, fa.reference_embedding, fb.reference_embedding, sim)
@@ -290,36 +311,114 @@ class PairCells:
             "failure": None,
         }
         if not (np.isfinite(a_mat).all() and math.isfinite(row["score"])):
-            return {"failure": "NumericalError: NaN/Inf in the pair matrix"}
-        i, j = np.nonzero(np.abs(a_mat) >= self.min_abs) if self.min_abs > 0 else np.indices(a_mat.shape).reshape(2, -1)
-        ta, tb = np.asarray(fa.tokens, dtype=object), np.asarray(fb.tokens, dtype=object)
-        row.update(cell_i=i.tolist(), cell_j=j.tolist(), cell_token_a=ta[i].tolist(), cell_token_b=tb[j].tolist(),
-                   cell_value=a_mat[i, j].tolist())  # fmt: skip
-        wa, wb = fa.words, fb.words
-        w_mat = word_matrix(a_mat, wa, wb)
-        u, v = np.nonzero(np.abs(w_mat) >= self.min_abs) if self.min_abs > 0 else np.indices(w_mat.shape).reshape(2, -1)
-        na, nb = np.asarray([w.text for w in wa], dtype=object), np.asarray([w.text for w in wb], dtype=object)
-        row.update(word_u=u.tolist(), word_v=v.tolist(), word_a=na[u].tolist() if len(u) else [],
-                   word_b=nb[v].tolist() if len(v) else [], word_value=w_mat[u, v].tolist())  # fmt: skip
-        return row
+            return {"failure": "NumericalError: NaN/Inf in the pair matrix"}, None
+        return row, a_mat
+
+    def _kept(self, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self.min_abs > 0:
+            return np.nonzero(np.abs(m) >= self.min_abs)
+        i, j = np.indices(m.shape)
+        return i.ravel(), j.ravel()
+
+    def tables(self, batch: pa.Table) -> tuple[pa.Table, pa.Table, pa.Table]:
+        """(numbers: PAIR_NUMBERS + n_cells, n_word_cells, one row per pair in batch order; cells; word_cells),
+        the cell tables with the store's columns (jobs/_store.py SCHEMAS), in pair then row-major order."""
+        numbers: dict[str, list[Any]] = {name: [] for name in (*PAIR_NUMBERS, "n_cells", "n_word_cells")}
+        c_pair, c_i, c_j, c_ta, c_tb, c_val = [], [], [], [], [], []
+        w_pair, w_u, w_v, w_ta, w_tb, w_val = [], [], [], [], [], []
+        strings: list[str] = []  # tokens and words of the batch's pairs; cells index into it
+        for k, (ord_, pid, sa, sb) in enumerate(zip(
+            batch.column("ord").to_pylist(), batch.column("pair_id").to_pylist(),
+            batch.column("sentence_id_a").to_pylist(), batch.column("sentence_id_b").to_pylist(),
+        )):  # fmt: skip
+            fa, fb = self.sentence(sa), self.sentence(sb)
+            a_mat = None
+            if isinstance(fa, str) or isinstance(fb, str):
+                row: dict[str, Any] = {"failure": fa if isinstance(fa, str) else fb}
+            else:
+                row, a_mat = self.numbers(fa, fb)
+            row.update(ord=ord_, pair_id=pid, n_cells=0, n_word_cells=0)
+            if a_mat is not None:
+                i, j = self._kept(a_mat)
+                base = len(strings)
+                strings.extend(fa.tokens)
+                strings.extend(fb.tokens)
+                c_pair.append(np.full(len(i), k, np.int64))
+                c_i.append(i)
+                c_j.append(j)
+                c_ta.append(base + i)
+                c_tb.append(base + len(fa.tokens) + j)
+                c_val.append(a_mat[i, j])
+                (na, ma), (nb, mb) = self.words(sa, fa), self.words(sb, fb)
+                w_mat = ma @ a_mat @ mb.T
+                u, v = self._kept(w_mat)
+                base = len(strings)
+                strings.extend(na)
+                strings.extend(nb)
+                w_pair.append(np.full(len(u), k, np.int64))
+                w_u.append(u)
+                w_v.append(v)
+                w_ta.append(base + u)
+                w_tb.append(base + len(na) + v)
+                w_val.append(w_mat[u, v])
+                row.update(n_cells=len(i), n_word_cells=len(u))
+            for name in numbers:
+                numbers[name].append(row.get(name))
+        num = pa.table(numbers, schema=pa.schema([PAIR_SCHEMA.field(n) for n in numbers]))
+        text = pa.array(strings, pa.string())
+        pair_ids = batch.column("pair_id").combine_chunks() if batch.num_rows else pa.array([], pa.string())
+
+        def flat(names: tuple[str, ...], cols: list[list[np.ndarray]]) -> pa.Table:
+            def cat(parts: list[np.ndarray], dtype) -> np.ndarray:
+                return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+
+            return pa.table({
+                "pair_id": pair_ids.take(pa.array(cat(cols[0], np.int64))),
+                names[0]: pa.array(cat(cols[1], np.int32)),
+                names[1]: pa.array(cat(cols[2], np.int32)),
+                names[2]: text.take(pa.array(cat(cols[3], np.int64))),
+                names[3]: text.take(pa.array(cat(cols[4], np.int64))),
+                "value": pa.array(cat(cols[5], np.float64)),
+            })  # fmt: skip
+
+        cells = flat(("i", "j", "token_a", "token_b"), [c_pair, c_i, c_j, c_ta, c_tb, c_val])
+        word_cells = flat(("u", "v", "word_a", "word_b"), [w_pair, w_u, w_v, w_ta, w_tb, w_val])
+        return num, cells, word_cells
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        out: dict[str, list[Any]] = {name: [] for name in PAIR_SCHEMA.names}
-        for ord_, pid, sa, sb in zip(
-            batch.column("ord").to_pylist(),
-            batch.column("pair_id").to_pylist(),
-            batch.column("sentence_id_a").to_pylist(),
-            batch.column("sentence_id_b").to_pylist(),
-        ):
-            fa, fb = self.sentence(sa), self.sentence(sb)
-            if isinstance(fa, str) or isinstance(fb, str):
-                row = {"failure": fa if isinstance(fa, str) else fb}
-            else:
-                row = self.pair(fa, fb)
-            row.update(ord=ord_, pair_id=pid)
-            for name in PAIR_SCHEMA.names:
-                out[name].append(row.get(name))
-        return pa.table(out, schema=PAIR_SCHEMA)
+        """PAIR_SCHEMA rows, the cells as lists (a failed pair: its failure, no lists)."""
+        num, cells, word_cells = self.tables(batch)
+        return with_lists(num, cells, word_cells)
+
+
+def _lists(n_per_pair: pa.Array, ok: np.ndarray, flat: pa.Table, names: dict[str, str]) -> dict[str, pa.Array]:
+    """The flat cell columns as one list per pair (null for failed pairs)."""
+    counts = np.asarray(n_per_pair.to_numpy(zero_copy_only=False), dtype=np.int32)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
+    mask = pa.array(~ok)
+    return {
+        dst: pa.ListArray.from_arrays(offsets, flat.column(src).combine_chunks(), mask=mask)
+        for dst, src in names.items()
+    }
+
+
+def with_lists(
+    num: pa.Table, cells: pa.Table | None, word_cells: pa.Table | None, parts: tuple[str | None, ...] | None = None
+) -> pa.Table:
+    """PAIR_SCHEMA rows from `tables`' output: with the cells as lists, or (workers wrote them) the parts' names."""
+    n = num.num_rows
+    ok = np.asarray(num.column("failure").is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    cols: dict[str, Any] = {name: num.column(name) for name in num.column_names}
+    if parts is None:
+        cols |= _lists(num.column("n_cells"), ok, cells, CELL_LISTS)
+        cols |= _lists(num.column("n_word_cells"), ok, word_cells, WORD_LISTS)
+        cols.update(cells_part=pa.nulls(n, pa.string()), word_cells_part=pa.nulls(n, pa.string()))
+    else:
+        cols.update(cells_part=pa.array([parts[0]] * n, pa.string()),
+                    word_cells_part=pa.array([parts[1]] * n, pa.string()))
+        for name in (*CELL_LISTS, *WORD_LISTS):
+            cols[name] = pa.nulls(n, PAIR_SCHEMA.field(name).type)
+    return pa.table({name: cols[name] for name in PAIR_SCHEMA.names}, schema=PAIR_SCHEMA)
 
 
 # One PairCells per worker process, for the wave whose factor blocks it was built from.
@@ -327,9 +426,19 @@ _WORKER_CACHE: dict[tuple[str, ...], PairCells] = {}
 
 
 def pair_cells(
-    batch: pa.Table, factor_refs: list, similarity: str, min_abs: float = 0.0, kill_once: str | None = None
+    batch: pa.Table,
+    factor_refs: list,
+    similarity: str,
+    min_abs: float = 0.0,
+    kill_once: str | None = None,
+    sink: Any = None,
+    seq: int | None = None,
 ) -> pa.Table:
-    """Stage 2 as a Ray task: look the wave's factors up (read once per worker, zero-copy), then PairCells."""
+    """Stage 2 as a Ray task: look the wave's factors up (read once per worker, zero-copy), then PairCells.
+
+    With a `sink` (jobs/_store.py PartSink) the task writes the batch's cells and word cells itself, as parts
+    of wave `seq` named by the batch's first `ord`, and returns only the numbers and the parts' names; the
+    driver commits the wave (its pairs part) once every batch has come back."""
     import ray
 
     _maybe_die(kill_once)
@@ -337,4 +446,10 @@ def pair_cells(
     if key not in _WORKER_CACHE:
         _WORKER_CACHE.clear()  # the previous wave's factors are released
         _WORKER_CACHE[key] = PairCells(ray.get(list(factor_refs)), similarity, min_abs)
-    return _WORKER_CACHE[key](batch)
+    num, cells, word_cells = _WORKER_CACHE[key].tables(batch)
+    if sink is None:
+        return with_lists(num, cells, word_cells)
+    first = int(batch.column("ord")[0].as_py())
+    parts = tuple(sink.write(t, seq, first, data) if data.num_rows else None
+                  for t, data in (("cells", cells), ("word_cells", word_cells)))  # fmt: skip
+    return with_lists(num, None, None, parts)

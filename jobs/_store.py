@@ -42,7 +42,9 @@ WAVE_TABLES: tuple[str, ...] = ("cells", "word_cells", "sentences")
 # create their folders and `commit_missing_tables` gives them no empty part, so a run that was never
 # parsed (no `parses/` folder) stays distinguishable from a parsed run without rows (an empty part).
 DERIVED_TABLES: tuple[str, ...] = ("parses",)
-PART_RE = re.compile(r"^part-(\d{6})\.parquet$")
+# part-<seq>.parquet (written by the driver), or part-<seq>-<first ord>.parquet (a wave's cells or word cells,
+# written by the stage-2 task that computed them, named by the first pair of its batch).
+PART_RE = re.compile(r"^part-(\d{6})(?:-(\d{7}))?\.parquet$")
 STAGING = "_staging"
 
 _str, _i32, _i64, _f64, _bool = pa.string(), pa.int32(), pa.int64(), pa.float64(), pa.bool_()
@@ -84,6 +86,16 @@ SCHEMAS: dict[str, pa.Schema] = {
 
 # Parquet settings, fixed so that the same rows always give the same bytes.
 PARQUET_OPTIONS = dict(compression="zstd", use_dictionary=True, write_statistics=True, row_group_size=1 << 20)
+
+
+def part_seq(name: str) -> int | None:
+    """The wave (commit sequence number) a part file belongs to; None for a name that is not a part."""
+    m = PART_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def part_name(seq: int, first: int | None = None) -> str:
+    return f"part-{seq:06d}.parquet" if first is None else f"part-{seq:06d}-{first:07d}.parquet"
 
 
 def canonical_json(obj: Any) -> str:
@@ -168,12 +180,16 @@ class RunStore:
         if staging.exists():
             shutil.rmtree(staging)
             removed.append(staging)
-        committed = {p.name for p in self.parts("pairs")}
+        committed = {part_seq(p.name) for p in self.parts("pairs")}
         for table in WAVE_TABLES:
             for part in self.parts(table):
-                if part.name not in committed:
+                if part_seq(part.name) not in committed:
                     part.unlink()
                     removed.append(part)
+            folder = self.path / table
+            for tmp in folder.glob(".part-*.tmp") if folder.exists() else ():  # a worker's write cut short
+                tmp.unlink(missing_ok=True)
+                removed.append(tmp)
         return removed
 
     # ------------------------------------------------------------------ reading
@@ -209,8 +225,30 @@ class RunStore:
 
     def next_seq(self) -> int:
         parts = [p for t in TABLES + DERIVED_TABLES for p in self.parts(t)]
-        seqs = [int(PART_RE.match(p.name).group(1)) for p in parts]  # type: ignore[union-attr]
-        return max(seqs, default=-1) + 1
+        return max((part_seq(p.name) for p in parts), default=-1) + 1  # type: ignore[type-var]
+
+    def wave_parts(self, table: str, seq: int) -> list[str]:
+        """Names of the parts of wave `seq` in `table` (the driver's and the workers')."""
+        return [p.name for p in self.parts(table) if part_seq(p.name) == seq]
+
+    def settle(self, seq: int, expected: dict[str, set[str]]) -> None:
+        """Before wave `seq` commits: every part its tasks reported is there, and no other part of the wave is
+        (a task attempt that a retry replaced with other batches would have left one); the extras are deleted."""
+        for table, names in expected.items():
+            present = set(self.wave_parts(table, seq))
+            missing = names - present
+            if missing:
+                raise StoreError(f"{self.path}: {len(missing)} {table} part(s) of wave {seq} reported written "
+                                 f"but not in the store (first: {sorted(missing)[0]})")  # fmt: skip
+            for extra in sorted(present - names):
+                self._delete(table, extra)
+
+    def _delete(self, table: str, name: str) -> None:
+        (self.path / table / name).unlink(missing_ok=True)
+
+    def sink(self) -> PartSink:
+        """What a stage-2 task needs to write this run's parts itself (picklable; no credentials)."""
+        return PartSink(root=str(self.path), remote=False)
 
     # ------------------------------------------------------------------ writing
     def commit(self, seq: int, tables: dict[str, pa.Table], keep_empty: bool = False) -> list[Path]:
@@ -303,10 +341,30 @@ def redact(uri: str) -> str:
     return urlunsplit((parts.scheme, host + (f":{parts.port}" if parts.port else ""), parts.path, "", ""))
 
 
-def filesystem(uri: str):
+def fs_settings(uri: str) -> dict[str, str]:
+    """The non-secret connection settings of `uri`'s store, from this process's environment: for S3 the endpoint
+    (AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL) and region. They travel to the workers that write parts, as a
+    pyarrow filesystem pickled by Ray Data would carry them; credentials never do (workers use their own:
+    the job's runtime_env, the node's environment or instance role)."""
+    from urllib.parse import urlsplit
+
+    if urlsplit(uri).scheme.lower() not in ("s3", "s3a"):
+        return {}
+    out: dict[str, str] = {}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        ep = urlsplit(endpoint)
+        out.update(endpoint_override=ep.netloc or ep.path, scheme=ep.scheme or "https")
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        out["region"] = region
+    return out
+
+
+def filesystem(uri: str, settings: dict[str, str] | None = None):
     """(pyarrow FileSystem, path inside it) for an s3:// or gs:// URI. S3 credentials, region and endpoint come
     the standard way: AWS_* variables (AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3 for S3-compatible stores), the
-    shared config files, instance roles."""
+    shared config files, instance roles; `settings` (fs_settings of the driver) overrides endpoint and region."""
     from urllib.parse import urlsplit
 
     import pyarrow.fs as pafs
@@ -317,15 +375,7 @@ def filesystem(uri: str):
     scheme = parts.scheme.lower()
     path = (parts.netloc + parts.path).rstrip("/")
     if scheme in ("s3", "s3a"):
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        kwargs: dict[str, Any] = {}
-        if endpoint:
-            ep = urlsplit(endpoint)
-            kwargs.update(endpoint_override=ep.netloc or ep.path, scheme=ep.scheme or "https")
-        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-        if region:
-            kwargs["region"] = region
-        return pafs.S3FileSystem(**kwargs), path
+        return pafs.S3FileSystem(**(fs_settings(uri) if settings is None else settings)), path
     if scheme in ("gs", "gcs"):
         return pafs.GcsFileSystem(), path
     raise StoreError(f"{redact(uri)}: unsupported scheme {scheme!r} (use a local path, s3:// or gs://)")
@@ -558,11 +608,11 @@ class ObjectRunStore(RunStore):
 
     def recover(self) -> list[PurePosixPath]:  # type: ignore[override]
         """Delete wave parts whose pairs part never landed (a commit cut short)."""
-        committed = {p.name for p in self.parts("pairs")}
+        committed = {part_seq(p.name) for p in self.parts("pairs")}
         removed = []
         for table in WAVE_TABLES:
             for part in self.parts(table):
-                if part.name not in committed:
+                if part_seq(part.name) not in committed:
                     self.fs.delete_file(str(part))
                     removed.append(part)
         return removed
@@ -608,6 +658,14 @@ class ObjectRunStore(RunStore):
             wrote.append(PurePosixPath(final))
         return wrote
 
+    def _delete(self, table: str, name: str) -> None:
+        self.fs.delete_file(self._key(table, name))
+
+    def sink(self) -> PartSink:
+        self._fence()
+        return PartSink(root=self.path, remote=True, settings=fs_settings(self.root),  # type: ignore[arg-type]
+                        lock_token=self._lock["token"] if self._lock else None)  # fmt: skip
+
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         self._fence()
         text = json.dumps(manifest, indent=1, sort_keys=True, allow_nan=False) + "\n"
@@ -620,3 +678,53 @@ def open_store(root: str | os.PathLike, rid: str, extra_pair_columns: tuple[str,
     if is_remote(root):
         return ObjectRunStore(str(root), rid, extra_pair_columns)
     return RunStore(root, rid, extra_pair_columns)
+
+
+class PartSink:
+    """A run's place for parts written by a stage-2 task (cells and word cells of one batch), picklable.
+
+    Local: written beside the final name (`.part-*.tmp`), fsynced, renamed into place (the path must be one the
+    worker sees: the driver only hands a sink out on a one-node cluster or for object storage). Object storage:
+    one PUT of the final name, after checking that the run's writer lock still holds the driver's token (a
+    driver whose lock was taken over has its tasks fenced too). A retried task writes the same name with the
+    same bytes. Nothing written here is visible as data until the driver commits the wave's `pairs` part."""
+
+    def __init__(self, root: str, remote: bool, settings: dict[str, str] | None = None,
+                 lock_token: str | None = None) -> None:  # fmt: skip
+        self.root, self.remote, self.settings, self.lock_token = root, remote, settings or {}, lock_token
+
+    def __reduce__(self):
+        return (PartSink, (self.root, self.remote, self.settings, self.lock_token))
+
+    def write(self, table: str, seq: int, first: int, data: pa.Table) -> str:
+        """Write `data` (cast to SCHEMAS[table]) as part `seq`-`first` of `table`; return the part's name."""
+        name = part_name(seq, first)
+        data = data.select(SCHEMAS[table].names).cast(SCHEMAS[table])
+        if not self.remote:
+            folder = Path(self.root) / table
+            tmp = folder / f".{name}.{os.getpid()}.tmp"
+            pq.write_table(data, tmp, **PARQUET_OPTIONS)
+            with open(tmp, "rb+") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp, folder / name)
+            return name
+        fs, base = filesystem(self.root, self.settings)
+        if self.lock_token is not None:
+            import pyarrow.fs as pafs
+
+            try:
+                if fs.get_file_info(f"{base}/{LOCK_NAME}").type == pafs.FileType.NotFound:
+                    held: dict[str, Any] = {}
+                else:
+                    with fs.open_input_stream(f"{base}/{LOCK_NAME}") as fh:
+                        held = json.loads(fh.read().decode("utf-8"))
+            except ValueError:
+                held = {}
+            except OSError as exc:
+                raise StoreError(f"{redact(self.root)}: a worker cannot read the store: "
+                                 f"{' '.join(str(exc).split())[:300]}") from None  # fmt: skip
+            if held.get("token") != self.lock_token:
+                raise StoreError(f"{redact(self.root)}: the writer lock is no longer this run's: {table}/{name} "
+                                 "not written")  # fmt: skip
+        pq.write_table(data, f"{base}/{table}/{name}", filesystem=fs, **PARQUET_OPTIONS)
+        return name

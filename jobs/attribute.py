@@ -39,9 +39,10 @@ from xsbert_core.models import DEFAULT_MODEL
 from xsbert_core.quadrature import SUPPORTED_RULES
 from xsbert_core.words import words_of
 
+from ._actors import CELL_LISTS, WORD_LISTS
 from ._inputs import KEEP_PREFIX, Pairs, load_pairs, quarantine_frame, validate
 from ._ray import filter_stderr, init_ray, quiet_ray
-from ._store import SCHEMAS, STORE_VERSION, RunStore, open_store, run_id
+from ._store import SCHEMAS, STORE_VERSION, RunStore, StoreError, open_store, run_id
 
 logger = logging.getLogger("jobs.attribute")
 
@@ -63,6 +64,7 @@ DEFAULT_WAVE_SIZE_GPU = 16384
 # Pairs per PairCells call (stage 2 is ~1 ms per pair).
 PAIR_BATCH = 256
 TRUNCATION_CHOICES = ("quarantine", "warn", "error")
+CELL_WRITERS = ("auto", "workers", "driver")
 # A batch whose actor dies is retried on a restarted actor; bounded so a poisonous batch fails the run
 # (Ray Data's own default is unbounded). Ray 2.60 still takes these as remote args, with a deprecation
 # warning (RETRY_ARGS_WARNING) that compute_wave keeps out of the log; pyproject pins ray < 2.64, which drops them.
@@ -123,6 +125,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     r.add_argument("--wave-size", type=int, default=None, help="pairs per atomic commit (default 2048 CPU / 16384 GPU)")
     r.add_argument("--max-retries", type=int, default=DEFAULT_MAX_RETRIES,
                    help="a batch whose worker died is retried this often (on a restarted actor), then the run fails")
+    r.add_argument("--cell-writer", choices=CELL_WRITERS, default="auto",
+                   help="who writes the cells and word cells: the stage-2 tasks (workers; the driver only commits) "
+                        "or the driver. auto: workers on object storage or a one-node cluster (where they see "
+                        "the local --out), else the driver")  # fmt: skip
     r.add_argument("--device", default=None,
                    help="torch device of the factor actors (default: cuda when they get GPUs, else cpu)")  # fmt: skip
     o = p.add_argument_group("output")
@@ -216,9 +222,18 @@ def resources(args: argparse.Namespace, ray) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- one wave
 def compute_wave(
-    ray, wave: pd.DataFrame, args: argparse.Namespace, explainer: Explainer, res: dict[str, Any]
+    ray,
+    wave: pd.DataFrame,
+    args: argparse.Namespace,
+    explainer: Explainer,
+    res: dict[str, Any],
+    sink: Any = None,
+    seq: int | None = None,
 ) -> tuple[pa.Table, pa.Table, dict[str, Any]]:
-    """Stage 1 + stage 2 for the wave's pairs: (factor metadata per sentence, PAIR_SCHEMA rows, timings)."""
+    """Stage 1 + stage 2 for the wave's pairs: (factor metadata per sentence, PAIR_SCHEMA rows, timings).
+
+    With a `sink` the stage-2 tasks write the cells and word cells as parts of wave `seq` themselves and the
+    rows name those parts; without, the rows carry the cells as lists for the driver to write."""
     from ray.data import ActorPoolStrategy
 
     from ._actors import FactorActor, pair_cells
@@ -255,7 +270,10 @@ def compute_wave(
         ).materialize()
     t1 = time.perf_counter()
     factor_refs = factors.to_arrow_refs()  # the materialized blocks themselves: no recompute, no copy
-    meta = pa.concat_tables(ray.get(factors.drop_columns(["factor"]).to_arrow_refs()))
+    # The factors' metadata, by one light task per block where the block lives (no Ray Data pipeline: one
+    # costs seconds per wave to start; no factor bytes to the driver).
+    meta_task = _meta_task(ray)
+    meta = pa.concat_tables(ray.get([meta_task.remote(ref) for ref in factor_refs]))
     factor_bytes = 4 * int(pc.sum(pc.multiply(meta.column("dim"), meta.column("n_tokens"))).as_py() or 0)
     t2 = time.perf_counter()
 
@@ -275,14 +293,24 @@ def compute_wave(
             pair_cells,
             fn_kwargs=dict(
                 factor_refs=factor_refs, similarity=explainer.similarity, min_abs=args.min_abs,
-                kill_once=os.environ.get("XSBERT_TEST_KILL_CELLS_ONCE") or None,
+                kill_once=os.environ.get("XSBERT_TEST_KILL_CELLS_ONCE") or None, sink=sink, seq=seq,
             ),  # fmt: skip
             batch_size=PAIR_BATCH,
             batch_format="pyarrow",
             num_cpus=1,
             max_retries=args.max_retries,
         )
-    out, duplicates = exactly_once(pa.concat_tables(ray.get(cells.to_arrow_refs())))
+    try:
+        out, duplicates = exactly_once(pa.concat_tables(ray.get(cells.to_arrow_refs())))
+    except JobFailedError:
+        raise
+    except Exception as exc:  # a task that could not write its parts: say so in one line
+        why = _write_failure(exc) if sink is not None else None
+        if why is None:
+            raise
+        raise StoreError(f"a stage-2 task could not write its part of the store ({why}); do the Ray workers reach "
+                         "the store with credentials of their own (the job's runtime_env env_vars, the nodes' "
+                         "environment or instance role)?") from None  # fmt: skip
     t3 = time.perf_counter()
     del factors, factor_refs
     timings = {
@@ -295,6 +323,34 @@ def compute_wave(
         "duplicates_dropped": duplicates,
     }
     return meta, out, timings
+
+
+def _write_failure(exc: BaseException) -> str | None:
+    """Why a stage-2 task failed to write its parts (StoreError or an OSError of the filesystem), else None.
+    Ray and Ray Data wrap a task's exception (RayTaskError, UserCodeException) and keep the original only as text
+    of the remote traceback, so the cause is found in that text."""
+    import re
+
+    text = str(exc)
+    for pattern in (r"jobs\._store\.StoreError: ([^\n]+)", r"((?:OSError|FileNotFoundError|PermissionError): [^\n]+)"):
+        found = re.findall(pattern, text)
+        if found:
+            return " ".join(found[-1].split())[:300]
+    return None
+
+
+def _factor_meta(block: pa.Table) -> pa.Table:
+    return block.drop_columns(["factor"])
+
+
+_META_TASK: dict[str, Any] = {}
+
+
+def _meta_task(ray):
+    """_factor_meta as a Ray task (no CPU reserved: it only slices a table), made once per process."""
+    if "task" not in _META_TASK:
+        _META_TASK["task"] = ray.remote(num_cpus=0)(_factor_meta)
+    return _META_TASK["task"]
 
 
 def exactly_once(out: pa.Table) -> tuple[pa.Table, int]:
@@ -317,20 +373,28 @@ def exactly_once(out: pa.Table) -> tuple[pa.Table, int]:
     return out.take(pa.array(np.sort(first))).sort_by("ord"), dropped
 
 
-def _explode(out: pa.Table, prefix: str, names: dict[str, str]) -> pa.Table:
-    """Per-pair list columns -> one row per cell, pair_id first, in pair then list order."""
-    first = out.column(f"{prefix}_{next(iter(names))}").combine_chunks()
+def _explode(out: pa.Table, names: dict[str, str]) -> pa.Table:
+    """Per-pair list columns (names: list column -> store column) -> one row per cell, pair_id first, in pair
+    then list order."""
+    first = out.column(next(iter(names))).combine_chunks()
     parents = pc.list_parent_indices(first)
     cols = {"pair_id": out.column("pair_id").combine_chunks().take(parents)}
     for src, dst in names.items():
-        cols[dst] = pc.list_flatten(out.column(f"{prefix}_{src}").combine_chunks())
+        cols[dst] = pc.list_flatten(out.column(src).combine_chunks())
     return pa.table(cols)
+
+
+def written_parts(out: pa.Table) -> dict[str, set[str]]:
+    """The parts the stage-2 tasks of a wave wrote themselves (empty when the driver writes the cells)."""
+    return {table: {p for p in out.column(f"{table}_part").to_pylist() if p is not None}
+            for table in ("cells", "word_cells")}  # fmt: skip
 
 
 def wave_tables(
     wave: pd.DataFrame, meta: pa.Table, out: pa.Table, split: str | None, known_sentences: set[str]
 ) -> tuple[dict[str, pa.Table], pd.DataFrame]:
-    """The wave's part tables (pairs, cells, word_cells, sentences) and its failed pairs."""
+    """The wave's part tables for the driver to commit (pairs, sentences, and cells and word_cells unless the
+    stage-2 tasks wrote them) and its failed pairs."""
     out, _ = exactly_once(out)  # compute_wave already dropped and counted copies: then a no-op
     missing = set(range(len(wave))) - set(out.column("ord").to_pylist())
     if missing:
@@ -340,8 +404,7 @@ def wave_tables(
     failed = out.filter(failed_mask)
     sel = wave.iloc[ok.column("ord").to_numpy()] if ok.num_rows else wave.iloc[[]]
 
-    n_cells = pc.list_value_length(ok.column("cell_i")).cast(pa.int32())
-    n_words = pc.list_value_length(ok.column("word_u")).cast(pa.int32())
+    n_cells, n_words = ok.column("n_cells"), ok.column("n_word_cells")
     pairs = pa.table(
         {
             "pair_id": pa.array(sel.pair_id.tolist(), pa.string()),
@@ -367,8 +430,10 @@ def wave_tables(
                if str(c).startswith(KEEP_PREFIX)},  # fmt: skip
         }
     )
-    cells = _explode(ok, "cell", {"i": "i", "j": "j", "token_a": "token_a", "token_b": "token_b", "value": "value"})
-    word_cells = _explode(ok, "word", {"u": "u", "v": "v", "a": "word_a", "b": "word_b", "value": "value"})
+    tables: dict[str, pa.Table] = {"pairs": pairs}
+    if ok.column("cell_i").null_count < ok.num_rows:  # the cells came back as lists: the driver writes them
+        tables["cells"] = _explode(ok, CELL_LISTS)
+        tables["word_cells"] = _explode(ok, WORD_LISTS)
 
     # New sentences (not stored before, not failed), in sentence-id order.
     meta = meta.filter(pc.invert(meta.column("failure").is_valid()))
@@ -415,7 +480,8 @@ def wave_tables(
         texts_b=failed_rows.text_b.tolist(),
         labels=[None if math.isnan(x) else repr(x) for x in failed_rows.label],
     )
-    return {"pairs": pairs, "cells": cells, "word_cells": word_cells, "sentences": sentences}, failures
+    tables["sentences"] = sentences
+    return tables, failures
 
 
 def _quarantine_table(frame: pd.DataFrame) -> pa.Table:
@@ -511,12 +577,16 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
     wave_size = args.wave_size or (DEFAULT_WAVE_SIZE_GPU if res["gpus_per_actor"] > 0 else DEFAULT_WAVE_SIZE_CPU)
     res.update(wave_size=wave_size, max_retries=args.max_retries)
     progress.resources, progress.ray = res, ray_identity(ray)
+    writer = cell_writer(args.cell_writer, store, ray)
+    res.update(cell_writer=writer)
     known_sentences = store.sentence_ids()
     n_waves = math.ceil(len(todo) / wave_size)
     for w in range(n_waves):
         wave = todo.iloc[w * wave_size : (w + 1) * wave_size].reset_index(drop=True)
+        seq = store.next_seq()
+        sink = store.sink() if writer == "workers" else None
         try:
-            meta, out, timings = compute_wave(ray, wave, args, prep.explainer, res)
+            meta, out, timings = compute_wave(ray, wave, args, prep.explainer, res, sink=sink, seq=seq)
         except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as exc:
             raise JobFailedError(
                 f"wave {w + 1}/{n_waves} failed: a batch killed its worker {args.max_retries + 1} times "
@@ -531,9 +601,16 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
                 failed[[(int(r), p, "attribution_error") not in known_q
                         for r, p in zip(failed.row, failed.pair_id)]]  # fmt: skip
             )
-        progress.wrote += store.commit(store.next_seq(), tables)
+        t_commit = time.perf_counter()
+        parts = written_parts(out)
+        if writer == "workers":
+            store.settle(seq, parts)  # every reported part there, no stray part of this wave
+            progress.wrote += [f"{t}/{name}" for t in sorted(parts) for name in sorted(parts[t])]
+        progress.wrote += store.commit(seq, tables)
+        timings["commit_s"] = time.perf_counter() - t_commit
         known_sentences |= set(tables["sentences"].column("sentence_id").to_pylist())
-        timings.update(wave=w, pairs=tables["pairs"].num_rows, cells=tables["cells"].num_rows)
+        timings.update(wave=w, pairs=tables["pairs"].num_rows,
+                       cells=int(pc.sum(tables["pairs"].column("n_cells")).as_py() or 0))  # fmt: skip
         progress.waves.append(timings)
         if on_wave is not None:
             on_wave(
@@ -541,6 +618,23 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
                 f"factors {timings['factors_s']:.1f}s, cells {timings['cells_s']:.1f}s"
             )
     return progress
+
+
+def cell_writer(choice: str, store: RunStore, ray) -> str:
+    """'workers' or 'driver' for --cell-writer: auto is workers where every worker sees the store (object
+    storage, or a local --out on a one-node cluster), else the driver."""
+    from ._store import is_remote
+
+    if choice != "auto":
+        if choice == "workers" and not is_remote(store.root) and len(_alive_nodes(ray)) > 1:
+            logger.warning("--cell-writer workers with a local --out on a %d-node cluster: every node must see "
+                           "%s (a shared file system)", len(_alive_nodes(ray)), store.path)  # fmt: skip
+        return choice
+    return "workers" if is_remote(store.root) or len(_alive_nodes(ray)) <= 1 else "driver"
+
+
+def _alive_nodes(ray) -> list[dict[str, Any]]:
+    return [n for n in ray.nodes() if n.get("Alive")]
 
 
 def summarize(store: RunStore, prep: Prepared, progress: Progress) -> dict[str, Any]:

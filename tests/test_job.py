@@ -291,6 +291,38 @@ def test_commit_is_atomic_and_recovery_removes_a_cut_commit(tmp_path, monkeypatc
     store.close()
 
 
+def test_parts_written_by_workers_commit_with_their_wave_and_strays_go(tmp_path):
+    """Stage-2 tasks write cells parts (part-<wave>-<first ord>) through a PartSink; the wave is committed by its
+    pairs part; a part no task reported (an attempt a retry replaced) is deleted before the commit, a reported
+    part that is missing fails the commit, and parts of a wave that never committed are removed on open."""
+    import pickle
+
+    store = _store.RunStore(tmp_path, "r").open()
+    sink = pickle.loads(pickle.dumps(store.sink()))  # it travels to the Ray workers
+
+    def t(table: str, pair: str = "a") -> pa.Table:
+        return pa.Table.from_pylist([{"pair_id": pair, "sentence_id": "s"}], schema=_store.SCHEMAS[table])
+
+    kept = {sink.write("cells", 0, 0, t("cells")), sink.write("cells", 0, 256, t("cells", "b"))}
+    assert kept == {"part-000000-0000000.parquet", "part-000000-0000256.parquet"}
+    stray = sink.write("cells", 0, 128, t("cells", "b"))
+    with pytest.raises(_store.StoreError, match="1 cells part.* of wave 0 reported written but not in the store"):
+        store.settle(0, {"cells": kept | {"part-000000-0000512.parquet"}})
+    store.settle(0, {"cells": kept})
+    store.commit(0, {"pairs": pa.concat_tables([t("pairs"), t("pairs", "b")])})
+    assert {p.name for p in store.parts("cells")} == kept and stray not in kept
+    assert store.next_seq() == 1
+
+    sink.write("cells", 1, 0, t("cells", "c"))  # wave 1: its cells land, the driver dies before its pairs part
+    (tmp_path / "r" / "word_cells" / ".part-000001-0000000.parquet.99.tmp").write_bytes(b"cut short")
+    store.close()
+    store = _store.RunStore(tmp_path, "r").open()
+    assert {p.name for p in store.parts("cells")} == kept
+    assert not list((tmp_path / "r" / "word_cells").iterdir())
+    assert store.next_seq() == 1 and store.done_pair_ids() == {"a", "b"}
+    store.close()
+
+
 # --------------------------------------------------------------------------- stage 2 == Explainer.pair (no Ray)
 @pytest.fixture(scope="module")
 def small_factors(minilm):

@@ -59,7 +59,32 @@ def data(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def local_clean(ray_cluster, data, tmp_path_factory) -> Path:
+def s3_ray(s3, _ray_session):
+    """A local Ray whose workers have the endpoint and the (dummy) credentials in their environment, as a cluster's
+    nodes or a job's runtime_env would: the stage-2 tasks write their parts with credentials of their own. The
+    shared local Ray of the other modules was started without them, so this module starts its own and shuts it
+    down at its end (the next module that needs Ray starts the shared one again)."""
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    saved = {key: os.environ.get(key) for key in s3.env}
+    os.environ.update(s3.env)
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    yield ray
+    ray.shutdown()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="module")
+def local_clean(s3_ray, data, tmp_path_factory) -> Path:
     s = run_job(tmp_path_factory.mktemp("local"), "--dataset", str(data), *FLAGS)
     return Path(s["run_dir"])
 
@@ -182,6 +207,25 @@ def test_bad_store_is_one_line_exit_2_and_nothing_written(s3env, monkeypatch, ca
     assert "secret" not in "\n".join(err)
     if setup != "no-endpoint":
         assert not listing(s3env, "x/") and not listing(s3env, "runs/")
+
+
+@pytest.mark.slow
+def test_workers_without_credentials_of_their_own_fail_in_one_line(s3_ray, s3env, monkeypatch, capsys, tmp_path):
+    """The driver holds a key moto lets in; the Ray workers have only the dummy key of their environment. The
+    stage-2 tasks cannot write their parts: one line that says where credentials come from, exit 2, no wave
+    committed, no credential in the output."""
+    from jobs.attribute import cli
+
+    out = f"s3://{s3env.bucket}/workers-denied"
+    data = write_tsv(tmp_path / "p.tsv", stsb_rows(2))
+    with s3env.auth_enforced() as (key_id, secret):
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", key_id)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+        assert cli(["--dataset", str(data), *FAST, "--out", out, "-q"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("jobs.attribute: error: a stage-2 task could not write its part of the store"), err[-3:]
+    assert "credentials of their own" in err[-1] and secret not in "\n".join(err)
+    assert not [k for k in listing(s3env, "workers-denied/") if "/pairs/" in k or "/cells/" in k]
 
 
 @pytest.mark.slow
