@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 import warnings
 from typing import Any
 
@@ -52,6 +53,7 @@ FACTOR_SCHEMA = pa.schema(
         ("token_start", pa.list_(pa.int32())),  # character offsets of each token in text
         ("token_end", pa.list_(pa.int32())),
         ("failure", pa.string()),  # null, or why the engine could not attribute this sentence
+        ("compute_s", pa.float64()),  # the actor's seconds in the engine for this sentence's batch / batch size
     ]
 )
 
@@ -133,9 +135,10 @@ def factor_rows(ids: list[str], texts: list[str], results: list[SentenceFactors 
         cols["sentence_id"].append(sid)
         cols["text"].append(text)
         if isinstance(res, str):
-            for name in FACTOR_SCHEMA.names[2:-1]:
+            for name in FACTOR_SCHEMA.names[2:-2]:
                 cols[name].append(None)
             cols["failure"].append(res)
+            cols["compute_s"].append(None)
             continue
         p = res.factor.detach().to("cpu", torch.float32).contiguous().numpy()
         cols["n_tokens"].append(p.shape[1])
@@ -151,6 +154,7 @@ def factor_rows(ids: list[str], texts: list[str], results: list[SentenceFactors 
         cols["token_start"].append([int(o[0]) for o in res.offsets])
         cols["token_end"].append([int(o[1]) for o in res.offsets])
         cols["failure"].append(None)
+        cols["compute_s"].append(None)
     return pa.table(cols, schema=FACTOR_SCHEMA)
 
 
@@ -204,6 +208,7 @@ class FactorActor:
         ids = batch.column("sentence_id").to_pylist()
         texts = batch.column("text").to_pylist()
         _die_on(self.kill_text, texts, self.kill_log)
+        t0 = time.perf_counter()
         try:
             results: list[SentenceFactors | str] = list(self._factors(texts))
         except Exception as exc:  # noqa: BLE001 - one bad text (or OOM) must not sink its batch: one by one
@@ -215,7 +220,9 @@ class FactorActor:
                     results.append(self._factors([text])[0])
                 except Exception as one:  # noqa: BLE001
                     results.append(f"{type(one).__name__}: {one}"[:500])
-        return factor_rows(ids, texts, results)
+        rows = factor_rows(ids, texts, results)
+        share = (time.perf_counter() - t0) / max(1, len(texts))
+        return rows.set_column(rows.schema.get_field_index("compute_s"), "compute_s", pa.array([share] * len(texts)))
 
 
 # --------------------------------------------------------------------------- stage 2

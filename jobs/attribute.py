@@ -315,6 +315,7 @@ def compute_wave(
     t3 = time.perf_counter()
     del factors, factor_refs
     timings = {
+        "attribution_s": float(pc.sum(meta.column("compute_s")).as_py() or 0.0),  # actor-seconds in the engine
         "factors_s": t1 - t0,
         "factor_meta_s": t2 - t1,
         "cells_s": t3 - t2,

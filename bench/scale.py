@@ -1,0 +1,387 @@
+"""Full-QQP scale rehearsal: the real `jobs.attribute` at 1k ... 404k pairs with a near-free model of real output size.
+
+    python bench/scale.py --pairs 1000 10000                  # sizes to run (each into a fresh store)
+    python bench/scale.py --pairs 404290 --wave-size 16384    # the full QQP size
+    python bench/scale.py --pairs 10000 --resume              # also: SIGKILL the driver late, time the resume
+    python bench/scale.py --pairs 10000 --cell-writer driver  # the cells through the driver (before issue 16/19)
+
+What it runs, and why it is a fair rehearsal (bench/results/scale.md says the same beside the numbers):
+
+* Pairs: `make_pairs(n)` builds n pairs of real QQP questions (the bundled 23,497-pair subset: 43,948 unique
+  questions) with the full release's rate of shared questions (537,933 unique questions over 404,290 pairs,
+  scaled to n). Where more unique texts are needed than the subset has, variant r >= 1 of a question is the
+  question with one extra word (MARKERS[r - 1], a single WordPiece token) before its final `?`: real texts, real
+  lengths + 1 token. Slots: every unique text once, the rest drawn uniformly (seeded), shuffled into pairs
+  (never a text with itself); labels drawn at QQP's duplicate rate.
+* Model: `rehearsal_model()`: all-MiniLM-L6-v2's tokenizer, a random BERT with one layer of hidden size 32, mean
+  pooling and a Dense 32 -> 384 after it, so the embedding (and every factor the job ships: D x S floats) has
+  MiniLM's size D = 384 while the attribution costs almost nothing; attributed at layer 0, riemann N = 2.
+* The job: `python -m jobs.attribute` in a subprocess on a local Ray (started by the job), `-q`, into a fresh
+  store; then the same command again (nothing to do); optionally a third store whose driver is SIGKILLed once
+  all but the last wave have committed, and the resume timed. A sampler thread records, every 0.25 s, the
+  driver's RSS, the largest and the summed RSS of Ray's worker processes, and the bytes used in /dev/shm (Ray's
+  object store on Linux).
+
+Results: bench/results/scale.json (every measurement) and the table in bench/results/scale.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import gzip
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+QQP = ROOT.parent / "shared" / "data" / "qqp" / "qqp_glue_train_subset.tsv.gz"
+CACHE = Path(os.environ.get("XSBERT_BENCH_CACHE", ROOT / "bench" / ".cache" / "scale"))
+RESULTS_JSON = ROOT / "bench" / "results" / "scale.json"
+RESULTS_MD = ROOT / "bench" / "results" / "scale.md"
+
+QQP_FULL_PAIRS = 404_290
+QQP_FULL_QUESTIONS = 537_933
+QQP_DUPLICATE_RATE = 0.3692  # is_duplicate = 1 in the full release
+MARKERS = ("also", "really", "now", "then", "here", "there", "today", "again", "too", "still", "please", "indeed",
+           "though", "instead", "anyway", "maybe", "actually", "exactly", "overall", "generally")  # fmt: skip
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+JOB_FLAGS = ["--layer", "0", "--rule", "riemann", "--steps", "2", "-q"]
+
+
+# --------------------------------------------------------------------------- data and model
+def make_pairs(n: int, seed: int = 0) -> Path:
+    """CACHE/pairs-<n>.parquet: n pairs of real QQP questions with the full release's share of repeated questions."""
+    import numpy as np
+    import pandas as pd
+
+    path = CACHE / f"pairs-{n}.parquet"
+    if path.exists():
+        return path
+    with gzip.open(QQP, "rt", encoding="utf-8") as fh:
+        df = pd.read_csv(fh, sep="\t", quoting=3, dtype=str, keep_default_na=False)
+    base = list(pd.unique(pd.concat([df.question1, df.question2])))
+    unique = min(2 * n, max(2, round(n * QQP_FULL_QUESTIONS / QQP_FULL_PAIRS)))
+    if unique > len(base) * (len(MARKERS) + 1):
+        raise SystemExit(f"{n} pairs need {unique} unique questions; at most {len(base) * (len(MARKERS) + 1)}")
+
+    def variant(k: int) -> str:
+        q, r = base[k % len(base)], k // len(base)
+        if r == 0:
+            return q
+        word = MARKERS[r - 1]
+        return f"{q[:-1].rstrip()} {word}?" if q.endswith("?") else f"{q} {word}"
+
+    rng = np.random.default_rng(seed)
+    texts = [variant(k) for k in range(unique)]
+    slots = np.concatenate([np.arange(unique), rng.integers(0, unique, 2 * n - unique)])
+    rng.shuffle(slots)
+    a, b = slots[0::2].copy(), slots[1::2].copy()
+    same = np.nonzero(a == b)[0]
+    while len(same):  # never a question with itself
+        b[same] = rng.integers(0, unique, len(same))
+        same = same[a[same] == b[same]]
+    out = pd.DataFrame({
+        "id": np.arange(n).astype(str),
+        "question1": [texts[k] for k in a],
+        "question2": [texts[k] for k in b],
+        "is_duplicate": (rng.random(n) < QQP_DUPLICATE_RATE).astype(int).astype(str),
+    })  # fmt: skip
+    CACHE.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    out.to_parquet(tmp, index=False)
+    os.replace(tmp, path)
+    return path
+
+
+def rehearsal_model() -> Path:
+    """CACHE/rehearsal-model: MiniLM's tokenizer, random 1-layer BERT (hidden 32) -> mean pooling -> Dense 32->384."""
+    folder = CACHE / "rehearsal-model"
+    if (folder / "modules.json").exists():
+        return folder
+    import torch
+    from sentence_transformers import SentenceTransformer, models
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    from xsbert_core import resolve_model
+
+    torch.manual_seed(0)
+    minilm = Path(resolve_model(MINILM))
+    tok = BertTokenizerFast.from_pretrained(minilm)
+    config = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=512)  # fmt: skip
+    tmp = Path(tempfile.mkdtemp(prefix="rehearsal-"))
+    BertModel(config).save_pretrained(tmp / "bert")
+    tok.save_pretrained(tmp / "bert")
+    word = models.Transformer(str(tmp / "bert"), max_seq_length=256)
+    pool = models.Pooling(32, pooling_mode="mean")
+    dense = models.Dense(32, 384, activation_function=torch.nn.Identity())
+    model = SentenceTransformer(modules=[word, pool, dense])
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    model.save(str(folder))
+    shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def engine_rate(model: str, texts: list[str], **settings) -> float:
+    """Seconds per sentence of Explainer.factors alone (one process, 1 torch thread, batches of 64)."""
+    import torch
+
+    from xsbert_core import Explainer
+
+    torch.set_num_threads(1)
+    ex = Explainer(model, **settings)
+    ex.factors(texts[:4])  # warm-up
+    t0 = time.perf_counter()
+    for k in range(0, len(texts), 64):
+        ex.factors(texts[k : k + 64], batch_size=64)
+    return (time.perf_counter() - t0) / len(texts)
+
+
+# --------------------------------------------------------------------------- sampling
+class Sampler(threading.Thread):
+    """Peak RSS of the driver (the job's process) and of Ray's workers, and peak /dev/shm use, every `period` s."""
+
+    def __init__(self, pid: int, period: float = 0.25) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.period = pid, period
+        self.stop_event = threading.Event()
+        self.driver_rss = self.worker_rss_max = self.workers_rss_sum = self.shm_used = 0
+        self.shm_base = self._shm()
+
+    @staticmethod
+    def _shm() -> int:
+        try:
+            return shutil.disk_usage("/dev/shm").used
+        except OSError:
+            return 0
+
+    def run(self) -> None:
+        import psutil
+
+        while not self.stop_event.is_set():
+            with contextlib.suppress(psutil.Error):
+                self.driver_rss = max(self.driver_rss, psutil.Process(self.pid).memory_info().rss)
+            total = biggest = 0
+            for proc in psutil.process_iter(["name", "cmdline"]):
+                try:
+                    name = proc.info["name"] or ""
+                    cmd = " ".join(proc.info["cmdline"] or [])
+                    if name.startswith("ray::") or "default_worker.py" in cmd:
+                        rss = proc.memory_info().rss
+                        total, biggest = total + rss, max(biggest, rss)
+                except psutil.Error:
+                    continue
+            self.workers_rss_sum = max(self.workers_rss_sum, total)
+            self.worker_rss_max = max(self.worker_rss_max, biggest)
+            self.shm_used = max(self.shm_used, self._shm() - self.shm_base)
+            self.stop_event.wait(self.period)
+
+    def stop(self) -> dict[str, float]:
+        self.stop_event.set()
+        self.join(timeout=5)
+        mb = 1 / 2**20
+        return {"driver_rss_mb": self.driver_rss * mb, "worker_rss_max_mb": self.worker_rss_max * mb,
+                "workers_rss_sum_mb": self.workers_rss_sum * mb, "shm_peak_mb": self.shm_used * mb}  # fmt: skip
+
+
+# --------------------------------------------------------------------------- running the job
+def job_command(data: Path, model: Path, out: str, args: argparse.Namespace) -> list[str]:
+    cmd = [sys.executable, "-m", "jobs.attribute", "--dataset", str(data), "--text-a-column", "question1",
+           "--text-b-column", "question2", "--label-column", "is_duplicate", "--id-column", "id",
+           "--model", str(model), "--out", out, *JOB_FLAGS]  # fmt: skip
+    for flag, value in (("--wave-size", args.wave_size), ("--batch-size", args.batch_size),
+                        ("--cell-writer", args.cell_writer), ("--num-actors", args.num_actors)):  # fmt: skip
+        if value is not None:
+            cmd += [flag, str(value)]
+    return cmd
+
+
+def run(cmd: list[str], kill_when=None, timeout: float = 6 * 3600) -> dict:
+    """Run the job; returns wall time, peaks and its output. kill_when(): True -> SIGKILL the driver's group."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0"}
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True, text=True)  # fmt: skip
+    sampler = Sampler(proc.pid)
+    sampler.start()
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+    killed = False
+    try:
+        while proc.poll() is None:
+            if kill_when is not None and kill_when():
+                os.killpg(proc.pid, signal.SIGKILL)
+                killed = True
+                break
+            if time.perf_counter() - t0 > timeout:
+                os.killpg(proc.pid, signal.SIGKILL)
+                raise SystemExit(f"timeout after {timeout:.0f} s: {' '.join(cmd)}")
+            time.sleep(0.2)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    wall = time.perf_counter() - t0
+    peaks = sampler.stop()
+    reader.join(timeout=5)
+    out = "".join(lines)
+    if proc.returncode != 0 and not killed:
+        raise SystemExit(f"job failed ({proc.returncode}):\n{out[-4000:]}")
+    return {"wall_s": wall, "killed": killed, "output": out, **peaks}
+
+
+def manifest_of(out: str) -> dict:
+    runs = [p for p in Path(out).iterdir() if (p / "manifest.json").exists()]
+    if len(runs) != 1:
+        raise SystemExit(f"expected one run under {out}, found {len(runs)}")
+    return json.loads((runs[0] / "manifest.json").read_text())
+
+
+def store_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def measure(n: int, args: argparse.Namespace, model: Path) -> dict:
+    data = make_pairs(n)
+    root = Path(args.work) / f"n{n}-{args.cell_writer or 'auto'}"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    out = str(root / "runs")
+    cmd = job_command(data, model, out, args)
+    print(f"[{n} pairs] {' '.join(cmd)}", flush=True)
+    first = run(cmd)
+    manifest = manifest_of(out)
+    entry = manifest["runs"][-1]
+    waves = entry["waves"]
+    job_wall = entry["wall_s"]
+    split = {key: sum(w.get(key, 0.0) for w in waves) for key in ("factors_s", "factor_meta_s", "cells_s", "commit_s")}
+    row = {
+        "pairs": n,
+        "stored_pairs": entry["counts"]["n_done"],
+        "quarantined": entry["counts"]["n_quarantined"],
+        "sentences": entry["counts"]["computed_sentences"],
+        "waves": len(waves),
+        "wave_size": entry["resources"]["wave_size"],
+        "cell_writer": entry["resources"].get("cell_writer", "driver"),
+        "process_wall_s": first["wall_s"],
+        "job_wall_s": job_wall,
+        **split,
+        "orchestration_s": job_wall - sum(split.values()),
+        "actors": entry["resources"]["num_actors"],
+        # attribution compute: the factor actors' seconds inside the engine, spread over the actors
+        "attribution_s": sum(w.get("attribution_s", 0.0) for w in waves) / entry["resources"]["num_actors"],
+        "ms_per_pair_process": 1000 * first["wall_s"] / n,
+        "ms_per_pair_job": 1000 * job_wall / n,
+        "driver_rss_mb": first["driver_rss_mb"],
+        "worker_rss_max_mb": first["worker_rss_max_mb"],
+        "workers_rss_sum_mb": first["workers_rss_sum_mb"],
+        "shm_peak_mb": first["shm_peak_mb"],
+        "store_mb": store_bytes(Path(out)) / 2**20,
+        "cells": manifest["tables"]["cells"]["rows"],
+        "cell_parts": manifest["tables"]["cells"]["parts"],
+    }
+    print(f"[{n} pairs] first run {first['wall_s']:.1f} s", flush=True)
+    again = run(cmd)
+    row["rerun_s"] = again["wall_s"]
+    row["rerun_driver_rss_mb"] = again["driver_rss_mb"]
+    print(f"[{n} pairs] rerun {again['wall_s']:.1f} s", flush=True)
+    if args.resume:
+        out2 = str(root / "killed")
+        n_waves = len(waves)
+
+        def late() -> bool:  # all but the last wave committed
+            parts = list(Path(out2).glob("*/pairs/part-*.parquet"))
+            return len(parts) >= max(1, n_waves - 1)
+
+        killed = run(job_command(data, model, out2, args), kill_when=late)
+        resumed = run(job_command(data, model, out2, args))
+        entry2 = manifest_of(out2)["runs"][-1]
+        row.update(killed_after_s=killed["wall_s"], resume_s=resumed["wall_s"],
+                   resume_recomputed_pairs=entry2["counts"]["computed_pairs"])  # fmt: skip
+        print(f"[{n} pairs] killed at {killed['wall_s']:.1f} s, resume {resumed['wall_s']:.1f} s "
+              f"({row['resume_recomputed_pairs']} pairs recomputed)", flush=True)  # fmt: skip
+    if not args.keep:
+        shutil.rmtree(root / "killed", ignore_errors=True)
+    return row
+
+
+COLUMNS = (
+    ("label", "run", "{}"), ("pairs", "pairs", "{:,}"), ("sentences", "unique sentences", "{:,}"),
+    ("waves", "waves", "{}"), ("wave_size", "wave size", "{:,}"), ("cell_writer", "cells written by", "{}"),
+    ("process_wall_s", "process wall (s)", "{:.1f}"), ("job_wall_s", "job wall (s)", "{:.1f}"),
+    ("attribution_s", "attribution compute (s, engine time / actors)", "{:.1f}"), ("factors_s", "stage 1 (s)", "{:.1f}"), ("cells_s", "stage 2 (s)", "{:.1f}"), ("commit_s", "commits (s)", "{:.2f}"),
+    ("orchestration_s", "driver rest (s)", "{:.1f}"), ("ms_per_pair_process", "ms/pair (process)", "{:.2f}"),
+    ("overhead_ms_per_pair", "ms/pair besides attribution", "{:.2f}"),
+    ("driver_rss_mb", "driver peak RSS (MB)", "{:,.0f}"), ("worker_rss_max_mb", "largest worker RSS (MB)", "{:,.0f}"),
+    ("shm_peak_mb", "/dev/shm peak (MB)", "{:,.0f}"), ("store_mb", "store (MB)", "{:,.1f}"),
+    ("cells", "cells", "{:,}"), ("cell_parts", "cells parts", "{:,}"), ("rerun_s", "rerun, nothing to do (s)", "{:.1f}"),
+    ("resume_s", "resume after SIGKILL (s)", "{:.1f}"), ("resume_recomputed_pairs", "pairs recomputed", "{:,}"),
+)  # fmt: skip
+
+
+def report(results: dict) -> str:
+    """The markdown table of every measured row (one column per row, one line per quantity)."""
+    rows = results["rows"]
+    for r in rows:  # what is not attribution compute (the actors' engine seconds / actors), per pair
+        if r.get("attribution_s") is not None:
+            r["overhead_ms_per_pair"] = 1000 * (r["process_wall_s"] - r["attribution_s"]) / r["pairs"]
+    head = "| | " + " | ".join(f"{r['pairs']:,}" for r in rows) + " |"
+    lines = [head, "|---" * (len(rows) + 1) + "|"]
+    for key, name, fmt in COLUMNS:
+        cells = [fmt.format(r[key]) if r.get(key) is not None else "–" for r in rows]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--pairs", type=int, nargs="+", default=[1000, 10000])
+    p.add_argument("--wave-size", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--num-actors", type=int, default=None)
+    p.add_argument("--cell-writer", choices=("auto", "workers", "driver"), default=None)
+    p.add_argument("--resume", action="store_true", help="also kill the driver late in a third store and resume")
+    p.add_argument("--engine", action="store_true", help="also time Explainer.factors alone (rehearsal and MiniLM)")
+    p.add_argument("--work", default=str(CACHE / "runs"), help="where the stores go (kept for the SQL bench)")
+    p.add_argument("--keep", action="store_true", help="keep the killed/resumed store")
+    p.add_argument("--label", default="", help="a note stored with the rows (e.g. 'before')")
+    p.add_argument("--report", action="store_true", help="print the table of bench/results/scale.json and exit")
+    args = p.parse_args()
+    if args.report:
+        print(report(json.loads(RESULTS_JSON.read_text())))
+        return
+    model = rehearsal_model()
+    results = json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.exists() else {"rows": [], "engine": {}}
+    stamp = dt.datetime.now().strftime("%Y-%m-%d %H:%M")
+    if args.engine:
+        import pandas as pd
+
+        texts = pd.read_parquet(make_pairs(1000)).question1.tolist()[:512]
+        rate = engine_rate(str(model), texts, layer=0, rule="riemann", steps=2)
+        minilm = engine_rate(MINILM, texts[:32], layer=3, rule="gauss-legendre", steps=12)
+        results["engine"] = {"date": stamp, "rehearsal_ms_per_sentence": 1000 * rate,
+                             "minilm_l3_gl12_ms_per_sentence": 1000 * minilm}  # fmt: skip
+        print(f"engine: rehearsal {1000 * rate:.2f} ms/sentence, MiniLM layer 3 GL N=12 {1000 * minilm:.0f} ms/sentence")
+    for n in args.pairs:
+        row = measure(n, args, model)
+        row.update(date=stamp, label=args.label, machine=f"{platform.machine()}, {os.cpu_count()} cores")
+        results["rows"].append(row)
+        RESULTS_JSON.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS_JSON.write_text(json.dumps(results, indent=1) + "\n")
+        print(json.dumps(row, indent=1), flush=True)
+
+
+if __name__ == "__main__":
+    main()
