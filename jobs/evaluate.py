@@ -365,7 +365,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                 frames.append(df.with_columns(pl.lit(layer).alias("layer"), pl.lit(rec["steps"]).alias("steps"),
                                               pl.lit(worst).alias("max_mean_abs_error")))  # fmt: skip
                 rho = df.filter(pl.col("score_bin") == "all")["spearman_mean"][0]
-                print(f"layer {layer}: N={rec['steps']}, mean |error| <= {worst:.1e}, spearman {rho:.3f}", flush=True)
+                shown = "undefined (no pair with a correlation)" if rho is None else f"{rho:.3f}"
+                print(f"layer {layer}: N={rec['steps']}, mean |error| <= {worst:.1e}, spearman {shown}", flush=True)
             first = ["layer", "steps", "max_mean_abs_error"]
             agreement = pl.concat(frames).select([*first, *(c for c in frames[0].columns if c not in first)])
             write_table(agreement, out, "agreement", "Exact vs approximate agreement by layer and score bin")
