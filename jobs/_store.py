@@ -382,9 +382,11 @@ def filesystem(uri: str, settings: dict[str, str] | None = None):
 
 
 def _s3_client():
+    """A boto3 S3 client from a fresh session: credentials as the environment says now (boto3's default session
+    would keep the first ones it resolved for the life of the process)."""
     import boto3
 
-    return boto3.client("s3")
+    return boto3.session.Session().client("s3")
 
 
 class ObjectRunStore(RunStore):

@@ -265,3 +265,29 @@ def s3(tmp_path_factory):
     server = start_moto(tmp_path_factory.mktemp("moto"))
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def s3_ray(s3, _ray_session):
+    """A local Ray whose workers have the endpoint and the (dummy) credentials in their environment, as a cluster's
+    nodes or a job's runtime_env would: the stage-2 tasks write their parts with credentials of their own. The
+    shared local Ray of the other modules was started without them, so a module that uses this one starts its own
+    Ray and shuts it down at its end (the next module that needs Ray starts the shared one again). Local runs work
+    on it too (tests/test_job_faults.py runs each fault on a local and an S3 store)."""
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    saved = {key: os.environ.get(key) for key in s3.env}
+    os.environ.update(s3.env)
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    yield ray
+    ray.shutdown()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value

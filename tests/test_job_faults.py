@@ -5,10 +5,12 @@ N = 2, waves of 4 pairs, batches of 4 sentences, one factor actor) on one local 
 store must hold the same rows, cell by cell. The reference is `clean`: one uninterrupted run into a fresh directory.
 
 - the same config into another fresh directory gives byte-identical Parquet (the store's determinism claim);
-- a run in which one factor actor and one cell task were killed (and retried) equals it;
+- a run in which one factor actor and one cell task were killed (and retried) equals it, on a local and on an S3
+  store (moto on 127.0.0.1, the `s3_ray` cluster whose workers have the endpoint and keys);
 - a driver killed after its first commit, then rerun, equals it (byte for byte);
 - a batch that kills every actor fails the run with one clear line after --max-retries restarts,
-  leaves nothing of its wave, and the rerun equals it;
+  leaves nothing of its wave, and the rerun equals it (local and S3; a driver killed mid-run on S3 is in
+  tests/test_s3_job.py);
 - retried copies of a stage-2 row are counted and dropped when equal, and fail the run when they differ.
 """
 
@@ -35,11 +37,27 @@ N_PAIRS = 8
 FLAGS = ["--wave-size", "4", "--batch-size", "4", "--num-actors", "1"]
 
 
-def assert_same_store(got: Path, want: Path) -> None:
-    """Every table of the two run directories holds the same rows, every column exactly equal."""
+def assert_same_store(got: Path | str, want: Path, tmp_path: Path | None = None) -> None:
+    """Every table of the two runs holds the same rows, every column exactly equal (an s3:// run is downloaded)."""
+    if str(got).startswith("s3://"):
+        got = download(str(got), tmp_path / "copy")
     for table in TABLES:
         assert rows(got, table) == rows(want, table), table
     assert q(got, "select count(*) from {pairs}") == [(N_PAIRS,)]
+
+
+def download(uri: str, dest: Path) -> Path:
+    import pyarrow.fs as pafs
+
+    fs, path = _store.filesystem(uri)
+    dest.mkdir(parents=True, exist_ok=True)
+    pafs.copy_files(path, str(dest), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
+    return dest
+
+
+def out_root(kind: str, s3, tmp_path: Path) -> str:
+    """A fresh store root: a local folder, or a fresh prefix of the moto bucket."""
+    return str(tmp_path / "runs") if kind == "local" else f"s3://{s3.bucket}/faults/{tmp_path.name}/runs"
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +66,7 @@ def data(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def clean(ray_cluster, data, tmp_path_factory) -> Path:
+def clean(s3_ray, data, tmp_path_factory) -> Path:
     """The uninterrupted run: its run directory."""
     s = run_job(tmp_path_factory.mktemp("clean"), "--dataset", str(data), *FLAGS)
     assert (s["computed_pairs"], s["waves"], s["duplicates_dropped"]) == (N_PAIRS, 2, 0)
@@ -69,25 +87,26 @@ def test_same_config_into_a_fresh_directory_is_byte_identical(clean, data, tmp_p
 
 
 @pytest.mark.slow
-def test_killed_factor_actor_and_cell_task_give_the_same_store(clean, data, tmp_path, monkeypatch):
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_killed_factor_actor_and_cell_task_give_the_same_store(kind, s3, clean, data, tmp_path, monkeypatch):
     actor_marker, cells_marker = tmp_path / "actor-killed", tmp_path / "cells-killed"
     monkeypatch.setenv("XSBERT_TEST_KILL_ONCE", str(actor_marker))
     monkeypatch.setenv("XSBERT_TEST_KILL_CELLS_ONCE", str(cells_marker))
-    s = run_job(tmp_path / "runs", "--dataset", str(data), *FLAGS)
+    s = run_job(out_root(kind, s3, tmp_path), "--dataset", str(data), *FLAGS)  # type: ignore[arg-type]
     assert actor_marker.read_text().startswith("killed pid")  # a factor actor really died mid-batch
     assert cells_marker.read_text().startswith("killed pid")  # and a stage-2 task
     assert s["computed_pairs"] == N_PAIRS
-    assert_same_store(Path(s["run_dir"]), clean)
+    assert_same_store(s["run_dir"], clean, tmp_path)
     # Each retried batch came back once: the killed calls had returned nothing.
-    manifest = json.loads((Path(s["run_dir"]) / "manifest.json").read_text())
+    manifest = _store.open_store(*s["run_dir"].rsplit("/", 1)).read_manifest()
     assert s["duplicates_dropped"] == 0 == sum(w["duplicates_dropped"] for w in manifest["runs"][-1]["waves"])
 
 
 @pytest.mark.slow
-def test_killed_driver_resumes_to_the_same_store(ray_cluster, clean, data, tmp_path):
+def test_killed_driver_resumes_to_the_same_store(s3_ray, clean, data, tmp_path):
     out = tmp_path / "runs"
     cmd = [sys.executable, "-m", "jobs.attribute", "--dataset", str(data), *FAST, *FLAGS, "--out", str(out),
-           "--quiet", "--ray-address", ray_cluster.get_runtime_context().gcs_address]  # fmt: skip
+           "--quiet", "--ray-address", s3_ray.get_runtime_context().gcs_address]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)  # fmt: skip
@@ -114,10 +133,11 @@ def test_killed_driver_resumes_to_the_same_store(ray_cluster, clean, data, tmp_p
 
 
 @pytest.mark.slow
-def test_a_batch_that_kills_every_actor_fails_the_run_clearly(clean, data, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_a_batch_that_kills_every_actor_fails_the_run_clearly(kind, s3, clean, data, tmp_path, monkeypatch, capsys):
     from jobs.attribute import cli
 
-    out, log = tmp_path / "runs", tmp_path / "deaths.log"
+    out, log = out_root(kind, s3, tmp_path), tmp_path / "deaths.log"
     poison = stsb_rows(N_PAIRS, start=40).sentence1.iat[6]  # a sentence of the second wave
     monkeypatch.setenv("XSBERT_TEST_KILL_TEXT", poison)
     monkeypatch.setenv("XSBERT_TEST_KILL_LOG", str(log))
@@ -130,17 +150,20 @@ def test_a_batch_that_kills_every_actor_fails_the_run_clearly(clean, data, tmp_p
     assert len(log.read_text().splitlines()) == 2  # the first try and one retry on a restarted actor
 
     # Nothing half-written: wave 1 committed, no part of wave 2 in any table, no staging left.
-    run_dir = out / clean.name
-    assert [p.name for p in (run_dir / "pairs").iterdir()] == ["part-000000.parquet"]
+    store = _store.open_store(out, clean.name)
+    assert [p.name for p in store.parts("pairs")] == ["part-000000.parquet"]
     for table in ("cells", "word_cells", "sentences"):
-        assert {_store.part_seq(p.name) for p in (run_dir / table).iterdir()} == {0}, table
-    assert not (run_dir / _store.STAGING).exists()
-    assert q(run_dir, "select count(*) from {pairs}") == [(4,)]
+        assert {_store.part_seq(p.name) for p in store.parts(table)} == {0}, table
+    if kind == "local":
+        run_dir = Path(out) / clean.name
+        assert not (run_dir / _store.STAGING).exists()
+        assert sorted(p.name for p in (run_dir / "cells").iterdir()) == [p.name for p in store.parts("cells")]
+    assert len(store.done_pair_ids()) == 4
 
     monkeypatch.delenv("XSBERT_TEST_KILL_TEXT")  # the cause is gone: the same command resumes
-    s = run_job(out, "--dataset", str(data), *FLAGS)
+    s = run_job(out, "--dataset", str(data), *FLAGS)  # type: ignore[arg-type]
     assert s["computed_pairs"] == N_PAIRS - 4
-    assert_same_store(run_dir, clean)
+    assert_same_store(s["run_dir"], clean, tmp_path)
 
 
 # --------------------------------------------------------------------------- duplicates (no Ray)

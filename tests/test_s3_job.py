@@ -59,31 +59,6 @@ def data(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def s3_ray(s3, _ray_session):
-    """A local Ray whose workers have the endpoint and the (dummy) credentials in their environment, as a cluster's
-    nodes or a job's runtime_env would: the stage-2 tasks write their parts with credentials of their own. The
-    shared local Ray of the other modules was started without them, so this module starts its own and shuts it
-    down at its end (the next module that needs Ray starts the shared one again)."""
-    import ray
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    saved = {key: os.environ.get(key) for key in s3.env}
-    os.environ.update(s3.env)
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    yield ray
-    ray.shutdown()
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-
-
-@pytest.fixture(scope="module")
 def local_clean(s3_ray, data, tmp_path_factory) -> Path:
     s = run_job(tmp_path_factory.mktemp("local"), "--dataset", str(data), *FLAGS)
     return Path(s["run_dir"])
