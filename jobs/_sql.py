@@ -36,7 +36,7 @@ import pyarrow.fs as pafs
 
 from xsbert_core import InputError
 
-from ._store import filesystem
+from ._store import REMOTE_SCHEMES, filesystem  # scheme -> family; DuckDB sees each family under all
 
 TABLES: tuple[str, ...] = ("pairs", "cells", "word_cells", "sentences", "quarantine", "parses")
 SQL_DIR = Path(__file__).resolve().parents[1] / "sql"
@@ -47,8 +47,6 @@ _INPUT_RE = re.compile(r"getvariable\('(run2?)'\)\s*\|\|\s*'/([A-Za-z_]+)(/\*\.p
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # `xsbert sql` prints at most this many rows as a table (all of them with --csv).
 DEFAULT_MAX_ROWS = 100
-# Object-store URI schemes -> pyarrow's filesystem type; DuckDB sees each family under all its schemes.
-REMOTE_SCHEMES = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 # A run: a local directory, or an object-store URI (str, no trailing slash).
 Run = Path | str

@@ -319,7 +319,11 @@ class RunStore:
 # - recovery on open: cells/word_cells/sentences parts without their pairs part are deleted.
 LOCK_NAME = "_lock.json"
 LOCK_TTL_S = float(os.environ.get("XSBERT_LOCK_TTL_S", "120"))
-REMOTE_SCHEMES = ("s3", "s3a", "gs", "gcs")
+# Object-store URI schemes -> their family (pyarrow's filesystem type); jobs/_sql.py reads runs under all of them.
+REMOTE_SCHEMES: dict[str, str] = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
+# Where a run can be written: the writer lock needs S3's conditional PUT (If-None-Match). GCS has its own
+# precondition (ifGenerationMatch=0) that pyarrow does not expose; gs:// runs can be read (xsbert sql, reports).
+WRITABLE_FAMILIES = ("s3",)
 
 
 class StoreError(XsbertError, RuntimeError):
@@ -396,8 +400,11 @@ class ObjectRunStore(RunStore):
         self.root = root.rstrip("/")
         self.run_id = rid
         self.extra_pair_columns = tuple(extra_pair_columns)
-        self.fs, base = filesystem(self.root)
-        self.base = f"{base}/{rid}"
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(self.root)
+        self._fs = None  # made on first use: constructing a GCS filesystem may wait for a metadata server
+        self.base = f"{(parts.netloc + parts.path).rstrip('/')}/{rid}"
         self.scheme = self.root.split("://", 1)[0].lower()
         self.path = f"{self.scheme}://{self.base}"  # type: ignore[assignment]  # a URI, not a Path
         self._lock_fh = None
@@ -405,6 +412,12 @@ class ObjectRunStore(RunStore):
         self._beat: Any = None
 
     # ------------------------------------------------------------------ access and errors
+    @property
+    def fs(self):
+        if self._fs is None:
+            self._fs, _ = filesystem(self.root)
+        return self._fs
+
     def _key(self, *parts: str) -> str:
         return "/".join((self.base, *parts))
 
@@ -452,6 +465,11 @@ class ObjectRunStore(RunStore):
 
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> ObjectRunStore:
+        if REMOTE_SCHEMES[self.scheme] not in WRITABLE_FAMILIES:
+            raise StoreError(f"{redact(self.root)}: writing a run to {self.scheme}:// is not supported (its writer lock "
+                             "needs S3's conditional PUT); write to s3:// (GCS through its S3-compatible XML API "
+                             "with HMAC keys and AWS_ENDPOINT_URL=https://storage.googleapis.com is untested) or a "
+                             "local path; gs:// runs can be read")  # fmt: skip
         self.check()
         self._acquire()
         try:

@@ -54,3 +54,15 @@ def run_job(out: Path, *flags: str) -> dict:
     from jobs.attribute import main, parse_args
 
     return main(parse_args([*FAST, *flags, "--out", str(out), "--quiet"]))
+
+
+def download(uri: str, dest: Path) -> Path:
+    """Copy a run on object storage (s3://...) into the local folder `dest`, to compare it with a local run."""
+    import pyarrow.fs as pafs
+
+    from jobs._store import filesystem
+
+    fs, path = filesystem(uri)
+    dest.mkdir(parents=True, exist_ok=True)
+    pafs.copy_files(path, str(dest), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
+    return dest

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from jobtools import FAST, TABLES, parquet_hashes, q, rows, run_job, stsb_rows, write_tsv
+from jobtools import FAST, TABLES, download, parquet_hashes, q, rows, run_job, stsb_rows, write_tsv
 
 from jobs import _store
 
@@ -44,15 +44,6 @@ def assert_same_store(got: Path | str, want: Path, tmp_path: Path | None = None)
     for table in TABLES:
         assert rows(got, table) == rows(want, table), table
     assert q(got, "select count(*) from {pairs}") == [(N_PAIRS,)]
-
-
-def download(uri: str, dest: Path) -> Path:
-    import pyarrow.fs as pafs
-
-    fs, path = _store.filesystem(uri)
-    dest.mkdir(parents=True, exist_ok=True)
-    pafs.copy_files(path, str(dest), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
-    return dest
 
 
 def out_root(kind: str, s3, tmp_path: Path) -> str:

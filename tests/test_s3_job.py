@@ -11,9 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-import pyarrow.fs as pafs
 import pytest
-from jobtools import FAST, TABLES, rows, run_job, stsb_rows, write_tsv
+from jobtools import FAST, TABLES, download, rows, run_job, stsb_rows, write_tsv
 
 from jobs import _store
 
@@ -39,13 +38,6 @@ def listing(s3, prefix: str) -> dict[str, str]:
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=s3.bucket, Prefix=prefix):
         out.update({o["Key"]: o["ETag"] for o in page.get("Contents", [])})
     return out
-
-
-def download(uri: str, dest: Path) -> Path:
-    fs, path = _store.filesystem(uri)
-    dest.mkdir(parents=True, exist_ok=True)
-    pafs.copy_files(path, str(dest), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
-    return dest
 
 
 def assert_same_rows(got: Path, want: Path) -> None:
@@ -237,3 +229,16 @@ def test_pipeline_with_store_and_reports_on_s3(s3env, tmp_path, capsys):
     after = listing(s3env, "study/")
     changed = {k for k in keys.keys() | after.keys() if keys.get(k) != after.get(k)}
     assert changed <= {"study/reports/index.html", "study/reports/pipeline.json"}, changed
+
+
+def test_writing_a_run_to_gs_is_refused_in_one_line_before_any_request(capsys, tmp_path):
+    """gs:// runs can be read (jobs/_sql.py), not written: the writer lock needs S3's conditional PUT. The job says so
+    in one line, exit 2, before it reaches for GCS credentials or the network."""
+    from jobs.attribute import cli
+
+    data = write_tsv(tmp_path / "p.tsv", stsb_rows(2))
+    t0 = time.monotonic()
+    assert cli(["--dataset", str(data), *FAST, "--out", "gs://some-bucket/runs", "-q"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("jobs.attribute: error: gs://some-bucket/runs: writing a run to gs:// is not supported")
+    assert time.monotonic() - t0 < 120  # no wait for a metadata server (the model load is most of it)
