@@ -435,8 +435,11 @@ def wave_tables(
         words.append([w.text for w in words_of(text, wids, list(zip(start, end)))])
 
     def floats(col: str) -> pa.Array:
+        """A binary column of float32 vectors as list<float32>, built from one numpy buffer (no Python floats)."""
         values = [np.frombuffer(b, dtype=np.float32) for b in meta.column(col).to_pylist()]
-        return pa.array([v.tolist() for v in values], pa.list_(pa.float32()))
+        offsets = np.concatenate([[0], np.cumsum([len(v) for v in values])]).astype(np.int32)
+        flat = np.concatenate(values) if values else np.zeros(0, np.float32)
+        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, pa.float32()))
 
     emb = [np.frombuffer(b, dtype=np.float32) for b in meta.column("embedding").to_pylist()]
     sentences = pa.table(
