@@ -318,7 +318,7 @@ def measure(n: int, args: argparse.Namespace, model: Path) -> dict:
 
 
 COLUMNS = (
-    ("label", "run", "{}"), ("pairs", "pairs", "{:,}"), ("sentences", "unique sentences", "{:,}"),
+    ("label", "run", "{}"), ("pairs", "pairs", "{:,}"), ("sentences", "sentences computed (summed over waves)", "{:,}"),
     ("waves", "waves", "{}"), ("wave_size", "wave size", "{:,}"), ("cell_writer", "cells written by", "{}"),
     ("process_wall_s", "process wall (s)", "{:.1f}"), ("job_wall_s", "job wall (s)", "{:.1f}"),
     ("attribution_s", "attribution compute (s, engine time / actors)", "{:.1f}"), ("factors_s", "stage 1 (s)", "{:.1f}"), ("cells_s", "stage 2 (s)", "{:.1f}"), ("commit_s", "commits (s)", "{:.2f}"),
