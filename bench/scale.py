@@ -317,6 +317,24 @@ def measure(n: int, args: argparse.Namespace, model: Path) -> dict:
     return row
 
 
+def integrations(n: int, wave: int) -> dict[str, int]:
+    """Sentences integrated by a run of the n rehearsal pairs in waves of `wave`: in input order, and in the job's
+    wave order (jobs.attribute.wave_order: pairs grouped by connected component), against the unique count."""
+    import numpy as np
+    import pandas as pd
+
+    from jobs.attribute import wave_order
+
+    d = pd.read_parquet(make_pairs(n))
+    a, b = d.question1.to_numpy(), d.question2.to_numpy()
+
+    def count(order: np.ndarray) -> int:
+        return sum(len(set(a[order[k : k + wave]]) | set(b[order[k : k + wave]])) for k in range(0, n, wave))
+
+    return {"pairs": n, "wave": wave, "unique": len(set(a) | set(b)), "input_order": count(np.arange(n)),
+            "wave_order": count(wave_order(a, b))}  # fmt: skip
+
+
 COLUMNS = (
     ("label", "run", "{}"), ("pairs", "pairs", "{:,}"), ("sentences", "sentences computed (summed over waves)", "{:,}"),
     ("waves", "waves", "{}"), ("wave_size", "wave size", "{:,}"), ("cell_writer", "cells written by", "{}"),
@@ -358,7 +376,12 @@ def main() -> None:
     p.add_argument("--keep", action="store_true", help="keep the killed/resumed store")
     p.add_argument("--label", default="", help="a note stored with the rows (e.g. 'before')")
     p.add_argument("--report", action="store_true", help="print the table of bench/results/scale.json and exit")
+    p.add_argument("--integrations", type=int, nargs=2, metavar=("PAIRS", "WAVE"),
+                   help="sentences integrated in input order vs the job's wave order, and exit")  # fmt: skip
     args = p.parse_args()
+    if args.integrations:
+        print(json.dumps(integrations(*args.integrations)))
+        return
     if args.report:
         print(report(json.loads(RESULTS_JSON.read_text())))
         return

@@ -568,6 +568,7 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
     wave_size = args.wave_size or (DEFAULT_WAVE_SIZE_GPU if res["gpus_per_actor"] > 0 else DEFAULT_WAVE_SIZE_CPU)
     res.update(wave_size=wave_size, max_retries=args.max_retries)
     progress.resources, progress.ray = res, ray_identity(ray)
+    todo = todo.iloc[wave_order(todo.text_a.to_numpy(), todo.text_b.to_numpy())].reset_index(drop=True)
     writer = cell_writer(args.cell_writer, store, ray)
     res.update(cell_writer=writer)
     known_sentences = store.sentence_ids()
@@ -609,6 +610,29 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
                 f"factors {timings['factors_s']:.1f}s, cells {timings['cells_s']:.1f}s"
             )
     return progress
+
+
+def wave_order(text_a: np.ndarray, text_b: np.ndarray) -> np.ndarray:
+    """The order in which pairs are cut into waves: grouped by connected component of the graph whose nodes are
+    the sentences and whose edges are the pairs (components in the order of their first pair, pairs in input
+    order within one). A wave computes the factors of every sentence its pairs use and keeps none for the next
+    wave, so a sentence whose pairs fall in two waves is integrated twice; grouped, only a component larger
+    than what is left of a wave is split. (QQP-like pairs, 100k, waves of 16,384: 186,966 sentences integrated in
+    input order, 133,055 grouped, 133,044 unique; bench/results/scale.md.)"""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    n = len(text_a)
+    if n == 0:
+        return np.arange(0)
+    codes, uniques = pd.factorize(np.concatenate([text_a, text_b]))
+    a, b = codes[:n], codes[n:]
+    graph = coo_matrix((np.ones(n, np.int8), (a, b)), shape=(len(uniques), len(uniques)))
+    n_comp, label = connected_components(graph, directed=False)
+    comp = label[a]
+    first = np.full(n_comp, n, dtype=np.int64)
+    np.minimum.at(first, comp, np.arange(n))
+    return np.lexsort((np.arange(n), first[comp]))
 
 
 def cell_writer(choice: str, store: RunStore, ray) -> str:

@@ -575,3 +575,41 @@ def test_bad_arguments_exit_2_with_a_clear_message(tmp_path, capsys):
     assert cli(["--dataset", "stsb", "--limit", "2", "--steps", "0", "--out", str(tmp_path)]) == 2
     assert "jobs.attribute: error:" in capsys.readouterr().err
     assert not list(tmp_path.glob("*/pairs"))  # nothing written
+
+
+def test_waves_group_pairs_that_share_sentences():
+    """Pairs that share a sentence (directly or through other pairs) are contiguous in the wave order, in input
+    order within their group; groups come in the order of their first pair. Cut into waves, no sentence is needed
+    by two waves unless its group is larger than a wave."""
+    from jobs.attribute import wave_order
+
+    a = np.array(["x", "p", "y", "q", "x", "r", "z"], dtype=object)
+    b = np.array(["y", "q", "w", "s", "v", "t", "w"], dtype=object)
+    # groups: {x, y, w, v, z} = pairs 0, 2, 4, 6;  {p, q, s} = pairs 1, 3;  {r, t} = pair 5
+    assert wave_order(a, b).tolist() == [0, 2, 4, 6, 1, 3, 5]
+    assert wave_order(a[:0], b[:0]).tolist() == []
+    rng = np.random.default_rng(0)
+    texts = np.array([f"q{k}" for k in range(300)], dtype=object)
+    a, b = texts[rng.integers(0, 300, 200)], texts[rng.integers(0, 300, 200)]
+    order = wave_order(a, b)
+    assert sorted(order.tolist()) == list(range(200))
+
+    def integrated(order: np.ndarray, wave: int) -> int:
+        return sum(len(set(a[order[k : k + wave]]) | set(b[order[k : k + wave]])) for k in range(0, 200, wave))
+
+    parent: dict[str, str] = {}  # union-find over the sentences: the groups, independently of scipy
+
+    def root(t: str) -> str:
+        while parent.setdefault(t, t) != t:
+            t = parent[t]
+        return t
+
+    for x, y in zip(a, b):
+        parent[root(x)] = root(y)
+    groups = [root(x) for x in a[order]]
+    runs = [g for k, g in enumerate(groups) if k == 0 or groups[k - 1] != g]
+    assert len(runs) == len(set(groups))  # each group's pairs are contiguous
+    for g in set(groups):
+        members = [int(k) for k, x in zip(order, groups) if x == g]
+        assert members == sorted(members)  # input order within a group
+    assert integrated(order, 50) < integrated(np.arange(200), 50)  # fewer sentences integrated twice
