@@ -527,22 +527,23 @@ def validate(
             continue
         labels[k] = math.nan if label is None else label
     ok = [k for k, reason in enumerate(reasons) if reason is None]
+    text_a, text_b = rows.text_a.tolist(), rows.text_b.tolist()  # indexed per row below: lists, not .iat
     n_a = np.zeros(len(rows), dtype=np.int64)
     n_b = np.zeros(len(rows), dtype=np.int64)
-    texts = list(dict.fromkeys([rows.text_a.iat[k] for k in ok] + [rows.text_b.iat[k] for k in ok]))
+    texts = list(dict.fromkeys([text_a[k] for k in ok] + [text_b[k] for k in ok]))
     if count_content is not None and texts:
         content = dict(zip(texts, count_content(texts)))
         for k in ok:
-            for side, text in (("a", rows.text_a.iat[k]), ("b", rows.text_b.iat[k])):
+            for side, text in (("a", text_a[k]), ("b", text_b[k])):
                 if content[text] == 0:
                     reasons[k] = (f"no_content_{side}", "no token but special ones (or whitespace) after tokenization")
                     break
         ok = [k for k in ok if reasons[k] is None]
     if count_tokens is not None and ok:
-        texts = list(dict.fromkeys([rows.text_a.iat[k] for k in ok] + [rows.text_b.iat[k] for k in ok]))
+        texts = list(dict.fromkeys([text_a[k] for k in ok] + [text_b[k] for k in ok]))
         lengths = dict(zip(texts, count_tokens(texts)))
         for k in ok:
-            n_a[k], n_b[k] = lengths[rows.text_a.iat[k]], lengths[rows.text_b.iat[k]]
+            n_a[k], n_b[k] = lengths[text_a[k]], lengths[text_b[k]]
             if quarantine_long and max_tokens is not None:
                 for side, n in (("a", n_a[k]), ("b", n_b[k])):
                     if n > max_tokens:
