@@ -116,6 +116,13 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
+def write_parquet_synced(data: pa.Table, path: Path) -> None:
+    """Write `data` to the local file `path` with the store's fixed Parquet settings, and fsync it."""
+    pq.write_table(data, path, **PARQUET_OPTIONS)
+    with open(path, "rb+") as fh:
+        os.fsync(fh.fileno())
+
+
 def write_json_atomic(path: Path, obj: Any) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
@@ -256,7 +263,7 @@ class RunStore:
 
         Empty tables are skipped unless `keep_empty`. Returns the final paths.
         """
-        name = f"part-{seq:06d}.parquet"
+        name = part_name(seq)
         staging = self.path / STAGING / f"{seq:06d}"
         staging.mkdir(parents=True, exist_ok=True)
         staged: list[tuple[Path, Path]] = []
@@ -267,9 +274,7 @@ class RunStore:
                 continue
             data = data.select(self.schema(table).names).cast(self.schema(table))
             tmp = staging / f"{table}.parquet"
-            pq.write_table(data, tmp, **PARQUET_OPTIONS)
-            with open(tmp, "rb+") as fh:
-                os.fsync(fh.fileno())
+            write_parquet_synced(data, tmp)
             staged.append((tmp, self.path / table / name))
         for tmp, final in staged:
             os.replace(tmp, final)
@@ -662,7 +667,7 @@ class ObjectRunStore(RunStore):
     def commit(self, seq: int, tables: dict[str, pa.Table], keep_empty: bool = False) -> list[PurePosixPath]:  # type: ignore[override]
         """Each table's part-<seq> as one PUT (atomic per object), `pairs` last: the wave's commit point."""
         self._fence()
-        name = f"part-{seq:06d}.parquet"
+        name = part_name(seq)
         order = sorted(tables, key=lambda t: (t == "pairs", (TABLES + DERIVED_TABLES).index(t)))
         wrote = []
         for table in order:
@@ -713,9 +718,6 @@ class PartSink:
                  lock_token: str | None = None) -> None:  # fmt: skip
         self.root, self.remote, self.settings, self.lock_token = root, remote, settings or {}, lock_token
 
-    def __reduce__(self):
-        return (PartSink, (self.root, self.remote, self.settings, self.lock_token))
-
     def write(self, table: str, seq: int, first: int, data: pa.Table) -> str:
         """Write `data` (cast to SCHEMAS[table]) as part `seq`-`first` of `table`; return the part's name."""
         name = part_name(seq, first)
@@ -723,9 +725,7 @@ class PartSink:
         if not self.remote:
             folder = Path(self.root) / table
             tmp = folder / f".{name}.{os.getpid()}.tmp"
-            pq.write_table(data, tmp, **PARQUET_OPTIONS)
-            with open(tmp, "rb+") as fh:
-                os.fsync(fh.fileno())
+            write_parquet_synced(data, tmp)
             os.replace(tmp, folder / name)
             return name
         fs, base = filesystem(self.root, self.settings)
