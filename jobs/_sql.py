@@ -36,7 +36,7 @@ import pyarrow.fs as pafs
 
 from xsbert_core import InputError
 
-from ._store import REMOTE_SCHEMES, filesystem  # scheme -> family; DuckDB sees each family under all
+from ._store import REMOTE_SCHEMES, filesystem, gcs_emulator  # scheme -> family; DuckDB sees each family under all
 
 TABLES: tuple[str, ...] = ("pairs", "cells", "word_cells", "sentences", "quarantine", "parses")
 SQL_DIR = Path(__file__).resolve().parents[1] / "sql"
@@ -114,7 +114,7 @@ def _store_error(exc: Exception, location: str, flag: str | None = None) -> Inpu
     where = f"{flag} {location}" if flag else str(location)
     text = " ".join(str(exc).split())
     family = REMOTE_SCHEMES.get(scheme(location) or "", "")
-    endpoint = (_endpoint() if family == "s3" else None) or ("AWS S3" if family == "s3" else "Google Cloud Storage")
+    endpoint = (_endpoint() if family == "s3" else gcs_emulator()) or ("AWS S3" if family == "s3" else "Google Cloud Storage")
     if re.search(r"NETWORK_CONNECTION|curlCode|[Cc]ould not (?:connect|resolve)|Couldn't (?:connect|resolve)|"
                  r"Connection refused|timed out|Timeout", text):  # fmt: skip
         reason = re.search(r"(Could not resolve[^;.]*|Could not connect to server|Couldn't [^;.]*|Connection refused|"
@@ -148,7 +148,7 @@ def _object_store(location: str, flag: str | None = None) -> tuple[pafs.FileSyst
         raise InputError(f"{flag + ' ' if flag else ''}{location}: no bucket")
     bucket = rest.split("/", 1)[0]
     # The settings that make a different filesystem; hashed, so that no secret is kept in the key.
-    env = hash(tuple((k, v) for k, v in sorted(os.environ.items()) if k.startswith(("AWS_", "GOOGLE_", "GCE_"))))
+    env = hash(tuple((k, v) for k, v in sorted(os.environ.items()) if k.startswith(("AWS_", "GOOGLE_", "GCE_", "STORAGE_EMULATOR_HOST"))))
     key = (family, bucket, env)
     if key not in _FILESYSTEMS:
         try:  # the store's own constructor: one way to reach object storage (endpoint, region from AWS_*)

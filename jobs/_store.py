@@ -313,22 +313,25 @@ class RunStore:
 
 
 # --------------------------------------------------------------------------- object storage
-# On S3 (and S3-compatible stores) there is no rename and no lock, but every PUT is atomic (an object is
-# visible whole or not at all) and a PUT can be conditional (If-None-Match: * creates only if absent).
+# On S3 and GCS there is no rename and no lock, but every upload is atomic (an object is visible whole or not at
+# all) and an upload can be conditional: S3's If-None-Match: * and GCS's ifGenerationMatch=0 create only if absent.
 # The protocol (docs/STORE.md, "On object storage"):
-# - writer lock: <run>/_lock.json created with If-None-Match: *; it names its owner (host, pid, a random
-#   token) and an expiry that a heartbeat thread pushes forward; a lock whose owner is a dead process on
-#   this host, or whose expiry has passed, is taken over (deleted, then created again with If-None-Match,
-#   so of two writers racing for it one wins); before each commit the writer checks the lock is still its own.
-# - commit: each table's part is one PUT of its final name, `pairs` last: the pairs part is the commit point.
+# - writer lock: <run>/_lock.json created only if absent; it names its owner (host, pid, a random token) and an
+#   expiry that a heartbeat thread pushes forward; a lock whose owner is a dead process on this host, or whose
+#   expiry has passed, is taken over (deleted, then created again only if absent, so of two writers racing for it
+#   one wins); before each commit the writer checks the lock is still its own.
+# - commit: each table's part is one upload of its final name, `pairs` last: the pairs part is the commit point.
 # - recovery on open: cells/word_cells/sentences parts without their pairs part are deleted.
 LOCK_NAME = "_lock.json"
 LOCK_TTL_S = float(os.environ.get("XSBERT_LOCK_TTL_S", "120"))
+# How long pyarrow's GCS client retries a failing request, in seconds (XSBERT_GCS_RETRY_S; pyarrow's own default is
+# 15 minutes: an unreachable endpoint would hang the job that long before it says so).
+GCS_RETRY_S = 30.0
 # Object-store URI schemes -> their family (pyarrow's filesystem type); jobs/_sql.py reads runs under all of them.
 REMOTE_SCHEMES: dict[str, str] = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
-# Where a run can be written: the writer lock needs S3's conditional PUT (If-None-Match). GCS has its own
-# precondition (ifGenerationMatch=0) that pyarrow does not expose; gs:// runs can be read (xsbert sql, reports).
-WRITABLE_FAMILIES = ("s3",)
+# Where a run can be written: both families have the conditional create the writer lock needs (S3 through boto3,
+# GCS through google-cloud-storage; pyarrow exposes neither).
+WRITABLE_FAMILIES = ("s3", "gcs")
 
 
 class StoreError(XsbertError, RuntimeError):
@@ -350,16 +353,32 @@ def redact(uri: str) -> str:
     return urlunsplit((parts.scheme, host + (f":{parts.port}" if parts.port else ""), parts.path, "", ""))
 
 
+def gcs_emulator() -> str | None:
+    """STORAGE_EMULATOR_HOST (google-cloud-storage's variable for a GCS endpoint other than Google's), or None."""
+    host = os.environ.get("STORAGE_EMULATOR_HOST", "").strip()
+    if not host:
+        return None
+    return host if "://" in host else f"http://{host}"
+
+
 def fs_settings(uri: str) -> dict[str, str]:
     """The non-secret connection settings of `uri`'s store, from this process's environment: for S3 the endpoint
-    (AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL) and region. They travel to the workers that write parts, as a
-    pyarrow filesystem pickled by Ray Data would carry them; credentials never do (workers use their own:
-    the job's runtime_env, the node's environment or instance role)."""
+    (AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL) and region, for GCS the endpoint of STORAGE_EMULATOR_HOST. They
+    travel to the workers that write parts, as a pyarrow filesystem pickled by Ray Data would carry them;
+    credentials never do (workers use their own: the job's runtime_env, the node's environment, instance role or
+    service account)."""
     from urllib.parse import urlsplit
 
-    if urlsplit(uri).scheme.lower() not in ("s3", "s3a"):
-        return {}
+    scheme = urlsplit(uri).scheme.lower()
     out: dict[str, str] = {}
+    if scheme in ("gs", "gcs"):
+        emulator = gcs_emulator()
+        if emulator:  # an emulator checks no credentials; Google's endpoint is pyarrow's default
+            ep = urlsplit(emulator)
+            out.update(endpoint_override=ep.netloc, scheme=ep.scheme or "http", anonymous="true")
+        return out
+    if scheme not in ("s3", "s3a"):
+        return {}
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     if endpoint:
         ep = urlsplit(endpoint)
@@ -373,20 +392,27 @@ def fs_settings(uri: str) -> dict[str, str]:
 def filesystem(uri: str, settings: dict[str, str] | None = None):
     """(pyarrow FileSystem, path inside it) for an s3:// or gs:// URI. S3 credentials, region and endpoint come
     the standard way: AWS_* variables (AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3 for S3-compatible stores), the
-    shared config files, instance roles; `settings` (fs_settings of the driver) overrides endpoint and region."""
+    shared config files, instance roles; GCS credentials from Google's application default credentials
+    (GOOGLE_APPLICATION_CREDENTIALS, the node's service account), STORAGE_EMULATOR_HOST for another endpoint;
+    `settings` (fs_settings of the driver) overrides endpoint and region."""
+    from datetime import timedelta
     from urllib.parse import urlsplit
 
     import pyarrow.fs as pafs
 
     parts = urlsplit(uri)
     if parts.query or parts.username or parts.password:
-        raise StoreError(f"{redact(uri)}: put credentials and options in the environment (AWS_*), not in the URI")
+        raise StoreError(f"{redact(uri)}: put credentials and options in the environment (AWS_*, "
+                         "GOOGLE_APPLICATION_CREDENTIALS), not in the URI")  # fmt: skip
     scheme = parts.scheme.lower()
     path = (parts.netloc + parts.path).rstrip("/")
+    chosen = fs_settings(uri) if settings is None else dict(settings)
     if scheme in ("s3", "s3a"):
-        return pafs.S3FileSystem(**(fs_settings(uri) if settings is None else settings)), path
+        return pafs.S3FileSystem(**chosen), path
     if scheme in ("gs", "gcs"):
-        return pafs.GcsFileSystem(), path
+        anonymous = chosen.pop("anonymous", "") == "true"
+        return pafs.GcsFileSystem(anonymous=anonymous, retry_time_limit=timedelta(seconds=float(os.environ.get("XSBERT_GCS_RETRY_S", GCS_RETRY_S))),
+                                  **chosen), path  # fmt: skip
     raise StoreError(f"{redact(uri)}: unsupported scheme {scheme!r} (use a local path, s3:// or gs://)")
 
 
@@ -396,6 +422,83 @@ def _s3_client():
     import boto3
 
     return boto3.session.Session().client("s3")
+
+
+class LockObject:
+    """The run's writer-lock object, through the storage's own client (pyarrow has no conditional writes):
+    read it, create it only if absent, overwrite it (heartbeat), delete it. S3: boto3, If-None-Match: *.
+    GCS: google-cloud-storage, ifGenerationMatch=0."""
+
+    def __init__(self, family: str, bucket: str, key: str) -> None:
+        self.family, self.bucket, self.key = family, bucket, key
+
+    def _blob(self):
+        from google.cloud import storage
+
+        emulator = gcs_emulator()
+        if emulator:
+            from google.auth.credentials import AnonymousCredentials
+
+            client = storage.Client(project=os.environ.get("GOOGLE_CLOUD_PROJECT") or "emulator",
+                                    credentials=AnonymousCredentials(), client_options={"api_endpoint": emulator})
+        else:
+            client = storage.Client()
+        return client.bucket(self.bucket).blob(self.key)
+
+    def read(self) -> bytes | None:
+        """The lock's body, None when there is none."""
+        if self.family == "gcs":
+            from google.api_core.exceptions import NotFound
+
+            try:
+                return self._blob().download_as_bytes()
+            except NotFound:
+                return None
+        client = _s3_client()
+        try:
+            return client.get_object(Bucket=self.bucket, Key=self.key)["Body"].read()
+        except client.exceptions.NoSuchKey:
+            return None
+
+    def create(self, body: bytes) -> bool:
+        """Create the object only if absent; False when it exists (another writer has the lock)."""
+        if self.family == "gcs":
+            from google.api_core.exceptions import PreconditionFailed
+
+            try:
+                self._blob().upload_from_string(body, content_type="application/json", if_generation_match=0)
+            except PreconditionFailed:
+                return False
+            return True
+        from botocore.exceptions import ClientError
+
+        try:
+            _s3_client().put_object(Bucket=self.bucket, Key=self.key, Body=body, IfNoneMatch="*",
+                                    ContentType="application/json")  # fmt: skip
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
+                return False
+            raise
+        return True
+
+    def put(self, body: bytes) -> None:
+        if self.family == "gcs":
+            self._blob().upload_from_string(body, content_type="application/json")
+        else:
+            _s3_client().put_object(Bucket=self.bucket, Key=self.key, Body=body, ContentType="application/json")
+
+    def delete(self) -> None:
+        if self.family == "gcs":
+            from google.api_core.exceptions import NotFound
+
+            try:
+                self._blob().delete()
+            except NotFound:
+                pass
+        else:
+            _s3_client().delete_object(Bucket=self.bucket, Key=self.key)
 
 
 class ObjectRunStore(RunStore):
@@ -433,8 +536,15 @@ class ObjectRunStore(RunStore):
     def _fail(self, exc: BaseException, doing: str) -> StoreError:
         text = " ".join(str(exc).split())
         low = text.lower()
+        gcs = REMOTE_SCHEMES[self.scheme] == "gcs"
         if "nosuchbucket" in low or "bucket does not exist" in low or "the specified bucket does not exist" in low:
             why = "the bucket does not exist"
+        elif gcs and ("404" in low or "notfound" in low) and "bucket" in low:
+            why = "the bucket does not exist"
+        elif gcs and ("default credentials" in low or "defaultcredentialserror" in low or "unauthenticated" in low
+                      or "permission_denied" in low or "401" in low or "403" in low):  # fmt: skip
+            why = ("access denied (check the credentials: GOOGLE_APPLICATION_CREDENTIALS, "
+                   "`gcloud auth application-default login` or the node's service account)")  # fmt: skip
         elif any(
             k in low
             for k in (
@@ -451,7 +561,8 @@ class ObjectRunStore(RunStore):
         ):
             why = "access denied (check the credentials: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, role)"
         elif "connect" in low or "timed out" in low or "resolve" in low or "curl" in low or "endpoint" in low:
-            why = "cannot reach the storage endpoint (AWS_ENDPOINT_URL / network)"
+            why = ("cannot reach the storage endpoint "
+                   + ("(STORAGE_EMULATOR_HOST / network)" if gcs else "(AWS_ENDPOINT_URL / network)"))  # fmt: skip
         else:
             why = text[:300]
         return StoreError(f"{redact(self.root)}: {doing}: {why}")
@@ -471,10 +582,7 @@ class ObjectRunStore(RunStore):
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> ObjectRunStore:
         if REMOTE_SCHEMES[self.scheme] not in WRITABLE_FAMILIES:
-            raise StoreError(f"{redact(self.root)}: writing a run to {self.scheme}:// is not supported (its writer lock "
-                             "needs S3's conditional PUT); write to s3:// (GCS through its S3-compatible XML API "
-                             "with HMAC keys and AWS_ENDPOINT_URL=https://storage.googleapis.com is untested) or a "
-                             "local path; gs:// runs can be read")  # fmt: skip
+            raise StoreError(f"{redact(self.root)}: writing a run to {self.scheme}:// is not supported")
         self.check()
         self._acquire()
         try:
@@ -490,46 +598,35 @@ class ObjectRunStore(RunStore):
             self._beat[1].join(timeout=5)
             self._beat = None
         if self._lock is not None:
-            bucket, key = self._bucket_key(LOCK_NAME)
             try:
                 if self._lock_is_mine():
-                    _s3_client().delete_object(Bucket=bucket, Key=key)
+                    self._lock_object().delete()
             except Exception:  # noqa: BLE001 - the lock expires by itself
                 logger.warning("could not remove the writer lock of %s; it expires in %.0f s", self.path, LOCK_TTL_S)
             self._lock = None
 
     # ------------------------------------------------------------------ the writer lock
-    def _read_lock(self) -> tuple[dict[str, Any] | None, str | None]:
-        bucket, key = self._bucket_key(LOCK_NAME)
-        client = _s3_client()
+    def _lock_object(self) -> LockObject:
+        return LockObject(REMOTE_SCHEMES[self.scheme], *self._bucket_key(LOCK_NAME))
+
+    def _read_lock(self) -> dict[str, Any] | None:
+        """The lock's owner record; None when no lock exists, {} when it cannot be read as one."""
+        body = self._lock_object().read()
+        if body is None:
+            return None
         try:
-            got = client.get_object(Bucket=bucket, Key=key)
-        except client.exceptions.NoSuchKey:
-            return None, None
-        try:
-            return json.loads(got["Body"].read()), got.get("ETag")
+            held = json.loads(body)
         except ValueError:
-            return {}, got.get("ETag")
+            return {}
+        return held if isinstance(held, dict) else {}
 
     def _lock_is_mine(self) -> bool:
-        held, _ = self._read_lock()
+        held = self._read_lock()
         return bool(held) and self._lock is not None and held.get("token") == self._lock["token"]
 
     def _put_lock(self, body: dict[str, Any]) -> bool:
         """Create the lock object only if absent; False when another writer has it."""
-        from botocore.exceptions import ClientError
-
-        bucket, key = self._bucket_key(LOCK_NAME)
-        try:
-            _s3_client().put_object(Bucket=bucket, Key=key, Body=canonical_json(body).encode(), IfNoneMatch="*",
-                                    ContentType="application/json")  # fmt: skip
-        except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code", "")
-            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
-                return False
-            raise
-        return True
+        return self._lock_object().create(canonical_json(body).encode())
 
     def _stale(self, held: dict[str, Any]) -> str | None:
         """Why a held lock is dead (its owner's process on this host is gone, or it expired), else None."""
@@ -559,7 +656,7 @@ class ObjectRunStore(RunStore):
             for _attempt in range(3):
                 if self._put_lock(body):
                     break
-                held, _ = self._read_lock()
+                held = self._read_lock()
                 if held is None:
                     continue  # released in between: try again
                 why = self._stale(held)
@@ -570,26 +667,24 @@ class ObjectRunStore(RunStore):
                         f"{held.get('host')}, renewed until {left:.0f} s from now); try again when it has finished"
                     )
                 logger.warning("taking over the writer lock of %s: %s", self.path, why)
-                bucket, key = self._bucket_key(LOCK_NAME)
-                _s3_client().delete_object(Bucket=bucket, Key=key)
+                self._lock_object().delete()
             else:
                 raise StoreError(f"{self.path}: could not take the writer lock (contended)")
         except StoreError:
             raise
-        except Exception as exc:  # noqa: BLE001 - botocore errors: endpoint, credentials, bucket
+        except Exception as exc:  # noqa: BLE001 - botocore / google-cloud errors: endpoint, credentials, bucket
             raise self._fail(exc, "cannot take the writer lock") from None
         self._lock = body
         stop = threading.Event()
 
         def renew() -> None:
-            bucket, key = self._bucket_key(LOCK_NAME)
             while not stop.wait(LOCK_TTL_S / 3):
                 if self._lock is None:
                     return
                 renewed = {**self._lock, "expires": _time.time() + LOCK_TTL_S}
                 try:
                     if self._lock_is_mine():
-                        _s3_client().put_object(Bucket=bucket, Key=key, Body=canonical_json(renewed).encode())
+                        self._lock_object().put(canonical_json(renewed).encode())
                         self._lock = renewed
                 except Exception:  # noqa: BLE001 - retried at the next beat; the commit check fences
                     logger.warning("could not renew the writer lock of %s", self.path)

@@ -132,7 +132,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     r.add_argument("--device", default=None,
                    help="torch device of the factor actors (default: cuda when they get GPUs, else cpu)")  # fmt: skip
     o = p.add_argument_group("output")
-    o.add_argument("--out", default=DEFAULT_OUT, help="store root; the run directory is <out>/<run id>")
+    o.add_argument("--out", default=DEFAULT_OUT,
+                   help="store root: a local folder, s3://bucket/prefix or gs://bucket/prefix; the run is <out>/<run id>")
     o.add_argument("-q", "--quiet", action="store_true", help="no Ray Data progress bars")
     args = p.parse_args(argv)
     if args.dataset is None:

@@ -267,6 +267,18 @@ def s3(tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def gcs(tmp_path_factory):
+    """gcp-storage-emulator on a free port of 127.0.0.1, with GCS's ifGenerationMatch precondition, and a bucket
+    (tests/gcstools.py): .endpoint, .bucket, .env (STORAGE_EMULATOR_HOST), .environ(), .upload(local_run, prefix)
+    -> gs:// URI, .listing(prefix). Stopped at the end of the session."""
+    from gcstools import start_gcs
+
+    server = start_gcs(tmp_path_factory.mktemp("gcs"))
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="module")
 def s3_ray(s3, _ray_session):
     """A local Ray whose workers have the endpoint and the (dummy) credentials in their environment, as a cluster's

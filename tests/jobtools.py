@@ -57,12 +57,17 @@ def run_job(out: Path, *flags: str) -> dict:
 
 
 def download(uri: str, dest: Path) -> Path:
-    """Copy a run on object storage (s3://...) into the local folder `dest`, to compare it with a local run."""
+    """Copy a run on object storage (s3://, gs://) into the local folder `dest`, to compare it with a local run.
+    (Object by object: a GCS listing has no directory entries, so pyarrow's copy_files would not make the folders.)"""
     import pyarrow.fs as pafs
 
     from jobs._store import filesystem
 
     fs, path = filesystem(uri)
-    dest.mkdir(parents=True, exist_ok=True)
-    pafs.copy_files(path, str(dest), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
+    for info in fs.get_file_info(pafs.FileSelector(path, recursive=True)):
+        if info.type == pafs.FileType.File:
+            target = dest / info.path[len(path) :].lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with fs.open_input_stream(info.path) as src:
+                target.write_bytes(src.read())
     return dest

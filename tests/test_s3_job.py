@@ -229,16 +229,3 @@ def test_pipeline_with_store_and_reports_on_s3(s3env, tmp_path, capsys):
     after = listing(s3env, "study/")
     changed = {k for k in keys.keys() | after.keys() if keys.get(k) != after.get(k)}
     assert changed <= {"study/reports/index.html", "study/reports/pipeline.json"}, changed
-
-
-def test_writing_a_run_to_gs_is_refused_in_one_line_before_any_request(capsys, tmp_path):
-    """gs:// runs can be read (jobs/_sql.py), not written: the writer lock needs S3's conditional PUT. The job says so
-    in one line, exit 2, before it reaches for GCS credentials or the network."""
-    from jobs.attribute import cli
-
-    data = write_tsv(tmp_path / "p.tsv", stsb_rows(2))
-    t0 = time.monotonic()
-    assert cli(["--dataset", str(data), *FAST, "--out", "gs://some-bucket/runs", "-q"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("jobs.attribute: error: gs://some-bucket/runs: writing a run to gs:// is not supported")
-    assert time.monotonic() - t0 < 120  # no wait for a metadata server (the model load is most of it)
