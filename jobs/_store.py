@@ -825,15 +825,11 @@ class PartSink:
             return name
         fs, base = filesystem(self.root, self.settings)
         if self.lock_token is not None:
-            import pyarrow.fs as pafs
-
-            try:
-                if fs.get_file_info(f"{base}/{LOCK_NAME}").type == pafs.FileType.NotFound:
-                    held: dict[str, Any] = {}
-                else:
-                    with fs.open_input_stream(f"{base}/{LOCK_NAME}") as fh:
-                        held = json.loads(fh.read().decode("utf-8"))
-            except ValueError:
+            held: dict[str, Any] = {}
+            try:  # one GET: a missing lock reads as no owner
+                with fs.open_input_stream(f"{base}/{LOCK_NAME}") as fh:
+                    held = json.loads(fh.read().decode("utf-8"))
+            except (FileNotFoundError, ValueError):
                 held = {}
             except OSError as exc:
                 raise StoreError(f"{redact(self.root)}: a worker cannot read the store: "

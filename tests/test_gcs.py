@@ -243,3 +243,38 @@ def test_bad_gcs_locations_are_one_line_exit_2(gcsenv, monkeypatch, capsys):
     monkeypatch.setenv("XSBERT_GCS_RETRY_S", "1")
     code, out, err = xsbert_sql(capsys, "--run", gcsenv.uri("nowhere/run"), "select 1")
     assert code == 2 and "cannot reach the object store at http://127.0.0.1:9" in err, err
+
+
+@pytest.mark.slow
+def test_pipeline_with_store_and_reports_on_gcs(gcsenv, tmp_path, capsys):
+    """A tiny study whose store and reports live on GCS: attribute -> parse -> report; the rerun is up to date
+    and writes no object but the index and the pipeline state."""
+    import yaml
+
+    from jobs import pipeline
+
+    data = write_tsv(tmp_path / "pairs.tsv", stsb_rows(3))
+    config = tmp_path / "study.yaml"
+    root = gcsenv.uri("study")
+    config.write_text(yaml.safe_dump({
+        "study": "on-gcs", "out": f"{root}/runs", "datasets": {"pairs": {"source": str(data)}},
+        "models": {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}, "defaults": {"layer": -1, "steps": 2},
+        "runs": {"minilm": {"dataset": "pairs", "model": "minilm"}}, "parse": {"parser": "spacy"},
+        "report": {"out": f"{root}/reports"}, "quiet": True,
+    }), encoding="utf-8")  # fmt: skip
+    first = pipeline.main(pipeline.parse_args(["--config", str(config)]))
+    out = capsys.readouterr().out
+    run = first["runs"]["minilm"]["run_dir"]
+    assert run.startswith(f"{root}/runs/") and "attribute minilm: computed 3 pairs" in out
+    keys = gcsenv.listing("study/")
+    rid = run.rsplit("/", 1)[1]
+    assert any(k.startswith(f"study/runs/{rid}/parses/part-") for k in keys)  # parsed on GCS
+    assert {"study/reports/index.html", "study/reports/pipeline.json", "study/reports/minilm/index.html",
+            "study/reports/minilm/report.json"} <= set(keys)  # fmt: skip
+
+    pipeline.main(pipeline.parse_args(["--config", str(config)]))
+    out = capsys.readouterr().out
+    assert "attribute minilm: up to date" in out and "parse: up to date" in out and "report minilm: up to date" in out
+    after = gcsenv.listing("study/")
+    changed = {k for k in keys.keys() | after.keys() if keys.get(k) != after.get(k)}
+    assert changed <= {"study/reports/index.html", "study/reports/pipeline.json"}, changed
