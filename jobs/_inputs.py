@@ -22,7 +22,7 @@ import math
 import os
 import sys
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -484,12 +484,16 @@ def validate(
     max_tokens: int | None,
     quarantine_long: bool,
     count_content: Callable[[list[str]], list[int]] | None = None,
+    stored: Collection[str] = (),
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Split normalised rows into (good, quarantine); each row lands in exactly one.
 
     count_tokens:  tokens per text, specials included (n_tokens_a/_b; too_long_a/_b against max_tokens)
     count_content: content tokens per text (the engine's SplitModel.content_counts); 0 is no_content_a/_b,
                    a text the engine would reject. None: not checked.
+    stored:        pair ids already in the run's store: their texts are not tokenised again (they passed when they
+                   were computed; a rerun skips them), so n_tokens_a/_b of such rows are 0. The checks that need no
+                   tokenizer (ids, duplicates, empty texts, labels) still run on every row.
 
     good:       row, pair_id, text_a, text_b, label (float, NaN when none), n_tokens_a, n_tokens_b, and the
                 keep:<name> pass-through columns
@@ -526,7 +530,9 @@ def validate(
             reasons[k] = ("bad_label", problem)
             continue
         labels[k] = math.nan if label is None else label
-    ok = [k for k, reason in enumerate(reasons) if reason is None]
+    ok_all = [k for k, reason in enumerate(reasons) if reason is None]
+    pair_ids = rows.pair_id.tolist()
+    ok = [k for k in ok_all if pair_ids[k] not in stored] if stored else ok_all  # the rows to tokenise
     text_a, text_b = rows.text_a.tolist(), rows.text_b.tolist()  # indexed per row below: lists, not .iat
     n_a = np.zeros(len(rows), dtype=np.int64)
     n_b = np.zeros(len(rows), dtype=np.int64)

@@ -42,7 +42,7 @@ from xsbert_core.words import words_of
 from ._actors import CELL_LISTS, WORD_LISTS
 from ._inputs import KEEP_PREFIX, Pairs, load_pairs, quarantine_frame, validate
 from ._ray import filter_stderr, init_ray, quiet_ray
-from ._store import SCHEMAS, STORE_VERSION, RunStore, StoreError, open_store, run_id
+from ._store import SCHEMAS, STORE_VERSION, ObjectRunStore, RunStore, StoreError, open_store, run_id
 
 logger = logging.getLogger("jobs.attribute")
 
@@ -520,9 +520,16 @@ def prepare(args: argparse.Namespace) -> Prepared:
     def count_tokens(texts: list[str]) -> list[int]:
         return [len(x) for x in tokenizer(texts, truncation=False, add_special_tokens=True)["input_ids"]]
 
+    config = run_config(args, explainer, weights_fingerprint(explainer.model), pairs)
+    rid = run_id(config)
+    # A rerun tokenises only the pairs not in the store yet (404k QQP: ~1M texts, twice, otherwise). Read-only.
+    peek = open_store(args.out, rid)
+    if isinstance(peek, ObjectRunStore):
+        peek.check()  # an unreachable or missing bucket says so here, as it would when the run opens
+    stored = peek.done_pair_ids()
     good, quarantine = validate(
         pairs.rows, pairs.label_kind, pairs.label_range, count_tokens, max_tokens, args.truncation == "quarantine",
-        count_content=explainer.split.content_counts,
+        count_content=explainer.split.content_counts, stored=stored,
     )  # fmt: skip
     if args.truncation == "error":
         long = good[(good.n_tokens_a > max_tokens) | (good.n_tokens_b > max_tokens)]
@@ -531,8 +538,7 @@ def prepare(args: argparse.Namespace) -> Prepared:
                 f"{len(long)} pairs have a text over max_seq_length={max_tokens} (first: pair {long.pair_id.iat[0]}); "
                 "use --truncation quarantine or warn"
             )
-    config = run_config(args, explainer, weights_fingerprint(explainer.model), pairs)
-    return Prepared(args, pairs, explainer, good, quarantine, config, run_id(config), started_at, t_start)
+    return Prepared(args, pairs, explainer, good, quarantine, config, rid, started_at, t_start)
 
 
 @dataclass

@@ -174,6 +174,31 @@ def test_job_quarantines_texts_without_content_as_the_engine_rejects_them(tiny, 
     # Without count_content (the callers before it), such a row is not quarantined.
     good_without, _ = validate(frame.iloc[:4], "none", None, None, None, False)
     assert good_without.pair_id.tolist() == ["g1", "g2", "g3", "n1"]
+    # A rerun: pairs already in the store are not tokenised again (their rows stay good, n_tokens 0); every other
+    # row is checked as before, and the checks without a tokenizer still see the stored ones.
+    seen: list[str] = []
+
+    def counting(count):
+        def wrapped(texts):
+            seen.extend(texts)
+            return count(texts)
+
+        return wrapped
+
+    stored = {"g1", "g2"}
+    dup = pd.concat([frame, frame.iloc[[0]].assign(row=len(frame))], ignore_index=True)  # g1 again: a duplicate id
+    good_re, quarantine_re = validate(
+        dup, "none", None, counting(lambda texts: [len(x) for x in tok(texts, truncation=False)["input_ids"]]),
+        ex.split.max_seq_length, True, count_content=counting(ex.split.content_counts), stored=stored,
+    )  # fmt: skip
+    assert good_re.pair_id.tolist() == good.pair_id.tolist() and len(dup) == len(good_re) + len(quarantine_re)
+    assert dict(zip(quarantine_re.pair_id, quarantine_re.reason)) == {
+        **{r[0]: r[3] for r in rows if r[3]}, "g1": "duplicate_pair_id"}  # fmt: skip
+    only_stored = {t for r in rows if r[0] in stored for t in r[1:3]} - {t for r in rows if r[0] not in stored
+                                                                          for t in r[1:3]}  # fmt: skip
+    assert only_stored and not only_stored & set(seen) and WITH_CONTENT[arch][2] in seen
+    by_id = good_re.set_index("pair_id")
+    assert by_id.n_tokens_a["g1"] == 0 and by_id.n_tokens_a["g3"] == good.set_index("pair_id").n_tokens_a["g3"] > 0
 
 
 def test_non_string_text(ex):
