@@ -21,7 +21,6 @@ import json
 import math
 import os
 import sys
-import unicodedata
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -435,7 +434,13 @@ def normalise(df: pd.DataFrame, columns: Columns) -> pd.DataFrame:
 # --------------------------------------------------------------------------- validation
 def undecodable(text: str) -> bool:
     """Not valid text: lone surrogates (from bytes that are not UTF-8, or JSON escapes), U+FFFD, NUL."""
-    return "\ufffd" in text or "\x00" in text or any(unicodedata.category(ch) == "Cs" for ch in text)
+    if "\ufffd" in text or "\x00" in text:
+        return True
+    try:  # strict UTF-8 refuses exactly the surrogates U+D800..U+DFFF (category Cs), in C, not a loop per character
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def parse_label(value: Any, kind: str, bounds: tuple[float, float] | None) -> tuple[float | None, str | None]:
@@ -476,6 +481,10 @@ def safe_text(value: Any, limit: int = 2000) -> str | None:
     return text[:limit].encode("utf-8", errors="backslashreplace").decode("utf-8")
 
 
+# Texts per tokenizer call in validate(): bounds the driver's memory for the tokenizer's output.
+TOKENIZE_CHUNK = 8192
+
+
 def validate(
     rows: pd.DataFrame,
     label_kind: str,
@@ -485,12 +494,17 @@ def validate(
     quarantine_long: bool,
     count_content: Callable[[list[str]], list[int]] | None = None,
     stored: Collection[str] = (),
+    count_both: Callable[[list[str]], tuple[list[int], list[int]]] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Split normalised rows into (good, quarantine); each row lands in exactly one.
 
     count_tokens:  tokens per text, specials included (n_tokens_a/_b; too_long_a/_b against max_tokens)
     count_content: content tokens per text (the engine's SplitModel.content_counts); 0 is no_content_a/_b,
                    a text the engine would reject. None: not checked.
+    count_both:    (tokens, content tokens) per text from one tokenizer pass (SplitModel.token_counts), in place of
+                   the two above
+    The texts go to these in chunks of TOKENIZE_CHUNK (the tokenizer's output for a million texts at once would
+    hold gigabytes in the driver).
     stored:        pair ids already in the run's store: their texts are not tokenised again (they passed when they
                    were computed; a rerun skips them), so n_tokens_a/_b of such rows are 0. The checks that need no
                    tokenizer (ids, duplicates, empty texts, labels) still run on every row.
@@ -537,17 +551,27 @@ def validate(
     n_a = np.zeros(len(rows), dtype=np.int64)
     n_b = np.zeros(len(rows), dtype=np.int64)
     texts = list(dict.fromkeys([text_a[k] for k in ok] + [text_b[k] for k in ok]))
-    if count_content is not None and texts:
-        content = dict(zip(texts, count_content(texts)))
+    lengths: dict[str, int] = {}
+    content: dict[str, int] = {}
+    for start in range(0, len(texts), TOKENIZE_CHUNK):
+        chunk = texts[start : start + TOKENIZE_CHUNK]
+        if count_both is not None:
+            n_tokens, n_content = count_both(chunk)
+            lengths.update(zip(chunk, n_tokens))
+            content.update(zip(chunk, n_content))
+            continue
+        if count_content is not None:
+            content.update(zip(chunk, count_content(chunk)))
+        if count_tokens is not None:
+            lengths.update(zip(chunk, count_tokens(chunk)))
+    if content:
         for k in ok:
             for side, text in (("a", text_a[k]), ("b", text_b[k])):
                 if content[text] == 0:
                     reasons[k] = (f"no_content_{side}", "no token but special ones (or whitespace) after tokenization")
                     break
         ok = [k for k in ok if reasons[k] is None]
-    if count_tokens is not None and ok:
-        texts = list(dict.fromkeys([text_a[k] for k in ok] + [text_b[k] for k in ok]))
-        lengths = dict(zip(texts, count_tokens(texts)))
+    if lengths and ok:
         for k in ok:
             n_a[k], n_b[k] = lengths[text_a[k]], lengths[text_b[k]]
             if quarantine_long and max_tokens is not None:

@@ -514,11 +514,7 @@ def prepare(args: argparse.Namespace) -> Prepared:
         args.model, layer=args.layer, mode=args.mode, similarity=args.similarity, rule=args.rule,
         steps=args.steps, tolerance=args.tolerance, max_steps=args.max_steps, truncation=engine_truncation,
     )  # fmt: skip
-    tokenizer = explainer.split.tokenizer
     max_tokens = explainer.split.max_seq_length
-
-    def count_tokens(texts: list[str]) -> list[int]:
-        return [len(x) for x in tokenizer(texts, truncation=False, add_special_tokens=True)["input_ids"]]
 
     config = run_config(args, explainer, weights_fingerprint(explainer.model), pairs)
     rid = run_id(config)
@@ -528,8 +524,8 @@ def prepare(args: argparse.Namespace) -> Prepared:
         peek.check()  # an unreachable or missing bucket says so here, as it would when the run opens
     stored = peek.done_pair_ids()
     good, quarantine = validate(
-        pairs.rows, pairs.label_kind, pairs.label_range, count_tokens, max_tokens, args.truncation == "quarantine",
-        count_content=explainer.split.content_counts, stored=stored,
+        pairs.rows, pairs.label_kind, pairs.label_range, None, max_tokens, args.truncation == "quarantine",
+        count_both=explainer.split.token_counts, stored=stored,
     )  # fmt: skip
     if args.truncation == "error":
         long = good[(good.n_tokens_a > max_tokens) | (good.n_tokens_b > max_tokens)]

@@ -171,6 +171,11 @@ def test_job_quarantines_texts_without_content_as_the_engine_rejects_them(tiny, 
     for text in (none_a, none_b, many_specials):
         with pytest.raises(InputError, match="no tokens but special ones"):
             ex.factors([text])
+    # The job's way: one tokenizer pass for both counts (SplitModel.token_counts), the same frames.
+    good_both, quarantine_both = validate(frame, "none", None, None, ex.split.max_seq_length, True,
+                                          count_both=ex.split.token_counts)  # fmt: skip
+    pd.testing.assert_frame_equal(good_both, good)
+    pd.testing.assert_frame_equal(quarantine_both, quarantine)
     # Without count_content (the callers before it), such a row is not quarantined.
     good_without, _ = validate(frame.iloc[:4], "none", None, None, None, False)
     assert good_without.pair_id.tolist() == ["g1", "g2", "g3", "n1"]
@@ -382,3 +387,19 @@ def test_truncation_error_policy(tiny):
         ex.explain(LONG, "Short text.")
     with pytest.raises(InputError):  # TruncationError is an InputError
         ex.factors(["Short text.", LONG])
+
+
+def test_undecodable_is_the_per_character_definition():
+    """jobs._inputs.undecodable (strict UTF-8 encoding) against its definition: U+FFFD, NUL, or any character of
+    Unicode category Cs (a surrogate), on every surrogate and on the code points around them."""
+    import unicodedata
+
+    from jobs._inputs import undecodable
+
+    def slow(text: str) -> bool:
+        return "\ufffd" in text or "\x00" in text or any(unicodedata.category(ch) == "Cs" for ch in text)
+
+    points = [*range(0, 0x300), *range(0xD000, 0xE100), 0xFFFD, 0xFFFE, 0x10000, 0x1F600, 0x10FFFF]
+    texts = [f"a{chr(p)}b" for p in points] + ["", "plain", "Caf\udce9 au lait.", "\ud83d\ude00", "x\x00"]
+    assert [undecodable(t) for t in texts] == [slow(t) for t in texts]
+    assert sum(map(undecodable, texts)) == 0x800 + 2 + 3  # each surrogate, NUL and U+FFFD, three of the examples

@@ -218,10 +218,16 @@ class SplitModel:
 
     def content_counts(self, texts: list[str]) -> list[int]:
         """Content tokens per text, untruncated (`content_count`): 0 is a text `tokenize` rejects as no content."""
+        return self.token_counts(texts)[1]
+
+    def token_counts(self, texts: list[str]) -> tuple[list[int], list[int]]:
+        """(tokens, content tokens) per text, untruncated, from one tokenizer call: tokens count the special ones
+        (what max_seq_length bounds), content tokens are `content_count`'s."""
         enc = self.tokenizer(list(texts), truncation=False, return_offsets_mapping=True)
-        return [
+        ids_all, offsets_all = enc["input_ids"], enc["offset_mapping"]
+        return [len(ids) for ids in ids_all], [
             content_count(text, ids, offsets, self.control_ids)
-            for text, ids, offsets in zip(texts, enc["input_ids"], enc["offset_mapping"])
+            for text, ids, offsets in zip(texts, ids_all, offsets_all)
         ]
 
     # ------------------------------------------------------------------ forward
