@@ -17,33 +17,26 @@ leaves 127.0.0.1; no credentials are involved (the emulator does not check any).
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from endpoints import EnvEndpoint, free_port
 
 # GCS settings that would change where or as whom a client talks: unset by environ() unless given.
 GCS_SETTINGS = ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT")
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
-class GcsServer:
+class GcsServer(EnvEndpoint):
     """One emulator process: its endpoint (http://127.0.0.1:PORT), a bucket in it, the environment for clients."""
+
+    SETTINGS = GCS_SETTINGS
 
     endpoint: str
     bucket: str
@@ -56,35 +49,6 @@ class GcsServer:
 
     def uri(self, *parts: str) -> str:
         return "/".join([f"gs://{self.bucket}", *(p.strip("/") for p in parts)])
-
-    def subprocess_env(self, **overrides: str | None) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in GCS_SETTINGS}
-        env.update(self.env)
-        for name, value in overrides.items():
-            if value is None:
-                env.pop(name, None)
-            else:
-                env[name] = value
-        return env
-
-    @contextlib.contextmanager
-    def environ(self, **overrides: str | None) -> Iterator[dict[str, str]]:
-        wanted = self.subprocess_env(**overrides)
-        names = set(self.env) | set(overrides) | set(GCS_SETTINGS)
-        saved = {name: os.environ.get(name) for name in names}
-        try:
-            for name in names:
-                if name in wanted:
-                    os.environ[name] = wanted[name]
-                else:
-                    os.environ.pop(name, None)
-            yield {name: wanted[name] for name in names if name in wanted}
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
 
     def _get(self, path: str) -> dict:
         with urllib.request.urlopen(f"{self.endpoint}{path}", timeout=10) as response:

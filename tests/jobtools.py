@@ -71,3 +71,45 @@ def download(uri: str, dest: Path) -> Path:
             with fs.open_input_stream(info.path) as src:
                 target.write_bytes(src.read())
     return dest
+
+
+def assert_same_rows(got: Path, want: Path) -> None:
+    """Two run directories hold the same rows in every table (a run copied down from object storage vs a local one)."""
+    for table in TABLES:
+        assert rows(got, table) == rows(want, table), table
+
+
+def check_pipeline_on_store(root: str, listing, capsys, tmp_path: Path) -> None:
+    """A tiny study whose store and reports live under `root` (s3://... or gs://...): attribute -> parse -> report;
+    its rerun is up to date and writes no object but the index and the pipeline state. `listing(prefix)` maps the
+    keys under a prefix of the bucket to what changes when an object is rewritten (ETag, generation)."""
+    import yaml
+
+    from jobs import pipeline
+
+    data = write_tsv(tmp_path / "pairs.tsv", stsb_rows(3))
+    config = tmp_path / "study.yaml"
+    prefix = root.split("://", 1)[1].split("/", 1)[1] + "/"
+    config.write_text(yaml.safe_dump({
+        "study": "on-object-storage", "out": f"{root}/runs", "datasets": {"pairs": {"source": str(data)}},
+        "models": {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}, "defaults": {"layer": -1, "steps": 2},
+        "runs": {"minilm": {"dataset": "pairs", "model": "minilm"}}, "parse": {"parser": "spacy"},
+        "report": {"out": f"{root}/reports"}, "quiet": True,
+    }), encoding="utf-8")  # fmt: skip
+    first = pipeline.main(pipeline.parse_args(["--config", str(config)]))
+    out = capsys.readouterr().out
+    run = first["runs"]["minilm"]["run_dir"]
+    assert run.startswith(f"{root}/runs/") and "attribute minilm: computed 3 pairs" in out
+    keys = listing(prefix)
+    rid = run.rsplit("/", 1)[1]
+    assert any(k.startswith(f"{prefix}runs/{rid}/parses/part-") for k in keys)  # parsed on object storage
+    assert {f"{prefix}reports/{name}" for name in ("index.html", "pipeline.json", "minilm/index.html",
+                                                   "minilm/report.json")} <= set(keys)  # fmt: skip
+    assert f"report: {root}/reports/index.html" in out
+
+    pipeline.main(pipeline.parse_args(["--config", str(config)]))
+    out = capsys.readouterr().out
+    assert "attribute minilm: up to date" in out and "parse: up to date" in out and "report minilm: up to date" in out
+    after = listing(prefix)
+    changed = {k for k in keys.keys() | after.keys() if keys.get(k) != after.get(k)}
+    assert changed <= {f"{prefix}reports/index.html", f"{prefix}reports/pipeline.json"}, changed

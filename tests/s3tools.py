@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -26,19 +25,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from endpoints import EnvEndpoint, free_port  # noqa: F401 - free_port: for the tests that import it from here
+
 REGION = "us-east-1"
 DUMMY_KEY, DUMMY_SECRET = "testing-key-id", "testing-secret"
 MOTO_SERVER = Path(sys.executable).parent / "moto_server"
 # Every AWS_* variable that would change where or as whom a client talks: unset by environ() unless given.
-AWS_SETTINGS = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_REGION",
+AWS_SETTINGS: tuple[str, ...] = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_REGION",
                 "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CA_BUNDLE")  # fmt: skip
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on (now)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _post(url: str, body: bytes) -> dict:
@@ -48,9 +42,10 @@ def _post(url: str, body: bytes) -> dict:
 
 
 @dataclass
-class S3Server:
+class S3Server(EnvEndpoint):
     """One moto server: its endpoint, a bucket in it, and the environment that points a client at it."""
 
+    SETTINGS = AWS_SETTINGS
     endpoint_url: str
     bucket: str
     process: subprocess.Popen
@@ -69,37 +64,6 @@ class S3Server:
     def uri(self, *parts: str) -> str:
         """s3://<bucket>/<parts...>"""
         return "/".join([f"s3://{self.bucket}", *(p.strip("/") for p in parts)])
-
-    def subprocess_env(self, **overrides: str | None) -> dict[str, str]:
-        """os.environ with this endpoint's AWS_* (and `overrides`; None unsets), for a child process."""
-        env = {k: v for k, v in os.environ.items() if k not in AWS_SETTINGS}
-        env.update(self.env)
-        for name, value in overrides.items():
-            if value is None:
-                env.pop(name, None)
-            else:
-                env[name] = value
-        return env
-
-    @contextlib.contextmanager
-    def environ(self, **overrides: str | None) -> Iterator[dict[str, str]]:
-        """Sets this endpoint's AWS_* variables (and `overrides`; None unsets one) in os.environ; restores them."""
-        wanted = self.subprocess_env(**overrides)
-        names = set(self.env) | set(overrides) | set(AWS_SETTINGS)
-        saved = {name: os.environ.get(name) for name in names}
-        try:
-            for name in names:
-                if name in wanted:
-                    os.environ[name] = wanted[name]
-                else:
-                    os.environ.pop(name, None)
-            yield {name: wanted[name] for name in names if name in wanted}
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
 
     def client(self, service: str = "s3", key: tuple[str, str] | None = None):
         """A boto3 client of this endpoint (the dummy keys, or `key`)."""

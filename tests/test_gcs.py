@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from jobtools import FAST, TABLES, download, rows, run_job, stsb_rows, write_tsv
+from jobtools import FAST, assert_same_rows, check_pipeline_on_store, download, run_job, stsb_rows, write_tsv
 
 from jobs import _store
 
@@ -32,11 +32,6 @@ def gcsenv(gcs, monkeypatch):
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
     return gcs
-
-
-def assert_same_rows(got: Path, want: Path) -> None:
-    for table in TABLES:
-        assert rows(got, table) == rows(want, table), table
 
 
 @pytest.fixture(scope="module")
@@ -247,34 +242,5 @@ def test_bad_gcs_locations_are_one_line_exit_2(gcsenv, monkeypatch, capsys):
 
 @pytest.mark.slow
 def test_pipeline_with_store_and_reports_on_gcs(gcsenv, tmp_path, capsys):
-    """A tiny study whose store and reports live on GCS: attribute -> parse -> report; the rerun is up to date
-    and writes no object but the index and the pipeline state."""
-    import yaml
-
-    from jobs import pipeline
-
-    data = write_tsv(tmp_path / "pairs.tsv", stsb_rows(3))
-    config = tmp_path / "study.yaml"
-    root = gcsenv.uri("study")
-    config.write_text(yaml.safe_dump({
-        "study": "on-gcs", "out": f"{root}/runs", "datasets": {"pairs": {"source": str(data)}},
-        "models": {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}, "defaults": {"layer": -1, "steps": 2},
-        "runs": {"minilm": {"dataset": "pairs", "model": "minilm"}}, "parse": {"parser": "spacy"},
-        "report": {"out": f"{root}/reports"}, "quiet": True,
-    }), encoding="utf-8")  # fmt: skip
-    first = pipeline.main(pipeline.parse_args(["--config", str(config)]))
-    out = capsys.readouterr().out
-    run = first["runs"]["minilm"]["run_dir"]
-    assert run.startswith(f"{root}/runs/") and "attribute minilm: computed 3 pairs" in out
-    keys = gcsenv.listing("study/")
-    rid = run.rsplit("/", 1)[1]
-    assert any(k.startswith(f"study/runs/{rid}/parses/part-") for k in keys)  # parsed on GCS
-    assert {"study/reports/index.html", "study/reports/pipeline.json", "study/reports/minilm/index.html",
-            "study/reports/minilm/report.json"} <= set(keys)  # fmt: skip
-
-    pipeline.main(pipeline.parse_args(["--config", str(config)]))
-    out = capsys.readouterr().out
-    assert "attribute minilm: up to date" in out and "parse: up to date" in out and "report minilm: up to date" in out
-    after = gcsenv.listing("study/")
-    changed = {k for k in keys.keys() | after.keys() if keys.get(k) != after.get(k)}
-    assert changed <= {"study/reports/index.html", "study/reports/pipeline.json"}, changed
+    """A tiny study whose store and reports live on GCS (tests/jobtools.py: check_pipeline_on_store)."""
+    check_pipeline_on_store(gcsenv.uri("study"), gcsenv.listing, capsys, tmp_path)

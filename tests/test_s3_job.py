@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from jobtools import FAST, TABLES, download, rows, run_job, stsb_rows, write_tsv
+from jobtools import FAST, assert_same_rows, check_pipeline_on_store, download, run_job, stsb_rows, write_tsv
 
 from jobs import _store
 
@@ -38,11 +38,6 @@ def listing(s3, prefix: str) -> dict[str, str]:
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=s3.bucket, Prefix=prefix):
         out.update({o["Key"]: o["ETag"] for o in page.get("Contents", [])})
     return out
-
-
-def assert_same_rows(got: Path, want: Path) -> None:
-    for table in TABLES:
-        assert rows(got, table) == rows(want, table), table
 
 
 @pytest.fixture(scope="module")
@@ -197,35 +192,5 @@ def test_workers_without_credentials_of_their_own_fail_in_one_line(s3_ray, s3env
 
 @pytest.mark.slow
 def test_pipeline_with_store_and_reports_on_s3(s3env, tmp_path, capsys):
-    """A tiny study whose store and reports live on S3: attribute -> parse -> report; the rerun is up to date
-    and writes no object but the index and the pipeline state."""
-    import yaml
-
-    from jobs import pipeline
-
-    data = write_tsv(tmp_path / "pairs.tsv", stsb_rows(3))
-    config = tmp_path / "study.yaml"
-    root = f"s3://{s3env.bucket}/study"
-    config.write_text(yaml.safe_dump({
-        "study": "on-s3", "out": f"{root}/runs", "datasets": {"pairs": {"source": str(data)}},
-        "models": {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}, "defaults": {"layer": -1, "steps": 2},
-        "runs": {"minilm": {"dataset": "pairs", "model": "minilm"}}, "parse": {"parser": "spacy"},
-        "report": {"out": f"{root}/reports"}, "quiet": True,
-    }), encoding="utf-8")  # fmt: skip
-    first = pipeline.main(pipeline.parse_args(["--config", str(config)]))
-    out = capsys.readouterr().out
-    run = first["runs"]["minilm"]["run_dir"]
-    assert run.startswith(f"{root}/runs/") and "attribute minilm: computed 3 pairs" in out
-    keys = listing(s3env, "study/")
-    rid = run.rsplit("/", 1)[1]
-    assert any(k.startswith(f"study/runs/{rid}/parses/part-") for k in keys)  # parsed on S3
-    assert {"study/reports/index.html", "study/reports/pipeline.json", "study/reports/minilm/index.html",
-            "study/reports/minilm/report.json"} <= set(keys)  # fmt: skip
-    assert f"report: {root}/reports/index.html" in out
-
-    pipeline.main(pipeline.parse_args(["--config", str(config)]))
-    out = capsys.readouterr().out
-    assert "attribute minilm: up to date" in out and "parse: up to date" in out and "report minilm: up to date" in out
-    after = listing(s3env, "study/")
-    changed = {k for k in keys.keys() | after.keys() if keys.get(k) != after.get(k)}
-    assert changed <= {"study/reports/index.html", "study/reports/pipeline.json"}, changed
+    """A tiny study whose store and reports live on S3 (tests/jobtools.py: check_pipeline_on_store)."""
+    check_pipeline_on_store(s3env.uri("study"), lambda prefix: listing(s3env, prefix), capsys, tmp_path)
