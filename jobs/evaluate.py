@@ -42,6 +42,7 @@ from xsbert_core.explainer import DEFAULT_LAYER, model_similarity
 from xsbert_core.metrics import aso_both_ways, pearson, spearman
 from xsbert_core.models import DEFAULT_MODEL
 
+from . import paper
 from ._inputs import load_pairs, validate
 
 logger = logging.getLogger("jobs.evaluate")
@@ -49,12 +50,15 @@ logger = logging.getLogger("jobs.evaluate")
 STAGES = ("table1", "agreement", "figures")
 VARIANTS = ("tuned", "exact", "orig")
 LABEL_MAX = 5.0
-# The paper's figures for all-mpnet-base-v2 (DESIGN section 4), shown beside ours.
-PAPER_TABLE1 = {"shelf": 83.4, "tuned": 87.8, "exact": 87.5, "orig": 86.0}
+# The paper's figures for all-mpnet-base-v2 (jobs/paper.py, the one table of them), shown beside ours.
+PAPER_TABLE1 = {v: paper.get(f"table1_{v}").value for v in ("shelf", *VARIANTS)}
 # Fig 3/4 points: label -> (layers below mpnet's last, value), drawn as many layers below our last.
-PAPER_FIG3 = {"paper, mpnet L11 (its last), s>0.75: 0.81": (0, 0.81)}
-PAPER_FIG4 = {"paper, mpnet L11 (its last), top-10: 0.83": (0, 0.83),
-              "paper, mpnet L8 (3 below its last), top-10: 0.60": (3, 0.60)}  # fmt: skip
+_FIG3, _FIG4_L11, _FIG4_L8 = (paper.get(k) for k in ("fig3_spearman_top", "fig4_jaccard_top10_l11",
+                                                     "fig4_jaccard_top10_l8"))  # fmt: skip
+_FIG2_NEAR, _FIG2_BELOW = paper.get("fig2_ref_sim_near_zero"), paper.get("fig2_ref_term_below")
+PAPER_FIG3 = {f"paper, mpnet L11 (its last), s>0.75: {_FIG3.value:.2f}": (0, _FIG3.value)}
+PAPER_FIG4 = {f"paper, mpnet L11 (its last), top-10, s>0.5: {_FIG4_L11.value:.2f}": (0, _FIG4_L11.value),
+              f"paper, mpnet L8 (3 below its last), top-10, s>0.5: {_FIG4_L8.value:.2f}": (3, _FIG4_L8.value)}
 DEFAULT_STEPS_GRID = (4, 8, 16, 32, 64, 128)
 SETTINGS = ("base", "models", "split", "sample", "seed", "max_error")
 
@@ -288,8 +292,8 @@ def plot_all(out: Path, summary: dict[str, Any]) -> list[Path]:
             {"f(a, r_b) and f(b, r_a)": sims, "f(r_a, r_b)": shelf["ref_term"]},
             out / "fig2_reference_terms.png", f"Reference terms, shelf model, layer {fig['layer']}", "cosine",
             vlines={"-0.1": -0.1, "+0.1": 0.1, "0.9": 0.9},
-            note=f"{near:.1%} of reference similarities within ±0.1 (paper 85.8%)\n"
-                 f"{below:.1%} of reference terms < 0.9 (paper 6.7%)"))  # fmt: skip
+            note=f"{near:.1%} of reference similarities within ±0.1 (paper {_FIG2_NEAR.text})\n"
+                 f"{below:.1%} of reference terms < 0.9 (paper {_FIG2_BELOW.text})"))  # fmt: skip
         written.append(plot_histograms(
             {"shelf (approx): positive sum": shelf["positive_sum"], "exact: positive sum": exact["positive_sum"],
              "shelf (approx): negative sum": shelf["negative_sum"], "exact: negative sum": exact["negative_sum"]},

@@ -1,0 +1,101 @@
+"""The paper's numbers are typed once (jobs/paper.py): the docs, the sql/ headers and jobs.evaluate agree with it,
+and the like-for-like rule names every setting that differs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from jobs import evaluate, paper
+
+ROOT = Path(__file__).resolve().parents[1]
+# A number as the paper prints one: 85.8%, 16%, 0.81, 87.5 (not a bare 1 or 0.9 threshold: those are settings).
+NUMBER = re.compile(r"\d+\.\d+%|\d+%|\d\.\d\d|\d\d\.\d")
+# The sql/ file whose header quotes a figure's numbers.
+SQL_OF_FIGURE = {"Table 1": "table1.sql", "Fig 2": "reference_terms.sql", "Fig 3": "agreement.sql",
+                 "Fig 4": "agreement.sql", "Fig 8": "negation.sql", "Fig 10": "lexical_ranks_compare.sql"}  # fmt: skip
+
+
+def table_numbers() -> set[str]:
+    """Every number written anywhere in the table (values, their spreads, the subsets' bounds)."""
+    return {n for v in paper.VALUES for field in (v.text, v.subset, v.metric, v.what) for n in NUMBER.findall(field)}
+
+
+def numeric_values() -> list[paper.PaperValue]:
+    return [v for v in paper.VALUES if v.value is not None]
+
+
+def test_the_table_is_consistent():
+    assert len(paper.BY_KEY) == len(paper.VALUES)  # one row per key
+    for v in numeric_values():
+        shown = float(NUMBER.findall(v.text)[0].rstrip("%"))
+        assert shown == pytest.approx(100 * v.value if v.text.split()[0].endswith("%") else v.value), v.key
+        assert "all-mpnet-base-v2" in v.model and v.layer and v.subset and v.metric
+    with pytest.raises(KeyError, match="known: table1_shelf"):
+        paper.get("fig99")
+
+
+def test_analyses_md_quotes_the_table():
+    """docs/ANALYSES.md: each bold number on a '- Paper:' line is one of the table's, and each numeric value of the
+    table is quoted there."""
+    text = (ROOT / "docs" / "ANALYSES.md").read_text(encoding="utf-8")
+    quoted = [b for line in text.splitlines() if line.lstrip().startswith("- Paper:") or line.startswith("  ")
+              for b in re.findall(r"\*\*([^*]+)\*\*", line)]  # fmt: skip
+    texts = {v.text for v in paper.VALUES}
+    assert quoted and set(quoted) <= texts, set(quoted) - texts
+    assert {v.text for v in numeric_values()} <= set(quoted)
+
+
+def test_sql_headers_quote_the_table():
+    """Each sql/ header's 'Paper' block holds its figures' numbers, and no number the table does not have."""
+    numbers = table_numbers()
+    for figure, name in SQL_OF_FIGURE.items():
+        lines = (ROOT / "sql" / name).read_text(encoding="utf-8").splitlines()
+        start = next(k for k, line in enumerate(lines) if line.startswith("-- Paper"))
+        block = [lines[start]]
+        for line in lines[start + 1:]:
+            if not line.startswith("--           "):
+                break
+            block.append(line)
+        header = " ".join(block).replace("+-", "±")
+        for v in paper.VALUES:
+            if v.figure == figure and v.value is not None:
+                assert v.text in header, (name, v.key)
+        assert set(NUMBER.findall(header)) <= numbers, (name, set(NUMBER.findall(header)) - numbers)
+
+
+def test_results_md_quotes_the_table():
+    """docs/RESULTS.md: the paper column of Table 1, '(paper: X)', "the paper's X → Y" and the parenthesis that
+    states the paper's agreement figures use the table's numbers."""
+    text = (ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8")
+    rows = {m[0]: m[2] for m in re.findall(r"^\| (shelf|tuned|exact|orig)\b[^|]*\| ([^|]+) \| ([0-9.]+) \|$", text,
+                                            flags=re.M)}  # fmt: skip
+    assert rows == {k: paper.get(f"table1_{k}").text for k in ("shelf", "tuned", "exact", "orig")}
+    numbers = table_numbers()
+    found = re.findall(r"\(paper: ([0-9.]+%)", text)
+    found += [n for pair in re.findall(r"paper's ([0-9.]+) → ([0-9.]+)", text) for n in pair]
+    for paren in re.findall(r"the paper \((mpnet[^)]*)\)", text):
+        found += NUMBER.findall(paren)
+    assert len(found) >= 6 and set(found) <= numbers, set(found) - numbers
+
+
+def test_evaluate_reads_the_table():
+    assert evaluate.PAPER_TABLE1 == {k: paper.get(f"table1_{k}").value for k in ("shelf", "tuned", "exact", "orig")}
+    assert [v for v, _ in [(p[1], p[0]) for p in evaluate.PAPER_FIG4.values()]] == [0.83, 0.60]
+    assert list(evaluate.PAPER_FIG3.values()) == [(0, paper.get("fig3_spearman_top").value)]
+
+
+def test_like_for_like_names_what_differs():
+    v = paper.get("fig2_ref_sim_near_zero")
+    same = v.setting()
+    assert paper.differences(v, same) == []
+    assert "; like-for-like (all-mpnet-base-v2 shelf, layer 9 of 12" in paper.beside(v, same)
+    ours = {**same, "model": "all-MiniLM-L6-v2 shelf", "layer": "3 of 6"}
+    text = paper.beside(v, ours)
+    assert text == ("Fig 2: 85.8%; not like-for-like: model all-MiniLM-L6-v2 shelf (paper: all-mpnet-base-v2 shelf); "
+                    "layer 3 of 6 (paper: 9 of 12)")  # fmt: skip
+    # A setting the paper's record lacks is never like-for-like, even for equal strings.
+    fig6 = paper.get("fig6_same_function")
+    assert paper.differences(fig6, fig6.setting()) == [f"subset {paper.NOT_RECORDED} (paper: {paper.NOT_RECORDED})"]
