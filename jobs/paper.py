@@ -55,9 +55,9 @@ VALUES: tuple[PaperValue, ...] = (
                f"{MODEL} orig", "-", STSB_TEST, "Spearman × 100, cos"),
     # ---------- Fig 2: reference terms of the off-the-shelf model
     PaperValue("fig2_ref_sim_near_zero", "Fig 2", "85.8%", 0.858,
-               "reference similarities f(a, r_b), f(b, r_a) within ±0.1 of 0", f"{MODEL} shelf", ANALYSIS_LAYER,
+               "of the reference similarities f(a, r_b), f(b, r_a) within ±0.1 of 0", f"{MODEL} shelf", ANALYSIS_LAYER,
                STSB_TEST, "share with |f| ≤ 0.1"),
-    PaperValue("fig2_ref_term_below", "Fig 2", "6.7%", 0.067, "reference terms f(r_a, r_b) below 0.9",
+    PaperValue("fig2_ref_term_below", "Fig 2", "6.7%", 0.067, "of the reference terms f(r_a, r_b) below 0.9",
                f"{MODEL} shelf", ANALYSIS_LAYER, STSB_TEST, "share with f < 0.9"),
     # ---------- Fig 3/4: exact vs approximate attributions
     PaperValue("fig3_spearman_top", "Fig 3", "0.81 ± 0.07", 0.81,
@@ -72,13 +72,13 @@ VALUES: tuple[PaperValue, ...] = (
                "top-10 Jaccard by |value|, content tokens"),
     # ---------- Fig 6: syntactic relations of the top 10% word pairs (a claim; no share recorded here)
     PaperValue("fig6_same_function", "Fig 6", "most top word pairs join the same syntactic function", None,
-               "relations of the top 10% word pairs: same function on both sides vs mixed", f"{MODEL}",
+               "(the top 10% word cells of each pair, same function on both sides vs mixed)", f"{MODEL}",
                ANALYSIS_LAYER, NOT_RECORDED, "same-function share of the parsed top 10% word cells"),
     # ---------- Fig 8: negation
-    PaperValue("fig8_not_negative_shelf", "Fig 8", "16%", 0.16, "'not' attributions that are negative",
+    PaperValue("fig8_not_negative_shelf", "Fig 8", "16%", 0.16, "of the 'not' attributions negative",
                f"{MODEL} shelf", ANALYSIS_LAYER, "STS-B test sentences with one simple 'not' (87 pairs)",
                "share of negative 'not' attributions"),
-    PaperValue("fig8_not_negative_exact", "Fig 8", "9%", 0.09, "'not' attributions that are negative",
+    PaperValue("fig8_not_negative_exact", "Fig 8", "9%", 0.09, "of the 'not' attributions negative",
                f"{MODEL} exact", ANALYSIS_LAYER, "STS-B test sentences with one simple 'not' (87 pairs)",
                "share of negative 'not' attributions"),
     # ---------- Fig 10, Tables 3–4: lexical ranks of two models
@@ -109,10 +109,10 @@ def differences(paper: PaperValue, ours: dict[str, str]) -> list[str]:
     return out
 
 
-def beside(paper: PaperValue, ours: dict[str, str], label: str | None = None) -> str:
-    """The paper's number as it goes beside one of ours: 'Fig 2: 85.8% reference similarities ...' followed by
-    'like-for-like' or 'not like-for-like: <the settings that differ>'."""
-    head = f"{paper.figure}: {paper.text}" + (f" {label}" if label else "")
+def beside(paper: PaperValue, ours: dict[str, str]) -> str:
+    """The paper's number as it goes beside one of ours: 'Fig 2: 85.8% of reference similarities ...' followed by
+    'like-for-like (its setting)' or 'not like-for-like: <the settings that differ>'."""
+    head = f"{paper.figure}: {paper.text} {paper.what}"
     diff = differences(paper, ours)
     if not diff:
         return f"{head}; like-for-like ({paper.model}, layer {paper.layer}, {paper.subset}, {paper.metric})"

@@ -39,7 +39,7 @@ from xsbert_core import InputError, XsbertError
 from xsbert_core.models import is_packaged
 from xsbert_core.quadrature import SUPPORTED_RULES
 
-from . import _sql
+from . import _sql, paper
 from ._inputs import BUILTINS, resolve_source
 from ._store import DERIVED_TABLES, TABLES, canonical_json, filesystem, is_remote
 
@@ -317,8 +317,11 @@ def run_state(run: str) -> dict[str, list[list[Any]]]:
 
 
 def code_state() -> str:
-    """Hash of what a report is made from besides the runs: the sql/ files and the report code."""
-    files = sorted(_sql.SQL_DIR.glob("*.sql")) + [REPO_ROOT / "jobs" / n for n in ("report.py", "_sql.py")]
+    """Hash of what a report is made from besides the runs: the sql/ files (with sql/report/), the report code, its
+    templates and the paper's values."""
+    files = sorted(_sql.SQL_DIR.glob("*.sql")) + sorted((_sql.SQL_DIR / "report").glob("*.sql"))
+    files += [REPO_ROOT / "jobs" / n for n in ("report.py", "_sql.py", "paper.py")]
+    files += sorted((REPO_ROOT / "jobs" / "templates").glob("*"))
     files += [REPO_ROOT / "xsbert_core" / "plots.py"]
     digest = hashlib.sha256()
     for f in files:
@@ -520,7 +523,7 @@ def stage_report(study: Study, run_dirs: dict[str, str]) -> tuple[Reports, list[
 
 
 # --------------------------------------------------------------------------- the end: index and findings
-PAPER_MODEL = "all-mpnet-base-v2"
+PAPER_MODEL = paper.MODEL
 
 
 def like_for_like(model: str) -> bool:
@@ -534,16 +537,18 @@ def report_findings(sections) -> list[dict[str, Any]]:
     out = []
     for s in sections:
         if s.status == "ok" and s.name != "examples":
-            out += [{"section": s.name, "text": f.text, "paper": f.paper} for f in s.findings]
+            out += [{"section": s.name, "text": f.text, "paper": f.paper, "like_for_like": f.like_for_like}
+                    for f in s.findings]  # fmt: skip
         elif s.status == "failed":
             out.append({"section": s.name, "text": f"failed: {s.reason}", "paper": None})
     return out
 
 
 def finding_lines(found: list[dict[str, Any]], paper_ok: bool) -> list[str]:
-    """`section: text`, with the paper's number beside it only like for like."""
-    return [f"{f['section']}: {f['text']}" + (f" (paper: {f['paper']})" if paper_ok and f["paper"] else "")
-            for f in found]  # fmt: skip
+    """`section: text`, with the paper's number beside it only like for like: the run's model is the paper's
+    (`paper_ok`) and the finding's model, layer, subset and metric are the paper's (jobs.report, jobs.paper)."""
+    return [f"{f['section']}: {f['text']}" + (f" (paper: {f['paper']})" if paper_ok and f.get("like_for_like")
+                                              and f["paper"] else "") for f in found]  # fmt: skip
 
 
 def write_index(target: Reports, study: Study, reports: list[dict[str, Any]], models: dict[str, str]) -> str:

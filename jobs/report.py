@@ -16,7 +16,6 @@ No Ray: DuckDB over the run's Parquet and matplotlib.
 from __future__ import annotations
 
 import argparse
-import html
 import json
 import math
 import shlex
@@ -28,12 +27,13 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import jinja2
 import numpy as np
 import polars as pl
 
 from xsbert_core import InputError, XsbertError
 
-from . import _sql
+from . import _sql, paper
 
 PROG = "python -m jobs.report"
 # Example heatmaps: pairs whose sides have at most this many word tokens are preferred (readable labels).
@@ -42,16 +42,22 @@ EXAMPLE_MAX_TOKENS = 24
 TOP_K = 15
 # Rows of each result shown on the page (the CSV and Markdown files have all of them).
 PREVIEW_ROWS = 10
+# Queries the report runs besides the analyses (the agreement pre-check, the reference norms): sql/report/.
+REPORT_SQL = _sql.SQL_DIR / "report"
+# The paper's headline subset of the agreement (Fig 3): pairs of mean score s > 0.75.
+TOP_SCORE = 0.75
 
 
 # --------------------------------------------------------------------------- what a section holds
 @dataclass
 class Finding:
-    """One plain sentence; `values` are its numbers (report.json); `paper` the paper's number, if any."""
+    """One plain sentence; `values` are its numbers (report.json); `paper` the paper's number with its setting, if
+    any (jobs.paper.beside: 'like-for-like', or the settings that differ); `like_for_like` whether they are equal."""
 
     text: str
     values: dict[str, Any] = field(default_factory=dict)
     paper: str | None = None
+    like_for_like: bool | None = None
 
 
 @dataclass
@@ -141,15 +147,6 @@ def markdown_table(df: pl.DataFrame, max_rows: int | None = None) -> str:
     if max_rows is not None and df.height > max_rows:
         lines.append(f"\n({max_rows} of {df.height} rows)")
     return "\n".join(lines)
-
-
-def html_table(df: pl.DataFrame, max_rows: int) -> str:
-    """The first `max_rows` rows as an HTML table (escaped)."""
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in df.columns)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row) + "</tr>" for row in df.head(max_rows).iter_rows()
-    )
-    return f"<table class='data'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 # --------------------------------------------------------------------------- the runs' facts
@@ -242,6 +239,66 @@ def run_difference(facts: dict[str, Any], facts2: dict[str, Any]) -> tuple[str, 
     return tuple(", ".join(f"{name.get(k, k)} {f[k]}" for k in keys) for f in (facts, facts2))  # type: ignore[return-value]
 
 
+# --------------------------------------------------------------------------- our setting, as jobs.paper spells its own
+DATASET_NAMES = {"stsb": "STS-B", "qqp": "QQP"}
+VARIANT_SUFFIXES = ("tuned", "exact", "orig")
+
+
+def model_variant(facts: dict[str, Any]) -> tuple[str, str]:
+    """(base model name, variant): 'models/all-MiniLM-L6-v2-exact' -> ('all-MiniLM-L6-v2', 'exact'); a model without
+    a variant suffix is off the shelf ('shelf'), unless the run is exact-mode (an exact model)."""
+    name = str(facts.get("model") or "unknown model").rstrip("/").split("/")[-1]
+    for variant in VARIANT_SUFFIXES:
+        if name.endswith(f"-{variant}"):
+            return name[: -len(variant) - 1], variant
+    return name, "exact" if facts.get("mode") == "exact" else "shelf"
+
+
+def model_label(facts: dict[str, Any]) -> str:
+    """'all-MiniLM-L6-v2 shelf', as jobs.paper writes 'all-mpnet-base-v2 shelf'."""
+    return " ".join(model_variant(facts))
+
+
+def pair_model_label(facts: dict[str, Any], facts2: dict[str, Any]) -> str:
+    """Two runs: 'all-MiniLM-L6-v2, exact vs approximate' when one is exact-mode and the other approximate over the
+    same base model (jobs.paper's spelling), else both runs' models and modes."""
+    (base1, _), (base2, _) = model_variant(facts), model_variant(facts2)
+    if base1 == base2 and {facts.get("mode"), facts2.get("mode")} == {"exact", "approx"}:
+        return f"{base1}, exact vs approximate"
+    return f"{model_label(facts)} ({facts.get('mode')}) vs {model_label(facts2)} ({facts2.get('mode')})"
+
+
+def layer_label(facts: dict[str, Any]) -> str:
+    """'3 of 6' (a negative --layer counts from the top: -3 of 12 is 9 of 12)."""
+    layer, n = facts.get("layer"), facts.get("n_layers")
+    if layer is None:
+        return "unknown"
+    layer = int(layer)
+    if n:
+        return f"{layer % int(n) if layer < 0 else layer} of {n}"
+    return str(layer)
+
+
+def subset_label(facts: dict[str, Any], n_pairs: int | None = None, scores: str | None = None) -> str:
+    """'STS-B test (300 pairs)', '..., s > 0.75'; the negation dataset as jobs.paper names the paper's."""
+    n = facts["n_pairs"] if n_pairs is None else n_pairs
+    dataset = str(facts.get("dataset"))
+    if dataset == "negation":
+        text = f"STS-B test sentences with one simple 'not' ({n:,} pairs)"
+    else:
+        name = " ".join(str(x) for x in (DATASET_NAMES.get(dataset, dataset), facts.get("split")) if x)
+        text = f"{name} ({n:,} pairs)"
+    return f"{text}, {scores}" if scores else text
+
+
+def cite(key: str, model: str, layer: str, subset: str, metric: str) -> dict[str, Any]:
+    """Finding fields for the paper's value `key` beside ours (our model, layer, subset and metric, spelled as
+    jobs.paper spells the paper's): {'paper': text, 'like_for_like': bool}."""
+    value = paper.get(key)
+    ours = {"model": model, "layer": layer, "subset": subset, "metric": metric}
+    return {"paper": paper.beside(value, ours), "like_for_like": not paper.differences(value, ours)}
+
+
 # --------------------------------------------------------------------------- applicability (from the data)
 def _needs_pairs(ctx: Context) -> str | None:
     return None if ctx.facts["n_pairs"] else "the run has no pairs"
@@ -303,17 +360,13 @@ def check_adjectives(ctx: Context) -> str | None:
 def check_agreement(ctx: Context) -> str | None:
     if reason := _needs_two_runs(ctx):
         return reason
-    shared, same_texts = first_row(ctx.con, """
-        select count(*), count(*) filter (where p1.sentence_id_a = p2.sentence_id_a
-                                          and p1.sentence_id_b = p2.sentence_id_b)
-        from pairs p1 join pairs_2 p2 using (pair_id)""")  # fmt: skip
+    check = _sql.run_file(ctx.con, REPORT_SQL / "agreement_check.sql").row(0, named=True)
+    shared, same_texts, differ = (check[k] for k in ("n_shared_pairs", "n_same_texts", "n_retokenized_sentences"))
     if not shared:
         return "the two runs share no pair_id: agreement compares the same pairs attributed twice"
     if not same_texts:
         return (f"the {plural(shared, 'pair_id')} the two runs share hold different texts in each: agreement "
                 "compares the same pairs attributed twice")  # fmt: skip
-    differ = ctx.scalar("""
-        select count(*) from sentences s1 join sentences_2 s2 using (sentence_id) where s1.tokens <> s2.tokens""")
     if differ:
         return (f"the two runs tokenize {differ} shared sentences differently (different tokenizers): their cells "
                 "do not correspond")  # fmt: skip
@@ -350,12 +403,12 @@ def empty_agreement(df: pl.DataFrame, ctx: Context) -> str | None:
 
 
 # --------------------------------------------------------------------------- findings and figures per analysis
-def _paper_table1(ctx: Context) -> str:
+def _table1_key(ctx: Context) -> str:
+    """The paper's Table 1 row for this run's model: its variant (shelf, tuned, exact, orig); a dot-product run is
+    set against Orig (which the paper scores with cosine, like the others)."""
     if ctx.facts["similarity"] == "dot":
-        return "86.0 (Orig, dot)"
-    if ctx.facts["mode"] == "exact":
-        return "87.5 (Exact)"
-    return "83.4 off-the-shelf, 87.8 tuned"
+        return "table1_orig"
+    return f"table1_{model_variant(ctx.facts)[1]}"
 
 
 def table1(df: pl.DataFrame, ctx: Context) -> list[Finding]:
@@ -367,7 +420,8 @@ def table1(df: pl.DataFrame, ctx: Context) -> list[Finding]:
     return [Finding(
         f"The model's similarity ranks the gold labels with Spearman × 100 = {num(row['spearman_x100'], 1)} over "
         f"{row['n_pairs']} labelled pairs (Pearson {num(row['pearson'])}).",
-        values, f"{_paper_table1(ctx)}: all-mpnet-base-v2 on all 1,379 STS-B test pairs",
+        values, **cite(_table1_key(ctx), model_label(ctx.facts), "-", subset_label(ctx.facts, row["n_pairs"]),
+                       f"Spearman × 100, {ctx.facts['similarity']}"),
     )]  # fmt: skip
 
 
@@ -384,16 +438,17 @@ def plot_table1(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
 def reference_terms(df: pl.DataFrame, ctx: Context) -> list[Finding]:
     rows = {r["quantity"]: r for r in df.iter_rows(named=True)}
     sim, term = rows["ref_sim"], rows["ref_term"]
+    setting = (model_label(ctx.facts), layer_label(ctx.facts), subset_label(ctx.facts))
     return [
         Finding(f"{pct(sim['share_near_zero'])} of the reference similarities f(a, r_b), f(b, r_a) lie within "
                 f"±{num(sim['near_zero'])} of 0 (median {num(sim['median'], 3)}, n = {sim['n']}).",
                 {"share_near_zero": sim["share_near_zero"], "near_zero": sim["near_zero"], "n": sim["n"]},
-                "85.8% within ±0.10"),
+                **cite("fig2_ref_sim_near_zero", *setting, f"share with |f| ≤ {sim['near_zero']:g}")),
         Finding(f"{pct(term['share_below_threshold'])} of the reference terms f(r_a, r_b) are below "
                 f"{num(term['term_threshold'])} (median {num(term['median'], 3)}).",
                 {"share_below_threshold": term["share_below_threshold"], "term_threshold": term["term_threshold"],
                  "n": term["n"]},
-                "6.7% below 0.90"),
+                **cite("fig2_ref_term_below", *setting, f"share with f < {term['term_threshold']:g}")),
     ]  # fmt: skip
 
 
@@ -428,33 +483,40 @@ def pos_neg_sums(df: pl.DataFrame, ctx: Context) -> list[Finding]:
     if row["max_score"] is None:
         return [Finding(f"Dot-product scores have no maximum, so no share is given (set --var max_score=X); {sums}.",
                         values)]  # fmt: skip
+    broken = reference_norms(ctx, row["max_score"]) if row["mode"] == "approx" else []
+    if broken:  # the bound is shown not to hold: a share of sums above it says nothing
+        return [Finding(f"Over {row['n_pairs']} pairs: {sums}.", values), *broken]
     bound = "f(a, b) ≤ 1" if row["mode"] == "exact" else "f(a, b) + 1 with ideal references"
-    out = [Finding(
+    return [Finding(
         f"The positive attributions alone exceed {num(row['max_score'], 0)} (the largest total, {bound}) in "
         f"{pct(row['share_positive_exceeds'])} of {row['n_pairs']} pairs ({sums}).", values)]  # fmt: skip
-    if row["mode"] == "approx":
-        out += reference_norms(ctx, row["max_score"])
-    return out
 
 
 def reference_norms(ctx: Context, max_score: float) -> list[Finding]:
-    """Approximate mode: when ΣA converges above max_score, say why (the references' embedding norms)."""
-    score, target = first_row(ctx.con, "select avg(score), avg(target) from pairs")
-    if target is None or target <= max_score:
+    """Approximate mode: when ΣA converges above max_score on average (sql/report/reference_norms.sql), the bound
+    does not hold: say so and why (the references' embedding norms); [] when it holds."""
+    with_bound = ctx.scalar("select getvariable('max_score')") is None
+    if with_bound:  # the file's bound is pos_neg_sums' max_score (from the manifest when not set)
+        ctx.con.execute(f"set variable max_score = {float(max_score)!r}")
+    try:
+        row = _sql.run_file(ctx.con, REPORT_SQL / "reference_norms.sql").row(0, named=True)
+    finally:
+        if with_bound:
+            ctx.con.execute("reset variable max_score")
+    if not row["is_bound_exceeded"]:
         return []
-    norm_x, norm_r = first_row(ctx.con, """
-        select avg(embedding_norm), avg(sqrt(list_inner_product(reference_embedding, reference_embedding)))
-        from sentences""")  # fmt: skip
+    target, score, ratio = row["mean_target"], row["mean_score"], row["reference_norm_ratio"]
     why = ""
-    if norm_x and norm_r:
-        why = (f": the reference embeddings are {norm_r / norm_x:.1f}× as long as the sentences' (mean norm "
-               f"{num(norm_r)} vs {num(norm_x)}), so the reference term f(r_a, r_b)·‖r_a‖‖r_b‖ / (‖a‖‖b‖) adds about "
-               f"{num(target - score)} rather than 1")  # fmt: skip
+    if not missing(ratio):
+        why = (f": the reference embeddings are {ratio:.1f}× as long as the sentences' (mean norm "
+               f"{num(row['mean_reference_norm'])} vs {num(row['mean_embedding_norm'])}), so the reference term "
+               f"f(r_a, r_b)·‖r_a‖‖r_b‖ / (‖a‖‖b‖) adds about {num(row['mean_target_minus_score'])} rather than 1")
     return [Finding(
         f"In this run ΣA converges to {num(target)} on average against a mean score of {num(score)}{why}; the bound "
-        f"{num(max_score, 0)} of approximate mode does not hold for this model and layer.",
-        {"mean_target": target, "mean_score": score, "mean_embedding_norm": norm_x,
-         "mean_reference_norm": norm_r})]  # fmt: skip
+        f"{num(max_score, 0)} of approximate mode does not hold for this model and layer, so the share of positive "
+        f"sums above {num(max_score, 0)} is not given.",
+        {"mean_target": target, "mean_score": score, "mean_embedding_norm": row["mean_embedding_norm"],
+         "mean_reference_norm": row["mean_reference_norm"], "is_bound_exceeded": True})]  # fmt: skip
 
 
 def plot_pos_neg_sums(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
@@ -462,7 +524,13 @@ def plot_pos_neg_sums(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
 
     max_score = df["max_score"][0]
     data = ctx.frame("select score, positive_sum, negative_sum from pairs")
-    lines = {f"max score {max_score:g}": max_score} if max_score is not None else None
+    broken = max_score is not None and df["mode"][0] == "approx" and bool(reference_norms(ctx, max_score))
+    lines = None
+    if max_score is not None:
+        label = f"{max_score:g}: the bound f(a, b) + 1, not holding here" if broken else f"max score {max_score:g}"
+        lines = {label: max_score}
+    line = ("the dashed line is the approximate-mode bound 2, which this run exceeds on average (see the findings)"
+            if broken else "the dashed line is the largest possible total")  # fmt: skip
     n = data.height
     plot_scatter(np.concatenate([data["score"].to_numpy()] * 2),
                  np.concatenate([data["positive_sum"].to_numpy(), data["negative_sum"].to_numpy()]),
@@ -481,17 +549,56 @@ def plot_pos_neg_sums(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
                 ctx.out / "pos_neg_sums-bins.png", "Attribution sums by score", "sum of attributions",
                 counts=bins["n_pairs"].to_list())  # fmt: skip
     return [
-        ("pos_neg_sums-scatter.png", ("Each pair's positive and negative sum against its score; the dashed line is "
-         "the largest possible total.")),
-        ("pos_neg_sums-cdf.png", ("Cumulative share of pairs by positive sum and by |negative sum|; the dashed line "
-         "is the largest possible total.")),
+        ("pos_neg_sums-scatter.png", f"Each pair's positive and negative sum against its score; {line}."),
+        ("pos_neg_sums-cdf.png", f"Cumulative share of pairs by positive sum and by |negative sum|; {line}."),
         ("pos_neg_sums-bins.png", "Means per score bin (the bins of the table)."),
     ]  # fmt: skip
 
 
-def _bin_row(df: pl.DataFrame, low: float, high: float) -> dict[str, Any] | None:
-    hit = df.filter((pl.col("bin_low") - low).abs() < 1e-9, (pl.col("bin_high") - high).abs() < 1e-9)
-    return hit.row(0, named=True) if hit.height and hit["n_pairs"][0] else None
+def is_bin_edge(x: float, bin_width: float) -> bool:
+    """Whether x is a boundary of the score bins of width `bin_width` (multiples of it, as in the sql/ files)."""
+    k = x / bin_width
+    return abs(k - round(k)) < 1e-9
+
+
+def _pool(rows: list[dict[str, Any]], n_key: str, stat: str) -> tuple[float | None, float | None, int]:
+    """Mean and sample std of a per-pair statistic over several bins, from each bin's count, mean and sample std:
+    M = sum n_i m_i / N; s^2 = (sum (n_i - 1) s_i^2 + sum n_i (m_i - M)^2) / (N - 1) — the same as over the pairs."""
+    parts = [(r[n_key], r[f"{stat}_mean"], r[f"{stat}_std"]) for r in rows if r[n_key] and not missing(r[f"{stat}_mean"])]
+    n = sum(k for k, _, _ in parts)
+    if not n:
+        return None, None, 0
+    mean = sum(k * m for k, m, _ in parts) / n
+    if n < 2:
+        return mean, None, n
+    within = sum((k - 1) * (0.0 if missing(sd) else sd) ** 2 for k, _, sd in parts)
+    between = sum(k * (m - mean) ** 2 for k, m, _ in parts)
+    return mean, math.sqrt((within + between) / (n - 1)), n
+
+
+def above(df: pl.DataFrame, low: float, ctx: Context) -> dict[str, Any] | None:
+    """The agreement of the pairs with mean score s > low, pooled from agreement.sql's bins above `low` (exact:
+    the bins' counts, means and standard deviations determine the pooled ones); None when `low` is not a bin edge at
+    the run's bin_width (then no set of bins is s > low), {'n_pairs': 0, ...} when no pair is above it."""
+    if not is_bin_edge(low, float(ctx.var("bin_width", 0.25))):
+        return None
+    rows = df.filter(pl.col("score_bin") != "all", pl.col("bin_low") >= low - 1e-9).to_dicts()
+    out: dict[str, Any] = {"n_pairs": sum(r["n_pairs"] or 0 for r in rows),
+                           "n_correlated": sum(r["n_correlated"] or 0 for r in rows)}  # fmt: skip
+    for stat in ("spearman", "pearson"):
+        out[f"{stat}_mean"], out[f"{stat}_std"], _ = _pool(rows, "n_correlated", stat)
+    for stat in ("jaccard_top3", "jaccard_top10"):
+        out[f"{stat}_mean"], out[f"{stat}_std"], _ = _pool(rows, "n_pairs", stat)
+    return out
+
+
+def agreement_tokens(df: pl.DataFrame, ctx: Context) -> str:
+    """Which token cells agreement.sql compared, as jobs.paper spells the paper's ('content tokens')."""
+    if "include_special" in df.columns:
+        include = bool(df["include_special"][0])
+    else:
+        include = ctx.var("include_special", True) is not False
+    return "all tokens" if include else "content tokens"
 
 
 def _correlated(row: dict[str, Any]) -> str:
@@ -510,21 +617,43 @@ def agreement(df: pl.DataFrame, ctx: Context) -> list[Finding]:
     keys = ("n_pairs", "n_correlated", "spearman_mean", "spearman_std", "pearson_mean", "jaccard_top3_mean",
             "jaccard_top10_mean")  # fmt: skip
     one, two = run_difference(ctx.facts, ctx.facts2)
+    tokens = agreement_tokens(df, ctx)
+    model = pair_model_label(ctx.facts, ctx.facts2)
+    layer = layer_label(ctx.facts) if layer_label(ctx.facts) == layer_label(ctx.facts2) else (
+        f"{layer_label(ctx.facts)} vs {layer_label(ctx.facts2)}")  # fmt: skip
+    jaccard = "fig4_jaccard_top10_l8" if layer == paper.get("fig4_jaccard_top10_l8").layer else "fig4_jaccard_top10_l11"
     spread = "" if missing(row["spearman_std"]) else f" ± {num(row['spearman_std'])}"
     over = _correlated(row)
     out = [Finding(
         f"Over {row['n_pairs']} shared pairs the token matrices of run ({one}) and run2 ({two}) agree with Spearman "
         f"{num(row['spearman_mean'])}{spread}, Pearson {num(row['pearson_mean'])}{over}, and their "
         f"top-10 cells overlap with Jaccard {num(row['jaccard_top10_mean'])} (top-3: {num(row['jaccard_top3_mean'])}).",
-        {k: row[k] for k in keys}, "top-10 Jaccard 0.83 (layer 11) to 0.60 (layer 8), exact vs approximate",
+        {k: row[k] for k in keys},
     )]  # fmt: skip
-    top = _bin_row(df, 0.75, 1.0)
-    if top is not None:
-        spread = "" if missing(top["spearman_std"]) else f" ± {num(top['spearman_std'])}"
-        out.append(Finding(
-            f"Among the {plural(top['n_pairs'], 'pair')} with mean score above 0.75 the Spearman agreement is "
-            f"{num(top['spearman_mean'])}{spread}{_correlated(top)}.",
-            {k: top[k] for k in keys}, "0.81 ± 0.07 for s > 0.75 (exact vs approximate, layer 11)"))  # fmt: skip
+    bin_width = float(ctx.var("bin_width", 0.25))
+    for low, key, what in ((0.5, jaccard, "jaccard"), (TOP_SCORE, "fig3_spearman_top", "spearman")):
+        part = above(df, low, ctx)
+        if part is None:
+            out.append(Finding(
+                f"The pairs with mean score above {low:g} (the paper's subset for {paper.get(key).figure}) are not a "
+                f"set of bins at bin_width = {bin_width:g}: no figure for them (--var bin_width=0.25 gives one).",
+                {"bin_width": bin_width, "score_above": low}))  # fmt: skip
+            continue
+        if not part["n_pairs"]:
+            continue
+        subset = subset_label(ctx.facts, row["n_pairs"], f"s > {low:g}")
+        values = {k: part[k] for k in keys} | {"score_above": low}
+        if what == "jaccard":
+            out.append(Finding(
+                f"Among the {plural(part['n_pairs'], 'pair')} with mean score above {low:g} the top-10 cells overlap "
+                f"with Jaccard {num(part['jaccard_top10_mean'])} (top-3: {num(part['jaccard_top3_mean'])}).", values,
+                **cite(key, model, layer, subset, f"top-10 Jaccard by |value|, {tokens}")))  # fmt: skip
+        else:
+            spread = "" if missing(part["spearman_std"]) else f" ± {num(part['spearman_std'])}"
+            out.append(Finding(
+                f"Among the {plural(part['n_pairs'], 'pair')} with mean score above {low:g} the Spearman agreement is "
+                f"{num(part['spearman_mean'])}{spread}{_correlated(part)}.", values,
+                **cite(key, model, layer, subset, f"Spearman per pair, {tokens}")))  # fmt: skip
     return out
 
 
@@ -532,14 +661,21 @@ def plot_agreement(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
     from xsbert_core.plots import plot_by_bin
 
     bins = df.filter(pl.col("score_bin") != "all", pl.col("n_pairs") > 0)
+    # The paper's s > 0.75 value goes on a bin only when one bin is exactly s > 0.75 of cosine scores, (0.75, 1.0].
+    fig3 = paper.get("fig3_spearman_top")
+    last = bins.filter((pl.col("bin_low") - TOP_SCORE).abs() < 1e-9, (pl.col("bin_high") - 1.0).abs() < 1e-9)
+    top_bin = last["score_bin"][0] if last.height else None
+    reference = {f"paper {fig3.value:.2f} (mpnet L11)": (top_bin, fig3.value)} if top_bin else None
     series = {name: (bins[f"{col}_mean"].to_numpy(), bins[f"{col}_std"].to_numpy())
               for name, col in (("Spearman", "spearman"), ("Pearson", "pearson"), ("top-3 Jaccard", "jaccard_top3"),
                                 ("top-10 Jaccard", "jaccard_top10"))}  # fmt: skip
     plot_by_bin(bins["score_bin"].to_list(), series, ctx.out / "agreement.png",
                 "Agreement of the two runs' token matrices by score", "agreement (mean ± std over pairs)",
-                counts=bins["n_pairs"].to_list(), reference={"paper 0.81": ("(0.75, 1.0]", 0.81)})  # fmt: skip
-    return [("agreement.png", ("Per-pair agreement of run and run2, mean ± std per bin of the pair's mean score; the "
-             "star is the paper's Spearman for s > 0.75 (exact vs approximate, layer 11)."))]  # fmt: skip
+                counts=bins["n_pairs"].to_list(), reference=reference)  # fmt: skip
+    star = ("the star is the paper's Spearman for s > 0.75 (mpnet, exact vs approximate, layer 11 of 12), drawn at the "
+            f"{top_bin} bin" if reference else "the paper's s > 0.75 is not one bin at this bin_width, so its value is "
+            "not drawn")  # fmt: skip
+    return [("agreement.png", f"Per-pair agreement of run and run2, mean ± std per bin of the pair's mean score; {star}.")]
 
 
 def syntactic_relations(df: pl.DataFrame, ctx: Context) -> list[Finding]:
@@ -556,13 +692,23 @@ def syntactic_relations(df: pl.DataFrame, ctx: Context) -> list[Finding]:
         {"n_cells": int(df["n"].sum()), "same_function_share": same, "mixed_share": mixed,
          "unaligned_share": unaligned, "same_share_of_parsed": parsed},
     )]  # fmt: skip
+    if parsed is not None:  # the paper's split: over the top cells whose two words both have a real relation
+        n_parsed = int(df.filter(pl.col("relation_a").is_in(["unaligned", "unparsed"]).not_(),
+                                 pl.col("relation_b").is_in(["unaligned", "unparsed"]).not_())["n"].sum())  # fmt: skip
+        out.append(Finding(
+            f"Of the {n_parsed} top cells between two parsed words, {pct(parsed)} join the same syntactic function "
+            f"and {pct(1 - parsed)} two different ones (mixed): "
+            f"{'most' if parsed > 0.5 else ('half' if parsed == 0.5 else 'a minority')} are same-function pairs.",
+            {"same_share_of_parsed": parsed, "mixed_share_of_parsed": 1 - parsed, "n_parsed_cells": n_parsed},
+            **cite("fig6_same_function", model_label(ctx.facts), layer_label(ctx.facts), subset_label(ctx.facts),
+                   "same-function share of the parsed top "
+                   f"{100 * top_share:g}% word cells")))  # fmt: skip
     if real.height:
         first = real.row(0, named=True)
         out.append(Finding(
-            f"Over the parsed words the same-function share is {pct(parsed)}; the most frequent relation pair is "
-            f"{first['relation_a']}–{first['relation_b']} ({pct(first['share'])} of the top cells).",
-            {"same_share_of_parsed": parsed, "relation_a": first["relation_a"], "relation_b": first["relation_b"],
-             "share": first["share"]},
+            f"The most frequent relation pair of the top cells is {first['relation_a']}–{first['relation_b']} "
+            f"({pct(first['share'])} of the top cells).",
+            {"relation_a": first["relation_a"], "relation_b": first["relation_b"], "share": first["share"]},
         ))  # fmt: skip
     return out
 
@@ -579,8 +725,22 @@ def plot_syntactic_relations(df: pl.DataFrame, ctx: Context) -> list[tuple[str, 
                      "share of the top cells (%)", groups=groups,
                      group_colors={"same function": "#1f77b4", "mixed": "#ff7f0e",
                                    "unaligned / unparsed": "#b0b0b0"})  # fmt: skip
-    return [("syntactic_relations.png", ("The most frequent relation pairs of the top word cells; a single name means "
-             "the same relation on both sides."))]  # fmt: skip
+    figures = [("syntactic_relations.png", ("The most frequent relation pairs of the top word cells; a single name "
+                "means the same relation on both sides."))]  # fmt: skip
+    same, mixed = df["same_function_share"][0], df["mixed_share"][0]
+    if same + mixed:
+        claim = paper.get("fig6_same_function")
+        plot_ranked_bars(["same function", "mixed"], 100 * np.array([same, mixed]) / (same + mixed),
+                         ctx.out / "syntactic_relations-split.png",
+                         "Top word cells between two parsed words: same function vs mixed", "share (%)",
+                         groups=["same function", "mixed"],
+                         group_colors={"same function": "#1f77b4", "mixed": "#ff7f0e"},
+                         vlines={"50%": 50.0}, note=f"paper ({claim.figure}, mpnet): {claim.text} (share > 50%)")
+        figures.append(("syntactic_relations-split.png", (
+            "The paper's split of the top cells whose two words both have a relation: same function on both sides "
+            f"vs two different functions; the dashed line is half, the paper's claim ({claim.figure}) is that most "
+            "are same-function pairs.")))  # fmt: skip
+    return figures
 
 
 def negation(df: pl.DataFrame, ctx: Context) -> list[Finding]:
@@ -589,7 +749,8 @@ def negation(df: pl.DataFrame, ctx: Context) -> list[Finding]:
     return [
         Finding(f"The 'not' attribution is negative in {pct(share)} of the {n} pairs that differ by a standalone "
                 "'not'.", {"share_negative": share, "n_pairs": n, "n_negative": int(df["is_negative"].sum())},
-                "16% (off-the-shelf), 9% (exact), all-mpnet-base-v2"),
+                **cite(_negation_key(ctx), model_label(ctx.facts), layer_label(ctx.facts), subset_label(ctx.facts),
+                       "share of negative 'not' attributions")),
         Finding(f"In 90% of the pairs |not attribution / ΣA| is at most {num(p90, 3)}; on average the 'not' "
                 f"contributes {signed(df['not_attribution'].mean())} (relative size {signed(mean_relative)}).",
                 {"p90_abs_relative": p90, "mean_relative": mean_relative,
@@ -597,16 +758,31 @@ def negation(df: pl.DataFrame, ctx: Context) -> list[Finding]:
     ]  # fmt: skip
 
 
-def plot_negation(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
-    from xsbert_core.plots import plot_cdfs, plot_histograms
+def _negation_key(ctx: Context) -> str:
+    """The paper's Fig 8 value for this run's kind of model: exact for an exact model, else off the shelf."""
+    return "fig8_not_negative_exact" if model_variant(ctx.facts)[1] == "exact" else "fig8_not_negative_shelf"
 
+
+def plot_negation(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
+    from xsbert_core.plots import plot_cdfs, plot_histograms, plot_ranked_bars
+
+    shelf, exact = paper.get("fig8_not_negative_shelf"), paper.get("fig8_not_negative_exact")
+    ours = f"this run: {model_label(ctx.facts)}, layer {layer_label(ctx.facts)}"
+    plot_ranked_bars([ours, f"paper: {shelf.model}, layer {shelf.layer}", f"paper: {exact.model}, layer {exact.layer}"],
+                     100 * np.array([df["share_negative"][0], shelf.value, exact.value]),
+                     ctx.out / "negation-share.png", "Share of negative 'not' attributions", "share of pairs (%)",
+                     groups=["this run", "paper (Fig 8)", "paper (Fig 8)"],
+                     group_colors={"this run": "#1f77b4", "paper (Fig 8)": "#9a9a9a"},
+                     note=f"this run: {len(df)} pairs ({subset_label(ctx.facts)}); paper: {shelf.subset}")  # fmt: skip
     p90 = df["p90_abs_relative"][0]
     plot_histograms({"not / ΣA": df["relative"].to_numpy()}, ctx.out / "negation-hist.png",
                     "Relative size of the 'not' attribution", "not attribution / ΣA", vlines={"0": 0.0})
     plot_cdfs({"|not / ΣA|": np.abs(df["relative"].to_numpy())}, ctx.out / "negation-cdf.png",
               "Cumulative share of pairs by |not attribution / ΣA|", "|not attribution / ΣA|",
               vlines={f"90th percentile {p90:.3f}": p90})  # fmt: skip
-    return [("negation-hist.png", ("The not-word's attribution (its word cells against every word of the other side) "
+    return [("negation-share.png", ("Share of pairs whose 'not' attribution is negative, this run beside the paper's "
+             "two values (Fig 8, all-mpnet-base-v2); the settings differ where the labels do.")),
+            ("negation-hist.png", ("The not-word's attribution (its word cells against every word of the other side) "
              "relative to the pair's total ΣA.")),
             ("negation-cdf.png", "Cumulative share of pairs by the absolute relative size.")]  # fmt: skip
 
@@ -703,8 +879,22 @@ def lexical_ranks_compare(df: pl.DataFrame, ctx: Context) -> list[Finding]:
         f"The lexical ranks of run ({one}) and run2 ({two}) correlate with Spearman ρ = {num(rho)} over {n} shared "
         f"tokens; '{moved['token']}' "
         f"moves most (shared rank {num(moved['shared_rank_1'], 1)} vs {num(moved['shared_rank_2'], 1)}).",
-        {"spearman": rho, "n_shared": n, "most_moved": moved["token"]}, "0.81 between two models",
+        {"spearman": rho, "n_shared": n, "most_moved": moved["token"]},
+        **cite("fig10_rank_spearman", pair_model_label(ctx.facts, ctx.facts2), _two_layers(ctx),
+               subset_label(ctx.facts), _lexical_metric(ctx)),
     )]  # fmt: skip
+
+
+def _two_layers(ctx: Context) -> str:
+    one, two = layer_label(ctx.facts), layer_label(ctx.facts2)
+    return one if one == two else f"{one} vs {two}"
+
+
+def _lexical_metric(ctx: Context) -> str:
+    """The lexical-rank comparison as jobs.paper spells the paper's."""
+    special = "ranked" if ctx.var("include_special", False) is True else "left out"
+    return (f"Spearman of lexical ranks, tokens with ≥ {ctx.var('min_count', 30)} same-token cells, special tokens "
+            f"{special}")
 
 
 def plot_lexical_ranks_compare(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
@@ -713,12 +903,21 @@ def plot_lexical_ranks_compare(df: pl.DataFrame, ctx: Context) -> list[tuple[str
     x, y = df["shared_rank_1"].to_numpy(), df["shared_rank_2"].to_numpy()
     shift = np.abs(x - y)
     annotate = sorted(set(np.argsort(x)[:5]) | set(np.argsort(-x)[:3]) | set(np.argsort(-shift)[:4]))
+    fig10 = paper.get("fig10_rank_spearman")
     plot_scatter(x, y, ctx.out / "lexical_ranks_compare.png",
                  f"Lexical ranks of the two runs (Spearman ρ = {num(df['spearman'][0])})", "rank in run",
                  "rank in run2", labels=df["token"].to_list(), annotate=[int(k) for k in annotate], diagonal=True,
-                 invert=True)  # fmt: skip
+                 invert=True, note=(f"paper ({fig10.figure}): ρ = {fig10.text} between two {paper.MODEL} models\n"
+                                    f"({'like-for-like' if _lexical_like(ctx) else 'not like-for-like'}: see the "
+                                    "finding)"))  # fmt: skip
     return [("lexical_ranks_compare.png", ("Rank of each shared token in both runs (1 = largest mean self-attribution, "
-             "top left); the dashed line is equal rank."))]  # fmt: skip
+             "top left); the dashed line is equal rank; the paper's ρ (Fig 10) is written below the axes."))]
+
+
+def _lexical_like(ctx: Context) -> bool:
+    return not paper.differences(paper.get("fig10_rank_spearman"), {
+        "model": pair_model_label(ctx.facts, ctx.facts2), "layer": _two_layers(ctx),
+        "subset": subset_label(ctx.facts), "metric": _lexical_metric(ctx)})
 
 
 @dataclass
@@ -903,22 +1102,15 @@ def plot_examples(ctx: Context) -> Section:
 
 
 # --------------------------------------------------------------------------- the page
-CSS = """
-body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; max-width: 980px; margin: 2em auto;
-       padding: 0 1em; color: #222; line-height: 1.45; }
-h1 { font-size: 1.6em; margin-bottom: 0.2em; } h2 { margin-top: 2em; border-bottom: 1px solid #ddd; }
-code, pre { font-family: Menlo, Consolas, monospace; font-size: 0.88em; background: #f5f5f5; }
-pre { padding: 0.6em; overflow-x: auto; white-space: pre-wrap; }
-table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.88em; }
-th, td { border: 1px solid #ddd; padding: 2px 8px; text-align: left; vertical-align: top; }
-th { background: #f3f3f3; } table.data td { font-family: Menlo, Consolas, monospace; font-size: 0.85em; }
-p.finding { font-size: 1.05em; margin: 0.4em 0; } span.paper { color: #555; }
-p.skip { color: #8a5300; background: #fff6e5; padding: 0.4em 0.6em; }
-p.fail { color: #a00; background: #fdecec; padding: 0.4em 0.6em; }
-figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
-figcaption { font-size: 0.88em; color: #555; } p.meta { color: #666; font-size: 0.9em; }
-ul.summary li { margin: 0.2em 0; }
-"""
+def environment() -> jinja2.Environment:
+    """The page's templates (jobs/templates/): autoescaping on, so every text (dataset sentences, tokens, reasons)
+    is escaped; the formatting in filters."""
+    env = jinja2.Environment(loader=jinja2.PackageLoader("jobs", "templates"),
+                             autoescape=jinja2.select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True,
+                             undefined=jinja2.StrictUndefined)  # fmt: skip
+    env.filters["plural"] = lambda n, word: plural(n, word)
+    env.filters["cell"] = _cell
+    return env
 
 
 def _settings_rows(facts: dict[str, Any]) -> list[tuple[str, str]]:
@@ -944,71 +1136,19 @@ def _settings_rows(facts: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
-def _section_html(s: Section) -> str:
-    parts = [f"<section id='{s.name}'><h2>{html.escape(s.title)}</h2>",
-             f"<p class='meta'>Paper: {html.escape(s.paper)}."
-             + (f" Query: <code>sql/{s.name}.sql</code>." if s.name != "examples" else "") + "</p>"]  # fmt: skip
-    if s.status == "skipped":
-        parts.append(f"<p class='skip'>Skipped: {html.escape(s.reason or '')}</p>")
-    elif s.status == "failed":
-        parts.append(f"<p class='fail'>Failed: {html.escape(s.reason or '')}</p>")
-    for f in s.findings if s.name != "examples" else []:
-        paper = f" <span class='paper'>(paper: {html.escape(f.paper)})</span>" if f.paper else ""
-        parts.append(f"<p class='finding'>{html.escape(f.text)}{paper}</p>")
-    for name, caption in s.figures:
-        parts.append(f"<figure><img src='{html.escape(name)}' alt='{html.escape(caption)}'>"
-                     f"<figcaption>{html.escape(caption)}</figcaption></figure>")  # fmt: skip
-    if s.files and s.frame is not None:
-        links = " · ".join(f"<a href='{html.escape(f)}'>{html.escape(f)}</a>" for f in s.files)
-        parts.append(f"<p class='meta'>Full table ({plural(s.frame.height, 'row')}): {links}</p>")
-        if s.frame.height:
-            more = f"first {PREVIEW_ROWS} of {s.frame.height} rows" if s.frame.height > PREVIEW_ROWS else "all rows"
-            parts.append(f"<details><summary>Table ({more})</summary>{html_table(s.frame, PREVIEW_ROWS)}</details>")
-    parts.append("</section>")
-    return "\n".join(parts)
-
-
 def write_page(sections: list[Section], ctx: Context, command: str) -> Path:
-    """index.html: commands, settings, the findings, then one part per section."""
+    """index.html from jobs/templates/report.html: commands, settings, the findings, then one part per section."""
     facts = [("run", ctx.facts)] + ([("run2", ctx.facts2)] if ctx.facts2 else [])
-    commands = [c for _, f in facts for c in f["commands"]] + [command]
-    note = f"<p class='meta'>Note:</p><pre>{html.escape(ctx.note)}</pre>" if ctx.note else ""
     tables = [dict(_settings_rows(f)) for _, f in facts]
     keys = list(dict.fromkeys(k for t in tables for k in t))
-    settings = "".join(
-        f"<tr><th>{html.escape(k)}</th>" + "".join(f"<td>{html.escape(t.get(k, ''))}</td>" for t in tables) + "</tr>"
-        for k in keys
-    )
-    head = "<tr><th></th>" + "".join(f"<th>{n}</th>" for n, _ in facts) + "</tr>" if ctx.facts2 else ""
-    summary = []
-    for s in sections:
-        if s.name == "examples":
-            continue
-        if s.status == "ok":
-            for f in s.findings:
-                paper = f" <span class='paper'>(paper: {html.escape(f.paper)})</span>" if f.paper else ""
-                summary.append(f"<li><a href='#{s.name}'>{html.escape(s.title)}</a>: {html.escape(f.text)}{paper}</li>")
-        else:
-            summary.append(f"<li><a href='#{s.name}'>{html.escape(s.title)}</a>: <em>{s.status}</em> — "
-                           f"{html.escape(s.reason or '')}</li>")  # fmt: skip
-    empty = "" if ctx.facts["n_pairs"] else "<p class='skip'>The run has 0 pairs: there is nothing to analyse.</p>"
-    body = [
-        "<!doctype html>", "<html lang='en'><head><meta charset='utf-8'>",
-        f"<title>xsbert report: {html.escape(str(ctx.facts['run_id']))}</title><style>{CSS}</style></head><body>",
-        f"<h1>Attribution report: {html.escape(str(ctx.facts['model']))}, {html.escape(str(ctx.facts['dataset']))}</h1>",
-        note, (f"<p class='meta'>Made {time.strftime('%Y-%m-%d %H:%M')}; the runs' settings as jobs.attribute "
-        "commands (from manifest.json), and this report's command:</p>"),
-        f"<pre>{html.escape(chr(10).join(commands))}</pre>",
-        empty, f"<h2>Run</h2><table>{head}{settings}</table>",
-        "<h2>Findings</h2><ul class='summary'>" + "".join(summary) + "</ul>",
-        *(_section_html(s) for s in sections),
-        ("<p class='meta'>The paper's numbers are for all-mpnet-base-v2 (the paper, EACL 2024; "
-        "DESIGN.md §4). Every table is in this folder as CSV and Markdown; the queries are in sql/ "
-        "(docs/ANALYSES.md).</p>"),
-        "</body></html>",
-    ]  # fmt: skip
+    page = environment().get_template("report.html").render(
+        run=ctx.facts, note=ctx.note, made=time.strftime("%Y-%m-%d %H:%M"),
+        commands=[c for _, f in facts for c in f["commands"]] + [command],
+        run_names=[n for n, _ in facts], settings=[(k, [t.get(k, "") for t in tables]) for k in keys],
+        sections=sections, preview_rows=PREVIEW_ROWS,
+    )  # fmt: skip
     path = ctx.out / "index.html"
-    path.write_text("\n".join(body), encoding="utf-8")
+    path.write_text(page, encoding="utf-8")
     return path
 
 
@@ -1025,7 +1165,7 @@ def write_json(sections: list[Section], ctx: Context, command: str) -> Path:
     doc = {
         "command": command, "run": ctx.facts, "run2": ctx.facts2,
         "sections": [{"name": s.name, "title": s.title, "paper": s.paper, "status": s.status, "reason": s.reason,
-                      "findings": [{"text": f.text, "paper": f.paper,
+                      "findings": [{"text": f.text, "paper": f.paper, "like_for_like": f.like_for_like,
                                     "values": {k: _jsonable(v) for k, v in f.values.items()}} for f in s.findings],
                       "files": s.files, "figures": [name for name, _ in s.figures]} for s in sections],
     }  # fmt: skip

@@ -7,14 +7,15 @@ numbers the page states are recomputed here from the SQL results (and, where che
 
 from __future__ import annotations
 
-import html
 import json
 import re
 from pathlib import Path
 
+import duckdb
 import numpy as np
 import polars as pl
 import pytest
+from markupsafe import escape
 from scipy import stats
 from test_sql import (
     adjectives_run,
@@ -27,10 +28,15 @@ from test_sql import (
     write_table,
 )
 
-from jobs import report
+from jobs import _sql, paper, report
 
 SECTIONS = ("table1", "reference_terms", "agreement", "pos_neg_sums", "syntactic_relations", "negation", "adjectives",
             "lexical_ranks", "lexical_ranks_compare")  # fmt: skip
+
+
+def esc(text: str) -> str:
+    """A text as the page's templates write it (jinja2 autoescaping, markupsafe)."""
+    return str(escape(text))
 
 
 def make_report(out: Path, *argv: str, capsys=None) -> tuple[int, dict, str]:
@@ -83,7 +89,7 @@ def test_every_applicable_section_has_its_csv_markdown_figure_and_sentences(repo
                 continue
             assert f"id='{s['name']}'" in page, (name, s["name"])  # every section has its part of the page
             if s["status"] == "skipped":
-                assert s["reason"] and html.escape(s["reason"]) in page  # the reason, on the page
+                assert s["reason"] and esc(s["reason"]) in page  # the reason, on the page
                 assert not (out / f"{s['name']}.csv").exists()
                 continue
             assert s["status"] == "ok", (name, s)
@@ -102,7 +108,7 @@ def test_every_applicable_section_has_its_csv_markdown_figure_and_sentences(repo
                 assert f"<img src='{figure}'" in page  # relative links
             assert s["findings"]
             for f in s["findings"]:
-                assert html.escape(f["text"]) in page  # one plain sentence per finding
+                assert esc(f["text"]) in page  # one plain sentence per finding
         examples = sections(doc)["examples"]
         assert examples["status"] == "ok" and all((out / f).exists() for f in examples["figures"])
     assert ok_somewhere == set(SECTIONS)  # together the three reports run every analysis
@@ -123,11 +129,16 @@ def test_the_numbers_on_the_page_are_the_sqls(reports, stores):
     assert ref["ref_sim"]["share_near_zero"] == pytest.approx(near)
     assert f"{report.pct(near)} of the reference similarities" in text["reference_terms"]
     assert f"{report.pct(ref['ref_term']['share_below_threshold'])} of the reference terms" in text["reference_terms"]
-    assert "(paper: 85.8% within ±0.10)" in page and "(paper: 6.7% below 0.90)" in page
+    # The paper's numbers from jobs.paper, with the settings that differ from this hand-built run named.
+    for key in ("fig2_ref_sim_near_zero", "fig2_ref_term_below"):
+        v = paper.get(key)
+        assert esc(f"(paper: {v.figure}: {v.text} {v.what}; not like-for-like: model ") in page
+    near = next(f for f in got["reference_terms"]["findings"] if "reference similarities" in f["text"])
+    assert near["like_for_like"] is False and "layer " in near["paper"] and "(paper: 9 of 12)" in near["paper"]
 
     sums = run_sql(main, "pos_neg_sums.sql").filter(pl.col("score_bin") == "all").row(0, named=True)
     share = np.mean(pairs["positive_sum"].to_numpy() > 2.0)
-    assert "exceed 2 (the largest total" in text["pos_neg_sums"]
+    assert "exceed 2 (the largest total" in text["pos_neg_sums"]  # the bound holds here (mean target <= 2)
     assert f"in {report.pct(share)} of 30 pairs" in text["pos_neg_sums"]
     assert sums["share_positive_exceeds"] == pytest.approx(share)
 
@@ -167,7 +178,8 @@ def test_settings_and_paper_numbers_on_the_page(reports):
     assert doc["run"]["n_pairs"] == 30 and doc["run2"]["n_pairs"] == 30
     assert "<th>run2</th>" in page and "mean |completeness error|" in page and "hand-built" in page
     assert "python -m jobs.report --run" in page  # the command that made the page
-    assert "(paper: 0.81 between two models)" in page  # lexical_ranks_compare's paper number beside ours
+    # lexical_ranks_compare's paper number beside ours; the paper's pair of models is not recorded: never alike
+    assert esc("(paper: Fig 10: 0.81 Spearman of the lexical ranks of two models; not like-for-like: model ") in page
 
 
 def test_skipped_analyses_say_why(reports, tmp_path, stores):
@@ -175,7 +187,7 @@ def test_skipped_analyses_say_why(reports, tmp_path, stores):
     reasons = {s["name"]: s["reason"] for s in doc["sections"] if s["status"] == "skipped"}
     assert "no gold labels" in reasons["table1"]
     assert f"python -m jobs.parse --run {stores['negation']}" in reasons["syntactic_relations"]
-    assert f"Skipped: {html.escape(reasons['syntactic_relations'])}" in page
+    assert f"Skipped: {esc(reasons['syntactic_relations'])}" in page
     assert "--dataset adjectives" in reasons["adjectives"]
     assert "--run2" in reasons["agreement"] and "--run2" in reasons["lexical_ranks_compare"]
     assert "min_count" in reasons["lexical_ranks"]  # 30 same-token cells are not there
@@ -213,11 +225,13 @@ def test_degenerate_pairs_are_reported_as_undefined_not_nan(tmp_path):
     assert got["table1"]["findings"][0]["text"] == ("Score vs gold label: Spearman is undefined over 10 labelled "
                                                     "pairs (fewer than two, or constant scores or labels).")  # fmt: skip
     assert got["table1"]["findings"][0]["values"]["spearman"] is None
-    total, top = (f["text"] for f in got["agreement"]["findings"])
+    texts = [f["text"] for f in got["agreement"]["findings"]]
+    total = texts[0]
+    top = next(t for t in texts if "above 0.75" in t)
     assert "(over the 8 pairs with a correlation; 2 of 10 share one cell or have constant values)" in total
     assert top == ("Among the 2 pairs with mean score above 0.75 the Spearman agreement is n/a (none has a "
                    "correlation: each shares one cell or has constant values).")  # fmt: skip
-    assert got["agreement"]["findings"][1]["values"]["spearman_mean"] is None
+    assert next(f for f in got["agreement"]["findings"] if "above 0.75" in f["text"])["values"]["spearman_mean"] is None
     assert "NaN" not in json.dumps(doc) and "NaN" not in page
 
 
@@ -288,3 +302,116 @@ def test_summary_lines_and_markdown_helpers(stores, tmp_path, capsys):
     df = pl.DataFrame({"a": ["x|y", None], "b": [0.123456, float("nan")]})
     assert report.markdown_table(df).splitlines() == ["| a | b |", "|---|---|", "| x\\|y | 0.1235 |", "|  | NaN |"]
     assert (report.pct(0.1234), report.num(None), report.signed(-0.04567)) == ("12.3%", "n/a", "-0.046")
+
+
+# --------------------------------------------------------------------------- issue 17, item 8
+def finding(doc: dict, section: str, contains: str) -> dict:
+    return next(f for f in sections(doc)[section]["findings"] if contains in f["text"])
+
+
+def test_the_top_score_subset_follows_bin_width(stores, tmp_path):
+    """s > 0.75 is pooled from the bins above 0.75 at any bin_width with 0.75 as an edge (equal to the 0.25-wide
+    bin's own row); at a bin_width without that edge the report says so and sets no paper number beside it."""
+    top = run_sql(stores["main"], "agreement.sql", stores["second"]).filter(pl.col("score_bin") == "(0.75, 1.0]")
+    top = top.row(0, named=True)
+    assert top["n_pairs"] >= 2
+    code, doc, page = make_report(tmp_path / "fine", "--run", str(stores["main"]), "--run2", str(stores["second"]),
+                                  "--var", "bin_width=0.05")  # fmt: skip
+    got = finding(doc, "agreement", "above 0.75")
+    assert code == 0 and got["values"]["n_pairs"] == top["n_pairs"]
+    for key in ("spearman_mean", "spearman_std", "jaccard_top10_mean"):
+        assert got["values"][key] == pytest.approx(top[key]), key
+    assert got["paper"].startswith("Fig 3: 0.81 ± 0.07") and got["like_for_like"] is False
+    code, doc, page = make_report(tmp_path / "coarse", "--run", str(stores["main"]), "--run2", str(stores["second"]),
+                                  "--var", "bin_width=0.1")  # fmt: skip
+    texts = [f["text"] for f in sections(doc)["agreement"]["findings"]]
+    assert not any("Among" in t and "above 0.75" in t for t in texts)
+    gap = finding(doc, "agreement", "are not a set of bins at bin_width = 0.1")
+    assert gap["paper"] is None and "above 0.75" in gap["text"]
+    assert "its value is not drawn" in page  # the figure's caption: no star on a bin that is not s > 0.75
+
+
+def test_the_bound_finding_is_hidden_when_the_bound_does_not_hold(stores, tmp_path):
+    """An approximate run whose ΣA converges above 2 on average: no 'exceed 2' sentence, the reason instead."""
+    pairs = pl.read_parquet(stores["main"] / "pairs" / "*.parquet").to_dicts()
+    run = make_run(tmp_path, "long-references", [{**p, "target": p["score"] + 2.6} for p in pairs],
+                   pl.read_parquet(stores["main"] / "cells" / "*.parquet").to_dicts(), [],
+                   pl.read_parquet(stores["main"] / "sentences" / "*.parquet").to_dicts())  # fmt: skip
+    code, doc, page = make_report(tmp_path / "out", "--run", str(run))
+    text = " ".join(f["text"] for f in sections(doc)["pos_neg_sums"]["findings"])
+    assert code == 0 and "exceed 2" not in text and "exceed 2" not in page
+    assert "does not hold for this model and layer, so the share of positive sums above 2 is not given" in text
+    mean_target = np.mean([p["score"] + 2.6 for p in pairs])
+    assert f"ΣA converges to {report.num(mean_target)} on average" in text
+    # The same numbers from the sql/report file in the duckdb CLI.
+    cli = Path(__import__("sys").executable).parent / "duckdb"
+    if cli.exists():
+        import subprocess
+
+        out = subprocess.run([str(cli), "-csv", "-cmd", f"set variable run = '{run}'", "-f",
+                              str(report.REPORT_SQL / "reference_norms.sql")], capture_output=True, text=True,
+                             check=True).stdout.splitlines()  # fmt: skip
+        row = dict(zip(out[0].split(","), out[1].split(",")))
+        assert float(row["mean_target"]) == pytest.approx(mean_target) and row["is_bound_exceeded"] == "true"
+
+
+def test_the_page_escapes_untrusted_text(stores, tmp_path):
+    """Dataset sentences and notes are text, never markup: a <script> in a pair's text or the note is escaped."""
+    pairs = pl.read_parquet(stores["negation"] / "pairs" / "*.parquet").to_dicts()
+    attack = "<script>alert('x')</script>"
+    pairs = [{**p, "text_a": p["text_a"] + " " + attack} for p in pairs]
+    run = make_run(tmp_path, "script", pairs,
+                   pl.read_parquet(stores["negation"] / "cells" / "*.parquet").to_dicts(),
+                   pl.read_parquet(stores["negation"] / "word_cells" / "*.parquet").to_dicts(),
+                   pl.read_parquet(stores["negation"] / "sentences" / "*.parquet").to_dicts())  # fmt: skip
+    code, doc, page = make_report(tmp_path / "out", "--run", str(run), "--note", f"made by {attack}")
+    assert code == 0 and "<script" not in page
+    assert esc(attack) == "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" and page.count(esc(attack)) >= 2
+    assert esc(f"made by {attack}") in page  # the note
+    assert report.environment().autoescape("report.html") is True
+
+
+def test_fig6_split_and_the_papers_claim(reports, stores):
+    _, doc, page, out = reports["two-runs"]
+    rel = run_sql(stores["main"], "syntactic_relations.sql").row(0, named=True)
+    same = rel["same_function_share"] / (rel["same_function_share"] + rel["mixed_share"])
+    got = finding(doc, "syntactic_relations", "between two parsed words")
+    assert f"{report.pct(same)} join the same syntactic function and {report.pct(1 - same)} two different" in got[
+        "text"]  # fmt: skip
+    assert got["values"]["same_share_of_parsed"] == pytest.approx(same)
+    assert got["paper"].startswith(f"Fig 6: {paper.get('fig6_same_function').text}") and not got["like_for_like"]
+    assert "syntactic_relations-split.png" in sections(doc)["syntactic_relations"]["figures"]
+    assert (out / "syntactic_relations-split.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_paper_values_on_the_negation_and_lexical_figures(reports):
+    _, doc, page, out = reports["negation"]
+    assert sections(doc)["negation"]["figures"][0] == "negation-share.png"
+    neg = finding(doc, "negation", "is negative in")
+    assert neg["paper"].startswith("Fig 8: 16% of the 'not' attributions negative; not like-for-like")
+    _, doc, page, out = reports["two-runs"]
+    assert "the paper&#39;s ρ (Fig 10) is written below the axes" in page
+
+
+def test_like_for_like_only_in_the_papers_setting():
+    """The paper's own setting reads as like-for-like; one setting off is named."""
+    mpnet = {"model": "sentence-transformers/all-mpnet-base-v2", "mode": "approx", "similarity": "cos", "layer": -3,
+             "n_layers": 12, "dataset": "stsb", "split": "test", "n_pairs": 1379}  # fmt: skip
+    setting = (report.model_label(mpnet), report.layer_label(mpnet), report.subset_label(mpnet))
+    assert setting == ("all-mpnet-base-v2 shelf", "9 of 12", "STS-B test (1,379 pairs)")
+    same = report.cite("fig2_ref_sim_near_zero", *setting, "share with |f| ≤ 0.1")
+    assert same["like_for_like"] is True and "; like-for-like (" in same["paper"]
+    other = report.cite("fig2_ref_sim_near_zero", *setting, "share with |f| ≤ 0.2")
+    assert other["like_for_like"] is False and other["paper"].endswith(
+        "metric share with |f| ≤ 0.2 (paper: share with |f| ≤ 0.1)")  # fmt: skip
+    exact = {**mpnet, "model": "models/all-mpnet-base-v2-exact", "mode": "exact", "layer": 9}
+    assert report.model_label(exact) == "all-mpnet-base-v2 exact"
+    assert report.pair_model_label(exact, mpnet) == "all-mpnet-base-v2, exact vs approximate"
+
+
+def test_the_agreement_precheck_is_a_sql_file(stores):
+    con = _sql.connect(stores["main"], stores["second"], {})
+    row = _sql.run_file(con, report.REPORT_SQL / "agreement_check.sql").row(0, named=True)
+    assert row == {"n_shared_pairs": 30, "n_same_texts": 30, "n_retokenized_sentences": 0}
+    with pytest.raises((duckdb.Error, Exception)):
+        _sql.run_file(_sql.connect(stores["main"], None, {}), report.REPORT_SQL / "agreement_check.sql")

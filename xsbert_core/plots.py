@@ -182,10 +182,11 @@ def plot_ranked_bars(
     group_colors: dict[str, str] | None = None,
     gap_after: int | None = None,
     note: str | None = None,
+    vlines: dict[str, float] | None = None,
 ) -> Path:
     """Horizontal bars in the given order, first on top; `errors` as whiskers; `groups` colour the bars (legend
     below the axes; `group_colors` fixes a colour per group); `gap_after` k leaves a gap and a dotted line after
-    the k-th bar (top / bottom lists)."""
+    the k-th bar (top / bottom lists); `vlines` dashed labelled levels (e.g. a published value)."""
     values = np.asarray(values, dtype=float)
     n = len(labels)
     y = np.arange(n, dtype=float)
@@ -204,6 +205,7 @@ def plot_ranked_bars(
     ax.axvline(0, color="0.2", linewidth=0.8)
     if gap_after is not None and 0 < gap_after < n:
         ax.axhline(gap_after, color="0.5", linestyle=":", linewidth=1)
+    _mark(ax, vlines)
     if groups:
         from matplotlib.patches import Patch
 
