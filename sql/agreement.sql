@@ -20,6 +20,14 @@
 --                     largest |value| in run r; ties in |value| are
 --                     broken by the smaller i, then the smaller j
 --           mean score s = (score in run + score in run2) / 2
+-- How       pairs are numbered once (the pairs both runs hold alike); a
+--           cell is one integer key (pair number, i, j; i and j below
+--           65536), the runs' cells are joined on it, then ranked per
+--           pair by one window sort per run (rank() and its peer count
+--           give the average rank); the top-10 cells of a run lie among
+--           its 10 smallest and 10 largest values, so only those reach
+--           the top-10 aggregate. Cost on full QQP (404k pairs, 115M
+--           cells): bench/results/sql.md
 -- Grain     one row per bin (bin_low, bin_high] of s of width bin_width
 --           (right-closed: the top cos bin is (0.75, 1.0]), in score
 --           order, then one row with score_bin = 'all'.
@@ -55,8 +63,6 @@ cells_1 as (
         j,
         value,
     from read_parquet(getvariable('run') || '/cells/*.parquet')
-    where hash(pair_id) % 10000
-        < coalesce(getvariable('pair_fraction'), 1.0) * 10000
 ),
 
 cells_2 as (
@@ -66,8 +72,6 @@ cells_2 as (
         j,
         value,
     from read_parquet(getvariable('run2') || '/cells/*.parquet')
-    where hash(pair_id) % 10000
-        < coalesce(getvariable('pair_fraction'), 1.0) * 10000
 ),
 
 pairs_1 as (
@@ -94,60 +98,11 @@ pairs_2 as (
 
 ---------- logic: per pair
 
-matched_cells as (
-    select
-        c1.pair_id,
-        c1.i,
-        c1.j,
-        c1.value as value_1,
-        c2.value as value_2,
-    from cells_1 as c1
-    inner join cells_2 as c2
-        on c1.pair_id = c2.pair_id
-        and c1.i = c2.i
-        and c1.j = c2.j
-),
-
--- average rank = rank() + (number of tied rows - 1) / 2
-ranked_cells as (
-    select
-        pair_id,
-        i::bigint * 65536 + j as cell,
-        value_1,
-        value_2,
-        rank() over by_value_1
-            + (count(*) over (by_value_1 range between current row
-                                             and current row) - 1) / 2
-            as rank_1,
-        rank() over by_value_2
-            + (count(*) over (by_value_2 range between current row
-                                             and current row) - 1) / 2
-            as rank_2,
-    from matched_cells
-    window
-        by_value_1 as (partition by pair_id order by value_1),
-        by_value_2 as (partition by pair_id order by value_2)
-),
-
--- corr() is NaN, not null, when a pair has one matched cell or a run's
--- values are constant: nullif makes that null (no correlation), which
--- count(), avg() and stddev_samp() below skip.
--- top10_r: the cells (cell = i * 65536 + j) of the 10 largest |value_r|,
--- largest first: max_by keeps the 10 largest keys (|value_r|, -cell), a
--- bounded top-k aggregate
-pair_agreement as (
-    select
-        pair_id,
-        nullif(corr(rank_1, rank_2), 'nan'::double) as spearman,
-        nullif(corr(value_1, value_2), 'nan'::double) as pearson,
-        max_by(cell, (abs(value_1), -cell), 10) as top10_1,
-        max_by(cell, (abs(value_2), -cell), 10) as top10_2,
-    from ranked_cells
-    group by 1
-),
-
+-- the pairs compared (pair_fraction: a subset by a hash of pair_id), each
+-- with a number that stands for its pair_id from here on
 pair_scores as (
     select
+        (row_number() over ())::integer as pair_no,
         pairs_1.pair_id,
         (pairs_1.score + pairs_2.score) / 2 as mean_score,
     from pairs_1
@@ -157,11 +112,92 @@ pair_scores as (
         and pairs_1.sentence_id_b = pairs_2.sentence_id_b
         and pairs_1.n_tokens_a = pairs_2.n_tokens_a
         and pairs_1.n_tokens_b = pairs_2.n_tokens_b
+    where hash(pairs_1.pair_id) % 10000
+        < coalesce(getvariable('pair_fraction'), 1.0) * 10000
+),
+
+-- key = pair_no * 2^32 + i * 65536 + j: one integer per cell
+keyed_cells_1 as (
+    select
+        pair_scores.pair_no::bigint * 4294967296 + cells_1.i * 65536 + cells_1.j
+            as key,
+        cells_1.value,
+    from cells_1
+    inner join pair_scores on cells_1.pair_id = pair_scores.pair_id
+),
+
+keyed_cells_2 as (
+    select
+        pair_scores.pair_no::bigint * 4294967296 + cells_2.i * 65536 + cells_2.j
+            as key,
+        cells_2.value,
+    from cells_2
+    inner join pair_scores on cells_2.pair_id = pair_scores.pair_id
+),
+
+-- the cells stored in both runs; cell = i * 65536 + j
+matched_cells as (
+    select
+        (keyed_cells_1.key // 4294967296)::integer as pair_no,
+        keyed_cells_1.key % 4294967296 as cell,
+        keyed_cells_1.value as value_1,
+        keyed_cells_2.value as value_2,
+    from keyed_cells_1
+    inner join keyed_cells_2 on keyed_cells_1.key = keyed_cells_2.key
+),
+
+-- low_r, high_r: the first and last position of the cell's value among the
+-- pair's values in run r (ascending; tied values share them), so the
+-- average rank is (low_r + high_r) / 2; n: the pair's matched cells
+ranked_cells as (
+    select
+        pair_no,
+        cell,
+        value_1,
+        value_2,
+        count(*) over by_value_1_all as n,
+        rank() over by_value_1 as low_1,
+        low_1 + count(*) over by_value_1_ties - 1 as high_1,
+        rank() over by_value_2 as low_2,
+        low_2 + count(*) over by_value_2_ties - 1 as high_2,
+    from matched_cells
+    window
+        by_value_1 as (partition by pair_no order by value_1),
+        by_value_1_ties as (by_value_1 range between current row
+                                             and current row),
+        by_value_1_all as (by_value_1 rows between unbounded preceding
+                                           and unbounded following),
+        by_value_2 as (partition by pair_no order by value_2),
+        by_value_2_ties as (by_value_2 range between current row
+                                             and current row)
+),
+
+-- spearman: the correlation of 2 x the average ranks is that of the ranks.
+-- corr() is NaN, not null, when a pair has one matched cell or a run's
+-- values are constant: nullif makes that null (no correlation), which
+-- count(), avg() and stddev_samp() below skip.
+-- top10_r: the cells of the 10 largest |value_r|, largest first: max_by
+-- keeps the 10 largest keys (|value_r|, -cell), a bounded top-k aggregate.
+-- A cell with k larger |value| has at most k values above it (value >= 0)
+-- or below it (value < 0), so the top 10 lie among the cells with
+-- low_r <= 10 or high_r > n - 10: only those are offered
+pair_agreement as (
+    select
+        pair_no,
+        nullif(corr(low_1 + high_1, low_2 + high_2), 'nan'::double)
+            as spearman,
+        nullif(corr(value_1, value_2), 'nan'::double) as pearson,
+        max_by(cell, (abs(value_1), -cell), 10)
+            filter (where low_1 <= 10 or high_1 > n - 10) as top10_1,
+        max_by(cell, (abs(value_2), -cell), 10)
+            filter (where low_2 <= 10 or high_2 > n - 10) as top10_2,
+    from ranked_cells
+    group by pair_no
 ),
 
 pair_metrics as (
     select
-        pair_agreement.pair_id,
+        pair_scores.pair_id,
         pair_scores.mean_score,
         pair_agreement.spearman,
         pair_agreement.pearson,
@@ -172,7 +208,7 @@ pair_metrics as (
             / len(list_distinct(top10_1 || top10_2))
             as jaccard_top10,
     from pair_agreement
-    inner join pair_scores on pair_agreement.pair_id = pair_scores.pair_id
+    inner join pair_scores on pair_agreement.pair_no = pair_scores.pair_no
 ),
 
 ---------- logic: by score bin

@@ -641,6 +641,134 @@ def test_agreement_degenerate_pairs_are_null_and_counted_not_nan_or_an_error(tmp
     assert "nan" not in cli.stdout.lower() and "NULL" in cli.stdout
 
 
+# --------------------------------------------------------------------------- agreement: equal to the reference
+AGREEMENT_REFERENCE = ROOT / "tests" / "sql_reference" / "agreement_windows.sql"
+
+
+def assert_same_agreement(got: pl.DataFrame, want: pl.DataFrame, case: str) -> None:
+    """Row for row: the same bins and counts, floats equal up to rounding, null exactly where null."""
+    assert got.columns == want.columns, case
+    assert got.height == want.height, (case, got, want)
+    for g, w in zip(got.iter_rows(named=True), want.iter_rows(named=True)):
+        for col in ("score_bin", "bin_low", "bin_high", "n_pairs", "n_correlated"):
+            assert g[col] == w[col], (case, col, g, w)
+        for col in got.columns[5:]:
+            assert close(g[col], w[col]), (case, col, g[col], w[col])
+
+
+def agreement_case_runs(root: Path) -> dict[str, tuple[Path, Path]]:
+    """Pairs of runs that stress what the two queries could disagree on: ties in values and in |value| (values
+    rounded to 0.01 and 0.1, +-v pairs), constant pairs, one-cell pairs, pairs with no matched cell, cells pruned
+    as --min-abs prunes them, pairs left out (other texts, other token counts, in one run only), pairs whose top
+    cells all lie at one end of the value order (all positive, all negative), and a run against itself."""
+    rng = np.random.default_rng(19)
+    cases: dict[str, tuple[Path, Path]] = {}
+    run1, data1 = random_run(root, "t1", rng, n_pairs=30)  # values rounded to 0.01: ties
+    cells1 = []
+    for c in data1["cells"]:
+        k = int(c["pair_id"][1:])
+        if k % 6 == 1:
+            c = {**c, "value": abs(c["value"]) + 0.01}  # all positive: the top cells are the largest values
+        elif k % 6 == 2:
+            c = {**c, "value": -abs(c["value"]) - 0.01}  # all negative: the top cells are the smallest values
+        elif k % 6 == 3 and c["i"] < 3:
+            c = {**c, "value": 0.5 if (c["i"] + c["j"]) % 2 else -0.5}  # ties in |value| at the top
+        elif k == 4:
+            c = {**c, "value": 0.25}  # constant in run 1
+        cells1.append(c)
+    write_table(run1, "cells", cells1)
+    cells2, pairs2 = [], []
+    for p in data1["pairs"]:
+        k = int(p["pair_id"][1:])
+        if k == 29:
+            continue  # in run 1 only
+        p2 = {**p, "score": p["score"] + float(rng.normal(0, 0.1))}
+        if k == 28:
+            p2["sentence_id_b"] = "another-text"
+        if k == 27:
+            p2["n_tokens_a"] += 1
+        pairs2.append(p2)
+    for c in cells1:
+        k = int(c["pair_id"][1:])
+        value = c["value"] + float(rng.normal(0, 0.05))
+        if k % 5 == 0:
+            value = round(value, 1)  # coarse ties in run 2
+        if k == 10:
+            value = -0.125  # constant in run 2
+        if k == 11 and (c["i"], c["j"]) != (1, 2):
+            continue  # one matched cell
+        if k == 12 and c["i"] % 2 == 0:
+            continue  # pruned: compared on the cells of both
+        if k == 13:
+            continue  # no cell of this pair in run 2: left out
+        cells2.append({**c, "value": value})
+    run2 = make_run(root, "t2", pairs2, cells2, [], data1["sentences"], mode="exact")
+    cases["ties, degenerate and left-out pairs"] = (run1, run2)
+    cases["a run against itself"] = (run1, run1)
+    # --min-abs as the job applies it: each run keeps the cells with |value| >= its threshold
+    for name, threshold, cells in (("m1", 0.05, cells1), ("m2", 0.08, cells2)):
+        kept = [c for c in cells if abs(c["value"]) >= threshold]
+        source = data1["pairs"] if name == "m1" else pairs2
+        counts = {p["pair_id"]: sum(c["pair_id"] == p["pair_id"] for c in kept) for p in source}
+        make_run(root, name, [{**p, "n_cells": counts[p["pair_id"]]} for p in source], kept, [], data1["sentences"])
+    cases["both runs pruned (--min-abs 0.05 / 0.08)"] = (root / "m1", root / "m2")
+    run1d, run2d, _, _ = degenerate_runs(root)
+    cases["degenerate_runs"] = (run1d, run2d)
+    return cases
+
+
+def test_agreement_equals_the_window_function_reference(tmp_path):
+    """sql/agreement.sql against the query it replaced (tests/sql_reference/agreement_windows.sql): the same rows
+    on every case, by score bins of 0.25 and of 0.05 (nearly a pair per bin, so the per-pair numbers are compared
+    through the means and spreads of small bins), on all pairs and on the pair_fraction subset."""
+    assert "window" in AGREEMENT_REFERENCE.read_text() and "over by_value_1" in AGREEMENT_REFERENCE.read_text()
+    cases = agreement_case_runs(tmp_path)
+    covered = set()
+    for case, (run1, run2) in cases.items():
+        for variables in ({}, {"bin_width": 0.05}, {"bin_width": 0.05, "pair_fraction": 0.5}):
+            con = _sql.connect(run1, run2, variables)
+            want = _sql.run_file(con, AGREEMENT_REFERENCE)
+            got = run_sql(run1, "agreement.sql", run2, **variables)
+            assert_same_agreement(got, want, f"{case} {variables}")
+            assert no_nan(got)
+            total = got.row(-1, named=True)
+            if total["n_correlated"] < total["n_pairs"]:
+                covered.add("pairs without a correlation")
+            if 0 < total["n_pairs"] and total["jaccard_top10_mean"] < 1:
+                covered.add("top-10 sets that differ")
+            if got.height > 3:
+                covered.add("several bins")
+    assert covered == {"pairs without a correlation", "top-10 sets that differ", "several bins"}
+    # The cases hold what they claim: ties in both runs, a pair with no matched cell, one with a single one.
+    run1, run2 = cases["ties, degenerate and left-out pairs"]
+    con = _sql.connect(run1, run2)
+    ties = con.execute("""select count(*) filter (where n > 1) from (select pair_id, value, count(*) as n from cells
+                      group by all)""").fetchone()[0]  # fmt: skip
+    matched = dict(con.execute("""select pair_id, count(c2.value) from cells c1 left join cells_2 c2 using (pair_id, i, j)
+                              group by 1""").fetchall())  # fmt: skip
+    assert ties > 50 and matched["p13"] == 0 and matched["p11"] == 1
+
+
+@pytest.mark.slow
+def test_agreement_equals_the_reference_on_real_runs(real_runs, tmp_path):
+    """The same on the small real runs (all-MiniLM-L6-v2 through the job): a run against itself, and against a copy
+    pruned as --min-abs would (the cells with |value| at least the median |value| of the run)."""
+    stsb = real_runs["stsb"]
+    pruned = tmp_path / "pruned"
+    con = _sql.connect(stsb)
+    threshold = con.execute("select median(abs(value)) from cells").fetchone()[0]
+    cells = con.sql(f"select * from cells where abs(value) >= {threshold}").pl().to_dicts()
+    pairs = con.sql("select * from pairs").pl().to_dicts()
+    sentences = con.sql("select * from sentences").pl().to_dicts()
+    make_run(tmp_path, "pruned", pairs, cells, [], sentences)
+    for run2 in (stsb, pruned):
+        for variables in ({}, {"bin_width": 0.05}):
+            want = _sql.run_file(_sql.connect(stsb, run2, variables), AGREEMENT_REFERENCE)
+            got = run_sql(stsb, "agreement.sql", run2, **variables)
+            assert_same_agreement(got, want, f"{run2.name} {variables}")
+            assert got.row(-1, named=True)["n_pairs"] == 8
+
+
 def test_table1_undefined_spearman_is_null_not_nan(tmp_path):
     run, data = random_run(tmp_path, "r", np.random.default_rng(13), n_pairs=6)
     cases = {
