@@ -100,12 +100,12 @@ def get(key: str) -> PaperValue:
 
 def differences(paper: PaperValue, ours: dict[str, str]) -> list[str]:
     """The settings in which `ours` (model, layer, subset, metric, as strings) differs from the paper's, as
-    'layer 3 of 6 (paper: 9 of 12)'; a setting the paper's record lacks differs; [] = like-for-like."""
+    'layer: ours 3 of 6, the paper's 9 of 12'; a setting the paper's record lacks differs; [] = like-for-like."""
     out = []
     for k in SETTINGS:
         theirs, mine = getattr(paper, k), ours.get(k, NOT_RECORDED)
         if NOT_RECORDED in theirs or mine != theirs:
-            out.append(f"{k} {mine} (paper: {theirs})")
+            out.append(f"{k}: ours {mine}, the paper's {theirs}")
     return out
 
 

@@ -282,7 +282,7 @@ def layer_label(facts: dict[str, Any]) -> str:
 def subset_label(facts: dict[str, Any], n_pairs: int | None = None, scores: str | None = None) -> str:
     """'STS-B test (300 pairs)', '..., s > 0.75'; the negation dataset as jobs.paper names the paper's."""
     n = facts["n_pairs"] if n_pairs is None else n_pairs
-    dataset = str(facts.get("dataset"))
+    dataset = str(facts.get("dataset") or "unknown dataset")
     if dataset == "negation":
         text = f"STS-B test sentences with one simple 'not' ({n:,} pairs)"
     else:
@@ -735,7 +735,8 @@ def plot_syntactic_relations(df: pl.DataFrame, ctx: Context) -> list[tuple[str, 
                          "Top word cells between two parsed words: same function vs mixed", "share (%)",
                          groups=["same function", "mixed"],
                          group_colors={"same function": "#1f77b4", "mixed": "#ff7f0e"},
-                         vlines={"50%": 50.0}, note=f"paper ({claim.figure}, mpnet): {claim.text} (share > 50%)")
+                         vlines={"50%": 50.0}, note=f"paper ({claim.figure}, mpnet): {claim.text} (share > 50%)",
+                         value_format="{:.1f}%")
         figures.append(("syntactic_relations-split.png", (
             "The paper's split of the top cells whose two words both have a relation: same function on both sides "
             f"vs two different functions; the dashed line is half, the paper's claim ({claim.figure}) is that most "
@@ -773,7 +774,7 @@ def plot_negation(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
                      ctx.out / "negation-share.png", "Share of negative 'not' attributions", "share of pairs (%)",
                      groups=["this run", "paper (Fig 8)", "paper (Fig 8)"],
                      group_colors={"this run": "#1f77b4", "paper (Fig 8)": "#9a9a9a"},
-                     note=f"this run: {len(df)} pairs ({subset_label(ctx.facts)}); paper: {shelf.subset}")  # fmt: skip
+                     note=f"this run: {subset_label(ctx.facts)}; paper: {shelf.subset}", value_format="{:.1f}%")
     p90 = df["p90_abs_relative"][0]
     plot_histograms({"not / ΣA": df["relative"].to_numpy()}, ctx.out / "negation-hist.png",
                     "Relative size of the 'not' attribution", "not attribution / ΣA", vlines={"0": 0.0})

@@ -95,8 +95,9 @@ def test_like_for_like_names_what_differs():
     ours = {**same, "model": "all-MiniLM-L6-v2 shelf", "layer": "3 of 6"}
     text = paper.beside(v, ours)
     assert text == ("Fig 2: 85.8% of the reference similarities f(a, r_b), f(b, r_a) within ±0.1 of 0; not "
-                    "like-for-like: model all-MiniLM-L6-v2 shelf (paper: all-mpnet-base-v2 shelf); layer 3 of 6 "
-                    "(paper: 9 of 12)")  # fmt: skip
+                    "like-for-like: model: ours all-MiniLM-L6-v2 shelf, the paper's all-mpnet-base-v2 shelf; layer: "
+                    "ours 3 of 6, the paper's 9 of 12")  # fmt: skip
     # A setting the paper's record lacks is never like-for-like, even for equal strings.
     fig6 = paper.get("fig6_same_function")
-    assert paper.differences(fig6, fig6.setting()) == [f"subset {paper.NOT_RECORDED} (paper: {paper.NOT_RECORDED})"]
+    assert paper.differences(fig6, fig6.setting()) == [
+        f"subset: ours {paper.NOT_RECORDED}, the paper's {paper.NOT_RECORDED}"]

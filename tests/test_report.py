@@ -132,9 +132,9 @@ def test_the_numbers_on_the_page_are_the_sqls(reports, stores):
     # The paper's numbers from jobs.paper, with the settings that differ from this hand-built run named.
     for key in ("fig2_ref_sim_near_zero", "fig2_ref_term_below"):
         v = paper.get(key)
-        assert esc(f"(paper: {v.figure}: {v.text} {v.what}; not like-for-like: model ") in page
+        assert esc(f"(paper: {v.figure}: {v.text} {v.what}; not like-for-like: model: ours ") in page
     near = next(f for f in got["reference_terms"]["findings"] if "reference similarities" in f["text"])
-    assert near["like_for_like"] is False and "layer " in near["paper"] and "(paper: 9 of 12)" in near["paper"]
+    assert near["like_for_like"] is False and "layer: ours " in near["paper"] and "the paper's 9 of 12" in near["paper"]
 
     sums = run_sql(main, "pos_neg_sums.sql").filter(pl.col("score_bin") == "all").row(0, named=True)
     share = np.mean(pairs["positive_sum"].to_numpy() > 2.0)
@@ -179,7 +179,7 @@ def test_settings_and_paper_numbers_on_the_page(reports):
     assert "<th>run2</th>" in page and "mean |completeness error|" in page and "hand-built" in page
     assert "python -m jobs.report --run" in page  # the command that made the page
     # lexical_ranks_compare's paper number beside ours; the paper's pair of models is not recorded: never alike
-    assert esc("(paper: Fig 10: 0.81 Spearman of the lexical ranks of two models; not like-for-like: model ") in page
+    assert esc("(paper: Fig 10: 0.81 Spearman of the lexical ranks of two models; not like-for-like: model: ours ") in page
 
 
 def test_skipped_analyses_say_why(reports, tmp_path, stores):
@@ -403,7 +403,7 @@ def test_like_for_like_only_in_the_papers_setting():
     assert same["like_for_like"] is True and "; like-for-like (" in same["paper"]
     other = report.cite("fig2_ref_sim_near_zero", *setting, "share with |f| ≤ 0.2")
     assert other["like_for_like"] is False and other["paper"].endswith(
-        "metric share with |f| ≤ 0.2 (paper: share with |f| ≤ 0.1)")  # fmt: skip
+        "metric: ours share with |f| ≤ 0.2, the paper's share with |f| ≤ 0.1")  # fmt: skip
     exact = {**mpnet, "model": "models/all-mpnet-base-v2-exact", "mode": "exact", "layer": 9}
     assert report.model_label(exact) == "all-mpnet-base-v2 exact"
     assert report.pair_model_label(exact, mpnet) == "all-mpnet-base-v2, exact vs approximate"

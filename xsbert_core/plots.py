@@ -183,10 +183,12 @@ def plot_ranked_bars(
     gap_after: int | None = None,
     note: str | None = None,
     vlines: dict[str, float] | None = None,
+    value_format: str | None = None,
 ) -> Path:
     """Horizontal bars in the given order, first on top; `errors` as whiskers; `groups` colour the bars (legend
     below the axes; `group_colors` fixes a colour per group); `gap_after` k leaves a gap and a dotted line after
-    the k-th bar (top / bottom lists); `vlines` dashed labelled levels (e.g. a published value)."""
+    the k-th bar (top / bottom lists); `vlines` dashed labelled levels (e.g. a published value); `value_format`
+    (e.g. '{:.1f}%') writes each bar's value at its end, so that a bar of 0 still reads."""
     values = np.asarray(values, dtype=float)
     n = len(labels)
     y = np.arange(n, dtype=float)
@@ -206,6 +208,10 @@ def plot_ranked_bars(
     if gap_after is not None and 0 < gap_after < n:
         ax.axhline(gap_after, color="0.5", linestyle=":", linewidth=1)
     _mark(ax, vlines)
+    if value_format:
+        for yk, v in zip(y, values):
+            ax.annotate(value_format.format(v), (max(v, 0.0), yk), xytext=(3, 0), textcoords="offset points",
+                        va="center", fontsize=8, color="0.15")  # fmt: skip
     if groups:
         from matplotlib.patches import Patch
 
@@ -230,7 +236,7 @@ def plot_by_bin(
     """Lines over ordered categories (score bins): name -> (mean per bin, std per bin or None, a band);
     `counts` go under the bin labels; `reference` marks published values: label -> (bin, value)."""
     x = np.arange(len(bins))
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    fig, ax = plt.subplots(figsize=(max(6.4, 0.5 * len(bins) + 1.5), 3.8))  # narrow bins (bin_width 0.05): wider
     for k, (name, (mean, std)) in enumerate(series.items()):
         mean = np.asarray(mean, dtype=float)
         (line,) = ax.plot(x, mean, marker="osD^v<>"[k % 7], linestyle=("-", "--", "-.", ":")[k % 4], linewidth=1.6,
@@ -243,10 +249,11 @@ def plot_by_bin(
             ax.plot([bins.index(b)], [value], marker="*", markersize=11, color="0.2", linestyle="none")
             ax.annotate(label, (bins.index(b), value), xytext=(-6, 6), textcoords="offset points", fontsize=8,
                         ha="right")  # fmt: skip
-    ticks = bins if counts is None else [f"{b}\nn={c}" for b, c in zip(bins, counts)]
+    many = len(bins) > 5  # long interval labels would overlap: rotated, the count beside the interval
+    ticks = bins if counts is None else [f"{b}{' ' if many else chr(10)}n={c}" for b, c in zip(bins, counts)]
     ax.set_xticks(x, ticks, fontsize=8)
-    if len(bins) > 5:  # long interval labels would overlap
-        plt.setp(ax.get_xticklabels(), rotation=35, ha="right", rotation_mode="anchor")
+    if many:
+        plt.setp(ax.get_xticklabels(), rotation=60 if len(bins) > 10 else 35, ha="right", rotation_mode="anchor")
     ax.set_xlabel("score bin")
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=11)
