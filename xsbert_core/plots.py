@@ -209,6 +209,7 @@ def plot_ranked_bars(
         ax.axhline(gap_after, color="0.5", linestyle=":", linewidth=1)
     _mark(ax, vlines)
     if value_format:
+        ax.margins(x=0.12)  # room for the labels right of the longest bar
         for yk, v in zip(y, values):
             ax.annotate(value_format.format(v), (max(v, 0.0), yk), xytext=(3, 0), textcoords="offset points",
                         va="center", fontsize=8, color="0.15")  # fmt: skip
