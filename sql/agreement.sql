@@ -27,7 +27,7 @@
 --           give the average rank); the top-10 cells of a run lie among
 --           its 10 smallest and 10 largest values, so only those reach
 --           the top-10 aggregate. Cost on full QQP (404k pairs, 115M
---           cells): bench/results/sql.md
+--           cells per run): bench/results/sql.md
 -- Grain     one row per bin (bin_low, bin_high] of s of width bin_width
 --           (right-closed: the top cos bin is (0.75, 1.0]), in score
 --           order, then one row with score_bin = 'all'.
@@ -139,58 +139,82 @@ keyed_cells_2 as (
 matched_cells as (
     select
         (keyed_cells_1.key // 4294967296)::integer as pair_no,
-        keyed_cells_1.key % 4294967296 as cell,
+        (keyed_cells_1.key % 4294967296)::uinteger as cell,
         keyed_cells_1.value as value_1,
         keyed_cells_2.value as value_2,
     from keyed_cells_1
     inner join keyed_cells_2 on keyed_cells_1.key = keyed_cells_2.key
 ),
 
--- low_r, high_r: the first and last position of the cell's value among the
--- pair's values in run r (ascending; tied values share them), so the
--- average rank is (low_r + high_r) / 2; n: the pair's matched cells
-ranked_cells as (
+-- Ranks per pair: one window sort per run, each keeping only what the
+-- aggregates below need (every matched cell passes through both sorts).
+-- low and high: the first and last position of the cell's value among the
+-- pair's values in the run (ascending; tied values share them): low =
+-- rank(), high = low + ties - 1, and rank2_r = low + high is twice the
+-- average rank. top_r: the cell can be among the 10 of largest |value_r|.
+-- A cell with k larger |value| has at most k values above it (value >= 0)
+-- or below it (value < 0), so the top 10 lie among the cells with
+-- low <= 10 or high > n - 10 (n: the pair's matched cells)
+ranked_1 as (
     select
         pair_no,
         cell,
         value_1,
         value_2,
-        count(*) over by_value_1_all as n,
-        rank() over by_value_1 as low_1,
-        low_1 + count(*) over by_value_1_ties - 1 as high_1,
-        rank() over by_value_2 as low_2,
-        low_2 + count(*) over by_value_2_ties - 1 as high_2,
+        (2 * rank() over by_value_1 + count(*) over by_value_1_ties - 1)
+            ::integer as rank2_1,
+        rank() over by_value_1 <= 10
+            or rank() over by_value_1 + count(*) over by_value_1_ties - 1
+                > count(*) over by_value_1_all - 10
+            as top_1,
     from matched_cells
     window
         by_value_1 as (partition by pair_no order by value_1),
         by_value_1_ties as (by_value_1 range between current row
                                              and current row),
         by_value_1_all as (by_value_1 rows between unbounded preceding
-                                           and unbounded following),
-        by_value_2 as (partition by pair_no order by value_2),
-        by_value_2_ties as (by_value_2 range between current row
-                                             and current row)
+                                           and unbounded following)
 ),
 
--- spearman: the correlation of 2 x the average ranks is that of the ranks.
--- corr() is NaN, not null, when a pair has one matched cell or a run's
--- values are constant: nullif makes that null (no correlation), which
--- count(), avg() and stddev_samp() below skip.
+ranked_cells as (
+    select
+        pair_no,
+        cell,
+        value_1,
+        value_2,
+        rank2_1,
+        top_1,
+        (2 * rank() over by_value_2 + count(*) over by_value_2_ties - 1)
+            ::integer as rank2_2,
+        rank() over by_value_2 <= 10
+            or rank() over by_value_2 + count(*) over by_value_2_ties - 1
+                > count(*) over by_value_2_all - 10
+            as top_2,
+    from ranked_1
+    window
+        by_value_2 as (partition by pair_no order by value_2),
+        by_value_2_ties as (by_value_2 range between current row
+                                             and current row),
+        by_value_2_all as (by_value_2 rows between unbounded preceding
+                                           and unbounded following)
+),
+
+-- spearman: the correlation of twice the average ranks is that of the
+-- ranks. corr() is NaN, not null, when a pair has one matched cell or a
+-- run's values are constant: nullif makes that null (no correlation),
+-- which count(), avg() and stddev_samp() below skip.
 -- top10_r: the cells of the 10 largest |value_r|, largest first: max_by
--- keeps the 10 largest keys (|value_r|, -cell), a bounded top-k aggregate.
--- A cell with k larger |value| has at most k values above it (value >= 0)
--- or below it (value < 0), so the top 10 lie among the cells with
--- low_r <= 10 or high_r > n - 10: only those are offered
+-- keeps the 10 largest keys (|value_r|, -cell), a bounded top-k
+-- aggregate, offered only the candidates top_r
 pair_agreement as (
     select
         pair_no,
-        nullif(corr(low_1 + high_1, low_2 + high_2), 'nan'::double)
-            as spearman,
+        nullif(corr(rank2_1, rank2_2), 'nan'::double) as spearman,
         nullif(corr(value_1, value_2), 'nan'::double) as pearson,
-        max_by(cell, (abs(value_1), -cell), 10)
-            filter (where low_1 <= 10 or high_1 > n - 10) as top10_1,
-        max_by(cell, (abs(value_2), -cell), 10)
-            filter (where low_2 <= 10 or high_2 > n - 10) as top10_2,
+        max_by(cell, (abs(value_1), -cell::bigint), 10) filter (where top_1)
+            as top10_1,
+        max_by(cell, (abs(value_2), -cell::bigint), 10) filter (where top_2)
+            as top10_2,
     from ranked_cells
     group by pair_no
 ),
