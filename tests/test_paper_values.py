@@ -81,6 +81,17 @@ def test_results_md_quotes_the_table():
     assert len(found) >= 6 and set(found) <= numbers, set(found) - numbers
 
 
+def test_stored_evaluate_results_quote_the_table():
+    """docs/results/*/table1.md (written by jobs.evaluate): its paper_spearman_x100 column is the table's."""
+    for path in sorted((ROOT / "docs" / "results").glob("*/table1.md")):
+        rows = [line.split("|")[1:-1] for line in path.read_text(encoding="utf-8").splitlines()
+                if line.startswith("| ") and not line.startswith("| model")]  # fmt: skip
+        assert rows, path
+        for cells in rows:
+            model, quoted = cells[0].strip(), float(cells[-1])
+            assert quoted == pytest.approx(paper.get(f"table1_{model}").value), (path, model)
+
+
 def test_evaluate_reads_the_table():
     assert evaluate.PAPER_TABLE1 == {k: paper.get(f"table1_{k}").value for k in ("shelf", "tuned", "exact", "orig")}
     assert [v for v, _ in [(p[1], p[0]) for p in evaluate.PAPER_FIG4.values()]] == [0.83, 0.60]
