@@ -743,7 +743,7 @@ def test_agreement_equals_the_window_function_reference(tmp_path):
     run1, run2 = cases["ties, degenerate and left-out pairs"]
     con = _sql.connect(run1, run2)
     ties = con.execute("""select count(*) filter (where n > 1) from (select pair_id, value, count(*) as n from cells
-                      group by all)""").fetchone()[0]  # fmt: skip
+                      group by all)""").fetchall()[0][0]  # fmt: skip
     matched = dict(con.execute("""select pair_id, count(c2.value) from cells c1 left join cells_2 c2 using (pair_id, i, j)
                               group by 1""").fetchall())  # fmt: skip
     assert ties > 50 and matched["p13"] == 0 and matched["p11"] == 1
@@ -756,7 +756,7 @@ def test_agreement_equals_the_reference_on_real_runs(real_runs, tmp_path):
     stsb = real_runs["stsb"]
     pruned = tmp_path / "pruned"
     con = _sql.connect(stsb)
-    threshold = con.execute("select median(abs(value)) from cells").fetchone()[0]
+    threshold = con.execute("select median(abs(value)) from cells").fetchall()[0][0]
     cells = con.sql(f"select * from cells where abs(value) >= {threshold}").pl().to_dicts()
     pairs = con.sql("select * from pairs").pl().to_dicts()
     sentences = con.sql("select * from sentences").pl().to_dicts()
