@@ -5,6 +5,7 @@
     python bench/sql.py --pairs 2000       # smoke run (seconds, once the parsed templates are cached)
     python bench/sql.py --reuse --only agreement --var pair_fraction=0.1 --repeat 3
     python bench/sql.py --reuse --check --generate-only   # verify the store's invariants (CHECKS)
+    python bench/sql.py --run runs/<id> [--run2 runs/<id2>]  # an existing job store instead (nothing generated)
 
 The store (default /tmp/xsbert-bench-sql; never the repository) holds two runs of the same pairs, as
 `python -m jobs.attribute` writes them (docs/STORE.md, jobs/_store.SCHEMAS, PARQUET_OPTIONS, one part per
@@ -37,7 +38,11 @@ threads = --threads and memory_limit = --memory-limit, spilling to a folder in t
 time); rows out; and the cores the rest of the machine used meanwhile (/proc/stat minus the CLI's CPU
 time). Floors per table: count(*) (footers only) and a full scan (a hash over every column). A run
 measured while other work used > 0.5 core is repeated (--retries) and the fastest kept.
-Results: bench/results/sql.md and sql.json (with the sha256 of each timed file).
+Results: bench/results/sql.md and sql.json (with the sha256 of each timed file). With --run, the analyses run
+on a run directory that `python -m jobs.attribute` (and `jobs.parse`, for the parse-based files) wrote, e.g. the
+404k-pair rehearsal store of bench/scale.py; the two-run files get --run2, which defaults to --run (the same
+work as two runs; the answers are trivially 1). Results then go to bench/results/sql-run.md and .json.
+In sql.md, anything after the line NOTES_MARKER is kept when the file is rewritten.
 """
 
 from __future__ import annotations
@@ -79,6 +84,8 @@ from xsbert_core.syntax import ALIGNMENTS  # noqa: E402
 QQP = ROOT.parent / "shared" / "data" / "qqp" / "qqp_glue_train_subset.tsv.gz"
 SQL_DIR = ROOT / "sql"
 RESULTS = ROOT / "bench" / "results" / "sql.md"
+RUN_RESULTS = ROOT / "bench" / "results" / "sql-run.md"  # --run: an existing job store
+NOTES_MARKER = "<!-- notes: kept when bench/sql.py rewrites this file -->"
 DEFAULT_STORE = Path(tempfile.gettempdir()) / "xsbert-bench-sql"
 DUCKDB_CLI = Path(sys.executable).parent / "duckdb"
 GENERATOR_VERSION = 1  # bump when the generated store changes, so --reuse does not keep an old one
@@ -126,6 +133,8 @@ NOT_AFTER = ("is", "are", "was", "were", "can", "do", "does", "did", "should", "
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench/sql.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--store", default=str(DEFAULT_STORE), help=f"store root (default {DEFAULT_STORE})")
+    p.add_argument("--run", default=None, help="time the analyses on this existing run directory (nothing generated)")
+    p.add_argument("--run2", default=None, help="with --run: the second run of the two-run files (default: --run)")
     p.add_argument("--pairs", type=int, default=QQP_FULL_PAIRS, help=f"pairs to generate (default {QQP_FULL_PAIRS:,})")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reuse", action="store_true", help="keep a complete store made with the same --pairs and --seed")
@@ -146,7 +155,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--var", action="append", default=[], metavar="NAME=VALUE",
         help="a DuckDB variable for every analysis (e.g. pair_fraction=0.1); repeatable",
     )  # fmt: skip
-    p.add_argument("--results", default=str(RESULTS), help="markdown file to write ('' = don't); JSON beside it")
+    p.add_argument("--results", default=None,
+                   help=f"markdown file to write ('' = don't; default {RESULTS}, with --run {RUN_RESULTS}); JSON beside it")
     return p.parse_args(argv)
 
 
@@ -1021,6 +1031,28 @@ def open_store(args: argparse.Namespace) -> dict[str, Any]:
     return generate(args)
 
 
+def existing_run(args: argparse.Namespace) -> dict[str, Any]:
+    """--run: the description of a run directory written by jobs.attribute (rows per table from the Parquet
+    footers, bytes on disk, its config); nothing is generated or changed."""
+    import duckdb
+
+    runs = {k: Path(v).resolve() for k, v in (("run", args.run), ("run2", args.run2 or args.run))}
+    for key, run in runs.items():
+        if not (run / "manifest.json").is_file():
+            raise SystemExit(f"bench/sql.py: error: --{key} {run}: not a run directory (no manifest.json)")
+    run = runs["run"]
+    con = duckdb.connect()
+    counts, run_bytes = {}, {}
+    for table in TABLES:
+        parts = sorted((run / table).glob("*.parquet"))
+        run_bytes[table] = sum(f.stat().st_size for f in parts)
+        counts[table] = (con.execute(f"select count(*) from read_parquet('{run}/{table}/*.parquet')").fetchone()[0]
+                         if parts else None)  # fmt: skip
+    manifest = json.loads((run / "manifest.json").read_text(encoding="utf-8"))
+    return {"run": str(run), "run2": str(runs["run2"]), "counts": counts, "run_bytes": run_bytes,
+            "config": manifest.get("config", {})}  # fmt: skip
+
+
 # Invariants of the store (docs/STORE.md) that the generator must hold; each query returns 0 when it does.
 CHECKS = {
     "pairs: a row per stored cell and word cell, sums equal to the cells'": """
@@ -1164,7 +1196,7 @@ def duckdb_run(
     return {
         "wall_s": wall, "peak_rss_mb": rss_kb / 1024, "rows": rows, "cpu_s": cpu, "cores_used": cpu / wall,
         "other_cores": max(0.0, (other_busy - cpu) / wall), "load1_start": load0,
-        "exit": proc.returncode, "error": error.splitlines()[-1] if proc.returncode and error else "",
+        "exit": proc.returncode, "error": error.strip().splitlines()[0] if proc.returncode and error.strip() else "",
     }  # fmt: skip
 
 
@@ -1197,6 +1229,8 @@ def analyses(args: argparse.Namespace) -> list[Path]:
 def floors(desc: dict[str, Any], args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     out = []
     for table in ("pairs", "cells", "word_cells", "sentences", "parses", "quarantine"):
+        if desc["counts"].get(table) is None:  # --run: a table the run does not have (parses before jobs.parse)
+            continue
         src = f"read_parquet('{desc['run']}/{table}/*.parquet')"
         for kind, sql in (("count(*)", f"select count(*) from {src}"),
                           ("scan", f"select count(*), bit_xor(hash(t)) from {src} as t")):  # fmt: skip
@@ -1251,9 +1285,11 @@ def duckdb_version() -> str:
 
 def command_line(args: argparse.Namespace) -> str:
     parts = ["python bench/sql.py"]
-    if args.pairs != QQP_FULL_PAIRS:
+    if args.run:
+        parts.append(f"--run {args.run}" + (f" --run2 {args.run2}" if args.run2 else ""))
+    elif args.pairs != QQP_FULL_PAIRS:
         parts.append(f"--pairs {args.pairs}")
-    if args.reuse:
+    if args.reuse and not args.run:
         parts.append("--reuse")
     if args.memory_limit != "6GB":
         parts.append(f"--memory-limit {args.memory_limit}")
@@ -1262,6 +1298,8 @@ def command_line(args: argparse.Namespace) -> str:
     if args.only:
         parts.append("--only " + " ".join(args.only))
     parts += [f"--var {v}" for v in args.var]
+    if args.repeat != 1:
+        parts.append(f"--repeat {args.repeat}")
     return " ".join(parts)
 
 
@@ -1306,7 +1344,13 @@ def report(args: argparse.Namespace, desc: dict[str, Any], timing: dict[str, Any
         f"| planted pairs: negation / adjectives | {st['planted_negation_pairs']} / {st['planted_adjective_pairs']} |",
         f"| generation (s), parts per table | {desc['generate_s']:.0f}, {-(-cnt['pairs'] // desc['wave_size'])} |",
         "",
-        (
+        LEGEND,
+        "",
+    ]
+    return "\n".join(lines + timing_tables(args, timing)) + "\n"
+
+
+LEGEND = (
             f"Target: each analysis ≤ {TARGET_S:.0f} s on 2 cores, memory bounded. *wall*: the CLI process from "
             "start to exit (the fastest of the runs made, all in brackets); *CPU*: its user + system time; "
             "*peak RSS*: that process's maximum resident set (GNU "
@@ -1314,8 +1358,12 @@ def report(args: argparse.Namespace, desc: dict[str, Any], timing: dict[str, Any
             "(/proc/stat; a run with > 0.5 is repeated up to --retries times). *≤ 60 s*: yes when the wall time is; "
             "**no** when even CPU / threads is above 60 s (the wall time on idle cores with perfect parallelism); "
             "open when only the contention put it over."
-        ),
-        "",
+        )
+
+
+def timing_tables(args: argparse.Namespace, timing: dict[str, Any]) -> list[str]:
+    """The per-analysis table (and the floors) of a timing, as markdown lines."""
+    lines = [
         "| analysis | runs | wall (s) | CPU (s) | peak RSS (MB) | rows out | cores | other | ≤ 60 s |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -1347,18 +1395,56 @@ def report(args: argparse.Namespace, desc: dict[str, Any], timing: dict[str, Any
             c, s = by[(table, "count(*)")], by[(table, "scan")]
             lines.append(f"| {table} | {c['wall_s']:.2f} | {c['peak_rss_mb']:,.0f} | {s['wall_s']:.2f} | "
                          f"{s['cpu_s']:.1f} | {s['peak_rss_mb']:,.0f} |")  # fmt: skip
-    return "\n".join(lines) + "\n"
+    return lines
 
 
-def write_results(path: Path, text: str, payload: dict[str, Any]) -> None:
+def report_run(args: argparse.Namespace, desc: dict[str, Any], timing: dict[str, Any], load: tuple) -> str:
+    """--run: the timings on an existing job store."""
+    cnt, cfg = desc["counts"], desc["config"]
+    same = desc["run2"] == desc["run"]
+    lines = [
+        f"## `{command_line(args)}` ({dt.date.today().isoformat()})",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| machine | {machine()} |",
+        (
+            f"| DuckDB | CLI {duckdb_version()}, threads = {args.threads}, memory_limit = {args.memory_limit}, "
+            "a fresh process per query |"
+        ),
+        f"| 1-min load average at start / end of the timings | {load[0]:.2f} / {load[1]:.2f} |",
+        f"| run | `{desc['run']}` |",
+        f"| run2 (two-run files) | {'= run (the same work as two runs; the answers are trivially 1)' if same else desc['run2']} |",
+        (
+            f"| config | {cfg.get('model')}, {cfg.get('mode')}, {cfg.get('similarity')}, layer {cfg.get('layer')}, "
+            f"{cfg.get('rule')} N = {cfg.get('steps')}, min_abs {cfg.get('min_abs')} |"
+        ),
+        "| rows | " + ", ".join(f"{t} {n:,}" for t, n in cnt.items() if n is not None)
+        + ("; no parses (run `python -m jobs.parse --run RUN`)" if cnt.get("parses") is None else "") + " |",
+        "| on disk | " + ", ".join(f"{t} {b / 1e6:,.0f} MB" for t, b in desc["run_bytes"].items() if b) + " |",
+        "",
+        LEGEND,
+        "",
+    ]
+    return "\n".join(lines + timing_tables(args, timing)) + "\n"
+
+
+
+def write_results(path: Path, text: str, payload: dict[str, Any], existing: bool = False) -> None:
     header = (
+        "# SQL benchmark (bench/sql.py --run)\n\n"
+        "Every analysis in `sql/` on an existing job store (see the docstring of bench/sql.py).\n\n"
+    ) if existing else (
         "# SQL benchmark (bench/sql.py)\n\n"
         "Every analysis in `sql/` on a synthetic store of full-QQP size, made by the script from the QQP subset "
         "(real tokenizer, real parses, the real question-repeat rate; cell values fitted to `xsbert explain`); "
         "see the docstring of bench/sql.py for what is real and what is modelled.\n\n"
     )
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(header + text, encoding="utf-8")
+    notes = ""
+    if path.exists() and NOTES_MARKER in (old := path.read_text(encoding="utf-8")):
+        notes = "\n" + old[old.index(NOTES_MARKER):]
+    path.write_text(header + text + notes, encoding="utf-8")
     path.with_suffix(".json").write_text(json.dumps(payload, indent=1, default=str) + "\n", encoding="utf-8")
 
 
@@ -1369,28 +1455,33 @@ def main(args: argparse.Namespace) -> int:
     if any(not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.+", v) for v in args.var):
         print("bench/sql.py: error: --var takes NAME=VALUE (VALUE a SQL literal, e.g. 0.1 or 'x')", file=sys.stderr)
         return 2
-    if not QQP.exists():
+    if not args.run and not QQP.exists():
         print(f"bench/sql.py: error: the QQP subset is missing: {QQP}", file=sys.stderr)
+        return 2
+    if args.results is None:
+        args.results = str(RUN_RESULTS if args.run else RESULTS)
+    if args.run2 and not args.run:
+        print("bench/sql.py: error: --run2 needs --run", file=sys.stderr)
         return 2
     if not args.generate_only and not DUCKDB_CLI.exists():
         print(f"bench/sql.py: error: no duckdb CLI at {DUCKDB_CLI} (pip install duckdb-cli)", file=sys.stderr)
         return 2
-    desc = open_store(args)
-    if args.check:
+    desc = existing_run(args) if args.run else open_store(args)
+    if args.check and not args.run:
         check_store(desc)
     if args.generate_only:
         return 0
     load0 = os.getloadavg()[0]
     timing = time_all(desc, args)
     load1 = os.getloadavg()[0]
-    text = report(args, desc, timing, (load0, load1))
+    text = (report_run if args.run else report)(args, desc, timing, (load0, load1))
     print()
     print(text)
     if args.results:
         payload = {"date": dt.date.today().isoformat(), "command": command_line(args), "machine": machine(),
                    "duckdb": duckdb_version(), "threads": args.threads, "memory_limit": args.memory_limit,
                    "load1": [load0, load1], "store": desc, **timing}  # fmt: skip
-        write_results(Path(args.results), text, payload)
+        write_results(Path(args.results), text, payload, existing=bool(args.run))
         print(f"written: {args.results} and {Path(args.results).with_suffix('.json').name}")
     failed = [r["analysis"] for r in timing["analyses"] if r["exit"] != 0]
     return 1 if failed else 0
