@@ -149,13 +149,17 @@ def engine_rate(model: str, texts: list[str], **settings) -> float:
 
 # --------------------------------------------------------------------------- sampling
 class Sampler(threading.Thread):
-    """Peak RSS of the driver (the job's process) and of Ray's workers, and peak /dev/shm use, every `period` s."""
+    """Peak RSS of the driver (the job's process) and of Ray's workers, and peak /dev/shm use, every `period` s.
+
+    The driver's RSS counts the object-store pages it has mapped (RssShmem: shared with /dev/shm, not the
+    driver's own memory), so its private part (RssAnon) is sampled too."""
 
     def __init__(self, pid: int, period: float = 0.25) -> None:
         super().__init__(daemon=True)
         self.pid, self.period = pid, period
         self.stop_event = threading.Event()
         self.driver_rss = self.worker_rss_max = self.workers_rss_sum = self.shm_used = 0
+        self.driver_anon = self.driver_shmem = 0
         self.shm_base = self._shm()
 
     @staticmethod
@@ -165,12 +169,25 @@ class Sampler(threading.Thread):
         except OSError:
             return 0
 
+    @staticmethod
+    def _status(pid: int) -> tuple[int, int]:
+        """(RssAnon, RssShmem) of `pid` in bytes, from /proc (0, 0 where there is none)."""
+        fields = {"RssAnon": 0, "RssShmem": 0}
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                key, _, value = line.partition(":")
+                if key in fields:
+                    fields[key] = int(value.split()[0]) * 1024
+        return fields["RssAnon"], fields["RssShmem"]
+
     def run(self) -> None:
         import psutil
 
         while not self.stop_event.is_set():
             with contextlib.suppress(psutil.Error):
                 self.driver_rss = max(self.driver_rss, psutil.Process(self.pid).memory_info().rss)
+                anon, shmem = self._status(self.pid)
+                self.driver_anon, self.driver_shmem = max(self.driver_anon, anon), max(self.driver_shmem, shmem)
             total = biggest = 0
             for proc in psutil.process_iter(["name", "cmdline"]):
                 try:
@@ -190,7 +207,8 @@ class Sampler(threading.Thread):
         self.stop_event.set()
         self.join(timeout=5)
         mb = 1 / 2**20
-        return {"driver_rss_mb": self.driver_rss * mb, "worker_rss_max_mb": self.worker_rss_max * mb,
+        return {"driver_rss_mb": self.driver_rss * mb, "driver_anon_mb": self.driver_anon * mb,
+                "driver_shmem_mb": self.driver_shmem * mb, "worker_rss_max_mb": self.worker_rss_max * mb,
                 "workers_rss_sum_mb": self.workers_rss_sum * mb, "shm_peak_mb": self.shm_used * mb}  # fmt: skip
 
 
@@ -285,6 +303,8 @@ def measure(n: int, args: argparse.Namespace, model: Path) -> dict:
         "ms_per_pair_process": 1000 * first["wall_s"] / n,
         "ms_per_pair_job": 1000 * job_wall / n,
         "driver_rss_mb": first["driver_rss_mb"],
+        "driver_anon_mb": first["driver_anon_mb"],
+        "driver_shmem_mb": first["driver_shmem_mb"],
         "worker_rss_max_mb": first["worker_rss_max_mb"],
         "workers_rss_sum_mb": first["workers_rss_sum_mb"],
         "shm_peak_mb": first["shm_peak_mb"],
@@ -342,7 +362,9 @@ COLUMNS = (
     ("attribution_s", "attribution compute (s, engine time / actors)", "{:.1f}"), ("factors_s", "stage 1 (s)", "{:.1f}"), ("cells_s", "stage 2 (s)", "{:.1f}"), ("commit_s", "commits (s)", "{:.2f}"),
     ("orchestration_s", "driver rest (s)", "{:.1f}"), ("ms_per_pair_process", "ms/pair (process)", "{:.2f}"),
     ("overhead_ms_per_pair", "ms/pair besides attribution", "{:.2f}"),
-    ("driver_rss_mb", "driver peak RSS (MB)", "{:,.0f}"), ("worker_rss_max_mb", "largest worker RSS (MB)", "{:,.0f}"),
+    ("driver_rss_mb", "driver peak RSS (MB)", "{:,.0f}"),
+    ("driver_anon_mb", "driver peak private memory, RssAnon (MB)", "{:,.0f}"),
+    ("driver_shmem_mb", "driver peak object-store pages mapped, RssShmem (MB)", "{:,.0f}"), ("worker_rss_max_mb", "largest worker RSS (MB)", "{:,.0f}"),
     ("shm_peak_mb", "/dev/shm peak (MB)", "{:,.0f}"), ("store_mb", "store (MB)", "{:,.1f}"),
     ("cells", "cells", "{:,}"), ("cell_parts", "cells parts", "{:,}"), ("rerun_s", "rerun, nothing to do (s)", "{:.1f}"),
     ("resume_s", "resume after SIGKILL (s)", "{:.1f}"), ("resume_recomputed_pairs", "pairs recomputed", "{:,}"),
