@@ -893,7 +893,7 @@ def _two_layers(ctx: Context) -> str:
 
 def _lexical_metric(ctx: Context) -> str:
     """The lexical-rank comparison as jobs.paper spells the paper's."""
-    special = "ranked" if ctx.var("include_special", False) is True else "left out"
+    special = "ranked" if ctx.var("include_special", True) is not False else "left out"
     return (f"Spearman of lexical ranks, tokens with ≥ {ctx.var('min_count', 30)} same-token cells, special tokens "
             f"{special}")
 

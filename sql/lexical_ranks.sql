@@ -16,8 +16,11 @@
 --           std    sample standard deviation of value (null when n = 1)
 --           rank   1 = highest mean; ties share the smaller rank (rank())
 -- Params    min_count        30     minimum n of a token
---           include_special  false  true: keep special tokens, which are
---                                    excluded by default (they are no words)
+--           include_special  true   the paper's definition: special tokens
+--                                    ([CLS], EOS, <s>, ...) are ranked with the
+--                                    rest (they come last in the paper's
+--                                    Fig 10 / Tables 3-4), as is punctuation;
+--                                    false: word tokens only (content view)
 -- Run       duckdb -cmd "set variable run = 'runs/<id>'" -f sql/lexical_ranks.sql
 --           xsbert sql --run runs/<id> --file sql/lexical_ranks.sql --var min_count=10
 
@@ -53,7 +56,7 @@ kept_cells as (
         token,
         value,
     from same_token_cells
-    where coalesce(getvariable('include_special'), false)
+    where coalesce(getvariable('include_special'), true)
         or token not in (select token from special_tokens)
 ),
 

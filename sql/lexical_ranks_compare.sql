@@ -23,7 +23,9 @@
 --                  when undefined (one shared token, or all shared means
 --                  tied in a run); no shared token: no row
 -- Params    min_count        30     minimum n of a token in each run
---           include_special  false  keep special tokens ([CLS], <s>, ...)
+--           include_special  true   rank special tokens ([CLS], <s>, ...)
+--                                    too, as the paper does (punctuation is
+--                                    always ranked); false: word tokens only
 -- Run       duckdb -cmd "set variable run = 'runs/<id1>'" \
 --                  -cmd "set variable run2 = 'runs/<id2>'" \
 --                  -f sql/lexical_ranks_compare.sql
@@ -85,7 +87,7 @@ token_stats_1 as (
         avg(value) as mean,
         stddev_samp(value) as std,
     from same_token_cells_1
-    where coalesce(getvariable('include_special'), false)
+    where coalesce(getvariable('include_special'), true)
         or token not in (select token from special_tokens_1)
     group by 1
     having count(*) >= coalesce(getvariable('min_count'), 30)
@@ -98,7 +100,7 @@ token_stats_2 as (
         avg(value) as mean,
         stddev_samp(value) as std,
     from same_token_cells_2
-    where coalesce(getvariable('include_special'), false)
+    where coalesce(getvariable('include_special'), true)
         or token not in (select token from special_tokens_2)
     group by 1
     having count(*) >= coalesce(getvariable('min_count'), 30)

@@ -198,13 +198,13 @@ def test_lexical_ranks_find_a_planted_bias(tmp_path):
     run, data = random_run(tmp_path, "r", np.random.default_rng(1), n_pairs=30, bias={"cat": 1.0})
     df = run_sql(run, "lexical_ranks.sql", min_count=3)
     assert df.row(0, named=True)["token"] == "cat" and df.row(0, named=True)["rank"] == 1
-    check_lexical(df, slow_lexical(data["cells"], 3))
-    assert "[CLS]" not in df["token"].to_list()  # special tokens are no words: out by default
-    with_special = run_sql(run, "lexical_ranks.sql", min_count=3, include_special=True)
-    check_lexical(with_special, slow_lexical(data["cells"], 3, include_special=True))
-    assert {"[CLS]", "[SEP]"} <= set(with_special["token"].to_list())
+    check_lexical(df, slow_lexical(data["cells"], 3, include_special=True))
+    assert {"[CLS]", "[SEP]"} <= set(df["token"].to_list())  # the paper ranks special tokens: in by default
+    words_only = run_sql(run, "lexical_ranks.sql", min_count=3, include_special=False)
+    check_lexical(words_only, slow_lexical(data["cells"], 3))
+    assert "[CLS]" not in words_only["token"].to_list() and "[SEP]" not in words_only["token"].to_list()
     default = run_sql(run, "lexical_ranks.sql")  # min_count 30
-    check_lexical(default, slow_lexical(data["cells"], 30))
+    check_lexical(default, slow_lexical(data["cells"], 30, include_special=True))
 
 
 def test_lexical_ranks_compare_is_scipys_spearman_with_ties(tmp_path):
@@ -220,8 +220,12 @@ def test_lexical_ranks_compare_is_scipys_spearman_with_ties(tmp_path):
     df = run_sql(run1, "lexical_ranks_compare.sql", run2, min_count=2)
     assert df.columns == ["token", "n_1", "mean_1", "std_1", "rank_1", "n_2", "mean_2", "std_2", "rank_2",
                           "shared_rank_1", "shared_rank_2", "n_shared", "spearman"]  # fmt: skip
-    e1, e2 = slow_lexical(data1["cells"], 2), slow_lexical(data2["cells"], 2)
+    e1, e2 = slow_lexical(data1["cells"], 2, True), slow_lexical(data2["cells"], 2, True)  # special tokens ranked
     shared = sorted(set(e1) & set(e2))
+    assert {"[CLS]", "[SEP]"} <= set(shared)
+    words_only = run_sql(run1, "lexical_ranks_compare.sql", run2, min_count=2, include_special=False)
+    w1, w2 = slow_lexical(data1["cells"], 2), slow_lexical(data2["cells"], 2)
+    assert sorted(words_only["token"].to_list()) == sorted(set(w1) & set(w2)) == [t for t in shared if t[0] != "["]
     assert sorted(df["token"].to_list()) == shared and len(shared) >= 6
     got = records(df, "token")
     m1, m2 = [e1[t][1] for t in shared], [e2[t][1] for t in shared]
@@ -804,7 +808,7 @@ def test_lexical_ranks_compare_undefined_spearman_is_null_not_nan(tmp_path):
     }
     for case, (values, n_shared, rho) in cases.items():
         df = run_sql(run, "lexical_ranks_compare.sql", self_cells_run(tmp_path, case.replace(" ", "-"), values),
-                     min_count=1)  # fmt: skip
+                     min_count=1, include_special=False)  # fmt: skip  (the words' ranks: the cases are about them)
         assert df["n_shared"].to_list() == [n_shared] * n_shared, case
         assert all(close(x, rho) for x in df["spearman"].to_list()), (case, df["spearman"].to_list())
 
@@ -1056,7 +1060,9 @@ def test_real_runs_answer_every_analysis(real_runs, capsys):
 
     lexical = run_sql(stsb, "lexical_ranks.sql", min_count=1)
     assert lexical.height > 5 and lexical["rank"].min() == 1 and lexical["mean"].is_finite().all()
-    assert not {"[CLS]", "[SEP]"} & set(lexical["token"].to_list())
+    assert {"[CLS]", "[SEP]"} <= set(lexical["token"].to_list())  # ranked, as in the paper's Fig 10
+    words_only = run_sql(stsb, "lexical_ranks.sql", min_count=1, include_special=False)
+    assert set(words_only["token"].to_list()) == set(lexical["token"].to_list()) - {"[CLS]", "[SEP]"}
     same = run_sql(stsb, "lexical_ranks_compare.sql", stsb, min_count=1)  # a run against itself
     assert same.height == lexical.height and same["spearman"].to_list() == [pytest.approx(1.0)] * same.height
 
