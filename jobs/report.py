@@ -752,7 +752,7 @@ def negation(df: pl.DataFrame, ctx: Context) -> list[Finding]:
                 "'not'.", {"share_negative": share, "n_pairs": n, "n_negative": int(df["is_negative"].sum())},
                 **cite(_negation_key(ctx), model_label(ctx.facts), layer_label(ctx.facts), subset_label(ctx.facts),
                        "share of negative 'not' attributions")),
-        Finding(f"In 90% of the pairs |not attribution / ΣA| is at most {num(p90, 3)}; on average the 'not' "
+        Finding(f"In 90% of the pairs |not attribution / ΣW| (ΣW: the pair's word cells) is at most {num(p90, 3)}; on average the 'not' "
                 f"contributes {signed(df['not_attribution'].mean())} (relative size {signed(mean_relative)}).",
                 {"p90_abs_relative": p90, "mean_relative": mean_relative,
                  "mean_not_attribution": df["not_attribution"].mean()}),
@@ -776,15 +776,16 @@ def plot_negation(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
                      group_colors={"this run": "#1f77b4", "paper (Fig 8)": "#9a9a9a"},
                      note=f"this run: {subset_label(ctx.facts)}; paper: {shelf.subset}", value_format="{:.1f}%")
     p90 = df["p90_abs_relative"][0]
-    plot_histograms({"not / ΣA": df["relative"].to_numpy()}, ctx.out / "negation-hist.png",
-                    "Relative size of the 'not' attribution", "not attribution / ΣA", vlines={"0": 0.0})
-    plot_cdfs({"|not / ΣA|": np.abs(df["relative"].to_numpy())}, ctx.out / "negation-cdf.png",
-              "Cumulative share of pairs by |not attribution / ΣA|", "|not attribution / ΣA|",
+    plot_histograms({"not / ΣW": df["relative"].to_numpy()}, ctx.out / "negation-hist.png",
+                    "Relative size of the 'not' attribution", "not attribution / ΣW (word cells)", vlines={"0": 0.0})
+    plot_cdfs({"|not / ΣW|": np.abs(df["relative"].to_numpy())}, ctx.out / "negation-cdf.png",
+              "Cumulative share of pairs by |not attribution / ΣW|", "|not attribution / ΣW|",
               vlines={f"90th percentile {p90:.3f}": p90})  # fmt: skip
     return [("negation-share.png", ("Share of pairs whose 'not' attribution is negative, this run beside the paper's "
              "two values (Fig 8, all-mpnet-base-v2); the settings differ where the labels do.")),
             ("negation-hist.png", ("The not-word's attribution (its word cells against every word of the other side) "
-             "relative to the pair's total ΣA.")),
+             "relative to the sum ΣW of all the pair's word cells (the same cells: word × word means over tokens, special "
+             "tokens in neither).")),
             ("negation-cdf.png", "Cumulative share of pairs by the absolute relative size.")]  # fmt: skip
 
 

@@ -21,7 +21,16 @@
 --           not_attribution  sum of the not-word's word cells against every
 --                            word of the other side (with --min-abs: the
 --                            stored ones; 0 when none is stored)
---           relative         not_attribution / attribution_sum
+--           word_attribution_sum  sum of all the pair's word cells (with
+--                            --min-abs: the stored ones)
+--           relative         not_attribution / word_attribution_sum:
+--                            numerator and denominator over the same
+--                            cells, the pair's word cells (word x word
+--                            means over tokens; special tokens are in
+--                            neither). attribution_sum, over all token
+--                            cells, is the pair's total and is not on
+--                            the same scale. Null when the word cells
+--                            sum to 0 or none is stored.
 --           is_negative      not_attribution < 0
 --           share_negative, p90_abs_relative  over all rows: share of
 --                            is_negative and the 90th percentile of
@@ -109,14 +118,16 @@ negation_pairs as (
 not_cells as (
     select
         word_cells.pair_id,
-        sum(word_cells.value) as not_attribution,
+        sum(word_cells.value) filter (
+            where (negation_pairs.not_side = 'a'
+                    and word_cells.u = negation_pairs.not_index)
+                or (negation_pairs.not_side = 'b'
+                    and word_cells.v = negation_pairs.not_index)
+        ) as not_attribution,
+        sum(word_cells.value) as word_attribution_sum,
     from word_cells
     inner join negation_pairs
         on word_cells.pair_id = negation_pairs.pair_id
-    where (negation_pairs.not_side = 'a'
-            and word_cells.u = negation_pairs.not_index)
-        or (negation_pairs.not_side = 'b'
-            and word_cells.v = negation_pairs.not_index)
     group by 1
 ),
 
@@ -130,8 +141,9 @@ negation as (
         negation_pairs.not_side,
         negation_pairs.not_index,
         coalesce(not_cells.not_attribution, 0) as not_attribution,
+        not_cells.word_attribution_sum,
         coalesce(not_cells.not_attribution, 0)
-            / negation_pairs.attribution_sum as relative,
+            / nullif(not_cells.word_attribution_sum, 0) as relative,
         coalesce(not_cells.not_attribution, 0) < 0 as is_negative,
     from negation_pairs
     left join not_cells on negation_pairs.pair_id = not_cells.pair_id

@@ -162,11 +162,12 @@ def test_the_numbers_on_the_page_are_the_sqls(reports, stores):
     for s in ("negation", "adjectives"):
         assert got[s]["status"] == "skipped"
 
-    # The negation store's planted not-attributions: -0.35, 0.4, 0.5, 0.0 over sums 0.5, 0.6, 0.8, 1.0.
+    # The negation store's planted not-attributions -0.35, 0.4, 0.5, 0.0 over the sums of the pairs' word cells
+    # (every other word cell is 1.0: 16, 16, 25, 16 of them; tests/test_sql.py NEGATION_PAIRS).
     neg = " ".join(f["text"] for f in sections(reports["negation"][1])["negation"]["findings"])
-    relative = np.abs([-0.35 / 0.5, 0.4 / 0.6, 0.5 / 0.8, 0.0 / 1.0])
+    relative = np.abs([-0.35 / 15.65, 0.4 / 16.4, 0.5 / 25.5, 0.0 / 16.0])
     assert "negative in 25.0% of the 4 pairs" in neg
-    assert f"|not attribution / ΣA| is at most {np.percentile(relative, 90):.3f}" in neg
+    assert f"|not attribution / ΣW| (ΣW: the pair's word cells) is at most {np.percentile(relative, 90):.3f}" in neg
     # The adjectives store: one synonym cell 0.4, one opposite cell -0.1, two pairs without a cell.
     adj = " ".join(f["text"] for f in sections(reports["adjectives"][1])["adjectives"]["findings"])
     assert "+0.400 for synonyms and -0.100 for opposites" in adj and "larger in 1 of 1 triplets" in adj

@@ -391,18 +391,23 @@ def negation_run(root: Path) -> Path:
 def test_negation_finds_the_not_and_its_planted_negative_attribution(tmp_path):
     df = run_sql(negation_run(tmp_path), "negation.sql")
     assert df.columns == ["pair_id", "text_a", "text_b", "score", "attribution_sum", "not_side", "not_index",
-                          "not_attribution", "relative", "is_negative", "share_negative",
+                          "not_attribution", "word_attribution_sum", "relative", "is_negative", "share_negative",
                           "p90_abs_relative"]  # fmt: skip
     assert df["pair_id"].to_list() == ["n1", "n2", "n4", "n6"]  # not "cannot", not a pair without a not
     got = records(df, "pair_id")
-    expected = {  # pair: not_side, not_index, not_attribution, attribution_sum
-        "n1": ("a", 2, -0.35, 0.5), "n2": ("b", 0, 0.4, 0.6), "n4": ("a", 2, 0.5, 0.8), "n6": ("a", 2, 0.0, 1.0),
+    # every other word cell is 1.0 (negation_run): the pair's word cells sum to the not-word's plus the rest
+    n_rest = {pid: len(wa) * len(wb) - (len(wa) if len(wa) < len(wb) else len(wb))
+              for pid, _, _, wa, wb, _ in NEGATION_PAIRS}  # fmt: skip
+    expected = {  # pair: not_side, not_index, not_attribution, the sum of the pair's word cells
+        "n1": ("a", 2, -0.35, -0.35 + n_rest["n1"]), "n2": ("b", 0, 0.4, 0.4 + n_rest["n2"]),
+        "n4": ("a", 2, 0.5, 0.5 + n_rest["n4"]), "n6": ("a", 2, 0.0, 0.0 + n_rest["n6"]),
     }  # fmt: skip
-    for pid, (side, index, total, attribution_sum) in expected.items():
+    for pid, (side, index, total, word_sum) in expected.items():
         row = got[pid]
         assert (row["not_side"], row["not_index"]) == (side, index)
         assert row["not_attribution"] == pytest.approx(total) and row["is_negative"] == (total < 0)
-        assert row["relative"] == pytest.approx(total / attribution_sum)
+        assert row["word_attribution_sum"] == pytest.approx(word_sum)
+        assert row["relative"] == pytest.approx(total / word_sum)  # numerator and denominator: word cells
     relative = [total / s for _, _, total, s in expected.values()]
     assert set(df["share_negative"].to_list()) == {0.25}
     assert df["p90_abs_relative"][0] == pytest.approx(np.percentile(np.abs(relative), 90))
@@ -1089,13 +1094,14 @@ def test_real_runs_answer_every_analysis(real_runs, capsys):
     neg = _sql.connect(real_runs["negation"])
     assert negation.height == 3 and (negation["not_side"] == "a").all()
     for r in negation.iter_rows(named=True):
-        (word, total, attribution_sum) = neg.sql(f"""
+        (word, total, word_sum) = neg.sql(f"""
             select s.words[{r['not_index']} + 1], (select sum(value) from word_cells
-                   where pair_id = '{r['pair_id']}' and u = {r['not_index']}), p.attribution_sum
+                   where pair_id = '{r['pair_id']}' and u = {r['not_index']}),
+                   (select sum(value) from word_cells where pair_id = '{r['pair_id']}')
             from pairs p join sentences s on s.sentence_id = p.sentence_id_a
             where p.pair_id = '{r['pair_id']}'""").fetchall()[0]  # fmt: skip
         assert word.lower() == "not" and r["not_attribution"] == pytest.approx(total)
-        assert r["relative"] == pytest.approx(total / attribution_sum)
+        assert r["relative"] == pytest.approx(total / word_sum)
 
     adjectives_run = real_runs["adjectives"]
     adj = _sql.connect(adjectives_run)
