@@ -1313,10 +1313,9 @@ def verdict(wall: float, cpu: float, threads: int) -> str:
     return f"open (CPU/{threads} = {cpu / threads:.0f} s)"
 
 
-def report(args: argparse.Namespace, desc: dict[str, Any], timing: dict[str, Any], load: tuple) -> str:
-    cnt, st = desc["counts"], desc["stats"]
-    run_b = desc["run_bytes"]
-    lines = [
+def table_head(args: argparse.Namespace, load: tuple) -> list[str]:
+    """The first lines of a results section: the command, the machine, DuckDB's settings, the load."""
+    return [
         f"## `{command_line(args)}` ({dt.date.today().isoformat()})",
         "",
         "| | |",
@@ -1327,6 +1326,14 @@ def report(args: argparse.Namespace, desc: dict[str, Any], timing: dict[str, Any
             "a fresh process per query |"
         ),
         f"| 1-min load average at start / end of the timings | {load[0]:.2f} / {load[1]:.2f} |",
+    ]
+
+
+def report(args: argparse.Namespace, desc: dict[str, Any], timing: dict[str, Any], load: tuple) -> str:
+    cnt, st = desc["counts"], desc["stats"]
+    run_b = desc["run_bytes"]
+    lines = [
+        *table_head(args, load),
         f"| store | {desc['store_bytes'] / 1e9:.2f} GB on disk for both runs (run 1: "
         + ", ".join(f"{t} {b / 1e6:,.0f} MB" for t, b in run_b.items())
         + "; run 2 shares sentences and parses) |",
@@ -1403,16 +1410,7 @@ def report_run(args: argparse.Namespace, desc: dict[str, Any], timing: dict[str,
     cnt, cfg = desc["counts"], desc["config"]
     same = desc["run2"] == desc["run"]
     lines = [
-        f"## `{command_line(args)}` ({dt.date.today().isoformat()})",
-        "",
-        "| | |",
-        "|---|---|",
-        f"| machine | {machine()} |",
-        (
-            f"| DuckDB | CLI {duckdb_version()}, threads = {args.threads}, memory_limit = {args.memory_limit}, "
-            "a fresh process per query |"
-        ),
-        f"| 1-min load average at start / end of the timings | {load[0]:.2f} / {load[1]:.2f} |",
+        *table_head(args, load),
         f"| run | `{desc['run']}` |",
         f"| run2 (two-run files) | {'= run (the same work as two runs; the answers are trivially 1)' if same else desc['run2']} |",
         (
