@@ -259,6 +259,10 @@ def plot_all(out: Path, summary: dict[str, Any]) -> list[Path]:
     written: list[Path] = []
     if (out / "agreement.parquet").exists():
         ag = pl.read_parquet(out / "agreement.parquet").sort("layer")
+        every = None
+        if "include_special" in ag.columns:  # content tokens drawn, every cell's Spearman beside them
+            every = ag.filter(pl.col("include_special"), pl.col("score_bin") == "all")
+            ag = ag.filter(~pl.col("include_special"))
         overall = ag.filter(pl.col("score_bin") == "all")
         layers = overall["layer"].to_list()
         top = ag.filter(pl.col("bin_low") == 0.75)
@@ -271,6 +275,8 @@ def plot_all(out: Path, summary: dict[str, Any]) -> list[Path]:
                   "Pearson, all pairs": (overall["pearson_mean"].to_numpy(), None)}  # fmt: skip
         if top.height == len(layers):
             series["Spearman, mean score in (0.75, 1]"] = (top["spearman_mean"].to_numpy(), None)
+        if every is not None and every.height == len(layers):
+            series["Spearman, all pairs, every cell (special tokens in)"] = (every["spearman_mean"].to_numpy(), None)
         written.append(plot_by_layer(layers, series, out / "fig3_agreement_correlation.png",
                                      "Exact vs approximate attributions: rank correlation per pair",
                                      "correlation of token cells",
@@ -364,11 +370,13 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                 run_layer(layer)
             for layer in sorted(records):  # the requested layers and those recorded by earlier invocations
                 rec = records[layer]
-                df = sql_file("agreement", rec["runs"]["exact"]["run_dir"], rec["runs"]["tuned"]["run_dir"])
+                # content tokens (the paper's cells, agreement.sql's default), every cell beside it
+                df = pl.concat([sql_file("agreement", rec["runs"]["exact"]["run_dir"], rec["runs"]["tuned"]["run_dir"],
+                                         include_special=special) for special in (False, True)])  # fmt: skip
                 worst = max(r["mean_abs_completeness_error"] for r in rec["runs"].values())
                 frames.append(df.with_columns(pl.lit(layer).alias("layer"), pl.lit(rec["steps"]).alias("steps"),
                                               pl.lit(worst).alias("max_mean_abs_error")))  # fmt: skip
-                rho = df.filter(pl.col("score_bin") == "all")["spearman_mean"][0]
+                rho = df.filter(pl.col("score_bin") == "all", ~pl.col("include_special"))["spearman_mean"][0]
                 shown = "undefined (no pair with a correlation)" if rho is None else f"{rho:.3f}"
                 print(f"layer {layer}: N={rec['steps']}, mean |error| <= {worst:.1e}, spearman {shown}", flush=True)
             first = ["layer", "steps", "max_mean_abs_error"]

@@ -597,7 +597,7 @@ def agreement_tokens(df: pl.DataFrame, ctx: Context) -> str:
     if "include_special" in df.columns:
         include = bool(df["include_special"][0])
     else:
-        include = ctx.var("include_special", True) is not False
+        include = ctx.var("include_special", False) is not False
     return "all tokens" if include else "content tokens"
 
 
@@ -612,6 +612,22 @@ def _correlated(row: dict[str, Any]) -> str:
     return f" (over the {plural(k, 'pair')} with a correlation; {n - k} of {n} share one cell or have constant values)"
 
 
+def every_cell_agreement(ctx: Context) -> dict[str, Any] | None:
+    """agreement.sql's 'all' row with include_special = true (every cell), the figure beside the content one; the
+    connection's variables are left as they were."""
+    before = ctx.var("include_special", None)
+    ctx.con.execute("set variable include_special = true")
+    try:
+        df = _sql.run_file(ctx.con, _sql.SQL_DIR / "agreement.sql")
+    finally:
+        if before is None:
+            ctx.con.execute("reset variable include_special")
+        else:
+            ctx.con.execute(f"set variable include_special = {_sql._literal(before)}")
+    rows = df.filter(pl.col("score_bin") == "all")
+    return rows.row(0, named=True) if rows.height else None
+
+
 def agreement(df: pl.DataFrame, ctx: Context) -> list[Finding]:
     row = df.filter(pl.col("score_bin") == "all").row(0, named=True)
     keys = ("n_pairs", "n_correlated", "spearman_mean", "spearman_std", "pearson_mean", "jaccard_top3_mean",
@@ -624,12 +640,23 @@ def agreement(df: pl.DataFrame, ctx: Context) -> list[Finding]:
     jaccard = "fig4_jaccard_top10_l8" if layer == paper.get("fig4_jaccard_top10_l8").layer else "fig4_jaccard_top10_l11"
     spread = "" if missing(row["spearman_std"]) else f" ± {num(row['spearman_std'])}"
     over = _correlated(row)
+    level = str(df["level"][0]) if "level" in df.columns else "token"
+    cells = "word matrices" if level == "word" else f"token matrices ({tokens})"
     out = [Finding(
-        f"Over {row['n_pairs']} shared pairs the token matrices of run ({one}) and run2 ({two}) agree with Spearman "
+        f"Over {row['n_pairs']} shared pairs the {cells} of run ({one}) and run2 ({two}) agree with Spearman "
         f"{num(row['spearman_mean'])}{spread}, Pearson {num(row['pearson_mean'])}{over}, and their "
         f"top-10 cells overlap with Jaccard {num(row['jaccard_top10_mean'])} (top-3: {num(row['jaccard_top3_mean'])}).",
         {k: row[k] for k in keys},
     )]  # fmt: skip
+    if level == "token" and tokens == "content tokens":
+        every = every_cell_agreement(ctx)
+        if every is not None:
+            out.append(Finding(
+                f"Over every cell (special tokens' rows and columns included) the same pairs read Spearman "
+                f"{num(every['spearman_mean'])}, top-10 Jaccard {num(every['jaccard_top10_mean'])} (top-3: "
+                f"{num(every['jaccard_top3_mean'])}): where the special tokens' cells tie (at shallow layers they are "
+                f"exactly 0 in both runs) the all-token Spearman reads higher than the content one.",
+                {f"every_cell_{k}": every[k] for k in keys}))  # fmt: skip
     bin_width = float(ctx.var("bin_width", 0.25))
     for low, key, what in ((0.5, jaccard, "jaccard"), (TOP_SCORE, "fig3_spearman_top", "spearman")):
         part = above(df, low, ctx)

@@ -60,8 +60,10 @@ def test_evaluate_all_stages_on_tiny_variants(ray_cluster, tiny_variants, tmp_pa
     assert all(r["n_done"] == 6 for r in rec["runs"].values())
     ag = pl.read_parquet(out / "agreement.parquet")
     overall = ag.filter(pl.col("score_bin") == "all")
-    assert overall["layer"].to_list() == [1] and overall["n_pairs"][0] == 6
-    assert -1 <= overall["spearman_mean"][0] <= 1
+    # content tokens (the paper's cells) and every cell beside them, one 'all' row each
+    assert overall["layer"].to_list() == [1, 1] and overall["include_special"].to_list() == [False, True]
+    assert overall["n_pairs"].to_list() == [6, 6]
+    assert all(-1 <= v <= 1 for v in overall["spearman_mean"].to_list())
     # the exact run is the exact model in exact mode, the tuned run the tuned model in approx mode
     for name, mode in (("exact", "exact"), ("tuned", "approx")):
         manifest = json.loads((Path(rec["runs"][name]["run_dir"]) / "manifest.json").read_text())

@@ -146,6 +146,12 @@ def test_the_numbers_on_the_page_are_the_sqls(reports, stores):
     assert (f"Spearman {report.num(agreement['spearman_mean'])} ± {report.num(agreement['spearman_std'])}"
             in text["agreement"])  # fmt: skip
     assert f"Jaccard {report.num(agreement['jaccard_top10_mean'])}" in text["agreement"]
+    assert "token matrices (content tokens)" in text["agreement"]  # the paper's cells, the default
+    every = run_sql(main, "agreement.sql", second, include_special=True).filter(pl.col("score_bin") == "all").row(0, named=True)
+    assert every["spearman_mean"] != agreement["spearman_mean"]
+    assert (f"Over every cell (special tokens' rows and columns included) the same pairs read Spearman "
+            f"{report.num(every['spearman_mean'])}, top-10 Jaccard {report.num(every['jaccard_top10_mean'])}"
+            in text["agreement"])  # fmt: skip
 
     relations = run_sql(main, "syntactic_relations.sql").row(0, named=True)
     assert f"{report.pct(relations['same_function_share'])} join two words" in text["syntactic_relations"]

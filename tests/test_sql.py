@@ -512,7 +512,72 @@ def test_pos_neg_sums_share_over_the_maximum_by_score_bin(tmp_path, mode, simila
 
 
 # --------------------------------------------------------------------------- agreement
-def test_agreement_per_pair_spearman_pearson_jaccard_by_bin(tmp_path):
+AGREEMENT_COLUMNS = ["score_bin", "bin_low", "bin_high", "n_pairs", "n_correlated", "spearman_mean", "spearman_std",
+                     "pearson_mean", "pearson_std", "jaccard_top3_mean", "jaccard_top3_std", "jaccard_top10_mean",
+                     "jaccard_top10_std", "level", "include_special", "top_by"]  # fmt: skip
+
+
+def slow_agreement(pairs1, pairs2, cells1, cells2, sentences, include_special=True, top_by="abs", ij=("i", "j")):
+    """Per compared pair: (mean score, spearman, pearson, jaccard top-3, top-10) by scipy and sorted(), over the
+    cells of both runs (content cells only unless include_special; ij: the cell columns), None for no
+    correlation."""
+    specials = {s["sentence_id"]: {k for k, w in enumerate(s["word_ids"]) if w is None} for s in sentences}
+    p2 = {p["pair_id"]: p for p in pairs2}
+    by1, by2 = defaultdict(dict), defaultdict(dict)
+    for rows, by in ((cells1, by1), (cells2, by2)):
+        for c in rows:
+            by[c["pair_id"]][c[ij[0]], c[ij[1]]] = c["value"]
+
+    def top(cells: dict, k: int) -> set:
+        key = (lambda kv: (-abs(kv[1]), kv[0])) if top_by == "abs" else (lambda kv: (-kv[1], kv[0]))
+        return {cell for cell, _ in sorted(cells.items(), key=key)[:k]}
+
+    out = []
+    for p in pairs1:
+        pid, q = p["pair_id"], p2.get(p["pair_id"])
+        if q is None or any(p[k] != q[k] for k in ("sentence_id_a", "sentence_id_b", "n_tokens_a", "n_tokens_b")):
+            continue
+        keys = sorted(set(by1[pid]) & set(by2[pid]))
+        if not include_special:
+            sa, sb = specials[p["sentence_id_a"]], specials[p["sentence_id_b"]]
+            keys = [k for k in keys if k[0] not in sa and k[1] not in sb]
+        if not keys:
+            continue
+        c1, c2 = {k: by1[pid][k] for k in keys}, {k: by2[pid][k] for k in keys}
+        x, y = [c1[k] for k in keys], [c2[k] for k in keys]
+        varies = len(set(x)) > 1 and len(set(y)) > 1
+        jac = [len(top(c1, k) & top(c2, k)) / len(top(c1, k) | top(c2, k)) for k in (3, 10)]
+        out.append(((p["score"] + q["score"]) / 2, stats.spearmanr(x, y).statistic if varies else None,
+                    stats.pearsonr(x, y).statistic if varies else None, *jac))  # fmt: skip
+    return out
+
+
+def check_agreement_rows(df: pl.DataFrame, per_pair: list[tuple], width: float) -> None:
+    """agreement.sql's rows against per-pair numbers: the bins' and 'all''s counts, means and spreads."""
+    groups: dict[tuple, list[tuple]] = defaultdict(list)
+    for row, key in zip(per_pair, slow_bins([r[0] for r in per_pair], width)):
+        groups[key].append(row)
+    groups[("all",)] = per_pair
+    assert len(df) == len(groups) and df["score_bin"][-1] == "all"
+    for row in df.iter_rows(named=True):
+        rows = groups[("all",) if row["score_bin"] == "all" else (row["bin_low"], row["bin_high"])]
+        assert row["n_pairs"] == len(rows)
+        for k, name in enumerate(("spearman", "pearson", "jaccard_top3", "jaccard_top10"), start=1):
+            values = [r[k] for r in rows if r[k] is not None]
+            if not values:
+                assert row[f"{name}_mean"] is None, name
+                continue
+            assert row[f"{name}_mean"] == pytest.approx(np.mean(values), rel=1e-9), name
+            if len(values) > 1:
+                assert row[f"{name}_std"] == pytest.approx(np.std(values, ddof=1), rel=1e-6, abs=1e-12), name
+            else:
+                assert row[f"{name}_std"] is None
+
+
+@pytest.mark.parametrize("include_special,top_by", [(False, "abs"), (True, "abs"), (False, "value"), (True, "value")])
+def test_agreement_per_pair_spearman_pearson_jaccard_by_bin(tmp_path, include_special, top_by):
+    """Per pair against scipy and sorted(), by bins of 0.25 and 0.5: content cells (the default: the paper's) or all
+    cells, top-K by |value| (the default) or by signed value."""
     rng = np.random.default_rng(7)
     run1, data1 = random_run(tmp_path, "r1", rng, n_pairs=14)
     cells2 = []
@@ -520,70 +585,60 @@ def test_agreement_per_pair_spearman_pearson_jaccard_by_bin(tmp_path):
         value = c["value"] + float(rng.normal(0, 0.05))
         if c["pair_id"] == "p00":
             value = round(value, 1)  # ties in run 2
-        if c["pair_id"] == "p01" and (c["i"] + c["j"]) % 3 == 0:
-            continue  # cells pruned in run 2: the pair is compared on the cells of both
         cells2.append({**c, "value": value})
     for c in data1["cells"]:
         if c["pair_id"] == "p02" and c["i"] < 2:
             c["value"] = 0.5 if c["j"] % 2 else -0.5  # ties in |value| among the top cells of run 1
-    write_table(run1, "cells", data1["cells"])
     pairs2 = [{**p, "score": p["score"] + float(rng.normal(0, 0.05))} for p in data1["pairs"][1:]]  # p00 only in run 1
     # Same pair ids, cells on the same (i, j), but not the same pair: another text (p03) or another tokenisation
     # (p04): left out, not compared cell by cell.
     pairs2[2]["sentence_id_b"] = "another-text"
     pairs2[3]["n_tokens_a"] += 1
-    left_out = {"p00", "p03", "p04"}
+    pairs1, cells1 = data1["pairs"], data1["cells"]
+    # p01: cells pruned in run 2 (as --min-abs would), so the pair is compared on the cells of both
+    cells2 = [c for c in cells2 if c["pair_id"] != "p01" or (c["i"] + c["j"]) % 3]
+    write_table(run1, "cells", cells1)
     run2 = make_run(tmp_path, "r2", pairs2, cells2, [], data1["sentences"], mode="exact")
-
-    def top(cells: dict, k: int) -> set:
-        return {key for key, _ in sorted(cells.items(), key=lambda kv: (-abs(kv[1]), kv[0][0], kv[0][1]))[:k]}
-
-    by_pair1, by_pair2 = defaultdict(dict), defaultdict(dict)
-    for c in data1["cells"]:
-        by_pair1[c["pair_id"]][c["i"], c["j"]] = c["value"]
-    for c in cells2:
-        by_pair2[c["pair_id"]][c["i"], c["j"]] = c["value"]
-    score2 = {p["pair_id"]: p["score"] for p in pairs2}
-    per_pair = []
-    for p in data1["pairs"]:
-        pid = p["pair_id"]
-        if pid in left_out:
-            continue
-        keys = sorted(set(by_pair1[pid]) & set(by_pair2[pid]))
-        c1, c2 = {k: by_pair1[pid][k] for k in keys}, {k: by_pair2[pid][k] for k in keys}
-        x, y = [c1[k] for k in keys], [c2[k] for k in keys]
-        jac = [len(top(c1, k) & top(c2, k)) / len(top(c1, k) | top(c2, k)) for k in (3, 10)]
-        mean_score = (p["score"] + score2[pid]) / 2
-        per_pair.append((mean_score, stats.spearmanr(x, y).statistic, stats.pearsonr(x, y).statistic, *jac))
-    df_default = run_sql(run1, "agreement.sql", run2)
+    per_pair = slow_agreement(pairs1, pairs2, cells1, cells2, data1["sentences"], include_special, top_by)
+    assert len(per_pair) == 11
+    variables = {"top_by": top_by} if top_by != "abs" else {}
+    if include_special:
+        variables["include_special"] = True
+    df_default = run_sql(run1, "agreement.sql", run2, **variables)
     for width in (0.25, 0.5):
-        df = df_default if width == 0.25 else run_sql(run1, "agreement.sql", run2, bin_width=width)
-        assert df.columns == ["score_bin", "bin_low", "bin_high", "n_pairs", "n_correlated", "spearman_mean",
-                              "spearman_std", "pearson_mean", "pearson_std", "jaccard_top3_mean", "jaccard_top3_std",
-                              "jaccard_top10_mean", "jaccard_top10_std"]  # fmt: skip
+        df = df_default if width == 0.25 else run_sql(run1, "agreement.sql", run2, bin_width=width, **variables)
+        assert df.columns == AGREEMENT_COLUMNS
+        assert set(df["level"]) == {"token"} and set(df["include_special"]) == {include_special}
+        assert set(df["top_by"]) == {top_by}
         assert df["n_correlated"].to_list() == df["n_pairs"].to_list()  # every pair here has a correlation
-        groups: dict[tuple, list[tuple]] = defaultdict(list)
-        for row, key in zip(per_pair, slow_bins([r[0] for r in per_pair], width)):
-            groups[key].append(row)
-        groups[("all",)] = per_pair
-        assert len(df) == len(groups) and df["score_bin"][-1] == "all"
-        for row in df.iter_rows(named=True):
-            rows = groups[("all",) if row["score_bin"] == "all" else (row["bin_low"], row["bin_high"])]
-            assert row["n_pairs"] == len(rows)
-            for k, name in enumerate(("spearman", "pearson", "jaccard_top3", "jaccard_top10"), start=1):
-                values = [r[k] for r in rows]
-                assert row[f"{name}_mean"] == pytest.approx(np.mean(values), rel=1e-9), name
-                if len(values) > 1:
-                    assert row[f"{name}_std"] == pytest.approx(np.std(values, ddof=1), rel=1e-6, abs=1e-12), name
-                else:
-                    assert row[f"{name}_std"] is None
+        check_agreement_rows(df, per_pair, width)
     all_row = df.row(len(df) - 1, named=True)
     assert all_row["n_pairs"] == 11 and 0 < all_row["jaccard_top10_mean"] < 1 and 0 < all_row["spearman_mean"] < 1
     from polars.testing import assert_frame_equal
 
-    assert_frame_equal(run_sql(run1, "agreement.sql", run2, pair_fraction=1.0), df_default)
-    subset = run_sql(run1, "agreement.sql", run2, pair_fraction=0.5).row(-1, named=True)["n_pairs"]
-    assert 0 < subset < 11 and subset == run_sql(run1, "agreement.sql", run2, pair_fraction=0.5)["n_pairs"][-1]
+    assert_frame_equal(run_sql(run1, "agreement.sql", run2, pair_fraction=1.0, **variables), df_default)
+    subset = run_sql(run1, "agreement.sql", run2, pair_fraction=0.5, **variables).row(-1, named=True)["n_pairs"]
+    assert 0 < subset < 11
+
+
+def test_agreement_word_level_is_the_word_matrices(tmp_path):
+    """level 'word': word_cells compared as the token cells are (u, v for i, j), against scipy."""
+    rng = np.random.default_rng(29)
+    run1, data = random_run(tmp_path, "w1", rng, n_pairs=10)
+    words2 = [{**c, "value": c["value"] + float(rng.normal(0, 0.05))} for c in data["word_cells"]]
+    pairs2 = [{**p, "score": p["score"] + 0.1} for p in data["pairs"]]
+    run2 = make_run(tmp_path, "w2", pairs2, data["cells"], words2, data["sentences"])
+    per_pair = slow_agreement(data["pairs"], pairs2, data["word_cells"], words2, data["sentences"], True, "abs",
+                              ij=("u", "v"))  # fmt: skip
+    for variables in ({"level": "word"}, {"level": "word", "include_special": False}):
+        df = run_sql(run1, "agreement.sql", run2, **variables)
+        assert set(df["level"]) == {"word"} and set(df["include_special"]) == {True}  # words have no specials
+        check_agreement_rows(df, per_pair, 0.25)
+    token = run_sql(run1, "agreement.sql", run2)
+    assert token["spearman_mean"][-1] != df["spearman_mean"][-1]  # the token cells are another matrix
+    for name, value in (("level", "sentence"), ("top_by", "signed")):
+        with pytest.raises(Exception, match=name):
+            run_sql(run1, "agreement.sql", run2, **{name: value})
 
 
 # --------------------------------------------------------------------------- degenerate pairs: null, not NaN
@@ -604,7 +659,7 @@ def degenerate_runs(root: Path) -> tuple[Path, Path, dict[str, list[dict[str, An
 
 def test_agreement_degenerate_pairs_are_null_and_counted_not_nan_or_an_error(tmp_path):
     run1, run2, data, cells2 = degenerate_runs(tmp_path)
-    df = run_sql(run1, "agreement.sql", run2)  # no "STDDEV_SAMP is out of range"
+    df = run_sql(run1, "agreement.sql", run2, include_special=True)  # no "STDDEV_SAMP is out of range"
     assert no_nan(df)
     by_pair1, by_pair2 = defaultdict(dict), defaultdict(dict)
     for c in data["cells"]:
@@ -644,8 +699,8 @@ def test_agreement_degenerate_pairs_are_null_and_counted_not_nan_or_an_error(tmp
     assert sum(r["n_pairs"] for r in rows.values()) == 20  # the bins and 'all'
     # The duckdb CLI, as documented: no error, NULL and no nan.
     cli = subprocess.run([str(DUCKDB_CLI), "-csv", "-cmd", f"set variable run = '{run1}'", "-cmd",
-                          f"set variable run2 = '{run2}'", "-f", "sql/agreement.sql"], cwd=ROOT, capture_output=True,
-                         text=True, check=False)  # fmt: skip
+                          f"set variable run2 = '{run2}'", "-cmd", "set variable include_special = true", "-f",
+                          "sql/agreement.sql"], cwd=ROOT, capture_output=True, text=True, check=False)  # fmt: skip
     assert cli.returncode == 0 and not cli.stderr, cli.stderr
     assert "nan" not in cli.stdout.lower() and "NULL" in cli.stdout
 
@@ -655,14 +710,17 @@ AGREEMENT_REFERENCE = ROOT / "tests" / "sql_reference" / "agreement_windows.sql"
 
 
 def assert_same_agreement(got: pl.DataFrame, want: pl.DataFrame, case: str) -> None:
-    """Row for row: the same bins and counts, floats equal up to rounding, null exactly where null."""
-    assert got.columns == want.columns, case
+    """Row for row: the same bins and counts, floats equal up to rounding, null exactly where null (the columns of
+    `want`: the reference query has no settings columns)."""
+    assert got.columns[: len(want.columns)] == want.columns, case
     assert got.height == want.height, (case, got, want)
     for g, w in zip(got.iter_rows(named=True), want.iter_rows(named=True)):
-        for col in ("score_bin", "bin_low", "bin_high", "n_pairs", "n_correlated"):
-            assert g[col] == w[col], (case, col, g, w)
-        for col in got.columns[5:]:
-            assert close(g[col], w[col]), (case, col, g[col], w[col])
+        for col in want.columns:
+            if col in ("score_bin", "bin_low", "bin_high", "n_pairs", "n_correlated", "level", "include_special",
+                       "top_by"):  # fmt: skip
+                assert g[col] == w[col], (case, col, g, w)
+            else:
+                assert close(g[col], w[col]), (case, col, g[col], w[col])
 
 
 def agreement_case_runs(root: Path) -> dict[str, tuple[Path, Path]]:
@@ -737,7 +795,7 @@ def test_agreement_equals_the_window_function_reference(tmp_path):
         for variables in ({}, {"bin_width": 0.05}, {"bin_width": 0.05, "pair_fraction": 0.5}):
             con = _sql.connect(run1, run2, variables)
             want = _sql.run_file(con, AGREEMENT_REFERENCE)
-            got = run_sql(run1, "agreement.sql", run2, **variables)
+            got = run_sql(run1, "agreement.sql", run2, include_special=True, **variables)  # the reference's cells
             assert_same_agreement(got, want, f"{case} {variables}")
             assert no_nan(got)
             total = got.row(-1, named=True)
@@ -760,22 +818,35 @@ def test_agreement_equals_the_window_function_reference(tmp_path):
 
 @pytest.mark.slow
 def test_agreement_equals_the_reference_on_real_runs(real_runs, tmp_path):
-    """The same on the small real runs (all-MiniLM-L6-v2 through the job): a run against itself, and against a copy
-    pruned as --min-abs would (the cells with |value| at least the median |value| of the run)."""
+    """The same on the small real runs (all-MiniLM-L6-v2 through the job): a run against
+    itself, and against a copy pruned as --min-abs would (the cells with |value| at least the median |value| of the
+    run; n_cells the rows kept); all cells against the reference, and content cells (the default) against the
+    reference on copies without the special tokens' cells."""
     stsb = real_runs["stsb"]
-    pruned = tmp_path / "pruned"
     con = _sql.connect(stsb)
     threshold = con.execute("select median(abs(value)) from cells").fetchall()[0][0]
     cells = con.sql(f"select * from cells where abs(value) >= {threshold}").pl().to_dicts()
+    kept = defaultdict(int)
+    for c in cells:
+        kept[c["pair_id"]] += 1
     pairs = con.sql("select * from pairs").pl().to_dicts()
     sentences = con.sql("select * from sentences").pl().to_dicts()
-    make_run(tmp_path, "pruned", pairs, cells, [], sentences)
+    pruned = make_run(tmp_path, "pruned", [{**p, "n_cells": kept[p["pair_id"]]} for p in pairs], cells, [], sentences)
+    assert min(kept.values()) > 0
+    content = "token_a not in ('[CLS]', '[SEP]') and token_b not in ('[CLS]', '[SEP]')"
+    no_specials = {}
+    for run in (stsb, pruned):
+        rows = _sql.connect(run).sql(f"select * from cells where {content}").pl().to_dicts()
+        no_specials[run] = make_run(tmp_path, f"{run.name}-content", pairs, rows, [], sentences)
     for run2 in (stsb, pruned):
         for variables in ({}, {"bin_width": 0.05}):
             want = _sql.run_file(_sql.connect(stsb, run2, variables), AGREEMENT_REFERENCE)
-            got = run_sql(stsb, "agreement.sql", run2, **variables)
+            got = run_sql(stsb, "agreement.sql", run2, include_special=True, **variables)
             assert_same_agreement(got, want, f"{run2.name} {variables}")
             assert got.row(-1, named=True)["n_pairs"] == 8
+            want = _sql.run_file(_sql.connect(no_specials[stsb], no_specials[run2], variables), AGREEMENT_REFERENCE)
+            got = run_sql(stsb, "agreement.sql", run2, **variables)
+            assert_same_agreement(got, want, f"content {run2.name} {variables}")
 
 
 def test_table1_undefined_spearman_is_null_not_nan(tmp_path):
