@@ -628,6 +628,15 @@ def every_cell_agreement(ctx: Context) -> dict[str, Any] | None:
     return rows.row(0, named=True) if rows.height else None
 
 
+def _every_cell_reading(content: dict[str, Any], every: dict[str, Any]) -> str:
+    """How the every-cell Spearman compares with the content one, as the numbers shown say it."""
+    a, b = content["spearman_mean"], every["spearman_mean"]
+    if missing(a) or missing(b) or num(a) == num(b):
+        return ""
+    return (": higher than over content tokens (the special tokens' cells tie, e.g. exactly 0 in both runs at "
+            "shallow layers, and ties lift Spearman)" if b > a else ": lower than over content tokens")
+
+
 def agreement(df: pl.DataFrame, ctx: Context) -> list[Finding]:
     row = df.filter(pl.col("score_bin") == "all").row(0, named=True)
     keys = ("n_pairs", "n_correlated", "spearman_mean", "spearman_std", "pearson_mean", "jaccard_top3_mean",
@@ -654,8 +663,7 @@ def agreement(df: pl.DataFrame, ctx: Context) -> list[Finding]:
             out.append(Finding(
                 f"Over every cell (special tokens' rows and columns included) the same pairs read Spearman "
                 f"{num(every['spearman_mean'])}, top-10 Jaccard {num(every['jaccard_top10_mean'])} (top-3: "
-                f"{num(every['jaccard_top3_mean'])}): where the special tokens' cells tie (at shallow layers they are "
-                f"exactly 0 in both runs) the all-token Spearman reads higher than the content one.",
+                f"{num(every['jaccard_top3_mean'])}){_every_cell_reading(row, every)}.",
                 {f"every_cell_{k}": every[k] for k in keys}))  # fmt: skip
     bin_width = float(ctx.var("bin_width", 0.25))
     for low, key, what in ((0.5, jaccard, "jaccard"), (TOP_SCORE, "fig3_spearman_top", "spearman")):
