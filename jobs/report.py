@@ -22,6 +22,8 @@ import shlex
 import sys
 import time
 from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,6 +101,19 @@ class Context:
 
     def columns(self, view: str) -> set[str]:
         return {r[0] for r in self.con.sql(f"describe {view}").fetchall()}
+
+    @contextmanager
+    def variable(self, name: str, value: Any) -> Iterator[None]:
+        """The SQL variable `name` set to `value` inside the block, as it was (or unset) after it."""
+        before = self.var(name, None)
+        self.con.execute(f"set variable {name} = {_sql._literal(value)}")
+        try:
+            yield
+        finally:
+            if before is None:
+                self.con.execute(f"reset variable {name}")
+            else:
+                self.con.execute(f"set variable {name} = {_sql._literal(before)}")
 
 
 # --------------------------------------------------------------------------- formatting
@@ -495,14 +510,10 @@ def pos_neg_sums(df: pl.DataFrame, ctx: Context) -> list[Finding]:
 def reference_norms(ctx: Context, max_score: float) -> list[Finding]:
     """Approximate mode: when ΣA converges above max_score on average (sql/report/reference_norms.sql), the bound
     does not hold: say so and why (the references' embedding norms); [] when it holds."""
-    with_bound = ctx.scalar("select getvariable('max_score')") is None
-    if with_bound:  # the file's bound is pos_neg_sums' max_score (from the manifest when not set)
-        ctx.con.execute(f"set variable max_score = {float(max_score)!r}")
-    try:
+    # the file's bound is pos_neg_sums' max_score (from the manifest when not set)
+    unset = ctx.var("max_score", None) is None
+    with ctx.variable("max_score", float(max_score)) if unset else nullcontext():
         row = _sql.run_file(ctx.con, REPORT_SQL / "reference_norms.sql").row(0, named=True)
-    finally:
-        if with_bound:
-            ctx.con.execute("reset variable max_score")
     if not row["is_bound_exceeded"]:
         return []
     target, score, ratio = row["mean_target"], row["mean_score"], row["reference_norm_ratio"]
@@ -592,13 +603,10 @@ def above(df: pl.DataFrame, low: float, ctx: Context) -> dict[str, Any] | None:
     return out
 
 
-def agreement_tokens(df: pl.DataFrame, ctx: Context) -> str:
-    """Which token cells agreement.sql compared, as jobs.paper spells the paper's ('content tokens')."""
-    if "include_special" in df.columns:
-        include = bool(df["include_special"][0])
-    else:
-        include = ctx.var("include_special", False) is not False
-    return "all tokens" if include else "content tokens"
+def agreement_tokens(df: pl.DataFrame) -> str:
+    """Which token cells agreement.sql compared (its include_special column), as jobs.paper spells the paper's
+    ('content tokens')."""
+    return "all tokens" if df["include_special"][0] else "content tokens"
 
 
 def _correlated(row: dict[str, Any]) -> str:
@@ -615,15 +623,8 @@ def _correlated(row: dict[str, Any]) -> str:
 def every_cell_agreement(ctx: Context) -> dict[str, Any] | None:
     """agreement.sql's 'all' row with include_special = true (every cell), the figure beside the content one; the
     connection's variables are left as they were."""
-    before = ctx.var("include_special", None)
-    ctx.con.execute("set variable include_special = true")
-    try:
+    with ctx.variable("include_special", True):
         df = _sql.run_file(ctx.con, _sql.SQL_DIR / "agreement.sql")
-    finally:
-        if before is None:
-            ctx.con.execute("reset variable include_special")
-        else:
-            ctx.con.execute(f"set variable include_special = {_sql._literal(before)}")
     rows = df.filter(pl.col("score_bin") == "all")
     return rows.row(0, named=True) if rows.height else None
 
@@ -642,14 +643,14 @@ def agreement(df: pl.DataFrame, ctx: Context) -> list[Finding]:
     keys = ("n_pairs", "n_correlated", "spearman_mean", "spearman_std", "pearson_mean", "jaccard_top3_mean",
             "jaccard_top10_mean")  # fmt: skip
     one, two = run_difference(ctx.facts, ctx.facts2)
-    tokens = agreement_tokens(df, ctx)
+    tokens = agreement_tokens(df)
     model = pair_model_label(ctx.facts, ctx.facts2)
     layer = layer_label(ctx.facts) if layer_label(ctx.facts) == layer_label(ctx.facts2) else (
         f"{layer_label(ctx.facts)} vs {layer_label(ctx.facts2)}")  # fmt: skip
     jaccard = "fig4_jaccard_top10_l8" if layer == paper.get("fig4_jaccard_top10_l8").layer else "fig4_jaccard_top10_l11"
     spread = "" if missing(row["spearman_std"]) else f" ± {num(row['spearman_std'])}"
     over = _correlated(row)
-    level = str(df["level"][0]) if "level" in df.columns else "token"
+    level = df["level"][0]
     cells = "word matrices" if level == "word" else f"token matrices ({tokens})"
     out = [Finding(
         f"Over {row['n_pairs']} shared pairs the {cells} of run ({one}) and run2 ({two}) agree with Spearman "
