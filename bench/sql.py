@@ -78,7 +78,9 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from jobs._actors import top_cell_lists  # noqa: E402
 from jobs._store import PARQUET_OPTIONS, SCHEMAS, STORE_VERSION, run_id  # noqa: E402
+from xsbert_core.metrics import grouped_average_ranks  # noqa: E402
 from xsbert_core.syntax import ALIGNMENTS  # noqa: E402
 
 QQP = ROOT.parent / "shared" / "data" / "qqp" / "qqp_glue_train_subset.tsv.gz"
@@ -88,7 +90,7 @@ RUN_RESULTS = ROOT / "bench" / "results" / "sql-run.md"  # --run: an existing jo
 NOTES_MARKER = "<!-- notes: kept when bench/sql.py rewrites this file -->"
 DEFAULT_STORE = Path(tempfile.gettempdir()) / "xsbert-bench-sql"
 DUCKDB_CLI = Path(sys.executable).parent / "duckdb"
-GENERATOR_VERSION = 1  # bump when the generated store changes, so --reuse does not keep an old one
+GENERATOR_VERSION = 2  # bump when the generated store changes, so --reuse does not keep an old one
 
 # The full Quora release (= GLUE QQP train + dev): pairs, distinct questions, and distinct questions
 # that occur in more than one pair (the release's own statistics).
@@ -887,11 +889,24 @@ def wave_tables(
         meta = tm.adj_meta
         for k, name in enumerate(("triplet", "kind", "template")):
             pairs[name] = pa.array([meta[x][k] if x >= 0 else None for x in adj], pa.string())
+        # what stage 2 stores for agreement.sql: ranks per pair, the top-10 lists (jobs/_actors.py)
+        content_rank = np.full(val.size, np.nan)
+        content_rank[valid] = grouped_average_ranks(val[valid], pidx[valid])
+        has = np.ones(n, bool)
+        for by in ("abs", "value"):
+            pairs[f"top10_{by}"] = top_cell_lists(val, pidx, i, j, by, ("i", "j"), has)
+            pairs[f"content_top10_{by}"] = top_cell_lists(val[valid], pidx[valid], i[valid], j[valid], by, ("i", "j"),
+                                                          has)  # fmt: skip
+            pairs[f"word_top10_{by}"] = top_cell_lists(wval, wp, u, v, by, ("u", "v"), has)
         out.append(
             {
                 "pairs": pa.table(pairs),
-                "cells": pa.table({**shared["cells"], "value": val}),
-                "word_cells": pa.table({**shared["word_cells"], "value": wval}),
+                "cells": pa.table({**shared["cells"], "value": val,
+                                   "value_rank": grouped_average_ranks(val, pidx).astype(np.float32),
+                                   "content_rank": pa.array(content_rank.astype(np.float32),
+                                                            mask=np.isnan(content_rank))}),  # fmt: skip
+                "word_cells": pa.table({**shared["word_cells"], "value": wval,
+                                        "value_rank": grouped_average_ranks(wval, wp).astype(np.float32)}),
             }
         )
     return out, {"cells": int(coff[-1]), "word_cells": int(woff[-1]), "same_token_cells": int(same.sum())}

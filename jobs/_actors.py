@@ -31,8 +31,11 @@ import pyarrow as pa
 import torch
 
 from xsbert_core import Explainer, NumericalError, SentenceFactors
+from xsbert_core.metrics import grouped_rank_bounds, grouped_top_k
 from xsbert_core.pairs import completeness_target, pair_matrix, similarity_score
 from xsbert_core.words import averaging_matrix
+
+from ._store import SCHEMAS
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +59,12 @@ FACTOR_SCHEMA = pa.schema(
         ("compute_s", pa.float64()),  # the actor's seconds in the engine for this sentence's batch / batch size
     ]
 )
+
+# Per pair, the TOP_K cells of largest |value| (abs) or value, largest first, ties by the smaller row then column:
+# over all cells, over the cells of two content tokens, over the word cells (docs/STORE.md, `pairs`).
+TOP_K = 10
+TOP_CELLS: tuple[str, ...] = ("top10_abs", "top10_value", "content_top10_abs", "content_top10_value",
+                              "word_top10_abs", "word_top10_value")  # fmt: skip
 
 # Stage 2's row per pair: Explainer.pair's numbers, the cell counts, and either the cells themselves as lists
 # (the driver writes them) or the names of the parts the task wrote them into (the workers write them).
@@ -83,6 +92,7 @@ PAIR_SCHEMA = pa.schema(
         ("failure", pa.string()),
         ("n_cells", pa.int32()),
         ("n_word_cells", pa.int32()),
+        *((name, SCHEMAS["pairs"].field(name).type) for name in TOP_CELLS),
         ("cells_part", pa.string()),  # the part holding this pair's cells, when a worker wrote it
         ("word_cells_part", pa.string()),
         ("cell_i", pa.list_(pa.int32())),
@@ -90,17 +100,22 @@ PAIR_SCHEMA = pa.schema(
         ("cell_token_a", pa.list_(pa.string())),
         ("cell_token_b", pa.list_(pa.string())),
         ("cell_value", pa.list_(pa.float64())),
+        ("cell_value_rank", pa.list_(pa.float32())),
+        ("cell_content_rank", pa.list_(pa.float32())),
         ("word_u", pa.list_(pa.int32())),
         ("word_v", pa.list_(pa.int32())),
         ("word_a", pa.list_(pa.string())),
         ("word_b", pa.list_(pa.string())),
         ("word_value", pa.list_(pa.float64())),
+        ("word_value_rank", pa.list_(pa.float32())),
     ]
 )
 # The per-pair numbers (everything before the cell columns).
 PAIR_NUMBERS: tuple[str, ...] = tuple(PAIR_SCHEMA.names[: PAIR_SCHEMA.names.index("cells_part")])
-CELL_LISTS = {"cell_i": "i", "cell_j": "j", "cell_token_a": "token_a", "cell_token_b": "token_b", "cell_value": "value"}
-WORD_LISTS = {"word_u": "u", "word_v": "v", "word_a": "word_a", "word_b": "word_b", "word_value": "value"}
+CELL_LISTS = {"cell_i": "i", "cell_j": "j", "cell_token_a": "token_a", "cell_token_b": "token_b", "cell_value": "value",
+              "cell_value_rank": "value_rank", "cell_content_rank": "content_rank"}
+WORD_LISTS = {"word_u": "u", "word_v": "v", "word_a": "word_a", "word_b": "word_b", "word_value": "value",
+              "word_value_rank": "value_rank"}
 
 
 def _maybe_die(marker: str | None) -> None:
@@ -239,6 +254,10 @@ class PairCells:
     The numbers are Explainer.pair's (same functions, same float32 factors, float64 arithmetic):
     A = P_a^T P_b / (||e(a)|| ||e(b)||), its sums, the reference terms, target and error.
     Cells with |A_ij| < min_abs (and word cells with |W_uv| < min_abs) are left out; the sums are not.
+    Each cell carries its average rank among the pair's cells (value_rank: ascending, ties share their mean rank,
+    over the whole matrix, before min_abs) and among the cells of two content tokens (content_rank; null when the
+    row or column is a special token, one without a word id); a word cell its rank among the pair's word cells.
+    Each pair carries its top-10 cells by |value| and by value (TOP_CELLS), over all, content and word cells.
     `tables(batch)` gives the cells as flat tables (one row per cell, the store's columns), built column-wise
     with numpy and one Arrow `take` per batch for the token strings; `__call__` gives PAIR_SCHEMA rows with the
     cells as lists.
@@ -254,6 +273,7 @@ class PairCells:
         self.index = {sid: k for k, sid in enumerate(ids)}
         self._cache: dict[str, SentenceFactors | str] = {}
         self._words: dict[str, tuple[list[str], np.ndarray]] = {}
+        self._content: dict[str, np.ndarray] = {}
 
     def sentence(self, sid: str) -> SentenceFactors | str:
         """The SentenceFactors of `sid` (zero-copy views), or its failure message."""
@@ -290,6 +310,12 @@ class PairCells:
             ws = f.words
             self._words[sid] = ([w.text for w in ws], averaging_matrix(ws, len(f.tokens)))
         return self._words[sid]
+
+    def content(self, sid: str, f: SentenceFactors) -> np.ndarray:
+        """Which of the sentence's tokens are content tokens (have a word id; not [CLS], [SEP], <s> ...)."""
+        if sid not in self._content:
+            self._content[sid] = np.array([w is not None for w in f.word_ids], dtype=bool)
+        return self._content[sid]
 
     def numbers(self, fa: SentenceFactors, fb: SentenceFactors) -> tuple[dict[str, Any], np.ndarray | None]:
         """(the pair's numbers as in Explainer.pair, A) or ({failure}, None) when A is not finite."""
@@ -330,9 +356,10 @@ class PairCells:
     def tables(self, batch: pa.Table) -> tuple[pa.Table, pa.Table, pa.Table]:
         """(numbers: PAIR_NUMBERS + n_cells, n_word_cells, one row per pair in batch order; cells; word_cells),
         the cell tables with the store's columns (jobs/_store.py SCHEMAS), in pair then row-major order."""
-        numbers: dict[str, list[Any]] = {name: [] for name in (*PAIR_NUMBERS, "n_cells", "n_word_cells")}
+        numbers: dict[str, list[Any]] = {name: [] for name in PAIR_NUMBERS if name not in TOP_CELLS}
         c_pair, c_i, c_j, c_ta, c_tb, c_val = [], [], [], [], [], []
         w_pair, w_u, w_v, w_ta, w_tb, w_val = [], [], [], [], [], []
+        grids, word_grids = Grids(batch.num_rows), Grids(batch.num_rows)  # for ranks and top cells
         strings: list[str] = []  # tokens and words of the batch's pairs; cells index into it
         for k, (ord_, pid, sa, sb) in enumerate(zip(
             batch.column("ord").to_pylist(), batch.column("pair_id").to_pylist(),
@@ -356,6 +383,7 @@ class PairCells:
                 c_ta.append(base + i)
                 c_tb.append(base + len(fa.tokens) + j)
                 c_val.append(a_mat[i, j])
+                grids.add(k, a_mat, i, j, np.outer(self.content(sa, fa), self.content(sb, fb)))
                 (na, ma), (nb, mb) = self.words(sa, fa), self.words(sb, fb)
                 w_mat = ma @ a_mat @ mb.T
                 u, v = self._kept(w_mat)
@@ -368,34 +396,118 @@ class PairCells:
                 w_ta.append(base + u)
                 w_tb.append(base + len(na) + v)
                 w_val.append(w_mat[u, v])
+                word_grids.add(k, w_mat, u, v)
                 row.update(n_cells=len(i), n_word_cells=len(u))
             for name in numbers:
                 numbers[name].append(row.get(name))
         num = pa.table(numbers, schema=pa.schema([PAIR_SCHEMA.field(n) for n in numbers]))
+        for by in ("abs", "value"):
+            tops = {f"top10_{by}": grids.top_cells(by), f"content_top10_{by}": grids.top_cells(by, content=True),
+                    f"word_top10_{by}": word_grids.top_cells(by, names=("u", "v"))}  # fmt: skip
+            for name, array in tops.items():
+                num = num.append_column(PAIR_SCHEMA.field(name), array)
         text = pa.array(strings, pa.string())
         pair_ids = batch.column("pair_id").combine_chunks() if batch.num_rows else pa.array([], pa.string())
 
-        def flat(names: tuple[str, ...], cols: list[list[np.ndarray]]) -> pa.Table:
+        def flat(names: tuple[str, ...], cols: list[list[np.ndarray]]) -> dict[str, pa.Array]:
             def cat(parts: list[np.ndarray], dtype) -> np.ndarray:
                 return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
 
-            return pa.table({
+            return {
                 "pair_id": pair_ids.take(pa.array(cat(cols[0], np.int64))),
                 names[0]: pa.array(cat(cols[1], np.int32)),
                 names[1]: pa.array(cat(cols[2], np.int32)),
                 names[2]: text.take(pa.array(cat(cols[3], np.int64))),
                 names[3]: text.take(pa.array(cat(cols[4], np.int64))),
                 "value": pa.array(cat(cols[5], np.float64)),
-            })  # fmt: skip
+            }  # fmt: skip
 
-        cells = flat(("i", "j", "token_a", "token_b"), [c_pair, c_i, c_j, c_ta, c_tb, c_val])
-        word_cells = flat(("u", "v", "word_a", "word_b"), [w_pair, w_u, w_v, w_ta, w_tb, w_val])
+        cells = pa.table(flat(("i", "j", "token_a", "token_b"), [c_pair, c_i, c_j, c_ta, c_tb, c_val])
+                         | {"value_rank": grids.ranks(), "content_rank": grids.ranks(content=True)})  # fmt: skip
+        word_cells = pa.table(flat(("u", "v", "word_a", "word_b"), [w_pair, w_u, w_v, w_ta, w_tb, w_val])
+                              | {"value_rank": word_grids.ranks()})  # fmt: skip
         return num, cells, word_cells
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         """PAIR_SCHEMA rows, the cells as lists (a failed pair: its failure, no lists)."""
         num, cells, word_cells = self.tables(batch)
         return with_lists(num, cells, word_cells)
+
+
+class Grids:
+    """A batch's matrices, one after another (each flattened row-major), for the ranks and top cells of each pair's
+    matrix in a few numpy calls per batch: `add` each pair's matrix and the cells it keeps, then read `ranks` (per
+    kept cell, in the order added) and `top_cells` (a list per pair of the batch, null for a pair without one)."""
+
+    def __init__(self, n_pairs: int) -> None:
+        self.parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (values, content, kept positions)
+        self.start = np.zeros(n_pairs, np.int64)  # the pair's first position
+        self.size = np.zeros(n_pairs, np.int64)
+        self.n_cols = np.ones(n_pairs, np.int64)
+        self.has = np.zeros(n_pairs, bool)
+        self.total = 0
+        self._flat: tuple[np.ndarray, ...] | None = None
+        self._sorted: dict[bool, tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]] = {}
+
+    def add(self, k: int, m: np.ndarray, rows: np.ndarray, cols: np.ndarray, content: np.ndarray | None = None) -> None:
+        """Pair k's matrix m, the cells (rows, cols) it keeps, and which cells are content cells (default: all)."""
+        mask = np.ones(m.size, bool) if content is None else content.ravel()
+        self.parts.append((m.ravel(), mask, self.total + rows * m.shape[1] + cols))
+        self.start[k], self.size[k], self.n_cols[k], self.has[k] = self.total, m.size, m.shape[1], True
+        self.total += m.size
+
+    def _arrays(self) -> tuple[np.ndarray, ...]:
+        """(values, content mask, kept positions, the pair of each position), over the whole batch."""
+        if self._flat is None:
+
+            def cat(k: int, dtype) -> np.ndarray:
+                return np.concatenate([part[k] for part in self.parts]) if self.parts else np.zeros(0, dtype)
+
+            group = np.repeat(np.arange(len(self.size)), self.size)
+            self._flat = (cat(0, np.float64), cat(1, bool), cat(2, np.int64), group)
+        return self._flat
+
+    def _bounds(self, content: bool) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
+        """(positions, their pairs, grouped_rank_bounds of their values): all cells or the content cells; one sort
+        each, shared by the ranks and the top cells."""
+        if content not in self._sorted:
+            values, mask, _, group = self._arrays()
+            pos = np.flatnonzero(mask) if content else np.arange(values.size)
+            self._sorted[content] = (pos, group[pos], grouped_rank_bounds(values[pos], group[pos]))
+        return self._sorted[content]
+
+    def ranks(self, content: bool = False) -> pa.Array:
+        """Average rank of each kept cell among its pair's cells (content: among the content cells; null for the
+        others), float32."""
+        values, _, kept, _ = self._arrays()
+        pos, _, (low, high, _) = self._bounds(content)
+        ranks = np.full(values.size, np.nan)
+        ranks[pos] = (low + high) / 2.0
+        out = ranks[kept].astype(np.float32)
+        return pa.array(out, mask=np.isnan(out))
+
+    def top_cells(self, by: str, content: bool = False, names: tuple[str, str] = ("i", "j")) -> pa.Array:
+        """Per pair, its TOP_K cells (of its content cells) of largest |value| (by 'abs') or value ('value'),
+        largest first, ties by the smaller row then column, as structs {names[0]: row, names[1]: column}."""
+        values, _, _, _ = self._arrays()
+        pos, pair, bounds = self._bounds(content)
+        rows, cols = np.divmod(pos - self.start[pair], self.n_cols[pair])
+        return top_cell_lists(values[pos], pair, rows, cols, by, names, has=self.has, bounds=bounds)
+
+
+def top_cell_lists(
+    values: np.ndarray, pair: np.ndarray, rows: np.ndarray, cols: np.ndarray, by: str, names: tuple[str, str],
+    has: np.ndarray, bounds: tuple[np.ndarray, ...] | None = None,
+) -> pa.Array:
+    """The pairs' cells (pair: 0-based pair of each cell) as one list per pair of `has` (null where has is False):
+    its TOP_K cells of largest |value| (by 'abs') or value ('value'), largest first, ties by the smaller row then
+    column (the cells of a pair come in row-major order), as structs {names[0]: row, names[1]: column}."""
+    chosen = grouped_top_k(values, pair, TOP_K, by, bounds)
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(pair[chosen], minlength=len(has)))]).astype(np.int32)
+    cells = pa.StructArray.from_arrays(
+        [pa.array(rows[chosen].astype(np.int32)), pa.array(cols[chosen].astype(np.int32))], names=list(names)
+    )
+    return pa.ListArray.from_arrays(pa.array(offsets), cells, mask=pa.array(~has))
 
 
 def _lists(n_per_pair: pa.Array, ok: np.ndarray, flat: pa.Table, names: dict[str, str]) -> dict[str, pa.Array]:

@@ -34,7 +34,7 @@ from xsbert_core.errors import XsbertError
 
 logger = logging.getLogger(__name__)
 
-STORE_VERSION = 1
+STORE_VERSION = 3
 TABLES: tuple[str, ...] = ("pairs", "cells", "word_cells", "sentences", "quarantine")
 # Parts of these tables belong to the wave whose pairs part has the same name.
 WAVE_TABLES: tuple[str, ...] = ("cells", "word_cells", "sentences")
@@ -47,7 +47,9 @@ DERIVED_TABLES: tuple[str, ...] = ("parses",)
 PART_RE = re.compile(r"^part-(\d{6})(?:-(\d{7}))?\.parquet$")
 STAGING = "_staging"
 
-_str, _i32, _i64, _f64, _bool = pa.string(), pa.int32(), pa.int64(), pa.float64(), pa.bool_()
+_str, _i32, _i64, _f32, _f64, _bool = pa.string(), pa.int32(), pa.int64(), pa.float32(), pa.float64(), pa.bool_()
+_ij = pa.list_(pa.struct([("i", _i32), ("j", _i32)]))  # cells by row and column
+_uv = pa.list_(pa.struct([("u", _i32), ("v", _i32)]))  # word cells
 # The tables' columns (docs/STORE.md); every part is cast to these, so all parts of a table agree.
 SCHEMAS: dict[str, pa.Schema] = {
     "pairs": pa.schema(
@@ -57,13 +59,16 @@ SCHEMAS: dict[str, pa.Schema] = {
          ("ref_sim_a", _f64), ("ref_sim_b", _f64), ("ref_term", _f64), ("target", _f64),
          ("completeness_error", _f64), ("factor_error_a", _f64), ("factor_error_b", _f64),
          ("steps_a", _i32), ("steps_b", _i32), ("truncated_a", _bool), ("truncated_b", _bool),
-         ("n_cells", _i32), ("n_word_cells", _i32)]
+         ("n_cells", _i32), ("n_word_cells", _i32), ("top10_abs", _ij), ("top10_value", _ij),
+         ("content_top10_abs", _ij), ("content_top10_value", _ij), ("word_top10_abs", _uv), ("word_top10_value", _uv)]
     ),
     "cells": pa.schema(
-        [("pair_id", _str), ("i", _i32), ("j", _i32), ("token_a", _str), ("token_b", _str), ("value", _f64)]
+        [("pair_id", _str), ("i", _i32), ("j", _i32), ("token_a", _str), ("token_b", _str), ("value", _f64),
+         ("value_rank", _f32), ("content_rank", _f32)]
     ),
     "word_cells": pa.schema(
-        [("pair_id", _str), ("u", _i32), ("v", _i32), ("word_a", _str), ("word_b", _str), ("value", _f64)]
+        [("pair_id", _str), ("u", _i32), ("v", _i32), ("word_a", _str), ("word_b", _str), ("value", _f64),
+         ("value_rank", _f32)]
     ),
     "sentences": pa.schema(
         [("sentence_id", _str), ("text", _str), ("n_tokens", _i32), ("n_words", _i32),

@@ -39,7 +39,7 @@ from xsbert_core.models import DEFAULT_MODEL
 from xsbert_core.quadrature import SUPPORTED_RULES
 from xsbert_core.words import words_of
 
-from ._actors import CELL_LISTS, WORD_LISTS
+from ._actors import CELL_LISTS, TOP_CELLS, WORD_LISTS
 from ._inputs import KEEP_PREFIX, Pairs, load_pairs, quarantine_frame, validate
 from ._ray import filter_stderr, init_ray, quiet_ray
 from ._store import SCHEMAS, STORE_VERSION, ObjectRunStore, RunStore, StoreError, open_store, run_id
@@ -414,6 +414,7 @@ def wave_tables(
             },
             "n_cells": n_cells,
             "n_word_cells": n_words,
+            **{name: ok.column(name) for name in TOP_CELLS},
             # pass-through columns (--keep-columns, or the dataset's own), strings
             **{c[len(KEEP_PREFIX) :]: pa.array(sel[c].tolist(), pa.string()) for c in sel.columns
                if str(c).startswith(KEEP_PREFIX)},  # fmt: skip

@@ -393,6 +393,33 @@ def test_stage2_equals_the_independent_computation(tiny, tmp_path):
         w[row["word_u"], row["word_v"]] = row["word_value"]
         np.testing.assert_allclose(w, ma @ want["matrix"] @ mb.T, rtol=1e-5, atol=1e-7)
         assert row["word_a"][:: len(wb)] == wa and row["word_b"][: len(wb)] == wb
+        check_ranks_and_top_cells(row, m, w, tok(texts[a]).word_ids(), tok(texts[b]).word_ids())
+
+
+def check_ranks_and_top_cells(row: dict, m: np.ndarray, w: np.ndarray, wids_a: list, wids_b: list) -> None:
+    """The ranks and top-10 lists stage 2 stores for agreement.sql, against scipy's rankdata and sorted() on the
+    pair's matrices as stored (m: token cells, w: word cells): average ranks (ties share their mean) over all cells
+    and over the cells of two content tokens (null in a special token's row or column), top-10 by |value| and by
+    value, largest first, ties by the smaller row then column."""
+    from scipy.stats import rankdata
+
+    assert row["cell_value_rank"] == rankdata(m.ravel()).astype(np.float32).tolist()  # cells are row-major
+    content = np.outer([x is not None for x in wids_a], [x is not None for x in wids_b])
+    want = np.full(m.shape, np.nan)
+    want[content] = rankdata(m[content])
+    assert row["cell_content_rank"] == [None if np.isnan(r) else float(np.float32(r)) for r in want.ravel()]
+    assert row["word_value_rank"] == rankdata(w.ravel()).astype(np.float32).tolist()
+
+    def top(mat: np.ndarray, by: str, names: tuple[str, str], mask: np.ndarray | None = None) -> list[dict]:
+        cells = [(r, c) for r in range(mat.shape[0]) for c in range(mat.shape[1]) if mask is None or mask[r, c]]
+        key = (lambda rc: (-abs(mat[rc]), rc)) if by == "abs" else (lambda rc: (-mat[rc], rc))
+        return [dict(zip(names, map(int, rc))) for rc in sorted(cells, key=key)[:10]]
+
+    for by in ("abs", "value"):
+        assert row[f"top10_{by}"] == top(m, by, ("i", "j"))
+        assert row[f"content_top10_{by}"] == top(m, by, ("i", "j"), content)
+        assert row[f"word_top10_{by}"] == top(w, by, ("u", "v"))
+    assert row["top10_abs"] != row["top10_value"] or (m >= 0).all()  # the two orders differ on these matrices
 
 
 def test_min_abs_prunes_cells_never_sums(small_factors):
@@ -407,6 +434,13 @@ def test_min_abs_prunes_cells_never_sums(small_factors):
     kept = np.asarray(pruned.column("cell_value")[0].as_py())
     assert 0 < len(kept) < len(values) and (np.abs(kept) >= threshold).all()
     for name in ("attribution_sum", "positive_sum", "negative_sum", "score", "completeness_error"):
+        assert pruned.column(name)[0].as_py() == full.column(name)[0].as_py()
+    # ranks are over the whole matrix (min_abs only leaves cells out), the top-10 lists too
+    full_ranks = dict(zip(zip(full.column("cell_i")[0].as_py(), full.column("cell_j")[0].as_py()),
+                          full.column("cell_value_rank")[0].as_py()))  # fmt: skip
+    kept_cells = zip(pruned.column("cell_i")[0].as_py(), pruned.column("cell_j")[0].as_py())
+    assert pruned.column("cell_value_rank")[0].as_py() == [full_ranks[c] for c in kept_cells]
+    for name in ("top10_abs", "content_top10_abs", "word_top10_value"):
         assert pruned.column(name)[0].as_py() == full.column(name)[0].as_py()
 
 

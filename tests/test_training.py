@@ -18,7 +18,17 @@ import torch
 from conftest import CORPUS  # pytest puts tests/ on sys.path (rootdir conftest)
 
 from xsbert_core import Explainer, InputError, UnsupportedModelError, is_shifted, load_model
-from xsbert_core.metrics import aso, aso_both_ways, average_ranks, jaccard_top_k, pearson, spearman
+from xsbert_core.metrics import (
+    aso,
+    aso_both_ways,
+    average_ranks,
+    grouped_average_ranks,
+    grouped_top_k,
+    jaccard_top_k,
+    pearson,
+    spearman,
+    top_k,
+)
 from xsbert_core.training import TrainConfig, build_variant, fine_tune, pairs_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -206,6 +216,30 @@ def test_spearman_is_pearson_over_average_ranks_like_scipy():
 def test_jaccard_top_k():
     assert jaccard_top_k([5, -4, 1, 0], [4, 0, -5, 1], k=2) == pytest.approx(1 / 3)  # {0,1} vs {2,0}
     assert jaccard_top_k([1, 2, 3], [1, 2, 3], k=10) == 1.0
+
+
+def test_grouped_ranks_and_top_k_are_scipys_and_sorteds_per_group():
+    """The one-sort forms stage 2 uses for a batch of pairs: per group, scipy's average ranks, and the positions of
+    the k largest |x| (or x), largest first, ties by the lower position; groups in any order, of any size."""
+    from scipy import stats
+
+    rng = np.random.default_rng(3)
+    for n in (0, 1, 2, 7, 300):
+        x = np.round(rng.normal(size=n), int(rng.integers(0, 2)))  # ties
+        x[: n // 3] = np.abs(x[: n // 3])  # ties in |x| between +v and -v
+        x[n // 3 : 2 * n // 3] *= -1
+        g = rng.integers(0, 6, size=n)
+        want = np.empty(n)
+        for q in set(g.tolist()):
+            want[g == q] = stats.rankdata(x[g == q])
+        np.testing.assert_array_equal(grouped_average_ranks(x, g), want)
+        np.testing.assert_array_equal(average_ranks(x), stats.rankdata(x) if n else [])
+        for by, key in (("abs", lambda p: (-abs(x[p]), p)), ("value", lambda p: (-x[p], p))):
+            want_top = [p for q in sorted(set(g.tolist())) for p in sorted(np.flatnonzero(g == q), key=key)[:4]]
+            assert grouped_top_k(x, g, 4, by).tolist() == want_top
+            assert top_k(x, 4, by).tolist() == sorted(range(n), key=key)[:4]
+    with pytest.raises(InputError, match="by"):
+        top_k([1.0], 1, "signed")
 
 
 def test_aso_is_deepsig_with_our_seed():
