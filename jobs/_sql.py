@@ -309,13 +309,15 @@ def _variable(con: duckdb.DuckDBPyConnection, name: str) -> str | None:
 
 
 def check_inputs(con: duckdb.DuckDBPyConnection, sql: str) -> None:
-    """Every run table and manifest the SQL text reads through getvariable('run'/'run2') is there."""
-    for var, table, kind in sorted(set(_INPUT_RE.findall(sql))):
-        value = _variable(con, var)
-        if value is None:
+    """Every run the SQL text reads through getvariable('run'/'run2') is given, and every table and manifest it
+    reads there is there."""
+    inputs = sorted(set(_INPUT_RE.findall(sql)))
+    for var in dict.fromkeys(var for var, _, _ in inputs):
+        if _variable(con, var) is None:
             which = "a second run: pass --run2 DIR" if var == "run2" else "a run: pass --run DIR"
             raise InputError(f"this analysis reads {which} (DuckDB variable {var!r})")
-        run = as_run(value)
+    for var, table, kind in inputs:
+        run = as_run(_variable(con, var))
         there = is_file(join(run, f"{table}.json")) if kind == ".json" else has_table(run, table)
         if not there:
             raise InputError(missing_table_message(run, table))

@@ -25,14 +25,23 @@
 --                     (top_by 'value') in run r; ties broken by the smaller
 --                     i, then the smaller j
 --           mean score s = (score in run + score in run2) / 2
--- How       pairs are numbered once (the pairs both runs hold alike); a
---           cell is one integer key (pair number, i, j; i and j below
---           32768), the runs' cells are joined on it, then ranked per
---           pair by one window sort per run (rank() and its peer count
---           give the average rank); the top-10 cells of a run lie among
---           its 10 smallest and 10 largest values, so only those reach
---           the top-10 aggregate. Cost on full QQP (404k pairs, 115M
---           cells per run): bench/results/sql.md
+-- How       Ranks from the store where they apply: the job writes each
+--           cell's average rank among its pair's cells (value_rank) and
+--           among the pair's content cells (content_rank; docs/STORE.md).
+--           When both runs hold every cell of every pair (store version
+--           3 or later, no --min-abs) and mark the same tokens special,
+--           the cells they share are all their cells, so those ranks are
+--           the ranks over the matched cells: no cell is sorted here, the
+--           runs' cells are only joined (one integer key per cell: pair
+--           number, i, j; i and j below 32768) and aggregated. Otherwise
+--           (pruned runs, older stores) each run's matched cells are
+--           ranked here by one window sort per run (rank() and its peer
+--           count give the average rank; the top-10 cells of a run lie
+--           among its 10 smallest and 10 largest values, so only those
+--           reach the top-10 aggregate): the same answer, slower. The
+--           first statement decides which (agreement_stored_ranks), so
+--           DuckDB plans only that branch. Cost on full QQP (404k pairs,
+--           115M cells per run): bench/results/sql.md
 -- Grain     one row per bin (bin_low, bin_high] of s of width bin_width
 --           (right-closed: the top cos bin is (0.75, 1.0]), in score
 --           order, then one row with score_bin = 'all'.
@@ -60,6 +69,9 @@
 --                            about that share of the pairs (by a hash of
 --                            pair_id, the same in both runs), for a quicker
 --                            answer on a very large run
+--           use_stored_ranks true (default): the stored ranks where they
+--                            apply; false: rank here always (a check: the
+--                            same answer)
 --           The paper's subsets: all pairs (Fig 3: the 'all' row), s > 0.5
 --           (Fig 4: the bins above 0.5) and s > 0.75 (the headline: the
 --           (0.75, 1.0] bin) at the default bin_width.
@@ -69,28 +81,86 @@
 --           xsbert sql --run runs/<exact> --run2 runs/<approx> \
 --                  --file sql/agreement.sql --var include_special=true
 
+-- Which ranks: the stored ones (true) or ranked here (false)
+set variable agreement_stored_ranks = (
+    with
+    manifests as (
+        select
+            json_extract(content, '$.config.store_version')::integer
+                as store_version,
+            json_extract(content, '$.config.min_abs')::double as min_abs,
+        from read_text([getvariable('run') || '/manifest.json',
+                        getvariable('run2') || '/manifest.json'])
+    ),
+    special_1 as (
+        select sentence_id, [k - 1 for w, k in word_ids if w is null] as special,
+        from read_parquet(getvariable('run') || '/sentences/*.parquet')
+    ),
+    special_2 as (
+        select sentence_id, [k - 1 for w, k in word_ids if w is null] as special,
+        from read_parquet(getvariable('run2') || '/sentences/*.parquet')
+    )
+    select
+        coalesce(getvariable('use_stored_ranks'), true)::boolean
+        -- every cell of every pair, ranked by the job
+        and (select bool_and(coalesce(store_version, 1) >= 3
+                             and coalesce(min_abs, 0) = 0)
+             from manifests)
+        -- content cells: the same special tokens in both runs
+        and (coalesce(getvariable('include_special'), false)::boolean
+             or getvariable('level') = 'word'
+             or not exists (
+                 select 1
+                 from special_1
+                 inner join special_2
+                     on special_1.sentence_id = special_2.sentence_id
+                 where special_1.special <> special_2.special
+             ))
+);
+
 with
 
 ---------- imports
 
--- level 'token': the token cells; 'word': the word cells (u, v as i, j)
-cells_1 as (
-    select pair_id, i, j, value,
-    from read_parquet(getvariable('run') || '/cells/*.parquet')
+-- Token cells (level 'token') or word cells (level 'word', u and v read as
+-- i and j), with their stored ranks (null in stores before version 3)
+cells_1 as not materialized (
+    select pair_id, i, j, value, value_rank, content_rank,
+    from (
+        from read_parquet(getvariable('run') || '/cells/*.parquet')
+        union all by name
+        select null::float as value_rank, null::float as content_rank,
+        where false
+    )
     where coalesce(getvariable('level'), 'token') = 'token'
     union all
-    select pair_id, u, v, value,
-    from read_parquet(getvariable('run') || '/word_cells/*.parquet')
+    select pair_id, u, v, value, value_rank, null::float,
+    from (
+        from read_parquet(getvariable('run') || '/word_cells/*.parquet')
+        union all by name
+        select null::float as value_rank,
+        where false
+    )
     where getvariable('level') = 'word'
 ),
 
-cells_2 as (
-    select pair_id, i, j, value,
-    from read_parquet(getvariable('run2') || '/cells/*.parquet')
+cells_2 as not materialized (
+    select pair_id, i, j, value, value_rank, content_rank,
+    from (
+        from read_parquet(getvariable('run2') || '/cells/*.parquet')
+        union all by name
+        select null::float as value_rank, null::float as content_rank,
+        where false
+    )
     where coalesce(getvariable('level'), 'token') = 'token'
     union all
-    select pair_id, u, v, value,
-    from read_parquet(getvariable('run2') || '/word_cells/*.parquet')
+    select pair_id, u, v, value, value_rank, null::float,
+    from (
+        from read_parquet(getvariable('run2') || '/word_cells/*.parquet')
+        union all by name
+        select null::float as value_rank,
+        where false
+    )
     where getvariable('level') = 'word'
 ),
 
@@ -102,7 +172,30 @@ pairs_1 as (
         sentence_id_b,
         n_tokens_a,
         n_tokens_b,
-    from read_parquet(getvariable('run') || '/pairs/*.parquet')
+        -- the stored top-10 cells of the level, cells and order asked for
+        case when getvariable('level') = 'word'
+            then [(c.u * 65536 + c.v)::uinteger for c in
+                  case when getvariable('top_by') = 'value' then word_top10_value
+                       else word_top10_abs end]
+            else [(c.i * 65536 + c.j)::uinteger for c in
+                  case when getvariable('top_by') = 'value'
+                       then case when getvariable('include_special')::boolean
+                                 then top10_value else content_top10_value end
+                       else case when getvariable('include_special')::boolean
+                                 then top10_abs else content_top10_abs end end]
+        end as stored_top10,
+    from (
+        from read_parquet(getvariable('run') || '/pairs/*.parquet')
+        union all by name
+        select
+            null::struct(i integer, j integer)[] as top10_abs,
+            null::struct(i integer, j integer)[] as top10_value,
+            null::struct(i integer, j integer)[] as content_top10_abs,
+            null::struct(i integer, j integer)[] as content_top10_value,
+            null::struct(u integer, v integer)[] as word_top10_abs,
+            null::struct(u integer, v integer)[] as word_top10_value,
+        where false
+    )
 ),
 
 pairs_2 as (
@@ -113,7 +206,30 @@ pairs_2 as (
         sentence_id_b,
         n_tokens_a,
         n_tokens_b,
-    from read_parquet(getvariable('run2') || '/pairs/*.parquet')
+        -- the stored top-10 cells of the level, cells and order asked for
+        case when getvariable('level') = 'word'
+            then [(c.u * 65536 + c.v)::uinteger for c in
+                  case when getvariable('top_by') = 'value' then word_top10_value
+                       else word_top10_abs end]
+            else [(c.i * 65536 + c.j)::uinteger for c in
+                  case when getvariable('top_by') = 'value'
+                       then case when getvariable('include_special')::boolean
+                                 then top10_value else content_top10_value end
+                       else case when getvariable('include_special')::boolean
+                                 then top10_abs else content_top10_abs end end]
+        end as stored_top10,
+    from (
+        from read_parquet(getvariable('run2') || '/pairs/*.parquet')
+        union all by name
+        select
+            null::struct(i integer, j integer)[] as top10_abs,
+            null::struct(i integer, j integer)[] as top10_value,
+            null::struct(i integer, j integer)[] as content_top10_abs,
+            null::struct(i integer, j integer)[] as content_top10_value,
+            null::struct(u integer, v integer)[] as word_top10_abs,
+            null::struct(u integer, v integer)[] as word_top10_value,
+        where false
+    )
 ),
 
 sentences_1 as (
@@ -153,6 +269,8 @@ pair_scores as (
         (row_number() over ())::integer as pair_no,
         pairs_1.pair_id,
         (pairs_1.score + pairs_2.score) / 2 as mean_score,
+        pairs_1.stored_top10 as stored_top10_1,
+        pairs_2.stored_top10 as stored_top10_2,
         case when settings.include_special then [] else sentences_a.special end
             as special_a,
         case when settings.include_special then [] else sentences_b.special end
@@ -172,6 +290,8 @@ pair_scores as (
     where hash(pairs_1.pair_id) % 10000 < settings.pair_fraction * 10000
 ),
 
+-- Ranked here (agreement_stored_ranks false): the matched cells of each
+-- pair, then ranked per pair and run.
 -- key = pair_no * 2^32 + i * 65536 + j: one integer per cell
 keyed_cells_1 as (
     select
@@ -180,8 +300,9 @@ keyed_cells_1 as (
         cells_1.value,
     from cells_1
     inner join pair_scores on cells_1.pair_id = pair_scores.pair_id
-    where not (list_contains(pair_scores.special_a, cells_1.i)
-               or list_contains(pair_scores.special_b, cells_1.j))
+    where not getvariable('agreement_stored_ranks')
+        and not (list_contains(pair_scores.special_a, cells_1.i)
+                 or list_contains(pair_scores.special_b, cells_1.j))
 ),
 
 keyed_cells_2 as (
@@ -191,8 +312,9 @@ keyed_cells_2 as (
         cells_2.value,
     from cells_2
     inner join pair_scores on cells_2.pair_id = pair_scores.pair_id
-    where not (list_contains(pair_scores.special_a, cells_2.i)
-               or list_contains(pair_scores.special_b, cells_2.j))
+    where not getvariable('agreement_stored_ranks')
+        and not (list_contains(pair_scores.special_a, cells_2.i)
+                 or list_contains(pair_scores.special_b, cells_2.j))
 ),
 
 -- the cells stored in both runs; cell = i * 65536 + j
@@ -267,7 +389,7 @@ ranked_cells as (
 -- (top_by 'abs') or value_r (top_by 'value'), ties by the smaller cell;
 -- max_by keeps the 10 largest (key, -cell), a bounded top-k aggregate,
 -- offered only the candidates top_r (they hold the 10 largest values too)
-pair_agreement as (
+sorted_agreement as (
     select
         pair_no,
         nullif(corr(rank2_1, rank2_2), 'nan'::double) as spearman,
@@ -285,17 +407,75 @@ pair_agreement as (
     group by pair_no
 ),
 
+-- Stored ranks (agreement_stored_ranks true): each run's cells with the
+-- rank the job stored among the cells compared (content cells: null for
+-- a special token's cell), keyed as above, joined, aggregated as above.
+-- The settings are read as getvariable() constants here (settings checks
+-- them), so DuckDB folds them instead of joining every cell to settings
+stored_cells_1 as (
+    select
+        pair_scores.pair_no::bigint * 4294967296 + cells_1.i * 65536 + cells_1.j
+            as key,
+        cells_1.value,
+        case when coalesce(getvariable('include_special'), false)::boolean
+                  or getvariable('level') = 'word'
+             then cells_1.value_rank else cells_1.content_rank end
+            as stored_rank,
+    from cells_1
+    inner join pair_scores on cells_1.pair_id = pair_scores.pair_id
+    where getvariable('agreement_stored_ranks') and stored_rank is not null
+),
+
+stored_cells_2 as (
+    select
+        pair_scores.pair_no::bigint * 4294967296 + cells_2.i * 65536 + cells_2.j
+            as key,
+        cells_2.value,
+        case when coalesce(getvariable('include_special'), false)::boolean
+                  or getvariable('level') = 'word'
+             then cells_2.value_rank else cells_2.content_rank end
+            as stored_rank,
+    from cells_2
+    inner join pair_scores on cells_2.pair_id = pair_scores.pair_id
+    where getvariable('agreement_stored_ranks') and stored_rank is not null
+),
+
+stored_agreement as (
+    select
+        (stored_cells_1.key // 4294967296)::integer as pair_no,
+        nullif(corr(stored_cells_1.stored_rank, stored_cells_2.stored_rank),
+               'nan'::double) as spearman,
+        nullif(corr(stored_cells_1.value, stored_cells_2.value), 'nan'::double)
+            as pearson,
+        null::uinteger[] as top10_1,
+        null::uinteger[] as top10_2,
+    from stored_cells_1
+    inner join stored_cells_2 on stored_cells_1.key = stored_cells_2.key
+    group by pair_no
+),
+
+pair_agreement as (
+    from sorted_agreement
+    union all
+    from stored_agreement
+),
+
 pair_metrics as (
     select
         pair_scores.pair_id,
         pair_scores.mean_score,
         pair_agreement.spearman,
         pair_agreement.pearson,
-        len(list_intersect(top10_1[1:3], top10_2[1:3]))
-            / len(list_distinct(top10_1[1:3] || top10_2[1:3]))
+        case when getvariable('agreement_stored_ranks')
+            then pair_scores.stored_top10_1 else pair_agreement.top10_1 end
+            as top_1,
+        case when getvariable('agreement_stored_ranks')
+            then pair_scores.stored_top10_2 else pair_agreement.top10_2 end
+            as top_2,
+        len(list_intersect(top_1[1:3], top_2[1:3]))
+            / len(list_distinct(top_1[1:3] || top_2[1:3]))
             as jaccard_top3,
-        len(list_intersect(top10_1, top10_2))
-            / len(list_distinct(top10_1 || top10_2))
+        len(list_intersect(top_1, top_2)) / len(list_distinct(top_1 || top_2))
             as jaccard_top10,
     from pair_agreement
     inner join pair_scores on pair_agreement.pair_no = pair_scores.pair_no

@@ -145,10 +145,13 @@ def no_nan(df: pl.DataFrame) -> bool:
 # --------------------------------------------------------------------------- every file
 @pytest.mark.parametrize("name", FILES)
 def test_each_file_is_one_documented_lowercase_statement(name):
+    """One query per file, after at most a `set variable` that decides how it runs (agreement.sql's plan)."""
     text = (SQL / name).read_text(encoding="utf-8")
     import duckdb
 
-    assert len(duckdb.extract_statements(text)) == 1
+    statements = duckdb.extract_statements(text)
+    assert len(statements) == 1 or (name == "agreement.sql" and len(statements) == 2
+                                    and statements[0].type == duckdb.StatementType.SET)  # fmt: skip
     header = "\n".join(line for line in text.splitlines() if line.startswith("--"))
     for field in ("Question", "Paper", "Inputs", "Grain", "Columns", "Params", "Run"):
         assert re.search(rf"^-- {field}\b", header, re.M), field
@@ -642,6 +645,118 @@ def test_agreement_word_level_is_the_word_matrices(tmp_path):
             run_sql(run1, "agreement.sql", run2, **{name: value})
 
 
+# --------------------------------------------------------------------------- agreement on the stored ranks
+def stored_ranks_copy(root: Path, name: str, run: Path, min_abs: float = 0.0) -> Path:
+    """A copy of a hand-built run with what the job stores since store version 3, computed here with scipy's rankdata
+    and sorted(): each cell's average rank among its pair's cells (value_rank) and content cells (content_rank, null
+    for a special token's cell), each word cell's among the word cells, and per pair the top-10 lists (largest |value|
+    or value first, ties by the smaller row, then column); the manifest says version 3 and `min_abs`."""
+    con = _sql.connect(run)
+    pairs, cells, words, sentences = (con.sql(f"select * from {t}").pl().to_dicts()
+                                      for t in ("pairs", "cells", "word_cells", "sentences"))  # fmt: skip
+    specials = {x["sentence_id"]: {k for k, w in enumerate(x["word_ids"]) if w is None} for x in sentences}
+    by_pair: dict[str, dict[str, list]] = defaultdict(lambda: {"cells": [], "words": []})
+    for c in cells:
+        by_pair[c["pair_id"]]["cells"].append(c)
+    for c in words:
+        by_pair[c["pair_id"]]["words"].append(c)
+
+    def rank(rows: list[dict], column: str) -> None:
+        for row, r in zip(rows, stats.rankdata([x["value"] for x in rows], method="average")):
+            row[column] = float(r)
+
+    def top(rows: list[dict], by: str, ij: tuple[str, str]) -> list[dict]:
+        key = (lambda x: (-abs(x["value"]), x[ij[0]], x[ij[1]])) if by == "abs" else (
+            lambda x: (-x["value"], x[ij[0]], x[ij[1]]))
+        return [{ij[0]: x[ij[0]], ij[1]: x[ij[1]]} for x in sorted(rows, key=key)[:10]]
+
+    for p in pairs:
+        own = by_pair[p["pair_id"]]
+        sa, sb = specials[p["sentence_id_a"]], specials[p["sentence_id_b"]]
+        content = [c for c in own["cells"] if c["i"] not in sa and c["j"] not in sb]
+        for c in own["cells"]:
+            c["content_rank"] = None
+        rank(own["cells"], "value_rank")
+        rank(content, "content_rank")
+        rank(own["words"], "value_rank")
+        for by in ("abs", "value"):
+            p[f"top10_{by}"] = top(own["cells"], by, ("i", "j"))
+            p[f"content_top10_{by}"] = top(content, by, ("i", "j"))
+            p[f"word_top10_{by}"] = top(own["words"], by, ("u", "v"))
+    out = make_run(root, name, pairs, cells, words, sentences)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["config"].update(store_version=3, min_abs=min_abs)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return out
+
+
+def agreement_path(run1: Path, run2: Path, **variables: Any) -> tuple[pl.DataFrame, bool, str]:
+    """agreement.sql's rows, whether it took the stored ranks (its first statement's decision) and the plan of
+    its query."""
+    import duckdb
+
+    con = _sql.connect(run1, run2, variables)
+    df = _sql.run_file(con, SQL / "agreement.sql")
+    stored = con.execute("select getvariable('agreement_stored_ranks')").fetchall()[0][0]
+    query = duckdb.extract_statements((SQL / "agreement.sql").read_text())[-1].query
+    plan = "\n".join(row[1] for row in con.execute("explain " + query).fetchall())
+    return df, stored, plan
+
+
+def sorts(plan: str) -> bool:
+    """The plan ranks cells in a window (rank() over a partition), beyond numbering the pairs (row_number())."""
+    return re.search(r"rank\(\) OVER \(PARTITION BY", plan) is not None
+
+
+def test_agreement_on_stored_ranks_equals_ranking_here(tmp_path):
+    """Two whole runs whose store holds the ranks: agreement.sql takes them (no window sort in its plan) and gives
+    what ranking here gives (use_stored_ranks=false) and what scipy and sorted() give, at every setting (content
+    or all cells, top-K by |value| or value, token or word level); with ties in values and in |value| at the top,
+    a pair constant in one run and a pair left out. Where the stored ranks do not apply (a run pruned by
+    --min-abs, a store without them, other special tokens for content cells) it ranks here."""
+    rng = np.random.default_rng(31)
+    run1, data = random_run(tmp_path, "s1", rng, n_pairs=16)
+    cells2, words2 = [], []
+    for c in data["cells"]:
+        value = c["value"] + float(rng.normal(0, 0.05))
+        if c["pair_id"] == "p00":
+            value = round(value, 1)  # coarse ties in run 2
+        elif c["pair_id"] == "p01":
+            value = -0.125  # constant in run 2: no correlation
+        elif c["pair_id"] == "p02" and c["i"] < 2:
+            value = 0.5 if c["j"] % 2 else -0.5  # ties in |value| among the top cells
+        cells2.append({**c, "value": value})
+    words2 = [{**c, "value": c["value"] + float(rng.normal(0, 0.05))} for c in data["word_cells"]]
+    pairs2 = [{**p, "score": p["score"] + float(rng.normal(0, 0.05))} for p in data["pairs"]]
+    pairs2[3]["n_tokens_a"] += 1  # another tokenisation: left out
+    plain2 = make_run(tmp_path, "s2", pairs2, cells2, words2, data["sentences"], mode="exact")
+    ranked1, ranked2 = stored_ranks_copy(tmp_path, "s1r", run1), stored_ranks_copy(tmp_path, "s2r", plain2)
+    for level, include_special, top_by in [("token", False, "abs"), ("token", True, "abs"), ("token", False, "value"),
+                                           ("token", True, "value"), ("word", True, "abs"), ("word", True, "value")]:
+        variables = {"level": level, "include_special": include_special, "top_by": top_by}
+        got, stored, plan = agreement_path(ranked1, ranked2, **variables)
+        want, sorted_here, plan_here = agreement_path(ranked1, ranked2, use_stored_ranks=False, **variables)
+        assert stored and not sorted_here
+        assert not sorts(plan) and sorts(plan_here)
+        assert_same_agreement(got, want, str(variables))
+        rows1, rows2, ij = ((data["cells"], cells2, ("i", "j")) if level == "token" else
+                            (data["word_cells"], words2, ("u", "v")))  # fmt: skip
+        per_pair = slow_agreement(data["pairs"], pairs2, rows1, rows2, data["sentences"], include_special, top_by, ij)
+        assert len(per_pair) == 15
+        check_agreement_rows(got, per_pair, 0.25)
+        assert got["n_correlated"][-1] == (14 if level == "token" else 15)  # p01 is constant in run 2's cells
+    # Where the stored ranks do not apply, it ranks here, and says so.
+    pruned2 = stored_ranks_copy(tmp_path, "s2p", plain2, min_abs=0.05)
+    for run1_, run2_ in ((ranked1, pruned2), (run1, ranked2), (ranked1, plain2)):
+        got, stored, plan = agreement_path(run1_, run2_)
+        assert not stored and sorts(plan)
+    other = [{**x, "word_ids": [None, None, *x["word_ids"][2:]]} if x["sentence_id"] == data["pairs"][5][
+        "sentence_id_a"] else x for x in data["sentences"]]  # fmt: skip
+    specials2 = stored_ranks_copy(tmp_path, "s2s", make_run(tmp_path, "s2o", pairs2, cells2, words2, other))
+    assert not agreement_path(ranked1, specials2)[1]  # content cells: run 1's special tokens
+    assert agreement_path(ranked1, specials2, include_special=True)[1]  # every cell: the specials do not matter
+
+
 # --------------------------------------------------------------------------- degenerate pairs: null, not NaN
 def degenerate_runs(root: Path) -> tuple[Path, Path, dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
     """Two runs of 10 pairs, all compared: p00's values are constant in run 2, p01 shares one cell (run 2 keeps
@@ -1080,6 +1195,31 @@ def test_keep_columns_flag_passes_columns_through_and_changes_the_run_id(tmp_pat
         store.commit(0, {"pairs": table})
         store.commit_missing_tables()
     assert pq.read_schema(tmp_path / "r" / "pairs" / "part-000000.parquet").field("topic").type == pa.string()
+
+
+@pytest.mark.slow
+def test_the_job_stores_the_ranks_agreement_reads(real_runs, tmp_path):
+    """The real job's store (all-MiniLM-L6-v2, 8 STS-B pairs): its ranks and top-10 lists are what scipy's rankdata
+    and sorted() give on its stored values (stored_ranks_copy), every cell and pair; agreement.sql takes them."""
+    from jobs._actors import TOP_CELLS
+    from jobs._store import STORE_VERSION
+
+    stsb = real_runs["stsb"]
+    config = json.loads((stsb / "manifest.json").read_text())["config"]
+    assert config["store_version"] == STORE_VERSION >= 3 and config["min_abs"] == 0
+    con = _sql.connect(stsb, stored_ranks_copy(tmp_path, "recomputed", stsb))
+    for table, ranks, cell in (("cells", ("value_rank", "content_rank"), "i, j"), ("word_cells", ("value_rank",),
+                                                                                      "u, v")):  # fmt: skip
+        differ = " or ".join(f"a.{r} is distinct from b.{r}" for r in ranks)
+        n, n_differ, n_null = con.execute(f"""select count(*), count(*) filter (where {differ}),
+            count(*) filter (where a.{ranks[-1]} is null) from {table} as a inner join {table}_2 as b
+            using (pair_id, {cell})""").fetchall()[0]  # fmt: skip
+        assert n == con.execute(f"select count(*) from {table}").fetchall()[0][0] > 100 and n_differ == 0
+        assert (n_null > 0) == (table == "cells")  # special tokens' cells have no content rank
+    differ = " or ".join(f"a.{name} is distinct from b.{name}" for name in TOP_CELLS)
+    assert con.execute(f"select count(*) filter (where {differ}), count(*) from pairs as a inner join pairs_2 as b "
+                       "using (pair_id)").fetchall()[0] == (0, 8)  # fmt: skip
+    assert agreement_path(stsb, stsb)[1]
 
 
 # --------------------------------------------------------------------------- small real runs
