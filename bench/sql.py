@@ -1393,7 +1393,7 @@ def timing_tables(args: argparse.Namespace, timing: dict[str, Any]) -> list[str]
         name = r["analysis"] + (" (run, run2)" if r["two_run"] else "")
         if r["exit"] != 0:
             lines.append(f"| {name} | {r['runs']} | {r['wall_s']:.1f} | | {r['peak_rss_mb']:,.0f} | failed: "
-                         f"{r['error'][:120].replace('|', '/')} | | | no |")  # fmt: skip
+                         f"{r['error'][:120].replace('|', '/')} | | | n/a |")  # fmt: skip: not timed, not missed
             continue
         ok = verdict(r["wall_s"], r["cpu_s"], args.threads)
         walls = f"{r['wall_s']:.1f}"
