@@ -4,6 +4,7 @@
     python bench/scale.py --pairs 404290 --wave-size 16384    # the full QQP size
     python bench/scale.py --pairs 10000 --resume              # also: SIGKILL the driver late, time the resume
     python bench/scale.py --pairs 10000 --cell-writer driver  # the cells through the driver (before issue 16/19)
+    python bench/scale.py --pairs 404290 --wave-size 16384 --batch-size 128 --s3 --kill-late  # S3, kill, resume
 
 What it runs, and why it is a fair rehearsal (bench/results/scale.md says the same beside the numbers):
 
@@ -18,7 +19,9 @@ What it runs, and why it is a fair rehearsal (bench/results/scale.md says the sa
   MiniLM's size D = 384 while the attribution costs almost nothing; attributed at layer 0, riemann N = 2.
 * The job: `python -m jobs.attribute` in a subprocess on a local Ray (started by the job), `-q`, into a fresh
   store; then the same command again (nothing to do); optionally a third store whose driver is SIGKILLed once
-  all but the last wave have committed, and the resume timed. A sampler thread records, every 0.25 s, the
+  all but the last wave have committed, and the resume timed (--resume), or that kill and resume in the one store
+  (--kill-late: at 404k a second full run does not fit a session). --s3 puts the stores on a moto_server on
+  127.0.0.1, reached over HTTP by the job's own store code (objects in the server's memory: its RSS is sampled). A sampler thread records, every 0.25 s, the
   driver's RSS, the largest and the summed RSS of Ray's worker processes, and the bytes used in /dev/shm (Ray's
   object store on Linux).
 
@@ -152,11 +155,13 @@ class Sampler(threading.Thread):
     """Peak RSS of the driver (the job's process) and of Ray's workers, and peak /dev/shm use, every `period` s.
 
     The driver's RSS counts the object-store pages it has mapped (RssShmem: shared with /dev/shm, not the
-    driver's own memory), so its private part (RssAnon) is sampled too."""
+    driver's own memory), so its private part (RssAnon) is sampled too; with an `endpoint` pid (--s3: the
+    moto_server, which keeps the objects in memory) its RSS as well."""
 
-    def __init__(self, pid: int, period: float = 0.25) -> None:
+    def __init__(self, pid: int, period: float = 0.25, endpoint: int | None = None) -> None:
         super().__init__(daemon=True)
-        self.pid, self.period = pid, period
+        self.pid, self.period, self.endpoint = pid, period, endpoint
+        self.endpoint_rss = 0
         self.stop_event = threading.Event()
         self.driver_rss = self.worker_rss_max = self.workers_rss_sum = self.shm_used = 0
         self.driver_anon = self.driver_shmem = 0
@@ -188,6 +193,9 @@ class Sampler(threading.Thread):
                 self.driver_rss = max(self.driver_rss, psutil.Process(self.pid).memory_info().rss)
                 anon, shmem = self._status(self.pid)
                 self.driver_anon, self.driver_shmem = max(self.driver_anon, anon), max(self.driver_shmem, shmem)
+            if self.endpoint is not None:
+                with contextlib.suppress(psutil.Error):
+                    self.endpoint_rss = max(self.endpoint_rss, psutil.Process(self.endpoint).memory_info().rss)
             total = biggest = 0
             for proc in psutil.process_iter(["name", "cmdline"]):
                 try:
@@ -209,7 +217,8 @@ class Sampler(threading.Thread):
         mb = 1 / 2**20
         return {"driver_rss_mb": self.driver_rss * mb, "driver_anon_mb": self.driver_anon * mb,
                 "driver_shmem_mb": self.driver_shmem * mb, "worker_rss_max_mb": self.worker_rss_max * mb,
-                "workers_rss_sum_mb": self.workers_rss_sum * mb, "shm_peak_mb": self.shm_used * mb}  # fmt: skip
+                "workers_rss_sum_mb": self.workers_rss_sum * mb, "shm_peak_mb": self.shm_used * mb,
+                "endpoint_rss_mb": self.endpoint_rss * mb if self.endpoint is not None else None}  # fmt: skip
 
 
 # --------------------------------------------------------------------------- running the job
@@ -224,13 +233,15 @@ def job_command(data: Path, model: Path, out: str, args: argparse.Namespace) -> 
     return cmd
 
 
-def run(cmd: list[str], kill_when=None, timeout: float = 6 * 3600) -> dict:
-    """Run the job; returns wall time, peaks and its output. kill_when(): True -> SIGKILL the driver's group."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0"}
+def run(cmd: list[str], kill_when=None, timeout: float = 6 * 3600, env: dict[str, str] | None = None,
+        endpoint=None) -> dict:
+    """Run the job; returns wall time, peaks and its output. kill_when(): True -> SIGKILL the driver's group.
+    `env`: added to the job's environment; `endpoint`: the S3 server whose process RSS is sampled too."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True, text=True)  # fmt: skip
-    sampler = Sampler(proc.pid)
+    sampler = Sampler(proc.pid, endpoint=endpoint.process.pid if endpoint is not None else None)
     sampler.start()
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
@@ -260,33 +271,96 @@ def run(cmd: list[str], kill_when=None, timeout: float = 6 * 3600) -> dict:
     return {"wall_s": wall, "killed": killed, "output": out, **peaks}
 
 
-def manifest_of(out: str) -> dict:
-    runs = [p for p in Path(out).iterdir() if (p / "manifest.json").exists()]
-    if len(runs) != 1:
-        raise SystemExit(f"expected one run under {out}, found {len(runs)}")
-    return json.loads((runs[0] / "manifest.json").read_text())
+class Where:
+    """Where a run's stores go: a local folder, or (--s3) a bucket of a moto_server on 127.0.0.1 reached over HTTP
+    by the job's own store code (the AWS_* variables of `env`), as a cluster's job reaches object storage."""
+
+    def __init__(self, work: str, s3: bool) -> None:
+        self.server = None
+        self.env: dict[str, str] = {}
+        self.work = work
+        if s3:
+            sys.path.insert(0, str(ROOT / "tests"))
+            from s3tools import start_moto
+
+            self.server = start_moto(CACHE / "moto", bucket="xsbert-scale")
+            self.env = dict(self.server.env)
+
+    def out(self, tag: str, name: str) -> str:
+        if self.server is None:
+            return str(Path(self.work) / tag / name)
+        return self.server.uri(tag, name)
+
+    def clear(self, tag: str) -> None:
+        if self.server is None:
+            shutil.rmtree(Path(self.work) / tag, ignore_errors=True)
+        else:
+            for key, _ in self.objects(self.server.uri(tag)):
+                self.server.client().delete_object(Bucket=self.server.bucket, Key=key)
+
+    def objects(self, out: str) -> list[tuple[str, int]]:
+        """(key or path, bytes) of every file under `out`."""
+        if self.server is None:
+            return [(str(p), p.stat().st_size) for p in Path(out).rglob("*") if p.is_file()]
+        prefix = out.removeprefix(f"s3://{self.server.bucket}/").rstrip("/") + "/"
+        pages = self.server.client().get_paginator("list_objects_v2").paginate(Bucket=self.server.bucket, Prefix=prefix)
+        return [(o["Key"], o["Size"]) for page in pages for o in page.get("Contents", [])]
+
+    def manifest(self, out: str) -> dict:
+        found = [key for key, _ in self.objects(out) if key.endswith("/manifest.json")]
+        if len(found) != 1:
+            raise SystemExit(f"expected one run under {out}, found {len(found)}")
+        if self.server is None:
+            return json.loads(Path(found[0]).read_text())
+        body = self.server.client().get_object(Bucket=self.server.bucket, Key=found[0])["Body"].read()
+        return json.loads(body)
+
+    def pair_parts(self, out: str) -> int:
+        """Committed waves so far: the `pairs` parts (one per wave)."""
+        return sum("/pairs/part-" in key and key.endswith(".parquet") for key, _ in self.objects(out))
+
+    def bytes(self, out: str) -> int:
+        return sum(size for _, size in self.objects(out))
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
 
 
-def store_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-def measure(n: int, args: argparse.Namespace, model: Path) -> dict:
+def measure(n: int, args: argparse.Namespace, model: Path, where: Where) -> dict:
     data = make_pairs(n)
-    root = Path(args.work) / f"n{n}-{args.cell_writer or 'auto'}"
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True)
-    out = str(root / "runs")
+    tag = f"n{n}-{args.cell_writer or 'auto'}"  # the local stores stay for bench/sql.py: <work>/<tag>/runs
+    where.clear(tag)
+    out = where.out(tag, "runs")
     cmd = job_command(data, model, out, args)
     print(f"[{n} pairs] {' '.join(cmd)}", flush=True)
-    first = run(cmd)
-    manifest = manifest_of(out)
+    n_waves = -(-n // (args.wave_size or 2048))
+    if args.kill_late:  # one store: SIGKILL once all but the last wave have committed, then resume it
+        checked = [0.0]
+
+        def late() -> bool:  # listing is an HTTP call on S3: every 5 s
+            if time.perf_counter() - checked[0] < 5:
+                return False
+            checked[0] = time.perf_counter()
+            return where.pair_parts(out) >= max(1, n_waves - 1)
+
+        killed = run(cmd, kill_when=late, env=where.env, endpoint=where.server)
+        if not killed["killed"]:
+            raise SystemExit(f"the run finished before all but its last wave ({n_waves - 1}) had committed")
+        waves_before = where.pair_parts(out)
+        print(f"[{n} pairs] killed at {killed['wall_s']:.1f} s after {waves_before} waves", flush=True)
+        first = run(cmd, env=where.env, endpoint=where.server)
+        print(f"[{n} pairs] resume {first['wall_s']:.1f} s", flush=True)
+    else:
+        first = run(cmd, env=where.env, endpoint=where.server)
+    manifest = where.manifest(out)
     entry = manifest["runs"][-1]
     waves = entry["waves"]
     job_wall = entry["wall_s"]
     split = {key: sum(w.get(key, 0.0) for w in waves) for key in ("factors_s", "factor_meta_s", "cells_s", "commit_s")}
     row = {
         "pairs": n,
+        "store_on": "s3 (moto_server, 127.0.0.1)" if where.server else "local disk",
         "stored_pairs": entry["counts"]["n_done"],
         "quarantined": entry["counts"]["n_quarantined"],
         "sentences": entry["counts"]["computed_sentences"],
@@ -308,32 +382,38 @@ def measure(n: int, args: argparse.Namespace, model: Path) -> dict:
         "worker_rss_max_mb": first["worker_rss_max_mb"],
         "workers_rss_sum_mb": first["workers_rss_sum_mb"],
         "shm_peak_mb": first["shm_peak_mb"],
-        "store_mb": store_bytes(Path(out)) / 2**20,
+        "endpoint_rss_mb": first.get("endpoint_rss_mb"),
+        "store_mb": where.bytes(out) / 2**20,
         "cells": manifest["tables"]["cells"]["rows"],
         "cell_parts": manifest["tables"]["cells"]["parts"],
     }
+    if args.kill_late:  # the columns above are the resume's; the killed invocation left no manifest entry
+        row.update(
+            killed_after_s=killed["wall_s"], waves_before_kill=waves_before, resume_s=first["wall_s"],
+            resume_recomputed_pairs=entry["counts"]["computed_pairs"], total_wall_s=killed["wall_s"] + first["wall_s"],
+            killed_driver_rss_mb=killed["driver_rss_mb"], killed_driver_anon_mb=killed["driver_anon_mb"],
+            killed_driver_shmem_mb=killed["driver_shmem_mb"], killed_shm_peak_mb=killed["shm_peak_mb"],
+            killed_endpoint_rss_mb=killed.get("endpoint_rss_mb"),
+        )  # fmt: skip
     print(f"[{n} pairs] first run {first['wall_s']:.1f} s", flush=True)
-    again = run(cmd)
+    again = run(cmd, env=where.env, endpoint=where.server)
     row["rerun_s"] = again["wall_s"]
     row["rerun_driver_rss_mb"] = again["driver_rss_mb"]
     print(f"[{n} pairs] rerun {again['wall_s']:.1f} s", flush=True)
     if args.resume:
-        out2 = str(root / "killed")
+        out2 = where.out(tag, "killed")
         n_waves = len(waves)
 
-        def late() -> bool:  # all but the last wave committed
-            parts = list(Path(out2).glob("*/pairs/part-*.parquet"))
-            return len(parts) >= max(1, n_waves - 1)
+        def late2() -> bool:  # all but the last wave committed
+            return where.pair_parts(out2) >= max(1, n_waves - 1)
 
-        killed = run(job_command(data, model, out2, args), kill_when=late)
-        resumed = run(job_command(data, model, out2, args))
-        entry2 = manifest_of(out2)["runs"][-1]
-        row.update(killed_after_s=killed["wall_s"], resume_s=resumed["wall_s"],
+        killed2 = run(job_command(data, model, out2, args), kill_when=late2, env=where.env, endpoint=where.server)
+        resumed = run(job_command(data, model, out2, args), env=where.env, endpoint=where.server)
+        entry2 = where.manifest(out2)["runs"][-1]
+        row.update(killed_after_s=killed2["wall_s"], resume_s=resumed["wall_s"],
                    resume_recomputed_pairs=entry2["counts"]["computed_pairs"])  # fmt: skip
-        print(f"[{n} pairs] killed at {killed['wall_s']:.1f} s, resume {resumed['wall_s']:.1f} s "
+        print(f"[{n} pairs] killed at {killed2['wall_s']:.1f} s, resume {resumed['wall_s']:.1f} s "
               f"({row['resume_recomputed_pairs']} pairs recomputed)", flush=True)  # fmt: skip
-    if not args.keep:
-        shutil.rmtree(root / "killed", ignore_errors=True)
     return row
 
 
@@ -393,9 +473,13 @@ def main() -> None:
     p.add_argument("--num-actors", type=int, default=None)
     p.add_argument("--cell-writer", choices=("auto", "workers", "driver"), default=None)
     p.add_argument("--resume", action="store_true", help="also kill the driver late in a third store and resume")
+    p.add_argument("--kill-late", action="store_true",
+                   help="one store: SIGKILL the driver once all but the last wave have committed, time the resume, "
+                        "then the rerun (a 404k run that measures the resume without a second full run)")
+    p.add_argument("--s3", action="store_true",
+                   help="the stores on S3: a moto_server on 127.0.0.1 (tests/s3tools.py) reached over HTTP")
     p.add_argument("--engine", action="store_true", help="also time Explainer.factors alone (rehearsal and MiniLM)")
     p.add_argument("--work", default=str(CACHE / "runs"), help="where the stores go (kept for the SQL bench)")
-    p.add_argument("--keep", action="store_true", help="keep the killed/resumed store")
     p.add_argument("--label", default="", help="a note stored with the rows (e.g. 'before')")
     p.add_argument("--report", action="store_true", help="print the table of bench/results/scale.json and exit")
     p.add_argument("--integrations", type=int, nargs=2, metavar=("PAIRS", "WAVE"),
@@ -419,8 +503,16 @@ def main() -> None:
         results["engine"] = {"date": stamp, "rehearsal_ms_per_sentence": 1000 * rate,
                              "minilm_l3_gl12_ms_per_sentence": 1000 * minilm}  # fmt: skip
         print(f"engine: rehearsal {1000 * rate:.2f} ms/sentence, MiniLM layer 3 GL N=12 {1000 * minilm:.0f} ms/sentence")
+    where = Where(args.work, args.s3)
+    try:
+        _measure_all(args, model, where, results, stamp)
+    finally:
+        where.stop()
+
+
+def _measure_all(args: argparse.Namespace, model: Path, where: Where, results: dict, stamp: str) -> None:
     for n in args.pairs:
-        row = measure(n, args, model)
+        row = measure(n, args, model, where)
         row.update(date=stamp, label=args.label, machine=f"{platform.machine()}, {os.cpu_count()} cores")
         results["rows"].append(row)
         RESULTS_JSON.parent.mkdir(parents=True, exist_ok=True)
