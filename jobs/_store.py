@@ -329,6 +329,7 @@ class RunStore:
 # - recovery on open: cells/word_cells/sentences parts without their pairs part are deleted.
 LOCK_NAME = "_lock.json"
 LOCK_TTL_S = float(os.environ.get("XSBERT_LOCK_TTL_S", "120"))
+LOCK_READ_TRIES = 4  # reads of the lock by a part writer before an unreadable body counts as "not this run's"
 # How long pyarrow's GCS client retries a failing request, in seconds (XSBERT_GCS_RETRY_S; pyarrow's own default is
 # 15 minutes: an unreachable endpoint would hang the job that long before it says so).
 GCS_RETRY_S = 30.0
@@ -419,6 +420,15 @@ def filesystem(uri: str, settings: dict[str, str] | None = None):
         return pafs.GcsFileSystem(anonymous=anonymous, retry_time_limit=timedelta(seconds=float(os.environ.get("XSBERT_GCS_RETRY_S", GCS_RETRY_S))),
                                   **chosen), path  # fmt: skip
     raise StoreError(f"{redact(uri)}: unsupported scheme {scheme!r} (use a local path, s3:// or gs://)")
+
+
+def lock_expiry() -> int:
+    """When a lock written now expires: whole seconds, so that every body of one writer's lock has the same
+    length (a reader that sizes the object first, as pyarrow does, and races a renewal still reads a whole body)."""
+    import math
+    import time as _time
+
+    return math.ceil(_time.time() + LOCK_TTL_S)
 
 
 def _s3_client():
@@ -656,7 +666,7 @@ class ObjectRunStore(RunStore):
         import time as _time
 
         body = {"host": socket.gethostname(), "pid": os.getpid(), "token": secrets.token_hex(8),
-                "since": _time.time(), "expires": _time.time() + LOCK_TTL_S}  # fmt: skip
+                "since": int(_time.time()), "expires": lock_expiry()}  # fmt: skip
         try:
             for _attempt in range(3):
                 if self._put_lock(body):
@@ -686,17 +696,23 @@ class ObjectRunStore(RunStore):
             while not stop.wait(LOCK_TTL_S / 3):
                 if self._lock is None:
                     return
-                renewed = {**self._lock, "expires": _time.time() + LOCK_TTL_S}
                 try:
-                    if self._lock_is_mine():
-                        self._lock_object().put(canonical_json(renewed).encode())
-                        self._lock = renewed
+                    self.renew_lock()
                 except Exception:  # noqa: BLE001 - retried at the next beat; the commit check fences
                     logger.warning("could not renew the writer lock of %s", self.path)
 
         thread = threading.Thread(target=renew, name="xsbert-lock", daemon=True)
         thread.start()
         self._beat = (stop, thread)
+
+    def renew_lock(self) -> None:
+        """One heartbeat: push the lock's expiry LOCK_TTL_S ahead, if the lock is still this writer's."""
+        if self._lock is None:
+            return
+        renewed = {**self._lock, "expires": lock_expiry()}
+        if self._lock_is_mine():
+            self._lock_object().put(canonical_json(renewed).encode())
+            self._lock = renewed
 
     def _fence(self) -> None:
         """Refuse to commit unless the lock is still this writer's."""
@@ -830,17 +846,30 @@ class PartSink:
             return name
         fs, base = filesystem(self.root, self.settings)
         if self.lock_token is not None:
-            held: dict[str, Any] = {}
-            try:  # one GET: a missing lock reads as no owner
-                with fs.open_input_stream(f"{base}/{LOCK_NAME}") as fh:
-                    held = json.loads(fh.read().decode("utf-8"))
-            except (FileNotFoundError, ValueError):
-                held = {}
-            except OSError as exc:
-                raise StoreError(f"{redact(self.root)}: a worker cannot read the store: "
-                                 f"{' '.join(str(exc).split())[:300]}") from None  # fmt: skip
+            held = self._held_lock(fs, f"{base}/{LOCK_NAME}")
             if held.get("token") != self.lock_token:
                 raise StoreError(f"{redact(self.root)}: the writer lock is no longer this run's: {table}/{name} "
                                  "not written")  # fmt: skip
         pq.write_table(data, f"{base}/{table}/{name}", filesystem=fs, **PARQUET_OPTIONS)
         return name
+
+    def _held_lock(self, fs, path: str, tries: int = LOCK_READ_TRIES) -> dict[str, Any]:
+        """The lock's owner record ({} when there is no lock). A body that does not parse is read again: a read
+        that overlaps the driver's heartbeat can see a mix of two bodies (the size from one, bytes of another)."""
+        import time as _time
+
+        for attempt in range(tries):
+            try:
+                with fs.open_input_stream(path) as fh:
+                    held = json.loads(fh.read().decode("utf-8"))
+                return held if isinstance(held, dict) else {}
+            except FileNotFoundError:
+                return {}
+            except ValueError:
+                if attempt == tries - 1:
+                    return {}
+                _time.sleep(0.05 * (attempt + 1))
+            except OSError as exc:
+                raise StoreError(f"{redact(self.root)}: a worker cannot read the store: "
+                                 f"{' '.join(str(exc).split())[:300]}") from None  # fmt: skip
+        return {}

@@ -611,6 +611,27 @@ def test_bad_arguments_exit_2_with_a_clear_message(tmp_path, capsys):
     assert not list(tmp_path.glob("*/pairs"))  # nothing written
 
 
+def test_the_driver_holds_the_selection_compactly():
+    """The driver's per-pair and per-sentence state: `good`'s strings in Arrow buffers with the same values, and the
+    stored sentence ids as 64-bit keys that answer membership as a set of the strings does."""
+    from jobs.attribute import SentenceKeys, compact, sentence_id
+
+    strings = {"pair_id": ["a", "b"], "text_a": ["x ü", "y"], "text_b": ["z", "w"], "keep:src": ["s", None]}
+    frame = pd.DataFrame({"row": [0, 1], "label": [1.0, float("nan")],  # validate's `good`: object columns
+                          **{c: pd.Series(v, dtype=object) for c, v in strings.items()}})  # fmt: skip
+    small = compact(frame)
+    assert all(small[c].dtype == pd.ArrowDtype(pa.string()) for c in strings)
+    assert small.row.dtype == np.int64 and small.label.dtype == np.float64
+    assert small.text_a.tolist() == ["x ü", "y"] and small["keep:src"].isna().tolist() == [False, True]
+    assert small[small.pair_id.isin({"b"})].text_b.tolist() == ["w"]
+    ids = [sentence_id(f"s{k}") for k in range(50)]
+    known = SentenceKeys(ids[:20])
+    assert len(known) == 20 and known.contains(ids).tolist() == [True] * 20 + [False] * 30
+    known.add(ids[10:30])
+    assert len(known) == 30 and known.contains(ids).tolist() == [True] * 30 + [False] * 20
+    assert SentenceKeys().contains(ids[:3]).tolist() == [False] * 3 and SentenceKeys().contains([]).size == 0
+
+
 def test_waves_group_pairs_that_share_sentences():
     """Pairs that share a sentence (directly or through other pairs) are contiguous in the wave order, in input
     order within their group; groups come in the order of their first pair. Cut into waves, no sentence is needed

@@ -139,6 +139,36 @@ def test_expired_lock_is_taken_over_and_the_old_writer_is_fenced(s3env, monkeypa
     assert _store.open_store(f"s3://{s3env.bucket}/fence", "r").done_pair_ids() == {"a"}
 
 
+def test_workers_write_parts_while_the_driver_renews_the_lock(s3env):
+    """A stage-2 task checks the writer lock before each part it PUTs while the driver's heartbeat overwrites that
+    lock: a read that races an overwrite must still see the lock as this run's. (pyarrow reads an object with a
+    HEAD for its size and a ranged GET: a renewal in between, one byte longer, once aborted a 404k-pair run.)"""
+    import threading
+
+    import pyarrow as pa
+
+    store = _store.open_store(f"s3://{s3env.bucket}/renewals", "r").open()
+    stop = threading.Event()
+    beats = [0]
+
+    def heartbeat() -> None:
+        while not stop.is_set():
+            store.renew_lock()
+            beats[0] += 1
+
+    thread = threading.Thread(target=heartbeat, daemon=True)
+    try:
+        sink = store.sink()
+        table = pa.Table.from_pylist([], schema=_store.SCHEMAS["cells"])
+        thread.start()
+        names = [sink.write("cells", 1, first, table) for first in range(200)]
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+        store.close()
+    assert len(set(names)) == 200 and beats[0] >= 20  # the lock was overwritten throughout
+
+
 @pytest.mark.parametrize(
     "setup,message",
     [
