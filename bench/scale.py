@@ -327,6 +327,20 @@ class Where:
             self.server.stop()
 
 
+def all_but_last_wave(where: Where, out: str, n_waves: int, every: float = 5.0):
+    """A kill_when for run(): True once all but the last of `n_waves` waves have committed under `out` (looked up
+    at most every `every` s: on S3 a listing is an HTTP call)."""
+    checked = [-every]
+
+    def late() -> bool:
+        if time.perf_counter() - checked[0] < every:
+            return False
+        checked[0] = time.perf_counter()
+        return where.pair_parts(out) >= max(1, n_waves - 1)
+
+    return late
+
+
 def measure(n: int, args: argparse.Namespace, model: Path, where: Where) -> dict:
     data = make_pairs(n)
     tag = f"n{n}-{args.cell_writer or 'auto'}"  # the local stores stay for bench/sql.py: <work>/<tag>/runs
@@ -336,15 +350,7 @@ def measure(n: int, args: argparse.Namespace, model: Path, where: Where) -> dict
     print(f"[{n} pairs] {' '.join(cmd)}", flush=True)
     n_waves = -(-n // (args.wave_size or 2048))
     if args.kill_late:  # one store: SIGKILL once all but the last wave have committed, then resume it
-        checked = [0.0]
-
-        def late() -> bool:  # listing is an HTTP call on S3: every 5 s
-            if time.perf_counter() - checked[0] < 5:
-                return False
-            checked[0] = time.perf_counter()
-            return where.pair_parts(out) >= max(1, n_waves - 1)
-
-        killed = run(cmd, kill_when=late, env=where.env, endpoint=where.server)
+        killed = run(cmd, kill_when=all_but_last_wave(where, out, n_waves), env=where.env, endpoint=where.server)
         if not killed["killed"]:
             raise SystemExit(f"the run finished before all but its last wave ({n_waves - 1}) had committed")
         waves_before = where.pair_parts(out)
@@ -402,12 +408,8 @@ def measure(n: int, args: argparse.Namespace, model: Path, where: Where) -> dict
     print(f"[{n} pairs] rerun {again['wall_s']:.1f} s", flush=True)
     if args.resume:
         out2 = where.out(tag, "killed")
-        n_waves = len(waves)
-
-        def late2() -> bool:  # all but the last wave committed
-            return where.pair_parts(out2) >= max(1, n_waves - 1)
-
-        killed2 = run(job_command(data, model, out2, args), kill_when=late2, env=where.env, endpoint=where.server)
+        killed2 = run(job_command(data, model, out2, args), kill_when=all_but_last_wave(where, out2, len(waves)),
+                      env=where.env, endpoint=where.server)  # fmt: skip
         resumed = run(job_command(data, model, out2, args), env=where.env, endpoint=where.server)
         entry2 = where.manifest(out2)["runs"][-1]
         row.update(killed_after_s=killed2["wall_s"], resume_s=resumed["wall_s"],
