@@ -165,6 +165,8 @@ class Sampler(threading.Thread):
         self.stop_event = threading.Event()
         self.driver_rss = self.worker_rss_max = self.workers_rss_sum = self.shm_used = 0
         self.driver_anon = self.driver_shmem = 0
+        self.wave_anon = self.wave_shmem = 0  # the peaks since the last wave's commit line (mark())
+        self.by_wave: list[tuple[float, float]] = []
         self.shm_base = self._shm()
 
     @staticmethod
@@ -193,6 +195,7 @@ class Sampler(threading.Thread):
                 self.driver_rss = max(self.driver_rss, psutil.Process(self.pid).memory_info().rss)
                 anon, shmem = self._status(self.pid)
                 self.driver_anon, self.driver_shmem = max(self.driver_anon, anon), max(self.driver_shmem, shmem)
+                self.wave_anon, self.wave_shmem = max(self.wave_anon, anon), max(self.wave_shmem, shmem)
             if self.endpoint is not None:
                 with contextlib.suppress(psutil.Error):
                     self.endpoint_rss = max(self.endpoint_rss, psutil.Process(self.endpoint).memory_info().rss)
@@ -211,6 +214,13 @@ class Sampler(threading.Thread):
             self.shm_used = max(self.shm_used, self._shm() - self.shm_base)
             self.stop_event.wait(self.period)
 
+    def mark(self) -> None:
+        """A wave has committed: close its segment (the driver's peak RssAnon and RssShmem since the last mark;
+        the first segment holds the start, `prepare` and wave 1)."""
+        anon, shmem = self._status(self.pid)
+        self.by_wave.append((max(self.wave_anon, anon) / 2**20, max(self.wave_shmem, shmem) / 2**20))
+        self.wave_anon = self.wave_shmem = 0
+
     def stop(self) -> dict[str, float]:
         self.stop_event.set()
         self.join(timeout=5)
@@ -218,7 +228,9 @@ class Sampler(threading.Thread):
         return {"driver_rss_mb": self.driver_rss * mb, "driver_anon_mb": self.driver_anon * mb,
                 "driver_shmem_mb": self.driver_shmem * mb, "worker_rss_max_mb": self.worker_rss_max * mb,
                 "workers_rss_sum_mb": self.workers_rss_sum * mb, "shm_peak_mb": self.shm_used * mb,
-                "endpoint_rss_mb": self.endpoint_rss * mb if self.endpoint is not None else None}  # fmt: skip
+                "endpoint_rss_mb": self.endpoint_rss * mb if self.endpoint is not None else None,
+                "driver_anon_by_wave_mb": [round(a) for a, _ in self.by_wave],
+                "driver_shmem_by_wave_mb": [round(s) for _, s in self.by_wave]}  # fmt: skip
 
 
 # --------------------------------------------------------------------------- running the job
@@ -244,7 +256,14 @@ def run(cmd: list[str], kill_when=None, timeout: float = 6 * 3600, env: dict[str
     sampler = Sampler(proc.pid, endpoint=endpoint.process.pid if endpoint is not None else None)
     sampler.start()
     lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
+
+    def read() -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if line.startswith("wave "):  # the job's line after each wave's commit
+                sampler.mark()
+
+    reader = threading.Thread(target=read, daemon=True)
     reader.start()
     killed = False
     try:
@@ -385,6 +404,8 @@ def measure(n: int, args: argparse.Namespace, model: Path, where: Where) -> dict
         "driver_rss_mb": first["driver_rss_mb"],
         "driver_anon_mb": first["driver_anon_mb"],
         "driver_shmem_mb": first["driver_shmem_mb"],
+        "driver_anon_by_wave_mb": first["driver_anon_by_wave_mb"],
+        "driver_shmem_by_wave_mb": first["driver_shmem_by_wave_mb"],
         "worker_rss_max_mb": first["worker_rss_max_mb"],
         "workers_rss_sum_mb": first["workers_rss_sum_mb"],
         "shm_peak_mb": first["shm_peak_mb"],
@@ -399,6 +420,8 @@ def measure(n: int, args: argparse.Namespace, model: Path, where: Where) -> dict
             resume_recomputed_pairs=entry["counts"]["computed_pairs"], total_wall_s=killed["wall_s"] + first["wall_s"],
             killed_driver_rss_mb=killed["driver_rss_mb"], killed_driver_anon_mb=killed["driver_anon_mb"],
             killed_driver_shmem_mb=killed["driver_shmem_mb"], killed_shm_peak_mb=killed["shm_peak_mb"],
+            killed_driver_anon_by_wave_mb=killed["driver_anon_by_wave_mb"],
+            killed_driver_shmem_by_wave_mb=killed["driver_shmem_by_wave_mb"],
             killed_endpoint_rss_mb=killed.get("endpoint_rss_mb"),
         )  # fmt: skip
     print(f"[{n} pairs] first run {first['wall_s']:.1f} s", flush=True)

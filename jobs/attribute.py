@@ -404,6 +404,33 @@ def written_parts(out: pa.Table) -> dict[str, set[str]]:
             for table in ("cells", "word_cells")}  # fmt: skip
 
 
+def float_lists(column: pa.ChunkedArray | pa.Array) -> pa.ListArray:
+    """A binary column of float32 vectors (the actors' bytes) as list<float32>, zero-copy: the list offsets are the
+    byte offsets / 4 and the values are a float32 view of the data buffer (no Python object per row)."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if arr.null_count:
+        raise ValueError("a float vector is missing (null)")
+    _, offsets_buf, data_buf = arr.buffers()
+    off_type = np.int64 if pa.types.is_large_binary(arr.type) else np.int32
+    offsets = np.frombuffer(offsets_buf, off_type)[arr.offset : arr.offset + len(arr) + 1] if len(arr) else np.zeros(1, off_type)
+    if np.any(offsets % 4):
+        raise ValueError("a float vector's byte length is not a multiple of 4")
+    data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    values = data[offsets[0] : offsets[-1]].view(np.float32)
+    return pa.ListArray.from_arrays(pa.array((offsets - offsets[0]) // 4, pa.int32()), pa.array(values, pa.float32()))
+
+
+def vector_norms(lists: pa.ListArray) -> np.ndarray:
+    """‖v‖₂ of each list<float32> row, in float64: sqrt of the per-row sums of squares over the flat values."""
+    offsets = lists.offsets.to_numpy()
+    values = lists.flatten().to_numpy(zero_copy_only=False).astype(np.float64)
+    sums = np.zeros(len(lists))
+    filled = offsets[1:] > offsets[:-1]  # reduceat over the non-empty rows' starts: each sums up to the next
+    if filled.any():
+        sums[filled] = np.add.reduceat(values * values, offsets[:-1][filled] - offsets[0])
+    return np.sqrt(sums)
+
+
 def wave_tables(
     wave: pd.DataFrame, meta: pa.Table, out: pa.Table, split: str | None, known_sentences: SentenceKeys
 ) -> tuple[dict[str, pa.Table], pd.DataFrame]:
@@ -461,14 +488,7 @@ def wave_tables(
     ):  # fmt: skip
         words.append([w.text for w in words_of(text, wids, list(zip(start, end)))])
 
-    def floats(col: str) -> pa.Array:
-        """A binary column of float32 vectors as list<float32>, built from one numpy buffer (no Python floats)."""
-        values = [np.frombuffer(b, dtype=np.float32) for b in meta.column(col).to_pylist()]
-        offsets = np.concatenate([[0], np.cumsum([len(v) for v in values])]).astype(np.int32)
-        flat = np.concatenate(values) if values else np.zeros(0, np.float32)
-        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, pa.float32()))
-
-    emb = [np.frombuffer(b, dtype=np.float32) for b in meta.column("embedding").to_pylist()]
+    embedding = float_lists(meta.column("embedding"))
     sentences = pa.table(
         {
             "sentence_id": meta.column("sentence_id"),
@@ -483,9 +503,9 @@ def wave_tables(
             "factor_error": meta.column("factor_error"),
             "n_steps": meta.column("n_steps"),
             "truncated": meta.column("truncated"),
-            "embedding_norm": pa.array([float(np.linalg.norm(e.astype(np.float64))) for e in emb], pa.float64()),
-            "embedding": floats("embedding"),
-            "reference_embedding": floats("reference_embedding"),
+            "embedding_norm": pa.array(vector_norms(embedding), pa.float64()),
+            "embedding": embedding,
+            "reference_embedding": float_lists(meta.column("reference_embedding")),
         }
     )
     failed_rows = wave.iloc[failed.column("ord").to_numpy()] if failed.num_rows else wave.iloc[[]]

@@ -632,6 +632,30 @@ def test_the_driver_holds_the_selection_compactly():
     assert SentenceKeys().contains(ids[:3]).tolist() == [False] * 3 and SentenceKeys().contains([]).size == 0
 
 
+def test_the_sentences_vectors_are_read_from_the_actors_bytes_without_copies():
+    """float_lists turns the actors' float32 bytes into list<float32> through the Arrow buffers (chunked, sliced,
+    empty and zero-length vectors included) with the values numpy reads from each row's bytes, and vector_norms
+    equals a per-row float64 norm."""
+    from jobs.attribute import float_lists, vector_norms
+
+    rng = np.random.default_rng(0)
+    vecs = [rng.standard_normal(k).astype(np.float32) for k in (384, 0, 384, 3, 0, 7)]
+    raw = [v.tobytes() for v in vecs]
+    chunked = pa.chunked_array([pa.array(raw[:2], pa.binary()), pa.array(raw[2:], pa.binary())])
+    for column, expect in ((chunked, vecs), (chunked.combine_chunks().slice(2, 3), vecs[2:5]),
+                           (pa.array(raw, pa.large_binary()), vecs), (pa.chunked_array([], pa.binary()), [])):  # fmt: skip
+        lists = float_lists(column)
+        assert lists.type == pa.list_(pa.float32()) and len(lists) == len(expect)
+        for got, want in zip(lists.to_pylist(), expect):  # slow reference: numpy over each row's own bytes
+            assert np.array_equal(np.array(got, np.float32), np.frombuffer(want.tobytes(), np.float32))
+        norms = vector_norms(lists)
+        assert np.allclose(norms, [np.linalg.norm(v.astype(np.float64)) for v in expect], rtol=1e-12, atol=0)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        float_lists(pa.array([b"abc"], pa.binary()))
+    with pytest.raises(ValueError, match="missing"):
+        float_lists(pa.array([raw[0], None], pa.binary()))
+
+
 def test_waves_group_pairs_that_share_sentences():
     """Pairs that share a sentence (directly or through other pairs) are contiguous in the wave order, in input
     order within their group; groups come in the order of their first pair. Cut into waves, no sentence is needed
