@@ -70,6 +70,8 @@ STANZA_DOWNLOAD_HINT = (
 # Texts per actor call: spaCy took ~7 s for 2,416 STS-B sentences on one core here, so a call is well under a
 # second; small enough to balance the actors, large enough for nlp.pipe's batching.
 DEFAULT_BATCH_SIZE = 64
+# Texts per cache part: ~1-2 min of spaCy on 2 cores, ~1 MB of Parquet; QQP's 537k questions make ~27 parts.
+DEFAULT_COMMIT_EVERY = 20_000
 CACHE_DIRNAME = "_parses"
 REQUIRED_SENTENCE_COLUMNS = ("sentence_id", "text", "word_ids", "token_start", "token_end", "words")
 
@@ -134,6 +136,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="parser actors (default: one per CPU, leaving one CPU for Ray Data's other operators)",
     )
     p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="texts per actor call")
+    p.add_argument(
+        "--commit-every",
+        type=int,
+        default=DEFAULT_COMMIT_EVERY,
+        help=f"texts per part of the parser cache, written as they are parsed: a stopped run keeps what it "
+        f"parsed and the same command parses only the rest (default {DEFAULT_COMMIT_EVERY:,})",
+    )
     p.add_argument("--ray-address", default=None, help="join this cluster (default: $RAY_ADDRESS, else start one)")
     p.add_argument("-q", "--quiet", action="store_true", help="no Ray Data progress bars (the summary is printed)")
     return p.parse_args(argv)
@@ -528,8 +537,13 @@ def pool(args: argparse.Namespace, ray, n_blocks: int) -> tuple[int, float]:
     return n, min(1.0, budget / n)
 
 
-def parse_on_ray(args: argparse.Namespace, spec: ParserSpec, todo: dict[str, str]) -> tuple[pa.Table, dict[str, Any]]:
-    """Parse the texts {sentence_id: text} with an actor pool; CACHE_SCHEMA rows, one per text."""
+def parse_on_ray(args: argparse.Namespace, spec: ParserSpec, todo: dict[str, str], cache: ParseCache,
+                 echo: bool = True) -> tuple[pa.Table, dict[str, Any]]:  # fmt: skip
+    """Parse the texts {sentence_id: text} with an actor pool; CACHE_SCHEMA rows, one per text.
+
+    The parses stream back as the actors finish them and go into the cache every `--commit-every` texts (one
+    atomic part each), so a run stopped part-way (a killed driver, a lost cluster) keeps what it parsed: the same
+    command looks the cache up first and parses only the rest."""
     ray = init_ray(args.ray_address)
     from ray.data import ActorPoolStrategy
 
@@ -539,6 +553,27 @@ def parse_on_ray(args: argparse.Namespace, spec: ParserSpec, todo: dict[str, str
     blocks = [pa.table({"sentence_id": ids[k : k + bs], "text": [todo[s] for s in ids[k : k + bs]]})
               for k in range(0, len(ids), bs)]  # fmt: skip
     n_actors, cpus_per_actor = pool(args, ray, len(blocks))
+    done: list[pa.Table] = []  # committed to the cache, one table per part
+    seen: set[str] = set()
+    pending: list[pa.Table] = []
+    t0 = time.perf_counter()
+
+    def flush() -> None:
+        """Commit the pending rows (first row per id not committed before: a retried batch only adds copies)."""
+        if not pending:
+            return
+        rows = pa.concat_tables(pending)
+        pending.clear()
+        _, first = sorted_first(rows.column("sentence_id").to_pylist())
+        rows = rows.take(pa.array(first, pa.int64()))
+        rows = rows.filter(pa.array([s not in seen for s in rows.column("sentence_id").to_pylist()], pa.bool_()))
+        seen.update(rows.column("sentence_id").to_pylist())
+        cache.add(rows)
+        done.append(rows)
+        if echo:
+            rate = len(seen) / max(time.perf_counter() - t0, 1e-9)
+            print(f"parsed {len(seen):,} of {len(todo):,} texts ({rate:.0f}/s), in the cache", flush=True)
+
     try:
         ds = ray.data.from_arrow(blocks).map_batches(
             ParserActor,
@@ -548,15 +583,22 @@ def parse_on_ray(args: argparse.Namespace, spec: ParserSpec, todo: dict[str, str
             compute=ActorPoolStrategy(size=n_actors),
             num_cpus=cpus_per_actor,
         )
-        out = pa.concat_tables([t.cast(CACHE_SCHEMA) for t in ray.get(ds.to_arrow_refs())])
+        # Whole blocks as the actors finish them (streaming), not all of them at the end.
+        for block in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+            pending.append(block.cast(CACHE_SCHEMA))
+            if sum(t.num_rows for t in pending) >= args.commit_every:
+                flush()
     except Exception as exc:  # noqa: BLE001 - e.g. stanza models that do not load: one line, not a traceback
+        flush()  # what the actors finished before the failure stays in the cache
         last = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
-        raise InputError(f"the {spec.name} parser failed on Ray ({type(exc).__name__}): {last}") from exc
-    got = set(out.column("sentence_id").to_pylist())
-    if got != set(todo):
-        raise RuntimeError(f"{len(set(todo) - got)} texts came back from no parser actor")
-    _, first = sorted_first(out.column("sentence_id").to_pylist())
-    return out.take(pa.array(first, pa.int64())), {"actors": n_actors, "cpus_per_actor": cpus_per_actor}
+        raise InputError(f"the {spec.name} parser failed on Ray ({type(exc).__name__}): {last}; "
+                         f"{len(seen):,} of {len(todo):,} texts were parsed and kept in the cache "
+                         "(the same command parses only the rest)") from exc  # fmt: skip
+    flush()
+    if seen != set(todo):
+        raise RuntimeError(f"{len(set(todo) - seen)} texts came back from no parser actor")
+    out = pa.concat_tables(done) if done else CACHE_SCHEMA.empty_table()
+    return out, {"actors": n_actors, "cpus_per_actor": cpus_per_actor, "cache_parts": len(done)}
 
 
 def sorted_first(ids: list[str]) -> tuple[list[str], list[int]]:
@@ -577,6 +619,8 @@ def main(args: argparse.Namespace, echo: bool = True) -> dict[str, Any]:
         raise InputError("--num-actors must be >= 1")
     if args.batch_size < 1:
         raise InputError("--batch-size must be >= 1")
+    if args.commit_every < 1:
+        raise InputError("--commit-every must be >= 1")
     paths = list(dict.fromkeys(r.rstrip("/") if is_remote(r) else Path(r).expanduser().resolve() for r in args.run))
     for path in paths:
         check_run(path)
@@ -612,8 +656,7 @@ def main(args: argparse.Namespace, echo: bool = True) -> dict[str, Any]:
         ray_info: dict[str, Any] = {}
         t_parse = time.perf_counter()
         if missing:
-            new_rows, ray_info = parse_on_ray(args, spec, missing)
-            cache.add(new_rows)
+            new_rows, ray_info = parse_on_ray(args, spec, missing, cache, echo)
             new_frame: pl.DataFrame = pl.from_arrow(new_rows)  # type: ignore[assignment]
             cached.update({r["sentence_id"]: r for r in new_frame.iter_rows(named=True)})
         parse_s = time.perf_counter() - t_parse

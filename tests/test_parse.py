@@ -660,6 +660,40 @@ def test_parse_real_runs_rerun_and_share_the_cache(real_run, tokenizers, capsys)
     assert [p.name for p in (wp / "parses").iterdir()] == ["part-000000.parquet"]
 
 
+@pytest.mark.slow
+def test_parses_reach_the_cache_while_parsing_and_a_stopped_parse_resumes(ray_cluster, tmp_path, tokenizers, capsys):
+    """The parser output goes into the cache every --commit-every texts as the actors finish (not once at the end),
+    one atomic part each, no text twice. A parse stopped part-way leaves some of those parts and no `parses` in
+    the run: the same command then parses only the texts not in the cache, and the run's parses equal an
+    uninterrupted parse's."""
+    texts = [f"The {animal} number {k} sat on the mat near the old {thing}." for k, (animal, thing) in
+             enumerate(zip(["cat", "dog", "fox", "owl", "bee", "ant", "elk"] * 2, ["door", "house", "tree"] * 5))]  # fmt: skip
+    whole = hand_built_run(tmp_path, "whole", tokenizers["wordpiece"], texts)
+    cache = tmp_path / "cache"
+    s = run_parse("--run", str(whole), "--parser", "spacy", "--cache", str(cache), "--batch-size", "2",
+                  "--commit-every", "4")  # fmt: skip
+    spec = job.choose_parser("spacy", None)
+    parts = job.ParseCache(cache, spec).parts()
+    sizes = [pq.read_metadata(p).num_rows for p in parts]
+    assert s["parsed"] == len(texts) and s["cache_parts"] == len(parts) >= 3 and sum(sizes) == len(texts)
+    assert all(4 <= n < 4 + 2 for n in sizes[:-1])  # a part is written once 4 texts are pending (blocks of 2)
+    ids = [r[0] for r in q(f"select sentence_id from '{cache}/{spec.key}/*.parquet'")]
+    assert len(ids) == len(set(ids)) == len(texts)
+    assert capsys.readouterr().out.count(" texts (") == len(parts)  # one progress line per part
+
+    # What a stop leaves: the parts written so far (here: all but the last two), no parses in the run.
+    lost = parts[-2:]
+    n_lost = sum(pq.read_metadata(p).num_rows for p in lost)
+    for p in lost:
+        p.unlink()
+    resumed = hand_built_run(tmp_path, "resumed", tokenizers["wordpiece"], texts)
+    r = run_parse("--run", str(resumed), "--parser", "spacy", "--cache", str(cache), "--batch-size", "2",
+                  "--commit-every", "4")  # fmt: skip
+    assert (r["parsed"], r["reused"]) == (n_lost, len(texts) - n_lost) and n_lost > 0
+    assert q(f"select * from '{whole}/parses/*.parquet' order by sentence_id, u") == q(
+        f"select * from '{resumed}/parses/*.parquet' order by sentence_id, u")
+
+
 def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys, tokenizers, monkeypatch):
     def error(*argv: str) -> str:
         assert job.cli([*argv, "-q"]) == 2
