@@ -412,7 +412,9 @@ def float_lists(column: pa.ChunkedArray | pa.Array) -> pa.ListArray:
         raise ValueError("a float vector is missing (null)")
     _, offsets_buf, data_buf = arr.buffers()
     off_type = np.int64 if pa.types.is_large_binary(arr.type) else np.int32
-    offsets = np.frombuffer(offsets_buf, off_type)[arr.offset : arr.offset + len(arr) + 1] if len(arr) else np.zeros(1, off_type)
+    offsets = np.zeros(1, off_type)
+    if len(arr):
+        offsets = np.frombuffer(offsets_buf, off_type)[arr.offset : arr.offset + len(arr) + 1]
     if np.any(offsets % 4):
         raise ValueError("a float vector's byte length is not a multiple of 4")
     data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)

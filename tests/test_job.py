@@ -642,8 +642,9 @@ def test_the_sentences_vectors_are_read_from_the_actors_bytes_without_copies():
     vecs = [rng.standard_normal(k).astype(np.float32) for k in (384, 0, 384, 3, 0, 7)]
     raw = [v.tobytes() for v in vecs]
     chunked = pa.chunked_array([pa.array(raw[:2], pa.binary()), pa.array(raw[2:], pa.binary())])
-    for column, expect in ((chunked, vecs), (chunked.combine_chunks().slice(2, 3), vecs[2:5]),
-                           (pa.array(raw, pa.large_binary()), vecs), (pa.chunked_array([], pa.binary()), [])):  # fmt: skip
+    cases = ((chunked, vecs), (chunked.combine_chunks().slice(2, 3), vecs[2:5]),
+             (pa.array(raw, pa.large_binary()), vecs), (pa.chunked_array([], pa.binary()), []))  # fmt: skip
+    for column, expect in cases:
         lists = float_lists(column)
         assert lists.type == pa.list_(pa.float32()) and len(lists) == len(expect)
         for got, want in zip(lists.to_pylist(), expect):  # slow reference: numpy over each row's own bytes

@@ -666,8 +666,9 @@ def test_parses_reach_the_cache_while_parsing_and_a_stopped_parse_resumes(ray_cl
     one atomic part each, no text twice. A parse stopped part-way leaves some of those parts and no `parses` in
     the run: the same command then parses only the texts not in the cache, and the run's parses equal an
     uninterrupted parse's."""
-    texts = [f"The {animal} number {k} sat on the mat near the old {thing}." for k, (animal, thing) in
-             enumerate(zip(["cat", "dog", "fox", "owl", "bee", "ant", "elk"] * 2, ["door", "house", "tree"] * 5))]  # fmt: skip
+    animals, things = ["cat", "dog", "fox", "owl", "bee", "ant", "elk"] * 2, ["door", "house", "tree"] * 5
+    texts = [f"The {animal} number {k} sat on the mat near the old {thing}." for k, (animal, thing)
+             in enumerate(zip(animals, things))]  # fmt: skip
     whole = hand_built_run(tmp_path, "whole", tokenizers["wordpiece"], texts)
     cache = tmp_path / "cache"
     s = run_parse("--run", str(whole), "--parser", "spacy", "--cache", str(cache), "--batch-size", "2",
