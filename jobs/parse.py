@@ -574,26 +574,29 @@ def parse_on_ray(args: argparse.Namespace, spec: ParserSpec, todo: dict[str, str
             rate = len(seen) / max(time.perf_counter() - t0, 1e-9)
             print(f"parsed {len(seen):,} of {len(todo):,} texts ({rate:.0f}/s), in the cache", flush=True)
 
-    try:
-        ds = ray.data.from_arrow(blocks).map_batches(
-            ParserActor,
-            fn_constructor_kwargs=dict(parser=spec.name, stanza_dir=spec.stanza_dir, batch_size=bs),
-            batch_size=bs,
-            batch_format="pyarrow",
-            compute=ActorPoolStrategy(size=n_actors),
-            num_cpus=cpus_per_actor,
-        )
-        # Whole blocks as the actors finish them (streaming), not all of them at the end.
-        for block in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
-            pending.append(block.cast(CACHE_SCHEMA))
-            if sum(t.num_rows for t in pending) >= args.commit_every:
-                flush()
-    except Exception as exc:  # noqa: BLE001 - e.g. stanza models that do not load: one line, not a traceback
-        flush()  # what the actors finished before the failure stays in the cache
-        last = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
-        raise InputError(f"the {spec.name} parser failed on Ray ({type(exc).__name__}): {last}; "
-                         f"{len(seen):,} of {len(todo):,} texts were parsed and kept in the cache "
-                         "(the same command parses only the rest)") from exc  # fmt: skip
+    ds = ray.data.from_arrow(blocks).map_batches(
+        ParserActor,
+        fn_constructor_kwargs=dict(parser=spec.name, stanza_dir=spec.stanza_dir, batch_size=bs),
+        batch_size=bs,
+        batch_format="pyarrow",
+        compute=ActorPoolStrategy(size=n_actors),
+        num_cpus=cpus_per_actor,
+    )
+    blocks_back = iter(ds.iter_batches(batch_size=None, batch_format="pyarrow"))  # whole blocks, as they finish
+    while True:
+        try:
+            block = next(blocks_back)
+        except StopIteration:
+            break
+        except Exception as exc:  # noqa: BLE001 - e.g. stanza models that do not load: one line, not a traceback
+            flush()  # what the actors finished before the failure stays in the cache
+            last = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+            raise InputError(f"the {spec.name} parser failed on Ray ({type(exc).__name__}): {last}; "
+                             f"{len(seen):,} of {len(todo):,} texts were parsed and kept in the cache "
+                             "(the same command parses only the rest)") from exc  # fmt: skip
+        pending.append(block.cast(CACHE_SCHEMA))
+        if sum(t.num_rows for t in pending) >= args.commit_every:
+            flush()  # a failed cache write is raised as itself, not as the parser's failure
     flush()
     if seen != set(todo):
         raise RuntimeError(f"{len(set(todo) - seen)} texts came back from no parser actor")
