@@ -564,11 +564,13 @@ def parse_on_ray(args: argparse.Namespace, spec: ParserSpec, todo: dict[str, str
             return
         rows = pa.concat_tables(pending)
         pending.clear()
-        _, first = sorted_first(rows.column("sentence_id").to_pylist())
+        first = []
+        for k, sid in enumerate(rows.column("sentence_id").to_pylist()):
+            if sid not in seen:
+                seen.add(sid)
+                first.append(k)
         rows = rows.take(pa.array(first, pa.int64()))
-        rows = rows.filter(pa.array([s not in seen for s in rows.column("sentence_id").to_pylist()], pa.bool_()))
-        seen.update(rows.column("sentence_id").to_pylist())
-        cache.add(rows)
+        cache.add(rows)  # sorted by sentence_id there
         done.append(rows)
         if echo:
             rate = len(seen) / max(time.perf_counter() - t0, 1e-9)
@@ -602,15 +604,6 @@ def parse_on_ray(args: argparse.Namespace, spec: ParserSpec, todo: dict[str, str
         raise RuntimeError(f"{len(set(todo) - seen)} texts came back from no parser actor")
     out = pa.concat_tables(done) if done else CACHE_SCHEMA.empty_table()
     return out, {"actors": n_actors, "cpus_per_actor": cpus_per_actor, "cache_parts": len(done)}
-
-
-def sorted_first(ids: list[str]) -> tuple[list[str], list[int]]:
-    """Ids in sorted order and the index of each id's first row (a retried batch can only add copies)."""
-    first: dict[str, int] = {}
-    for k, s in enumerate(ids):
-        first.setdefault(s, k)
-    keys = sorted(first)
-    return keys, [first[s] for s in keys]
 
 
 # --------------------------------------------------------------------------- main
