@@ -29,6 +29,7 @@ import shutil
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ from ._store import (
     _fsync_dir,
     is_remote,
     open_store,
+    part_name,
 )
 
 logger = logging.getLogger("jobs.parse")
@@ -357,18 +359,30 @@ class ParseCache:
             return []
         return sorted(p for p in self.path.iterdir() if PART_RE.match(p.name))
 
-    def lookup(self, texts: dict[str, str]) -> dict[str, dict[str, Any]]:
-        """The cached rows of these {sentence_id: text}, first row per id, only where the text matches."""
+    def _matching(self, texts: dict[str, str], columns: list[str] | None = None) -> pl.DataFrame:
+        """The cached rows of these {sentence_id: text} (all columns, or `columns`), first row per id, only where
+        the text matches."""
         parts = self.parts()
+        names = None if columns is None else list(dict.fromkeys(["sentence_id", "text", *columns]))
         if not parts or not texts:
-            return {}
+            return pl.DataFrame(schema={n: pl.String for n in names or ["sentence_id", "text"]})
+        scan = pl.scan_parquet([str(p) for p in parts])
         found = (
-            pl.scan_parquet([str(p) for p in parts])
+            (scan if names is None else scan.select(names))
             .filter(pl.col("sentence_id").is_in(list(texts)))
             .unique(subset="sentence_id", keep="first", maintain_order=True)
             .collect()
         )
-        return {r["sentence_id"]: r for r in found.iter_rows(named=True) if texts.get(r["sentence_id"]) == r["text"]}
+        wanted = pl.DataFrame({"sentence_id": list(texts), "_text": list(texts.values())})
+        return found.join(wanted, on="sentence_id").filter(pl.col("text") == pl.col("_text")).drop("_text")
+
+    def known(self, texts: dict[str, str]) -> set[str]:
+        """The ids of these {sentence_id: text} that the cache holds, with the same text (reads two columns)."""
+        return set(self._matching(texts, []).get_column("sentence_id").to_list())
+
+    def lookup(self, texts: dict[str, str]) -> dict[str, dict[str, Any]]:
+        """The cached rows of these {sentence_id: text}, first row per id, only where the text matches."""
+        return {r["sentence_id"]: r for r in self._matching(texts).iter_rows(named=True)}
 
     def add(self, rows: pa.Table) -> Path | None:
         """Write `rows` as the next part; returns its path (None for no rows)."""
@@ -427,6 +441,24 @@ def parse_rows(sentences: pl.DataFrame, parses: dict[str, dict[str, Any]], spec:
     cols["parser"], cols["parser_version"], cols["parser_model"] = [spec.name] * n, [spec.version] * n, [spec.model] * n
     schema = {"u": pl.Int32, "head": pl.Int32, "aligned": pl.Boolean}
     return pl.DataFrame(cols, schema={name: schema.get(name, pl.String) for name in cols})
+
+
+def realigned(frame: pl.DataFrame, cache: ParseCache, spec: ParserSpec, size: int, counts: Counter[str],
+              failed: set[str]) -> Iterator[pa.Table]:  # fmt: skip
+    """The `parses` rows of these sentences (parse_rows), `size` sentences at a time in sentence_id order, so that
+    only one chunk's cache rows and words are in memory. Counts each alignment and the failed sentences into
+    `counts` and adds the failed ids to `failed` as it goes."""
+    for chunk in frame.sort("sentence_id").iter_slices(size):
+        ids = chunk.get_column("sentence_id").to_list()
+        parses = cache.lookup(dict(zip(ids, chunk.get_column("text").to_list())))
+        if len(parses) < len(ids):
+            raise RuntimeError(f"{len(ids) - len(parses)} parsed texts are missing from the cache {cache.path} "
+                               "(removed while this job ran?); the same command parses them again")  # fmt: skip
+        bad = [sid for sid in ids if parses[sid]["error"] is not None]
+        failed.update(bad)
+        rows = parse_rows(chunk, parses, spec)
+        counts.update(alignment_counts(rows) | {"failed_sentences": len(bad)})
+        yield rows.to_arrow()
 
 
 def alignment_counts(frame: pl.DataFrame) -> dict[str, int]:
@@ -499,25 +531,52 @@ def open_run(path: Path | str, stack: contextlib.ExitStack) -> Run:
     return Run(path, store, sentences, parsed_ids, parsers, bool(store.parts("parses")))
 
 
-def replace_table(store: RunStore, table: str, data: pa.Table) -> list[Path]:
-    """Swap the whole `table` folder for one holding `data` as part-000000 (staged, fsynced, two renames;
-    a reader in between finds the folder missing, never a mix of old and new rows).
+def commit_parts(run: Run, table: str, data: Iterable[pa.Table]) -> list[Path]:
+    """Add each non-empty table of `data` as a part of `table`, each committed atomically as it comes (a job
+    stopped part-way keeps what it committed). A first write without rows still leaves an empty part."""
+    if not is_remote(run.path):
+        (run.store.path / table).mkdir(exist_ok=True)
+    wrote: list[Path] = []
+    for rows in data:
+        if rows.num_rows:
+            wrote += run.store.commit(run.store.next_seq(), {table: rows})
+    if not wrote and not run.store.parts(table):
+        wrote = run.store.commit(run.store.next_seq(), {table: SCHEMAS[table].empty_table()}, keep_empty=True)
+    return wrote
 
-    On object storage (no rename): the new rows are committed as a new part, then the older parts are deleted;
+
+def replace_table(store: RunStore, table: str, data: Iterable[pa.Table]) -> list[Path]:
+    """Swap the whole `table` folder for one holding the tables of `data`, one part each (staged, fsynced, two
+    renames; a reader in between finds the folder missing, never a mix of old and new rows).
+
+    On object storage (no rename): the new rows are committed as new parts, then the older parts are deleted;
     a reader in between sees both parsers' rows (they differ in `parser`)."""
+    schema = SCHEMAS[table]
     if isinstance(store, ObjectRunStore):
         old = store.parts(table)
-        wrote = store.commit(store.next_seq(), {table: data}, keep_empty=True)
+        wrote = []
+        for rows in data:
+            if rows.num_rows:
+                wrote += store.commit(store.next_seq(), {table: rows})
+        if not wrote:
+            wrote = store.commit(store.next_seq(), {table: schema.empty_table()}, keep_empty=True)
         for part in old:
             store.fs.delete_file(str(part))
         return wrote  # type: ignore[return-value]
     staging = store.path / STAGING / f"{table}-new"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    final = staging / "part-000000.parquet"
-    pq.write_table(data.select(SCHEMAS[table].names).cast(SCHEMAS[table]), final, **PARQUET_OPTIONS)
-    with open(final, "rb+") as fh:
-        os.fsync(fh.fileno())
+    staged: list[Path] = []
+    for rows in data:
+        if rows.num_rows:
+            staged.append(staging / part_name(len(staged)))
+            pq.write_table(rows.select(schema.names).cast(schema), staged[-1], **PARQUET_OPTIONS)
+    if not staged:
+        staged.append(staging / part_name(0))
+        pq.write_table(schema.empty_table(), staged[-1], **PARQUET_OPTIONS)
+    for part in staged:
+        with open(part, "rb+") as fh:
+            os.fsync(fh.fileno())
     old = store.path / STAGING / f"{table}-old"
     shutil.rmtree(old, ignore_errors=True)
     if (store.path / table).exists():
@@ -525,7 +584,7 @@ def replace_table(store: RunStore, table: str, data: pa.Table) -> list[Path]:
     os.replace(staging, store.path / table)
     _fsync_dir(store.path)
     shutil.rmtree(store.path / STAGING, ignore_errors=True)
-    return [store.path / table / final.name]
+    return [store.path / table / part.name for part in staged]
 
 
 # --------------------------------------------------------------------------- Ray
@@ -538,8 +597,9 @@ def pool(args: argparse.Namespace, ray, n_blocks: int) -> tuple[int, float]:
 
 
 def parse_on_ray(args: argparse.Namespace, spec: ParserSpec, todo: dict[str, str], cache: ParseCache,
-                 echo: bool = True) -> tuple[pa.Table, dict[str, Any]]:  # fmt: skip
-    """Parse the texts {sentence_id: text} with an actor pool; CACHE_SCHEMA rows, one per text.
+                 echo: bool = True) -> dict[str, Any]:  # fmt: skip
+    """Parse the texts {sentence_id: text} with an actor pool into the cache (CACHE_SCHEMA rows, one per text);
+    returns the pool's size and the number of cache parts written.
 
     The parses stream back as the actors finish them and go into the cache every `--commit-every` texts (one
     atomic part each), so a run stopped part-way (a killed driver, a lost cluster) keeps what it parsed: the same
@@ -553,13 +613,14 @@ def parse_on_ray(args: argparse.Namespace, spec: ParserSpec, todo: dict[str, str
     blocks = [pa.table({"sentence_id": ids[k : k + bs], "text": [todo[s] for s in ids[k : k + bs]]})
               for k in range(0, len(ids), bs)]  # fmt: skip
     n_actors, cpus_per_actor = pool(args, ray, len(blocks))
-    done: list[pa.Table] = []  # committed to the cache, one table per part
+    parts = 0  # written to the cache
     seen: set[str] = set()
     pending: list[pa.Table] = []
     t0 = time.perf_counter()
 
     def flush() -> None:
         """Commit the pending rows (first row per id not committed before: a retried batch only adds copies)."""
+        nonlocal parts
         if not pending:
             return
         rows = pa.concat_tables(pending)
@@ -571,7 +632,7 @@ def parse_on_ray(args: argparse.Namespace, spec: ParserSpec, todo: dict[str, str
                 first.append(k)
         rows = rows.take(pa.array(first, pa.int64()))
         cache.add(rows)  # sorted by sentence_id there
-        done.append(rows)
+        parts += 1
         if echo:
             rate = len(seen) / max(time.perf_counter() - t0, 1e-9)
             print(f"parsed {len(seen):,} of {len(todo):,} texts ({rate:.0f}/s), in the cache", flush=True)
@@ -602,8 +663,7 @@ def parse_on_ray(args: argparse.Namespace, spec: ParserSpec, todo: dict[str, str
     flush()
     if seen != set(todo):
         raise RuntimeError(f"{len(set(todo) - seen)} texts came back from no parser actor")
-    out = pa.concat_tables(done) if done else CACHE_SCHEMA.empty_table()
-    return out, {"actors": n_actors, "cpus_per_actor": cpus_per_actor, "cache_parts": len(done)}
+    return {"actors": n_actors, "cpus_per_actor": cpus_per_actor, "cache_parts": parts}
 
 
 # --------------------------------------------------------------------------- main
@@ -647,36 +707,28 @@ def main(args: argparse.Namespace, echo: bool = True) -> dict[str, Any]:
         texts: dict[str, str] = {}
         for frame in todo_by_run.values():
             texts.update(zip(frame.get_column("sentence_id").to_list(), frame.get_column("text").to_list()))
-        cached = cache.lookup(texts)
-        missing = {sid: t for sid, t in texts.items() if sid not in cached}
+        known = cache.known(texts)
+        missing = {sid: t for sid, t in texts.items() if sid not in known}
         ray_info: dict[str, Any] = {}
         t_parse = time.perf_counter()
         if missing:
-            new_rows, ray_info = parse_on_ray(args, spec, missing, cache, echo)
-            new_frame: pl.DataFrame = pl.from_arrow(new_rows)  # type: ignore[assignment]
-            cached.update({r["sentence_id"]: r for r in new_frame.iter_rows(named=True)})
+            ray_info = parse_on_ray(args, spec, missing, cache, echo)
         parse_s = time.perf_counter() - t_parse
-        failed = {sid for sid in texts if cached[sid]["error"] is not None}
 
+        failed: set[str] = set()
         per_run = []
         for run in runs:
             frame = todo_by_run[run.path]
-            rows = parse_rows(frame, cached, spec)
-            wrote: list[Path] = []
-            if args.replace:
-                wrote = replace_table(run.store, "parses", rows.to_arrow())
-            elif rows.height or not run.has_parses:  # a first parse without rows still leaves an empty part
-                if not is_remote(run.path):
-                    (run.store.path / "parses").mkdir(exist_ok=True)
-                wrote = run.store.commit(run.store.next_seq(), {"parses": rows.to_arrow()}, keep_empty=True)
-            counts = alignment_counts(rows)
+            counts: Counter[str] = Counter()
+            rows = realigned(frame, cache, spec, args.commit_every, counts, failed)
+            wrote = replace_table(run.store, "parses", rows) if args.replace else commit_parts(run, "parses", rows)
             info = {
                 "run_dir": str(run.path),
                 "sentences": frame.height,
-                "rows": rows.height,
+                "rows": sum(counts[kind] for kind in ALIGNMENTS),
                 "aligned": counts["one_to_one"],
-                "alignment": counts,
-                "failed_sentences": sum(1 for sid in frame.get_column("sentence_id").to_list() if sid in failed),
+                "alignment": {kind: counts[kind] for kind in ALIGNMENTS},
+                "failed_sentences": counts["failed_sentences"],
                 "wrote_files": len(wrote),
             }
             if wrote:

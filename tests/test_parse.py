@@ -694,6 +694,19 @@ def test_parses_reach_the_cache_while_parsing_and_a_stopped_parse_resumes(ray_cl
     assert q(f"select * from '{whole}/parses/*.parquet' order by sentence_id, u") == q(
         f"select * from '{resumed}/parses/*.parquet' order by sentence_id, u")
 
+    # The realignment goes --commit-every sentences at a time too: one part of `parses` per 4 sentences, the same
+    # rows as one chunk of all 14 (a third run), and --replace rewrites the table chunk by chunk as well.
+    one = hand_built_run(tmp_path, "one-chunk", tokenizers["wordpiece"], texts)
+    o = run_parse("--run", str(one), "--parser", "spacy", "--cache", str(cache), "--commit-every", "100")
+    assert o["parsed"] == 0 and len(list((one / "parses").glob("*.parquet"))) == 1
+    assert len(list((whole / "parses").glob("*.parquet"))) == -(-len(texts) // 4) == s["runs"][0]["wrote_files"]
+    everything = f"select * from '{one}/parses/*.parquet' order by sentence_id, u"
+    assert q(everything) == q(f"select * from '{whole}/parses/*.parquet' order by sentence_id, u")
+    assert s["runs"][0]["rows"] == o["runs"][0]["rows"] == len(q(everything))
+    run_parse("--run", str(one), "--parser", "spacy", "--cache", str(cache), "--commit-every", "4", "--replace")
+    assert sorted(p.name for p in (one / "parses").iterdir()) == [f"part-{k:06d}.parquet" for k in range(4)]
+    assert q(everything) == q(f"select * from '{whole}/parses/*.parquet' order by sentence_id, u")
+
 
 def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys, tokenizers, monkeypatch):
     def error(*argv: str) -> str:
