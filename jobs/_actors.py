@@ -4,13 +4,13 @@
     PairCells:   pairs     -> one row per pair: Explainer.pair's numbers, its cells and word cells as lists
 
 Both can be called without Ray (`FactorActor(...)(table)`, `PairCells([factor tables], "cos")(table)`),
-which is how the tests compare them with `Explainer.pair`. In the job, PairCells runs inside Ray
-tasks (`pair_cells`): stage 2 is light, and pooled task workers stay warm across waves and runs where
-a fresh actor pool would pay its start-up (~5 s: torch + transformers imports) every wave.
+which is how the tests compare them with `Explainer.pair`. In the job, one FactorActor pool serves the whole run
+(jobs.attribute.FactorStream) and PairCells runs inside Ray tasks (`pair_cells`), wave by wave: stage 2 is light,
+and its task workers stay warm across waves.
 
 Why the factors travel as they do (measured in docs/STORE.md): a factor is D x S float32, ~22 KB for an
 STS-B sentence under all-MiniLM-L6-v2 (D = 384, S ~ 14), ~1/30 s of CPU work per KB to make, so one copy
-through the object store is noise next to computing it. The factors of one wave are materialized once
+through the object store is noise next to computing it. The factors of one wave are made once
 (stage 1); each stage-2 worker reads the wave's blocks once, zero-copy on its node, and looks factors
 up by sentence id, so a sentence shared by many pairs is neither recomputed nor shipped per pair. A
 Ray Data join instead would hash-shuffle two factors with every pair (2 x per pair instead of 1 x per
@@ -174,7 +174,8 @@ def factor_rows(ids: list[str], texts: list[str], results: list[SentenceFactors 
 
 
 class FactorActor:
-    """Sentences (sentence_id, text) -> FACTOR_SCHEMA rows. Loads the model once per actor."""
+    """Sentences (sentence_id, text, any other columns) -> FACTOR_SCHEMA rows, then the other columns as they came.
+    Loads the model once per actor."""
 
     def __init__(
         self,
@@ -194,7 +195,11 @@ class FactorActor:
         kill_text: str | None = None,
         kill_log: str | None = None,
         fail_text: str | None = None,
+        start_log: str | None = None,
     ) -> None:
+        if start_log:  # test hook (XSBERT_TEST_START_LOG): one line per actor start
+            with open(start_log, "a", encoding="utf-8") as fh:
+                fh.write(f"started pid {os.getpid()}\n")
         if threads:
             torch.set_num_threads(threads)
         try:  # one "Loading weights" bar per actor start is noise in the job log
@@ -237,7 +242,11 @@ class FactorActor:
                     results.append(f"{type(one).__name__}: {one}"[:500])
         rows = factor_rows(ids, texts, results)
         share = (time.perf_counter() - t0) / max(1, len(texts))
-        return rows.set_column(rows.schema.get_field_index("compute_s"), "compute_s", pa.array([share] * len(texts)))
+        rows = rows.set_column(rows.schema.get_field_index("compute_s"), "compute_s", pa.array([share] * len(texts)))
+        for name in batch.column_names:  # the job's own columns (its `wave`) pass through
+            if name not in rows.column_names:
+                rows = rows.append_column(batch.schema.field(name), batch.column(name))
+        return rows
 
 
 # --------------------------------------------------------------------------- stage 2

@@ -4,11 +4,12 @@
     python -m jobs.attribute --dataset stsb --split test --limit 20 --steps 4 --out runs
     ray job submit --working-dir . -- python -m jobs.attribute --dataset qqp --num-actors 8
 
-Pipeline, per wave of pairs (a few thousand; each wave commits atomically, so a killed run resumes):
+Pipeline: the pairs are cut into waves (a few thousand each; each wave commits atomically, so a killed run
+resumes), and one Ray Data pipeline computes every wave's sentence factors, wave after wave, in one actor pool:
 
-    validate rows -> quarantine | unique sentences, longest first, in batches of --batch-size
+    validate rows -> quarantine | per wave: its unique sentences, longest first, in blocks of --batch-size
     -> map_batches(FactorActor, ActorPoolStrategy)   sentence factors P, e(x), e(r)   [stage 1, GPU if any]
-    -> materialize (the wave's factors, once, in the object store)
+       streamed back to the driver; once all of a wave's sentences are back (the pool goes on with the next):
     -> map_batches(pair_cells) (tasks)               pair numbers + cells + word cells  [stage 2, CPU]
     -> part files of pairs, cells, word_cells, sentences (+ quarantine), renamed into place, pairs last
 """
@@ -25,7 +26,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,8 +61,8 @@ DEFAULT_OUT = "runs"
 # actors (a call is seconds to minutes; the last one decides the wave's tail), on GPU large ones fill it.
 DEFAULT_BATCH_SIZE_CPU = 16
 DEFAULT_BATCH_SIZE_GPU = 128
-# Pairs per commit. Bounds the factors held in the object store (~22 KB per MiniLM sentence, ~2x
-# for mpnet) and the work lost to a kill; each wave restarts the actor pools (model load).
+# Pairs per commit. Bounds the work lost to a kill and, with Ray Data's backpressure, the factors held in the object
+# store (~22 KB per MiniLM sentence, ~2x for mpnet: the wave in stage 2 and what the actors computed ahead).
 DEFAULT_WAVE_SIZE_CPU = 2048
 DEFAULT_WAVE_SIZE_GPU = 16384
 # Pairs per PairCells call (stage 2 is ~1 ms per pair).
@@ -69,8 +70,9 @@ PAIR_BATCH = 256
 TRUNCATION_CHOICES = ("quarantine", "warn", "error")
 CELL_WRITERS = ("auto", "workers", "driver")
 # A batch whose actor dies is retried on a restarted actor; bounded so a poisonous batch fails the run
-# (Ray Data's own default is unbounded). Ray 2.60 still takes these as remote args, with a deprecation
-# warning (RETRY_ARGS_WARNING) that compute_wave keeps out of the log; pyproject pins ray < 2.64, which drops them.
+# (Ray Data's own default is unbounded); the actors themselves restart as often as needed over a run. Ray 2.60 still
+# takes these as remote args, with a deprecation warning (RETRY_ARGS_WARNING) that the stages keep out of the log;
+# pyproject pins ray < 2.64, which drops them.
 DEFAULT_MAX_RETRIES = 3  # --max-retries: restarts of a factor actor (and retries of its batch / of a cell task)
 
 RETRY_ARGS_WARNING = r"`ray_remote_args` is deprecated"
@@ -232,12 +234,18 @@ def resources(args: argparse.Namespace, ray) -> dict[str, Any]:
     else:
         cpus_per_actor = args.cpus_per_actor
         n_actors = args.num_actors or max(1, int(cpus // cpus_per_actor))
+    # The actor pool lives for the whole run, so stage 2 runs beside it: the pool reserves at most all but one CPU
+    # (half of a one-CPU cluster) and the stage-2 tasks take that one. On CPU only, the actors still run
+    # `threads` torch threads each; the reservation is Ray's bookkeeping (as in jobs.parse's pool).
+    spare = min(1.0, cpus / 2)
+    reserved = min(cpus_per_actor, (cpus - spare) / n_actors)
     return {
         "cluster_cpus": cpus,
         "cluster_gpus": gpus,
         "num_actors": n_actors,
         "gpus_per_actor": gpus_per_actor,
-        "cpus_per_actor": cpus_per_actor,
+        "cpus_per_actor": reserved,
+        "cells_cpus": min(1.0, max(spare, cpus - reserved * n_actors)),
         "device": args.device or ("cuda" if gpus_per_actor > 0 else "cpu"),
         "threads": max(1, int(cpus_per_actor)),
         "batch_size": args.batch_size or (DEFAULT_BATCH_SIZE_GPU if gpus_per_actor > 0 else DEFAULT_BATCH_SIZE_CPU),
@@ -246,71 +254,135 @@ def resources(args: argparse.Namespace, ray) -> dict[str, Any]:
     }
 
 
-# --------------------------------------------------------------------------- one wave
-def compute_wave(
+# --------------------------------------------------------------------------- stage 1: one pipeline for the run
+def factor_blocks(waves: Iterable[pd.DataFrame], batch_size: int) -> tuple[list[pa.Table], list[int]]:
+    """Stage 1's input for the whole run: per wave, its unique sentences (sentence_id, text, wave), longest first,
+    in blocks of `batch_size` that never span two waves; and the number of sentences of each wave.
+
+    Each block is one actor call (one batch), so a wave's batches are the same whether the run is whole or resumed,
+    and so are its factors, to the bit. A sentence used by two waves is computed in both (wave_order makes that
+    rare), which keeps each wave's factors to itself."""
+    blocks: list[pa.Table] = []
+    sizes: list[int] = []
+    for w, wave in enumerate(waves):
+        lengths = dict(zip(wave.text_a, wave.n_tokens_a)) | dict(zip(wave.text_b, wave.n_tokens_b))
+        texts = sorted(lengths, key=lambda t: (-lengths[t], t))
+        ids = [sentence_id(t) for t in texts]
+        sizes.append(len(texts))
+        for k in range(0, len(texts), batch_size):
+            n = len(texts[k : k + batch_size])
+            blocks.append(pa.table({"sentence_id": ids[k : k + batch_size], "text": texts[k : k + batch_size],
+                                    "wave": pa.array([w] * n, pa.int32())}))  # fmt: skip
+    return blocks, sizes
+
+
+class FactorStream:
+    """Stage 1 for the whole run: one Ray Data pipeline (one actor pool, the model loaded once per actor) over the
+    sentences of every wave, in wave order. The factor blocks stream back as the actors finish them and stay in
+    the object store (the driver maps their metadata, never their factor bytes); `wave(w)` returns wave w's
+    blocks once all its sentences are back. Meanwhile the pool goes on with the next waves, as far as Ray Data's
+    backpressure lets it. A batch that kept killing its actor raises (ray.exceptions) from `wave`."""
+
+    def __init__(self, ray, waves: Iterable[pd.DataFrame], args: argparse.Namespace, explainer: Explainer,
+                 res: dict[str, Any]) -> None:  # fmt: skip
+        from ray.data import ActorPoolStrategy
+
+        from ._actors import FactorActor
+
+        self.ray = ray
+        t0 = time.perf_counter()
+        blocks, self.sizes = factor_blocks(waves, res["batch_size"])
+        # Test hooks (tests/test_job*.py): kill one actor call / every call on a text / a NumericalError on a text /
+        # log each actor start.
+        hooks = {k: os.environ.get(f"XSBERT_TEST_{k.upper()}") or None
+                 for k in ("kill_once", "kill_text", "kill_log", "fail_text", "start_log")}  # fmt: skip
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=RETRY_ARGS_WARNING)
+            ds = ray.data.from_arrow(blocks).map_batches(
+                FactorActor,
+                fn_constructor_kwargs=dict(
+                    model=args.model, layer=explainer.layer, mode=explainer.mode, similarity=explainer.similarity,
+                    rule=explainer.rule, steps=explainer.steps, tolerance=explainer.tolerance,
+                    max_steps=explainer.max_steps, truncation=explainer.truncation, device=res["device"],
+                    threads=res["threads"], batch_size=res["batch_size"], **hooks,
+                ),  # fmt: skip
+                batch_size=None,  # one block, one call: the blocks are the batches
+                batch_format="pyarrow",
+                compute=ActorPoolStrategy(
+                    size=max(1, min(res["num_actors"], len(blocks))), max_tasks_in_flight_per_actor=res["tasks_in_flight"]
+                ),
+                num_cpus=res["cpus_per_actor"],
+                num_gpus=res["gpus_per_actor"] or None,
+                max_restarts=-1,  # over a whole run; a batch's own retries are bounded below
+                max_task_retries=args.max_retries,
+            )
+            # The executor too (a private API of Ray 2.60; `iter_internal_ref_bundles` is the same without it), so
+            # that a run that stops early (an error in stage 2, a commit) stops the pool instead of leaving it on.
+            self._bundles, _, self._executor = ds._execute_to_iterator(capture_executor=False)
+        self._got: dict[int, list[tuple[Any, pa.Table]]] = {}
+        self._count = [0] * len(self.sizes)
+        self._waited = time.perf_counter() - t0  # starting returns the first block: the first wave's wait
+
+    def wave(self, w: int) -> tuple[list[Any], pa.Table, dict[str, float]]:
+        """(wave w's factor block refs, their metadata: every column but the factor bytes, timings)."""
+        t0 = time.perf_counter()
+        meta_s = 0.0
+        while self._count[w] < self.sizes[w]:
+            try:
+                bundle = next(self._bundles)
+            except StopIteration:
+                raise RuntimeError(f"{self.sizes[w] - self._count[w]} sentences of wave {w + 1} came back from no "
+                                   "actor") from None  # fmt: skip
+            t1 = time.perf_counter()
+            for ref in bundle.block_refs:
+                # Zero-copy from the object store: the factor bytes are mapped, never read, by the driver (on a
+                # multi-node cluster a block travels to the head node's object store once, ~22 KB per MiniLM sentence).
+                block = self.ray.get(ref)
+                if not block.num_rows:
+                    continue
+                waves = pc.unique(block.column("wave")).to_pylist()
+                if len(waves) != 1:
+                    raise RuntimeError(f"a factor block holds sentences of waves {waves}")
+                self._got.setdefault(waves[0], []).append((ref, block.drop_columns(["factor"])))
+                self._count[waves[0]] += block.num_rows
+            meta_s += time.perf_counter() - t1
+        got = self._got.pop(w, [])
+        meta = pa.concat_tables([m for _, m in got]) if got else None
+        timings = {"factors_s": time.perf_counter() - t0 - meta_s + self._waited, "factor_meta_s": meta_s}
+        self._waited = 0.0
+        return [ref for ref, _ in got], meta, timings
+
+    def close(self) -> None:
+        """Stop the pipeline (a no-op once it has finished)."""
+        if self._executor is not None:
+            self._executor.shutdown(force=True)
+        self._got.clear()
+
+
+# --------------------------------------------------------------------------- stage 2, per wave
+def compute_cells(
     ray,
     wave: pd.DataFrame,
+    factor_refs: list[Any],
     args: argparse.Namespace,
     explainer: Explainer,
     res: dict[str, Any],
     sink: Any = None,
     seq: int | None = None,
-) -> tuple[pa.Table, pa.Table, dict[str, Any]]:
-    """Stage 1 + stage 2 for the wave's pairs: (factor metadata per sentence, PAIR_SCHEMA rows, timings).
+) -> tuple[pa.Table, dict[str, Any]]:
+    """Stage 2 for the wave's pairs from its factor blocks: (PAIR_SCHEMA rows, timings).
 
     With a `sink` the stage-2 tasks write the cells and word cells as parts of wave `seq` themselves and the
     rows name those parts; without, the rows carry the cells as lists for the driver to write."""
-    from ray.data import ActorPoolStrategy
+    from ._actors import pair_cells
 
-    from ._actors import FactorActor, pair_cells
-
-    # Unique sentences, longest first, cut into batches of similar length (low padding).
-    lengths = dict(zip(wave.text_a, wave.n_tokens_a)) | dict(zip(wave.text_b, wave.n_tokens_b))
-    texts = sorted(lengths, key=lambda t: (-lengths[t], t))
-    ids = [sentence_id(t) for t in texts]
-    bs = res["batch_size"]
-    blocks = [pa.table({"sentence_id": ids[k : k + bs], "text": texts[k : k + bs]}) for k in range(0, len(texts), bs)]
-    # Test hooks (tests/test_job*.py): kill one actor call / every call on a text / a NumericalError on a text.
-    hooks = {k: os.environ.get(f"XSBERT_TEST_{k.upper()}") or None
-             for k in ("kill_once", "kill_text", "kill_log", "fail_text")}  # fmt: skip
     t0 = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=RETRY_ARGS_WARNING)
-        factors = ray.data.from_arrow(blocks).map_batches(
-            FactorActor,
-            fn_constructor_kwargs=dict(
-                model=args.model, layer=explainer.layer, mode=explainer.mode, similarity=explainer.similarity,
-                rule=explainer.rule, steps=explainer.steps, tolerance=explainer.tolerance,
-                max_steps=explainer.max_steps, truncation=explainer.truncation, device=res["device"],
-                threads=res["threads"], batch_size=bs, **hooks,
-            ),  # fmt: skip
-            batch_size=bs,
-            batch_format="pyarrow",
-            compute=ActorPoolStrategy(
-                size=max(1, min(res["num_actors"], len(blocks))), max_tasks_in_flight_per_actor=res["tasks_in_flight"]
-            ),
-            num_cpus=res["cpus_per_actor"],
-            num_gpus=res["gpus_per_actor"] or None,
-            max_restarts=args.max_retries,
-            max_task_retries=args.max_retries,
-        ).materialize()
-    t1 = time.perf_counter()
-    factor_refs = factors.to_arrow_refs()  # the materialized blocks themselves: no recompute, no copy
-    # The factors' metadata: the blocks themselves, zero-copy from the object store (the factor bytes are mapped,
-    # never read, by the driver; on a multi-node cluster a wave's blocks travel to the head node's object store
-    # once, ~22 KB per MiniLM sentence). A Ray Data drop_columns pipeline cost ~2.7 s per wave to start, one task
-    # per block a worker process per block importing torch.
-    meta = pa.concat_tables([block.drop_columns(["factor"]) for block in ray.get(factor_refs)])
-    factor_bytes = 4 * int(pc.sum(pc.multiply(meta.column("dim"), meta.column("n_tokens"))).as_py() or 0)
-    t2 = time.perf_counter()
-
-    sid = dict(zip(texts, ids))
     pair_in = pa.table(
         {
             "ord": np.arange(len(wave), dtype=np.int64),
             "pair_id": wave.pair_id.tolist(),
-            "sentence_id_a": [sid[t] for t in wave.text_a],
-            "sentence_id_b": [sid[t] for t in wave.text_b],
+            "sentence_id_a": [sentence_id(t) for t in wave.text_a],
+            "sentence_id_b": [sentence_id(t) for t in wave.text_b],
         }
     )
     pair_blocks = [pair_in.slice(k, PAIR_BATCH) for k in range(0, len(wave), PAIR_BATCH)]
@@ -324,7 +396,7 @@ def compute_wave(
             ),  # fmt: skip
             batch_size=PAIR_BATCH,
             batch_format="pyarrow",
-            num_cpus=1,
+            num_cpus=res["cells_cpus"],
             max_retries=args.max_retries,
         )
     try:
@@ -338,19 +410,7 @@ def compute_wave(
         raise StoreError(f"a stage-2 task could not write its part of the store ({why}); do the Ray workers reach "
                          "the store with credentials of their own (the job's runtime_env env_vars, the nodes' "
                          "environment or instance role)?") from None  # fmt: skip
-    t3 = time.perf_counter()
-    del factors, factor_refs
-    timings = {
-        "attribution_s": float(pc.sum(meta.column("compute_s")).as_py() or 0.0),  # actor-seconds in the engine
-        "factors_s": t1 - t0,
-        "factor_meta_s": t2 - t1,
-        "cells_s": t3 - t2,
-        "sentences": len(texts),
-        "factor_bytes": int(factor_bytes),
-        "factor_bytes_per_sentence": factor_bytes / max(1, len(texts)),
-        "duplicates_dropped": duplicates,
-    }
-    return meta, out, timings
+    return out, {"cells_s": time.perf_counter() - t0, "duplicates_dropped": duplicates}
 
 
 def _write_failure(exc: BaseException) -> str | None:
@@ -438,7 +498,7 @@ def wave_tables(
 ) -> tuple[dict[str, pa.Table], pd.DataFrame]:
     """The wave's part tables for the driver to commit (pairs, sentences, and cells and word_cells unless the
     stage-2 tasks wrote them) and its failed pairs."""
-    out, _ = exactly_once(out)  # compute_wave already dropped and counted copies: then a no-op
+    out, _ = exactly_once(out)  # compute_cells already dropped and counted copies: then a no-op
     missing = set(range(len(wave))) - set(out.column("ord").to_pylist())
     if missing:
         raise RuntimeError(f"{len(missing)} pairs of the wave came back from no actor")
@@ -645,46 +705,62 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
     res.update(cell_writer=writer)
     known_sentences = SentenceKeys(store.sentence_ids())
     n_waves = math.ceil(len(todo) / wave_size)
-    for w in range(n_waves):
-        wave = todo.iloc[w * wave_size : (w + 1) * wave_size].reset_index(drop=True)
-        seq = store.next_seq()
-        sink = store.sink() if writer == "workers" else None
-        try:
-            meta, out, timings = compute_wave(ray, wave, args, prep.explainer, res, sink=sink, seq=seq)
-        except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as exc:
-            raise JobFailedError(
-                f"wave {w + 1}/{n_waves} failed: a batch killed its worker {args.max_retries + 1} times "
-                f"(--max-retries {args.max_retries}; {type(exc).__name__}: {str(exc).splitlines()[0]}). "
-                f"{w} earlier wave(s) of this run are committed, nothing of wave {w + 1} was written; "
-                "the same command resumes the run"
-            ) from exc
-        tables, failed = wave_tables(wave, meta, out, prep.pairs.source.split, known_sentences)
-        if len(failed):
-            progress.failures.append(failed)
-            tables["quarantine"] = _quarantine_table(
-                failed[[(int(r), p, "attribution_error") not in known_q
-                        for r, p in zip(failed.row, failed.pair_id)]]  # fmt: skip
-            )
-        t_commit = time.perf_counter()
-        parts = written_parts(out)
-        if writer == "workers":
-            store.settle(seq, parts)  # every reported part there, no stray part of this wave
-            progress.wrote += [f"{t}/{name}" for t in sorted(parts) for name in sorted(parts[t])]
-        progress.wrote += store.commit(seq, tables)
-        timings["commit_s"] = time.perf_counter() - t_commit
-        known_sentences.add(tables["sentences"].column("sentence_id").to_pylist())
-        timings.update(wave=w, pairs=tables["pairs"].num_rows,
-                       cells=int(pc.sum(tables["pairs"].column("n_cells")).as_py() or 0))  # fmt: skip
-        progress.waves.append(timings)
-        if on_wave is not None:
-            on_wave(
-                f"wave {w + 1}/{n_waves}: {timings['pairs']} pairs, {timings['sentences']} sentences, "
-                f"factors {timings['factors_s']:.1f}s, cells {timings['cells_s']:.1f}s"
-            )
-        # The wave's blocks leave the object store before the next wave's are made (one wave's, not two, at a
-        # time), and what the wave's tables took from the heap goes back to the OS.
-        del meta, out, tables, wave
-        release_memory()
+
+    def waves() -> Iterator[pd.DataFrame]:
+        for w in range(n_waves):
+            yield todo.iloc[w * wave_size : (w + 1) * wave_size].reset_index(drop=True)
+
+    stream = FactorStream(ray, waves(), args, prep.explainer, res)
+    try:
+        for w, wave in enumerate(waves()):
+            seq = store.next_seq()
+            sink = store.sink() if writer == "workers" else None
+            try:
+                refs, meta, timings = stream.wave(w)
+            except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as exc:
+                raise JobFailedError(
+                    f"wave {w + 1}/{n_waves} failed: a batch killed its worker {args.max_retries + 1} times "
+                    f"(--max-retries {args.max_retries}; {type(exc).__name__}: {str(exc).splitlines()[0]}). "
+                    f"{w} earlier wave(s) of this run are committed, nothing of wave {w + 1} was written; "
+                    "the same command resumes the run"
+                ) from exc
+            out, cell_timings = compute_cells(ray, wave, refs, args, prep.explainer, res, sink=sink, seq=seq)
+            del refs  # the wave's factors leave the object store
+            factor_bytes = 4 * int(pc.sum(pc.multiply(meta.column("dim"), meta.column("n_tokens"))).as_py() or 0)
+            timings.update(cell_timings,
+                           attribution_s=float(pc.sum(meta.column("compute_s")).as_py() or 0.0),  # actor-seconds
+                           sentences=stream.sizes[w], factor_bytes=factor_bytes,
+                           factor_bytes_per_sentence=factor_bytes / max(1, stream.sizes[w]))  # fmt: skip
+            tables, failed = wave_tables(wave, meta, out, prep.pairs.source.split, known_sentences)
+            if len(failed):
+                progress.failures.append(failed)
+                tables["quarantine"] = _quarantine_table(
+                    failed[[(int(r), p, "attribution_error") not in known_q
+                            for r, p in zip(failed.row, failed.pair_id)]]  # fmt: skip
+                )
+            t_commit = time.perf_counter()
+            parts = written_parts(out)
+            if writer == "workers":
+                store.settle(seq, parts)  # every reported part there, no stray part of this wave
+                progress.wrote += [f"{t}/{name}" for t in sorted(parts) for name in sorted(parts[t])]
+            progress.wrote += store.commit(seq, tables)
+            timings["commit_s"] = time.perf_counter() - t_commit
+            known_sentences.add(tables["sentences"].column("sentence_id").to_pylist())
+            timings.update(wave=w, pairs=tables["pairs"].num_rows,
+                           cells=int(pc.sum(tables["pairs"].column("n_cells")).as_py() or 0))  # fmt: skip
+            progress.waves.append(timings)
+            if on_wave is not None:
+                on_wave(
+                    f"wave {w + 1}/{n_waves}: {timings['pairs']} pairs, {timings['sentences']} sentences, "
+                    f"factors {timings['factors_s']:.1f}s, cells {timings['cells_s']:.1f}s"
+                )
+            # What the wave's tables took from the heap goes back to the OS.
+            del meta, out, tables, wave
+            release_memory()
+            if os.environ.get("XSBERT_TEST_HOLD_AFTER_WAVE") == str(w + 1):  # test hook: a driver to kill between waves
+                time.sleep(600)
+    finally:
+        stream.close()
     return progress
 
 

@@ -75,7 +75,7 @@ def test_driver_killed_mid_run_on_gcs_resumes_to_the_same_store(gcsenv, data, lo
     """SIGKILL the driver after its first commit: its lock stays behind (a dead pid on this host), the rerun takes
     it over, recomputes only the second wave, and the store equals the uninterrupted local run."""
     out = gcsenv.uri("killed/runs")
-    env = {**gcsenv.subprocess_env(), "PYTHONPATH": str(ROOT)}
+    env = {**gcsenv.subprocess_env(), "PYTHONPATH": str(ROOT), "XSBERT_TEST_HOLD_AFTER_WAVE": "1"}  # kill it between the waves
     cmd = [sys.executable, "-m", "jobs.attribute", "--dataset", str(data), *FAST, *FLAGS, "--out", out, "-q"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)  # fmt: skip

@@ -4,7 +4,8 @@ Every run here attributes the same 8 real STS-B pairs with the same flags (all-M
 N = 2, waves of 4 pairs, batches of 4 sentences, one factor actor) on one local 2-CPU Ray, so every
 store must hold the same rows, cell by cell. The reference is `clean`: one uninterrupted run into a fresh directory.
 
-- the same config into another fresh directory gives byte-identical Parquet (the store's determinism claim);
+- the same config into another fresh directory gives byte-identical Parquet (the store's determinism claim), its two
+  waves served by one actor start (one pool for the run);
 - a run in which one factor actor and one cell task were killed (and retried) equals it, on a local and on an S3
   store (moto on 127.0.0.1, the `s3_ray` cluster whose workers have the endpoint and keys);
 - a driver killed after its first commit, then rerun, equals it (byte for byte);
@@ -65,8 +66,11 @@ def clean(s3_ray, data, tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-def test_same_config_into_a_fresh_directory_is_byte_identical(clean, data, tmp_path):
+def test_same_config_into_a_fresh_directory_is_byte_identical(clean, data, tmp_path, monkeypatch):
+    starts = tmp_path / "actor-starts.log"
+    monkeypatch.setenv("XSBERT_TEST_START_LOG", str(starts))
     s = run_job(tmp_path, "--dataset", str(data), *FLAGS)
+    assert s["waves"] == 2 and len(starts.read_text().splitlines()) == 1  # one actor pool (of one) for both waves
     fresh = Path(s["run_dir"])
     assert fresh.name == clean.name and fresh != clean
     hashes = parquet_hashes(fresh)
@@ -98,7 +102,7 @@ def test_killed_driver_resumes_to_the_same_store(s3_ray, clean, data, tmp_path):
     out = tmp_path / "runs"
     cmd = [sys.executable, "-m", "jobs.attribute", "--dataset", str(data), *FAST, *FLAGS, "--out", str(out),
            "--quiet", "--ray-address", s3_ray.get_runtime_context().gcs_address]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "XSBERT_TEST_HOLD_AFTER_WAVE": "1"}  # kill it between the waves
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)  # fmt: skip
     deadline = time.monotonic() + 240

@@ -79,7 +79,7 @@ def test_driver_killed_mid_run_on_s3_resumes_to_the_same_store(s3env, data, loca
     """SIGKILL the driver after its first commit on S3: its lock stays behind (dead pid on this host), the
     rerun takes it over, recomputes only the second wave, and the store equals the uninterrupted local run."""
     out = f"s3://{s3env.bucket}/killed/runs"
-    env = {**os.environ, **s3env.env, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, **s3env.env, "PYTHONPATH": str(ROOT), "XSBERT_TEST_HOLD_AFTER_WAVE": "1"}  # kill it between the waves
     cmd = [sys.executable, "-m", "jobs.attribute", "--dataset", str(data), *FAST, *FLAGS, "--out", out, "-q"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)  # fmt: skip
