@@ -290,7 +290,6 @@ class FactorStream:
         from ._actors import FactorActor
 
         self.ray = ray
-        t0 = time.perf_counter()
         blocks, self.sizes = factor_blocks(waves, res["batch_size"])
         # Test hooks (tests/test_job*.py): kill one actor call / every call on a text / a NumericalError on a text /
         # log each actor start.
@@ -316,20 +315,27 @@ class FactorStream:
                 max_restarts=-1,  # over a whole run; a batch's own retries are bounded below
                 max_task_retries=args.max_retries,
             )
-            # The executor too (a private API of Ray 2.60; `iter_internal_ref_bundles` is the same without it), so
-            # that a run that stops early (an error in stage 2, a commit) stops the pool instead of leaving it on.
-            self._bundles, _, self._executor = ds._execute_to_iterator(capture_executor=False)
+        self._ds = ds
+        self._bundles: Iterator[Any] | None = None
+        self._executor = None
         self._got: dict[int, list[tuple[Any, pa.Table]]] = {}
         self._count = [0] * len(self.sizes)
-        self._waited = time.perf_counter() - t0  # starting returns the first block: the first wave's wait
+
+    def _start(self) -> None:
+        """Start the pipeline; it returns once the first block is back (so in `wave`, where its errors belong).
+        The executor is kept too (a private API of Ray 2.60; `iter_internal_ref_bundles` is the same without it),
+        so that a run that stops early (an error in stage 2, a commit) stops the pool instead of leaving it on."""
+        self._bundles, _, self._executor = self._ds._execute_to_iterator(capture_executor=False)
 
     def wave(self, w: int) -> tuple[list[Any], pa.Table, dict[str, float]]:
         """(wave w's factor block refs, their metadata: every column but the factor bytes, timings)."""
         t0 = time.perf_counter()
         meta_s = 0.0
+        if self._bundles is None:
+            self._start()
         while self._count[w] < self.sizes[w]:
             try:
-                bundle = next(self._bundles)
+                bundle = next(self._bundles)  # type: ignore[call-overload]
             except StopIteration:
                 raise RuntimeError(f"{self.sizes[w] - self._count[w]} sentences of wave {w + 1} came back from no "
                                    "actor") from None  # fmt: skip
@@ -348,8 +354,7 @@ class FactorStream:
             meta_s += time.perf_counter() - t1
         got = self._got.pop(w, [])
         meta = pa.concat_tables([m for _, m in got]) if got else None
-        timings = {"factors_s": time.perf_counter() - t0 - meta_s + self._waited, "factor_meta_s": meta_s}
-        self._waited = 0.0
+        timings = {"factors_s": time.perf_counter() - t0 - meta_s, "factor_meta_s": meta_s}
         return [ref for ref, _ in got], meta, timings
 
     def close(self) -> None:
