@@ -474,7 +474,7 @@ class Run:
     path: Path
     store: RunStore
     sentences: pl.DataFrame
-    parsed_ids: set[str]
+    parsed_ids: pl.Series  # unique sentence ids with parses (strings in Arrow buffers, not one object per id)
     parsers: set[tuple[str, str, str]]
     has_parses: bool
 
@@ -523,11 +523,12 @@ def open_run(path: Path | str, stack: contextlib.ExitStack) -> Run:
     sentences: pl.DataFrame = pl.from_arrow(table)  # type: ignore[assignment]
     sentences = sentences.unique(subset="sentence_id", keep="first", maintain_order=True)
     done = store.read_table("parses", ["sentence_id", "parser", "parser_version", "parser_model"])
-    parsed_ids: set[str] = set()
+    parsed_ids = pl.Series("sentence_id", [], dtype=pl.String)
     parsers: set[tuple[str, str, str]] = set()
-    if done is not None and done.num_rows:
-        parsed_ids = set(done.column("sentence_id").to_pylist())
-        parsers = set(zip(*(done.column(c).to_pylist() for c in ("parser", "parser_version", "parser_model"))))
+    if done is not None and done.num_rows:  # one row per word: kept out of Python objects
+        frame: pl.DataFrame = pl.from_arrow(done)  # type: ignore[assignment]
+        parsed_ids = frame.get_column("sentence_id").unique()
+        parsers = set(frame.select("parser", "parser_version", "parser_model").unique().iter_rows())
     return Run(path, store, sentences, parsed_ids, parsers, bool(store.parts("parses")))
 
 
@@ -702,7 +703,7 @@ def main(args: argparse.Namespace, echo: bool = True) -> dict[str, Any]:
                 raise InputError(f"{run.path} was parsed by {names}; pass --replace to reparse it with "
                                  f"{spec.name} {spec.version} {spec.model}, or choose that parser")  # fmt: skip
             has_words = pl.col("words").list.len() > 0
-            keep = has_words if args.replace else has_words & ~pl.col("sentence_id").is_in(list(run.parsed_ids))
+            keep = has_words if args.replace else has_words & ~pl.col("sentence_id").is_in(run.parsed_ids)
             todo_by_run[run.path] = run.sentences.filter(keep)
         texts: dict[str, str] = {}
         for frame in todo_by_run.values():
