@@ -465,7 +465,7 @@ COLUMNS = (
     ("store_on", "store on", "{}"), ("waves", "waves", "{}"), ("wave_size", "wave size", "{:,}"),
     ("cell_writer", "cells written by", "{}"),
     ("process_wall_s", "process wall (s)", "{:.1f}"), ("job_wall_s", "job wall (s)", "{:.1f}"),
-    ("attribution_s", "attribution compute (s, engine time / actors)", "{:.1f}"), ("factors_s", "stage 1 (s)", "{:.1f}"), ("cells_s", "stage 2 (s)", "{:.1f}"), ("commit_s", "commits (s)", "{:.2f}"),
+    ("attribution_s", "attribution compute (s, engine time / actors)", "{:.1f}"), ("factors_s", "stage 1: driver waits for factors (s)", "{:.1f}"), ("cells_s", "stage 2 (s)", "{:.1f}"), ("commit_s", "commits (s)", "{:.2f}"),
     ("orchestration_s", "driver rest (s)", "{:.1f}"), ("ms_per_pair_process", "ms/pair (process)", "{:.2f}"),
     ("overhead_ms_per_pair", "ms/pair besides attribution", "{:.2f}"),
     ("driver_rss_mb", "driver peak RSS (MB)", "{:,.0f}"),

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from xsbert_core import Explainer, NumericalError, SentenceFactors
@@ -173,9 +174,20 @@ def factor_rows(ids: list[str], texts: list[str], results: list[SentenceFactors 
     return pa.table(cols, schema=FACTOR_SCHEMA)
 
 
+def one_row_per_sentence(batch: pa.Table) -> pa.Table:
+    """A batch whose rows hold lists of sentences (sentence_id and text as lists: the job's batches, one per row)
+    as one row per sentence, each row's other columns repeated; a batch of one sentence per row as it is."""
+    if not pa.types.is_list(batch.schema.field("sentence_id").type):
+        return batch
+    parents = pc.list_parent_indices(batch.column("sentence_id"))
+    cols = {name: pc.list_flatten(batch.column(name)) for name in ("sentence_id", "text")}
+    cols |= {name: batch.column(name).take(parents) for name in batch.column_names if name not in cols}
+    return pa.table(cols)
+
+
 class FactorActor:
-    """Sentences (sentence_id, text, any other columns) -> FACTOR_SCHEMA rows, then the other columns as they came.
-    Loads the model once per actor."""
+    """Sentences (sentence_id, text, any other columns; or rows of sentence lists, see one_row_per_sentence) ->
+    FACTOR_SCHEMA rows, then the other columns as they came. Loads the model once per actor."""
 
     def __init__(
         self,
@@ -225,6 +237,7 @@ class FactorActor:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         _maybe_die(self.kill_once)
+        batch = one_row_per_sentence(batch)
         ids = batch.column("sentence_id").to_pylist()
         texts = batch.column("text").to_pylist()
         _die_on(self.kill_text, texts, self.kill_log)

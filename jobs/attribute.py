@@ -73,7 +73,7 @@ CELL_WRITERS = ("auto", "workers", "driver")
 # (Ray Data's own default is unbounded); the actors themselves restart as often as needed over a run. Ray 2.60 still
 # takes these as remote args, with a deprecation warning (RETRY_ARGS_WARNING) that the stages keep out of the log;
 # pyproject pins ray < 2.64, which drops them.
-DEFAULT_MAX_RETRIES = 3  # --max-retries: restarts of a factor actor (and retries of its batch / of a cell task)
+DEFAULT_MAX_RETRIES = 3  # --max-retries: retries of a factor batch on a restarted actor (and of a cell task)
 
 RETRY_ARGS_WARNING = r"`ray_remote_args` is deprecated"
 
@@ -256,11 +256,12 @@ def resources(args: argparse.Namespace, ray) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- stage 1: one pipeline for the run
 def factor_blocks(waves: Iterable[pd.DataFrame], batch_size: int) -> tuple[list[pa.Table], list[int]]:
-    """Stage 1's input for the whole run: per wave, its unique sentences (sentence_id, text, wave), longest first,
-    in blocks of `batch_size` that never span two waves; and the number of sentences of each wave.
+    """Stage 1's input for the whole run: per wave, its unique sentences, longest first, in batches of `batch_size`
+    that never span two waves, each batch one row (sentence_id and text as lists, wave); and the number of
+    sentences of each wave.
 
-    Each block is one actor call (one batch), so a wave's batches are the same whether the run is whole or resumed,
-    and so are its factors, to the bit. A sentence used by two waves is computed in both (wave_order makes that
+    Each row is one actor call (map_batches with batch_size=1), so a wave's batches are the same whether the run is
+    whole or resumed, and so are its factors, to the bit. A sentence used by two waves is computed in both (wave_order makes that
     rare), which keeps each wave's factors to itself."""
     blocks: list[pa.Table] = []
     sizes: list[int] = []
@@ -270,9 +271,8 @@ def factor_blocks(waves: Iterable[pd.DataFrame], batch_size: int) -> tuple[list[
         ids = [sentence_id(t) for t in texts]
         sizes.append(len(texts))
         for k in range(0, len(texts), batch_size):
-            n = len(texts[k : k + batch_size])
-            blocks.append(pa.table({"sentence_id": ids[k : k + batch_size], "text": texts[k : k + batch_size],
-                                    "wave": pa.array([w] * n, pa.int32())}))  # fmt: skip
+            blocks.append(pa.table({"sentence_id": [ids[k : k + batch_size]], "text": [texts[k : k + batch_size]],
+                                    "wave": pa.array([w], pa.int32())}))  # fmt: skip
     return blocks, sizes
 
 
@@ -305,7 +305,7 @@ class FactorStream:
                     max_steps=explainer.max_steps, truncation=explainer.truncation, device=res["device"],
                     threads=res["threads"], batch_size=res["batch_size"], **hooks,
                 ),  # fmt: skip
-                batch_size=None,  # one block, one call: the blocks are the batches
+                batch_size=1,  # one row, one call: each row is a batch of sentences (factor_blocks)
                 batch_format="pyarrow",
                 compute=ActorPoolStrategy(
                     size=max(1, min(res["num_actors"], len(blocks))), max_tasks_in_flight_per_actor=res["tasks_in_flight"]
