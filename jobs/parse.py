@@ -532,15 +532,21 @@ def open_run(path: Path | str, stack: contextlib.ExitStack) -> Run:
     return Run(path, store, sentences, parsed_ids, parsers, bool(store.parts("parses")))
 
 
+def _commit_each(store: RunStore, table: str, data: Iterable[pa.Table]) -> list[Path]:
+    """Each non-empty table of `data` as the next part of `table`, committed atomically as it comes."""
+    wrote: list[Path] = []
+    for rows in data:
+        if rows.num_rows:
+            wrote += store.commit(store.next_seq(), {table: rows})
+    return wrote
+
+
 def commit_parts(run: Run, table: str, data: Iterable[pa.Table]) -> list[Path]:
     """Add each non-empty table of `data` as a part of `table`, each committed atomically as it comes (a job
     stopped part-way keeps what it committed). A first write without rows still leaves an empty part."""
     if not is_remote(run.path):
         (run.store.path / table).mkdir(exist_ok=True)
-    wrote: list[Path] = []
-    for rows in data:
-        if rows.num_rows:
-            wrote += run.store.commit(run.store.next_seq(), {table: rows})
+    wrote = _commit_each(run.store, table, data)
     if not wrote and not run.store.parts(table):
         wrote = run.store.commit(run.store.next_seq(), {table: SCHEMAS[table].empty_table()}, keep_empty=True)
     return wrote
@@ -555,10 +561,7 @@ def replace_table(store: RunStore, table: str, data: Iterable[pa.Table]) -> list
     schema = SCHEMAS[table]
     if isinstance(store, ObjectRunStore):
         old = store.parts(table)
-        wrote = []
-        for rows in data:
-            if rows.num_rows:
-                wrote += store.commit(store.next_seq(), {table: rows})
+        wrote = _commit_each(store, table, data)
         if not wrote:
             wrote = store.commit(store.next_seq(), {table: schema.empty_table()}, keep_empty=True)
         for part in old:
