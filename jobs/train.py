@@ -8,7 +8,9 @@ Variants (xsbert_core.training): tuned (unmodified), exact (embedding shift + co
 product). Data: STS-B train (labels / 5) with dev evaluation every epoch, from the bundled copy. The
 saved folder loads with `SentenceTransformer(path)` (see xsbert_core.shift for the exact variants) and
 holds README.md (the model card: data, variant, hyper-parameters, dev score, command) and
-xsbert_training.json (the same, machine-readable). Model weights are not committed (models/ is ignored).
+xsbert_training.json (the same, machine-readable). The folder holds the last epoch; the epoch with the best dev
+score (the paper's choice, App. A) is saved beside it as <name>-best-dev. Model weights are not committed
+(models/ is ignored).
 """
 
 from __future__ import annotations
@@ -17,11 +19,14 @@ import argparse
 import json
 import logging
 import shlex
+import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from sentence_transformers import SentenceTransformer
 
 import xsbert_core
 from xsbert_core import InputError, XsbertError, load_model
@@ -33,6 +38,8 @@ from ._inputs import load_pairs, validate
 logger = logging.getLogger("jobs.train")
 
 DEFAULT_OUT = "models"
+# The best-dev epoch's model is saved beside the last epoch's, in <name> + this.
+BEST_SUFFIX = "-best-dev"
 LABEL_MAX = 5.0  # STS-B scores are 0..5; the losses take similarities in [0, 1]
 
 
@@ -90,6 +97,13 @@ def model_card(info: dict[str, Any]) -> str:
         for h in info["history"]
     ) or "| | | (fewer steps than the logging interval) | |"
     capped = ", capped by --max-steps" if hp["max_steps"] > 0 else ""
+    best = info.get("best")
+    if info.get("checkpoint") == "best-dev":
+        checkpoint = (f"the epoch with the best dev score (epoch {best['epoch']:g} of {hp['epochs']:g}, step "
+                      f"{best['step']}; the paper's choice, App. A); the last epoch is `{info['last_epoch_path']}`")
+    else:
+        checkpoint = "the last epoch" + (f" (the best dev epoch, {best['epoch']:g}, is `{info['best_dev_path']}`)"
+                                         if info.get("best_dev_path") else "")  # fmt: skip
     load = (
         "import xsbert_core                      # registers the shift module with sentence-transformers\n"
         "from sentence_transformers import SentenceTransformer\n"
@@ -123,7 +137,7 @@ datasets: [sentence-transformers/stsb]
 - Hyper-parameters: batch {hp["batch_size"]}, {hp["epochs"]:g} epochs, {hp["optimizer"]},
   weight decay {hp["weight_decay"]}, lr {hp["learning_rate"]}, {hp["warmup_ratio"]:.0%} linear warm-up,
   seed {hp["seed"]} ({info["steps"]} optimizer steps{capped}).
-- **Dev Spearman ({info["metric"]}): {info["dev_spearman"]:.4f}**.
+- **Checkpoint: {checkpoint}. Dev Spearman ({info["metric"]}): {info["dev_spearman"]:.4f}**.
 - Trained {info["finished_at"]} in {info["train_seconds"]:.0f} s with xsbert-scale {info["xsbert_version"]}, command:
 
       {info["command"]}
@@ -155,8 +169,9 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     base_name = Path(str(args.model)).name or str(args.model)
     name = args.name or f"{base_name}-{args.variant}"
     target = Path(args.out) / name
-    if target.exists() and any(target.iterdir()) and not args.overwrite:
-        raise InputError(f"{target} exists; pass --overwrite to replace it, or --name for another folder")
+    for folder in (target, target.with_name(f"{name}{BEST_SUFFIX}")):
+        if folder.exists() and any(folder.iterdir()) and not args.overwrite:
+            raise InputError(f"{folder} exists; pass --overwrite to replace it, or --name for another folder")
     # Everything that can fail fails before training: data, model, the variant's construction.
     train_a, train_b, train_y = _stsb_pairs(args.dataset, args.train_split, args.train_limit)
     dev_a, dev_b, dev_y = _stsb_pairs(args.dataset, args.dev_split, args.dev_limit)
@@ -174,6 +189,9 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="xsbert-train-") as work:
         result = fine_tune(model, args.variant, train, dev, config, work, progress=not args.quiet)
+        best = result["best"]
+        # The epoch with the best dev score, loaded from the trainer's checkpoint of it before the work dir goes.
+        best_model = SentenceTransformer(best.pop("checkpoint"), device="cpu") if best else None
     seconds = time.perf_counter() - t0
     model.eval()
     target.mkdir(parents=True, exist_ok=True)
@@ -196,11 +214,27 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         "xsbert_version": xsbert_core.__version__,
         "command": "python -m jobs.train " + " ".join(shlex.quote(a) for a in (args.argv or [])),
     }
-    (target / "README.md").write_text(model_card(info), encoding="utf-8")
-    (target / "xsbert_training.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
-    print(f"dev Spearman ({result['metric']}) {result['dev_spearman']:.4f} after {result['steps']} steps, "
+    best_target = target.with_name(f"{name}{BEST_SUFFIX}") if best else None
+    info.update(checkpoint="last-epoch", last_epoch_path=str(target),
+                best_dev_path=str(best_target) if best_target else None)  # fmt: skip
+    write_card(target, info)
+    print(f"dev Spearman ({result['metric']}) {result['dev_spearman']:.4f} after {result['steps']} steps (last epoch), "
           f"{seconds:.0f} s\nsaved: {target}", flush=True)  # fmt: skip
+    if best_model is not None:
+        if best_target.exists():
+            shutil.rmtree(best_target)
+        best_model.save(str(best_target), create_model_card=False)
+        write_card(best_target, {**info, "path": str(best_target), "name": best_target.name, "checkpoint": "best-dev",
+                                 "dev_spearman": best["dev_spearman"]})  # fmt: skip
+        print(f"dev Spearman ({result['metric']}) {best['dev_spearman']:.4f} at epoch {best['epoch']:g} (best dev)\n"
+              f"saved: {best_target}", flush=True)  # fmt: skip
     return info
+
+
+def write_card(folder: Path, info: dict[str, Any]) -> None:
+    """The model card (README.md) and xsbert_training.json of a saved model folder."""
+    (folder / "README.md").write_text(model_card(info), encoding="utf-8")
+    (folder / "xsbert_training.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
 
 
 def cli(argv: list[str] | None = None) -> int:

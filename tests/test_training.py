@@ -170,6 +170,45 @@ def test_saved_exact_model_reloads_plainly_and_is_complete(saved_exact):
     assert res.score == pytest.approx(float(torch.cosine_similarity(own[0], own[1], dim=0)), abs=1e-6)
 
 
+def test_train_job_keeps_the_last_epoch_and_the_best_dev_epoch(tmp_path, tiny):
+    """Two epochs, evaluated on dev after each: <name> holds the last epoch, <name>-best-dev the epoch with the
+    highest dev Spearman (the first of ties), each a model folder whose own dev score is the one recorded."""
+    from jobs.train import cli
+    from xsbert_core.training import dev_evaluator
+
+    out = tmp_path / "models"
+    argv = ["--variant", "exact", "--model", str(tiny.folder("bert", 1)), "--out", str(out), "--name", "m",
+            "--train-limit", "16", "--dev-limit", "24", "--epochs", "3", "--batch-size", "4", "--lr", "1e-3", "-q"]
+    assert cli(argv) == 0
+    last = json.loads((out / "m" / "xsbert_training.json").read_text())
+    best = json.loads((out / "m-best-dev" / "xsbert_training.json").read_text())
+    evals = [h for h in last["history"] if f"eval_{last['metric']}" in h]
+    scores = [h[f"eval_{last['metric']}"] for h in evals]
+    assert [h["epoch"] for h in evals] == [1.0, 2.0, 3.0]
+    first_max = scores.index(max(scores))
+    assert last["checkpoint"] == "last-epoch" and last["dev_spearman"] == pytest.approx(scores[-1], abs=1e-6)
+    assert best["checkpoint"] == "best-dev" and best["best"]["epoch"] == evals[first_max]["epoch"]
+    assert best["dev_spearman"] == pytest.approx(max(scores), abs=1e-12)
+    assert last["best_dev_path"] == str(out / "m-best-dev") and best["last_epoch_path"] == str(out / "m")
+    assert "best dev score (epoch" in (out / "m-best-dev" / "README.md").read_text()
+    # each folder's own dev score, recomputed from its weights, is the one recorded for its epoch
+    from jobs.train import _stsb_pairs
+
+    dev = pairs_dataset(*_stsb_pairs("stsb", "dev", 24))
+    for folder, want in ((out / "m", scores[-1]), (out / "m-best-dev", max(scores))):
+        model = load_model(str(folder), attn_implementation=None)
+        got = dev_evaluator(dev, "exact")(model)[last["metric"]]
+        assert got == pytest.approx(want, abs=1e-5), folder
+    # the two folders hold different weights unless the last epoch was the best
+    w_last = load_model(str(out / "m")).state_dict()
+    w_best = load_model(str(out / "m-best-dev")).state_dict()
+    same = all(torch.equal(w_last[k], w_best[k]) for k in w_last)
+    assert same == (first_max == len(scores) - 1)
+    # a second training into the same folders is refused without --overwrite, for either folder
+    (out / "m").rename(tmp_path / "moved")
+    assert cli(argv) == 2
+
+
 def test_train_job_bad_inputs_fail_before_training(tmp_path, tiny, capsys):
     from jobs.train import cli
 

@@ -14,6 +14,7 @@ import logging
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -119,14 +120,19 @@ def fine_tune(
     work_dir: str,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Train `model` (already `build_variant`-ed) on `train`, evaluating on `dev` every epoch.
+    """Train `model` (already `build_variant`-ed) on `train`, evaluating on `dev` every epoch; `model` ends as the
+    last epoch left it.
 
     Returns {"dev_spearman": final dev Spearman, "history": [{epoch, step, dev_spearman, loss?}, ...],
-    "steps": optimizer steps}.
+    "steps": optimizer steps, "best": the epoch with the highest dev Spearman (the first of ties) as {"epoch",
+    "step", "dev_spearman", "checkpoint": its model folder under `work_dir`}, or None when no epoch was evaluated
+    (--max-steps)}. Every epoch is saved under `work_dir` (the trainer's checkpoints, model weights only), so the
+    best-dev checkpoint, the paper's choice (App. A), and the last epoch can both be kept.
     """
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 
     evaluator = dev_evaluator(dev, variant)
+    per_epoch = config.max_steps <= 0
     args = SentenceTransformerTrainingArguments(
         output_dir=work_dir,
         num_train_epochs=config.epochs,
@@ -140,8 +146,9 @@ def fine_tune(
         optim="adamw_torch",
         seed=config.seed,
         data_seed=config.seed,
-        eval_strategy="epoch" if config.max_steps <= 0 else "no",
-        save_strategy="no",
+        eval_strategy="epoch" if per_epoch else "no",
+        save_strategy="epoch" if per_epoch else "no",
+        save_only_model=True,  # the model of each epoch, no optimizer state
         logging_strategy="steps",
         logging_steps=50 if config.max_steps <= 0 else max(1, min(50, config.max_steps)),
         report_to="none",
@@ -160,4 +167,11 @@ def fine_tune(
         for entry in trainer.state.log_history
         if "loss" in entry or f"eval_{key}" in entry
     ]
-    return {"dev_spearman": float(final[key]), "metric": key, "history": history, "steps": int(output.global_step)}
+    evaluated = [h for h in history if f"eval_{key}" in h]
+    best = None
+    if evaluated:
+        top = max(evaluated, key=lambda h: h[f"eval_{key}"])  # max keeps the first of equal scores
+        best = {"epoch": float(top["epoch"]), "step": int(top["step"]), "dev_spearman": float(top[f"eval_{key}"]),
+                "checkpoint": str(Path(work_dir) / f"checkpoint-{int(top['step'])}")}  # fmt: skip
+    return {"dev_spearman": float(final[key]), "metric": key, "history": history, "steps": int(output.global_step),
+            "best": best}
