@@ -5,16 +5,23 @@ layer, reference terms and positive/negative sums (EACL 2024: Table 1, Fig 2-5).
     python -m jobs.evaluate                                    # all stages, all layers, 300 STS-B test pairs
     python -m jobs.evaluate --stages table1                    # only Table 1 (seconds)
     python -m jobs.evaluate --layers 3,4,5 --sample 1379       # agreement at three layers on all test pairs
+    python -m jobs.train --variant tuned --seed 1 --name all-MiniLM-L6-v2-tuned-seed1   # the noise floor's model
 
 Stages:
   table1     Spearman x 100 of each model's predicted similarity vs gold on STS-B test (all pairs), for
-             shelf (the base model), tuned, exact, orig; the almost-stochastic-order test (Dror et al. 2019,
-             deepsig) on squared errors (prediction - label/5)^2 between tuned and exact, both directions.
+             shelf (the base model), tuned, exact, orig, each trained model at its last epoch and at its
+             best-dev epoch (jobs.train saves both), every model scored with cosine as the paper does (§4.1)
+             and orig also with its own dot product; the almost-stochastic-order test (Dror et al. 2019,
+             deepsig) on squared errors (prediction - label/5)^2 between tuned and exact, both directions,
+             per checkpoint.
   agreement  the same seeded sample of STS-B test pairs attributed by `tuned` (approx mode) and `exact`
              (exact mode) through jobs.attribute at every requested layer; per layer N is the smallest of
              --steps-grid whose mean |completeness error| on --pilot-pairs pairs is <= --max-error / 2 for
              both models, then checked on the full runs (N doubles until their mean is <= --max-error);
-             agreement by score bin from sql/agreement.sql.
+             agreement by score bin from sql/agreement.sql. The noise floor beside it: where a second training
+             of the same recipe with another seed exists (<models>/<base name>-tuned-seed<K>, -exact-seed<K>,
+             K = --second-seed), it is attributed at the same layer and N, and tuned vs tuned' (exact vs
+             exact') agreement is reported in the same table and figures.
   figures    shelf (approx) and exact runs at --fig-layer: sql/reference_terms.sql (Fig 2) and
              sql/pos_neg_sums.sql (Fig 5); plots of Fig 2-5.
 Everything lands in --out: Markdown, CSV and Parquet tables, PNG figures, summary.json (commands, N per
@@ -60,7 +67,13 @@ PAPER_FIG3 = {f"paper, mpnet L11 (its last), s>0.75: {_FIG3.value:.2f}": (0, _FI
 PAPER_FIG4 = {f"paper, mpnet L11 (its last), top-10, s>0.5: {_FIG4_L11.value:.2f}": (0, _FIG4_L11.value),
               f"paper, mpnet L8 (3 below its last), top-10, s>0.5: {_FIG4_L8.value:.2f}": (3, _FIG4_L8.value)}
 DEFAULT_STEPS_GRID = (4, 8, 16, 32, 64, 128)
-SETTINGS = ("base", "models", "split", "sample", "seed", "max_error")
+CHECKPOINTS = ("best-dev", "last-epoch")  # jobs.train saves both; the paper keeps the best dev epoch (App. A)
+PAPER_CHECKPOINT = "best-dev"
+# The comparisons of the agreement stage: (label, run, run2) by the names of layer_runs' runs; the noise floor's
+# are there only where the second-seed models are.
+COMPARISONS = (("exact vs tuned", "exact", "tuned"), ("tuned vs tuned'", "tuned", "tuned2"),
+               ("exact vs exact'", "exact", "exact2"))
+SETTINGS = ("base", "models", "split", "sample", "seed", "max_error", "checkpoint")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -72,6 +85,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--models", default="models", help="folder with <base name>-{tuned,exact,orig} from jobs.train")
     for v in VARIANTS:
         p.add_argument(f"--{v}", default=None, help=f"the {v} model folder (default <models>/<base name>-{v})")
+    p.add_argument("--checkpoint", choices=CHECKPOINTS, default=PAPER_CHECKPOINT,
+                   help="which saved epoch of each trained model the attribution stages use (Table 1 shows both): "
+                        "best-dev (the paper's choice, <folder>-best-dev) or last-epoch (<folder>)")  # fmt: skip
+    p.add_argument("--second-seed", type=int, default=1,
+                   help="the noise floor's models are <models>/<base name>-{tuned,exact}-seed<K> (jobs.train --seed K "
+                        "--name ...); used where they exist")  # fmt: skip
     p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {', '.join(STAGES)}")
     p.add_argument("--split", default="test", help="STS-B split to evaluate on")
     p.add_argument("--sample", type=int, default=300, help="seeded sample of pairs for the attribution stages")
@@ -104,20 +123,40 @@ def base_name(base: str) -> str:
 
 
 def model_paths(args: argparse.Namespace) -> dict[str, str]:
-    """shelf -> the base model name; tuned/exact/orig -> their folders (checked to exist)."""
+    """shelf -> the base model name; tuned/exact/orig -> their folders (the last epoch, as jobs.train saves them);
+    tuned2/exact2 -> the second seed's folders where they exist (the noise floor)."""
     paths = {"shelf": str(args.base)}
     for v in VARIANTS:
         folder = Path(getattr(args, v) or Path(args.models) / f"{base_name(args.base)}-{v}")
         paths[v] = str(folder)
+    for v in ("tuned", "exact"):
+        folder = Path(args.models) / f"{base_name(args.base)}-{v}-seed{args.second_seed}"
+        if is_model(folder):
+            paths[f"{v}2"] = str(folder)
     return paths
 
 
-def require_models(paths: dict[str, str], needed: tuple[str, ...]) -> None:
-    missing = [f"{v} ({paths[v]})" for v in needed if not (Path(paths[v]) / "modules.json").is_file()]
+def is_model(folder: str | Path) -> bool:
+    return (Path(folder) / "modules.json").is_file()
+
+
+def checkpoint_path(path: str, checkpoint: str) -> str:
+    """The folder of a trained model's `checkpoint`: the last epoch is the folder itself, the best dev epoch its
+    sibling <folder>-best-dev (jobs.train)."""
+    from .train import BEST_SUFFIX
+
+    return path if checkpoint == "last-epoch" else f"{path.rstrip('/')}{BEST_SUFFIX}"
+
+
+def require_models(paths: dict[str, str], needed: tuple[str, ...], checkpoint: str = "last-epoch") -> None:
+    missing = [f"{v} ({checkpoint_path(paths[v], checkpoint)})" for v in needed
+               if not is_model(checkpoint_path(paths[v], checkpoint))]  # fmt: skip
     if missing:
+        hint = ("; models trained before jobs.train kept the best dev epoch have only the last one: "
+                "--checkpoint last-epoch" if checkpoint == "best-dev" else "")  # fmt: skip
         raise InputError(
             f"model folder(s) not found: {', '.join(missing)}; train them first: "
-            + " && ".join(f"python -m jobs.train --variant {v}" for v in VARIANTS)
+            + " && ".join(f"python -m jobs.train --variant {v}" for v in VARIANTS) + hint
         )
 
 
@@ -128,36 +167,58 @@ def stsb(split: str, sample: int | None = None, seed: int = 0) -> tuple[list[str
 
 
 # --------------------------------------------------------------------------- Table 1
-def predictions(path: str, texts_a: list[str], texts_b: list[str]) -> tuple[np.ndarray, str]:
-    """The model's own predicted similarity per pair (its similarity function; shift included), and its name."""
+def predictions(path: str, texts_a: list[str], texts_b: list[str]) -> dict[str, np.ndarray]:
+    """Each pair's predicted similarity by the model (its shift included): {"cos": cosine, own: its own similarity
+    function's, when that is not cosine (the orig variant's dot product)}."""
+    import torch
+
     model = load_model(path, attn_implementation=None)
     unique = list(dict.fromkeys(texts_a + texts_b))
     emb = model.encode(unique, batch_size=64, convert_to_tensor=True, show_progress_bar=False)
     index = {t: k for k, t in enumerate(unique)}
     ea, eb = emb[[index[t] for t in texts_a]], emb[[index[t] for t in texts_b]]
-    scores = model.similarity_pairwise(ea, eb).double().cpu().numpy()
-    return scores, model_similarity(model)
+    scores = {"cos": torch.nn.functional.cosine_similarity(ea, eb, dim=-1).double().cpu().numpy()}
+    own = model_similarity(model)
+    if own != "cos":
+        scores[own] = model.similarity_pairwise(ea, eb).double().cpu().numpy()
+    return scores
 
 
 def table1(paths: dict[str, str], split: str, aso_iterations: int = 1000) -> tuple[pl.DataFrame, dict[str, Any]]:
-    """One row per model: Spearman x 100 (and Pearson) of prediction vs gold; ASO on squared errors."""
+    """One row per model, checkpoint and similarity: Spearman x 100 (and Pearson) of prediction vs gold, cosine
+    for every model (the paper's protocol, §4.1) and the model's own similarity beside it where that differs; a
+    trained model at its last epoch and, where jobs.train saved it, its best dev epoch. ASO on squared errors of
+    tuned vs exact per checkpoint. `paper_spearman_x100` only on rows of the paper's protocol (cosine; the best dev
+    epoch, App. A); the paper's model is all-mpnet-base-v2 whatever ours is."""
     a, b, gold, _ = stsb(split)
     rows, errors = [], {}
     for name, path in paths.items():
-        pred, sim = predictions(path, a, b)
-        errors[name] = (pred - gold / LABEL_MAX) ** 2
-        rows.append({"model": name, "path": path, "similarity": sim, "n_pairs": len(gold),
-                     "spearman_x100": 100 * spearman(pred, gold), "pearson_x100": 100 * pearson(pred, gold),
-                     "mse": float(errors[name].mean()), "paper_spearman_x100": PAPER_TABLE1.get(name)})  # fmt: skip
-    test: dict[str, Any] = {}
-    if "tuned" in errors and "exact" in errors:
-        both = aso_both_ways(errors["tuned"], errors["exact"], confidence_level=0.95, seed=0,
-                             num_bootstrap_iterations=aso_iterations)  # fmt: skip
-        test = {"test": "almost stochastic order (Dror et al. 2019, deepsig.aso)", "scores": "squared errors",
-                "confidence_level": 0.95, "bootstrap_iterations": aso_iterations,
-                "eps_min_tuned_better": both["eps_a_better"],
-                "eps_min_exact_better": both["eps_b_better"]}  # fmt: skip
-    return pl.DataFrame(rows), test
+        if name not in ("shelf", *VARIANTS):
+            continue
+        for checkpoint in ("-",) if name == "shelf" else ("last-epoch", "best-dev"):
+            folder = path if name == "shelf" else checkpoint_path(path, checkpoint)
+            if name != "shelf" and not is_model(folder):
+                continue
+            for sim, pred in predictions(folder, a, b).items():
+                if sim == "cos":
+                    errors[name, checkpoint] = (pred - gold / LABEL_MAX) ** 2
+                protocol = sim == "cos" and checkpoint in ("-", PAPER_CHECKPOINT)
+                rows.append({"model": name, "checkpoint": checkpoint, "similarity": sim, "path": folder,
+                             "n_pairs": len(gold), "spearman_x100": 100 * spearman(pred, gold),
+                             "pearson_x100": 100 * pearson(pred, gold),
+                             "mse": float(((pred - gold / LABEL_MAX) ** 2).mean()),
+                             "paper_spearman_x100": PAPER_TABLE1.get(name) if protocol else None})  # fmt: skip
+    tests: dict[str, Any] = {}
+    for checkpoint in CHECKPOINTS:
+        if ("tuned", checkpoint) in errors and ("exact", checkpoint) in errors:
+            both = aso_both_ways(errors["tuned", checkpoint], errors["exact", checkpoint], confidence_level=0.95,
+                                 seed=0, num_bootstrap_iterations=aso_iterations)  # fmt: skip
+            tests[checkpoint] = {"test": "almost stochastic order (Dror et al. 2019, deepsig.aso)",
+                                 "scores": "squared errors of cosine", "confidence_level": 0.95,
+                                 "bootstrap_iterations": aso_iterations,
+                                 "eps_min_tuned_better": both["eps_a_better"],
+                                 "eps_min_exact_better": both["eps_b_better"]}  # fmt: skip
+    return pl.DataFrame(rows), tests
 
 
 # --------------------------------------------------------------------------- attribution runs
@@ -198,29 +259,59 @@ def sql_file(name: str, run: str, run2: str | None = None, **variables: Any) -> 
         con.close()
 
 
-def layer_runs(paths: dict[str, str], layer: int, args: argparse.Namespace, pilot: list[tuple[str, str]]) -> dict:
-    """tuned (approx) and exact runs at `layer` with N chosen as the module docstring says."""
-    record: dict[str, Any] = {"layer": layer, "pilot": {}}
-    chosen = []
-    for name in ("tuned", "exact"):
-        errs = pilot_errors(paths[name], layer, pilot, args.steps_grid, args.max_error / 2)
-        record["pilot"][name] = {str(n): e for n, e in errs.items()}
-        chosen.append(next((n for n, e in errs.items() if e <= args.max_error / 2), max(args.steps_grid)))
-    steps = max(chosen)
-    while True:
-        runs = {name: attribute(paths[name], layer, steps, args) for name in ("tuned", "exact")}
-        worst = max(r["mean_abs_completeness_error"] for r in runs.values())
-        if worst <= args.max_error or steps >= 4 * max(args.steps_grid):
-            break
-        logger.warning("layer %d: mean |error| %.2e > %.0e at N=%d; doubling N", layer, worst, args.max_error, steps)
-        steps *= 2
-    record.update(
-        steps=steps,
-        runs={name: {k: r[k] for k in ("run_dir", "run_id", "n_done", "n_quarantined", "mean_abs_completeness_error",
-                                        "max_abs_completeness_error", "wall_s", "command")}
-              for name, r in runs.items()},  # fmt: skip
-    )
+def _run_record(summary: dict[str, Any]) -> dict[str, Any]:
+    keys = ("run_dir", "run_id", "n_done", "n_quarantined", "mean_abs_completeness_error", "max_abs_completeness_error",
+            "wall_s", "command")  # fmt: skip
+    return {k: summary[k] for k in keys}
+
+
+def layer_runs(models: dict[str, str], layer: int, args: argparse.Namespace, pilot: list[tuple[str, str]],
+               record: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """tuned (approx) and exact runs at `layer` with N chosen as the module docstring says (unless `record` holds
+    them already); then the second seed's models (tuned2, exact2: the noise floor), where `models` has them, at the
+    same N."""
+    if record is None:
+        record = {"layer": layer, "pilot": {}, "models": {}}
+        chosen = []
+        for name in ("tuned", "exact"):
+            errs = pilot_errors(models[name], layer, pilot, args.steps_grid, args.max_error / 2)
+            record["pilot"][name] = {str(n): e for n, e in errs.items()}
+            chosen.append(next((n for n, e in errs.items() if e <= args.max_error / 2), max(args.steps_grid)))
+        steps = max(chosen)
+        while True:
+            runs = {name: attribute(models[name], layer, steps, args) for name in ("tuned", "exact")}
+            worst = max(r["mean_abs_completeness_error"] for r in runs.values())
+            if worst <= args.max_error or steps >= 4 * max(args.steps_grid):
+                break
+            logger.warning("layer %d: mean |error| %.2e > %.0e at N=%d; doubling N", layer, worst, args.max_error, steps)
+            steps *= 2
+        record.update(steps=steps, runs={name: _run_record(r) for name, r in runs.items()},
+                      models={name: models[name] for name in runs})  # fmt: skip
+    for name in ("tuned2", "exact2"):
+        if name in models and name not in record["runs"]:
+            run = attribute(models[name], layer, record["steps"], args)
+            record["runs"][name] = _run_record(run)
+            record["models"][name] = models[name]
+            if run["mean_abs_completeness_error"] > args.max_error:
+                logger.warning("layer %d: %s's mean |error| %.2e > %.0e at the layer's N=%d", layer, name,
+                               run["mean_abs_completeness_error"], args.max_error, record["steps"])  # fmt: skip
     return record
+
+
+def agreement_frames(rec: dict[str, Any]) -> list[pl.DataFrame]:
+    """sql/agreement.sql for each comparison whose two runs the layer has, content tokens (the paper's cells) and
+    every cell, with the comparison, layer, N and the larger mean |completeness error| of its two runs."""
+    frames, recorded = [], rec.get("runs", {})
+    for label, first, second in COMPARISONS:
+        if first not in recorded or second not in recorded:
+            continue
+        runs = recorded[first], recorded[second]
+        df = pl.concat([sql_file("agreement", runs[0]["run_dir"], runs[1]["run_dir"], include_special=special)
+                        for special in (False, True)])  # fmt: skip
+        worst = max(r["mean_abs_completeness_error"] for r in runs)
+        frames.append(df.with_columns(pl.lit(rec["layer"]).alias("layer"), pl.lit(label).alias("comparison"),
+                                      pl.lit(rec["steps"]).alias("steps"), pl.lit(worst).alias("max_mean_abs_error")))
+    return frames
 
 
 # --------------------------------------------------------------------------- output
@@ -259,6 +350,13 @@ def plot_all(out: Path, summary: dict[str, Any]) -> list[Path]:
     written: list[Path] = []
     if (out / "agreement.parquet").exists():
         ag = pl.read_parquet(out / "agreement.parquet").sort("layer")
+        noise: dict[str, pl.DataFrame] = {}
+        if "comparison" in ag.columns:  # the noise floor's comparisons drawn beside exact vs approximate
+            for label in ag["comparison"].unique(maintain_order=True).to_list():
+                if label != COMPARISONS[0][0]:
+                    noise[label] = ag.filter(pl.col("comparison") == label, ~pl.col("include_special"),
+                                             pl.col("score_bin") == "all")  # fmt: skip
+            ag = ag.filter(pl.col("comparison") == COMPARISONS[0][0])
         every = None
         if "include_special" in ag.columns:  # content tokens drawn, every cell's Spearman beside them
             every = ag.filter(pl.col("include_special"), pl.col("score_bin") == "all")
@@ -277,15 +375,26 @@ def plot_all(out: Path, summary: dict[str, Any]) -> list[Path]:
             series["Spearman, mean score in (0.75, 1]"] = (top["spearman_mean"].to_numpy(), None)
         if every is not None and every.height == len(layers):
             series["Spearman, all pairs, every cell (special tokens in)"] = (every["spearman_mean"].to_numpy(), None)
+        # a noise-floor series is drawn where it has every layer of the exact-vs-approximate one
+        noise = {label: df for label, df in noise.items() if df["layer"].to_list() == layers}
+        also = "\ndashed: one recipe trained with two seeds (the noise floor)" if noise else ""
+        for label, df in noise.items():
+            series[f"Spearman, all pairs, {label} (noise floor)"] = (df["spearman_mean"].to_numpy(), None)
         written.append(plot_by_layer(layers, series, out / "fig3_agreement_correlation.png",
-                                     "Exact vs approximate attributions: rank correlation per pair",
+                                     f"Exact vs approximate attributions: rank correlation per pair{also}",
                                      "correlation of token cells",
-                                     reference=below_last(PAPER_FIG3), bounds=(-1.0, 1.0)))  # fmt: skip
+                                     reference=below_last(PAPER_FIG3), bounds=(-1.0, 1.0),
+                                     dashed=tuple(k for k in series if "noise floor" in k)))  # fmt: skip
         jac = {"top-3 Jaccard": (overall["jaccard_top3_mean"].to_numpy(), overall["jaccard_top3_std"].to_numpy()),
                "top-10 Jaccard": (overall["jaccard_top10_mean"].to_numpy(), overall["jaccard_top10_std"].to_numpy())}
+        for label, df in noise.items():
+            jac[f"top-3 Jaccard, {label} (noise floor)"] = (df["jaccard_top3_mean"].to_numpy(), None)
+            jac[f"top-10 Jaccard, {label} (noise floor)"] = (df["jaccard_top10_mean"].to_numpy(), None)
         written.append(plot_by_layer(layers, jac, out / "fig4_agreement_jaccard.png",
-                                     "Exact vs approximate attributions: top-k token pairs shared", "Jaccard index",
-                                     reference=below_last(PAPER_FIG4), bounds=(0.0, 1.0)))  # fmt: skip
+                                     f"Exact vs approximate attributions: top-k token pairs shared{also}",
+                                     "Jaccard index",
+                                     reference=below_last(PAPER_FIG4), bounds=(0.0, 1.0),
+                                     dashed=tuple(k for k in jac if "noise floor" in k)))  # fmt: skip
     fig = summary.get("figures")
     if fig:
         shelf = _pairs_columns(fig["runs"]["shelf"], ["ref_sim_a", "ref_sim_b", "ref_term", "positive_sum",
@@ -318,10 +427,15 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     paths = model_paths(args)
     needed = {"table1": VARIANTS, "agreement": ("tuned", "exact"), "figures": ("exact",)}
     require_models(paths, tuple(sorted({v for s in args.stages for v in needed[s]})))
+    attributed = {s for s in args.stages if s != "table1"}
+    require_models(paths, tuple(sorted({v for s in attributed for v in needed[s]})), args.checkpoint)
+    # the folders the attribution stages use: the chosen epoch of each trained model (the noise floor's too)
+    models = {name: checkpoint_path(path, args.checkpoint) for name, path in paths.items() if name != "shelf"}
+    models = {name: path for name, path in models.items() if name in VARIANTS or is_model(path)}
     summary_path = out / "summary.json"
     summary: dict[str, Any] = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     summary.update(base=str(args.base), models=paths, split=args.split, sample=args.sample, seed=args.seed,
-                   max_error=args.max_error)  # fmt: skip
+                   max_error=args.max_error, checkpoint=args.checkpoint)  # fmt: skip
     summary.setdefault("commands", {})
 
     def save(*keys: str) -> None:
@@ -349,7 +463,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     if "agreement" in args.stages or "figures" in args.stages:
         a, b, _, _ = stsb(args.split, args.sample, args.seed)
         pilot = list(zip(a, b))[: args.pilot_pairs]
-        n_layers = Explainer(load_model(paths["exact"]), layer=0, steps=1).split.n_layers
+        n_layers = Explainer(load_model(models["exact"]), layer=0, steps=1).split.n_layers
         summary["n_layers"] = n_layers
         # "all": the deepest layer first, the cheapest to attribute (and the paper's), so an interrupted
         # evaluation has those; a rerun reuses every layer recorded in summary.json.
@@ -358,8 +472,12 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         records = {int(k): v for k, v in summary.get("layers", {}).items()}
 
         def run_layer(layer: int) -> dict:
-            if layer not in records:
-                records[layer] = layer_runs(paths, layer, args, pilot)
+            rec = records.get(layer)
+            if rec is not None and any(rec.get("models", {}).get(n) != models[n] for n in ("tuned", "exact")):
+                rec = None  # recorded with other model folders (another checkpoint, an earlier training): redo
+            missing = rec is None or any(n in models and n not in rec["runs"] for n in ("tuned2", "exact2"))
+            if missing:
+                records[layer] = layer_runs(models, layer, args, pilot, rec)
                 summary["layers"] = {str(k): v for k, v in sorted(records.items())}
                 save("n_layers", "layers")
             return records[layer]
@@ -369,19 +487,16 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             for layer in layers:
                 run_layer(layer)
             for layer in sorted(records):  # the requested layers and those recorded by earlier invocations
-                rec = records[layer]
-                # content tokens (the paper's cells, agreement.sql's default), every cell beside it
-                df = pl.concat([sql_file("agreement", rec["runs"]["exact"]["run_dir"], rec["runs"]["tuned"]["run_dir"],
-                                         include_special=special) for special in (False, True)])  # fmt: skip
-                worst = max(r["mean_abs_completeness_error"] for r in rec["runs"].values())
-                frames.append(df.with_columns(pl.lit(layer).alias("layer"), pl.lit(rec["steps"]).alias("steps"),
-                                              pl.lit(worst).alias("max_mean_abs_error")))  # fmt: skip
-                rho = df.filter(pl.col("score_bin") == "all", ~pl.col("include_special"))["spearman_mean"][0]
-                shown = "undefined (no pair with a correlation)" if rho is None else f"{rho:.3f}"
-                print(f"layer {layer}: N={rec['steps']}, mean |error| <= {worst:.1e}, spearman {shown}", flush=True)
-            first = ["layer", "steps", "max_mean_abs_error"]
+                for df in agreement_frames(records[layer]):
+                    frames.append(df)
+                    rho = df.filter(pl.col("score_bin") == "all", ~pl.col("include_special"))["spearman_mean"][0]
+                    shown = "undefined (no pair with a correlation)" if rho is None else f"{rho:.3f}"
+                    print(f"layer {layer}, {df['comparison'][0]}: N={df['steps'][0]}, mean |error| <= "
+                          f"{df['max_mean_abs_error'][0]:.1e}, spearman {shown}", flush=True)  # fmt: skip
+            first = ["layer", "comparison", "steps", "max_mean_abs_error"]
             agreement = pl.concat(frames).select([*first, *(c for c in frames[0].columns if c not in first)])
-            write_table(agreement, out, "agreement", "Exact vs approximate agreement by layer and score bin")
+            write_table(agreement, out, "agreement", "Agreement by layer and score bin: exact vs approximate (tuned), "
+                        "and the noise floor (the same recipe trained with another seed)")
             summary["commands"]["agreement"] = args.command
             save()
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+import torch
 
 from xsbert_core.metrics import spearman
 from xsbert_core.training import build_variant
@@ -18,13 +19,17 @@ VARIANTS = ("tuned", "exact", "orig")
 
 @pytest.fixture(scope="module")
 def tiny_variants(tiny, tmp_path_factory):
-    """A tiny BERT as the shelf model, and its three (untrained) variants saved as model folders."""
+    """A tiny BERT as the shelf model, and its three (untrained) variants saved as model folders as jobs.train
+    saves them: the last epoch as <name>, the best dev epoch as <name>-best-dev (other weights: another seed);
+    and the second seed of tuned and exact (the noise floor), each with its two folders."""
     root = tmp_path_factory.mktemp("variants")
     base = root / "tinybert"
     tiny.build("bert", n_layers=2).save(str(base))
     models = root / "models"
-    for v in VARIANTS:
-        build_variant(tiny.build("bert", n_layers=2), v).save(str(models / f"tinybert-{v}"))
+    names = [(v, f"tinybert-{v}") for v in VARIANTS] + [(v, f"tinybert-{v}-seed1") for v in ("tuned", "exact")]
+    for k, (v, name) in enumerate(names):
+        for j, suffix in enumerate(("", "-best-dev")):
+            build_variant(tiny.build("bert", n_layers=2, seed=2 * k + j), v).save(str(models / f"{name}{suffix}"))
     return base, models
 
 
@@ -40,34 +45,65 @@ def test_evaluate_all_stages_on_tiny_variants(ray_cluster, tiny_variants, tmp_pa
     assert cli(argv) == 0
     summary = json.loads((out / "summary.json").read_text())
 
-    # Table 1: one row per model, Spearman of the model's own predictions, and the ASO result
+    # Table 1: per model and checkpoint, Spearman of cosine (the paper's protocol, orig included) and of orig's own
+    # dot product beside it; the paper's number only on the rows of its protocol (cos, best dev epoch); ASO per
+    # checkpoint
     t1 = pl.read_parquet(out / "table1.parquet")
-    assert t1["model"].to_list() == ["shelf", *VARIANTS] and (t1["n_pairs"] == 1379).all()
-    assert t1.filter(pl.col("model") == "orig")["similarity"][0] == "dot"
+    rows = list(zip(t1["model"], t1["checkpoint"], t1["similarity"]))
+    assert rows == [("shelf", "-", "cos")] + [
+        (v, c, sim) for v in VARIANTS for c in ("last-epoch", "best-dev") for sim in (("cos", "dot") if v == "orig"
+                                                                                     else ("cos",))]  # fmt: skip
+    assert (t1["n_pairs"] == 1379).all()
+    paper_rows = t1.filter(pl.col("paper_spearman_x100").is_not_null())
+    assert list(zip(paper_rows["model"], paper_rows["checkpoint"])) == [("shelf", "-"), *((v, "best-dev") for v in VARIANTS)]
+    assert (paper_rows["similarity"] == "cos").all()
     from xsbert_core import load_model
 
     a, b, gold, _ = stsb("test")
-    model = load_model(str(models / "tinybert-exact"), attn_implementation=None)
-    ea, eb = model.encode(a, convert_to_tensor=True), model.encode(b, convert_to_tensor=True)
-    ours = 100 * spearman(model.similarity_pairwise(ea, eb).numpy(), gold)  # batches differ: float noise only
-    assert t1.filter(pl.col("model") == "exact")["spearman_x100"][0] == pytest.approx(ours, abs=1e-2)
-    aso = summary["table1"]["aso"]
-    assert 0 <= aso["eps_min_tuned_better"] <= 1 and 0 <= aso["eps_min_exact_better"] <= 1
 
-    # Agreement: N from the grid, both runs within the error bound, the SQL's rows per bin + 'all'
+    def row(model: str, checkpoint: str, sim: str) -> float:
+        return t1.filter(pl.col("model") == model, pl.col("checkpoint") == checkpoint,
+                         pl.col("similarity") == sim)["spearman_x100"][0]  # fmt: skip
+
+    for folder, checkpoint in (("tinybert-exact", "last-epoch"), ("tinybert-orig-best-dev", "best-dev")):
+        model = load_model(str(models / folder), attn_implementation=None)
+        ea, eb = model.encode(a, convert_to_tensor=True), model.encode(b, convert_to_tensor=True)
+        cos = 100 * spearman(torch.nn.functional.cosine_similarity(ea, eb).numpy(), gold)
+        variant = folder.split("-")[1]
+        assert row(variant, checkpoint, "cos") == pytest.approx(cos, abs=1e-2)  # batches differ: float noise only
+        if variant == "orig":
+            dot = 100 * spearman((ea * eb).sum(-1).numpy(), gold)
+            assert row("orig", checkpoint, "dot") == pytest.approx(dot, abs=1e-2) and abs(dot - cos) > 1e-3
+    aso = summary["table1"]["aso"]
+    assert set(aso) == {"best-dev", "last-epoch"}
+    assert all(0 <= t["eps_min_tuned_better"] <= 1 and 0 <= t["eps_min_exact_better"] <= 1 for t in aso.values())
+
+    # Agreement: N from the grid, both runs within the error bound, the SQL's rows per bin + 'all'; the second
+    # seed's runs (the noise floor) at the same layer and N
     rec = summary["layers"]["1"]
-    assert rec["steps"] in (2, 4) and set(rec["runs"]) == {"tuned", "exact"}
+    assert rec["steps"] in (2, 4) and set(rec["runs"]) == {"tuned", "exact", "tuned2", "exact2"}
     assert all(r["n_done"] == 6 for r in rec["runs"].values())
     ag = pl.read_parquet(out / "agreement.parquet")
     overall = ag.filter(pl.col("score_bin") == "all")
-    # content tokens (the paper's cells) and every cell beside them, one 'all' row each
-    assert overall["layer"].to_list() == [1, 1] and overall["include_special"].to_list() == [False, True]
-    assert overall["n_pairs"].to_list() == [6, 6]
+    # per comparison, content tokens (the paper's cells) and every cell beside them, one 'all' row each
+    comparisons = ["exact vs tuned", "tuned vs tuned'", "exact vs exact'"]
+    assert overall["comparison"].to_list() == [c for c in comparisons for _ in (0, 1)]
+    assert overall["include_special"].to_list() == [False, True] * 3 and (overall["layer"] == 1).all()
+    assert (overall["n_pairs"] == 6).all() and (overall["steps"] == rec["steps"]).all()
     assert all(-1 <= v <= 1 for v in overall["spearman_mean"].to_list())
-    # the exact run is the exact model in exact mode, the tuned run the tuned model in approx mode
-    for name, mode in (("exact", "exact"), ("tuned", "approx")):
+    # each run is its model's best dev epoch (the default --checkpoint) in its own mode, at the layer's N
+    for name, folder, mode in (("exact", "tinybert-exact", "exact"), ("tuned", "tinybert-tuned", "approx"),
+                               ("tuned2", "tinybert-tuned-seed1", "approx"), ("exact2", "tinybert-exact-seed1", "exact")):
         manifest = json.loads((Path(rec["runs"][name]["run_dir"]) / "manifest.json").read_text())
-        assert manifest["config"]["mode"] == mode and manifest["config"]["layer"] == 1
+        config = manifest["config"]
+        assert (config["mode"], config["layer"], config["steps"]) == (mode, 1, rec["steps"])
+        assert config["model"] == str(models / f"{folder}-best-dev") == rec["models"][name]
+    # the noise floor's rows are sql/agreement.sql of the two seeds' runs
+    from jobs.evaluate import sql_file
+
+    direct = sql_file("agreement", rec["runs"]["tuned"]["run_dir"], rec["runs"]["tuned2"]["run_dir"])
+    noise = ag.filter(pl.col("comparison") == "tuned vs tuned'", ~pl.col("include_special"))
+    assert noise["spearman_mean"].to_list() == direct["spearman_mean"].to_list()
 
     # Fig 2/5 inputs and the figures
     terms = pl.read_parquet(out / "reference_terms.parquet")
@@ -104,7 +140,15 @@ def test_evaluate_all_stages_on_tiny_variants(ray_cluster, tiny_variants, tmp_pa
         evaluate.table1 = real_table1
     after = json.loads((out / "summary.json").read_text())
     assert after["layers"]["0"]["by"] == "another process" and after["layers"]["1"] == before["1"]
-    assert set(after["commands"]) == {"table1", "agreement", "figures"} and len(after["table1"]["rows"]) == 4
+    assert set(after["commands"]) == {"table1", "agreement", "figures"} and len(after["table1"]["rows"]) == 9
+
+    # Another checkpoint: the layer recorded with the best-dev folders is attributed again with the last epochs'
+    assert cli([*argv, "--stages", "agreement", "--layers", "1", "--checkpoint", "last-epoch"]) == 0
+    redone = json.loads((out / "summary.json").read_text())["layers"]["1"]
+    assert redone["models"] == {n: str(models / f) for n, f in (("tuned", "tinybert-tuned"), ("exact", "tinybert-exact"),
+                                                                ("tuned2", "tinybert-tuned-seed1"),
+                                                                ("exact2", "tinybert-exact-seed1"))}  # fmt: skip
+    assert {r["run_id"] for r in redone["runs"].values()}.isdisjoint(r["run_id"] for r in rec["runs"].values())
 
 
 def test_evaluate_bad_inputs(tmp_path, capsys):

@@ -91,16 +91,19 @@ def plot_by_layer(
     ylabel: str,
     reference: dict[str, tuple[float, float]] | None = None,
     bounds: tuple[float, float] | None = None,
+    dashed: tuple[str, ...] = (),
 ):
     """Lines over layers: name -> (mean per layer, std per layer or None, drawn as a band).
 
     `reference` marks published values as points: label -> (layer, value); `bounds` clips the
-    mean ± std bands to the metric's range (e.g. (0, 1) for a Jaccard index).
+    mean ± std bands to the metric's range (e.g. (0, 1) for a Jaccard index); the series named in `dashed`
+    (a baseline such as a noise floor) are drawn dashed.
     """
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    fig, ax = plt.subplots(figsize=(6.4, 3.8 + 0.25 * max(0, len(series) - 4)))
     for name, (mean, std) in series.items():
         mean = np.asarray(mean, dtype=float)
-        (line,) = ax.plot(layers, mean, marker="o", linewidth=1.6, label=name)
+        style = "--" if name in dashed else "-"
+        (line,) = ax.plot(layers, mean, marker="o", linewidth=1.6, linestyle=style, label=name)
         if std is not None:
             std = np.asarray(std, dtype=float)
             low, high = mean - std, mean + std
@@ -117,7 +120,7 @@ def plot_by_layer(
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=11)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=150)
     plt.close(fig)
