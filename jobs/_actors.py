@@ -56,6 +56,7 @@ FACTOR_SCHEMA = pa.schema(
         ("word_ids", pa.list_(pa.int32())),  # null for special tokens
         ("token_start", pa.list_(pa.int32())),  # character offsets of each token in text
         ("token_end", pa.list_(pa.int32())),
+        ("words", pa.list_(pa.string())),  # the sentence's words (xsbert_core.words), for the `sentences` table
         ("failure", pa.string()),  # null, or why the engine could not attribute this sentence
         ("compute_s", pa.float64()),  # the actor's seconds in the engine for this sentence's batch / batch size
     ]
@@ -169,6 +170,7 @@ def factor_rows(ids: list[str], texts: list[str], results: list[SentenceFactors 
         cols["word_ids"].append(list(res.word_ids))
         cols["token_start"].append([int(o[0]) for o in res.offsets])
         cols["token_end"].append([int(o[1]) for o in res.offsets])
+        cols["words"].append([w.text for w in res.words])
         cols["failure"].append(None)
         cols["compute_s"].append(None)
     return pa.table(cols, schema=FACTOR_SCHEMA)

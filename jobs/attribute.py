@@ -41,7 +41,6 @@ from xsbert_core import Explainer, InputError, XsbertError, weights_fingerprint
 from xsbert_core.explainer import DEFAULT_LAYER, DEFAULT_MAX_STEPS, DEFAULT_RULE, DEFAULT_STEPS
 from xsbert_core.models import DEFAULT_MODEL
 from xsbert_core.quadrature import SUPPORTED_RULES
-from xsbert_core.words import words_of
 
 from ._actors import CELL_LISTS, TOP_CELLS, WORD_LISTS
 from ._inputs import KEEP_PREFIX, Pairs, load_pairs, quarantine_frame, validate
@@ -167,22 +166,68 @@ def sentence_id(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
+def with_sentence_ids(frame: pd.DataFrame) -> pd.DataFrame:
+    """The pairs with sentence_id_a/b (sentence_id of text_a/b) as Arrow strings: each distinct text hashed once, up
+    front, so that a wave's tables take the ids as columns (no Python string per pair and wave in the driver)."""
+    n = len(frame)
+    codes, uniques = pd.factorize(pd.concat([frame.text_a, frame.text_b], ignore_index=True))
+    ids = pa.array([sentence_id(t) for t in uniques], pa.string())
+    dtype = pd.ArrowDtype(pa.string())
+    return frame.assign(
+        sentence_id_a=pd.Series(pd.arrays.ArrowExtensionArray(ids.take(pa.array(codes[:n]))), index=frame.index,
+                                dtype=dtype),
+        sentence_id_b=pd.Series(pd.arrays.ArrowExtensionArray(ids.take(pa.array(codes[n:]))), index=frame.index,
+                                dtype=dtype),
+    )  # fmt: skip
+
+
+def arrow(column: pd.Series, type_: pa.DataType = pa.string()) -> pa.Array | pa.ChunkedArray:
+    """A pandas column as Arrow: an Arrow-backed one (compact) as it is, zero-copy; others converted."""
+    if isinstance(column.dtype, pd.ArrowDtype):
+        return column.array.__arrow_array__().cast(type_)
+    return pa.array(column.tolist(), type_)
+
+
+_HEX = np.full(256, 255, dtype=np.uint64)
+_HEX[np.frombuffer(b"0123456789", np.uint8)] = np.arange(10, dtype=np.uint64)
+_HEX[np.frombuffer(b"abcdef", np.uint8)] = np.arange(10, 16, dtype=np.uint64)
+_HEX[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16, dtype=np.uint64)
+
+
 class SentenceKeys:
     """The set of sentence ids a run has stored, as sorted 64-bit integers (the ids are 16 hex digits): 8 bytes per
     sentence in the driver instead of a Python string in a set (~90; 404k QQP pairs have ~540k sentences)."""
 
-    def __init__(self, ids: Iterable[str] = ()) -> None:
-        self.keys = np.unique(self._keys(list(ids)))
+    def __init__(self, ids: Iterable[str] | pa.Array | pa.ChunkedArray = ()) -> None:
+        self.keys = np.unique(self._keys(ids))
 
     @staticmethod
-    def _keys(ids: list[str]) -> np.ndarray:
-        return np.fromiter((int(s, 16) for s in ids), dtype=np.uint64, count=len(ids))
+    def _keys(ids: Iterable[str] | pa.Array | pa.ChunkedArray) -> np.ndarray:
+        """The ids as uint64, read from the Arrow string buffers (no Python object per id)."""
+        arr = ids if isinstance(ids, (pa.Array, pa.ChunkedArray)) else pa.array(list(ids), pa.string())
+        if isinstance(arr, pa.ChunkedArray):
+            arr = arr.combine_chunks()
+        arr = arr.cast(pa.string())
+        if arr.null_count:
+            raise ValueError("a sentence id is missing (null)")
+        if not len(arr):
+            return np.zeros(0, np.uint64)
+        offsets = np.frombuffer(arr.buffers()[1], np.int32)[arr.offset : arr.offset + len(arr) + 1]
+        if np.any(np.diff(offsets) != 16):
+            raise ValueError("a sentence id is not 16 hex digits")
+        digits = _HEX[np.frombuffer(arr.buffers()[2], np.uint8)[offsets[0] : offsets[-1]].reshape(len(arr), 16)]
+        if np.any(digits == 255):
+            raise ValueError("a sentence id is not 16 hex digits")
+        keys = np.zeros(len(arr), np.uint64)
+        for k in range(16):
+            keys = (keys << np.uint64(4)) | digits[:, k]
+        return keys
 
-    def contains(self, ids: list[str]) -> np.ndarray:
+    def contains(self, ids: Iterable[str] | pa.Array | pa.ChunkedArray) -> np.ndarray:
         """One bool per id: stored already?"""
         return np.isin(self._keys(ids), self.keys, assume_unique=False)
 
-    def add(self, ids: list[str]) -> None:
+    def add(self, ids: Iterable[str] | pa.Array | pa.ChunkedArray) -> None:
         self.keys = np.union1d(self.keys, self._keys(ids))
 
     def __len__(self) -> int:
@@ -385,9 +430,7 @@ def compute_cells(
     pair_in = pa.table(
         {
             "ord": np.arange(len(wave), dtype=np.int64),
-            "pair_id": wave.pair_id.tolist(),
-            "sentence_id_a": [sentence_id(t) for t in wave.text_a],
-            "sentence_id_b": [sentence_id(t) for t in wave.text_b],
+            **{name: arrow(wave[name]) for name in ("pair_id", "sentence_id_a", "sentence_id_b")},
         }
     )
     pair_blocks = [pair_in.slice(k, PAIR_BATCH) for k in range(0, len(wave), PAIR_BATCH)]
@@ -465,7 +508,7 @@ def _explode(out: pa.Table, names: dict[str, str]) -> pa.Table:
 
 def written_parts(out: pa.Table) -> dict[str, set[str]]:
     """The parts the stage-2 tasks of a wave wrote themselves (empty when the driver writes the cells)."""
-    return {table: {p for p in out.column(f"{table}_part").to_pylist() if p is not None}
+    return {table: set(pc.unique(out.column(f"{table}_part")).drop_null().to_pylist())
             for table in ("cells", "word_cells")}  # fmt: skip
 
 
@@ -504,8 +547,8 @@ def wave_tables(
     """The wave's part tables for the driver to commit (pairs, sentences, and cells and word_cells unless the
     stage-2 tasks wrote them) and its failed pairs."""
     out, _ = exactly_once(out)  # compute_cells already dropped and counted copies: then a no-op
-    missing = set(range(len(wave))) - set(out.column("ord").to_pylist())
-    if missing:
+    missing = np.setdiff1d(np.arange(len(wave)), out.column("ord").to_numpy())
+    if len(missing):
         raise RuntimeError(f"{len(missing)} pairs of the wave came back from no actor")
     failed_mask = out.column("failure").is_valid()
     ok = out.filter(pc.invert(failed_mask))
@@ -515,14 +558,12 @@ def wave_tables(
     n_cells, n_words = ok.column("n_cells"), ok.column("n_word_cells")
     pairs = pa.table(
         {
-            "pair_id": pa.array(sel.pair_id.tolist(), pa.string()),
+            "pair_id": arrow(sel.pair_id),
             "row": pa.array(sel.row.to_numpy(), pa.int64()),
-            "split": pa.array([split] * len(sel), pa.string()),
+            "split": pa.nulls(len(sel), pa.string()) if split is None else pa.array([split], pa.string()).take(
+                pa.array(np.zeros(len(sel), np.int64))),  # fmt: skip
             "label": pa.array(sel.label.to_numpy(), pa.float64(), from_pandas=True),
-            "text_a": pa.array(sel.text_a.tolist(), pa.string()),
-            "text_b": pa.array(sel.text_b.tolist(), pa.string()),
-            "sentence_id_a": pa.array([sentence_id(t) for t in sel.text_a], pa.string()),
-            "sentence_id_b": pa.array([sentence_id(t) for t in sel.text_b], pa.string()),
+            **{name: arrow(sel[name]) for name in ("text_a", "text_b", "sentence_id_a", "sentence_id_b")},
             **{
                 name: ok.column(name)
                 for name in (
@@ -535,8 +576,7 @@ def wave_tables(
             "n_word_cells": n_words,
             **{name: ok.column(name) for name in TOP_CELLS},
             # pass-through columns (--keep-columns, or the dataset's own), strings
-            **{c[len(KEEP_PREFIX) :]: pa.array(sel[c].tolist(), pa.string()) for c in sel.columns
-               if str(c).startswith(KEEP_PREFIX)},  # fmt: skip
+            **{c[len(KEEP_PREFIX) :]: arrow(sel[c]) for c in sel.columns if str(c).startswith(KEEP_PREFIX)},
         }
     )
     tables: dict[str, pa.Table] = {"pairs": pairs}
@@ -546,27 +586,20 @@ def wave_tables(
 
     # New sentences (not stored before, not failed), in sentence-id order.
     meta = meta.filter(pc.invert(meta.column("failure").is_valid()))
-    keep = np.flatnonzero(~known_sentences.contains(meta.column("sentence_id").to_pylist()))
+    keep = np.flatnonzero(~known_sentences.contains(meta.column("sentence_id")))
     meta = meta.take(pa.array(keep, pa.int64())).sort_by("sentence_id")
-    words = []
-    for text, wids, start, end in zip(
-        meta.column("text").to_pylist(), meta.column("word_ids").to_pylist(),
-        meta.column("token_start").to_pylist(), meta.column("token_end").to_pylist(),
-    ):  # fmt: skip
-        words.append([w.text for w in words_of(text, wids, list(zip(start, end)))])
-
     embedding = float_lists(meta.column("embedding"))
     sentences = pa.table(
         {
             "sentence_id": meta.column("sentence_id"),
             "text": meta.column("text"),
             "n_tokens": meta.column("n_tokens"),
-            "n_words": pa.array([len(w) for w in words], pa.int32()),
+            "n_words": pc.list_value_length(meta.column("words")).cast(pa.int32()),
             "tokens": meta.column("tokens"),
             "word_ids": meta.column("word_ids"),
             "token_start": meta.column("token_start"),
             "token_end": meta.column("token_end"),
-            "words": pa.array(words, pa.list_(pa.string())),
+            "words": meta.column("words"),
             "factor_error": meta.column("factor_error"),
             "n_steps": meta.column("n_steps"),
             "truncated": meta.column("truncated"),
@@ -709,6 +742,7 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
     writer = cell_writer(args.cell_writer, store, ray)
     res.update(cell_writer=writer)
     known_sentences = SentenceKeys(store.sentence_ids())
+    todo = with_sentence_ids(todo)
     n_waves = math.ceil(len(todo) / wave_size)
 
     def waves() -> Iterator[pd.DataFrame]:
@@ -750,7 +784,7 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
                 progress.wrote += [f"{t}/{name}" for t in sorted(parts) for name in sorted(parts[t])]
             progress.wrote += store.commit(seq, tables)
             timings["commit_s"] = time.perf_counter() - t_commit
-            known_sentences.add(tables["sentences"].column("sentence_id").to_pylist())
+            known_sentences.add(tables["sentences"].column("sentence_id"))
             timings.update(wave=w, pairs=tables["pairs"].num_rows,
                            cells=int(pc.sum(tables["pairs"].column("n_cells")).as_py() or 0))  # fmt: skip
             progress.waves.append(timings)

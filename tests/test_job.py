@@ -630,6 +630,24 @@ def test_the_driver_holds_the_selection_compactly():
     known.add(ids[10:30])
     assert len(known) == 30 and known.contains(ids).tolist() == [True] * 30 + [False] * 20
     assert SentenceKeys().contains(ids[:3]).tolist() == [False] * 3 and SentenceKeys().contains([]).size == 0
+    # the keys are read from Arrow's string buffers (chunked, sliced, upper case), equal to int(id, 16)
+    column = pa.chunked_array([pa.array(ids[:7]), pa.array([i.upper() for i in ids[7:]]).slice(3)])
+    assert SentenceKeys._keys(column).tolist() == [int(i, 16) for i in ids[:7] + ids[10:]]
+    assert SentenceKeys(column).contains(pa.array(ids)).tolist() == [True] * 7 + [False] * 3 + [True] * 40
+    for bad in (["abc"], ["0123456789abcdeg"], [ids[0], None]):
+        with pytest.raises(ValueError, match="sentence id"):
+            SentenceKeys(pa.array(bad, pa.string()))
+    # the pairs' sentence ids, each distinct text hashed once: sentence_id of each text
+    from jobs.attribute import arrow, with_sentence_ids
+
+    pairs = compact(pd.DataFrame({"pair_id": ["p0", "p1", "p2"], "text_a": ["x", "y", "x"], "text_b": ["y", "z", "w"]},
+                                 dtype=object))  # fmt: skip
+    got = with_sentence_ids(pairs.iloc[[2, 0, 1]])
+    assert got.sentence_id_a.tolist() == [sentence_id(t) for t in ["x", "x", "y"]]
+    assert got.sentence_id_b.tolist() == [sentence_id(t) for t in ["w", "y", "z"]]
+    assert got.index.tolist() == [2, 0, 1] and got.sentence_id_a.dtype == pd.ArrowDtype(pa.string())
+    assert arrow(got.pair_id).to_pylist() == ["p2", "p0", "p1"]
+    assert arrow(pd.Series(["a", None], dtype=object)).to_pylist() == ["a", None]
 
 
 def test_the_sentences_vectors_are_read_from_the_actors_bytes_without_copies():
