@@ -711,3 +711,34 @@ def test_waves_group_pairs_that_share_sentences():
         members = [int(k) for k, x in zip(order, groups) if x == g]
         assert members == sorted(members)  # input order within a group
     assert integrated(order, 50) < integrated(np.arange(200), 50)  # fewer sentences integrated twice
+
+
+def test_the_console_drops_ray_datas_snapshot_warnings_and_keeps_the_rest():
+    """The job's console filter (jobs._ray) drops Ray Data's resource snapshots and its issue detector's repeated
+    memory warning, as Ray 2.60 words them, and nothing else: a real error or another operator's warning stays."""
+    import logging
+
+    from jobs._ray import _DropRecords
+
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord("ray.data", logging.WARNING, __file__, 1, message, None, None)
+
+    dropped = [
+        "Cluster resources are not enough to run any task from TaskPoolMapOperator[MapBatches(pair_cells)]. The job "
+        "may hang forever unless the cluster scales up.",
+        "\n\nOperator 'MapBatches(FactorActor)' uses 1.3GiB of memory per worker\non average (up to 2.0GiB), but Ray "
+        "only requests 0.0B per worker at\nthe start of the pipeline.\n\nTo avoid out-of-memory errors, consider "
+        "setting `memory=2675681280`",
+        "Found 1 issues. To disable issue detection, run DataContext.get_current().issue_detectors_config.detectors = [].",
+        "Warning: The Ray cluster currently does not have any available CPUs. The Dataset job will hang unless more "
+        "CPUs are freed up.",
+    ]
+    kept = [
+        "Cluster resources are not enough to run any task from ActorPoolMapOperator[MapBatches(FactorActor)]. The "
+        "job may hang forever unless the cluster scales up.",
+        "Operator 'MapBatches(FactorActor)' failed: out of memory",
+        "Found 2 errors in the dataset",
+    ]
+    keep = _DropRecords()
+    assert [keep.filter(record(m)) for m in dropped] == [False] * len(dropped)
+    assert [keep.filter(record(m)) for m in kept] == [True] * len(kept)
