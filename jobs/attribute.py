@@ -533,7 +533,12 @@ def float_lists(column: pa.ChunkedArray | pa.Array) -> pa.ListArray:
 def vector_norms(lists: pa.ListArray) -> np.ndarray:
     """‖v‖₂ of each list<float32> row, in float64: sqrt of the per-row sums of squares over the flat values."""
     offsets = lists.offsets.to_numpy()
-    values = lists.flatten().to_numpy(zero_copy_only=False).astype(np.float64)
+    values = lists.flatten().to_numpy(zero_copy_only=False)
+    lengths = np.diff(offsets)
+    if len(lists) and lengths[0] > 0 and np.all(lengths == lengths[0]):  # one size (D): no float64 copy of them all
+        rows = values[: len(lists) * lengths[0]].reshape(len(lists), lengths[0])
+        return np.sqrt(np.einsum("ij,ij->i", rows, rows, dtype=np.float64))
+    values = values.astype(np.float64)
     sums = np.zeros(len(lists))
     filled = offsets[1:] > offsets[:-1]  # reduceat over the non-empty rows' starts: each sums up to the next
     if filled.any():
@@ -584,10 +589,11 @@ def wave_tables(
         tables["cells"] = _explode(ok, CELL_LISTS)
         tables["word_cells"] = _explode(ok, WORD_LISTS)
 
-    # New sentences (not stored before, not failed), in sentence-id order.
-    meta = meta.filter(pc.invert(meta.column("failure").is_valid()))
-    keep = np.flatnonzero(~known_sentences.contains(meta.column("sentence_id")))
-    meta = meta.take(pa.array(keep, pa.int64())).sort_by("sentence_id")
+    # New sentences (not stored before, not failed), in sentence-id order: one take (one copy of the metadata).
+    ids = meta.column("sentence_id")
+    keep = np.flatnonzero(~known_sentences.contains(ids) & ~meta.column("failure").is_valid().to_numpy(False))
+    order = pc.sort_indices(ids.take(pa.array(keep, pa.int64()))).to_numpy()
+    meta = meta.take(pa.array(keep[order], pa.int64()))
     embedding = float_lists(meta.column("embedding"))
     sentences = pa.table(
         {
@@ -704,6 +710,19 @@ def release_memory() -> None:
             ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
+def driver_memory_mb() -> dict[str, float]:
+    """This process's resident memory in MB: rss_mb (all of it), and on Linux private_mb (RssAnon: its own heap,
+    without the object-store pages it maps, which Ray's store owns)."""
+    import psutil
+
+    out = {"driver_rss_mb": psutil.Process().memory_info().rss / 2**20}
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                out["driver_private_mb"] = int(line.split()[1]) / 1024
+    return out
+
+
 @dataclass
 class Progress:
     """What stage 1-2 did in this invocation (one entry per wave)."""
@@ -793,9 +812,11 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
                     f"wave {w + 1}/{n_waves}: {timings['pairs']} pairs, {timings['sentences']} sentences, "
                     f"factors {timings['factors_s']:.1f}s, cells {timings['cells_s']:.1f}s"
                 )
-            # What the wave's tables took from the heap goes back to the OS.
+            # What the wave's tables took from the heap goes back to the OS; what the driver keeps after that is
+            # recorded per wave (a run's memory should not grow with its waves: bench/results/scale.md).
             del meta, out, tables, wave
             release_memory()
+            timings.update(driver_memory_mb())
             if os.environ.get("XSBERT_TEST_HOLD_AFTER_WAVE") == str(w + 1):  # test hook: a driver to kill between waves
                 time.sleep(600)
     finally:

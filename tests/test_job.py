@@ -660,8 +660,10 @@ def test_the_sentences_vectors_are_read_from_the_actors_bytes_without_copies():
     vecs = [rng.standard_normal(k).astype(np.float32) for k in (384, 0, 384, 3, 0, 7)]
     raw = [v.tobytes() for v in vecs]
     chunked = pa.chunked_array([pa.array(raw[:2], pa.binary()), pa.array(raw[2:], pa.binary())])
+    same = [rng.standard_normal(384).astype(np.float32) * 10.0**k for k in range(-3, 4)]  # one size: the job's case
     cases = ((chunked, vecs), (chunked.combine_chunks().slice(2, 3), vecs[2:5]),
-             (pa.array(raw, pa.large_binary()), vecs), (pa.chunked_array([], pa.binary()), []))  # fmt: skip
+             (pa.array(raw, pa.large_binary()), vecs), (pa.chunked_array([], pa.binary()), []),
+             (pa.array([v.tobytes() for v in same], pa.binary()).slice(1), same[1:]))  # fmt: skip
     for column, expect in cases:
         lists = float_lists(column)
         assert lists.type == pa.list_(pa.float32()) and len(lists) == len(expect)
