@@ -16,7 +16,8 @@ What it runs, and why it is a fair rehearsal (bench/results/scale.md says the sa
   (never a text with itself); labels drawn at QQP's duplicate rate.
 * Model: `rehearsal_model()`: all-MiniLM-L6-v2's tokenizer, a random BERT with one layer of hidden size 32, mean
   pooling and a Dense 32 -> 384 after it, so the embedding (and every factor the job ships: D x S floats) has
-  MiniLM's size D = 384 while the attribution costs almost nothing; attributed at layer 0, riemann N = 2.
+  MiniLM's size D = 384 while the attribution costs almost nothing; attributed at layer 0, riemann N = 2 (--rule,
+  --steps: another quadrature, into a store of its own, e.g. the second run of the two-run SQL files).
 * The job: `python -m jobs.attribute` in a subprocess on a local Ray (started by the job), `-q`, into a fresh
   store; then the same command again (nothing to do); optionally a third store whose driver is SIGKILLed once
   all but the last wave have committed, and the resume timed (--resume), or that kill and resume in the one store
@@ -58,7 +59,7 @@ QQP_DUPLICATE_RATE = 0.3692  # is_duplicate = 1 in the full release
 MARKERS = ("also", "really", "now", "then", "here", "there", "today", "again", "too", "still", "please", "indeed",
            "though", "instead", "anyway", "maybe", "actually", "exactly", "overall", "generally")  # fmt: skip
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
-JOB_FLAGS = ["--layer", "0", "--rule", "riemann", "--steps", "2", "-q"]
+JOB_FLAGS = ["--layer", "0", "-q"]  # with --rule and --steps (riemann, 2 unless given)
 
 
 # --------------------------------------------------------------------------- data and model
@@ -237,7 +238,7 @@ class Sampler(threading.Thread):
 def job_command(data: Path, model: Path, out: str, args: argparse.Namespace) -> list[str]:
     cmd = [sys.executable, "-m", "jobs.attribute", "--dataset", str(data), "--text-a-column", "question1",
            "--text-b-column", "question2", "--label-column", "is_duplicate", "--id-column", "id",
-           "--model", str(model), "--out", out, *JOB_FLAGS]  # fmt: skip
+           "--model", str(model), "--out", out, *JOB_FLAGS, "--rule", args.rule, "--steps", str(args.steps)]  # fmt: skip
     for flag, value in (("--wave-size", args.wave_size), ("--batch-size", args.batch_size),
                         ("--cell-writer", args.cell_writer), ("--num-actors", args.num_actors)):  # fmt: skip
         if value is not None:
@@ -363,6 +364,8 @@ def all_but_last_wave(where: Where, out: str, n_waves: int, every: float = 5.0):
 def measure(n: int, args: argparse.Namespace, model: Path, where: Where) -> dict:
     data = make_pairs(n)
     tag = f"n{n}-{args.cell_writer or 'auto'}"  # the local stores stay for bench/sql.py: <work>/<tag>/runs
+    if (args.rule, args.steps) != ("riemann", 2):  # another quadrature: another store (the two-run SQL files)
+        tag += f"-{args.rule}{args.steps}"
     where.clear(tag)
     out = where.out(tag, "runs")
     cmd = job_command(data, model, out, args)
@@ -385,6 +388,7 @@ def measure(n: int, args: argparse.Namespace, model: Path, where: Where) -> dict
     split = {key: sum(w.get(key, 0.0) for w in waves) for key in ("factors_s", "factor_meta_s", "cells_s", "commit_s")}
     row = {
         "pairs": n,
+        "quadrature": f"{args.rule} N={args.steps}",
         "store_on": "s3 (moto_server, 127.0.0.1)" if where.server else "local disk",
         "stored_pairs": entry["counts"]["n_done"],
         "quarantined": entry["counts"]["n_quarantined"],
@@ -462,6 +466,7 @@ def integrations(n: int, wave: int) -> dict[str, int]:
 
 COLUMNS = (
     ("label", "run", "{}"), ("pairs", "pairs", "{:,}"), ("sentences", "sentences computed (summed over waves)", "{:,}"),
+    ("quadrature", "quadrature (layer 0)", "{}"),
     ("store_on", "store on", "{}"), ("waves", "waves", "{}"), ("wave_size", "wave size", "{:,}"),
     ("cell_writer", "cells written by", "{}"),
     ("process_wall_s", "process wall (s)", "{:.1f}"), ("job_wall_s", "job wall (s)", "{:.1f}"),
@@ -496,9 +501,10 @@ def _whole_run(row: dict) -> dict:
     return out
 
 
-def report(results: dict) -> str:
-    """The markdown table of every measured row (one column per row, one line per quantity)."""
-    rows = [_whole_run(r) for r in results["rows"]]
+def report(results: dict, match: str | None = None) -> str:
+    """The markdown table of the measured rows (one column per row, one line per quantity): every row, or those
+    whose label contains `match`."""
+    rows = [_whole_run(r) for r in results["rows"] if match is None or match in r.get("label", "")]
     for r in rows:  # what is not attribution compute (the actors' engine seconds / actors), per pair
         if r.get("attribution_s") is not None:
             r["overhead_ms_per_pair"] = 1000 * (r["process_wall_s"] - r["attribution_s"]) / r["pairs"]
@@ -527,6 +533,9 @@ def main() -> None:
     p.add_argument("--work", default=str(CACHE / "runs"), help="where the stores go (kept for the SQL bench)")
     p.add_argument("--label", default="", help="a note stored with the rows (e.g. 'before')")
     p.add_argument("--report", action="store_true", help="print the table of bench/results/scale.json and exit")
+    p.add_argument("--match", default=None, help="with --report: only the rows whose label contains this")
+    p.add_argument("--rule", default="riemann", help="the job's quadrature rule (a second store for the two-run SQL)")
+    p.add_argument("--steps", type=int, default=2, help="the job's quadrature nodes N")
     p.add_argument("--integrations", type=int, nargs=2, metavar=("PAIRS", "WAVE"),
                    help="sentences integrated in input order vs the job's wave order, and exit")  # fmt: skip
     args = p.parse_args()
@@ -534,7 +543,7 @@ def main() -> None:
         print(json.dumps(integrations(*args.integrations)))
         return
     if args.report:
-        print(report(json.loads(RESULTS_JSON.read_text())))
+        print(report(json.loads(RESULTS_JSON.read_text()), args.match))
         return
     model = rehearsal_model()
     results = json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.exists() else {"rows": [], "engine": {}}
