@@ -706,7 +706,7 @@ def main(args: argparse.Namespace, echo: bool = True) -> dict[str, Any]:
                 raise InputError(f"{run.path} was parsed by {names}; pass --replace to reparse it with "
                                  f"{spec.name} {spec.version} {spec.model}, or choose that parser")  # fmt: skip
             has_words = pl.col("words").list.len() > 0
-            keep = has_words if args.replace else has_words & ~pl.col("sentence_id").is_in(run.parsed_ids)
+            keep = has_words if args.replace else has_words & ~pl.col("sentence_id").is_in(run.parsed_ids.implode())
             todo_by_run[run.path] = run.sentences.filter(keep)
         texts: dict[str, str] = {}
         for frame in todo_by_run.values():
