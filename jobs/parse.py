@@ -404,11 +404,18 @@ class ParseCache:
 
 
 # --------------------------------------------------------------------------- rows of one run
-def parse_rows(sentences: pl.DataFrame, parses: dict[str, dict[str, Any]], spec: ParserSpec) -> pl.DataFrame:
+# Sentences whose parse the UD conversion rejects are logged one by one up to this many; the rest are counted in the
+# job's summary (404k QQP questions: 43 of them).
+UNUSABLE_SHOWN = 3
+
+
+def parse_rows(sentences: pl.DataFrame, parses: dict[str, dict[str, Any]], spec: ParserSpec,
+               unusable: list[str] | None = None) -> pl.DataFrame:  # fmt: skip
     """The `parses` rows (SCHEMAS["parses"]) of these sentences: one per (sentence_id, u), sorted.
 
     `parses` maps sentence_id to its cache row. A text the parser failed on (or whose spaCy tree the UD
-    conversion rejects) gets alignment 'none' on every word.
+    conversion rejects) gets alignment 'none' on every word; the rejected ones are added to `unusable`, and logged
+    while it holds at most UNUSABLE_SHOWN.
     """
     cols: dict[str, list[Any]] = {name: [] for name in SCHEMAS["parses"].names}
     for row in sentences.sort("sentence_id").iter_rows(named=True):
@@ -425,7 +432,11 @@ def parse_rows(sentences: pl.DataFrame, parses: dict[str, dict[str, Any]], spec:
                 if spec.name == "spacy":
                     parsed = clearnlp_to_ud(parsed)
             except ValueError as exc:
-                logger.warning("sentence %s: unusable parse (%s); its words are flagged", sid, exc)
+                if unusable is not None:
+                    unusable.append(sid)
+                if unusable is None or len(unusable) <= UNUSABLE_SHOWN:
+                    more = "; more are counted in the summary" if unusable is not None else ""
+                    logger.warning("sentence %s: unusable parse (%s); its words are flagged%s", sid, exc, more)
                 parsed = None
         for a in align(text, words, offsets, parsed):
             cols["sentence_id"].append(sid)
@@ -444,10 +455,10 @@ def parse_rows(sentences: pl.DataFrame, parses: dict[str, dict[str, Any]], spec:
 
 
 def realigned(frame: pl.DataFrame, cache: ParseCache, spec: ParserSpec, size: int, counts: Counter[str],
-              failed: set[str]) -> Iterator[pa.Table]:  # fmt: skip
+              failed: set[str], unusable: list[str] | None = None) -> Iterator[pa.Table]:  # fmt: skip
     """The `parses` rows of these sentences (parse_rows), `size` sentences at a time in sentence_id order, so that
     only one chunk's cache rows and words are in memory. Counts each alignment and the failed sentences into
-    `counts` and adds the failed ids to `failed` as it goes."""
+    `counts` and adds the failed ids to `failed` (the unusable parses' to `unusable`) as it goes."""
     for chunk in frame.sort("sentence_id").iter_slices(size):
         ids = chunk.get_column("sentence_id").to_list()
         parses = cache.lookup(dict(zip(ids, chunk.get_column("text").to_list())))
@@ -456,7 +467,7 @@ def realigned(frame: pl.DataFrame, cache: ParseCache, spec: ParserSpec, size: in
                                "(removed while this job ran?); the same command parses them again")  # fmt: skip
         bad = [sid for sid in ids if parses[sid]["error"] is not None]
         failed.update(bad)
-        rows = parse_rows(chunk, parses, spec)
+        rows = parse_rows(chunk, parses, spec, unusable)
         counts.update(alignment_counts(rows) | {"failed_sentences": len(bad)})
         yield rows.to_arrow()
 
@@ -720,11 +731,12 @@ def main(args: argparse.Namespace, echo: bool = True) -> dict[str, Any]:
         parse_s = time.perf_counter() - t_parse
 
         failed: set[str] = set()
+        unusable: list[str] = []
         per_run = []
         for run in runs:
             frame = todo_by_run[run.path]
             counts: Counter[str] = Counter()
-            rows = realigned(frame, cache, spec, args.commit_every, counts, failed)
+            rows = realigned(frame, cache, spec, args.commit_every, counts, failed, unusable)
             wrote = replace_table(run.store, "parses", rows) if args.replace else commit_parts(run, "parses", rows)
             info = {
                 "run_dir": str(run.path),
@@ -751,6 +763,7 @@ def main(args: argparse.Namespace, echo: bool = True) -> dict[str, Any]:
         "parsed": len(missing),
         "reused": len(texts) - len(missing),
         "failed": len(failed),
+        "unusable": len(set(unusable)),  # a sentence in two runs is realigned twice
         "words": words,
         "aligned": aligned,
         "aligned_share": aligned / words if words else None,
@@ -790,7 +803,8 @@ def write_manifest(run: Run, spec: ParserSpec, cache: ParseCache, info: dict[str
 def print_summary(s: dict[str, Any]) -> None:
     lines = [
         f"sentences: {s['sentences']} unique texts new to these runs: {s['parsed']} parsed now, {s['reused']} "
-        f"reused from the cache ({s['cache']}), {s['failed']} failed (their words flagged alignment 'none')",
+        f"reused from the cache ({s['cache']}), {s['failed']} failed and {s['unusable']} with a parse the UD conversion "
+        "rejects (their words flagged alignment 'none')",
     ]
     for r in s["runs"]:
         if not r["wrote_files"]:

@@ -727,3 +727,37 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys, tokenizers, monkeypat
     with RunStore(run.parent, run.name):  # another writer holds the run
         assert "lock held" in error("--run", str(run), "--parser", "spacy")
     assert not (run / "parses").exists() and not (run.parent / job.CACHE_DIRNAME).exists()
+
+
+def test_unusable_parses_are_flagged_counted_and_logged_only_a_few_times(tokenizers, caplog):
+    """A spaCy tree the UD conversion rejects (here a cycle) flags its sentence's words alignment 'none'; the job's
+    list of them grows with each, and only the first UNUSABLE_SHOWN are logged (404k questions had 43)."""
+    import logging
+
+    import polars as pl
+
+    from xsbert_core.syntax import ParsedWord
+
+    tok = tokenizers["wordpiece"]
+    texts = [f"Dogs bark loudly {k}" for k in range(job.UNUSABLE_SHOWN + 2)] + ["Cats sleep"]
+    rows, cached = [], []
+    for text in texts:
+        _, wids, offsets, words = tokenize(tok, text)
+        rows.append({"sentence_id": sha(text), "text": text, "word_ids": wids, "token_start": [o[0] for o in offsets],
+                     "token_end": [o[1] for o in offsets], "words": [w.text for w in words]})  # fmt: skip
+        spans = [(w.text, text.index(w.text)) for w in words]
+        cycle = text != "Cats sleep"  # word 0's head is word 1 and word 1's is word 0: no root, a cycle
+        heads = [1, 0, *[1] * (len(spans) - 2)] if cycle else [1, None]
+        deprels = ["nsubj", "dobj", *["advmod"] * (len(spans) - 2)] if cycle else ["nsubj", "ROOT"]
+        cached.append([ParsedWord(t, s, s + len(t), "X", d, h) for (t, s), d, h in zip(spans, deprels, heads)])
+    cache = {r["sentence_id"]: r for r in pl.from_arrow(job.cache_rows([r["sentence_id"] for r in rows], texts,
+                                                                       cached)).iter_rows(named=True)}  # fmt: skip
+    unusable: list[str] = []
+    with caplog.at_level(logging.WARNING, logger="jobs.parse"):
+        out = job.parse_rows(pl.DataFrame(rows), cache, job.ParserSpec("spacy", "3", "test"), unusable).to_dicts()
+    bad = {sha(t) for t in texts[:-1]}
+    assert set(unusable) == bad and len(unusable) == len(texts) - 1
+    assert all(r["alignment"] == "none" and not r["aligned"] for r in out if r["sentence_id"] in bad)
+    assert {r["alignment"] for r in out if r["sentence_id"] == sha("Cats sleep")} == {"one_to_one"}
+    logged = [m for m in caplog.messages if "unusable parse" in m]
+    assert len(logged) == job.UNUSABLE_SHOWN and all("counted in the summary" in m for m in logged)
