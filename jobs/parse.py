@@ -410,13 +410,14 @@ UNUSABLE_SHOWN = 3
 
 
 def parse_rows(sentences: pl.DataFrame, parses: dict[str, dict[str, Any]], spec: ParserSpec,
-               unusable: list[str] | None = None) -> pl.DataFrame:  # fmt: skip
+               unusable: set[str] | None = None) -> pl.DataFrame:  # fmt: skip
     """The `parses` rows (SCHEMAS["parses"]) of these sentences: one per (sentence_id, u), sorted.
 
     `parses` maps sentence_id to its cache row. A text the parser failed on (or whose spaCy tree the UD
-    conversion rejects) gets alignment 'none' on every word; the rejected ones are added to `unusable`, and logged
-    while it holds at most UNUSABLE_SHOWN.
+    conversion rejects) gets alignment 'none' on every word; the rejected ones are added to `unusable`, each logged
+    the first time while it holds at most UNUSABLE_SHOWN.
     """
+    unusable = set() if unusable is None else unusable
     cols: dict[str, list[Any]] = {name: [] for name in SCHEMAS["parses"].names}
     for row in sentences.sort("sentence_id").iter_rows(named=True):
         sid, text = row["sentence_id"], row["text"]
@@ -432,11 +433,10 @@ def parse_rows(sentences: pl.DataFrame, parses: dict[str, dict[str, Any]], spec:
                 if spec.name == "spacy":
                     parsed = clearnlp_to_ud(parsed)
             except ValueError as exc:
-                if unusable is not None:
-                    unusable.append(sid)
-                if unusable is None or len(unusable) <= UNUSABLE_SHOWN:
-                    more = "; more are counted in the summary" if unusable is not None else ""
-                    logger.warning("sentence %s: unusable parse (%s); its words are flagged%s", sid, exc, more)
+                if sid not in unusable and len(unusable) < UNUSABLE_SHOWN:
+                    logger.warning("sentence %s: unusable parse (%s); its words are flagged; more are counted in "
+                                   "the summary", sid, exc)  # fmt: skip
+                unusable.add(sid)
                 parsed = None
         for a in align(text, words, offsets, parsed):
             cols["sentence_id"].append(sid)
@@ -455,7 +455,7 @@ def parse_rows(sentences: pl.DataFrame, parses: dict[str, dict[str, Any]], spec:
 
 
 def realigned(frame: pl.DataFrame, cache: ParseCache, spec: ParserSpec, size: int, counts: Counter[str],
-              failed: set[str], unusable: list[str] | None = None) -> Iterator[pa.Table]:  # fmt: skip
+              failed: set[str], unusable: set[str] | None = None) -> Iterator[pa.Table]:  # fmt: skip
     """The `parses` rows of these sentences (parse_rows), `size` sentences at a time in sentence_id order, so that
     only one chunk's cache rows and words are in memory. Counts each alignment and the failed sentences into
     `counts` and adds the failed ids to `failed` (the unusable parses' to `unusable`) as it goes."""
@@ -731,7 +731,7 @@ def main(args: argparse.Namespace, echo: bool = True) -> dict[str, Any]:
         parse_s = time.perf_counter() - t_parse
 
         failed: set[str] = set()
-        unusable: list[str] = []
+        unusable: set[str] = set()
         per_run = []
         for run in runs:
             frame = todo_by_run[run.path]
@@ -763,7 +763,7 @@ def main(args: argparse.Namespace, echo: bool = True) -> dict[str, Any]:
         "parsed": len(missing),
         "reused": len(texts) - len(missing),
         "failed": len(failed),
-        "unusable": len(set(unusable)),  # a sentence in two runs is realigned twice
+        "unusable": len(unusable),
         "words": words,
         "aligned": aligned,
         "aligned_share": aligned / words if words else None,

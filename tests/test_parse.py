@@ -752,7 +752,7 @@ def test_unusable_parses_are_flagged_counted_and_logged_only_a_few_times(tokeniz
         cached.append([ParsedWord(t, s, s + len(t), "X", d, h) for (t, s), d, h in zip(spans, deprels, heads)])
     cache = {r["sentence_id"]: r for r in pl.from_arrow(job.cache_rows([r["sentence_id"] for r in rows], texts,
                                                                        cached)).iter_rows(named=True)}  # fmt: skip
-    unusable: list[str] = []
+    unusable: set[str] = set()
     with caplog.at_level(logging.WARNING, logger="jobs.parse"):
         out = job.parse_rows(pl.DataFrame(rows), cache, job.ParserSpec("spacy", "3", "test"), unusable).to_dicts()
     bad = {sha(t) for t in texts[:-1]}
