@@ -665,6 +665,33 @@ def test_prepare_keeps_no_view_of_the_source_rows(tmp_path):
         assert values.base is None or np.asarray(values.base).size == 0, "the empty rows are a view of the source"
 
 
+def test_the_work_list_gives_the_waves_of_the_in_memory_frame_and_leaves_no_file(tmp_path):
+    """WorkList (the driver's work list, spilled and memory-mapped) yields, wave by wave, exactly the rows, columns
+    and dtypes of slicing the frame it was given (missing labels, pass-through columns, non-ASCII texts, a short
+    last wave), and its folder is gone as soon as it is mapped."""
+    from jobs.attribute import WorkList, compact, parse_args, prepare, wave_order, with_sentence_ids
+
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps({"id": f"p{k}", "sentence1": f"question {k} ? é {'x' * (k % 5)}",
+                                        "sentence2": f"other {k % 7} .", "label": (k % 2 if k % 3 else None),
+                                        "source": f"s{k % 4}"}) + "\n" for k in range(53)))  # fmt: skip
+    args = parse_args(["--dataset", str(data), *FAST, "--keep-columns", "source", "--out", str(tmp_path / "runs"),
+                       "--quiet"])  # fmt: skip
+    good = prepare(args).good
+    frame = good.iloc[wave_order(good.text_a.to_numpy(), good.text_b.to_numpy())].reset_index(drop=True)
+    frame = with_sentence_ids(compact(frame))
+    assert frame.label.isna().any() and any(c.startswith("keep:") for c in frame.columns)
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    work = WorkList(frame, 10, directory=str(spill))
+    assert list(spill.iterdir()) == [], "the spill folder outlives the mapping"
+    assert work.n_waves == 6
+    for w in range(work.n_waves):
+        pd.testing.assert_frame_equal(work.wave(w), frame.iloc[w * 10 : (w + 1) * 10].reset_index(drop=True))
+    with pytest.raises(IndexError):
+        work.wave(6)
+
+
 def test_the_sentences_vectors_are_read_from_the_actors_bytes_without_copies():
     """float_lists turns the actors' float32 bytes into list<float32> through the Arrow buffers (chunked, sliced,
     empty and zero-length vectors included) with the values numpy reads from each row's bytes, and vector_norms
