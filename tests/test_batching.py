@@ -59,7 +59,7 @@ def test_minilm_batched_equals_single(minilm, minilm_single, batch_size):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ibs", [1, 7, 64])
+@pytest.mark.parametrize("ibs", [1, 7, 64, 100_000])  # 100k: every row and token in one jvp call, as on a GPU
 def test_minilm_internal_batch_size_invariance(minilm, ibs):
     texts = [TEXTS[0], TEXTS[1], TEXTS[3]]
     base = Explainer(minilm, layer=-3, steps=3, internal_batch_size=None).factors(texts, batch_size=4)
@@ -152,3 +152,16 @@ def test_empty_list_gives_empty_result(tiny):
     ex = Explainer(tiny.get("bert"), layer=1, steps=2)
     assert ex.factors([]) == []
     assert ex.explain_pairs([]) == []
+
+
+def test_the_jvp_chunk_follows_the_device():
+    """CPU: the chunk measured on 2 cores (2**23 elements); a GPU: 1/64 of its memory within [2**23, 2**30], the
+    largest chunk measured (bench/results/gpu.md: 2**30 on an H100 80 GB, 16.6-20.6x faster than 2**23)."""
+    import torch
+
+    from xsbert_core.factors import DEFAULT_CHUNK_ELEMENTS, GPU_CHUNK_ELEMENTS_MAX, chunk_elements, gpu_chunk_elements
+
+    assert chunk_elements(torch.device("cpu")) == DEFAULT_CHUNK_ELEMENTS == 2**23
+    assert gpu_chunk_elements(85_520_809_984) == GPU_CHUNK_ELEMENTS_MAX == 2**30  # H100 80 GB, as torch reports it
+    assert gpu_chunk_elements(16 * 2**30) == 2**28  # a 16 GB card: 1/64 of it
+    assert gpu_chunk_elements(2**28) == DEFAULT_CHUNK_ELEMENTS  # never below the CPU's

@@ -25,6 +25,12 @@ from .split import SplitModel, TokenBatch
 # Measured on 2 CPU cores (48 STS-B sentences, riemann N=4): 2**23 is 1.34x faster than 2**25 for
 # all-MiniLM-L6-v2 and 1.16x for all-mpnet-base-v2; 2**21 is slower again (per-call overhead).
 DEFAULT_CHUNK_ELEMENTS = 2**23
+# On a GPU the CPU's chunk leaves the card idle between small kernels. Measured on one H100 80 GB
+# (bench/gpu.py, bench/results/gpu.md; 256 QQP questions, batches of 128): 2**30 elements ran MiniLM
+# (layer 4, GL N=10) 16.6x and mpnet (layer 8, GL N=24) 20.6x faster than 2**23, at GPU peaks of 19 and
+# 29 GiB; 2**27 was 13.2x and 13.1x. A card gets 1/64 of its memory in elements (2**30 on 80 GB),
+# never more than 2**30 (the largest measured) nor less than the CPU's chunk.
+GPU_CHUNK_ELEMENTS_MAX = 2**30
 
 
 @dataclass
@@ -57,13 +63,25 @@ def endpoints(split: SplitModel, batch: TokenBatch) -> Endpoints:
     return Endpoints(batch, h_x, h_r, shift, e_x, e_r)
 
 
+def gpu_chunk_elements(total_memory: int) -> int:
+    """The chunk on a GPU of `total_memory` bytes: 1/64 of it in elements, within [CPU chunk, 2**30]."""
+    return int(min(GPU_CHUNK_ELEMENTS_MAX, max(DEFAULT_CHUNK_ELEMENTS, total_memory // 64)))
+
+
+def chunk_elements(device: torch.device) -> int:
+    """Elements of the largest activation of one jvp call on `device` (CPU: DEFAULT_CHUNK_ELEMENTS)."""
+    if device.type == "cuda":
+        return gpu_chunk_elements(torch.cuda.get_device_properties(device).total_memory)
+    return DEFAULT_CHUNK_ELEMENTS
+
+
 def default_internal_batch_size(split: SplitModel, seq_len: int) -> int:
-    """Sequences per jvp call so the largest activation (FFN or attention scores) stays bounded."""
+    """Sequences per jvp call so the largest activation (FFN or attention scores) stays within chunk_elements."""
     config = split.auto_model.config
     inter = int(getattr(config, "intermediate_size", 4 * split.hidden_size) or 4 * split.hidden_size)
     heads = int(getattr(config, "num_attention_heads", 12) or 12)
     per_seq = max(seq_len * inter, heads * seq_len * seq_len)
-    return max(1, DEFAULT_CHUNK_ELEMENTS // per_seq)
+    return max(1, chunk_elements(split.device) // per_seq)
 
 
 def integrate(
