@@ -833,7 +833,7 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
 class WorkList:
     """The pairs a run attributes (wave-ordered, with their sentence ids), spilled to an Arrow IPC file and read
     back memory-mapped: the driver's own memory holds one wave of them at a time, not the run's (404k QQP-like
-    pairs: ~85 MB in Arrow buffers, ~1 GB at 4M), and the file's pages are the kernel's to drop and read again.
+    pairs: ~85 MB in Arrow buffers, ~0.85 GB at 4M), and the file's pages are the kernel's to drop and read again.
 
     The file lives in a fresh folder under `directory` (default: tempfile's, i.e. $TMPDIR) and is unlinked as soon
     as it is mapped: the mapping keeps its pages readable, and nothing is left behind when the driver stops, even
