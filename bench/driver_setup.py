@@ -1,0 +1,128 @@
+"""Where the driver's setup peaks: `prepare` and the start of `compute`, step by step, in one process (no Ray).
+
+    python bench/driver_setup.py --pairs 10000 100000 404290     # bench/scale.py's pairs and rehearsal model
+
+For each size, a fresh process runs the steps the job's driver runs before its first wave, on bench/scale.py's
+pairs (bench/.cache/scale/pairs-N.parquet, made by `python bench/scale.py --pairs N`) and rehearsal model, and
+records after each step its private memory (RssAnon) and its peak during the step: the private memory at the step's
+start plus the rise of the resident peak (VmHWM, reset before the step through /proc/self/clear_refs) over the
+resident memory at the start. Figures are MB above the private memory after the imports and the model load. Memory only: times are printed, not claimed. Results: bench/results/driver_setup.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = Path(os.environ.get("XSBERT_BENCH_CACHE", ROOT / "bench" / ".cache" / "scale"))
+RESULTS = ROOT / "bench" / "results" / "driver_setup.md"
+
+
+def status() -> dict[str, float]:
+    out = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key = line.split(":")[0]
+        if key in ("RssAnon", "VmHWM", "VmRSS"):
+            out[key] = int(line.split()[1]) / 1024
+    return out
+
+
+def reset_peak() -> None:
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+
+
+def child(n: int) -> None:
+    sys.path.insert(0, str(ROOT))
+    from jobs.attribute import (
+        WorkList,
+        parse_args,
+        prepare,
+        release_memory,
+        wave_order,
+        with_sentence_ids,
+    )
+
+    data, model = CACHE / f"pairs-{n}.parquet", CACHE / "rehearsal-model"
+    args = parse_args(["--dataset", str(data), "--text-a-column", "question1", "--text-b-column", "question2",
+                       "--label-column", "is_duplicate", "--id-column", "id", "--model", str(model),
+                       "--out", f"/tmp/xsbert-driver-setup-{os.getpid()}", "--layer", "0", "-q"])  # fmt: skip
+    from xsbert_core import Explainer
+
+    Explainer(str(model), layer=0)  # the imports and a model load, outside the measured steps
+    release_memory()
+    base = status()["RssAnon"]
+    rows = []
+    state: dict = {}
+
+    def step(name, fn):
+        reset_peak()
+        start = status()
+        t0 = time.perf_counter()
+        fn()
+        dt = time.perf_counter() - t0
+        release_memory()
+        s = status()
+        rows.append({"step": name, "seconds": round(dt, 1), "anon_after_mb": round(s["RssAnon"] - base, 1),
+                     "peak_mb": round(start["RssAnon"] - base + s["VmHWM"] - start["VmRSS"], 1)})  # fmt: skip
+
+    step("prepare (read, validate, tokenise)", lambda: state.update(prep=prepare(args)))
+
+    def todo():
+        prep = state["prep"]
+        state["todo"] = prep.good.reset_index(drop=True)
+        prep.good = prep.good[["pair_id"]]
+
+    step("work list selected", todo)
+    step("wave_order", lambda: state.update(
+        todo=state["todo"].iloc[wave_order(state["todo"].text_a.to_numpy(), state["todo"].text_b.to_numpy())]
+        .reset_index(drop=True)))  # fmt: skip
+    step("with_sentence_ids", lambda: state.update(todo=with_sentence_ids(state["todo"])))
+
+    def spill():
+        state["work"] = WorkList(state.pop("todo"), 16384)
+
+    step("spilled (WorkList)", spill)
+    step("wave 1 read back", lambda: state.update(wave=state["work"].wave(0)))
+    print(json.dumps({"pairs": n, "base_anon_mb": round(base, 1), "steps": rows}))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--pairs", type=int, nargs="+", default=[10000, 100000, 404290])
+    p.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child is not None:
+        child(args.child)
+        return
+    results = []
+    for n in args.pairs:
+        out = subprocess.run([sys.executable, __file__, "--child", str(n)], capture_output=True, text=True, check=False)
+        line = next((ln for ln in out.stdout.splitlines() if ln.startswith("{")), None)
+        if line is None:
+            raise SystemExit(f"{n} pairs: {out.stderr[-2000:]}")
+        results.append(json.loads(line))
+        print(line, flush=True)
+    steps = [s["step"] for s in results[0]["steps"]]
+    lines = ["# The driver's setup, step by step (bench/driver_setup.py)", "",
+             f"    python bench/driver_setup.py --pairs {' '.join(map(str, args.pairs))}", "",
+             "MB above the process's private memory after imports and model load: private memory after the step "
+             "(RssAnon) / peak during it (private memory at its start + the rise of the resident peak, VmHWM, during "
+             "the step).", "",
+             "| step | " + " | ".join(f"{r['pairs']:,} pairs" for r in results) + " |",
+             "|---|" + "---|" * len(results)]  # fmt: skip
+    for k, name in enumerate(steps):
+        cells = [f"{r['steps'][k]['anon_after_mb']:.0f} / {r['steps'][k]['peak_mb']:.0f}" for r in results]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {os.cpu_count()} cores.", ""]
+    RESULTS.write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
