@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from xsbert_core import Explainer, load_model  # noqa: E402
-from xsbert_core.factors import DEFAULT_CHUNK_ELEMENTS, default_internal_batch_size, endpoints  # noqa: E402
+from xsbert_core.factors import DEFAULT_CHUNK_ELEMENTS, endpoints, jvp_chunks  # noqa: E402
 from xsbert_core.quadrature import nodes_and_weights  # noqa: E402
 from xsbert_core.reverse import sentence_factor_reverse  # noqa: E402
 
@@ -155,9 +155,7 @@ def forward_floor_seconds(ex: Explainer, batches: list[list[str]]) -> float:
         a = torch.as_tensor(alphas, dtype=ends.h_x.dtype, device=ends.h_x.device)
         x = ends.h_r.repeat_interleave(n, 0) + a.repeat(bsz)[:, None, None] * ends.delta.repeat_interleave(n, 0)
         feats = {k: v.repeat_interleave(n, 0) for k, v in batch.features.items()}
-        ibs = ex.internal_batch_size or default_internal_batch_size(ex.split, seq_len)
-        tok_chunk = max(1, min(seq_len, ibs))
-        row_chunk = max(1, ibs // tok_chunk)
+        tok_chunk, row_chunk = jvp_chunks(ex.split, seq_len, ex.internal_batch_size)
         longest = max(batch.lengths)
 
         def go(x=x, feats=feats, tok_chunk=tok_chunk, row_chunk=row_chunk, longest=longest):

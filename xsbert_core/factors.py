@@ -84,6 +84,14 @@ def default_internal_batch_size(split: SplitModel, seq_len: int) -> int:
     return max(1, chunk_elements(split.device) // per_seq)
 
 
+def jvp_chunks(split: SplitModel, seq_len: int, internal_batch_size: int | None = None) -> tuple[int, int]:
+    """(token tangents, (sentence, node) rows) per jvp call: internal_batch_size sequences (default: sized from the
+    text and the device), tokens first."""
+    ibs = internal_batch_size or default_internal_batch_size(split, seq_len)
+    tok_chunk = max(1, min(seq_len, ibs))
+    return tok_chunk, max(1, ibs // tok_chunk)
+
+
 def integrate(
     split: SplitModel,
     ends: Endpoints,
@@ -109,9 +117,7 @@ def integrate(
     row_shift = ends.shift.repeat_interleave(n, 0) if ends.shift is not None else None
     row_len = torch.as_tensor(ends.batch.lengths, device=device).repeat_interleave(n)
 
-    ibs = internal_batch_size or default_internal_batch_size(split, seq_len)
-    tok_chunk = max(1, min(seq_len, ibs))
-    row_chunk = max(1, ibs // tok_chunk)
+    tok_chunk, row_chunk = jvp_chunks(split, seq_len, internal_batch_size)
     dim = ends.e_x.shape[-1]
     factors = torch.zeros(bsz, dim, seq_len, dtype=dtype, device=device)
 
