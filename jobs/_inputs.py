@@ -3,7 +3,8 @@
     source  = built-in name (stsb, qqp; negation, adjectives: generated, jobs/_datasets.py)
               | local file (TSV/CSV/Parquet/JSONL, .gz ok)
               | local `datasets` folder | `datasets` hub name ("glue/qqp", "name:config")
-    rows    = read(source) -> split filter -> --sample (seeded) -> --limit
+    rows    = read(source) -> split filter -> --sample (seeded) -> --limit, in chunks of source rows
+              (stream_pairs; load_pairs joins them)
     columns = recognised by name (flags override): text a/b, label, pair id; plus pass-through
               columns (the source's, and --keep-columns) copied as strings into `pairs`
     good, quarantine = validate(rows)          every row lands in exactly one of the two
@@ -16,12 +17,13 @@ as a string (several id columns are joined with ':'), else `str(row)`.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import gzip
 import json
 import math
 import os
 import sys
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,7 @@ import pandas as pd
 from xsbert_core import InputError
 
 from . import _datasets
-from ._store import SCHEMAS
+from ._store import SCHEMAS, pair_keys
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUNDLED_STSB = Path(__file__).resolve().parent / "data" / "stsb.tsv.gz"
@@ -196,13 +198,29 @@ def _open_text(path: str):
     return open(path, encoding="utf-8", errors="surrogateescape", newline="")
 
 
-def _frame(columns: Sequence[str], records: list[list[Any]]) -> pd.DataFrame:
-    """A DataFrame of Python objects (pandas' string dtype would reject lone surrogates)."""
+def _frame(columns: Sequence[str], records: list[list[Any]], first_row: int = 0) -> pd.DataFrame:
+    """A DataFrame of Python objects (pandas' string dtype would reject lone surrogates), with `__row__` numbered
+    from `first_row`."""
     data = {c: pd.Series([r[k] if k < len(r) else None for r in records], dtype=object) for k, c in enumerate(columns)}
-    return pd.DataFrame(data, index=pd.RangeIndex(len(records)))
+    df = pd.DataFrame(data, index=pd.RangeIndex(len(records)))
+    df["__row__"] = np.arange(first_row, first_row + len(records), dtype=np.int64)
+    return df
 
 
-def _read_delimited(path: str, fmt: str) -> pd.DataFrame:
+def _batched(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
+    """Lists of `size` items (the last one shorter; one empty list for no items: a chunk still carries the columns)."""
+    batch: list[Any] = []
+    empty = True
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch, empty = [], False
+    if batch or empty:
+        yield batch
+
+
+def _read_delimited(path: str, fmt: str, chunk_rows: int) -> Iterator[pd.DataFrame]:
     csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
     with _open_text(path) as fh:
         # TSV: no quoting (GLUE / STS-B files keep literal quotes); CSV: standard quoting.
@@ -211,13 +229,14 @@ def _read_delimited(path: str, fmt: str) -> pd.DataFrame:
         if header is None:
             raise InputError(f"{path} is empty")
         header = [h.lstrip("\ufeff").strip() for h in header]
-        records = list(reader)
-    return _frame(header, records)
+        first = 0
+        for records in _batched(reader, chunk_rows):
+            yield _frame(header, records, first)
+            first += len(records)
 
 
-def _read_jsonl(path: str) -> pd.DataFrame:
+def _jsonl_records(path: str) -> Iterator[dict[str, Any]]:
     opener = gzip.open if path.lower().endswith(".gz") else open
-    records: list[dict] = []
     with opener(path, "rb") as fh:
         for line in fh:
             text = line.decode("utf-8", errors="surrogateescape").strip()
@@ -227,19 +246,33 @@ def _read_jsonl(path: str) -> pd.DataFrame:
                 obj = json.loads(text)
             except ValueError:
                 obj = None
-            records.append(obj if isinstance(obj, dict) else {"__malformed__": text[:200]})
-    columns = list(dict.fromkeys(k for r in records for k in r))
-    return _frame(columns, [[r.get(c) for c in columns] for r in records])
+            yield obj if isinstance(obj, dict) else {"__malformed__": text[:200]}
 
 
-def _read_parquet(path: str) -> pd.DataFrame:
+def _read_jsonl(path: str, chunk_rows: int) -> Iterator[pd.DataFrame]:
+    # The columns are every key of every line, so a first pass collects them (keys only, nothing kept per line).
+    columns = list(dict.fromkeys(k for r in _jsonl_records(path) for k in r))
+    first = 0
+    for records in _batched(_jsonl_records(path), chunk_rows):
+        yield _frame(columns, [[r.get(c) for c in columns] for r in records], first)
+        first += len(records)
+
+
+def _read_parquet(path: str, chunk_rows: int) -> Iterator[pd.DataFrame]:
     import pyarrow.parquet as pq
 
-    table = pq.read_table(path)
-    return pd.DataFrame({name: pd.Series(table.column(name).to_pylist(), dtype=object) for name in table.column_names})
+    # Streamed through a 1 MiB buffer: a row group is not read whole (404k rows in one group: ~55 MB at once).
+    file = pq.ParquetFile(path, buffer_size=1 << 20, pre_buffer=False)
+    names = file.schema_arrow.names
+    first = 0
+    for batch in file.iter_batches(batch_size=chunk_rows):
+        yield _frame(names, list(zip(*(c.to_pylist() for c in batch.columns))), first)
+        first += batch.num_rows
+    if first == 0:
+        yield _frame(names, [], 0)
 
 
-def _read_datasets(source: Source) -> pd.DataFrame:
+def _read_datasets(source: Source, chunk_rows: int) -> Iterator[pd.DataFrame]:
     try:
         import datasets
     except ImportError as exc:  # pragma: no cover - a declared dependency
@@ -261,38 +294,55 @@ def _read_datasets(source: Source) -> pd.DataFrame:
         if len(ds) != 1:
             raise InputError(f"dataset {source.identity!r} has splits {', '.join(ds)}: choose one with --split")
         (source.split, ds), = ds.items()
-    return pd.DataFrame({name: pd.Series(ds[name], dtype=object) for name in ds.column_names})
+    # The dataset is memory-mapped Arrow: only a chunk at a time becomes Python objects.
+    for first in range(0, max(len(ds), 1), chunk_rows):
+        part = ds[first : first + chunk_rows]
+        names = ds.column_names
+        yield _frame(names, [list(r) for r in zip(*(part[n] for n in names))], first)
 
 
-def read_source(source: Source) -> pd.DataFrame:
-    """All rows of the source (after the split filter), object dtype, with a `__row__` column."""
+# Source rows per chunk of the streaming read (iter_source): what the driver holds as Python objects at once.
+CHUNK_ROWS = 16_384
+
+
+def iter_source(source: Source, chunk_rows: int = CHUNK_ROWS) -> Iterator[pd.DataFrame]:
+    """The source's rows (after the split filter) in chunks of at most `chunk_rows` source rows, object dtype, with a
+    `__row__` column (the row's position in the source). The first chunk always comes, with the columns, if empty."""
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
     if source.kind == "file":
         fmt = _format_of(source.location)
         if fmt in ("tsv", "csv"):
-            df = _read_delimited(source.location, fmt)
+            chunks = _read_delimited(source.location, fmt, chunk_rows)
         elif fmt == "parquet":
-            df = _read_parquet(source.location)
+            chunks = _read_parquet(source.location, chunk_rows)
         else:
-            df = _read_jsonl(source.location)
-        df["__row__"] = np.arange(len(df), dtype=np.int64)
-        column = source.split_column or _find(df.columns, ("split",))
-        if source.split is not None and not source.whole_file_split:
+            chunks = _read_jsonl(source.location, chunk_rows)
+        if source.split is None or source.whole_file_split:
+            yield from chunks
+            return
+        kept = 0
+        for k, df in enumerate(chunks):
+            column = source.split_column or _find(df.columns, ("split",))
             if column is None:
                 raise InputError(f"{source.location} has no `split` column to select --split {source.split!r} from")
-            df = df[df[column].astype(str) == source.split]
-            if df.empty:
-                raise InputError(f"{source.location} has no rows with split == {source.split!r}")
-        return df.reset_index(drop=True)
+            df = df[df[column].astype(str) == source.split].reset_index(drop=True)
+            kept += len(df)
+            if len(df) or k == 0:
+                yield df
+        if not kept:
+            raise InputError(f"{source.location} has no rows with split == {source.split!r}")
+        return
     if source.kind == "generated":
         if source.location == "negation":
             df = _datasets.negation_pairs(str(BUNDLED_STSB), source.split or "test")
         else:
             df = _datasets.adjective_pairs()
         df["__row__"] = np.arange(len(df), dtype=np.int64)
-        return df
-    df = _read_datasets(source)
-    df["__row__"] = np.arange(len(df), dtype=np.int64)
-    return df
+        for first in range(0, max(len(df), 1), chunk_rows):
+            yield df.iloc[first : first + chunk_rows].reset_index(drop=True)
+        return
+    yield from _read_datasets(source, chunk_rows)
 
 
 # --------------------------------------------------------------------------- columns
@@ -364,19 +414,30 @@ def recognise_columns(
 
 
 # --------------------------------------------------------------------------- selection
-def select_rows(df: pd.DataFrame, sample: int | None, seed: int, limit: int | None) -> pd.DataFrame:
-    """--sample N (seeded, kept in source order), then --limit N (the first N)."""
-    if sample is not None:
-        if sample < 1:
-            raise InputError(f"--sample must be >= 1, got {sample}")
-        if sample < len(df):
-            idx = np.sort(np.random.default_rng(seed).choice(len(df), size=sample, replace=False))
-            df = df.iloc[idx]
-    if limit is not None:
-        if limit < 1:
-            raise InputError(f"--limit must be >= 1, got {limit}")
-        df = df.iloc[:limit]
-    return df.reset_index(drop=True)
+def sample_positions(n: int, sample: int | None, seed: int) -> np.ndarray | None:
+    """--sample N: the sorted positions of N of the n rows, drawn with the seed; None: every row."""
+    if sample is None or sample >= n:
+        return None
+    return np.sort(np.random.default_rng(seed).choice(n, size=sample, replace=False))
+
+
+def select_chunks(chunks: Iterator[pd.DataFrame], positions: np.ndarray | None, limit: int | None,
+                  counted: Callable[[int], None] = lambda n: None) -> Iterator[pd.DataFrame]:  # fmt: skip
+    """The rows at `positions` (--sample; None: all) of the stream of chunks, then the first `limit` of those
+    (--limit), in source order; `counted(n)` is told each chunk's size (the source's rows, selected or not)."""
+    position = taken = 0
+    for df in chunks:
+        n = len(df)
+        counted(n)
+        if positions is not None:
+            lo, hi = np.searchsorted(positions, [position, position + n])
+            df = df.iloc[positions[lo:hi] - position]
+        position += n
+        if limit is not None:
+            df = df.iloc[: max(0, limit - taken)]
+        taken += len(df)
+        if len(df):
+            yield df.reset_index(drop=True)
 
 
 def _is_missing(value: Any) -> bool:
@@ -408,7 +469,7 @@ def _id_part(value: Any) -> str | None:
 def normalise(df: pd.DataFrame, columns: Columns) -> pd.DataFrame:
     """row, pair_id (str or None), text_a, text_b, label_raw, malformed, and keep:<name> (str or None) per
     pass-through column: one row per source row."""
-    rows = df["__row__"].astype(np.int64).to_numpy()
+    rows = np.array(df["__row__"], dtype=np.int64)  # a copy: no view of the source chunk outlives it
     if columns.ids:
         parts = [[_id_part(v) for v in df[c].tolist()] for c in columns.ids]
         ids = [None if any(p is None for p in ps) else ":".join(ps) for ps in zip(*parts)]
@@ -481,6 +542,31 @@ def safe_text(value: Any, limit: int = 2000) -> str | None:
     return text[:limit].encode("utf-8", errors="backslashreplace").decode("utf-8")
 
 
+class SeenIds:
+    """The pair ids validate() has passed, across the chunks of one selection: sorted 64-bit keys (pair_keys) with
+    the source row of each id's first occurrence (16 bytes per pair, not a Python string per id)."""
+
+    def __init__(self) -> None:
+        self.keys = np.zeros(0, np.uint64)
+        self.rows = np.zeros(0, np.int64)
+
+    def first_rows(self, keys: np.ndarray) -> np.ndarray:
+        """Per key: the source row that first had it, or -1."""
+        if not len(self.keys):
+            return np.full(len(keys), -1, np.int64)
+        at = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
+        return np.where(self.keys[at] == keys, self.rows[at], -1)
+
+    def add(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        """Keys not seen before (the caller checked first_rows), with their rows."""
+        keys, rows = np.concatenate([self.keys, keys]), np.concatenate([self.rows, rows])
+        order = np.argsort(keys, kind="stable")
+        self.keys, self.rows = keys[order], rows[order]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
 # Texts per tokenizer call in validate(): bounds the driver's memory for the tokenizer's output.
 TOKENIZE_CHUNK = 8192
 
@@ -493,8 +579,9 @@ def validate(
     max_tokens: int | None,
     quarantine_long: bool,
     count_content: Callable[[list[str]], list[int]] | None = None,
-    stored: Collection[str] = (),
+    stored: Collection[str] | np.ndarray = (),
     count_both: Callable[[list[str]], tuple[list[int], list[int]]] | None = None,
+    seen: SeenIds | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Split normalised rows into (good, quarantine); each row lands in exactly one.
 
@@ -505,9 +592,12 @@ def validate(
                    the two above
     The texts go to these in chunks of TOKENIZE_CHUNK (the tokenizer's output for a million texts at once would
     hold gigabytes in the driver).
-    stored:        pair ids already in the run's store: their texts are not tokenised again (they passed when they
-                   were computed; a rerun skips them), so n_tokens_a/_b of such rows are 0. The checks that need no
-                   tokenizer (ids, duplicates, empty texts, labels) still run on every row.
+    stored:        pair ids already in the run's store (strings, or their pair_keys as a sorted array): their texts
+                   are not tokenised again (they passed when they were computed; a rerun skips them), so n_tokens_a/_b
+                   of such rows are 0. The checks that need no tokenizer (ids, duplicates, empty texts, labels) still
+                   run on every row.
+    seen:          the ids of the selection's earlier chunks (validate adds this chunk's): a later row with one of
+                   them is a duplicate_pair_id, as within one call. None: this call's rows are the whole selection.
 
     good:       row, pair_id, text_a, text_b, label (float, NaN when none), n_tokens_a, n_tokens_b, and the
                 keep:<name> pass-through columns
@@ -515,7 +605,10 @@ def validate(
     """
     reasons: list[tuple[str, str] | None] = [None] * len(rows)
     labels: list[float] = [math.nan] * len(rows)
-    seen: dict[str, int] = {}
+    local: dict[str, int] = {}  # this chunk's ids -> their first source row
+    keys = pair_keys(rows.pair_id.tolist()) if seen is not None or isinstance(stored, np.ndarray) else None
+    earlier = seen.first_rows(keys) if seen is not None else None
+    source_rows = rows.row.to_numpy()
     for k, r in enumerate(rows.itertuples(index=False)):
         if r.malformed:
             reasons[k] = ("malformed_row", "not a JSON object")
@@ -523,10 +616,14 @@ def validate(
         if r.pair_id is None:
             reasons[k] = ("missing_pair_id", "the id column is empty")
             continue
-        if r.pair_id in seen:
-            reasons[k] = ("duplicate_pair_id", f"same id as source row {seen[r.pair_id]}")
+        if earlier is not None and earlier[k] >= 0:
+            first = int(earlier[k])
+        else:
+            first = int(source_rows[local[r.pair_id]]) if r.pair_id in local else -1
+        if first >= 0:
+            reasons[k] = ("duplicate_pair_id", f"same id as source row {first}")
             continue
-        seen[r.pair_id] = int(r.row)
+        local[r.pair_id] = k
         for side, text in (("a", r.text_a), ("b", r.text_b)):
             if text is None or not text.strip():
                 reasons[k] = (f"empty_text_{side}", "empty or whitespace-only text")
@@ -544,9 +641,16 @@ def validate(
             reasons[k] = ("bad_label", problem)
             continue
         labels[k] = math.nan if label is None else label
+    if seen is not None:
+        firsts = np.fromiter(local.values(), np.int64, len(local))
+        seen.add(keys[firsts], source_rows[firsts])
     ok_all = [k for k, reason in enumerate(reasons) if reason is None]
-    pair_ids = rows.pair_id.tolist()
-    ok = [k for k in ok_all if pair_ids[k] not in stored] if stored else ok_all  # the rows to tokenise
+    if isinstance(stored, np.ndarray):
+        in_store = np.isin(keys, stored)
+        ok = [k for k in ok_all if not in_store[k]]  # the rows to tokenise
+    else:
+        pair_ids = rows.pair_id.tolist()
+        ok = [k for k in ok_all if pair_ids[k] not in stored] if stored else ok_all
     text_a, text_b = rows.text_a.tolist(), rows.text_b.tolist()  # indexed per row below: lists, not .iat
     n_a = np.zeros(len(rows), dtype=np.int64)
     n_b = np.zeros(len(rows), dtype=np.int64)
@@ -622,6 +726,63 @@ def quarantine_frame(rows, pair_ids, reasons, details, texts_a, texts_b, labels)
 
 
 # --------------------------------------------------------------------------- everything above, in order
+@dataclass
+class PairStream:
+    """load_pairs as a stream: the selection's Pairs (rows empty; n_source_rows grows as the chunks are read, final
+    once they are) and its normalised rows in chunks of at most `chunk_rows` source rows."""
+
+    pairs: Pairs
+    chunks: Iterator[pd.DataFrame]
+
+
+def stream_pairs(
+    dataset: str,
+    split: str | None = None,
+    config: str | None = None,
+    qqp: str | None = None,
+    text_a: str | None = None,
+    text_b: str | None = None,
+    label: str | None = None,
+    ids: str | None = None,
+    label_range: tuple[float, float] | None = None,
+    sample: int | None = None,
+    seed: int = 0,
+    limit: int | None = None,
+    keep: str | None = None,
+    chunk_rows: int = CHUNK_ROWS,
+) -> PairStream:
+    """Resolve, read, pick columns, select rows, normalise: chunk by chunk, so that a large source is never in
+    memory as a whole (--sample counts the rows in a first pass). Validation is separate (it needs the tokenizer)."""
+    if sample is not None and sample < 1:
+        raise InputError(f"--sample must be >= 1, got {sample}")
+    if limit is not None and limit < 1:
+        raise InputError(f"--limit must be >= 1, got {limit}")
+    source = resolve_source(dataset, split, config, qqp)
+    chunks = iter_source(source, chunk_rows)
+    first = next(chunks)
+    columns = recognise_columns(first, source, text_a, text_b, label, ids, keep)
+    kind, bounds = label_rule(columns, source, label_range)
+    positions = None
+    if sample is not None:
+        positions = sample_positions(len(first) + sum(len(df) for df in chunks), sample, seed)
+        chunks = iter_source(source, chunk_rows)
+        first = next(chunks)
+    pairs = Pairs(rows=normalise(first.iloc[:0], columns), columns=columns, source=source, label_kind=kind,
+                  label_range=bounds, n_source_rows=0)  # fmt: skip
+    held = [first]
+    del first
+
+    def every_chunk() -> Iterator[pd.DataFrame]:
+        yield held.pop()  # not kept alive for the rest of the stream
+        yield from chunks
+
+    def counted(n: int) -> None:
+        pairs.n_source_rows += n
+
+    selected = (normalise(df, columns) for df in select_chunks(every_chunk(), positions, limit, counted))
+    return PairStream(pairs=pairs, chunks=selected)
+
+
 def load_pairs(
     dataset: str,
     split: str | None = None,
@@ -637,18 +798,9 @@ def load_pairs(
     limit: int | None = None,
     keep: str | None = None,
 ) -> Pairs:
-    """Resolve, read, pick columns, select rows, normalise. Validation is separate (it needs the tokenizer)."""
-    source = resolve_source(dataset, split, config, qqp)
-    df = read_source(source)
-    columns = recognise_columns(df, source, text_a, text_b, label, ids, keep)
-    n_source = len(df)
-    selected = select_rows(df, sample, seed, limit)
-    kind, bounds = label_rule(columns, source, label_range)
-    return Pairs(
-        rows=normalise(selected, columns),
-        columns=columns,
-        source=source,
-        label_kind=kind,
-        label_range=bounds,
-        n_source_rows=n_source,
-    )
+    """stream_pairs' selection in one frame (`rows`): for the selections that fit in memory (training, evaluation)."""
+    stream = stream_pairs(dataset, split=split, config=config, qqp=qqp, text_a=text_a, text_b=text_b, label=label,
+                          ids=ids, label_range=label_range, sample=sample, seed=seed, limit=limit, keep=keep)  # fmt: skip
+    parts = list(stream.chunks)
+    rows = pd.concat(parts, ignore_index=True) if parts else stream.pairs.rows
+    return dataclasses.replace(stream.pairs, rows=rows)

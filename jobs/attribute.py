@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
-import dataclasses
 import logging
 import math
 import os
@@ -43,9 +42,9 @@ from xsbert_core.models import DEFAULT_MODEL
 from xsbert_core.quadrature import SUPPORTED_RULES
 
 from ._actors import CELL_LISTS, TOP_CELLS, WORD_LISTS
-from ._inputs import KEEP_PREFIX, Pairs, load_pairs, quarantine_frame, validate
+from ._inputs import CHUNK_ROWS, KEEP_PREFIX, Pairs, SeenIds, quarantine_frame, stream_pairs, validate
 from ._ray import filter_stderr, init_ray, quiet_ray
-from ._store import SCHEMAS, STORE_VERSION, ObjectRunStore, RunStore, StoreError, open_store, run_id
+from ._store import SCHEMAS, STORE_VERSION, ObjectRunStore, RunStore, StoreError, open_store, pair_keys, run_id
 
 logger = logging.getLogger("jobs.attribute")
 
@@ -641,28 +640,31 @@ class Prepared:
     args: argparse.Namespace
     pairs: Pairs
     explainer: Explainer
-    good: pd.DataFrame  # rows to attribute (validate's `good`; ids and texts in Arrow buffers: compact()); once
-    # compute() has taken the rows it attributes, only their pair_id column (what summarize() counts)
+    work: WorkList  # the rows to attribute (validate's `good`), spilled to a memory-mapped file as they were validated
     quarantine: pd.DataFrame  # rows rejected up front, with their reasons
     config: dict[str, Any]  # what the run id hashes
     run_id: str
-    n_in: int = 0  # rows selected (pairs.rows itself is let go once validated: the driver holds `good` only)
+    n_in: int = 0  # rows selected (pairs.rows stays empty: the rows went chunk by chunk into `work` or `quarantine`)
     started_at: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     t_start: float = field(default_factory=time.perf_counter)
 
 
-def prepare(args: argparse.Namespace) -> Prepared:
-    """Stage 0, no Ray and no writes: read and select the pairs, load the model, validate, hash the config."""
+def prepare(args: argparse.Namespace, chunk_rows: int = CHUNK_ROWS) -> Prepared:
+    """Stage 0, no Ray and no writes to the store: read and select the pairs, load the model, validate, hash the
+    config. The source is read, validated and tokenised `chunk_rows` rows at a time, and each chunk's good rows go
+    to the work list's file, so the driver never holds the selection as Python objects (bench/driver_setup.py)."""
     t_start = time.perf_counter()
     started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     if args.max_retries < 0:
         raise InputError(f"--max-retries must be >= 0, got {args.max_retries}")
-    pairs = load_pairs(
+    use_system_memory_pool()
+    stream = stream_pairs(
         args.dataset, split=args.split, config=args.config, qqp=args.qqp_path,
         text_a=args.text_a_column, text_b=args.text_b_column, label=args.label_column, ids=args.id_column,
         label_range=_label_range(args.label_range), sample=args.sample, seed=args.seed, limit=args.limit,
-        keep=args.keep_columns,
+        keep=args.keep_columns, chunk_rows=chunk_rows,
     )  # fmt: skip
+    pairs = stream.pairs
     engine_truncation = "error" if args.truncation == "error" else "warn"
     explainer = Explainer(
         args.model, layer=args.layer, mode=args.mode, similarity=args.similarity, rule=args.rule,
@@ -676,25 +678,40 @@ def prepare(args: argparse.Namespace) -> Prepared:
     peek = open_store(args.out, rid)
     if isinstance(peek, ObjectRunStore):
         peek.check()  # an unreachable or missing bucket says so here, as it would when the run opens
-    stored = peek.done_pair_ids()
-    good, quarantine = validate(
-        pairs.rows, pairs.label_kind, pairs.label_range, None, max_tokens, args.truncation == "quarantine",
-        count_both=explainer.split.token_counts, stored=stored,
-    )  # fmt: skip
-    if args.truncation == "error":
-        long = good[(good.n_tokens_a > max_tokens) | (good.n_tokens_b > max_tokens)]
-        if len(long):
+    stored = peek.done_pair_keys()
+    seen, work, rejected = SeenIds(), WorkList(), []
+    n_in = n_long = 0
+    first_long = None
+    try:
+        for rows in stream.chunks:
+            n_in += len(rows)
+            good, quarantine = validate(
+                rows, pairs.label_kind, pairs.label_range, None, max_tokens, args.truncation == "quarantine",
+                count_both=explainer.split.token_counts, stored=stored, seen=seen,
+            )  # fmt: skip
+            del rows
+            if args.truncation == "error":
+                long = good.pair_id[(good.n_tokens_a > max_tokens) | (good.n_tokens_b > max_tokens)]
+                n_long += len(long)
+                first_long = first_long if first_long is not None or not len(long) else long.iat[0]
+            if len(quarantine):
+                rejected.append(quarantine)
+            if len(good):
+                work.append(with_sentence_ids(compact(good)))
+            del good, quarantine
+        if n_long:
             raise InputError(
-                f"{len(long)} pairs have a text over max_seq_length={max_tokens} (first: pair {long.pair_id.iat[0]}); "
+                f"{n_long} pairs have a text over max_seq_length={max_tokens} (first: pair {first_long}); "
                 "use --truncation quarantine or warn"
             )
-    n_in = len(pairs.rows)
-    # The selection lives on as `good` only. A copy: `iloc[:0]` alone is a view whose base keeps every source
-    # value alive (404k QQP-like pairs: 135 MB of Python strings held by an empty frame for the whole run).
-    pairs = dataclasses.replace(pairs, rows=pairs.rows.iloc[:0].copy())
-    good = compact(good)
+        work.finish()
+    except BaseException:
+        work.discard()
+        raise
+    quarantine = (pd.concat(rejected, ignore_index=True) if rejected
+                  else quarantine_frame([], [], [], [], [], [], []))  # fmt: skip
     release_memory()
-    return Prepared(args, pairs, explainer, good, quarantine, config, rid, n_in=n_in, started_at=started_at,
+    return Prepared(args, pairs, explainer, work, quarantine, config, rid, n_in=n_in, started_at=started_at,
                     t_start=t_start)  # fmt: skip
 
 
@@ -702,6 +719,16 @@ def compact(frame: pd.DataFrame) -> pd.DataFrame:
     """The frame with its string columns (ids, texts, pass-through columns) in Arrow buffers instead of one
     Python object per value: the driver holds the whole selection for a run (404k QQP-like pairs: 132 -> 70 MB)."""
     return frame.astype({c: pd.ArrowDtype(pa.string()) for c in frame.columns if frame[c].dtype == object})
+
+
+def use_system_memory_pool() -> None:
+    """This process's Arrow allocations from the system allocator (glibc's malloc) instead of pyarrow's default
+    (mimalloc), unless $ARROW_DEFAULT_MEMORY_POOL chooses: mimalloc keeps much of what a chunk or a wave freed even
+    after release_unused() (404k pairs read chunk by chunk: 59 MB kept, 14 with the system pool), while glibc's
+    free pages go back through malloc_trim (release_memory). For the driver: its memory should not grow with the
+    pairs it has read; the workers keep pyarrow's default."""
+    if "ARROW_DEFAULT_MEMORY_POOL" not in os.environ and pa.default_memory_pool().backend_name != "system":
+        pa.set_memory_pool(pa.system_memory_pool())
 
 
 def release_memory() -> None:
@@ -743,9 +770,8 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
     Ray is started (or joined) only when there is something to compute."""
     args = prep.args
     progress = Progress()
-    done_before = store.done_pair_ids()
-    todo = prep.good[~prep.good.pair_id.isin(done_before)].reset_index(drop=True)
-    prep.good = prep.good[["pair_id"]]  # the texts live on in `todo` only (one copy of the selection, not two)
+    work = prep.work
+    todo = ~np.isin(work.pair_keys, store.done_pair_keys())
     known_q = store.quarantine_keys()
     quarantine = prep.quarantine
     new_q = quarantine[
@@ -753,7 +779,7 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
     ]
     if len(new_q):
         progress.wrote += store.commit(store.next_seq(), {"quarantine": _quarantine_table(new_q)})
-    if not len(todo):
+    if not todo.any():
         return progress
     ray = init_ray(args.ray_address)
     quiet_ray(ray, progress_bars=not args.quiet and sys.stderr.isatty())
@@ -761,14 +787,11 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
     wave_size = args.wave_size or (DEFAULT_WAVE_SIZE_GPU if res["gpus_per_actor"] > 0 else DEFAULT_WAVE_SIZE_CPU)
     res.update(wave_size=wave_size, max_retries=args.max_retries)
     progress.resources, progress.ray = res, ray_identity(ray)
-    todo = todo.iloc[wave_order(todo.text_a.to_numpy(), todo.text_b.to_numpy())].reset_index(drop=True)
     writer = cell_writer(args.cell_writer, store, ray)
     res.update(cell_writer=writer)
-    known_sentences = SentenceKeys(store.sentence_ids())
-    work = WorkList(with_sentence_ids(todo), wave_size)
-    del todo  # from here on the driver holds one wave of the work list at a time
-    release_memory()
-    n_waves = work.n_waves
+    known_sentences = SentenceKeys(store.column("sentences", "sentence_id"))
+    n_waves = work.plan(todo, wave_size)  # the driver holds one wave of the work list at a time
+    del todo
 
     def waves() -> Iterator[pd.DataFrame]:
         for w in range(n_waves):
@@ -830,44 +853,158 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
     return progress
 
 
-class WorkList:
-    """The pairs a run attributes (wave-ordered, with their sentence ids), spilled to an Arrow IPC file and read
-    back memory-mapped: the driver's own memory holds one wave of them at a time, not the run's (404k QQP-like
-    pairs: ~85 MB in Arrow buffers, ~0.85 GB at 4M), and the file's pages are the kernel's to drop and read again.
+class SpillFile:
+    """An Arrow IPC file written table by table, then mapped read-only: its record batches are zero-copy views of
+    the mapping, so their pages are the kernel's to drop and read again. The file lives in a fresh folder under
+    `directory` (default: tempfile's, i.e. $TMPDIR) that is removed as soon as the file is mapped (or discard()ed):
+    the mapping keeps the pages readable, and nothing is left behind when the process stops, even when killed."""
 
-    The file lives in a fresh folder under `directory` (default: tempfile's, i.e. $TMPDIR) and is unlinked as soon
-    as it is mapped: the mapping keeps its pages readable, and nothing is left behind when the driver stops, even
-    when it is killed."""
+    def __init__(self, directory: str | None = None) -> None:
+        self.directory = directory
+        self.schema: pa.Schema | None = None
+        self.batches: list[pa.RecordBatch] = []  # after finish()
+        self.starts = np.zeros(1, np.int64)  # the first row of each batch, and the row count last
+        self._folder: str | None = None
+        self._sink: Any = None
+        self._writer: Any = None
+        self._mapped = False
 
-    def __init__(self, frame: pd.DataFrame, wave_size: int, directory: str | None = None) -> None:
-        import shutil
+    def write(self, table: pa.Table) -> None:
         import tempfile
 
+        if self._mapped:
+            raise RuntimeError("the spill file is mapped already: nothing more can be written")
+        if self._writer is None:
+            self._folder = tempfile.mkdtemp(prefix="xsbert-worklist-", dir=self.directory)
+            self._sink = pa.OSFile(os.path.join(self._folder, "pairs.arrow"), "wb")
+            self.schema = table.schema
+            self._writer = pa.ipc.new_file(self._sink, self.schema)
+        self._writer.write_table(table.cast(self.schema))
+
+    def finish(self) -> None:
+        """Close, map and unlink (nothing written: nothing to map)."""
+        if self._writer is None or self._mapped:
+            return
+        try:
+            self._writer.close()
+            self._sink.close()
+            reader = pa.ipc.open_file(pa.memory_map(os.path.join(self._folder, "pairs.arrow"), "r"))  # type: ignore[arg-type]
+            self.batches = [reader.get_batch(k) for k in range(reader.num_record_batches)]
+            self.starts = np.cumsum([0] + [b.num_rows for b in self.batches])
+            self._mapped = True
+        finally:
+            self.discard()
+
+    def discard(self) -> None:
+        """Close and remove the folder (finish() does, once mapped; after an error, the caller)."""
+        import shutil
+
+        with contextlib.suppress(Exception):
+            if self._writer is not None and not self._mapped:
+                self._writer.close()
+                self._sink.close()
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
+
+    def take(self, rows: np.ndarray) -> pa.Table:
+        """The rows at positions `rows`, in that order: taken batch by batch (a take over the whole file at once
+        would first join its batches, i.e. read all of it into memory)."""
+        by_row = np.argsort(rows, kind="stable")
+        sorted_rows = rows[by_row]
+        batch = np.searchsorted(self.starts, sorted_rows, side="right") - 1
+        bounds = np.flatnonzero(np.diff(batch)) + 1
+        pieces = [self.batches[batch[lo]].take(pa.array(sorted_rows[lo:hi] - self.starts[batch[lo]]))
+                  for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(rows)]) if hi > lo]  # fmt: skip
+        return pa.Table.from_batches(pieces, schema=self.schema).take(pa.array(np.argsort(by_row)))
+
+    def rows(self, start: int, stop: int) -> pa.Table:
+        """Rows [start, stop) as zero-copy slices of the mapping."""
+        parts = []
+        for k, b in enumerate(self.batches):
+            lo, hi = max(start, int(self.starts[k])), min(stop, int(self.starts[k + 1]))
+            if hi > lo:
+                parts.append(b.slice(lo - int(self.starts[k]), hi - lo))
+        return pa.Table.from_batches(parts, schema=self.schema)
+
+
+class WorkList:
+    """The pairs a run attributes, spilled chunk by chunk as prepare() validates them, with 8-byte keys per pair
+    (of its id) and per text (its sentence id) in memory: the driver holds one chunk or one wave of the pairs at a
+    time, not the run's (404k QQP-like pairs: ~85 MB in Arrow buffers, ~0.85 GB at 4M; the keys: 24 bytes per
+    pair).
+
+    append() each chunk (rows of compact()'s form with sentence ids: with_sentence_ids) to a SpillFile in input
+    order; finish() maps it. plan() picks the pairs to compute, orders them (wave_order) and copies them wave by
+    wave into a second SpillFile in that order, dropping the first: wave(w) is then one contiguous stretch of the
+    mapping, as few pages as the wave's rows fill. plan() is called once."""
+
+    def __init__(self, directory: str | None = None) -> None:
+        self.directory = directory
+        self.num_rows = 0
+        self.wave_size = 1
+        self.n_planned = 0
+        self._chunks = SpillFile(directory)  # input order, until plan()
+        self._waves: SpillFile | None = None  # plan order
+        self._keys: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.pair_keys = self.keys_a = self.keys_b = np.zeros(0, np.uint64)
+
+    def append(self, frame: pd.DataFrame) -> None:
+        """Rows to attribute, after those appended before."""
+        table = pa.Table.from_pandas(frame, preserve_index=False)
+        self._chunks.write(table)
+        self._keys.append((pair_keys(table.column("pair_id")), SentenceKeys._keys(table.column("sentence_id_a")),
+                           SentenceKeys._keys(table.column("sentence_id_b"))))  # fmt: skip
+        self.num_rows += table.num_rows
+
+    def finish(self) -> WorkList:
+        """Map the file; no more rows."""
+        self._chunks.finish()
+        if self._keys:
+            self.pair_keys, self.keys_a, self.keys_b = (np.concatenate(k) for k in zip(*self._keys))
+            self._keys = []
+        return self
+
+    def discard(self) -> None:
+        self._chunks.discard()
+        if self._waves is not None:
+            self._waves.discard()
+
+    def plan(self, todo: np.ndarray | None, wave_size: int) -> int:
+        """Compute the rows where `todo` (one bool per row; None: all) in wave_order, `wave_size` rows per wave;
+        returns the number of waves. Components are found on the texts' sentence ids (64-bit keys)."""
         if wave_size < 1:
             raise ValueError(f"wave_size must be >= 1, got {wave_size}")
-        self.wave_size = wave_size
-        self.num_rows = len(frame)
-        folder = tempfile.mkdtemp(prefix="xsbert-worklist-", dir=directory)
+        if self._waves is not None:
+            raise RuntimeError("the work list is planned already")
+        self.finish()
+        rows = np.arange(self.num_rows) if todo is None else np.flatnonzero(todo)
+        m = len(rows)
+        nodes, codes = np.unique(np.concatenate([self.keys_a[rows], self.keys_b[rows]]), return_inverse=True)
+        order = rows[wave_order_codes(codes[:m], codes[m:], len(nodes))]
+        del rows, nodes, codes
+        self._waves = SpillFile(self.directory)
         try:
-            path = os.path.join(folder, "pairs.arrow")
-            table = pa.Table.from_pandas(frame, preserve_index=False)
-            with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-                writer.write_table(table, max_chunksize=wave_size)
-            del table
-            self._table = pa.ipc.open_file(pa.memory_map(path, "r")).read_all()  # zero-copy views of the mapping
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
+            for start in range(0, m, wave_size):
+                self._waves.write(self._chunks.take(order[start : start + wave_size]))
+            self._waves.finish()
+        except BaseException:
+            self._waves.discard()
+            raise
+        self._chunks = SpillFile(self.directory)  # the input-order mapping goes with its last reference
+        self.wave_size, self.n_planned = wave_size, m
+        return self.n_waves
 
     @property
     def n_waves(self) -> int:
-        return math.ceil(self.num_rows / self.wave_size)
+        return math.ceil(self.n_planned / self.wave_size)
 
     def wave(self, w: int) -> pd.DataFrame:
-        """Rows [w * wave_size, (w + 1) * wave_size) as a frame like compact()'s: strings in Arrow buffers, numbers
-        in numpy, a fresh RangeIndex."""
-        if not 0 <= w < self.n_waves:
+        """The rows of wave w (plan()'s order) as a frame like compact()'s: strings in Arrow buffers, numbers in
+        numpy, a fresh RangeIndex."""
+        if not 0 <= w < self.n_waves or self._waves is None:
             raise IndexError(f"wave {w} of {self.n_waves}")
-        part = self._table.slice(w * self.wave_size, self.wave_size)
+        part = self._waves.rows(w * self.wave_size, (w + 1) * self.wave_size)
         return part.to_pandas(types_mapper=_arrow_strings, self_destruct=False).reset_index(drop=True)
 
 
@@ -882,15 +1019,20 @@ def wave_order(text_a: np.ndarray, text_b: np.ndarray) -> np.ndarray:
     wave, so a sentence whose pairs fall in two waves is integrated twice; grouped, only a component larger
     than what is left of a wave is split. (QQP-like pairs, 100k, waves of 16,384: 186,966 sentences integrated in
     input order, 133,055 grouped, 133,044 unique; bench/results/scale.md.)"""
+    n = len(text_a)
+    codes, uniques = pd.factorize(np.concatenate([text_a, text_b]))
+    return wave_order_codes(codes[:n], codes[n:], len(uniques))
+
+
+def wave_order_codes(a: np.ndarray, b: np.ndarray, n_nodes: int) -> np.ndarray:
+    """wave_order on the pairs' sentences as integer codes in [0, n_nodes) (the same order for any coding)."""
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
-    n = len(text_a)
+    n = len(a)
     if n == 0:
         return np.arange(0)
-    codes, uniques = pd.factorize(np.concatenate([text_a, text_b]))
-    a, b = codes[:n], codes[n:]
-    graph = coo_matrix((np.ones(n, np.int8), (a, b)), shape=(len(uniques), len(uniques)))
+    graph = coo_matrix((np.ones(n, np.int8), (a, b)), shape=(n_nodes, n_nodes))
     n_comp, label = connected_components(graph, directed=False)
     comp = label[a]
     first = np.full(n_comp, n, dtype=np.int64)
@@ -917,12 +1059,12 @@ def _alive_nodes(ray) -> list[dict[str, Any]]:
 
 def summarize(store: RunStore, prep: Prepared, progress: Progress) -> dict[str, Any]:
     """The selection's state in the store, whatever invocation computed it; counts in = done + quarantined."""
-    good, quarantine, failures, stats = prep.good, prep.quarantine, progress.failures, progress.waves
+    quarantine, failures, stats = prep.quarantine, progress.failures, progress.waves
     stored = store.read_table("pairs", ["pair_id", "completeness_error"])
-    empty = pd.DataFrame({"pair_id": [], "completeness_error": []})
-    stored_df = stored.to_pandas() if stored is not None else empty
-    mine = stored_df[stored_df.pair_id.isin(set(good.pair_id))]
-    abs_err = mine.completeness_error.abs()
+    abs_err = pd.Series([], dtype=np.float64)
+    if stored is not None:  # the store's pairs of this selection, on their id keys (no Python string per pair)
+        mine = np.isin(pair_keys(stored.column("pair_id")), prep.work.pair_keys)
+        abs_err = pd.Series(stored.column("completeness_error").to_numpy(zero_copy_only=False)[mine]).abs()
     computed_pairs = sum(s["pairs"] for s in stats)
     computed_sentences = sum(s["sentences"] for s in stats)
     wall = time.perf_counter() - prep.t_start
@@ -931,7 +1073,7 @@ def summarize(store: RunStore, prep: Prepared, progress: Progress) -> dict[str, 
         run_id=prep.run_id,
         run_dir=str(store.path),
         n_in=prep.n_in,
-        n_done=len(mine),
+        n_done=len(abs_err),
         n_quarantined=len(quarantine) + sum(len(f) for f in failures),
         quarantine_reasons=pd.concat([quarantine.reason, *(f.reason for f in failures)]).value_counts()
         .sort_index().to_dict(),
@@ -942,8 +1084,8 @@ def summarize(store: RunStore, prep: Prepared, progress: Progress) -> dict[str, 
         compute_s=sum(s["factors_s"] + s["factor_meta_s"] + s["cells_s"] for s in stats),
         pairs_per_s=computed_pairs / wall if computed_pairs else 0.0,
         sentences_per_s=computed_sentences / wall if computed_sentences else 0.0,
-        mean_abs_completeness_error=float(abs_err.mean()) if len(mine) else None,
-        max_abs_completeness_error=float(abs_err.max()) if len(mine) else None,
+        mean_abs_completeness_error=float(abs_err.mean()) if len(abs_err) else None,
+        max_abs_completeness_error=float(abs_err.max()) if len(abs_err) else None,
         wrote_files=len(progress.wrote),
         duplicates_dropped=sum(s["duplicates_dropped"] for s in stats),
         ray=progress.ray,

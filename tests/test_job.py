@@ -650,46 +650,122 @@ def test_the_driver_holds_the_selection_compactly():
     assert arrow(pd.Series(["a", None], dtype=object)).to_pylist() == ["a", None]
 
 
-def test_prepare_keeps_no_view_of_the_source_rows(tmp_path):
-    """What the driver keeps of the read rows once validated: nothing. An empty slice of the source frame would be a
-    view whose base holds every source value (404k QQP-like pairs: 135 MB of Python strings for the whole run)."""
+def test_prepare_keeps_none_of_the_source_rows(tmp_path):
+    """What the driver keeps of the read rows once validated: nothing but the work list's file and keys. An empty
+    slice of a source chunk would be a view whose base holds every value of the chunk."""
     from jobs.attribute import parse_args, prepare
 
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps({"id": f"p{k}", "sentence1": f"question {k} ?", "sentence2": f"other {k} .", "label": k % 2})
                             + "\n" for k in range(300)))  # fmt: skip
-    prep = prepare(parse_args(["--dataset", str(data), *FAST, "--out", str(tmp_path / "runs"), "--quiet"]))
-    assert len(prep.good) == 300 and len(prep.pairs.rows) == 0
+    prep = prepare(parse_args(["--dataset", str(data), *FAST, "--out", str(tmp_path / "runs"), "--quiet"]), chunk_rows=64)
+    assert prep.work.num_rows == 300 and len(prep.work.pair_keys) == 300 and len(prep.pairs.rows) == 0
+    assert prep.n_in == 300 and prep.pairs.n_source_rows == 300 and len(prep.quarantine) == 0
     for block in prep.pairs.rows._mgr.blocks:
         values = np.asarray(block.values)
         assert values.base is None or np.asarray(values.base).size == 0, "the empty rows are a view of the source"
 
 
-def test_the_work_list_gives_the_waves_of_the_in_memory_frame_and_leaves_no_file(tmp_path):
-    """WorkList (the driver's work list, spilled and memory-mapped) yields, wave by wave, exactly the rows, columns
-    and dtypes of slicing the frame it was given (missing labels, pass-through columns, non-ASCII texts, a short
-    last wave), and its folder is gone as soon as it is mapped."""
-    from jobs.attribute import WorkList, compact, parse_args, prepare, wave_order, with_sentence_ids
+def _eager_work_frame(args):
+    """The work list as the driver built it in memory before it streamed: load_pairs, one validate, compact,
+    wave_order, with_sentence_ids (the reference for the chunked prepare)."""
+    from jobs._inputs import load_pairs, validate
+    from jobs.attribute import Explainer, _label_range, compact, wave_order, with_sentence_ids
 
-    data = tmp_path / "pairs.jsonl"
-    data.write_text("".join(json.dumps({"id": f"p{k}", "sentence1": f"question {k} ? é {'x' * (k % 5)}",
-                                        "sentence2": f"other {k % 7} .", "label": (k % 2 if k % 3 else None),
-                                        "source": f"s{k % 4}"}) + "\n" for k in range(53)))  # fmt: skip
-    args = parse_args(["--dataset", str(data), *FAST, "--keep-columns", "source", "--out", str(tmp_path / "runs"),
-                       "--quiet"])  # fmt: skip
-    good = prepare(args).good
+    pairs = load_pairs(args.dataset, text_a=args.text_a_column, text_b=args.text_b_column, label=args.label_column,
+                       ids=args.id_column, label_range=_label_range(args.label_range), sample=args.sample,
+                       seed=args.seed, limit=args.limit, keep=args.keep_columns)  # fmt: skip
+    split = Explainer(args.model, layer=args.layer).split
+    good, quarantine = validate(pairs.rows, pairs.label_kind, pairs.label_range, None, split.max_seq_length,
+                                args.truncation == "quarantine", count_both=split.token_counts)  # fmt: skip
     frame = good.iloc[wave_order(good.text_a.to_numpy(), good.text_b.to_numpy())].reset_index(drop=True)
-    frame = with_sentence_ids(compact(frame))
+    return with_sentence_ids(compact(frame)), quarantine, pairs
+
+
+def _chunk_test_file(path):
+    """53 rows: repeated texts (components across chunks), missing labels, a pass-through column, non-ASCII, and
+    bad rows: duplicate ids (in the same chunk and chunks apart), an empty text, a bad label, a malformed line."""
+    rows = [{"id": f"p{k}", "sentence1": f"question {k % 11} ? é {'x' * (k % 5)}", "sentence2": f"other {k % 7} .",
+             "label": (k % 2 if k % 3 else None), "source": f"s{k % 4}"} for k in range(53)]  # fmt: skip
+    rows[9]["id"] = "p8"  # the row before, in the same chunk of 4 (rows 8-11)
+    rows[40]["id"] = "p3"  # chunks apart
+    rows[20]["sentence2"] = " "
+    rows[30]["label"] = "high"
+    lines = [json.dumps(r) for r in rows]
+    lines[45] = "not json"
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+@pytest.mark.parametrize("selection", [[], ["--sample", "29", "--seed", "3"], ["--limit", "17"],
+                                       ["--sample", "40", "--limit", "25"]])  # fmt: skip
+def test_the_chunked_prepare_gives_the_rows_and_reasons_of_one_pass(tmp_path, selection):
+    """prepare() reads, validates and spills the source 4 rows at a time: the work list's waves, the quarantine
+    (duplicate ids within and across chunks, with the first row in the detail) and the counts equal one in-memory
+    pass over the whole selection, for every selection (--sample, --limit, both)."""
+    from jobs.attribute import parse_args, prepare
+
+    args = parse_args(["--dataset", str(_chunk_test_file(tmp_path / "p.jsonl")), *FAST, "--keep-columns", "source",
+                       "--label-range", "0:1", "--out", str(tmp_path / "runs"), "--quiet", *selection])  # fmt: skip
+    frame, quarantine, pairs = _eager_work_frame(args)
+    prep = prepare(args, chunk_rows=4)
+    assert prep.n_in == len(pairs.rows) == prep.work.num_rows + len(prep.quarantine)
+    assert prep.pairs.n_source_rows == pairs.n_source_rows == 53
+    pd.testing.assert_frame_equal(prep.quarantine, quarantine)
+    if not selection:
+        assert set(quarantine.reason) == {"duplicate_pair_id", "empty_text_b", "bad_label", "malformed_row"}
+        assert set(quarantine.detail[quarantine.reason == "duplicate_pair_id"]) == {"same id as source row 8",
+                                                                                   "same id as source row 3"}  # fmt: skip
+    n_waves = prep.work.plan(None, 10)
+    assert n_waves == -(-len(frame) // 10)
+    got = pd.concat([prep.work.wave(w) for w in range(n_waves)], ignore_index=True)
+    pd.testing.assert_frame_equal(got, frame)
+
+
+def test_the_work_list_gives_the_waves_of_the_in_memory_frame_and_leaves_no_file(tmp_path):
+    """WorkList (the driver's work list, spilled chunk by chunk and memory-mapped) yields, wave by wave, exactly the
+    rows, columns and dtypes of the frame it was given in wave_order (missing labels, pass-through columns,
+    non-ASCII texts, a short last wave), only the rows plan() was told to compute, and its folder is gone as soon as
+    it is mapped."""
+    from jobs.attribute import WorkList, parse_args, wave_order
+
+    args = parse_args(["--dataset", str(_chunk_test_file(tmp_path / "p.jsonl")), *FAST, "--keep-columns", "source",
+                       "--label-range", "0:1", "--out", str(tmp_path / "runs"), "--quiet"])  # fmt: skip
+    frame = _eager_work_frame(args)[0]
     assert frame.label.isna().any() and any(c.startswith("keep:") for c in frame.columns)
     spill = tmp_path / "spill"
     spill.mkdir()
-    work = WorkList(frame, 10, directory=str(spill))
-    assert list(spill.iterdir()) == [], "the spill folder outlives the mapping"
-    assert work.n_waves == 6
+
+    def spilled(frame: pd.DataFrame) -> WorkList:
+        work = WorkList(directory=str(spill))
+        for start in range(0, len(frame), 13):
+            work.append(frame.iloc[start : start + 13])
+            assert len(list(spill.iterdir())) == 1
+        work.finish()
+        assert list(spill.iterdir()) == [], "the spill folder outlives the mapping"
+        return work
+
+    work = spilled(frame)
+    assert work.plan(None, 10) == 5 and work.n_waves == 5  # frame is in wave order already: plan keeps it
+    assert list(spill.iterdir()) == [], "the wave-ordered file's folder outlives its mapping"
     for w in range(work.n_waves):
         pd.testing.assert_frame_equal(work.wave(w), frame.iloc[w * 10 : (w + 1) * 10].reset_index(drop=True))
     with pytest.raises(IndexError):
-        work.wave(6)
+        work.wave(5)
+    with pytest.raises(RuntimeError):
+        work.plan(None, 10)
+    source_order = frame.sort_values("row").reset_index(drop=True)  # as prepare() spills it
+    work = spilled(source_order)
+    todo = np.arange(len(frame)) % 3 != 1
+    assert work.plan(todo, 4) == -(-int(todo.sum()) // 4)
+    part = source_order[todo].reset_index(drop=True)
+    expected = part.iloc[wave_order(part.text_a.to_numpy(), part.text_b.to_numpy())].reset_index(drop=True)
+    got = pd.concat([work.wave(w) for w in range(work.n_waves)], ignore_index=True)
+    pd.testing.assert_frame_equal(got, expected)
+    assert wave_order(part.text_a.to_numpy(), part.text_b.to_numpy()).tolist() != list(range(len(part))), \
+        "the selection is in wave order already: the test would not see plan() reorder"
+    empty = WorkList(directory=str(spill)).finish()
+    assert empty.plan(None, 10) == 0 and list(spill.iterdir()) == []
 
 
 def test_the_sentences_vectors_are_read_from_the_actors_bytes_without_copies():
