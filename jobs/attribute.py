@@ -7,7 +7,8 @@
 Pipeline: the pairs are cut into waves (a few thousand each; each wave commits atomically, so a killed run
 resumes), and one Ray Data pipeline computes every wave's sentence factors, wave after wave, in one actor pool:
 
-    validate rows -> quarantine | per wave: its unique sentences, longest first, in blocks of --batch-size
+    read, validate, tokenise in chunks of 16,384 rows -> quarantine | the work list (a memory-mapped spill file)
+    -> waves in wave_order | per wave: its unique sentences, longest first, in blocks of --batch-size
     -> map_batches(FactorActor, ActorPoolStrategy)   sentence factors P, e(x), e(r)   [stage 1, GPU if any]
        streamed back to the driver; once all of a wave's sentences are back (the pool goes on with the next):
     -> map_batches(pair_cells) (tasks)               pair numbers + cells + word cells  [stage 2, CPU]
@@ -299,25 +300,21 @@ def resources(args: argparse.Namespace, ray) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- stage 1: one pipeline for the run
-def factor_blocks(waves: Iterable[pd.DataFrame], batch_size: int) -> tuple[list[pa.Table], list[int]]:
-    """Stage 1's input for the whole run: per wave, its unique sentences, longest first, in batches of `batch_size`
-    that never span two waves, each batch one row (sentence_id and text as lists, wave); and the number of
-    sentences of each wave.
+def factor_blocks(waves: Iterable[pd.DataFrame], batch_size: int) -> Iterator[tuple[list[pa.Table], int]]:
+    """Stage 1's input, wave by wave: the wave's unique sentences, longest first, in batches of `batch_size` that
+    never span two waves, each batch one row (sentence_id and text as lists, wave); and the number of sentences of
+    the wave.
 
     Each row is one actor call (map_batches with batch_size=1), so a wave's batches are the same whether the run is
     whole or resumed, and so are its factors, to the bit. A sentence used by two waves is computed in both (wave_order makes that
     rare), which keeps each wave's factors to itself."""
-    blocks: list[pa.Table] = []
-    sizes: list[int] = []
     for w, wave in enumerate(waves):
         lengths = dict(zip(wave.text_a, wave.n_tokens_a)) | dict(zip(wave.text_b, wave.n_tokens_b))
         texts = sorted(lengths, key=lambda t: (-lengths[t], t))
         ids = [sentence_id(t) for t in texts]
-        sizes.append(len(texts))
-        for k in range(0, len(texts), batch_size):
-            blocks.append(pa.table({"sentence_id": [ids[k : k + batch_size]], "text": [texts[k : k + batch_size]],
-                                    "wave": pa.array([w], pa.int32())}))  # fmt: skip
-    return blocks, sizes
+        blocks = [pa.table({"sentence_id": [ids[k : k + batch_size]], "text": [texts[k : k + batch_size]],
+                            "wave": pa.array([w], pa.int32())}) for k in range(0, len(texts), batch_size)]  # fmt: skip
+        yield blocks, len(texts)
 
 
 class FactorStream:
@@ -334,14 +331,21 @@ class FactorStream:
         from ._actors import FactorActor
 
         self.ray = ray
-        blocks, self.sizes = factor_blocks(waves, res["batch_size"])
+        # Into the object store wave by wave: the driver holds one wave's blocks, not the run's (404k QQP-like
+        # pairs: 537,911 texts and ids in Arrow, and the Python strings they were made from).
+        refs: list[Any] = []
+        self.sizes: list[int] = []
+        for blocks, size in factor_blocks(waves, res["batch_size"]):
+            refs += [ray.put(block) for block in blocks]
+            self.sizes.append(size)
+            del blocks
         # Test hooks (tests/test_job*.py): kill one actor call / every call on a text / a NumericalError on a text /
         # log each actor start.
         hooks = {k: os.environ.get(f"XSBERT_TEST_{k.upper()}") or None
                  for k in ("kill_once", "kill_text", "kill_log", "fail_text", "start_log")}  # fmt: skip
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=RETRY_ARGS_WARNING)
-            ds = ray.data.from_arrow(blocks).map_batches(
+            ds = ray.data.from_arrow_refs(refs).map_batches(
                 FactorActor,
                 fn_constructor_kwargs=dict(
                     model=args.model, layer=explainer.layer, mode=explainer.mode, similarity=explainer.similarity,
@@ -352,7 +356,7 @@ class FactorStream:
                 batch_size=1,  # one row, one call: each row is a batch of sentences (factor_blocks)
                 batch_format="pyarrow",
                 compute=ActorPoolStrategy(
-                    size=max(1, min(res["num_actors"], len(blocks))), max_tasks_in_flight_per_actor=res["tasks_in_flight"]
+                    size=max(1, min(res["num_actors"], len(refs))), max_tasks_in_flight_per_actor=res["tasks_in_flight"]
                 ),
                 num_cpus=res["cpus_per_actor"],
                 num_gpus=res["gpus_per_actor"] or None,
@@ -657,7 +661,6 @@ def prepare(args: argparse.Namespace, chunk_rows: int = CHUNK_ROWS) -> Prepared:
     started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     if args.max_retries < 0:
         raise InputError(f"--max-retries must be >= 0, got {args.max_retries}")
-    use_system_memory_pool()
     stream = stream_pairs(
         args.dataset, split=args.split, config=args.config, qqp=args.qqp_path,
         text_a=args.text_a_column, text_b=args.text_b_column, label=args.label_column, ids=args.id_column,
@@ -682,32 +685,33 @@ def prepare(args: argparse.Namespace, chunk_rows: int = CHUNK_ROWS) -> Prepared:
     seen, work, rejected = SeenIds(), WorkList(), []
     n_in = n_long = 0
     first_long = None
-    try:
-        for rows in stream.chunks:
-            n_in += len(rows)
-            good, quarantine = validate(
-                rows, pairs.label_kind, pairs.label_range, None, max_tokens, args.truncation == "quarantine",
-                count_both=explainer.split.token_counts, stored=stored, seen=seen,
-            )  # fmt: skip
-            del rows
-            if args.truncation == "error":
-                long = good.pair_id[(good.n_tokens_a > max_tokens) | (good.n_tokens_b > max_tokens)]
-                n_long += len(long)
-                first_long = first_long if first_long is not None or not len(long) else long.iat[0]
-            if len(quarantine):
-                rejected.append(quarantine)
-            if len(good):
-                work.append(with_sentence_ids(compact(good)))
-            del good, quarantine
-        if n_long:
-            raise InputError(
-                f"{n_long} pairs have a text over max_seq_length={max_tokens} (first: pair {first_long}); "
-                "use --truncation quarantine or warn"
-            )
-        work.finish()
-    except BaseException:
-        work.discard()
-        raise
+    with system_memory_pool():  # prepare's Arrow allocations only (see there)
+        try:
+            for rows in stream.chunks:
+                n_in += len(rows)
+                good, quarantine = validate(
+                    rows, pairs.label_kind, pairs.label_range, None, max_tokens, args.truncation == "quarantine",
+                    count_both=explainer.split.token_counts, stored=stored, seen=seen,
+                )  # fmt: skip
+                del rows
+                if args.truncation == "error":
+                    long = good.pair_id[(good.n_tokens_a > max_tokens) | (good.n_tokens_b > max_tokens)]
+                    n_long += len(long)
+                    first_long = first_long if first_long is not None or not len(long) else long.iat[0]
+                if len(quarantine):
+                    rejected.append(quarantine)
+                if len(good):
+                    work.append(with_sentence_ids(compact(good)))
+                del good, quarantine
+            if n_long:
+                raise InputError(
+                    f"{n_long} pairs have a text over max_seq_length={max_tokens} (first: pair {first_long}); "
+                    "use --truncation quarantine or warn"
+                )
+            work.finish()
+        except BaseException:
+            work.discard()
+            raise
     quarantine = (pd.concat(rejected, ignore_index=True) if rejected
                   else quarantine_frame([], [], [], [], [], [], []))  # fmt: skip
     release_memory()
@@ -721,14 +725,21 @@ def compact(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.astype({c: pd.ArrowDtype(pa.string()) for c in frame.columns if frame[c].dtype == object})
 
 
-def use_system_memory_pool() -> None:
-    """This process's Arrow allocations from the system allocator (glibc's malloc) instead of pyarrow's default
-    (mimalloc), unless $ARROW_DEFAULT_MEMORY_POOL chooses: mimalloc keeps much of what a chunk or a wave freed even
-    after release_unused() (404k pairs read chunk by chunk: 59 MB kept, 14 with the system pool), while glibc's
-    free pages go back through malloc_trim (release_memory). For the driver: its memory should not grow with the
-    pairs it has read; the workers keep pyarrow's default."""
-    if "ARROW_DEFAULT_MEMORY_POOL" not in os.environ and pa.default_memory_pool().backend_name != "system":
+@contextlib.contextmanager
+def system_memory_pool() -> Iterator[None]:
+    """Arrow's allocations inside the block from the system allocator (glibc's malloc) instead of pyarrow's default
+    (mimalloc), unless $ARROW_DEFAULT_MEMORY_POOL chooses; the pool before is restored after it. For prepare(): read
+    chunk by chunk, mimalloc keeps much of what each chunk freed even after release_unused() (404k pairs: 59 MB
+    kept, 14 with the system pool), while glibc's free pages go back through malloc_trim (release_memory). The
+    waves keep mimalloc: with the system pool the driver's floor after a wave was ~30 MB higher (10k pairs: 511
+    against 481 MB; bench/results/scale.md)."""
+    before = pa.default_memory_pool()
+    if "ARROW_DEFAULT_MEMORY_POOL" not in os.environ and before.backend_name != "system":
         pa.set_memory_pool(pa.system_memory_pool())
+    try:
+        yield
+    finally:
+        pa.set_memory_pool(before)
 
 
 def release_memory() -> None:
