@@ -41,7 +41,7 @@ def reset_peak() -> None:
 
 def child(n: int) -> None:
     sys.path.insert(0, str(ROOT))
-    from jobs.attribute import parse_args, prepare, release_memory
+    from jobs.attribute import parse_args, prepare, release_memory, system_memory_pool
 
     data, model = CACHE / f"pairs-{n}.parquet", CACHE / "rehearsal-model"
     args = parse_args(["--dataset", str(data), "--text-a-column", "question1", "--text-b-column", "question2",
@@ -82,7 +82,11 @@ def child(n: int) -> None:
 
     # prepare reads, validates, tokenises and spills the source chunk by chunk (jobs._inputs.CHUNK_ROWS rows).
     step("prepare (read, validate, tokenise, spill)", lambda: state.update(prep=prepare(args)))
-    step("wave plan (wave_order on 64-bit keys, rewritten in wave order)", lambda: state["prep"].work.plan(None, 16384))
+    def plan():
+        with system_memory_pool():  # as compute() plans it
+            state["prep"].work.plan(None, 16384)
+
+    step("wave plan (wave_order on 64-bit keys, rewritten in wave order)", plan)
     step("wave 1 read back", lambda: state.update(wave=state["prep"].work.wave(0)))
     print(json.dumps({"pairs": n, "base_anon_mb": round(base, 1), "steps": rows}))
 

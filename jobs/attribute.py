@@ -656,7 +656,13 @@ class Prepared:
 def prepare(args: argparse.Namespace, chunk_rows: int = CHUNK_ROWS) -> Prepared:
     """Stage 0, no Ray and no writes to the store: read and select the pairs, load the model, validate, hash the
     config. The source is read, validated and tokenised `chunk_rows` rows at a time, and each chunk's good rows go
-    to the work list's file, so the driver never holds the selection as Python objects (bench/driver_setup.py)."""
+    to the work list's file, so the driver never holds the selection as Python objects (bench/driver_setup.py).
+    Arrow allocates from the system allocator meanwhile (system_memory_pool)."""
+    with system_memory_pool():
+        return _prepare(args, chunk_rows)
+
+
+def _prepare(args: argparse.Namespace, chunk_rows: int) -> Prepared:
     t_start = time.perf_counter()
     started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     if args.max_retries < 0:
@@ -685,33 +691,32 @@ def prepare(args: argparse.Namespace, chunk_rows: int = CHUNK_ROWS) -> Prepared:
     seen, work, rejected = SeenIds(), WorkList(), []
     n_in = n_long = 0
     first_long = None
-    with system_memory_pool():  # prepare's Arrow allocations only (see there)
-        try:
-            for rows in stream.chunks:
-                n_in += len(rows)
-                good, quarantine = validate(
-                    rows, pairs.label_kind, pairs.label_range, None, max_tokens, args.truncation == "quarantine",
-                    count_both=explainer.split.token_counts, stored=stored, seen=seen,
-                )  # fmt: skip
-                del rows
-                if args.truncation == "error":
-                    long = good.pair_id[(good.n_tokens_a > max_tokens) | (good.n_tokens_b > max_tokens)]
-                    n_long += len(long)
-                    first_long = first_long if first_long is not None or not len(long) else long.iat[0]
-                if len(quarantine):
-                    rejected.append(quarantine)
-                if len(good):
-                    work.append(with_sentence_ids(compact(good)))
-                del good, quarantine
-            if n_long:
-                raise InputError(
-                    f"{n_long} pairs have a text over max_seq_length={max_tokens} (first: pair {first_long}); "
-                    "use --truncation quarantine or warn"
-                )
-            work.finish()
-        except BaseException:
-            work.discard()
-            raise
+    try:
+        for rows in stream.chunks:
+            n_in += len(rows)
+            good, quarantine = validate(
+                rows, pairs.label_kind, pairs.label_range, None, max_tokens, args.truncation == "quarantine",
+                count_both=explainer.split.token_counts, stored=stored, seen=seen,
+            )  # fmt: skip
+            del rows
+            if args.truncation == "error":
+                long = good.pair_id[(good.n_tokens_a > max_tokens) | (good.n_tokens_b > max_tokens)]
+                n_long += len(long)
+                first_long = first_long if first_long is not None or not len(long) else long.iat[0]
+            if len(quarantine):
+                rejected.append(quarantine)
+            if len(good):
+                work.append(with_sentence_ids(compact(good)))
+            del good, quarantine
+        if n_long:
+            raise InputError(
+                f"{n_long} pairs have a text over max_seq_length={max_tokens} (first: pair {first_long}); "
+                "use --truncation quarantine or warn"
+            )
+        work.finish()
+    except BaseException:
+        work.discard()
+        raise
     quarantine = (pd.concat(rejected, ignore_index=True) if rejected
                   else quarantine_frame([], [], [], [], [], [], []))  # fmt: skip
     release_memory()
@@ -730,9 +735,9 @@ def system_memory_pool() -> Iterator[None]:
     """Arrow's allocations inside the block from the system allocator (glibc's malloc) instead of pyarrow's default
     (mimalloc), unless $ARROW_DEFAULT_MEMORY_POOL chooses; the pool before is restored after it. For prepare(): read
     chunk by chunk, mimalloc keeps much of what each chunk freed even after release_unused() (404k pairs: 59 MB
-    kept, 14 with the system pool), while glibc's free pages go back through malloc_trim (release_memory). The
-    waves keep mimalloc: with the system pool the driver's floor after a wave was ~30 MB higher (10k pairs: 511
-    against 481 MB; bench/results/scale.md)."""
+    kept, 14 with the system pool), while glibc's free pages go back through malloc_trim (release_memory). For
+    prepare() and the work list's plan; the waves keep mimalloc: with the system pool throughout, the driver's floor
+    after a wave was ~30 MB higher (10k pairs: 511 against 481 MB; bench/results/scale.md)."""
     before = pa.default_memory_pool()
     if "ARROW_DEFAULT_MEMORY_POOL" not in os.environ and before.backend_name != "system":
         pa.set_memory_pool(pa.system_memory_pool())
@@ -801,7 +806,8 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
     writer = cell_writer(args.cell_writer, store, ray)
     res.update(cell_writer=writer)
     known_sentences = SentenceKeys(store.column("sentences", "sentence_id"))
-    n_waves = work.plan(todo, wave_size)  # the driver holds one wave of the work list at a time
+    with system_memory_pool():  # the plan rewrites the work list: what it frees goes back to the OS
+        n_waves = work.plan(todo, wave_size)  # the driver holds one wave of the work list at a time
     del todo
 
     def waves() -> Iterator[pd.DataFrame]:
