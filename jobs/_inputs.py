@@ -783,24 +783,10 @@ def stream_pairs(
     return PairStream(pairs=pairs, chunks=selected)
 
 
-def load_pairs(
-    dataset: str,
-    split: str | None = None,
-    config: str | None = None,
-    qqp: str | None = None,
-    text_a: str | None = None,
-    text_b: str | None = None,
-    label: str | None = None,
-    ids: str | None = None,
-    label_range: tuple[float, float] | None = None,
-    sample: int | None = None,
-    seed: int = 0,
-    limit: int | None = None,
-    keep: str | None = None,
-) -> Pairs:
-    """stream_pairs' selection in one frame (`rows`): for the selections that fit in memory (training, evaluation)."""
-    stream = stream_pairs(dataset, split=split, config=config, qqp=qqp, text_a=text_a, text_b=text_b, label=label,
-                          ids=ids, label_range=label_range, sample=sample, seed=seed, limit=limit, keep=keep)  # fmt: skip
+def load_pairs(dataset: str, **selection: Any) -> Pairs:
+    """stream_pairs(dataset, **selection)'s rows in one frame (`rows`): for the selections that fit in memory
+    (training, evaluation); the same arguments."""
+    stream = stream_pairs(dataset, **selection)
     parts = list(stream.chunks)
     rows = pd.concat(parts, ignore_index=True) if parts else stream.pairs.rows
     return dataclasses.replace(stream.pairs, rows=rows)
