@@ -726,7 +726,8 @@ def _prepare(args: argparse.Namespace, chunk_rows: int) -> Prepared:
 
 def compact(frame: pd.DataFrame) -> pd.DataFrame:
     """The frame with its string columns (ids, texts, pass-through columns) in Arrow buffers instead of one
-    Python object per value: the driver holds the whole selection for a run (404k QQP-like pairs: 132 -> 70 MB)."""
+    Python object per value: the form in which each chunk's good rows go to the work list (404k QQP-like pairs in
+    all: 132 -> 70 MB)."""
     return frame.astype({c: pd.ArrowDtype(pa.string()) for c in frame.columns if frame[c].dtype == object})
 
 
