@@ -23,7 +23,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -295,9 +295,9 @@ def _read_datasets(source: Source, chunk_rows: int) -> Iterator[pd.DataFrame]:
             raise InputError(f"dataset {source.identity!r} has splits {', '.join(ds)}: choose one with --split")
         (source.split, ds), = ds.items()
     # The dataset is memory-mapped Arrow: only a chunk at a time becomes Python objects.
+    names = ds.column_names
     for first in range(0, max(len(ds), 1), chunk_rows):
         part = ds[first : first + chunk_rows]
-        names = ds.column_names
         yield _frame(names, [list(r) for r in zip(*(part[n] for n in names))], first)
 
 
@@ -579,7 +579,7 @@ def validate(
     max_tokens: int | None,
     quarantine_long: bool,
     count_content: Callable[[list[str]], list[int]] | None = None,
-    stored: Collection[str] | np.ndarray = (),
+    stored: np.ndarray | None = None,
     count_both: Callable[[list[str]], tuple[list[int], list[int]]] | None = None,
     seen: SeenIds | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -592,7 +592,7 @@ def validate(
                    the two above
     The texts go to these in chunks of TOKENIZE_CHUNK (the tokenizer's output for a million texts at once would
     hold gigabytes in the driver).
-    stored:        pair ids already in the run's store (strings, or their pair_keys as a sorted array): their texts
+    stored:        the pair_keys of the pair ids already in the run's store (RunStore.done_pair_keys): their texts
                    are not tokenised again (they passed when they were computed; a rerun skips them), so n_tokens_a/_b
                    of such rows are 0. The checks that need no tokenizer (ids, duplicates, empty texts, labels) still
                    run on every row.
@@ -606,7 +606,7 @@ def validate(
     reasons: list[tuple[str, str] | None] = [None] * len(rows)
     labels: list[float] = [math.nan] * len(rows)
     local: dict[str, int] = {}  # this chunk's ids -> their first source row
-    keys = pair_keys(rows.pair_id.tolist()) if seen is not None or isinstance(stored, np.ndarray) else None
+    keys = pair_keys(rows.pair_id.tolist()) if seen is not None or stored is not None else None
     earlier = seen.first_rows(keys) if seen is not None else None
     source_rows = rows.row.to_numpy()
     for k, r in enumerate(rows.itertuples(index=False)):
@@ -645,12 +645,11 @@ def validate(
         firsts = np.fromiter(local.values(), np.int64, len(local))
         seen.add(keys[firsts], source_rows[firsts])
     ok_all = [k for k, reason in enumerate(reasons) if reason is None]
-    if isinstance(stored, np.ndarray):
+    if stored is not None:
         in_store = np.isin(keys, stored)
         ok = [k for k in ok_all if not in_store[k]]  # the rows to tokenise
     else:
-        pair_ids = rows.pair_id.tolist()
-        ok = [k for k in ok_all if pair_ids[k] not in stored] if stored else ok_all
+        ok = ok_all
     text_a, text_b = rows.text_a.tolist(), rows.text_b.tolist()  # indexed per row below: lists, not .iat
     n_a = np.zeros(len(rows), dtype=np.int64)
     n_b = np.zeros(len(rows), dtype=np.int64)

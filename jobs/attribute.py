@@ -310,8 +310,9 @@ def factor_blocks(waves: Iterable[pd.DataFrame], batch_size: int) -> Iterator[tu
     rare), which keeps each wave's factors to itself."""
     for w, wave in enumerate(waves):
         lengths = dict(zip(wave.text_a, wave.n_tokens_a)) | dict(zip(wave.text_b, wave.n_tokens_b))
+        known = dict(zip(wave.text_a, wave.sentence_id_a)) | dict(zip(wave.text_b, wave.sentence_id_b))
         texts = sorted(lengths, key=lambda t: (-lengths[t], t))
-        ids = [sentence_id(t) for t in texts]
+        ids = [known[t] for t in texts]  # with_sentence_ids hashed them once, when the chunk was spilled
         blocks = [pa.table({"sentence_id": [ids[k : k + batch_size]], "text": [texts[k : k + batch_size]],
                             "wave": pa.array([w], pa.int32())}) for k in range(0, len(texts), batch_size)]  # fmt: skip
         yield blocks, len(texts)

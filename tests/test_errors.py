@@ -129,9 +129,11 @@ def test_cli_exits_2_on_a_text_of_special_tokens_only(capsys, tmp_path):
 def test_job_quarantines_texts_without_content_as_the_engine_rejects_them(tiny, arch):
     """jobs._inputs.validate with the engine's content counts: no_content_a/_b for the texts the engine rejects,
     in the reasons' order (empty text first, too long after), every row in exactly one of good and quarantine."""
+    import numpy as np
     import pandas as pd
 
     from jobs._inputs import REASONS, validate
+    from jobs._store import pair_keys
 
     ex = Explainer(tiny.get(arch), layer=1, steps=2)
     tok = ex.split.tokenizer
@@ -190,11 +192,12 @@ def test_job_quarantines_texts_without_content_as_the_engine_rejects_them(tiny, 
 
         return wrapped
 
-    stored = {"g1", "g2"}
+    stored = {"g1", "g2"}  # given to validate as the job does: their 64-bit keys (RunStore.done_pair_keys)
     dup = pd.concat([frame, frame.iloc[[0]].assign(row=len(frame))], ignore_index=True)  # g1 again: a duplicate id
     good_re, quarantine_re = validate(
         dup, "none", None, counting(lambda texts: [len(x) for x in tok(texts, truncation=False)["input_ids"]]),
-        ex.split.max_seq_length, True, count_content=counting(ex.split.content_counts), stored=stored,
+        ex.split.max_seq_length, True, count_content=counting(ex.split.content_counts),
+        stored=np.unique(pair_keys(sorted(stored))),
     )  # fmt: skip
     assert good_re.pair_id.tolist() == good.pair_id.tolist() and len(dup) == len(good_re) + len(quarantine_re)
     assert dict(zip(quarantine_re.pair_id, quarantine_re.reason)) == {
