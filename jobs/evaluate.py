@@ -56,6 +56,7 @@ logger = logging.getLogger("jobs.evaluate")
 
 STAGES = ("table1", "agreement", "figures")
 VARIANTS = ("tuned", "exact", "orig")
+SECOND_SEED = ("tuned2", "exact2")  # the noise floor's models: one recipe, another seed
 LABEL_MAX = 5.0
 # The paper's figures for all-mpnet-base-v2 (jobs/paper.py, the one table of them), shown beside ours.
 PAPER_TABLE1 = {v: paper.get(f"table1_{v}").value for v in ("shelf", *VARIANTS)}
@@ -189,11 +190,12 @@ def table1(paths: dict[str, str], split: str, aso_iterations: int = 1000) -> tup
     for every model (the paper's protocol, §4.1) and the model's own similarity beside it where that differs; a
     trained model at its last epoch and, where jobs.train saved it, its best dev epoch. ASO on squared errors of
     tuned vs exact per checkpoint. `paper_spearman_x100` only on rows of the paper's protocol (cosine; the best dev
-    epoch, App. A); the paper's model is all-mpnet-base-v2 whatever ours is."""
+    epoch, App. A); the paper's model is all-mpnet-base-v2 whatever ours is. The second seed's models (tuned2,
+    exact2), where they exist, get rows too: the spread of one recipe over seeds, beside tuned vs exact."""
     a, b, gold, _ = stsb(split)
     rows, errors = [], {}
     for name, path in paths.items():
-        if name not in ("shelf", *VARIANTS):
+        if name not in ("shelf", *VARIANTS, *SECOND_SEED):
             continue
         for checkpoint in ("-",) if name == "shelf" else ("last-epoch", "best-dev"):
             folder = path if name == "shelf" else checkpoint_path(path, checkpoint)

@@ -52,7 +52,8 @@ def test_evaluate_all_stages_on_tiny_variants(ray_cluster, tiny_variants, tmp_pa
     rows = list(zip(t1["model"], t1["checkpoint"], t1["similarity"]))
     assert rows == [("shelf", "-", "cos")] + [
         (v, c, sim) for v in VARIANTS for c in ("last-epoch", "best-dev") for sim in (("cos", "dot") if v == "orig"
-                                                                                     else ("cos",))]  # fmt: skip
+                                                                                     else ("cos",))
+    ] + [(v, c, "cos") for v in ("tuned2", "exact2") for c in ("last-epoch", "best-dev")]  # the seed spread  # fmt: skip
     assert (t1["n_pairs"] == 1379).all()
     paper_rows = t1.filter(pl.col("paper_spearman_x100").is_not_null())
     assert list(zip(paper_rows["model"], paper_rows["checkpoint"])) == [("shelf", "-"), *((v, "best-dev") for v in VARIANTS)]
@@ -65,11 +66,12 @@ def test_evaluate_all_stages_on_tiny_variants(ray_cluster, tiny_variants, tmp_pa
         return t1.filter(pl.col("model") == model, pl.col("checkpoint") == checkpoint,
                          pl.col("similarity") == sim)["spearman_x100"][0]  # fmt: skip
 
-    for folder, checkpoint in (("tinybert-exact", "last-epoch"), ("tinybert-orig-best-dev", "best-dev")):
+    for folder, checkpoint, variant in (("tinybert-exact", "last-epoch", "exact"),
+                                        ("tinybert-orig-best-dev", "best-dev", "orig"),
+                                        ("tinybert-tuned-seed1-best-dev", "best-dev", "tuned2")):  # fmt: skip
         model = load_model(str(models / folder), attn_implementation=None)
         ea, eb = model.encode(a, convert_to_tensor=True), model.encode(b, convert_to_tensor=True)
         cos = 100 * spearman(torch.nn.functional.cosine_similarity(ea, eb).numpy(), gold)
-        variant = folder.split("-")[1]
         assert row(variant, checkpoint, "cos") == pytest.approx(cos, abs=1e-2)  # batches differ: float noise only
         if variant == "orig":
             dot = 100 * spearman((ea * eb).sum(-1).numpy(), gold)
