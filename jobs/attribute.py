@@ -738,8 +738,9 @@ def system_memory_pool() -> Iterator[None]:
     (mimalloc), unless $ARROW_DEFAULT_MEMORY_POOL chooses; the pool before is restored after it. For prepare(): read
     chunk by chunk, mimalloc keeps much of what each chunk freed even after release_unused() (404k pairs: 59 MB
     kept, 14 with the system pool), while glibc's free pages go back through malloc_trim (release_memory). For
-    prepare() and the work list's plan; the waves keep mimalloc: with the system pool throughout, the driver's floor
-    after a wave was ~30 MB higher (10k pairs: 511 against 481 MB; bench/results/scale.md)."""
+    prepare(), the work list's plan and each wave's tables and commit; the rest of the waves keeps mimalloc: with the
+    system pool throughout, the driver's floor after a wave was ~30 MB higher (10k pairs: 511 against 481 MB;
+    bench/results/scale.md)."""
     before = pa.default_memory_pool()
     if "ARROW_DEFAULT_MEMORY_POOL" not in os.environ and before.backend_name != "system":
         pa.set_memory_pool(pa.system_memory_pool())
@@ -837,19 +838,23 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
                            attribution_s=float(pc.sum(meta.column("compute_s")).as_py() or 0.0),  # actor-seconds
                            sentences=stream.sizes[w], factor_bytes=factor_bytes,
                            factor_bytes_per_sentence=factor_bytes / max(1, stream.sizes[w]))  # fmt: skip
-            tables, failed = wave_tables(wave, meta, out, prep.pairs.source.split, known_sentences)
-            if len(failed):
-                progress.failures.append(failed)
-                tables["quarantine"] = _quarantine_table(
-                    failed[[(int(r), p, "attribution_error") not in known_q
-                            for r, p in zip(failed.row, failed.pair_id)]]  # fmt: skip
-                )
-            t_commit = time.perf_counter()
-            parts = written_parts(out)
-            if writer == "workers":
-                store.settle(seq, parts)  # every reported part there, no stray part of this wave
-                progress.wrote += [f"{t}/{name}" for t in sorted(parts) for name in sorted(parts[t])]
-            progress.wrote += store.commit(seq, tables)
+            # The wave's tables and their Parquet encoding are the driver's largest step (the sentences table with
+            # its embeddings, ~3.6 KB per sentence, and mimalloc kept ~1.5x that again while writing it): from the
+            # system allocator, they go back to the OS after the commit (release_memory).
+            with system_memory_pool():
+                tables, failed = wave_tables(wave, meta, out, prep.pairs.source.split, known_sentences)
+                if len(failed):
+                    progress.failures.append(failed)
+                    tables["quarantine"] = _quarantine_table(
+                        failed[[(int(r), p, "attribution_error") not in known_q
+                                for r, p in zip(failed.row, failed.pair_id)]]  # fmt: skip
+                    )
+                t_commit = time.perf_counter()
+                parts = written_parts(out)
+                if writer == "workers":
+                    store.settle(seq, parts)  # every reported part there, no stray part of this wave
+                    progress.wrote += [f"{t}/{name}" for t in sorted(parts) for name in sorted(parts[t])]
+                progress.wrote += store.commit(seq, tables)
             timings["commit_s"] = time.perf_counter() - t_commit
             known_sentences.add(tables["sentences"].column("sentence_id"))
             timings.update(wave=w, pairs=tables["pairs"].num_rows,
