@@ -1,0 +1,128 @@
+"""Where the job's driver peaks: its private memory (RssAnon) sampled every 0.1 s with the code the main thread is
+in, grouped by step; and what one executed Ray Data dataset leaves behind in a driver.
+
+    python bench/driver_peaks.py job -- --dataset bench/.cache/scale/pairs-10000.parquet --text-a-column question1 \\
+        --text-b-column question2 --id-column id --model bench/.cache/scale/rehearsal-model --out /tmp/peaks \\
+        --layer 0 --steps 2 --wave-size 4096 --batch-size 128 -q
+    python bench/driver_peaks.py ray-data --datasets 100
+
+`job` runs `jobs.attribute` in this process (the arguments after `--`, as its command line takes them) and prints,
+per step of the driver (the innermost frame of jobs/ or of pyarrow's Parquet writer), the largest RssAnon seen in
+it and how often it was seen; then, per commit (a wave ends with one), the largest RssAnon since the last one, the
+step it fell in, and the lowest in the 3 s after it. `ray-data` executes N small
+datasets (32 blocks, a map_batches each, as stage 2 does per wave) and prints the driver's RssAnon and the count
+of Python objects every 10. A sample is a sample: a step shorter than 0.1 s can be missed, and the sampling
+thread takes the GIL like any other (~1% of the driver's time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gc
+import json
+import sys
+import threading
+import time
+import traceback
+
+STEP_FILES = ("jobs/", "pyarrow/parquet")
+
+
+def rss_anon_mb() -> float:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def step_of(frame) -> tuple[str, bool]:
+    """(the innermost frame of the job's own code, with the Parquet writer's below it if any, as file:function;
+    whether the driver is inside a store commit)."""
+    stack = traceback.extract_stack(frame)
+    names = [f"{f.filename.rsplit('/', 1)[-1]}:{f.name}" for f in stack if any(k in f.filename for k in STEP_FILES)]
+    committing = any(f.name == "commit" and f.filename.endswith("_store.py") for f in stack)
+    return (" > ".join(names[-2:]) if names else "(outside jobs/)"), committing
+
+
+def job(argv: list[str], period: float = 0.1) -> None:
+    import jobs.attribute as attribute
+
+    main_id = threading.main_thread().ident
+    peaks: dict[str, float] = collections.defaultdict(float)
+    seen: collections.Counter = collections.Counter()
+    timeline: list[tuple[float, float, str, bool]] = []
+    stop = threading.Event()
+    t0 = time.perf_counter()
+
+    def sample() -> None:
+        while not stop.is_set():
+            frame = sys._current_frames().get(main_id)
+            (step, committing), mb = (step_of(frame) if frame else ("-", False)), rss_anon_mb()
+            peaks[step] = max(peaks[step], mb)
+            seen[step] += 1
+            timeline.append((time.perf_counter() - t0, mb, step, committing))
+            stop.wait(period)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        attribute.cli(argv)
+    finally:
+        stop.set()
+        thread.join()
+    print("\nlargest RssAnon (MB) by the step the driver was in (samples every %.1f s):" % period)
+    for step, mb in sorted(peaks.items(), key=lambda kv: -kv[1])[:12]:
+        print(f"  {mb:7.0f}  {seen[step]:6d}x  {step}")
+    # The peak of each stretch between two commits, and the step it fell in.
+    print("\nper wave (a wave ends with its commit): its largest RssAnon and where")
+    ends = [k for k, x in enumerate(timeline) if x[3] and (k + 1 == len(timeline) or not timeline[k + 1][3])]
+    start = 0
+    for wave, end in enumerate(ends, 1):  # the first commit may be the quarantine's, before wave 1
+        t, mb, step, _ = max(timeline[start : end + 1], key=lambda x: x[1])
+        floor = min(x[1] for x in timeline[end + 1 : end + 30]) if end + 1 < len(timeline) else float("nan")
+        print(f"  commit {wave}: peak {mb:.0f} MB at {t:.1f} s in {step}; {floor:.0f} MB after it")
+        start = end + 1
+
+
+def ray_data(n: int) -> None:
+    import numpy as np
+    import pyarrow as pa
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+
+    def fn(t: pa.Table) -> pa.Table:
+        return pa.table({"x": t.column("x"), "y": pa.array(np.ones(t.num_rows))})
+
+    blocks = [pa.table({"x": np.arange(k * 512, (k + 1) * 512)}) for k in range(32)]
+    for i in range(n + 1):
+        if i % 10 == 0:
+            gc.collect()
+            print(json.dumps({"datasets": i, "rss_anon_mb": round(rss_anon_mb(), 1),
+                              "python_objects": len(gc.get_objects())}), flush=True)  # fmt: skip
+        if i < n:
+            ds = ray.data.from_arrow(blocks).map_batches(fn, batch_size=512, batch_format="pyarrow", num_cpus=0.5)
+            ray.get(ds.to_arrow_refs())
+            del ds
+    ray.shutdown()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="what", required=True)
+    j = sub.add_parser("job", help="run jobs.attribute here, sampling the driver")
+    j.add_argument("args", nargs=argparse.REMAINDER, help="-- then jobs.attribute's arguments")
+    r = sub.add_parser("ray-data", help="what executed datasets leave in the driver")
+    r.add_argument("--datasets", type=int, default=100)
+    args = p.parse_args()
+    if args.what == "job":
+        job([a for a in args.args if a != "--"] if args.args[:1] == ["--"] else args.args)
+    else:
+        ray_data(args.datasets)
+
+
+if __name__ == "__main__":
+    main()
