@@ -142,7 +142,7 @@ def test_evaluate_all_stages_on_tiny_variants(ray_cluster, tiny_variants, tmp_pa
         evaluate.table1 = real_table1
     after = json.loads((out / "summary.json").read_text())
     assert after["layers"]["0"]["by"] == "another process" and after["layers"]["1"] == before["1"]
-    assert set(after["commands"]) == {"table1", "agreement", "figures"} and len(after["table1"]["rows"]) == 9
+    assert set(after["commands"]) == {"table1", "agreement", "figures"} and len(after["table1"]["rows"]) == 13
 
     # Another checkpoint: the layer recorded with the best-dev folders is attributed again with the last epochs'
     assert cli([*argv, "--stages", "agreement", "--layers", "1", "--checkpoint", "last-epoch"]) == 0

@@ -70,7 +70,8 @@ def test_results_md_quotes_the_table():
     """docs/RESULTS.md: the paper column of Table 1, '(paper: X)', "the paper's X → Y" and the parenthesis that
     states the paper's agreement figures use the table's numbers."""
     text = (ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8")
-    rows = {m[0]: m[2] for m in re.findall(r"^\| (shelf|tuned|exact|orig)\b[^|]*\| ([^|]+) \| ([0-9.]+) \|$", text,
+    # a row of ours and the paper's last: | model ... | ours (one or more columns) | paper |
+    rows = {m[0]: m[1] for m in re.findall(r"^\| (shelf|tuned|exact|orig)\b[^|]*\|(?: [^|]+ \|)+ ([0-9.]+) \|$", text,
                                             flags=re.M)}  # fmt: skip
     assert rows == {k: paper.get(f"table1_{k}").text for k in ("shelf", "tuned", "exact", "orig")}
     numbers = table_numbers()
@@ -84,12 +85,22 @@ def test_results_md_quotes_the_table():
 def test_stored_evaluate_results_quote_the_table():
     """docs/results/*/table1.md (written by jobs.evaluate): its paper_spearman_x100 column is the table's."""
     for path in sorted((ROOT / "docs" / "results").glob("*/table1.md")):
-        rows = [line.split("|")[1:-1] for line in path.read_text(encoding="utf-8").splitlines()
-                if line.startswith("| ") and not line.startswith("| model")]  # fmt: skip
-        assert rows, path
-        for cells in rows:
-            model, quoted = cells[0].strip(), float(cells[-1])
-            assert quoted == pytest.approx(paper.get(f"table1_{model}").value), (path, model)
+        lines = [line.split("|")[1:-1] for line in path.read_text(encoding="utf-8").splitlines() if line.startswith("| ")]
+        header, rows = [c.strip() for c in lines[0]], [[c.strip() for c in cells] for cells in lines[1:]]
+        assert rows and header[0] == "model" and header[-1] == "paper_spearman_x100", path
+        quoted = [(cells[0], float(cells[-1])) for cells in rows if cells[-1]]
+        for model, value in quoted:
+            assert value == pytest.approx(paper.get(f"table1_{model}").value), (path, model)
+        # the paper's number on every row of its protocol (cosine; the best dev epoch where checkpoints are
+        # told apart) and on no other: the second seed's rows and orig's dot product have none
+        col = {name: k for k, name in enumerate(header)}
+
+        def on_protocol(cells: list[str]) -> bool:
+            checkpoint = cells[col["checkpoint"]] if "checkpoint" in col else "-"  # older tables: one per model
+            return (cells[0] in ("shelf", "tuned", "exact", "orig") and cells[col["similarity"]] == "cos"
+                    and checkpoint in ("-", "best-dev"))  # fmt: skip
+
+        assert [m for m, _ in quoted] == [cells[0] for cells in rows if on_protocol(cells)], path
 
 
 def test_evaluate_reads_the_table():
