@@ -5,13 +5,15 @@ in, grouped by step; and what one executed Ray Data dataset leaves behind in a d
         --text-b-column question2 --id-column id --model bench/.cache/scale/rehearsal-model --out /tmp/peaks \\
         --layer 0 --steps 2 --wave-size 4096 --batch-size 128 -q
     python bench/driver_peaks.py ray-data --datasets 100
+    ARROW_DEFAULT_MEMORY_POOL=system python bench/driver_peaks.py parquet-write <run>/sentences/part-000024.parquet
 
 `job` runs `jobs.attribute` in this process (the arguments after `--`, as its command line takes them) and prints,
 per step of the driver (the innermost frame of jobs/ or of pyarrow's Parquet writer), the largest RssAnon seen in
 it and how often it was seen; then, per commit (a wave ends with one), the largest RssAnon since the last one, the
 step it fell in, and the lowest in the 3 s after it. `ray-data` executes N small
 datasets (32 blocks, a map_batches each, as stage 2 does per wave) and prints the driver's RssAnon and the count
-of Python objects every 10. A sample is a sample: a step shorter than 0.1 s can be missed, and the sampling
+of Python objects every 10. `parquet-write` writes one store part again with the store's settings and prints
+the memory that took. A sample is a sample: a step shorter than 0.1 s can be missed, and the sampling
 thread takes the GIL like any other (~1% of the driver's time).
 """
 
@@ -65,6 +67,16 @@ def job(argv: list[str], period: float = 0.1) -> None:
             timeline.append((time.perf_counter() - t0, mb, step, committing))
             stop.wait(period)
 
+    # What FactorStream holds of other waves when a wave's blocks are all back (stage 1 running ahead).
+    held: list[int] = []
+    wave = attribute.FactorStream.wave
+
+    def counting_wave(self, w):
+        out = wave(self, w)
+        held.append(sum(len(blocks) for blocks in self._got.values()))
+        return out
+
+    attribute.FactorStream.wave = counting_wave
     thread = threading.Thread(target=sample, daemon=True)
     thread.start()
     try:
@@ -72,6 +84,8 @@ def job(argv: list[str], period: float = 0.1) -> None:
     finally:
         stop.set()
         thread.join()
+        attribute.FactorStream.wave = wave
+    print(f"\nfactor blocks of later waves held when each wave was complete: {held}")
     print("\nlargest RssAnon (MB) by the step the driver was in (samples every %.1f s):" % period)
     for step, mb in sorted(peaks.items(), key=lambda kv: -kv[1])[:12]:
         print(f"  {mb:7.0f}  {seen[step]:6d}x  {step}")
@@ -110,6 +124,43 @@ def ray_data(n: int) -> None:
     ray.shutdown()
 
 
+def parquet_write(part: str, row_group_size: int | None) -> None:
+    """Write one store part again with the store's Parquet settings (or another row-group size) and print the
+    largest RssAnon above the table read and released, sampled every 2 ms; the pool is pyarrow's default or
+    $ARROW_DEFAULT_MEMORY_POOL's."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from jobs._store import PARQUET_OPTIONS
+
+    table = pq.read_table(part).combine_chunks()
+    pa.default_memory_pool().release_unused()
+    options = {**PARQUET_OPTIONS, **({"row_group_size": row_group_size} if row_group_size else {})}
+    peak, stop = [0.0], threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], rss_anon_mb())
+            stop.wait(0.002)
+
+    base = rss_anon_mb()
+    thread = threading.Thread(target=sample)
+    thread.start()
+    with tempfile_dir() as d:
+        pq.write_table(table, f"{d}/part.parquet", **options)
+    stop.set()
+    thread.join()
+    print(json.dumps({"rows": table.num_rows, "table_mb": round(table.nbytes / 2**20), "pool":
+                      pa.default_memory_pool().backend_name, "row_group_size": options["row_group_size"],
+                      "write_peak_above_mb": round(peak[0] - base)}))  # fmt: skip
+
+
+def tempfile_dir():
+    import tempfile
+
+    return tempfile.TemporaryDirectory(prefix="driver-peaks-")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
@@ -117,8 +168,13 @@ def main() -> None:
     j.add_argument("args", nargs=argparse.REMAINDER, help="-- then jobs.attribute's arguments")
     r = sub.add_parser("ray-data", help="what executed datasets leave in the driver")
     r.add_argument("--datasets", type=int, default=100)
+    w = sub.add_parser("parquet-write", help="the memory of writing one store part again")
+    w.add_argument("part", help="a Parquet part of a store, e.g. <run>/sentences/part-000024.parquet")
+    w.add_argument("--row-group-size", type=int, default=None)
     args = p.parse_args()
-    if args.what == "job":
+    if args.what == "parquet-write":
+        parquet_write(args.part, args.row_group_size)
+    elif args.what == "job":
         job([a for a in args.args if a != "--"] if args.args[:1] == ["--"] else args.args)
     else:
         ray_data(args.datasets)
