@@ -839,8 +839,9 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
                            sentences=stream.sizes[w], factor_bytes=factor_bytes,
                            factor_bytes_per_sentence=factor_bytes / max(1, stream.sizes[w]))  # fmt: skip
             # The wave's tables and their Parquet encoding are the driver's largest step (the sentences table with
-            # its embeddings, ~3.6 KB per sentence, and mimalloc kept ~1.5x that again while writing it): from the
-            # system allocator, they go back to the OS after the commit (release_memory).
+            # its embeddings, ~3.6 KB per sentence; writing 106 MB of it took +145 MB more with mimalloc, +52 with the
+            # system allocator, bench/driver_peaks.py parquet-write): from the system allocator, they go back to the OS
+            # after the commit (release_memory).
             with system_memory_pool():
                 tables, failed = wave_tables(wave, meta, out, prep.pairs.source.split, known_sentences)
                 if len(failed):

@@ -141,8 +141,12 @@ def saved_exact(tmp_path_factory):
 def test_saved_exact_model_reloads_plainly_and_is_complete(saved_exact):
     info = json.loads((saved_exact / "xsbert_training.json").read_text())
     assert info["variant"] == "exact" and info["steps"] == 2 and info["hyperparameters"]["weight_decay"] == 0.1
+    import sentence_transformers
+
+    assert info["device"] == "cpu" and info["versions"]["sentence-transformers"] == sentence_transformers.__version__
     card = (saved_exact / "README.md").read_text()
-    for needle in ("STS-B", "exact", "Dev Spearman", "python -m jobs.train --variant exact", "weight decay 0.1"):
+    for needle in ("STS-B", "exact", "Dev Spearman", "python -m jobs.train --variant exact", "weight decay 0.1",
+                   "s on cpu with xsbert-scale", f"sentence-transformers {sentence_transformers.__version__}"):
         assert needle in card, needle
     modules = json.loads((saved_exact / "modules.json").read_text())
     assert modules[0]["type"] == "xsbert_core.shift.ShiftedTransformer"
