@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 import traceback
+from pathlib import Path
 
 STEP_FILES = ("jobs/", "pyarrow/parquet")
 
@@ -125,17 +126,17 @@ def ray_data(n: int) -> None:
 
 
 def parquet_write(part: str, row_group_size: int | None) -> None:
-    """Write one store part again with the store's Parquet settings (or another row-group size) and print the
-    largest RssAnon above the table read and released, sampled every 2 ms; the pool is pyarrow's default or
-    $ARROW_DEFAULT_MEMORY_POOL's."""
+    """Write one store part again with the store's Parquet settings for its table (the folder it is in; or
+    another row-group size) and print the largest RssAnon above the table read and released, sampled every 2 ms;
+    the pool is pyarrow's default or $ARROW_DEFAULT_MEMORY_POOL's."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from jobs._store import PARQUET_OPTIONS
+    from jobs._store import parquet_options
 
     table = pq.read_table(part).combine_chunks()
     pa.default_memory_pool().release_unused()
-    options = {**PARQUET_OPTIONS, **({"row_group_size": row_group_size} if row_group_size else {})}
+    options = {**parquet_options(Path(part).parent.name), **({"row_group_size": row_group_size} if row_group_size else {})}
     peak, stop = [0.0], threading.Event()
 
     def sample() -> None:

@@ -92,6 +92,16 @@ SCHEMAS: dict[str, pa.Schema] = {
 
 # Parquet settings, fixed so that the same rows always give the same bytes.
 PARQUET_OPTIONS = dict(compression="zstd", use_dictionary=True, write_statistics=True, row_group_size=1 << 20)
+# Rows per row group where a row is large: pyarrow encodes a row group whole before writing it, so the writer's
+# memory follows the group, not the file. A `sentences` row holds the sentence's tokens, words and two D-float
+# vectors (~3.6 KB at D = 384): a wave's part of 29,612 sentences written as one group took +52 MB above the table
+# (system allocator), in groups of 4,096 rows +6 MB (bench/driver_peaks.py parquet-write, bench/results/scale.md).
+ROW_GROUP_ROWS = {"sentences": 4096}
+
+
+def parquet_options(table: str | None = None) -> dict[str, Any]:
+    """The fixed Parquet settings for a part of `table` (its row-group size included)."""
+    return {**PARQUET_OPTIONS, "row_group_size": ROW_GROUP_ROWS.get(table or "", PARQUET_OPTIONS["row_group_size"])}
 
 
 def part_seq(name: str) -> int | None:
@@ -122,9 +132,10 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
-def write_parquet_synced(data: pa.Table, path: Path) -> None:
-    """Write `data` to the local file `path` with the store's fixed Parquet settings, and fsync it."""
-    pq.write_table(data, path, **PARQUET_OPTIONS)
+def write_parquet_synced(data: pa.Table, path: Path, table: str | None = None) -> None:
+    """Write `data` (a part of `table`) to the local file `path` with the store's fixed Parquet settings, and
+    fsync it."""
+    pq.write_table(data, path, **parquet_options(table))
     with open(path, "rb+") as fh:
         os.fsync(fh.fileno())
 
@@ -313,7 +324,7 @@ class RunStore:
                 continue
             data = data.select(self.schema(table).names).cast(self.schema(table))
             tmp = staging / f"{table}.parquet"
-            write_parquet_synced(data, tmp)
+            write_parquet_synced(data, tmp, table)
             staged.append((tmp, self.path / table / name))
         for tmp, final in staged:
             os.replace(tmp, final)
@@ -827,7 +838,7 @@ class ObjectRunStore(RunStore):
             data = data.select(self.schema(table).names).cast(self.schema(table))
             final = self._key(table, name)
             try:
-                pq.write_table(data, final, filesystem=self.fs, **PARQUET_OPTIONS)
+                pq.write_table(data, final, filesystem=self.fs, **parquet_options(table))
             except OSError as exc:
                 raise self._fail(exc, f"cannot write {table}/{name}") from None
             wrote.append(PurePosixPath(final))
@@ -875,7 +886,7 @@ class PartSink:
         if not self.remote:
             folder = Path(self.root) / table
             tmp = folder / f".{name}.{os.getpid()}.tmp"
-            write_parquet_synced(data, tmp)
+            write_parquet_synced(data, tmp, table)
             os.replace(tmp, folder / name)
             return name
         fs, base = filesystem(self.root, self.settings)
@@ -884,7 +895,7 @@ class PartSink:
             if held.get("token") != self.lock_token:
                 raise StoreError(f"{redact(self.root)}: the writer lock is no longer this run's: {table}/{name} "
                                  "not written")  # fmt: skip
-        pq.write_table(data, f"{base}/{table}/{name}", filesystem=fs, **PARQUET_OPTIONS)
+        pq.write_table(data, f"{base}/{table}/{name}", filesystem=fs, **parquet_options(table))
         return name
 
     def _held_lock(self, fs, path: str, tries: int = LOCK_READ_TRIES) -> dict[str, Any]:

@@ -49,6 +49,30 @@ def parquet_hashes(run_dir: Path) -> dict[str, str]:
             for p in sorted(run_dir.rglob("*.parquet"))}  # fmt: skip
 
 
+def commit_large_rows(store, n: int = 10_000) -> dict:
+    """Commit wave 0 of `pairs`, `sentences` and `cells` with `n` rows each (keys only) into the open `store`, and
+    write wave 1's `cells` and `sentences` through its PartSink, as stage-2 tasks do; the tables written."""
+    import pyarrow as pa
+
+    from jobs import _store
+
+    rows = [{"pair_id": f"p{k}", "sentence_id": f"s{k:05d}"} for k in range(n)]
+    tables = {t: pa.Table.from_pylist(rows, schema=_store.SCHEMAS[t]) for t in ("pairs", "sentences", "cells")}
+    store.commit(0, tables)
+    sink = store.sink()
+    for table in ("cells", "sentences"):
+        sink.write(table, 1, 0, tables[table])
+    return tables
+
+
+def row_groups(path: Path) -> list[int]:
+    """The number of rows of each row group of a Parquet file."""
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(path).metadata
+    return [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+
+
 def run_job(out: Path, *flags: str) -> dict:
     """`python -m jobs.attribute` in-process with the FAST settings (flags after FAST win)."""
     from jobs.attribute import main, parse_args

@@ -12,7 +12,17 @@ import time
 from pathlib import Path
 
 import pytest
-from jobtools import FAST, assert_same_rows, check_pipeline_on_store, download, run_job, stsb_rows, write_tsv
+from jobtools import (
+    FAST,
+    assert_same_rows,
+    check_pipeline_on_store,
+    commit_large_rows,
+    download,
+    row_groups,
+    run_job,
+    stsb_rows,
+    write_tsv,
+)
 
 from jobs import _store
 
@@ -105,6 +115,22 @@ def test_driver_killed_mid_run_on_s3_resumes_to_the_same_store(s3env, data, loca
     assert s["computed_pairs"] == N_PAIRS - 4 and (s["n_in"], s["n_done"]) == (N_PAIRS, N_PAIRS)
     assert_same_rows(download(s["run_dir"], tmp_path / "copy"), local_clean)
     assert not any(k.endswith("_lock.json") for k in listing(s3env, f"killed/runs/{local_clean.name}/"))
+
+
+def test_parts_on_s3_have_the_local_row_groups_and_bytes(s3env, tmp_path):
+    """Parts PUT by the store's own code (the driver's commit and a stage-2 task's PartSink) are the bytes a local
+    store writes: `sentences` in row groups of 4,096 rows, the rest in one."""
+    store = _store.open_store(f"s3://{s3env.bucket}/groups", "r").open()
+    commit_large_rows(store)
+    store.close()
+    local = _store.RunStore(tmp_path / "local", "r").open()
+    commit_large_rows(local)
+    local.close()
+    got = download(f"s3://{s3env.bucket}/groups/r", tmp_path / "copy")
+    for name in ("part-000000.parquet", "part-000001-0000000.parquet"):
+        assert row_groups(got / "sentences" / name) == [4096, 4096, 1808]
+        for table in ("sentences", "cells"):
+            assert (got / table / name).read_bytes() == (tmp_path / "local" / "r" / table / name).read_bytes()
 
 
 def test_two_writers_on_one_s3_run_one_fails_cleanly(s3env):
