@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import html
 import json
 import os
 import re
@@ -552,25 +551,15 @@ def finding_lines(found: list[dict[str, Any]], paper_ok: bool) -> list[str]:
 
 
 def write_index(target: Reports, study: Study, reports: list[dict[str, Any]], models: dict[str, str]) -> str:
+    """The study's index page (jobs/templates/study.html, autoescaped): a link to each report and its findings."""
+    from .report import environment
+
     root = target.local
     root.mkdir(parents=True, exist_ok=True)
-    items = []
-    for r in reports:
-        lines = finding_lines(r["findings"], like_for_like(models.get(r["name"], "")))
-        li = "".join(f"<li>{html.escape(x)}</li>" for x in lines)
-        rel = f"{r['name']}/index.html"
-        runs = html.escape(r["run"] + (f" vs {r['run2']}" if r["run2"] else ""))
-        items.append(f'<section><h2><a href="{html.escape(rel)}">{html.escape(r["name"])}</a></h2>'
-                     f"<p class=run>{runs}</p><ul>{li}</ul></section>")  # fmt: skip
-    page = (
-        "<!doctype html><html><head><meta charset=utf-8>"
-        f"<title>{html.escape(study.study)}: xsbert-scale study</title>"
-        "<style>body{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto;padding:0 1em}"
-        ".run{color:#666;font-size:.9em}li{margin:.2em 0}</style></head><body>"
-        f"<h1>Study {html.escape(study.study)}</h1>"
-        "<p>One report per run and per comparison; the paper's figures (all-mpnet-base-v2) appear beside a "
-        "finding only when the run's model is that model.</p>" + "".join(items) + "</body></html>\n"
-    )
+    items = [{"name": r["name"], "href": f"{r['name']}/index.html",
+              "runs": r["run"] + (f" vs {r['run2']}" if r["run2"] else ""),
+              "lines": finding_lines(r["findings"], like_for_like(models.get(r["name"], "")))} for r in reports]  # fmt: skip
+    page = environment().get_template("study.html").render(study=study.study, reports=items)
     (root / "index.html").write_text(page, encoding="utf-8")
     target.publish("index.html")
     return f"{target.root}/index.html"
