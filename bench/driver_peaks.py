@@ -23,6 +23,7 @@ import argparse
 import collections
 import gc
 import json
+import os
 import sys
 import threading
 import time
@@ -136,7 +137,8 @@ def parquet_write(part: str, row_group_size: int | None) -> None:
 
     table = pq.read_table(part).combine_chunks()
     pa.default_memory_pool().release_unused()
-    options = {**parquet_options(Path(part).parent.name), **({"row_group_size": row_group_size} if row_group_size else {})}
+    options = {**parquet_options(Path(part).parent.name, table.schema),
+               **({"row_group_size": row_group_size} if row_group_size else {})}
     peak, stop = [0.0], threading.Event()
 
     def sample() -> None:
@@ -149,11 +151,12 @@ def parquet_write(part: str, row_group_size: int | None) -> None:
     thread.start()
     with tempfile_dir() as d:
         pq.write_table(table, f"{d}/part.parquet", **options)
-    stop.set()
-    thread.join()
+        stop.set()
+        thread.join()
+        size = os.path.getsize(f"{d}/part.parquet")
     print(json.dumps({"rows": table.num_rows, "table_mb": round(table.nbytes / 2**20), "pool":
                       pa.default_memory_pool().backend_name, "row_group_size": options["row_group_size"],
-                      "write_peak_above_mb": round(peak[0] - base)}))  # fmt: skip
+                      "write_peak_above_mb": round(peak[0] - base), "file_mb": round(size / 2**20, 1)}))  # fmt: skip
 
 
 def tempfile_dir():

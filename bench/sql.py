@@ -731,7 +731,7 @@ def write_part(run: Path, table: str, seq: int, data: pa.Table) -> int:
         schema = pa.schema(list(schema) + extra)
         data = data.select(schema.names).cast(schema)
     path = run / table / f"part-{seq:06d}.parquet"
-    pq.write_table(data, path, **parquet_options(table))
+    pq.write_table(data, path, **parquet_options(table, data.schema))
     return data.num_rows
 
 

@@ -92,16 +92,29 @@ SCHEMAS: dict[str, pa.Schema] = {
 
 # Parquet settings, fixed so that the same rows always give the same bytes.
 PARQUET_OPTIONS = dict(compression="zstd", use_dictionary=True, write_statistics=True, row_group_size=1 << 20)
-# Rows per row group where a row is large: pyarrow encodes a row group whole before writing it, so the writer's
-# memory follows the group, not the file. A `sentences` row holds the sentence's tokens, words and two D-float
-# vectors (~3.6 KB at D = 384): a wave's part of 29,612 sentences written as one group took +52 MB above the table
-# (system allocator), in groups of 4,096 rows +6 MB (bench/driver_peaks.py parquet-write, bench/results/scale.md).
+# Where a row is large (a `sentences` row holds the sentence's tokens, words and two D-float vectors, ~3.6 KB at
+# D = 384): row groups of 4,096 rows, since pyarrow encodes a row group whole before writing it, and the vectors as
+# BYTE_STREAM_SPLIT floats without a dictionary (a dictionary of distinct floats only falls back, per row group).
+# On the 404k rehearsal's largest part (29,612 sentences, system allocator): the write took +95 MB above the table
+# and 46.1 MB on disk with one group and dictionaries everywhere, +25 MB and 43.2 MB with these settings
+# (bench/driver_peaks.py parquet-write, bench/results/scale.md).
 ROW_GROUP_ROWS = {"sentences": 4096}
+VECTOR_COLUMNS = {"sentences": ("embedding", "reference_embedding")}
 
 
-def parquet_options(table: str | None = None) -> dict[str, Any]:
-    """The fixed Parquet settings for a part of `table` (its row-group size included)."""
-    return {**PARQUET_OPTIONS, "row_group_size": ROW_GROUP_ROWS.get(table or "", PARQUET_OPTIONS["row_group_size"])}
+def _leaf(field: pa.Field) -> str:
+    return f"{field.name}.list.element" if pa.types.is_list(field.type) else field.name
+
+
+def parquet_options(table: str | None = None, schema: pa.Schema | None = None) -> dict[str, Any]:
+    """The fixed Parquet settings for a part of `table` with columns `schema` (default: the table's schema)."""
+    options = {**PARQUET_OPTIONS, "row_group_size": ROW_GROUP_ROWS.get(table or "", PARQUET_OPTIONS["row_group_size"])}
+    vectors = VECTOR_COLUMNS.get(table or "", ())
+    if vectors:
+        fields = list(schema if schema is not None else SCHEMAS[table])  # type: ignore[index]
+        options["use_dictionary"] = [_leaf(f) for f in fields if f.name not in vectors]
+        options["column_encoding"] = {_leaf(f): "BYTE_STREAM_SPLIT" for f in fields if f.name in vectors}
+    return options
 
 
 def part_seq(name: str) -> int | None:
@@ -135,7 +148,7 @@ def _fsync_dir(path: Path) -> None:
 def write_parquet_synced(data: pa.Table, path: Path, table: str | None = None) -> None:
     """Write `data` (a part of `table`) to the local file `path` with the store's fixed Parquet settings, and
     fsync it."""
-    pq.write_table(data, path, **parquet_options(table))
+    pq.write_table(data, path, **parquet_options(table, data.schema))
     with open(path, "rb+") as fh:
         os.fsync(fh.fileno())
 
@@ -838,7 +851,7 @@ class ObjectRunStore(RunStore):
             data = data.select(self.schema(table).names).cast(self.schema(table))
             final = self._key(table, name)
             try:
-                pq.write_table(data, final, filesystem=self.fs, **parquet_options(table))
+                pq.write_table(data, final, filesystem=self.fs, **parquet_options(table, data.schema))
             except OSError as exc:
                 raise self._fail(exc, f"cannot write {table}/{name}") from None
             wrote.append(PurePosixPath(final))
@@ -895,7 +908,7 @@ class PartSink:
             if held.get("token") != self.lock_token:
                 raise StoreError(f"{redact(self.root)}: the writer lock is no longer this run's: {table}/{name} "
                                  "not written")  # fmt: skip
-        pq.write_table(data, f"{base}/{table}/{name}", filesystem=fs, **parquet_options(table))
+        pq.write_table(data, f"{base}/{table}/{name}", filesystem=fs, **parquet_options(table, data.schema))
         return name
 
     def _held_lock(self, fs, path: str, tries: int = LOCK_READ_TRIES) -> dict[str, Any]:

@@ -56,7 +56,8 @@ def commit_large_rows(store, n: int = 10_000) -> dict:
 
     from jobs import _store
 
-    rows = [{"pair_id": f"p{k}", "sentence_id": f"s{k:05d}"} for k in range(n)]
+    rows = [{"pair_id": f"p{k}", "sentence_id": f"s{k:05d}", "tokens": ["[CLS]", f"t{k % 7}", "[SEP]"],
+             "embedding": [k / 7.0, -k / 3.0, 0.5], "reference_embedding": [1.0, k / 11.0, -0.25]} for k in range(n)]
     tables = {t: pa.Table.from_pylist(rows, schema=_store.SCHEMAS[t]) for t in ("pairs", "sentences", "cells")}
     store.commit(0, tables)
     sink = store.sink()

@@ -293,8 +293,10 @@ def test_commit_is_atomic_and_recovery_removes_a_cut_commit(tmp_path, monkeypatc
 
 def test_sentences_parts_are_written_in_small_row_groups(tmp_path):
     """A wave's `sentences` part (large rows: two D-float vectors each) in row groups of 4,096 rows, which bounds
-    the writer's memory; other tables in one group up to 1M rows; the same rows give the same bytes, whether the
-    driver commits the part or a stage-2 task writes it through a PartSink."""
+    the writer's memory, its vectors BYTE_STREAM_SPLIT without a dictionary, its strings with one; other tables in
+    one group up to 1M rows; the same rows give the same bytes, whether the driver commits the part or a stage-2
+    task writes it through a PartSink; DuckDB reads the vectors back exactly."""
+    import duckdb
     import pyarrow.parquet as pq
     from jobtools import commit_large_rows, row_groups
 
@@ -307,7 +309,16 @@ def test_sentences_parts_are_written_in_small_row_groups(tmp_path):
         assert row_groups(run / "sentences" / name) == [4096, 4096, 1808]
         assert row_groups(run / "cells" / name) == [10_000]
     assert row_groups(run / "pairs" / "part-000000.parquet") == [10_000]
-    assert pq.read_table(run / "sentences" / "part-000000.parquet").equals(tables["sentences"])
+    part = run / "sentences" / "part-000000.parquet"
+    assert pq.read_table(part).equals(tables["sentences"])
+    group = pq.ParquetFile(part).metadata.row_group(0)
+    encodings = {group.column(c).path_in_schema: set(group.column(c).encodings) for c in range(group.num_columns)}
+    for vector in ("embedding", "reference_embedding"):
+        assert encodings[f"{vector}.list.element"] == {"BYTE_STREAM_SPLIT", "RLE"}
+    assert "RLE_DICTIONARY" in encodings["tokens.list.element"] and "RLE_DICTIONARY" in encodings["sentence_id"]
+    want = np.asarray(tables["sentences"]["embedding"].to_pylist(), dtype=np.float32)
+    got = duckdb.sql(f"select embedding from '{part}' order by sentence_id").fetchnumpy()["embedding"]
+    assert np.array_equal(np.stack(got).astype(np.float32), want)
     for table in ("sentences", "pairs", "cells"):
         assert (run / table / "part-000000.parquet").read_bytes() == \
             (tmp_path / "r2" / table / "part-000000.parquet").read_bytes()  # fmt: skip
