@@ -5,15 +5,16 @@ in, grouped by step; and what one executed Ray Data dataset leaves behind in a d
         --text-b-column question2 --id-column id --model bench/.cache/scale/rehearsal-model --out /tmp/peaks \\
         --layer 0 --steps 2 --wave-size 4096 --batch-size 128 -q
     python bench/driver_peaks.py ray-data --datasets 100
-    ARROW_DEFAULT_MEMORY_POOL=system python bench/driver_peaks.py parquet-write <run>/sentences/part-000024.parquet
+    ARROW_DEFAULT_MEMORY_POOL=system python bench/driver_peaks.py parquet-write <run>/sentences/part-000024.parquet \
+        [--settings base] [--row-group-size 8192]
 
 `job` runs `jobs.attribute` in this process (the arguments after `--`, as its command line takes them) and prints,
 per step of the driver (the innermost frame of jobs/ or of pyarrow's Parquet writer), the largest RssAnon seen in
 it and how often it was seen; then, per commit (a wave ends with one), the largest RssAnon since the last one, the
 step it fell in, and the lowest in the 3 s after it. `ray-data` executes N small
 datasets (32 blocks, a map_batches each, as stage 2 does per wave) and prints the driver's RssAnon and the count
-of Python objects every 10. `parquet-write` writes one store part again with the store's settings and prints
-the memory that took. A sample is a sample: a step shorter than 0.1 s can be missed, and the sampling
+of Python objects every 10. `parquet-write` writes one store part again with the store's settings (or the base
+settings of the other tables, or another row-group size) and prints the memory that took and the file's size. A sample is a sample: a step shorter than 0.1 s can be missed, and the sampling
 thread takes the GIL like any other (~1% of the driver's time).
 """
 
@@ -126,19 +127,20 @@ def ray_data(n: int) -> None:
     ray.shutdown()
 
 
-def parquet_write(part: str, row_group_size: int | None) -> None:
-    """Write one store part again with the store's Parquet settings for its table (the folder it is in; or
-    another row-group size) and print the largest RssAnon above the table read and released, sampled every 2 ms;
-    the pool is pyarrow's default or $ARROW_DEFAULT_MEMORY_POOL's."""
+def parquet_write(part: str, row_group_size: int | None, settings: str = "store") -> None:
+    """Write one store part again with the store's Parquet settings for its table (the folder it is in; `settings`
+    "base": PARQUET_OPTIONS alone, the sentences' settings before their row groups and vector encoding; or
+    another row-group size) and print the largest RssAnon above the table read and released, sampled every 2 ms,
+    and the file's size; the pool is pyarrow's default or $ARROW_DEFAULT_MEMORY_POOL's."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from jobs._store import parquet_options
+    from jobs._store import PARQUET_OPTIONS, parquet_options
 
     table = pq.read_table(part).combine_chunks()
     pa.default_memory_pool().release_unused()
-    options = {**parquet_options(Path(part).parent.name, table.schema),
-               **({"row_group_size": row_group_size} if row_group_size else {})}
+    store = parquet_options(Path(part).parent.name, table.schema) if settings == "store" else dict(PARQUET_OPTIONS)
+    options = {**store, **({"row_group_size": row_group_size} if row_group_size else {})}
     peak, stop = [0.0], threading.Event()
 
     def sample() -> None:
@@ -155,7 +157,7 @@ def parquet_write(part: str, row_group_size: int | None) -> None:
         thread.join()
         size = os.path.getsize(f"{d}/part.parquet")
     print(json.dumps({"rows": table.num_rows, "table_mb": round(table.nbytes / 2**20), "pool":
-                      pa.default_memory_pool().backend_name, "row_group_size": options["row_group_size"],
+                      pa.default_memory_pool().backend_name, "settings": settings, "row_group_size": options["row_group_size"],
                       "write_peak_above_mb": round(peak[0] - base), "file_mb": round(size / 2**20, 1)}))  # fmt: skip
 
 
@@ -175,9 +177,11 @@ def main() -> None:
     w = sub.add_parser("parquet-write", help="the memory of writing one store part again")
     w.add_argument("part", help="a Parquet part of a store, e.g. <run>/sentences/part-000024.parquet")
     w.add_argument("--row-group-size", type=int, default=None)
+    w.add_argument("--settings", choices=("store", "base"), default="store",
+                   help="the store's settings for the part's table, or PARQUET_OPTIONS alone (the other tables')")
     args = p.parse_args()
     if args.what == "parquet-write":
-        parquet_write(args.part, args.row_group_size)
+        parquet_write(args.part, args.row_group_size, args.settings)
     elif args.what == "job":
         job([a for a in args.args if a != "--"] if args.args[:1] == ["--"] else args.args)
     else:
