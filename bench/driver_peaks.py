@@ -14,8 +14,9 @@ it and how often it was seen; then, per commit (a wave ends with one), the large
 step it fell in, and the lowest in the 3 s after it. `ray-data` executes N small
 datasets (32 blocks, a map_batches each, as stage 2 does per wave) and prints the driver's RssAnon and the count
 of Python objects every 10. `parquet-write` writes one store part again with the store's settings (or the base
-settings of the other tables, or another row-group size) and prints the memory that took and the file's size. A sample is a sample: a step shorter than 0.1 s can be missed, and the sampling
-thread takes the GIL like any other (~1% of the driver's time).
+settings of the other tables, or another row-group size) and prints the memory that took and the file's size.
+A sample is a sample: a step shorter than 0.1 s can be missed, and the sampling thread takes the GIL like any
+other (~1% of the driver's time).
 """
 
 from __future__ import annotations
@@ -156,9 +157,10 @@ def parquet_write(part: str, row_group_size: int | None, settings: str = "store"
         stop.set()
         thread.join()
         size = os.path.getsize(f"{d}/part.parquet")
-    print(json.dumps({"rows": table.num_rows, "table_mb": round(table.nbytes / 2**20), "pool":
-                      pa.default_memory_pool().backend_name, "settings": settings, "row_group_size": options["row_group_size"],
-                      "write_peak_above_mb": round(peak[0] - base), "file_mb": round(size / 2**20, 1)}))  # fmt: skip
+    print(json.dumps({"rows": table.num_rows, "table_mb": round(table.nbytes / 2**20),
+                      "pool": pa.default_memory_pool().backend_name, "settings": settings,
+                      "row_group_size": options["row_group_size"], "write_peak_above_mb": round(peak[0] - base),
+                      "file_mb": round(size / 2**20, 1)}))  # fmt: skip
 
 
 def tempfile_dir():

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from jobs._actors import TOP_CELLS, Grids  # noqa: E402
-from jobs._store import SCHEMAS, STORE_VERSION, parquet_options  # noqa: E402
+from jobs._store import SCHEMAS, STORE_VERSION, write_parquet  # noqa: E402
 
 
 def pair_runs(table: pa.Table) -> list[tuple[str, int, int]]:
@@ -48,7 +48,7 @@ def matrix(rows: np.ndarray, cols: np.ndarray, values: np.ndarray, shape: tuple[
 
 
 def write(table: pa.Table, name: str, path: Path) -> None:
-    pq.write_table(table.select(SCHEMAS[name].names).cast(SCHEMAS[name]), path, **parquet_options(name))
+    write_parquet(table.select(SCHEMAS[name].names).cast(SCHEMAS[name]), path, name)
 
 
 def main() -> None:

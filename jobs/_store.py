@@ -145,10 +145,15 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
-def write_parquet_synced(data: pa.Table, path: Path, table: str | None = None) -> None:
-    """Write `data` (a part of `table`) to the local file `path` with the store's fixed Parquet settings, and
-    fsync it."""
-    pq.write_table(data, path, **parquet_options(table, data.schema))
+def write_parquet(data: pa.Table, where: str | Path, table: str | None, filesystem: Any = None) -> None:
+    """Write `data`, a part of `table` (None: not a store table), to `where` (a local path, or a path on
+    `filesystem`) with the store's fixed Parquet settings for that table."""
+    pq.write_table(data, where, filesystem=filesystem, **parquet_options(table, data.schema))
+
+
+def write_parquet_synced(data: pa.Table, path: Path, table: str | None) -> None:
+    """`write_parquet` to the local file `path`, and fsync it."""
+    write_parquet(data, path, table)
     with open(path, "rb+") as fh:
         os.fsync(fh.fileno())
 
@@ -851,7 +856,7 @@ class ObjectRunStore(RunStore):
             data = data.select(self.schema(table).names).cast(self.schema(table))
             final = self._key(table, name)
             try:
-                pq.write_table(data, final, filesystem=self.fs, **parquet_options(table, data.schema))
+                write_parquet(data, final, table, self.fs)
             except OSError as exc:
                 raise self._fail(exc, f"cannot write {table}/{name}") from None
             wrote.append(PurePosixPath(final))
@@ -908,7 +913,7 @@ class PartSink:
             if held.get("token") != self.lock_token:
                 raise StoreError(f"{redact(self.root)}: the writer lock is no longer this run's: {table}/{name} "
                                  "not written")  # fmt: skip
-        pq.write_table(data, f"{base}/{table}/{name}", filesystem=fs, **parquet_options(table, data.schema))
+        write_parquet(data, f"{base}/{table}/{name}", table, fs)
         return name
 
     def _held_lock(self, fs, path: str, tries: int = LOCK_READ_TRIES) -> dict[str, Any]:

@@ -45,7 +45,6 @@ from xsbert_core.words import words_of
 
 from ._ray import init_ray, quiet_ray
 from ._store import (
-    PARQUET_OPTIONS,
     PART_RE,
     SCHEMAS,
     STAGING,
@@ -55,6 +54,7 @@ from ._store import (
     is_remote,
     open_store,
     part_name,
+    write_parquet_synced,
 )
 
 logger = logging.getLogger("jobs.parse")
@@ -395,9 +395,7 @@ class ParseCache:
             seq = max(seqs, default=-1) + 1
             final = self.path / f"part-{seq:06d}.parquet"
             tmp = self.path / f".{final.name}.tmp"
-            pq.write_table(rows.sort_by("sentence_id").cast(CACHE_SCHEMA), tmp, **PARQUET_OPTIONS)
-            with open(tmp, "rb+") as fh:
-                os.fsync(fh.fileno())
+            write_parquet_synced(rows.sort_by("sentence_id").cast(CACHE_SCHEMA), tmp, None)
             os.replace(tmp, final)
             _fsync_dir(self.path)
         return final
@@ -585,13 +583,10 @@ def replace_table(store: RunStore, table: str, data: Iterable[pa.Table]) -> list
     for rows in data:
         if rows.num_rows:
             staged.append(staging / part_name(len(staged)))
-            pq.write_table(rows.select(schema.names).cast(schema), staged[-1], **PARQUET_OPTIONS)
+            write_parquet_synced(rows.select(schema.names).cast(schema), staged[-1], table)
     if not staged:
         staged.append(staging / part_name(0))
-        pq.write_table(schema.empty_table(), staged[-1], **PARQUET_OPTIONS)
-    for part in staged:
-        with open(part, "rb+") as fh:
-            os.fsync(fh.fileno())
+        write_parquet_synced(schema.empty_table(), staged[-1], table)
     old = store.path / STAGING / f"{table}-old"
     shutil.rmtree(old, ignore_errors=True)
     if (store.path / table).exists():

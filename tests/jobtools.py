@@ -50,8 +50,9 @@ def parquet_hashes(run_dir: Path) -> dict[str, str]:
 
 
 def commit_large_rows(store, n: int = 10_000) -> dict:
-    """Commit wave 0 of `pairs`, `sentences` and `cells` with `n` rows each (keys only) into the open `store`, and
-    write wave 1's `cells` and `sentences` through its PartSink, as stage-2 tasks do; the tables written."""
+    """Commit wave 0 of `pairs`, `sentences` and `cells` with `n` rows each (keys, and for `sentences` tokens and
+    3-float vectors; other columns null) into the open `store`, and write wave 1's `cells` and `sentences` through
+    its PartSink, as stage-2 tasks do; the tables written."""
     import pyarrow as pa
 
     from jobs import _store
