@@ -132,7 +132,7 @@ def model_paths(args: argparse.Namespace) -> dict[str, str]:
         paths[v] = str(folder)
     for v in ("tuned", "exact"):
         folder = Path(args.models) / f"{base_name(args.base)}-{v}-seed{args.second_seed}"
-        if is_model(folder):
+        if any(is_model(checkpoint_path(str(folder), c)) for c in CHECKPOINTS):
             paths[f"{v}2"] = str(folder)
     return paths
 
@@ -149,12 +149,15 @@ def checkpoint_path(path: str, checkpoint: str) -> str:
     return path if checkpoint == "last-epoch" else f"{path.rstrip('/')}{BEST_SUFFIX}"
 
 
-def require_models(paths: dict[str, str], needed: tuple[str, ...], checkpoint: str = "last-epoch") -> None:
-    missing = [f"{v} ({checkpoint_path(paths[v], checkpoint)})" for v in needed
-               if not is_model(checkpoint_path(paths[v], checkpoint))]  # fmt: skip
+def require_models(paths: dict[str, str], needed: tuple[str, ...],
+                   checkpoints: tuple[str, ...] = CHECKPOINTS) -> None:
+    """Each of `needed` has a saved model at one of `checkpoints` at least (Table 1 takes whichever are there; the
+    attribution stages need the one --checkpoint names)."""
+    missing = [f"{v} ({' or '.join(checkpoint_path(paths[v], c) for c in checkpoints)})" for v in needed
+               if not any(is_model(checkpoint_path(paths[v], c)) for c in checkpoints)]  # fmt: skip
     if missing:
         hint = ("; models trained before jobs.train kept the best dev epoch have only the last one: "
-                "--checkpoint last-epoch" if checkpoint == "best-dev" else "")  # fmt: skip
+                "--checkpoint last-epoch" if checkpoints == ("best-dev",) else "")  # fmt: skip
         raise InputError(
             f"model folder(s) not found: {', '.join(missing)}; train them first: "
             + " && ".join(f"python -m jobs.train --variant {v}" for v in VARIANTS) + hint
@@ -430,7 +433,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     needed = {"table1": VARIANTS, "agreement": ("tuned", "exact"), "figures": ("exact",)}
     require_models(paths, tuple(sorted({v for s in args.stages for v in needed[s]})))
     attributed = {s for s in args.stages if s != "table1"}
-    require_models(paths, tuple(sorted({v for s in attributed for v in needed[s]})), args.checkpoint)
+    require_models(paths, tuple(sorted({v for s in attributed for v in needed[s]})), (args.checkpoint,))
     # the folders the attribution stages use: the chosen epoch of each trained model (the noise floor's too)
     models = {name: checkpoint_path(path, args.checkpoint) for name, path in paths.items() if name != "shelf"}
     models = {name: path for name, path in models.items() if name in VARIANTS or is_model(path)}

@@ -165,6 +165,26 @@ def test_evaluate_bad_inputs(tmp_path, capsys):
     assert not np.any([p.name.endswith(".parquet") for p in tmp_path.rglob("*")])
 
 
+def test_models_kept_only_at_their_best_dev_epoch_are_found(tmp_path):
+    """A models folder that holds only the best-dev epochs (what bench/gpu_train.py carries back from a GPU machine):
+    the attribution stages at --checkpoint best-dev find every model, the second seed's too; last-epoch names them
+    as missing; Table 1 takes whichever epoch is there."""
+    from jobs.evaluate import model_paths, parse_args, require_models
+    from xsbert_core import InputError
+
+    for name in ("m-tuned", "m-exact", "m-orig", "m-tuned-seed1", "m-exact-seed1"):
+        (tmp_path / f"{name}-best-dev").mkdir()
+        (tmp_path / f"{name}-best-dev" / "modules.json").write_text("[]")
+    paths = model_paths(parse_args(["--base", "m", "--models", str(tmp_path)]))
+    assert paths["tuned2"] == str(tmp_path / "m-tuned-seed1") and paths["exact2"] == str(tmp_path / "m-exact-seed1")
+    require_models(paths, ("exact", "orig", "tuned"))  # Table 1: either epoch
+    require_models(paths, ("exact", "tuned"), ("best-dev",))
+    with pytest.raises(InputError, match=r"tuned \(.*m-tuned\)"):
+        require_models(paths, ("tuned",), ("last-epoch",))
+    (tmp_path / "m-exact-seed1-best-dev" / "modules.json").unlink()
+    assert "exact2" not in model_paths(parse_args(["--base", "m", "--models", str(tmp_path)]))
+
+
 def test_plot_by_layer_clips_bands_to_the_metric_range(tmp_path, monkeypatch):
     """mean ± std bands stay inside `bounds` (a Jaccard index cannot exceed 1); without bounds they are as given."""
     import matplotlib.axes
