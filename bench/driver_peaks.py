@@ -4,7 +4,7 @@ in, grouped by step; and what one executed Ray Data dataset leaves behind in a d
     python bench/driver_peaks.py job -- --dataset bench/.cache/scale/pairs-10000.parquet --text-a-column question1 \\
         --text-b-column question2 --id-column id --model bench/.cache/scale/rehearsal-model --out /tmp/peaks \\
         --layer 0 --steps 2 --wave-size 4096 --batch-size 128 -q
-    python bench/driver_peaks.py ray-data --datasets 100
+    python bench/driver_peaks.py ray-data --datasets 100 [--tasks]
     ARROW_DEFAULT_MEMORY_POOL=system python bench/driver_peaks.py parquet-write <run>/sentences/part-000024.parquet \
         [--settings base] [--row-group-size 8192]
 
@@ -12,8 +12,9 @@ in, grouped by step; and what one executed Ray Data dataset leaves behind in a d
 per step of the driver (the innermost frame of jobs/ or of pyarrow's Parquet writer), the largest RssAnon seen in
 it and how often it was seen; then, per commit (a wave ends with one), the largest RssAnon since the last one, the
 step it fell in, and the lowest in the 3 s after it. `ray-data` executes N small
-datasets (32 blocks, a map_batches each, as stage 2 does per wave) and prints the driver's RssAnon and the count
-of Python objects every 10. `parquet-write` writes one store part again with the store's settings (or the base
+datasets (32 blocks, a map_batches each, as stage 2 did per wave before the ninth session) or with `--tasks` the
+same calls as plain Ray tasks of one remote function (as stage 2 does now), and prints the driver's RssAnon and the
+count of Python objects every 10. `parquet-write` writes one store part again with the store's settings (or the base
 settings of the other tables, or another row-group size) and prints the memory that took and the file's size.
 A sample is a sample: a step shorter than 0.1 s can be missed, and the sampling thread takes the GIL like any
 other (~1% of the driver's time).
@@ -104,25 +105,35 @@ def job(argv: list[str], period: float = 0.1) -> None:
         start = end + 1
 
 
-def ray_data(n: int) -> None:
+def _fn(t):
+    import numpy as np
+    import pyarrow as pa
+
+    return pa.table({"x": t.column("x"), "y": pa.array(np.ones(t.num_rows))})
+
+
+def ray_data(n: int, tasks: bool = False) -> None:
+    """N rounds of 32 blocks through `_fn`: each round a Ray Data dataset (map_batches), or with `tasks` the same
+    32 calls as plain Ray tasks of one remote function (what stage 2 does per wave since issue 19's ninth session)."""
     import numpy as np
     import pyarrow as pa
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
-
-    def fn(t: pa.Table) -> pa.Table:
-        return pa.table({"x": t.column("x"), "y": pa.array(np.ones(t.num_rows))})
+    remote = ray.remote(_fn).options(num_cpus=0.5, max_retries=3)
 
     blocks = [pa.table({"x": np.arange(k * 512, (k + 1) * 512)}) for k in range(32)]
     for i in range(n + 1):
         if i % 10 == 0:
             gc.collect()
-            print(json.dumps({"datasets": i, "rss_anon_mb": round(rss_anon_mb(), 1),
-                              "python_objects": len(gc.get_objects())}), flush=True)  # fmt: skip
-        if i < n:
-            ds = ray.data.from_arrow(blocks).map_batches(fn, batch_size=512, batch_format="pyarrow", num_cpus=0.5)
+            print(json.dumps({"rounds": i, "as": "tasks" if tasks else "datasets",
+                              "rss_anon_mb": round(rss_anon_mb(), 1), "python_objects": len(gc.get_objects())}),
+                  flush=True)  # fmt: skip
+        if i < n and tasks:
+            ray.get([remote.remote(b) for b in blocks])
+        elif i < n:
+            ds = ray.data.from_arrow(blocks).map_batches(_fn, batch_size=512, batch_format="pyarrow", num_cpus=0.5)
             ray.get(ds.to_arrow_refs())
             del ds
     ray.shutdown()
@@ -175,7 +186,8 @@ def main() -> None:
     j = sub.add_parser("job", help="run jobs.attribute here, sampling the driver")
     j.add_argument("args", nargs=argparse.REMAINDER, help="-- then jobs.attribute's arguments")
     r = sub.add_parser("ray-data", help="what executed datasets leave in the driver")
-    r.add_argument("--datasets", type=int, default=100)
+    r.add_argument("--datasets", type=int, default=100, help="rounds of 32 blocks")
+    r.add_argument("--tasks", action="store_true", help="each round as plain Ray tasks, not a dataset")
     w = sub.add_parser("parquet-write", help="the memory of writing one store part again")
     w.add_argument("part", help="a Parquet part of a store, e.g. <run>/sentences/part-000024.parquet")
     w.add_argument("--row-group-size", type=int, default=None)
@@ -187,7 +199,7 @@ def main() -> None:
     elif args.what == "job":
         job([a for a in args.args if a != "--"] if args.args[:1] == ["--"] else args.args)
     else:
-        ray_data(args.datasets)
+        ray_data(args.datasets, args.tasks)
 
 
 if __name__ == "__main__":

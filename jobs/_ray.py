@@ -8,9 +8,9 @@ What a plain local run printed before (non-TTY, Ray 2.60), and where it goes now
 - `ray.init`'s INFO lines ("Started a local Ray instance", "Generated new authentication token"):
   `logging_level=WARNING` for the `ray` logger (Ray's own log files are unchanged).
 - "Warning: The Ray cluster currently does not have any available CPUs" (a snapshot when a dataset starts,
-  while the previous stage's actors are being released) and its twin "Cluster resources are not enough to run any
-  task from TaskPoolMapOperator[MapBatches(pair_cells)]. The job may hang forever ..." (a wave's stage 2 starting
-  beside the factor pool): dropped from the console, kept in the file.
+  while the previous stage's actors are being released): dropped from the console, kept in the file. (Its twin
+  "Cluster resources are not enough to run any task from TaskPoolMapOperator[MapBatches(pair_cells)]" went with
+  stage 2's dataset per wave: stage 2 is plain Ray tasks now.)
 - Ray Data's issue detector ("Operator 'MapBatches(FactorActor)' uses 1.3GiB of memory per worker ... consider
   setting `memory=`", then "Found 1 issues"), 12 lines every 30 s of a run: dropped from the console, kept in the
   file.
@@ -43,10 +43,6 @@ DROPPED_RECORDS = (
     # Ray Data checks free CPUs when a dataset starts; between the jobs' stages the last stage's actors may
     # still hold them for a moment (they are released: nothing waits on them). A real hang shows as no progress.
     re.compile(r"^Warning: The Ray cluster currently does not have any available CPUs"),
-    # The same snapshot from the resource manager while the factor pool holds its CPUs and a wave's stage 2 starts
-    # (the pool reserves all CPUs but stage 2's; the tasks run as soon as the previous wave's workers let go).
-    re.compile(r"^Cluster resources are not enough to run any task from "
-               r"TaskPoolMapOperator\[MapBatches\(pair_cells\)\]"),
     # Ray Data's issue detector, every 30 s of a long run (12 lines each, 34 times in a 100k-pair run): the factor
     # actors' memory (the model and a batch's JVPs) is the job's by design; the log file keeps the warning.
     re.compile(r"^\s*Operator '[^']*' uses [\d.]+\s*\w+ of memory per worker"),

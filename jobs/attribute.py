@@ -5,13 +5,14 @@
     ray job submit --working-dir . -- python -m jobs.attribute --dataset qqp --num-actors 8
 
 Pipeline: the pairs are cut into waves (a few thousand each; each wave commits atomically, so a killed run
-resumes), and one Ray Data pipeline computes every wave's sentence factors, wave after wave, in one actor pool:
+resumes), and one Ray Data pipeline computes the sentence factors of every wave, wave after wave, in one actor pool
+(of a group of waves, for runs of more than STAGE1_GROUP_BLOCKS factor batches):
 
     read, validate, tokenise in chunks of 16,384 rows -> quarantine | the work list (a memory-mapped spill file)
     -> waves in wave_order | per wave: its unique sentences, longest first, in blocks of --batch-size
     -> map_batches(FactorActor, ActorPoolStrategy)   sentence factors P, e(x), e(r)   [stage 1, GPU if any]
        streamed back to the driver; once all of a wave's sentences are back (the pool goes on with the next):
-    -> map_batches(pair_cells) (tasks)               pair numbers + cells + word cells  [stage 2, CPU]
+    -> pair_cells (Ray tasks, PAIR_BATCH pairs each)  pair numbers + cells + word cells  [stage 2, CPU]
     -> part files of pairs, cells, word_cells, sentences (+ quarantine), renamed into place, pairs last
 """
 
@@ -64,6 +65,9 @@ DEFAULT_BATCH_SIZE_GPU = 128
 # store (~22 KB per MiniLM sentence, ~2x for mpnet: the wave in stage 2 and what the actors computed ahead).
 DEFAULT_WAVE_SIZE_CPU = 2048
 DEFAULT_WAVE_SIZE_GPU = 16384
+# Factor batches (Ray Data blocks) per stage-1 pipeline: the waves of a run are served in groups of at most this
+# many (FactorStream), each by one dataset and actor pool; the driver's per-block records end with each group.
+STAGE1_GROUP_BLOCKS = 2048
 # Pairs per PairCells call (stage 2 is ~1 ms per pair).
 PAIR_BATCH = 256
 TRUNCATION_CHOICES = ("quarantine", "warn", "error")
@@ -319,40 +323,73 @@ def factor_blocks(waves: Iterable[pd.DataFrame], batch_size: int) -> Iterator[tu
 
 
 class FactorStream:
-    """Stage 1 for the whole run: one Ray Data pipeline (one actor pool, the model loaded once per actor) over the
-    sentences of every wave, in wave order. The factor blocks stream back as the actors finish them and stay in
-    the object store (the driver maps their metadata, never their factor bytes); `wave(w)` returns wave w's
-    blocks once all its sentences are back. Meanwhile the pool goes on with the next waves, as far as Ray Data's
-    backpressure lets it. A batch that kept killing its actor raises (ray.exceptions) from `wave`."""
+    """Stage 1, wave after wave: Ray Data pipelines (an actor pool each, the model loaded once per actor), each over
+    the sentences of a group of consecutive waves (at most STAGE1_GROUP_BLOCKS factor batches; one group for runs
+    of up to ~260k sentences at GPU batches, ~33k at CPU ones). The factor blocks stream back as the actors finish
+    them and stay in the object store (the driver maps their metadata, never their factor bytes); `wave(w)` returns
+    wave w's blocks once all its sentences are back. Meanwhile the pool goes on with the group's next waves, as far
+    as Ray Data's backpressure lets it. A batch that kept killing its actor raises (ray.exceptions) from `wave`.
+
+    Why groups: a Ray Data dataset keeps a stats record of every block it has output until it ends (Ray 2.60,
+    ray-project/ray#66016), so one dataset for a whole run grows the driver with the run; a group bounds that, and
+    the driver holds only the group's input batches (texts and ids in the object store), for the price of one pool
+    start (model load) per group."""
 
     def __init__(self, ray, waves: Iterable[pd.DataFrame], args: argparse.Namespace, explainer: Explainer,
-                 res: dict[str, Any]) -> None:  # fmt: skip
+                 res: dict[str, Any], group_blocks: int | None = None) -> None:  # fmt: skip
+        self.ray, self.args, self.explainer, self.res = ray, args, explainer, res
+        self.group_blocks = max(1, group_blocks or STAGE1_GROUP_BLOCKS)
+        self._batches = factor_blocks(waves, res["batch_size"])
+        self._pending: tuple[list[pa.Table], int] | None = None  # the next group's first wave, made already
+        self.sizes: list[int] = []  # sentences of each wave that has joined a group
+        self.groups = 0
+        self._last = -1  # the current group's last wave
+        # Test hooks (tests/test_job*.py): kill one actor call / every call on a text / a NumericalError on a text /
+        # log each actor start.
+        self._hooks = {k: os.environ.get(f"XSBERT_TEST_{k.upper()}") or None
+                       for k in ("kill_once", "kill_text", "kill_log", "fail_text", "start_log")}  # fmt: skip
+        self._ds: Any = None
+        self._bundles: Iterator[Any] | None = None
+        self._executor = None
+        self._got: dict[int, list[tuple[Any, pa.Table]]] = {}
+        self._count: dict[int, int] = {}
+
+    def _next_group(self) -> None:
+        """End the current group's pipeline and build the next one's: the waves that follow, as many as fit in
+        `group_blocks` factor batches (one wave at least), into the object store wave by wave."""
         from ray.data import ActorPoolStrategy
 
         from ._actors import FactorActor
 
-        self.ray = ray
-        # Into the object store wave by wave: the driver holds one wave's blocks, not the run's (404k QQP-like
-        # pairs: 537,911 texts and ids in Arrow, and the Python strings they were made from).
+        self.close()
         refs: list[Any] = []
-        self.sizes: list[int] = []
-        for blocks, size in factor_blocks(waves, res["batch_size"]):
-            refs += [ray.put(block) for block in blocks]
+        while True:
+            if self._pending is None:
+                self._pending = next(self._batches, None)
+                if self._pending is None:
+                    break
+            blocks, size = self._pending
+            if refs and len(refs) + len(blocks) > self.group_blocks:
+                break
+            refs += [self.ray.put(block) for block in blocks]
+            self._count[len(self.sizes)] = 0
             self.sizes.append(size)
+            self._pending = None
             del blocks
-        # Test hooks (tests/test_job*.py): kill one actor call / every call on a text / a NumericalError on a text /
-        # log each actor start.
-        hooks = {k: os.environ.get(f"XSBERT_TEST_{k.upper()}") or None
-                 for k in ("kill_once", "kill_text", "kill_log", "fail_text", "start_log")}  # fmt: skip
+        if not refs:
+            raise RuntimeError(f"stage 1 has no wave after wave {len(self.sizes)}")
+        self._last = len(self.sizes) - 1
+        self.groups += 1
+        args, explainer, res = self.args, self.explainer, self.res
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=RETRY_ARGS_WARNING)
-            ds = ray.data.from_arrow_refs(refs).map_batches(
+            self._ds = self.ray.data.from_arrow_refs(refs).map_batches(
                 FactorActor,
                 fn_constructor_kwargs=dict(
                     model=args.model, layer=explainer.layer, mode=explainer.mode, similarity=explainer.similarity,
                     rule=explainer.rule, steps=explainer.steps, tolerance=explainer.tolerance,
                     max_steps=explainer.max_steps, truncation=explainer.truncation, device=res["device"],
-                    threads=res["threads"], batch_size=res["batch_size"], **hooks,
+                    threads=res["threads"], batch_size=res["batch_size"], **self._hooks,
                 ),  # fmt: skip
                 batch_size=1,  # one row, one call: each row is a batch of sentences (factor_blocks)
                 batch_format="pyarrow",
@@ -361,25 +398,24 @@ class FactorStream:
                 ),
                 num_cpus=res["cpus_per_actor"],
                 num_gpus=res["gpus_per_actor"] or None,
-                max_restarts=-1,  # over a whole run; a batch's own retries are bounded below
+                max_restarts=-1,  # over the group's waves; a batch's own retries are bounded below
                 max_task_retries=args.max_retries,
             )
-        self._ds = ds
-        self._bundles: Iterator[Any] | None = None
-        self._executor = None
-        self._got: dict[int, list[tuple[Any, pa.Table]]] = {}
-        self._count = [0] * len(self.sizes)
 
     def _start(self) -> None:
-        """Start the pipeline; it returns once the first block is back (so in `wave`, where its errors belong).
-        The executor is kept too (a private API of Ray 2.60; `iter_internal_ref_bundles` is the same without it),
-        so that a run that stops early (an error in stage 2, a commit) stops the pool instead of leaving it on."""
+        """Start the group's pipeline; it returns once the first block is back (so in `wave`, where its errors
+        belong). The executor is kept too (a private API of Ray 2.60; `iter_internal_ref_bundles` is the same
+        without it), so that a run that stops early (an error in stage 2, a commit) stops the pool instead of
+        leaving it on."""
         self._bundles, _, self._executor = self._ds._execute_to_iterator(capture_executor=False)
 
     def wave(self, w: int) -> tuple[list[Any], pa.Table, dict[str, float]]:
-        """(wave w's factor block refs, their metadata: every column but the factor bytes, timings)."""
+        """(wave w's factor block refs, their metadata: every column but the factor bytes, timings). Waves are
+        asked for in order."""
         t0 = time.perf_counter()
         meta_s = 0.0
+        if w > self._last:
+            self._next_group()
         if self._bundles is None:
             self._start()
         while self._count[w] < self.sizes[w]:
@@ -402,18 +438,34 @@ class FactorStream:
                 self._count[waves[0]] += block.num_rows
             meta_s += time.perf_counter() - t1
         got = self._got.pop(w, [])
+        del self._count[w]
         meta = pa.concat_tables([m for _, m in got]) if got else None
         timings = {"factors_s": time.perf_counter() - t0 - meta_s, "factor_meta_s": meta_s}
         return [ref for ref, _ in got], meta, timings
 
     def close(self) -> None:
-        """Stop the pipeline (a no-op once it has finished)."""
+        """Stop the current group's pipeline (a no-op once it has finished) and let it go."""
         if self._executor is not None:
             self._executor.shutdown(force=True)
+        self._bundles = self._executor = self._ds = None
         self._got.clear()
 
 
 # --------------------------------------------------------------------------- stage 2, per wave
+_REMOTES: dict[Any, Any] = {}
+
+
+def _remote(ray, fn: Callable) -> Any:
+    """`fn` as a Ray remote function, made once per driver process and Ray session: each wave submits tasks of the
+    same function (a Ray Data dataset per wave left ~0.2 MB and ~108 Python objects in the driver for the rest of the
+    run, bench/driver_peaks.py ray-data; plain tasks leave nothing)."""
+    key = (fn, ray.get_runtime_context().get_job_id())
+    if key not in _REMOTES:
+        _REMOTES.clear()
+        _REMOTES[key] = ray.remote(fn)
+    return _REMOTES[key]
+
+
 def compute_cells(
     ray,
     wave: pd.DataFrame,
@@ -426,8 +478,10 @@ def compute_cells(
 ) -> tuple[pa.Table, dict[str, Any]]:
     """Stage 2 for the wave's pairs from its factor blocks: (PAIR_SCHEMA rows, timings).
 
-    With a `sink` the stage-2 tasks write the cells and word cells as parts of wave `seq` themselves and the
-    rows name those parts; without, the rows carry the cells as lists for the driver to write."""
+    One Ray task (`pair_cells`) per PAIR_BATCH pairs, spread over the cluster, each retried up to --max-retries times
+    when its worker dies (a retry's copies are dropped by `exactly_once`). With a `sink` the stage-2 tasks write
+    the cells and word cells as parts of wave `seq` themselves and the rows name those parts; without, the rows
+    carry the cells as lists for the driver to write."""
     from ._actors import pair_cells
 
     t0 = time.perf_counter()
@@ -437,22 +491,13 @@ def compute_cells(
             **{name: arrow(wave[name]) for name in ("pair_id", "sentence_id_a", "sentence_id_b")},
         }
     )
-    pair_blocks = [pair_in.slice(k, PAIR_BATCH) for k in range(0, len(wave), PAIR_BATCH)]
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=RETRY_ARGS_WARNING)
-        cells = ray.data.from_arrow(pair_blocks).map_batches(
-            pair_cells,
-            fn_kwargs=dict(
-                factor_refs=factor_refs, similarity=explainer.similarity, min_abs=args.min_abs,
-                kill_once=os.environ.get("XSBERT_TEST_KILL_CELLS_ONCE") or None, sink=sink, seq=seq,
-            ),  # fmt: skip
-            batch_size=PAIR_BATCH,
-            batch_format="pyarrow",
-            num_cpus=res["cells_cpus"],
-            max_retries=args.max_retries,
-        )
+    task = _remote(ray, pair_cells).options(num_cpus=res["cells_cpus"], max_retries=args.max_retries,
+                                            scheduling_strategy="SPREAD")  # fmt: skip
+    kwargs = dict(factor_refs=factor_refs, similarity=explainer.similarity, min_abs=args.min_abs,
+                  kill_once=os.environ.get("XSBERT_TEST_KILL_CELLS_ONCE") or None, sink=sink, seq=seq)  # fmt: skip
     try:
-        out, duplicates = exactly_once(pa.concat_tables(ray.get(cells.to_arrow_refs())))
+        refs = [task.remote(pair_in.slice(k, PAIR_BATCH), **kwargs) for k in range(0, len(wave), PAIR_BATCH)]
+        out, duplicates = exactly_once(pa.concat_tables(ray.get(refs)))
     except JobFailedError:
         raise
     except Exception as exc:  # a task that could not write its parts: say so in one line

@@ -5,7 +5,7 @@ N = 2, waves of 4 pairs, batches of 4 sentences, one factor actor) on one local 
 store must hold the same rows, cell by cell. The reference is `clean`: one uninterrupted run into a fresh directory.
 
 - the same config into another fresh directory gives byte-identical Parquet (the store's determinism claim), its two
-  waves served by one actor start (one pool for the run);
+  waves served by one actor start (one pool for the run); so does a run whose stage 1 is one pipeline per wave;
 - a run in which one factor actor and one cell task were killed (and retried) equals it, on a local and on an S3
   store (moto on 127.0.0.1, the `s3_ray` cluster whose workers have the endpoint and keys);
 - a driver killed after its first commit, then rerun, equals it (byte for byte);
@@ -79,6 +79,22 @@ def test_same_config_into_a_fresh_directory_is_byte_identical(clean, data, tmp_p
     manifest = json.loads((clean / "manifest.json").read_text())
     waves = manifest["runs"][-1]["waves"]
     assert [w["duplicates_dropped"] for w in waves] == [0, 0]  # an uninterrupted run returns each row once
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("group_blocks", [1, 3])
+def test_stage1_in_groups_of_waves_gives_the_same_store(clean, data, tmp_path, monkeypatch, group_blocks):
+    """Stage 1 as one pipeline per group of waves (jobs.attribute.STAGE1_GROUP_BLOCKS; each wave here is 2 factor
+    batches): at 1 a wave larger than a group still makes one group, at 3 the second wave does not fit beside the
+    first. Either way one pool start per wave, and the store is the clean run's, byte for byte."""
+    from jobs import attribute
+
+    starts = tmp_path / "actor-starts.log"
+    monkeypatch.setenv("XSBERT_TEST_START_LOG", str(starts))
+    monkeypatch.setattr(attribute, "STAGE1_GROUP_BLOCKS", group_blocks)
+    s = run_job(tmp_path, "--dataset", str(data), *FLAGS)
+    assert s["waves"] == 2 and len(starts.read_text().splitlines()) == 2  # a pool for each group
+    assert parquet_hashes(Path(s["run_dir"])) == parquet_hashes(clean)
 
 
 @pytest.mark.slow
