@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import gc
 import logging
 import math
 import os
@@ -444,11 +445,15 @@ class FactorStream:
         return [ref for ref, _ in got], meta, timings
 
     def close(self) -> None:
-        """Stop the current group's pipeline (a no-op once it has finished) and let it go."""
+        """Stop the current group's pipeline (a no-op once it has finished) and let it go. Ray Data's executor and
+        its stats hold each other in reference cycles, so they go only with a collection: without one, each group
+        left ~2 MB in the driver (30k pairs in groups of 64 blocks: floor 461 -> 471 MB over 15 waves; with it
+        460 -> 462)."""
         if self._executor is not None:
             self._executor.shutdown(force=True)
         self._bundles = self._executor = self._ds = None
         self._got.clear()
+        gc.collect()
 
 
 # --------------------------------------------------------------------------- stage 2, per wave
