@@ -5,6 +5,9 @@ in, grouped by step; and what one executed Ray Data dataset leaves behind in a d
         --text-b-column question2 --id-column id --model bench/.cache/scale/rehearsal-model --out /tmp/peaks \\
         --layer 0 --steps 2 --wave-size 4096 --batch-size 128 -q
     python bench/driver_peaks.py ray-data --datasets 100 [--tasks]
+    python bench/driver_peaks.py floors --group-blocks 64 [--no-collect] -- --dataset <pairs-100000.parquet> \
+        --text-a-column question1 --text-b-column question2 --id-column id --model <rehearsal-model> \
+        --out /tmp/floors --layer 0 --rule riemann --steps 2 --wave-size 2048 --batch-size 128 --limit 30000 -q
     ARROW_DEFAULT_MEMORY_POOL=system python bench/driver_peaks.py parquet-write <run>/sentences/part-000024.parquet \
         [--settings base] [--row-group-size 8192]
 
@@ -14,7 +17,9 @@ it and how often it was seen; then, per commit (a wave ends with one), the large
 step it fell in, and the lowest in the 3 s after it. `ray-data` executes N small
 datasets (32 blocks, a map_batches each, as stage 2 did per wave before the ninth session) or with `--tasks` the
 same calls as plain Ray tasks of one remote function (as stage 2 does now), and prints the driver's RssAnon and the
-count of Python objects every 10. `parquet-write` writes one store part again with the store's settings (or the base
+count of Python objects every 10. `floors` runs `jobs.attribute` here with stage 1 in groups of N factor batches, with or
+without the garbage collection when a group ends, and prints the driver's floor after each wave.
+`parquet-write` writes one store part again with the store's settings (or the base
 settings of the other tables, or another row-group size) and prints the memory that took and the file's size.
 A sample is a sample: a step shorter than 0.1 s can be missed, and the sampling thread takes the GIL like any
 other (~1% of the driver's time).
@@ -105,6 +110,35 @@ def job(argv: list[str], period: float = 0.1) -> None:
         start = end + 1
 
 
+def floors(argv: list[str], group_blocks: int | None, collect: bool) -> None:
+    """Run jobs.attribute here (the arguments after `--`) with stage 1 in groups of `group_blocks` factor batches,
+    with or without the collection at each group switch, and print the driver's floor after each wave (the
+    manifest's `driver_private_mb`, RssAnon after the wave's memory went back)."""
+    import jobs.attribute as attribute
+
+    if group_blocks:
+        attribute.STAGE1_GROUP_BLOCKS = group_blocks
+    if not collect:
+        real = gc.collect
+        close = attribute.FactorStream.close
+
+        def close_without_collect(self) -> None:
+            gc.collect = lambda *a: 0  # the one call in close(), and nothing else meanwhile
+            try:
+                close(self)
+            finally:
+                gc.collect = real
+
+        attribute.FactorStream.close = close_without_collect
+    summary = attribute.main(attribute.parse_args(argv))
+    from jobs._store import open_store
+
+    manifest = open_store(*str(summary["run_dir"]).rsplit("/", 1)).read_manifest()
+    waves = manifest["runs"][-1]["waves"]
+    print(json.dumps({"group_blocks": attribute.STAGE1_GROUP_BLOCKS, "collect": collect, "waves": len(waves),
+                      "floor_mb": [round(w["driver_private_mb"]) for w in waves]}))  # fmt: skip
+
+
 def _fn(t):
     import numpy as np
     import pyarrow as pa
@@ -188,6 +222,10 @@ def main() -> None:
     r = sub.add_parser("ray-data", help="what executed datasets leave in the driver")
     r.add_argument("--datasets", type=int, default=100, help="rounds of 32 blocks")
     r.add_argument("--tasks", action="store_true", help="each round as plain Ray tasks, not a dataset")
+    f = sub.add_parser("floors", help="the driver's floor after each wave, stage 1 in groups of N factor batches")
+    f.add_argument("--group-blocks", type=int, default=None, help="STAGE1_GROUP_BLOCKS for this run")
+    f.add_argument("--no-collect", action="store_true", help="no garbage collection when a group ends")
+    f.add_argument("args", nargs=argparse.REMAINDER, help="-- then jobs.attribute's arguments")
     w = sub.add_parser("parquet-write", help="the memory of writing one store part again")
     w.add_argument("part", help="a Parquet part of a store, e.g. <run>/sentences/part-000024.parquet")
     w.add_argument("--row-group-size", type=int, default=None)
@@ -196,6 +234,9 @@ def main() -> None:
     args = p.parse_args()
     if args.what == "parquet-write":
         parquet_write(args.part, args.row_group_size, args.settings)
+    elif args.what == "floors":
+        floors([a for a in args.args if a != "--"] if args.args[:1] == ["--"] else args.args, args.group_blocks,
+               not args.no_collect)  # fmt: skip
     elif args.what == "job":
         job([a for a in args.args if a != "--"] if args.args[:1] == ["--"] else args.args)
     else:
