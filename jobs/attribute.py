@@ -446,9 +446,9 @@ class FactorStream:
 
     def close(self) -> None:
         """Stop the current group's pipeline (a no-op once it has finished) and let it go. Ray Data's executor and
-        its stats hold each other in reference cycles, so they go only with a collection: without one, each group
-        left ~2 MB in the driver (30k pairs in groups of 64 blocks: floor 461 -> 471 MB over 15 waves; with it
-        460 -> 462)."""
+        its stats hold each other in reference cycles, so they go only with a collection, made here. (What it buys
+        is not established: `bench/driver_peaks.py floors` at 30k pairs in groups of 64 blocks gave floors of
+        461 -> 471 and 463 -> 472 MB over 15 waves without it, 460 -> 462 and 465 -> 472 with it.)"""
         if self._executor is not None:
             self._executor.shutdown(force=True)
         self._bundles = self._executor = self._ds = None
