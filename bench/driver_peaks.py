@@ -17,8 +17,9 @@ it and how often it was seen; then, per commit (a wave ends with one), the large
 step it fell in, and the lowest in the 3 s after it. `ray-data` executes N small
 datasets (32 blocks, a map_batches each, as stage 2 did per wave before the ninth session) or with `--tasks` the
 same calls as plain Ray tasks of one remote function (as stage 2 does now), and prints the driver's RssAnon and the
-count of Python objects every 10. `floors` runs `jobs.attribute` here with stage 1 in groups of N factor batches, with or
-without the garbage collection when a group ends, and prints the driver's floor after each wave.
+count of Python objects every 10. `floors` runs `jobs.attribute` here with stage 1 in groups of N factor batches,
+with or without the garbage collection when a group ends (STAGE1_COLLECT), and prints the driver's floor after
+each wave.
 `parquet-write` writes one store part again with the store's settings (or the base
 settings of the other tables, or another row-group size) and prints the memory that took and the file's size.
 A sample is a sample: a step shorter than 0.1 s can be missed, and the sampling thread takes the GIL like any
@@ -118,18 +119,7 @@ def floors(argv: list[str], group_blocks: int | None, collect: bool) -> None:
 
     if group_blocks:
         attribute.STAGE1_GROUP_BLOCKS = group_blocks
-    if not collect:
-        real = gc.collect
-        close = attribute.FactorStream.close
-
-        def close_without_collect(self) -> None:
-            gc.collect = lambda *a: 0  # the one call in close(), and nothing else meanwhile
-            try:
-                close(self)
-            finally:
-                gc.collect = real
-
-        attribute.FactorStream.close = close_without_collect
+    attribute.STAGE1_COLLECT = collect
     summary = attribute.main(attribute.parse_args(argv))
     from jobs._store import open_store
 
@@ -214,6 +204,11 @@ def tempfile_dir():
     return tempfile.TemporaryDirectory(prefix="driver-peaks-")
 
 
+def job_args(rest: list[str]) -> list[str]:
+    """jobs.attribute's arguments: what follows the command's `--`."""
+    return [a for a in rest if a != "--"] if rest[:1] == ["--"] else rest
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
@@ -235,10 +230,9 @@ def main() -> None:
     if args.what == "parquet-write":
         parquet_write(args.part, args.row_group_size, args.settings)
     elif args.what == "floors":
-        floors([a for a in args.args if a != "--"] if args.args[:1] == ["--"] else args.args, args.group_blocks,
-               not args.no_collect)  # fmt: skip
+        floors(job_args(args.args), args.group_blocks, not args.no_collect)
     elif args.what == "job":
-        job([a for a in args.args if a != "--"] if args.args[:1] == ["--"] else args.args)
+        job(job_args(args.args))
     else:
         ray_data(args.datasets, args.tasks)
 

@@ -69,6 +69,8 @@ DEFAULT_WAVE_SIZE_GPU = 16384
 # Factor batches (Ray Data blocks) per stage-1 pipeline: the waves of a run are served in groups of at most this
 # many (FactorStream), each by one dataset and actor pool; the driver's per-block records end with each group.
 STAGE1_GROUP_BLOCKS = 2048
+# Collect garbage when a group's pipeline ends (FactorStream.close; bench/driver_peaks.py floors turns it off).
+STAGE1_COLLECT = True
 # Pairs per PairCells call (stage 2 is ~1 ms per pair).
 PAIR_BATCH = 256
 TRUNCATION_CHOICES = ("quarantine", "warn", "error")
@@ -337,13 +339,11 @@ class FactorStream:
     start (model load) per group."""
 
     def __init__(self, ray, waves: Iterable[pd.DataFrame], args: argparse.Namespace, explainer: Explainer,
-                 res: dict[str, Any], group_blocks: int | None = None) -> None:  # fmt: skip
+                 res: dict[str, Any]) -> None:  # fmt: skip
         self.ray, self.args, self.explainer, self.res = ray, args, explainer, res
-        self.group_blocks = max(1, group_blocks or STAGE1_GROUP_BLOCKS)
         self._batches = factor_blocks(waves, res["batch_size"])
         self._pending: tuple[list[pa.Table], int] | None = None  # the next group's first wave, made already
         self.sizes: list[int] = []  # sentences of each wave that has joined a group
-        self.groups = 0
         self._last = -1  # the current group's last wave
         # Test hooks (tests/test_job*.py): kill one actor call / every call on a text / a NumericalError on a text /
         # log each actor start.
@@ -357,7 +357,7 @@ class FactorStream:
 
     def _next_group(self) -> None:
         """End the current group's pipeline and build the next one's: the waves that follow, as many as fit in
-        `group_blocks` factor batches (one wave at least), into the object store wave by wave."""
+        STAGE1_GROUP_BLOCKS factor batches (one wave at least), into the object store wave by wave."""
         from ray.data import ActorPoolStrategy
 
         from ._actors import FactorActor
@@ -370,7 +370,7 @@ class FactorStream:
                 if self._pending is None:
                     break
             blocks, size = self._pending
-            if refs and len(refs) + len(blocks) > self.group_blocks:
+            if refs and len(refs) + len(blocks) > STAGE1_GROUP_BLOCKS:
                 break
             refs += [self.ray.put(block) for block in blocks]
             self._count[len(self.sizes)] = 0
@@ -380,7 +380,6 @@ class FactorStream:
         if not refs:
             raise RuntimeError(f"stage 1 has no wave after wave {len(self.sizes)}")
         self._last = len(self.sizes) - 1
-        self.groups += 1
         args, explainer, res = self.args, self.explainer, self.res
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=RETRY_ARGS_WARNING)
@@ -446,14 +445,16 @@ class FactorStream:
 
     def close(self) -> None:
         """Stop the current group's pipeline (a no-op once it has finished) and let it go. Ray Data's executor and
-        its stats hold each other in reference cycles, so they go only with a collection, made here. (What it buys
-        is not established: `bench/driver_peaks.py floors` at 30k pairs in groups of 64 blocks gave floors of
-        461 -> 471 and 463 -> 472 MB over 15 waves without it, 460 -> 462 and 465 -> 472 with it.)"""
+        its stats hold each other in reference cycles, so they go only with a collection, made here unless
+        STAGE1_COLLECT is off. (What it buys is not established: `bench/driver_peaks.py floors` at 30k pairs in
+        groups of 64 blocks gave floors of 461 -> 471 and 463 -> 472 MB over 15 waves without it, 460 -> 462 and
+        465 -> 472 with it.)"""
         if self._executor is not None:
             self._executor.shutdown(force=True)
         self._bundles = self._executor = self._ds = None
         self._got.clear()
-        gc.collect()
+        if STAGE1_COLLECT:
+            gc.collect()
 
 
 # --------------------------------------------------------------------------- stage 2, per wave
