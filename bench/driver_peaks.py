@@ -5,7 +5,7 @@ in, grouped by step; and what one executed Ray Data dataset leaves behind in a d
         --text-b-column question2 --id-column id --model bench/.cache/scale/rehearsal-model --out /tmp/peaks \\
         --layer 0 --steps 2 --wave-size 4096 --batch-size 128 -q
     python bench/driver_peaks.py ray-data --datasets 100 [--tasks]
-    python bench/driver_peaks.py floors --group-blocks 64 [--no-collect] -- --dataset <pairs-100000.parquet> \
+    python bench/driver_peaks.py floors --group-blocks 64 [--no-collect] [--trace 10] -- --dataset <pairs-100000.parquet> \
         --text-a-column question1 --text-b-column question2 --id-column id --model <rehearsal-model> \
         --out /tmp/floors --layer 0 --rule riemann --steps 2 --wave-size 2048 --batch-size 128 --limit 30000 -q
     ARROW_DEFAULT_MEMORY_POOL=system python bench/driver_peaks.py parquet-write <run>/sentences/part-000024.parquet \
@@ -111,22 +111,63 @@ def job(argv: list[str], period: float = 0.1) -> None:
         start = end + 1
 
 
-def floors(argv: list[str], group_blocks: int | None, collect: bool) -> None:
+def floors(argv: list[str], group_blocks: int | None, collect: bool, trace: int = 0) -> None:
     """Run jobs.attribute here (the arguments after `--`) with stage 1 in groups of `group_blocks` factor batches,
     with or without the collection at each group switch, and print the driver's floor after each wave (the
-    manifest's `driver_private_mb`, RssAnon after the wave's memory went back)."""
+    manifest's `driver_private_mb`, RssAnon after the wave's memory went back) and the part of it glibc's malloc
+    has handed out (`driver_malloc_mb`). With `trace` (frames per traceback),
+    tracemalloc runs too: Python's traced heap after each wave, the object types and allocation sites that grew
+    from the first wave to the last."""
     import jobs.attribute as attribute
 
     if group_blocks:
         attribute.STAGE1_GROUP_BLOCKS = group_blocks
     attribute.STAGE1_COLLECT = collect
-    summary = attribute.main(attribute.parse_args(argv))
+    traced: list[dict] = []
+    memory = attribute.driver_memory_mb
+    if trace:
+        import tracemalloc
+
+        tracemalloc.start(trace)
+        first: list = []
+
+        def traced_memory() -> dict[str, float]:
+            # After each wave, once its memory went back: Python's traced heap, the objects by type, and (from the
+            # second wave on) the allocation sites that grew since the end of the first.
+            gc.collect()
+            snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
+            types = collections.Counter(type(o).__name__ for o in gc.get_objects())
+            traced.append({"traced_mb": round(sum(s.size for s in snap.statistics("filename")) / 2**20, 2),
+                           "types": types})  # fmt: skip
+            if not first:
+                first.append(snap)
+            else:
+                traced[-1]["grew"] = snap.compare_to(first[0], "traceback")[:12]
+            return memory()
+
+        attribute.driver_memory_mb = traced_memory
+    try:
+        summary = attribute.main(attribute.parse_args(argv))
+    finally:
+        attribute.driver_memory_mb = memory
     from jobs._store import open_store
 
     manifest = open_store(*str(summary["run_dir"]).rsplit("/", 1)).read_manifest()
     waves = manifest["runs"][-1]["waves"]
     print(json.dumps({"group_blocks": attribute.STAGE1_GROUP_BLOCKS, "collect": collect, "waves": len(waves),
-                      "floor_mb": [round(w["driver_private_mb"]) for w in waves]}))  # fmt: skip
+                      "floor_mb": [round(w["driver_private_mb"]) for w in waves],
+                      "malloc_mb": [round(w.get("driver_malloc_mb", float("nan")), 1) for w in waves]}))  # fmt: skip
+    if traced:
+        print(json.dumps({"traced_mb": [t["traced_mb"] for t in traced]}))
+        grew = traced[-1]["types"] - traced[0]["types"]
+        print("Python objects that grew from wave 1 to the last:", dict(grew.most_common(15)))
+        print("allocation sites that grew from wave 1 to the last (KB, count; innermost frame last):")
+        for stat in traced[-1].get("grew", []):
+            if stat.size_diff <= 0:
+                continue
+            print(f"  {stat.size_diff / 1024:+9.1f} KB {stat.count_diff:+7d}")
+            for line in stat.traceback.format(limit=min(trace, 8)):
+                print("     ", line)
 
 
 def _fn(t):
@@ -220,6 +261,8 @@ def main() -> None:
     f = sub.add_parser("floors", help="the driver's floor after each wave, stage 1 in groups of N factor batches")
     f.add_argument("--group-blocks", type=int, default=None, help="STAGE1_GROUP_BLOCKS for this run")
     f.add_argument("--no-collect", action="store_true", help="no garbage collection when a group ends")
+    f.add_argument("--trace", type=int, default=0, metavar="FRAMES",
+                   help="tracemalloc with FRAMES frames: what grew in Python's heap from the first wave to the last")
     f.add_argument("args", nargs=argparse.REMAINDER, help="-- then jobs.attribute's arguments")
     w = sub.add_parser("parquet-write", help="the memory of writing one store part again")
     w.add_argument("part", help="a Parquet part of a store, e.g. <run>/sentences/part-000024.parquet")
@@ -230,7 +273,7 @@ def main() -> None:
     if args.what == "parquet-write":
         parquet_write(args.part, args.row_group_size, args.settings)
     elif args.what == "floors":
-        floors(job_args(args.args), args.group_blocks, not args.no_collect)
+        floors(job_args(args.args), args.group_blocks, not args.no_collect, args.trace)
     elif args.what == "job":
         job(job_args(args.args))
     else:

@@ -412,6 +412,8 @@ def measure(n: int, args: argparse.Namespace, model: Path, where: Where) -> dict
         "driver_shmem_by_wave_mb": first["driver_shmem_by_wave_mb"],
         # the job's own record: its private memory once each wave's was released (the floor; peaks above)
         "driver_floor_by_wave_mb": [round(w["driver_private_mb"]) for w in waves if "driver_private_mb" in w],
+        # of it, glibc's bytes in use (live, not kept by the allocator)
+        "driver_malloc_by_wave_mb": [round(w["driver_malloc_mb"], 1) for w in waves if "driver_malloc_mb" in w],
         "worker_rss_max_mb": first["worker_rss_max_mb"],
         "workers_rss_sum_mb": first["workers_rss_sum_mb"],
         "shm_peak_mb": first["shm_peak_mb"],

@@ -201,12 +201,55 @@ _HEX[np.frombuffer(b"abcdef", np.uint8)] = np.arange(10, 16, dtype=np.uint64)
 _HEX[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16, dtype=np.uint64)
 
 
-class SentenceKeys:
-    """The set of sentence ids a run has stored, as sorted 64-bit integers (the ids are 16 hex digits): 8 bytes per
-    sentence in the driver instead of a Python string in a set (~90; 404k QQP pairs have ~540k sentences)."""
+def mapped_keys(pieces: Iterable[np.ndarray], directory: str | None = None) -> np.ndarray:
+    """The concatenation of `pieces` (uint64 arrays) as a read-only memory-mapped file under `directory` (default:
+    tempfile's), its folder removed at once: the keys' pages are the kernel's to drop and read again (file-backed),
+    not the driver's own heap, which so holds none of them however many pairs a run has. Written piece by piece."""
+    import shutil
+    import tempfile
 
-    def __init__(self, ids: Iterable[str] | pa.Array | pa.ChunkedArray = ()) -> None:
-        self.keys = np.unique(self._keys(ids))
+    folder = tempfile.mkdtemp(prefix="xsbert-keys-", dir=directory)
+    try:
+        path, n = os.path.join(folder, "keys.u64"), 0
+        with open(path, "wb") as fh:
+            for piece in pieces:
+                np.ascontiguousarray(piece, np.uint64).tofile(fh)
+                n += len(piece)
+        return np.memmap(path, np.uint64, mode="r", shape=(n,)) if n else np.zeros(0, np.uint64)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def sorted_contains(keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """One bool per query: in the sorted array `keys`? (Binary search: reads O(q log n) of a mapped `keys`, where
+    np.isin would sort a copy of all of it.)"""
+    if not len(keys):
+        return np.zeros(len(queries), bool)
+    at = np.minimum(np.searchsorted(keys, queries), len(keys) - 1)
+    return np.asarray(keys[at] == queries)
+
+
+def _merge_sorted(old: np.ndarray, new: np.ndarray, chunk: int = 1 << 20) -> Iterator[np.ndarray]:
+    """The sorted union of the sorted, disjoint `old` and `new`, `chunk` keys of `old` at a time."""
+    at = np.searchsorted(old, new)  # new[k] goes before old[at[k]]
+    j = 0
+    for start in range(0, len(old), chunk):
+        stop = min(start + chunk, len(old))
+        k = int(np.searchsorted(at, stop))  # those that go before old[stop]
+        yield np.sort(np.concatenate([old[start:stop], new[j:k]]))
+        j = k
+    yield new[j:]
+
+
+class SentenceKeys:
+    """The set of sentence ids a run has stored, as sorted 64-bit integers (the ids are 16 hex digits) in a
+    memory-mapped file (mapped_keys): 8 bytes per sentence of the page cache instead of a Python string in a set
+    (~90; 404k QQP pairs have ~540k sentences), none of the driver's heap. add() writes the merged keys to a new
+    file (a wave's new keys and one chunk of the old ones in memory at a time)."""
+
+    def __init__(self, ids: Iterable[str] | pa.Array | pa.ChunkedArray = (), directory: str | None = None) -> None:
+        self.directory = directory
+        self.keys = mapped_keys([np.unique(self._keys(ids))], directory)
 
     @staticmethod
     def _keys(ids: Iterable[str] | pa.Array | pa.ChunkedArray) -> np.ndarray:
@@ -232,10 +275,13 @@ class SentenceKeys:
 
     def contains(self, ids: Iterable[str] | pa.Array | pa.ChunkedArray) -> np.ndarray:
         """One bool per id: stored already?"""
-        return np.isin(self._keys(ids), self.keys, assume_unique=False)
+        return sorted_contains(self.keys, self._keys(ids))
 
     def add(self, ids: Iterable[str] | pa.Array | pa.ChunkedArray) -> None:
-        self.keys = np.union1d(self.keys, self._keys(ids))
+        new = np.unique(self._keys(ids))
+        new = new[~sorted_contains(self.keys, new)]
+        if len(new):
+            self.keys = mapped_keys(_merge_sorted(self.keys, new), self.directory)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -810,9 +856,28 @@ def release_memory() -> None:
             ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                       "fsmblks", "uordblks", "fordblks", "keepcost")]  # fmt: skip
+
+
+def malloc_in_use() -> int | None:
+    """Bytes glibc's malloc has handed out and not got back (mallinfo2: uordblks + hblkhd), None without glibc 2.33+:
+    the driver's live native heap (numpy, Ray's core worker, tokenizers; not Python's small objects, which live in
+    pymalloc's arenas, nor Arrow's default pool)."""
+    try:
+        fn = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.restype = _MallInfo2
+    info = fn()
+    return int(info.uordblks + info.hblkhd)
+
+
 def driver_memory_mb() -> dict[str, float]:
     """This process's resident memory in MB: rss_mb (all of it), and on Linux private_mb (RssAnon: its own heap,
-    without the object-store pages it maps, which Ray's store owns)."""
+    without the object-store pages it maps, which Ray's store owns) and malloc_mb (malloc_in_use: of the heap, what
+    is live rather than kept by the allocators)."""
     import psutil
 
     out = {"driver_rss_mb": psutil.Process().memory_info().rss / 2**20}
@@ -820,6 +885,8 @@ def driver_memory_mb() -> dict[str, float]:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("RssAnon:"):
                 out["driver_private_mb"] = int(line.split()[1]) / 1024
+    if sys.platform.startswith("linux") and (live := malloc_in_use()) is not None:
+        out["driver_malloc_mb"] = live / 2**20
     return out
 
 
@@ -1006,9 +1073,9 @@ class SpillFile:
 
 class WorkList:
     """The pairs a run attributes, spilled chunk by chunk as prepare() validates them, with 8-byte keys per pair
-    (of its id) and per text (its sentence id) in memory: the driver holds one chunk or one wave of the pairs at a
-    time, not the run's (404k QQP-like pairs: ~85 MB in Arrow buffers, ~0.85 GB at 4M; the keys: 24 bytes per
-    pair).
+    (of its id) and per text (its sentence id): the driver holds one chunk or one wave of the pairs at a time, not
+    the run's (404k QQP-like pairs: ~85 MB in Arrow buffers, ~0.85 GB at 4M). The keys (24 bytes per pair) are in
+    memory while prepare() appends, then memory-mapped (mapped_keys); the texts' keys go once plan() has used them.
 
     append() each chunk (rows of compact()'s form with sentence ids: with_sentence_ids) to a SpillFile in input
     order; finish() maps it. plan() picks the pairs to compute, orders them (wave_order) and copies them wave by
@@ -1037,7 +1104,7 @@ class WorkList:
         """Map the file; no more rows."""
         self._chunks.finish()
         if self._keys:
-            self.pair_keys, self.keys_a, self.keys_b = (np.concatenate(k) for k in zip(*self._keys))
+            self.pair_keys, self.keys_a, self.keys_b = (mapped_keys(k, self.directory) for k in zip(*self._keys))
             self._keys = []
         return self
 
@@ -1068,6 +1135,7 @@ class WorkList:
             self._waves.discard()
             raise
         self._chunks = SpillFile(self.directory)  # the input-order mapping goes with its last reference
+        self.keys_a = self.keys_b = np.zeros(0, np.uint64)  # the plan's alone
         self.wave_size, self.n_planned = wave_size, m
         return self.n_waves
 

@@ -893,3 +893,34 @@ def test_the_console_drops_ray_datas_snapshot_warnings_and_keeps_the_rest():
     keep = _DropRecords()
     assert [keep.filter(record(m)) for m in dropped] == [False] * len(dropped)
     assert [keep.filter(record(m)) for m in kept] == [True] * len(kept)
+
+
+def test_mapped_keys_answer_as_the_arrays_in_memory_do(tmp_path):
+    """mapped_keys gives back its pieces' concatenation from a file whose folder is gone at once; SentenceKeys.add
+    merges chunk by chunk into the same sorted set np.union1d gives (keys before, between, after and equal to the
+    stored ones), and contains() answers as np.isin does."""
+    from jobs.attribute import SentenceKeys, _merge_sorted, mapped_keys, sorted_contains
+
+    rng = np.random.default_rng(0)
+    pieces = [rng.integers(0, 2**63, n, dtype=np.uint64) for n in (5, 0, 17)]
+    keys = mapped_keys(pieces, str(tmp_path))
+    assert isinstance(keys, np.memmap) and keys.tolist() == np.concatenate(pieces).tolist()
+    assert list(tmp_path.iterdir()) == []
+    assert mapped_keys([], str(tmp_path)).size == 0 and mapped_keys([np.zeros(0, np.uint64)]).size == 0
+    old = np.unique(rng.integers(0, 1000, 300).astype(np.uint64))
+    new = np.setdiff1d(np.arange(0, 1100, 7, dtype=np.uint64), old)
+    for chunk in (1, 7, 64, 10_000):
+        merged = np.concatenate(list(_merge_sorted(old, new, chunk)))
+        assert merged.tolist() == np.union1d(old, new).tolist()
+    queries = rng.integers(0, 1100, 500).astype(np.uint64)
+    assert sorted_contains(old, queries).tolist() == np.isin(queries, old).tolist()
+    assert sorted_contains(np.zeros(0, np.uint64), queries).tolist() == [False] * 500
+    ids = [f"{k:016x}" for k in rng.permutation(2000)]
+    known = SentenceKeys(ids[:700], directory=str(tmp_path))
+    for lo, hi in ((500, 900), (0, 10), (1500, 2000), (650, 1200)):
+        known.add(ids[lo:hi])
+    assert list(tmp_path.iterdir()) == []
+    stored = set(ids[:1200]) | set(ids[1500:])
+    assert len(known) == len(stored) and isinstance(known.keys, np.memmap)
+    assert known.contains(ids).tolist() == [i in stored for i in ids]
+    assert np.all(np.diff(known.keys.astype(np.int64)) > 0)
