@@ -542,6 +542,13 @@ def safe_text(value: Any, limit: int = 2000) -> str | None:
     return text[:limit].encode("utf-8", errors="backslashreplace").decode("utf-8")
 
 
+def sorted_find(keys: np.ndarray, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per query: its position in the sorted array `keys` (clamped to the last one) and whether it is there. A binary
+    search, so a memory-mapped `keys` is read O(q log n), where np.isin would sort a copy of all of it."""
+    at = np.minimum(np.searchsorted(keys, queries), max(len(keys) - 1, 0))
+    return at, (np.asarray(keys[at] == queries) if len(keys) else np.zeros(len(queries), bool))
+
+
 class SeenIds:
     """The pair ids validate() has passed, across the chunks of one selection: sorted 64-bit keys (pair_keys) with
     the source row of each id's first occurrence (16 bytes per pair, not a Python string per id)."""
@@ -552,10 +559,8 @@ class SeenIds:
 
     def first_rows(self, keys: np.ndarray) -> np.ndarray:
         """Per key: the source row that first had it, or -1."""
-        if not len(self.keys):
-            return np.full(len(keys), -1, np.int64)
-        at = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
-        return np.where(self.keys[at] == keys, self.rows[at], -1)
+        at, hit = sorted_find(self.keys, keys)
+        return np.where(hit, self.rows[at], -1) if len(self.keys) else np.full(len(keys), -1, np.int64)
 
     def add(self, keys: np.ndarray, rows: np.ndarray) -> None:
         """Keys not seen before (the caller checked first_rows), with their rows."""

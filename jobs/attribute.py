@@ -45,7 +45,7 @@ from xsbert_core.models import DEFAULT_MODEL
 from xsbert_core.quadrature import SUPPORTED_RULES
 
 from ._actors import CELL_LISTS, TOP_CELLS, WORD_LISTS
-from ._inputs import CHUNK_ROWS, KEEP_PREFIX, Pairs, SeenIds, quarantine_frame, stream_pairs, validate
+from ._inputs import CHUNK_ROWS, KEEP_PREFIX, Pairs, SeenIds, quarantine_frame, sorted_find, stream_pairs, validate
 from ._ray import filter_stderr, init_ray, quiet_ray
 from ._store import SCHEMAS, STORE_VERSION, ObjectRunStore, RunStore, StoreError, open_store, pair_keys, run_id
 
@@ -221,12 +221,8 @@ def mapped_keys(pieces: Iterable[np.ndarray], directory: str | None = None) -> n
 
 
 def sorted_contains(keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
-    """One bool per query: in the sorted array `keys`? (Binary search: reads O(q log n) of a mapped `keys`, where
-    np.isin would sort a copy of all of it.)"""
-    if not len(keys):
-        return np.zeros(len(queries), bool)
-    at = np.minimum(np.searchsorted(keys, queries), len(keys) - 1)
-    return np.asarray(keys[at] == queries)
+    """One bool per query: in the sorted array `keys`? (sorted_find's second half.)"""
+    return sorted_find(keys, queries)[1]
 
 
 def _merge_sorted(old: np.ndarray, new: np.ndarray, chunk: int = 1 << 20) -> Iterator[np.ndarray]:

@@ -898,7 +898,8 @@ def test_the_console_drops_ray_datas_snapshot_warnings_and_keeps_the_rest():
 def test_mapped_keys_answer_as_the_arrays_in_memory_do(tmp_path):
     """mapped_keys gives back its pieces' concatenation from a file whose folder is gone at once; SentenceKeys.add
     merges chunk by chunk into the same sorted set np.union1d gives (keys before, between, after and equal to the
-    stored ones), and contains() answers as np.isin does."""
+    stored ones), and contains() answers as np.isin does; SeenIds.first_rows finds the same keys' rows."""
+    from jobs._inputs import SeenIds
     from jobs.attribute import SentenceKeys, _merge_sorted, mapped_keys, sorted_contains
 
     rng = np.random.default_rng(0)
@@ -915,6 +916,11 @@ def test_mapped_keys_answer_as_the_arrays_in_memory_do(tmp_path):
     queries = rng.integers(0, 1100, 500).astype(np.uint64)
     assert sorted_contains(old, queries).tolist() == np.isin(queries, old).tolist()
     assert sorted_contains(np.zeros(0, np.uint64), queries).tolist() == [False] * 500
+    seen = SeenIds()  # the same search, giving back each key's first row (validate's duplicate check across chunks)
+    assert seen.first_rows(queries).tolist() == [-1] * 500
+    seen.add(old, np.arange(len(old)) * 10)
+    first = {int(k): 10 * r for r, k in enumerate(old)}
+    assert seen.first_rows(queries).tolist() == [first.get(int(q), -1) for q in queries]
     ids = [f"{k:016x}" for k in rng.permutation(2000)]
     known = SentenceKeys(ids[:700], directory=str(tmp_path))
     for lo, hi in ((500, 900), (0, 10), (1500, 2000), (650, 1200)):
