@@ -66,10 +66,7 @@ def plot_histograms(
     fig, ax = plt.subplots(figsize=(6.4, 3.8 + 0.22 * n_note))
     for name, v in zip(series, values):
         ax.hist(v[np.isfinite(v)], bins=edges, histtype="step", linewidth=1.6, label=f"{name} (n={v.size})")
-    for label, x in (vlines or {}).items():
-        ax.axvline(x, color="0.35", linestyle="--", linewidth=1)
-        ax.annotate(label, (x, 0.98), xycoords=("data", "axes fraction"), xytext=(-3, 0), textcoords="offset points",
-                    rotation=90, ha="right", va="top", fontsize=8, color="0.25")  # fmt: skip
+    _mark(ax, vlines)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("pairs")
     ax.set_title(title, fontsize=11)
@@ -140,12 +137,17 @@ def _finish(fig, path: str | Path, note: str | None = None) -> Path:
     return Path(path)
 
 
-def _mark(ax, vlines: dict[str, float] | None) -> None:
-    """Dashed vertical lines, each labelled at the top of the axes."""
+# Labels of vertical lines sit on a white patch: a curve passing under one does not cross the text.
+LABEL_BOX = {"boxstyle": "square,pad=0.15", "facecolor": "white", "edgecolor": "none", "alpha": 0.85}
+
+
+def _mark(ax, vlines: dict[str, float] | None, top: bool = True) -> None:
+    """Dashed vertical lines, each labelled at the top (or the bottom) of the axes, left of its line."""
     for label, x in (vlines or {}).items():
         ax.axvline(x, color="0.35", linestyle="--", linewidth=1)
-        ax.annotate(label, (x, 0.98), xycoords=("data", "axes fraction"), xytext=(-3, 0), textcoords="offset points",
-                    rotation=90, ha="right", va="top", fontsize=8, color="0.25")  # fmt: skip
+        ax.annotate(label, (x, 0.98 if top else 0.02), xycoords=("data", "axes fraction"), xytext=(-3, 0),
+                    textcoords="offset points", rotation=90, ha="right", va="top" if top else "bottom", fontsize=8,
+                    color="0.25", bbox=LABEL_BOX)  # fmt: skip
 
 
 def plot_cdfs(
@@ -163,7 +165,7 @@ def plot_cdfs(
         if v.size:
             ax.step(np.concatenate([[v[0]], v]), np.arange(v.size + 1) / v.size, where="post", linewidth=1.6,
                     label=f"{name} (n={v.size})")  # fmt: skip
-    _mark(ax, vlines)
+    _mark(ax, vlines, top=False)  # a CDF rises to the right: below it, left of the line, is empty
     ax.set_ylim(0, 1.02)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("share of values ≤ x")
@@ -291,7 +293,8 @@ def plot_scatter(
         kinds = np.asarray(groups)
         for name in dict.fromkeys(groups):
             ax.scatter(x[kinds == name], y[kinds == name], s=14, alpha=0.6, linewidths=0, label=name)
-        ax.legend(fontsize=8, loc="best")
+        # outside the axes, right of them: a scatter has points wherever a legend inside could go
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     for label, level in (hlines or {}).items():
         ax.axhline(level, color="0.35", linestyle="--", linewidth=1)
         ax.annotate(label, (0.01, level), xycoords=("axes fraction", "data"), xytext=(0, 3), textcoords="offset points",
