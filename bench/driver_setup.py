@@ -35,13 +35,34 @@ def status() -> dict[str, float]:
     return out
 
 
+def pymalloc_arenas_mb() -> float:
+    """MB of pymalloc's arenas (1 MiB each on 64-bit CPython 3.10+) now mapped, from sys._debugmallocstats(), which
+    writes to the C stderr: an arena is given back only when none of its small objects is alive."""
+    import re
+    import tempfile
+
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as f:
+        os.dup2(f.fileno(), 2)
+        try:
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        f.seek(0)
+        text = f.read().decode()
+    arenas = int(re.search(r"# arenas allocated current\s*=\s*([\d,]+)", text).group(1).replace(",", ""))
+    size = int(re.search(r"(\d+) arenas \* (\d+) bytes/arena", text).group(2))
+    return arenas * size / 2**20
+
+
 def reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
 
 
 def child(n: int) -> None:
     sys.path.insert(0, str(ROOT))
-    from jobs.attribute import parse_args, prepare, release_memory, system_memory_pool
+    from jobs.attribute import malloc_in_use, parse_args, prepare, release_memory, system_memory_pool
 
     data, model = CACHE / f"pairs-{n}.parquet", CACHE / "rehearsal-model"
     args = parse_args(["--dataset", str(data), "--text-a-column", "question1", "--text-b-column", "question2",
@@ -51,7 +72,7 @@ def child(n: int) -> None:
 
     Explainer(str(model), layer=0)  # the imports and a model load, outside the measured steps
     release_memory()
-    base = status()["RssAnon"]
+    base, base_malloc, base_arenas = status()["RssAnon"], malloc_in_use() or 0, pymalloc_arenas_mb()
     rows = []
     state: dict = {}
 
@@ -78,7 +99,9 @@ def child(n: int) -> None:
         s = status()
         rows.append({"step": name, "seconds": round(dt, 1), "anon_after_mb": round(s["RssAnon"] - base, 1),
                      "anon_peak_mb": round(max(anon_peak[0], s["RssAnon"]) - base, 1),
-                     "peak_mb": round(start["RssAnon"] - base + s["VmHWM"] - start["VmRSS"], 1)})  # fmt: skip
+                     "peak_mb": round(start["RssAnon"] - base + s["VmHWM"] - start["VmRSS"], 1),
+                     "malloc_mb": round(((malloc_in_use() or 0) - base_malloc) / 2**20, 1),
+                     "pymalloc_arenas_mb": round(pymalloc_arenas_mb() - base_arenas, 1)})  # fmt: skip
 
     # prepare reads, validates, tokenises and spills the source chunk by chunk (jobs._inputs.CHUNK_ROWS rows).
     step("prepare (read, validate, tokenise, spill)", lambda: state.update(prep=prepare(args)))
@@ -88,6 +111,8 @@ def child(n: int) -> None:
 
     step("wave plan (wave_order on 64-bit keys, rewritten in wave order)", plan)
     step("wave 1 read back", lambda: state.update(wave=state["prep"].work.wave(0)))
+    state.pop("wave")
+    step("wave 1 dropped", lambda: None)
     print(json.dumps({"pairs": n, "base_anon_mb": round(base, 1), "steps": rows}))
 
 
@@ -112,12 +137,16 @@ def main() -> None:
              f"    python bench/driver_setup.py --pairs {' '.join(map(str, args.pairs))}", "",
              "MB above the process's private memory after imports and model load: private memory after the step "
              "(RssAnon) / its peak during the step (RssAnon read every 5 ms) / the resident peak during the step "
-             "(private memory at its start + the rise of VmHWM, which counts the pages of mapped files too).", "",
+             "(private memory at its start + the rise of VmHWM, which counts the pages of mapped files too) / glibc's "
+             "bytes in use after the step (mallinfo2, after malloc_trim: live allocations, not pages kept) / pymalloc's "
+             "arenas mapped after the step (Python's small objects; an arena goes back only when all of it is free).",
+             "",
              "| step | " + " | ".join(f"{r['pairs']:,} pairs" for r in results) + " |",
              "|---|" + "---|" * len(results)]  # fmt: skip
     for k, name in enumerate(steps):
         cells = [f"{r['steps'][k]['anon_after_mb']:.0f} / {r['steps'][k]['anon_peak_mb']:.0f} / "
-                 f"{r['steps'][k]['peak_mb']:.0f}" for r in results]  # fmt: skip
+                 f"{r['steps'][k]['peak_mb']:.0f} / {r['steps'][k]['malloc_mb']:.0f} / "
+                 f"{r['steps'][k]['pymalloc_arenas_mb']:.0f}" for r in results]  # fmt: skip
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {os.cpu_count()} cores.", ""]
     earlier = RESULTS.read_text().partition("\n## Earlier")[2] if RESULTS.exists() else ""
