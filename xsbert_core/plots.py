@@ -137,17 +137,18 @@ def _finish(fig, path: str | Path, note: str | None = None) -> Path:
     return Path(path)
 
 
-# Labels of vertical lines sit on a white patch: a curve passing under one does not cross the text.
+# A CDF's line labels sit on a white patch: a curve passing under one does not cross the text.
 LABEL_BOX = {"boxstyle": "square,pad=0.15", "facecolor": "white", "edgecolor": "none", "alpha": 0.85}
 
 
 def _mark(ax, vlines: dict[str, float] | None, top: bool = True) -> None:
-    """Dashed vertical lines, each labelled at the top (or the bottom) of the axes, left of its line."""
+    """Dashed vertical lines, each labelled at the top of the axes, left of its line (or at the bottom, on a white
+    patch: where a CDF's curve is low)."""
     for label, x in (vlines or {}).items():
         ax.axvline(x, color="0.35", linestyle="--", linewidth=1)
         ax.annotate(label, (x, 0.98 if top else 0.02), xycoords=("data", "axes fraction"), xytext=(-3, 0),
                     textcoords="offset points", rotation=90, ha="right", va="top" if top else "bottom", fontsize=8,
-                    color="0.25", bbox=LABEL_BOX)  # fmt: skip
+                    color="0.25", bbox=None if top else LABEL_BOX)  # fmt: skip
 
 
 def plot_cdfs(
@@ -160,12 +161,16 @@ def plot_cdfs(
 ) -> Path:
     """Empirical CDFs, one step line per named series: F(x) = share of values <= x; dashed vertical lines."""
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    curves = []
     for name, v in series.items():
         v = np.sort(np.asarray(v, dtype=float)[np.isfinite(np.asarray(v, dtype=float))])
         if v.size:
             ax.step(np.concatenate([[v[0]], v]), np.arange(v.size + 1) / v.size, where="post", linewidth=1.6,
                     label=f"{name} (n={v.size})")  # fmt: skip
-    _mark(ax, vlines, top=False)  # a CDF rises to the right: below it, left of the line, is empty
+            curves.append(v)
+    for label, x in (vlines or {}).items():  # each label where the curves are not: above them or below them
+        height = max((np.searchsorted(v, x, side="right") / v.size for v in curves), default=0.0)
+        _mark(ax, {label: x}, top=height < 0.5)
     ax.set_ylim(0, 1.02)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("share of values ≤ x")
