@@ -340,11 +340,13 @@ def write_table(df: pl.DataFrame, out: Path, name: str, title: str, floats: int 
     return text
 
 
-def _pairs_columns(run: str, columns: list[str]) -> dict[str, np.ndarray]:
+def _pairs_columns(run: str, columns: list[str], pairs_of: str) -> dict[str, np.ndarray]:
+    """The pairs table's `columns` of `run`, on the pairs `pairs_of` (another run) holds too."""
     import duckdb
 
-    glob = Path(run) / "pairs" / "*.parquet"
-    rows = duckdb.sql(f"select {', '.join(columns)} from read_parquet('{glob}')").fetchnumpy()
+    glob, other = Path(run) / "pairs" / "*.parquet", Path(pairs_of) / "pairs" / "*.parquet"
+    rows = duckdb.sql(f"select {', '.join(columns)} from read_parquet('{glob}') "
+                      f"where pair_id in (select pair_id from read_parquet('{other}'))").fetchnumpy()  # fmt: skip
     return {c: np.asarray(rows[c], dtype=float) for c in columns}
 
 
@@ -403,8 +405,8 @@ def plot_all(out: Path, summary: dict[str, Any]) -> list[Path]:
     fig = summary.get("figures")
     if fig:
         shelf = _pairs_columns(fig["runs"]["shelf"], ["ref_sim_a", "ref_sim_b", "ref_term", "positive_sum",
-                                                      "negative_sum"])  # fmt: skip
-        exact = _pairs_columns(fig["runs"]["exact"], ["positive_sum", "negative_sum"])
+                                                      "negative_sum"], fig["runs"]["exact"])  # fmt: skip
+        exact = _pairs_columns(fig["runs"]["exact"], ["positive_sum", "negative_sum"], fig["runs"]["shelf"])
         sims = np.concatenate([shelf["ref_sim_a"], shelf["ref_sim_b"]])
         near = float(np.mean(np.abs(sims) <= 0.1))
         below = float(np.mean(shelf["ref_term"] < 0.9))
@@ -515,10 +517,12 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                 summary["shelf_run"] = shelf
                 save("shelf_run")
             runs = {"shelf": shelf["run_dir"], "exact": rec["runs"]["exact"]["run_dir"]}
-            terms = pl.concat([sql_file("reference_terms", r).with_columns(pl.lit(n).alias("model"))
-                               for n, r in runs.items()])  # fmt: skip
-            sums = pl.concat([sql_file("pos_neg_sums", r).with_columns(pl.lit(n).alias("model"))
-                              for n, r in runs.items()])  # fmt: skip
+            # Each on the pairs both runs hold: a store is found by its settings, not its sample, so a later
+            # `jobs.attribute` with the same settings and more pairs (all 1,379) adds them to the same run.
+            other = {"shelf": runs["exact"], "exact": runs["shelf"]}
+            terms, sums = (pl.concat([sql_file(name, r, pairs_of=other[n]).with_columns(pl.lit(n).alias("model"))
+                                      for n, r in runs.items()])
+                           for name in ("reference_terms", "pos_neg_sums"))  # fmt: skip
             write_table(terms.select(["model", *terms.columns[:-1]]), out, "reference_terms",
                         f"Reference terms (Fig 2), layer {fig_layer}")  # fmt: skip
             write_table(sums.select(["model", *sums.columns[:-1]]), out, "pos_neg_sums",

@@ -24,6 +24,8 @@
 -- Params    max_score  from the manifest: 1 (exact) or 2 (approx) for cos
 --                      scores; null (no share) for dot unless set
 --           bin_width  0.25
+--           pairs_of   a run directory: only the pairs that run holds too
+--                      (Fig 5 of two runs on the same pairs); unset: all
 -- Run       duckdb -cmd "set variable run = 'runs/<id>'" -f sql/pos_neg_sums.sql
 --           xsbert sql --run runs/<id> --file sql/pos_neg_sums.sql --var max_score=1.5
 
@@ -38,6 +40,10 @@ pairs as (
         positive_sum,
         negative_sum,
     from read_parquet(getvariable('run') || '/pairs/*.parquet')
+    where getvariable('pairs_of') is null or pair_id in (
+        select pair_id
+        from read_parquet(coalesce(getvariable('pairs_of'), getvariable('run')) || '/pairs/*.parquet')
+    )
 ),
 
 manifest as (

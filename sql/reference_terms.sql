@@ -26,6 +26,8 @@
 --             the one named above)
 -- Params    near_zero       0.1
 --           term_threshold  0.9
+--           pairs_of        a run directory: only the pairs that run holds
+--                           too (two runs on the same pairs); unset: all
 -- Run       duckdb -cmd "set variable run = 'runs/<id>'" -f sql/reference_terms.sql
 --           xsbert sql --run runs/<id> --file sql/reference_terms.sql
 
@@ -39,6 +41,10 @@ pairs as (
         ref_sim_b,
         ref_term,
     from read_parquet(getvariable('run') || '/pairs/*.parquet')
+    where getvariable('pairs_of') is null or pair_id in (
+        select pair_id
+        from read_parquet(coalesce(getvariable('pairs_of'), getvariable('run')) || '/pairs/*.parquet')
+    )
 ),
 
 ---------- logic

@@ -118,6 +118,23 @@ def test_evaluate_all_stages_on_tiny_variants(ray_cluster, tiny_variants, tmp_pa
         assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG", name
     assert "| model |" in (out / "table1.md").read_text()
 
+    # More pairs attributed later with the exact run's settings land in the same store (a run is found by its
+    # settings, not its sample); Fig 2/5 stay on the pairs both runs hold
+    import shlex
+
+    from jobs import attribute as job
+
+    fig_runs = json.loads((out / "summary.json").read_text())["figures"]["runs"]
+    command = shlex.split(summary["layers"]["1"]["runs"]["exact"]["command"])[3:]
+    more = job.main(job.parse_args(["9" if prev == "--sample" else x for prev, x in zip(["", *command], command)]))
+    held = pl.read_parquet(Path(fig_runs["exact"]) / "pairs" / "*.parquet").height
+    assert more["run_dir"] == fig_runs["exact"] and held > 6
+    assert cli([*argv, "--stages", "figures"]) == 0
+    sums = pl.read_parquet(out / "pos_neg_sums.parquet").filter(pl.col("score_bin") == "all")
+    assert sums["n_pairs"].to_list() == [6, 6] and sums["model"].to_list() == ["shelf", "exact"]
+    terms = pl.read_parquet(out / "reference_terms.parquet").filter(pl.col("quantity") == "ref_term")
+    assert terms["n"].to_list() == [6, 6]
+
     # A second call reuses the recorded runs (no new attribution) and only redoes what is asked
     before = json.loads((out / "summary.json").read_text())["layers"]
     assert cli([*argv, "--stages", "agreement"]) == 0
