@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import functools
 import gc
 import logging
 import math
@@ -843,13 +844,24 @@ def system_memory_pool() -> Iterator[None]:
         pa.set_memory_pool(before)
 
 
+@functools.cache
+def _glibc() -> ctypes.CDLL | None:
+    """glibc, loaded once; None where there is none (macOS, musl)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
+
 def release_memory() -> None:
     """Hand freed memory back to the OS: Arrow's pool and glibc's heap keep what a large step freed (reading and
     tokenising the selection: 116 MB at 404k pairs), which would otherwise count as the driver's for the run."""
     pa.default_memory_pool().release_unused()
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with contextlib.suppress(AttributeError):
+        if (libc := _glibc()) is not None:
+            libc.malloc_trim(0)
 
 
 class _MallInfo2(ctypes.Structure):
@@ -861,9 +873,8 @@ def malloc_in_use() -> int | None:
     """Bytes glibc's malloc has handed out and not got back (mallinfo2: uordblks + hblkhd), None without glibc 2.33+:
     the driver's live native heap (numpy, Ray's core worker, tokenizers; not Python's small objects, which live in
     pymalloc's arenas, nor Arrow's default pool)."""
-    try:
-        fn = ctypes.CDLL("libc.so.6").mallinfo2
-    except (OSError, AttributeError):
+    fn = getattr(_glibc(), "mallinfo2", None)
+    if fn is None:
         return None
     fn.restype = _MallInfo2
     info = fn()
@@ -881,7 +892,7 @@ def driver_memory_mb() -> dict[str, float]:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("RssAnon:"):
                 out["driver_private_mb"] = int(line.split()[1]) / 1024
-    if sys.platform.startswith("linux") and (live := malloc_in_use()) is not None:
+    if (live := malloc_in_use()) is not None:
         out["driver_malloc_mb"] = live / 2**20
     return out
 
