@@ -96,7 +96,7 @@ def plot_by_layer(
     mean ± std bands to the metric's range (e.g. (0, 1) for a Jaccard index); the series named in `dashed`
     (a baseline such as a noise floor) are drawn dashed.
     """
-    fig, ax = plt.subplots(figsize=(6.4, 3.8 + 0.25 * max(0, len(series) - 4)))
+    fig, ax = plt.subplots(figsize=(7.2, 4.4), layout="constrained")  # constrained: room for the legend below
     for name, (mean, std) in series.items():
         mean = np.asarray(mean, dtype=float)
         style = "--" if name in dashed else "-"
@@ -107,18 +107,17 @@ def plot_by_layer(
             if bounds is not None:
                 low, high = np.clip(low, *bounds), np.clip(high, *bounds)
             ax.fill_between(layers, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
-    for label, (x, y) in (reference or {}).items():
-        ax.plot([x], [y], marker="*", markersize=11, color="0.2", linestyle="none")
-        right_end = x >= max(layers)  # at the right edge the label goes left of its point, elsewhere right of it
-        ax.annotate(label, (x, y), xytext=(-6, 6) if right_end else (8, -3), textcoords="offset points",
-                    fontsize=8, ha="right" if right_end else "left")
+    # published values: dark markers named in the legend (a label beside the point would sit among the lines)
+    for k, (label, (x, y)) in enumerate((reference or {}).items()):
+        ax.plot([x], [y], marker="*XPD"[k % 4], markersize=11 if k % 4 == 0 else 8, color="0.2", linestyle="none",
+                label=label)  # fmt: skip
     ax.set_xticks(layers)
     ax.set_xlabel("layer L (attributions to the input of encoder layer L)")
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=11)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
+    # below the axes, not inside: with a noise floor the lines and bands fill the plot wherever a legend could go
+    fig.legend(fontsize=8, loc="outside lower center", ncol=2)
     fig.savefig(path, dpi=150)
     plt.close(fig)
     return path
