@@ -38,6 +38,10 @@ from xsbert_core import InputError
 
 from ._store import REMOTE_SCHEMES, filesystem, gcs_emulator  # scheme -> family; DuckDB sees each family under all
 
+# Variables that name a run directory (`pairs_of`: reference_terms.sql and pos_neg_sums.sql keep the pairs that run
+# holds too): checked as --run is, and an object-store one's filesystem registered beside the runs'.
+RUN_VARIABLES = frozenset({"pairs_of"})
+
 TABLES: tuple[str, ...] = ("pairs", "cells", "word_cells", "sentences", "quarantine", "parses")
 SQL_DIR = Path(__file__).resolve().parents[1] / "sql"
 # What to run when a table is missing (the attribution job writes every other table).
@@ -278,9 +282,18 @@ def connect(
     """An in-memory DuckDB connection with the run's tables as views and the variables set."""
     first = check_run(run)
     second = check_run(run2, "--run2") if run2 is not None else None
+    settings = {"run": str(first), **({"run2": str(second)} if second is not None else {})}
+    runs = [first, second]
+    for name, value in (variables or {}).items():
+        if name in ("run", "run2"):
+            raise InputError(f"variable {name!r} is set from the run directories (--run / --run2)")
+        if name in RUN_VARIABLES and value is not None:  # a run directory too: checked and reachable as --run is
+            runs.append(check_run(value, f"--var {name}"))
+            value = str(runs[-1])
+        settings[name] = value
     con = duckdb.connect()
     families: dict[str, str] = {}  # one registered filesystem per scheme family (s3, gcs) the runs use
-    for path in (first, second):
+    for path in runs:
         if isinstance(path, str):
             families.setdefault(REMOTE_SCHEMES[scheme(path) or ""], path)
     for location in families.values():
@@ -292,11 +305,6 @@ def connect(
             if has_table(path, table):
                 glob = _literal(str(join(path, table, "*.parquet")))
                 con.execute(f"create view {table}{suffix} as select * from read_parquet({glob})")
-    settings = {"run": str(first), **({"run2": str(second)} if second is not None else {})}
-    for name, value in (variables or {}).items():
-        if name in ("run", "run2"):
-            raise InputError(f"variable {name!r} is set from the run directories (--run / --run2)")
-        settings[name] = value
     for name, value in settings.items():
         if not _NAME_RE.match(name):
             raise InputError(f"variable name {name!r}: use letters, digits and _")

@@ -249,6 +249,38 @@ def test_bad_s3_locations_are_one_line_exit_2(hand, s3, capsys, tmp_path):
         assert code == 2 and err.startswith("jobs.report: error: --run s3://no-such-bucket/x: no such bucket")
 
 
+def test_pairs_of_on_s3_beside_a_local_run(hand, s3, capsys, tmp_path):
+    """`pairs_of` (a run directory: the pairs it holds too) may lie on S3 while --run is local: it is checked as
+    --run is and its store registered, and the rows equal those with a local `pairs_of` (a subset: the filter
+    changes the answer, so an ignored variable would show)."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    run, _, _, _ = hand["reference_terms.sql"]
+    subset = shutil.copytree(run, tmp_path / "subset")
+    for part in (subset / "pairs").glob("*.parquet"):
+        table = pq.read_table(part)
+        pq.write_table(table.slice(0, 8), part)  # 8 of the run's 20 pairs
+    uri = s3.upload(subset, "pairs-of")
+    for name, count, expected in (("reference_terms.sql", "n", (16, 40)), ("pos_neg_sums.sql", "n_pairs", (8, 20))):
+        code, every, _ = xsbert_sql(capsys, "--run", str(run), "--file", name, "--csv")
+        code_local, local, _ = xsbert_sql(capsys, "--run", str(run), "--file", name, "--csv", f"--var=pairs_of={subset}")
+        with s3.environ():
+            code_s3, remote, err = xsbert_sql(capsys, "--run", str(run), "--file", name, "--csv", f"--var=pairs_of={uri}")
+        assert (code, code_local, code_s3) == (0, 0, 0), err
+        assert same_csv(local, remote), name
+        # reference_terms: n per quantity (ref_sim counts both sides); pos_neg_sums: pairs per bin, the "all" row
+        counted = pl.read_csv(local.encode())[count].max(), pl.read_csv(every.encode())[count].max()
+        assert counted == expected, (name, counted)
+    with s3.environ():
+        for value, message in ((s3.uri("pairs-of", "nope"), "--var pairs_of s3://"),
+                               ("s3://no-such-bucket/x", "--var pairs_of s3://no-such-bucket/x: no such bucket"),
+                               (str(tmp_path / "nope"), "no such directory")):  # fmt: skip
+            err = one_line_error(capsys, ["--run", str(run), "--file", "reference_terms.sql", f"--var=pairs_of={value}"])
+            assert message in err, (value, err)
+
+
 def report_cli_error(argv: list[str], capsys) -> tuple[int, str, str]:
     code = report.cli([*argv, "-q"])
     captured = capsys.readouterr()
