@@ -342,11 +342,14 @@ def write_table(df: pl.DataFrame, out: Path, name: str, title: str, floats: int 
 
 def _pairs_columns(run: str, columns: list[str], pairs_of: str) -> dict[str, np.ndarray]:
     """The pairs table's `columns` of `run`, on the pairs `pairs_of` (another run) holds too."""
-    import duckdb
+    from ._sql import connect
 
-    glob, other = Path(run) / "pairs" / "*.parquet", Path(pairs_of) / "pairs" / "*.parquet"
-    rows = duckdb.sql(f"select {', '.join(columns)} from read_parquet('{glob}') "
-                      f"where pair_id in (select pair_id from read_parquet('{other}'))").fetchnumpy()  # fmt: skip
+    con = connect(run, variables={"pairs_of": pairs_of})  # the runs checked and read as xsbert sql reads them
+    try:
+        rows = con.sql(f"select {', '.join(columns)} from pairs where pair_id in "
+                       "(select pair_id from read_parquet(getvariable('pairs_of') || '/pairs/*.parquet'))").fetchnumpy()
+    finally:
+        con.close()
     return {c: np.asarray(rows[c], dtype=float) for c in columns}
 
 

@@ -134,6 +134,10 @@ def test_evaluate_all_stages_on_tiny_variants(ray_cluster, tiny_variants, tmp_pa
     assert sums["n_pairs"].to_list() == [6, 6] and sums["model"].to_list() == ["shelf", "exact"]
     terms = pl.read_parquet(out / "reference_terms.parquet").filter(pl.col("quantity") == "ref_term")
     assert terms["n"].to_list() == [6, 6]
+    from jobs.evaluate import _pairs_columns  # what the Fig 2/5 histograms draw
+
+    drawn = _pairs_columns(fig_runs["exact"], ["positive_sum", "negative_sum"], fig_runs["shelf"])
+    assert [len(v) for v in drawn.values()] == [6, 6]
 
     # A second call reuses the recorded runs (no new attribution) and only redoes what is asked
     before = json.loads((out / "summary.json").read_text())["layers"]
