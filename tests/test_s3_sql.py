@@ -264,10 +264,11 @@ def test_pairs_of_on_s3_beside_a_local_run(hand, s3, capsys, tmp_path):
         pq.write_table(table.slice(0, 8), part)  # 8 of the run's 20 pairs
     uri = s3.upload(subset, "pairs-of")
     for name, count, expected in (("reference_terms.sql", "n", (16, 40)), ("pos_neg_sums.sql", "n_pairs", (8, 20))):
-        code, every, _ = xsbert_sql(capsys, "--run", str(run), "--file", name, "--csv")
-        code_local, local, _ = xsbert_sql(capsys, "--run", str(run), "--file", name, "--csv", f"--var=pairs_of={subset}")
+        argv = sql_args(run, None, name)
+        code, every, _ = xsbert_sql(capsys, *argv)
+        code_local, local, _ = xsbert_sql(capsys, *argv, f"--var=pairs_of={subset}")
         with s3.environ():
-            code_s3, remote, err = xsbert_sql(capsys, "--run", str(run), "--file", name, "--csv", f"--var=pairs_of={uri}")
+            code_s3, remote, err = xsbert_sql(capsys, *argv, f"--var=pairs_of={uri}")
         assert (code, code_local, code_s3) == (0, 0, 0), err
         assert same_csv(local, remote), name
         # reference_terms: n per quantity (ref_sim counts both sides); pos_neg_sums: pairs per bin, the "all" row
