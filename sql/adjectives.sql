@@ -4,8 +4,11 @@
 --           ("This house is beautiful." / "This house is pretty." /
 --           "... ugly."), what attribution does the adjective pair's
 --           word cell get, for synonyms vs opposites?
--- Paper     Table 2 (the 23 triplets), Fig 9 (attributions of synonym vs
---           opposite adjective pairs).
+-- Paper     Table 2 (the 23 triplets), Fig 9 (§5.3: attributions of
+--           synonym vs opposite adjective pairs; two pairs per triplet from
+--           one template, "This house is X.", 46 pairs). The built-in
+--           dataset adds three templates (184 pairs): the report gives the
+--           paper's 46 first, the pooled set as our extension.
 -- Inputs    pairs of run, with the pass-through columns triplet, kind,
 --           template of the built-in dataset (python -m jobs.attribute
 --           --dataset adjectives); pairs without a triplet are left out

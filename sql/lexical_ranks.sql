@@ -4,7 +4,9 @@
 -- Question  Which tokens, matched with themselves across a pair
 --           (token_a = token_b), carry the largest attribution, and how
 --           much does it vary?
--- Paper     Fig 10, Tables 3-4: lexical ranks (DESIGN.md section 4).
+-- Paper     Fig 10, Tables 3-4 (§5.4): lexical ranks of words appearing
+--           30 and more times; we read that as 30 same-token cells
+--           (min_count), not 30 occurrences of the word.
 -- Inputs    cells     of run: the same-token cells, over all pairs
 --           sentences of run: the special tokens are the tokens without a
 --                             word id ([CLS], [SEP], <s>, </s>, ...)

@@ -4,41 +4,53 @@
 --           side (the negation dataset: python -m jobs.attribute --dataset
 --           negation), how much does the not-word contribute to the
 --           similarity, and how often negatively?
--- Paper     Fig 8: not-attributions are negative in 16% (off-the-shelf)
---           and 9% (exact) of the cases; their relative size.
+-- Paper     Fig 8 (§5.2): the total attribution to the 'not' token is
+--           negative in 16% (off-the-shelf) and 9% (exact) of the cases;
+--           in 90% of the cases it is under 8% (off-the-shelf) and 14%
+--           (exact) of the prediction f(a, b).
 -- Inputs    pairs of run: pair ids, sentence ids, score, attribution_sum
 --           sentences of run: words (the tokenizer's words, as in
---           word_cells.u / v)
---           word_cells of run: the not-word's cells
+--           word_cells.u / v) and word_ids (token -> word)
+--           cells of run: the not-token's row (side a) or column (side b)
+--           word_cells of run: the not-word's cells, the word-cell sum
 -- Detection any pair of any run qualifies when one side's word list,
 --           compared case-insensitively, equals the other side's with one
 --           word 'not' removed. A "not" is a whole word for the tokenizer:
 --           "cannot" and "n't" are not. The first such position is used.
+-- Definition the variable `definition`:
+--           'paper' (default), the paper's: not_attribution is the total
+--             attribution to the not token(s): the sum of their token
+--             cells against every token of the other side, special tokens
+--             included; relative = not_attribution / score, its share of
+--             the prediction f(a, b).
+--           'word_cells' (ours, an option): not_attribution is the sum of
+--             the not-word's word cells against every word of the other
+--             side (word x word means over tokens, special tokens in
+--             neither); relative = not_attribution / word_attribution_sum,
+--             numerator and denominator over the same cells.
 -- Grain     one row per qualifying pair, in pair_id order.
 -- Columns   pair_id, text_a, text_b, score, attribution_sum,
 --           not_side         'a' | 'b': the side that has the extra "not"
 --           not_index        its word index (word_cells.u for a, .v for b)
---           not_attribution  sum of the not-word's word cells against every
---                            word of the other side (with --min-abs: the
---                            stored ones; 0 when none is stored)
---           word_attribution_sum  sum of all the pair's word cells (with
---                            --min-abs: the stored ones)
---           relative         not_attribution / word_attribution_sum:
---                            numerator and denominator over the same
---                            cells, the pair's word cells (word x word
---                            means over tokens; special tokens are in
---                            neither). attribution_sum, over all token
---                            cells, is the pair's total and is not on
---                            the same scale. Null when the word cells
---                            sum to 0 or none is stored.
+--           not_total        the not token(s)' cells summed, every token of
+--                            the other side (with --min-abs: the stored
+--                            ones; 0 when none is stored)
+--           not_word_attribution  the not-word's word cells summed
+--           word_attribution_sum  sum of all the pair's word cells
+--           definition       'paper' | 'word_cells' (the variable)
+--           not_attribution  not_total ('paper') or not_word_attribution
+--           relative         not_total / score ('paper') or
+--                            not_word_attribution / word_attribution_sum
+--                            ('word_cells'); null when the denominator is 0
 --           is_negative      not_attribution < 0
 --           share_negative, p90_abs_relative  over all rows: share of
 --                            is_negative and the 90th percentile of
 --                            |relative| (linear interpolation, numpy's
 --                            default); the same on every row
--- Params    none
+-- Params    definition ('paper')
 -- Run       duckdb -cmd "set variable run = 'runs/<id>'" -f sql/negation.sql
 --           xsbert sql --run runs/<id> --file sql/negation.sql
+--           xsbert sql --run runs/<id> -f negation --var definition=word_cells
 
 with
 
@@ -60,7 +72,17 @@ sentences as (
     select
         sentence_id,
         list_transform(words, lambda w: lower(w)) as words,
+        word_ids,
     from read_parquet(getvariable('run') || '/sentences/*.parquet')
+),
+
+cells as (
+    select
+        pair_id,
+        i,
+        j,
+        value,
+    from read_parquet(getvariable('run') || '/cells/*.parquet')
 ),
 
 word_cells as (
@@ -79,6 +101,8 @@ pair_words as (
         pairs.*,
         sentences_a.words as words_a,
         sentences_b.words as words_b,
+        sentences_a.word_ids as word_ids_a,
+        sentences_b.word_ids as word_ids_b,
     from pairs
     inner join sentences as sentences_a
         on pairs.sentence_id_a = sentences_a.sentence_id
@@ -90,7 +114,9 @@ pair_words as (
 -- the 1-based positions k of a 'not' whose removal gives the other side
 not_positions as (
     select
-        * exclude (words_a, words_b),
+        * exclude (words_a, words_b, word_ids_a, word_ids_b),
+        word_ids_a,
+        word_ids_b,
         list_filter(
             range(1, len(words_a) + 1),
             lambda k: words_a[k] = 'not'
@@ -106,15 +132,39 @@ not_positions as (
 
 negation_pairs as (
     select
-        * exclude (positions_a, positions_b),
+        * exclude (positions_a, positions_b, word_ids_a, word_ids_b),
         case when len(positions_a) > 0 then 'a' else 'b' end as not_side,
         coalesce(positions_a[1], positions_b[1]) - 1 as not_index,
+        -- the 0-based token positions of the not-word (cells.i for a, .j for b)
+        case when len(positions_a) > 0
+            then list_filter(range(len(word_ids_a)),
+                             lambda t: word_ids_a[t + 1] = positions_a[1] - 1)
+            else list_filter(range(len(word_ids_b)),
+                             lambda t: word_ids_b[t + 1] = positions_b[1] - 1)
+        end as not_tokens,
     from not_positions
     where len(positions_a) > 0 or len(positions_b) > 0
 ),
 
 ---------- logic: the not-word's attribution
 
+-- the paper's: the total attribution to the not token(s), every token of
+-- the other side (special tokens included)
+not_token_cells as (
+    select
+        cells.pair_id,
+        sum(cells.value) as not_total,
+    from cells
+    inner join negation_pairs
+        on cells.pair_id = negation_pairs.pair_id
+    where (negation_pairs.not_side = 'a'
+            and list_contains(negation_pairs.not_tokens, cells.i))
+        or (negation_pairs.not_side = 'b'
+            and list_contains(negation_pairs.not_tokens, cells.j))
+    group by 1
+),
+
+-- ours: the not-word's word cells and the sum of all word cells
 not_cells as (
     select
         word_cells.pair_id,
@@ -131,7 +181,11 @@ not_cells as (
     group by 1
 ),
 
-negation as (
+settings as (
+    select coalesce(getvariable('definition'), 'paper') as definition
+),
+
+measured as (
     select
         negation_pairs.pair_id,
         negation_pairs.text_a,
@@ -140,13 +194,38 @@ negation as (
         negation_pairs.attribution_sum,
         negation_pairs.not_side,
         negation_pairs.not_index,
-        coalesce(not_cells.not_attribution, 0) as not_attribution,
+        coalesce(not_token_cells.not_total, 0) as not_total,
+        coalesce(not_cells.not_attribution, 0) as not_word_attribution,
         not_cells.word_attribution_sum,
-        coalesce(not_cells.not_attribution, 0)
-            / nullif(not_cells.word_attribution_sum, 0) as relative,
-        coalesce(not_cells.not_attribution, 0) < 0 as is_negative,
+        settings.definition,
     from negation_pairs
+    cross join settings
+    left join not_token_cells
+        on negation_pairs.pair_id = not_token_cells.pair_id
     left join not_cells on negation_pairs.pair_id = not_cells.pair_id
+),
+
+negation as (
+    select
+        *,
+        case definition
+            when 'paper' then not_total
+            when 'word_cells' then not_word_attribution
+            else error('negation.sql: definition must be paper or word_cells, not '
+                       || definition)
+        end as not_attribution,
+        case definition
+            when 'paper' then not_total / nullif(score, 0)
+            else not_word_attribution / nullif(word_attribution_sum, 0)
+        end as relative,
+    from measured
+),
+
+flagged as (
+    select
+        *,
+        not_attribution < 0 as is_negative,
+    from negation
 ),
 
 summarised as (
@@ -154,7 +233,7 @@ summarised as (
         *,
         avg(is_negative::double) over () as share_negative,
         quantile_cont(abs(relative), 0.9) over () as p90_abs_relative,
-    from negation
+    from flagged
 )
 
 select * from summarised

@@ -5,9 +5,14 @@
 --           (the largest positive attributions). Which pairs of
 --           dependency relations do their two words have, and how often
 --           do the two words have the same function (nsubj ~ nsubj)?
--- Paper     Fig 6: relations of the top 10% word pairs per pair (labels
---           inside multi-word expressions and coordinations replaced by
---           the nearest non-phrase-internal ancestor's: parses.deprel).
+-- Paper     Fig 6 (§5.1): relations of the top 10% word pairs per pair
+--           (labels inside multi-word expressions and coordinations
+--           replaced by the nearest non-phrase-internal ancestor's:
+--           parses.deprel); stanza parses. Same-function pairs are the
+--           most frequent relation pairs (nsubj-nsubj about 7%), not a
+--           large share of all top attributions; the models regard a wide
+--           range of relations. Our parses may be spaCy's (UD labels
+--           mapped), not stanza's: a difference wherever Fig 6 is compared.
 -- Inputs    word_cells of run (u, v index sentences.words of a and b)
 --           pairs, sentences of run: sentence ids, number of words
 --           parses of run (python -m jobs.parse --run DIR): deprel per

@@ -155,14 +155,26 @@ def test_shipped_configs_validate(name, capsys):
     assert pipeline.cli(["--config", str(CONFIGS / f"{name}.yaml"), "--check"]) == 0, capsys.readouterr().err
 
 
-def test_paper_config_validates_once_its_trained_model_exists(tmp_path, capsys):
-    """configs/paper.yaml names the exact model jobs.train writes; until it exists the config says so."""
+def test_paper_config_validates_once_its_trained_models_exist(tmp_path, capsys):
+    """configs/paper.yaml names the exact and tuned models jobs.train writes; until they exist the config says so.
+    Its agreement is Exact vs Tuned (the paper's §4.4), its lexical-rank comparison Exact vs Shelf at level 8."""
     path = str(CONFIGS / "paper.yaml")
     assert pipeline.cli(["--config", path, "--check"]) == 2
     assert "no such model folder" in capsys.readouterr().err
-    folder = tmp_path / "exact"
-    folder.mkdir()
-    assert pipeline.cli(["--config", path, "--check", "--set", f"models.exact={folder}"]) == 0
+    for name in ("exact", "tuned"):
+        (tmp_path / name).mkdir()
+    sets = ["--set", f"models.exact={tmp_path / 'exact'}", "--set", f"models.tuned={tmp_path / 'tuned'}"]
+    assert pipeline.cli(["--config", path, "--check", *sets[:2]]) == 2  # tuned still missing
+    capsys.readouterr()
+    assert pipeline.cli(["--config", path, "--check", *sets]) == 0
+    study = pipeline.load_config(CONFIGS / "paper.yaml", [f"models.{n}={tmp_path / n}" for n in ("exact", "tuned")])
+    agreements = {k: v for k, v in study.compare.items() if k.startswith("agreement")}
+    assert len(agreements) == 12
+    for pair in agreements.values():
+        assert {study.runs[pair.run].model, study.runs[pair.run2].model} == {"exact", "tuned"}
+    qqp = study.compare["qqp"]
+    assert {study.runs[qqp.run].model, study.runs[qqp.run2].model} == {"exact", "shelf"}
+    assert study.runs[qqp.run].layer == study.runs[qqp.run2].layer == 8
 
 
 def test_default_config_is_the_readme_main_command():

@@ -19,6 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import numpy as np
 import polars as pl
 import pyarrow as pa
@@ -371,8 +372,15 @@ NEGATION_PAIRS = [
 ]  # fmt: skip
 
 
+# Each token cell of the not-word against a special token of the other side (one token per word, sentence()):
+# in the paper's total to the not token, not in its word cells.
+NOT_SPECIAL = 0.05
+
+
 def negation_run(root: Path) -> Path:
-    pairs, sents, word_cells = [], [], []
+    """Word cells as NEGATION_PAIRS plants them (every other one 1.0) and the same values as token cells (token
+    u + 1 is word u), plus special-token cells: NOT_SPECIAL in the not-word's row or column, 0.01 elsewhere."""
+    pairs, sents, word_cells, cells = [], [], [], []
     for k, (pid, ta, tb, wa, wb, not_cells) in enumerate(NEGATION_PAIRS):
         sents += [sentence(f"{pid}a", wa), sentence(f"{pid}b", wb)]
         pairs.append({"pair_id": pid, "text_a": ta, "text_b": tb, "sentence_id_a": f"{pid}a",
@@ -388,14 +396,49 @@ def negation_run(root: Path) -> Path:
                     continue  # n6: the not-word's cells were pruned (--min-abs)
                 value = not_cells[v if side_a else u] if is_not else 1.0
                 word_cells.append({"pair_id": pid, "u": u, "v": v, "value": value})
-    return make_run(root, "neg", pairs, word_cells=word_cells, sentences=sents)
+        for i in range(len(wa) + 2):
+            for j in range(len(wb) + 2):
+                word = (i - 1, j - 1) if 0 < i <= len(wa) and 0 < j <= len(wb) else None
+                if word is not None:
+                    found = [c["value"] for c in word_cells if c["pair_id"] == pid and (c["u"], c["v"]) == word]
+                    if found:
+                        cells.append({"pair_id": pid, "i": i, "j": j, "value": found[0]})
+                    continue
+                not_index = next((k for k, w in enumerate(wa if side_a else wb) if w.lower() == "not"), None)
+                in_not = not_index is not None and (i if side_a else j) == not_index + 1
+                if in_not and not_cells == []:
+                    continue  # n6: pruned
+                cells.append({"pair_id": pid, "i": i, "j": j, "value": NOT_SPECIAL if in_not else 0.01})
+    return make_run(root, "neg", pairs, cells=cells, word_cells=word_cells, sentences=sents)
+
+
+def test_negation_the_papers_definition_is_the_default(tmp_path):
+    """definition = 'paper' (the default): the total attribution to the not token (its token cells against every
+    token of the other side, special tokens included) and its share of the prediction f(a, b) (the score)."""
+    df = run_sql(negation_run(tmp_path), "negation.sql")
+    assert df.columns == ["pair_id", "text_a", "text_b", "score", "attribution_sum", "not_side", "not_index",
+                          "not_total", "not_word_attribution", "word_attribution_sum", "definition",
+                          "not_attribution", "relative", "is_negative", "share_negative", "p90_abs_relative"]
+    assert df["pair_id"].to_list() == ["n1", "n2", "n4", "n6"] and set(df["definition"]) == {"paper"}
+    got = records(df, "pair_id")
+    planted = {pid: sum(cells or []) for pid, _, _, _, _, cells in NEGATION_PAIRS}
+    # the not-word's row (a) or column (b) meets the other side's two special tokens; n6's were pruned
+    expected = {pid: planted[pid] + (0 if pid == "n6" else 2 * NOT_SPECIAL) for pid in ("n1", "n2", "n4", "n6")}
+    for pid, total in expected.items():
+        row = got[pid]
+        assert row["not_total"] == pytest.approx(total) and row["not_attribution"] == pytest.approx(total)
+        assert row["not_word_attribution"] == pytest.approx(planted[pid])
+        assert row["relative"] == pytest.approx(total / row["score"]) and row["is_negative"] == (total < 0)
+    relative = [total / 0.5 for total in expected.values()]
+    assert df["p90_abs_relative"][0] == pytest.approx(np.percentile(np.abs(relative), 90))
+    assert set(df["share_negative"]) == {0.25}
+    with pytest.raises(duckdb.Error, match="definition must be paper or word_cells"):
+        run_sql(negation_run(tmp_path / "x"), "negation.sql", definition="ours")
 
 
 def test_negation_finds_the_not_and_its_planted_negative_attribution(tmp_path):
-    df = run_sql(negation_run(tmp_path), "negation.sql")
-    assert df.columns == ["pair_id", "text_a", "text_b", "score", "attribution_sum", "not_side", "not_index",
-                          "not_attribution", "word_attribution_sum", "relative", "is_negative", "share_negative",
-                          "p90_abs_relative"]  # fmt: skip
+    """definition = 'word_cells' (ours, an option): the not-word's word cells over the sum of all word cells."""
+    df = run_sql(negation_run(tmp_path), "negation.sql", definition="word_cells")
     assert df["pair_id"].to_list() == ["n1", "n2", "n4", "n6"]  # not "cannot", not a pair without a not
     got = records(df, "pair_id")
     # every other word cell is 1.0 (negation_run): the pair's word cells sum to the not-word's plus the rest
@@ -1300,8 +1343,13 @@ def test_real_runs_answer_every_analysis(real_runs, capsys):
                    (select sum(value) from word_cells where pair_id = '{r['pair_id']}')
             from pairs p join sentences s on s.sentence_id = p.sentence_id_a
             where p.pair_id = '{r['pair_id']}'""").fetchall()[0]  # fmt: skip
-        assert word.lower() == "not" and r["not_attribution"] == pytest.approx(total)
-        assert r["relative"] == pytest.approx(total / word_sum)
+        token_total = neg.sql(f"""
+            select sum(c.value) from cells c join pairs p using (pair_id)
+            join sentences s on s.sentence_id = p.sentence_id_a
+            where c.pair_id = '{r['pair_id']}' and s.word_ids[c.i + 1] = {r['not_index']}""").fetchall()[0][0]
+        assert word.lower() == "not" and r["not_word_attribution"] == pytest.approx(total)
+        assert r["not_attribution"] == pytest.approx(token_total) and r["definition"] == "paper"
+        assert r["relative"] == pytest.approx(token_total / r["score"])
 
     adjectives_run = real_runs["adjectives"]
     adj = _sql.connect(adjectives_run)
