@@ -247,11 +247,12 @@ def attribute_command(config: dict[str, Any], selection: dict[str, Any]) -> str:
 
 def run_difference(facts: dict[str, Any], facts2: dict[str, Any]) -> tuple[str, str]:
     """How the two runs differ in their settings, as ('layer 3', 'layer 4'); ('run', 'run2') when they do not."""
-    keys = [k for k in ("model", "mode", "similarity", "layer", "steps", "rule", "min_abs") if facts[k] != facts2[k]]
+    keys = [k for k in ("model", "mode", "similarity", "layer", "steps", "rule", "min_abs")
+            if facts.get(k) != facts2.get(k)]
     if not keys:
         return "run", "run2"
     name = {"steps": "N", "min_abs": "min-abs"}
-    return tuple(", ".join(f"{name.get(k, k)} {f[k]}" for k in keys) for f in (facts, facts2))  # type: ignore[return-value]
+    return tuple(", ".join(f"{name.get(k, k)} {f.get(k)}" for k in keys) for f in (facts, facts2))  # type: ignore[return-value]
 
 
 # --------------------------------------------------------------------------- our setting, as jobs.paper spells its own
@@ -275,12 +276,29 @@ def model_label(facts: dict[str, Any]) -> str:
 
 
 def pair_model_label(facts: dict[str, Any], facts2: dict[str, Any]) -> str:
-    """Two runs: 'all-MiniLM-L6-v2, exact vs approximate' when one is exact-mode and the other approximate over the
-    same base model (jobs.paper's spelling), else both runs' models and modes."""
-    (base1, _), (base2, _) = model_variant(facts), model_variant(facts2)
-    if base1 == base2 and {facts.get("mode"), facts2.get("mode")} == {"exact", "approx"}:
-        return f"{base1}, exact vs approximate"
+    """Two runs: 'all-MiniLM-L6-v2, exact vs tuned (approximate)' when one is exact-mode and the other approximate
+    over the same base model, as jobs.paper spells the paper's Fig 3/4 ('..., exact vs shelf' for Fig 10's);
+    else both runs' models and modes."""
+    (base1, variant1), (base2, variant2) = model_variant(facts), model_variant(facts2)
+    modes = (facts.get("mode"), facts2.get("mode"))
+    if base1 == base2 and set(modes) == {"exact", "approx"}:
+        other = variant2 if modes[0] == "exact" else variant1
+        return f"{base1}, exact vs {other} (approximate)"
     return f"{model_label(facts)} ({facts.get('mode')}) vs {model_label(facts2)} ({facts2.get('mode')})"
+
+
+def paper_comparison(facts: dict[str, Any], facts2: dict[str, Any]) -> str | None:
+    """Why two runs are not the paper's kind of two-run comparison (exact vs approximate attributions of one base
+    model at one layer, Fig 3/4; two variants of one model at one layer, Fig 10), or None when they are; the
+    report sets no paper number beside another kind (two layers of one model, say)."""
+    one, two = run_difference(facts, facts2)
+    if layer_label(facts) != layer_label(facts2):
+        return f"the two runs differ in layer ({one} vs {two})"
+    if model_variant(facts)[0] != model_variant(facts2)[0]:
+        return f"the two runs are different base models ({one} vs {two})"
+    if model_variant(facts) == model_variant(facts2) and facts.get("mode") == facts2.get("mode"):
+        return f"the two runs are one model in one mode ({one} vs {two})"
+    return None
 
 
 def layer_label(facts: dict[str, Any]) -> str:
@@ -453,7 +471,8 @@ def plot_table1(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
 def reference_terms(df: pl.DataFrame, ctx: Context) -> list[Finding]:
     rows = {r["quantity"]: r for r in df.iter_rows(named=True)}
     sim, term = rows["ref_sim"], rows["ref_term"]
-    setting = (model_label(ctx.facts), layer_label(ctx.facts), subset_label(ctx.facts))
+    # forward quantities of the whole model: no layer, as the paper's Fig 2 (jobs.paper)
+    setting = (model_label(ctx.facts), paper.NO_LAYER, subset_label(ctx.facts))
     return [
         Finding(f"{pct(sim['share_near_zero'])} of the reference similarities f(a, r_b), f(b, r_a) lie within "
                 f"±{num(sim['near_zero'])} of 0 (median {num(sim['median'], 3)}, n = {sim['n']}).",
@@ -536,20 +555,19 @@ def plot_pos_neg_sums(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
     max_score = df["max_score"][0]
     data = ctx.frame("select score, positive_sum, negative_sum from pairs")
     broken = max_score is not None and df["mode"][0] == "approx" and bool(reference_norms(ctx, max_score))
-    lines = None
-    if max_score is not None:
-        label = f"{max_score:g}: the bound f(a, b) + 1, not holding here" if broken else f"max score {max_score:g}"
-        lines = {label: max_score}
-    line = ("the dashed line is the approximate-mode bound 2, which this run exceeds on average (see the findings)"
-            if broken else "the dashed line is the largest possible total")  # fmt: skip
+    # where the run shows the approximate-mode bound does not hold, no line is drawn for it
+    lines = {f"max score {max_score:g}": max_score} if max_score is not None and not broken else None
+    line = ("no line is drawn for the approximate-mode bound 2: this run's ΣA converges above it on average (see the "
+            "findings)" if broken else "the dashed line is the largest possible total")  # fmt: skip
     n = data.height
+    run = f"{model_label(ctx.facts)}, layer {layer_label(ctx.facts)}, n = {n} pairs"
     plot_scatter(np.concatenate([data["score"].to_numpy()] * 2),
                  np.concatenate([data["positive_sum"].to_numpy(), data["negative_sum"].to_numpy()]),
-                 ctx.out / "pos_neg_sums-scatter.png", "Positive and negative attribution sums per pair",
+                 ctx.out / "pos_neg_sums-scatter.png", f"Positive and negative attribution sums per pair\n{run}",
                  f"score f(a, b) ({ctx.facts['similarity']})", "sum of attributions",
                  groups=["positive sum"] * n + ["negative sum"] * n, hlines=lines)  # fmt: skip
     plot_cdfs({"positive sum": data["positive_sum"].to_numpy(), "|negative sum|": -data["negative_sum"].to_numpy()},
-              ctx.out / "pos_neg_sums-cdf.png", "Cumulative share of pairs by the size of each part",
+              ctx.out / "pos_neg_sums-cdf.png", f"Cumulative share of pairs by the size of each part\n{run}",
               "sum of attributions (absolute)", vlines=lines)  # fmt: skip
     bins = df.filter(pl.col("score_bin") != "all")
     plot_by_bin(bins["score_bin"].to_list(),
@@ -652,6 +670,7 @@ def agreement(df: pl.DataFrame, ctx: Context) -> list[Finding]:
     over = _correlated(row)
     level = df["level"][0]
     cells = "word matrices" if level == "word" else f"token matrices ({tokens})"
+    unlike = paper_comparison(ctx.facts, ctx.facts2)
     out = [Finding(
         f"Over {row['n_pairs']} shared pairs the {cells} of run ({one}) and run2 ({two}) agree with Spearman "
         f"{num(row['spearman_mean'])}{spread}, Pearson {num(row['pearson_mean'])}{over}, and their "
@@ -680,16 +699,19 @@ def agreement(df: pl.DataFrame, ctx: Context) -> list[Finding]:
         subset = subset_label(ctx.facts, row["n_pairs"], f"s > {low:g}")
         values = {k: part[k] for k in keys} | {"score_above": low}
         if what == "jaccard":
-            out.append(Finding(
-                f"Among the {plural(part['n_pairs'], 'pair')} with mean score above {low:g} the top-10 cells overlap "
-                f"with Jaccard {num(part['jaccard_top10_mean'])} (top-3: {num(part['jaccard_top3_mean'])}).", values,
-                **cite(key, model, layer, subset, f"top-10 Jaccard by |value|, {tokens}")))  # fmt: skip
+            metric = f"top-10 Jaccard by |value|, {tokens}"
+            text = (f"Among the {plural(part['n_pairs'], 'pair')} with mean score above {low:g} the top-10 cells "
+                    f"overlap with Jaccard {num(part['jaccard_top10_mean'])} (top-3: {num(part['jaccard_top3_mean'])}).")
         else:
             spread = "" if missing(part["spearman_std"]) else f" ± {num(part['spearman_std'])}"
-            out.append(Finding(
-                f"Among the {plural(part['n_pairs'], 'pair')} with mean score above {low:g} the Spearman agreement is "
-                f"{num(part['spearman_mean'])}{spread}{_correlated(part)}.", values,
-                **cite(key, model, layer, subset, f"Spearman per pair, {tokens}")))  # fmt: skip
+            metric = f"Spearman per pair, {tokens}"
+            text = (f"Among the {plural(part['n_pairs'], 'pair')} with mean score above {low:g} the Spearman agreement "
+                    f"is {num(part['spearman_mean'])}{spread}{_correlated(part)}.")
+        out.append(Finding(text, values, **({} if unlike else cite(key, model, layer, subset, metric))))
+    if unlike:
+        out.append(Finding(
+            f"The paper's Fig 3/4 numbers ({paper.get('fig3_spearman_top').model}, one layer at a time) are not set "
+            f"beside these: {unlike}, so the comparison is not like for like in kind.", {"paper_comparison": unlike}))
     return out
 
 
@@ -701,17 +723,36 @@ def plot_agreement(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
     fig3 = paper.get("fig3_spearman_top")
     last = bins.filter((pl.col("bin_low") - TOP_SCORE).abs() < 1e-9, (pl.col("bin_high") - 1.0).abs() < 1e-9)
     top_bin = last["score_bin"][0] if last.height else None
-    reference = {f"paper {fig3.value:.2f} (mpnet L11)": (top_bin, fig3.value)} if top_bin else None
+    unlike = paper_comparison(ctx.facts, ctx.facts2)
+    reference = ({f"paper {fig3.value:.2f} (mpnet exact vs tuned, L11; not like for like)": (top_bin, fig3.value)}
+                 if top_bin and not unlike else None)  # fmt: skip
     series = {name: (bins[f"{col}_mean"].to_numpy(), bins[f"{col}_std"].to_numpy())
               for name, col in (("Spearman", "spearman"), ("Pearson", "pearson"), ("top-3 Jaccard", "jaccard_top3"),
                                 ("top-10 Jaccard", "jaccard_top10"))}  # fmt: skip
+    one, two = run_difference(ctx.facts, ctx.facts2)
     plot_by_bin(bins["score_bin"].to_list(), series, ctx.out / "agreement.png",
-                "Agreement of the two runs' token matrices by score", "agreement (mean ± std over pairs)",
-                counts=bins["n_pairs"].to_list(), reference=reference)  # fmt: skip
-    star = ("the star is the paper's Spearman for s > 0.75 (mpnet, exact vs approximate, layer 11 of 12), drawn at the "
-            f"{top_bin} bin" if reference else "the paper's s > 0.75 is not one bin at this bin_width, so its value is "
-            "not drawn")  # fmt: skip
+                f"Agreement of run ({one}) and run2 ({two})\n{pair_model_label(ctx.facts, ctx.facts2)}, layer "
+                f"{_two_layers(ctx)}", "agreement (line: mean; shaded: ± 1 std over pairs)",
+                counts=bins["n_pairs"].to_list(), reference=reference,
+                note=f"n = {int(bins['n_pairs'].sum())} pairs in all")  # fmt: skip
+    if unlike:
+        star = f"the paper's Fig 3 value is not drawn: {unlike}, not the paper's exact-vs-approximate comparison"
+    elif reference:
+        star = (f"the star is the paper's Spearman for s > 0.75 ({fig3.model}, layer {fig3.layer}), drawn at the "
+                f"{top_bin} bin; not like for like (model and layer differ, see the findings)")
+    else:
+        star = "the paper's s > 0.75 is not one bin at this bin_width, so its value is not drawn"
     return [("agreement.png", f"Per-pair agreement of run and run2, mean ± std per bin of the pair's mean score; {star}.")]
+
+
+def _parser_label(ctx: Context) -> str:
+    """The parser of the run's parses table as the subset names it ('spacy en_core_web_sm parses'), beside the
+    paper's stanza (jobs.paper: Fig 6's subset)."""
+    parses = ctx.facts.get("parses") or {}
+    parser = (parses.get("parsers") or "unknown parser").strip()
+    if ctx.var("parser", None):
+        parser = f"{ctx.var('parser', None)} (--var parser)"
+    return f"{parser} parses"
 
 
 def syntactic_relations(df: pl.DataFrame, ctx: Context) -> list[Finding]:
@@ -721,31 +762,38 @@ def syntactic_relations(df: pl.DataFrame, ctx: Context) -> list[Finding]:
     top_share = ctx.var("top_share", 0.10)
     real = df.filter(~pl.col("relation_a").is_in(["unaligned", "unparsed"]),
                      ~pl.col("relation_b").is_in(["unaligned", "unparsed"]))  # fmt: skip
+    # our setting as jobs.paper spells the paper's: the parser is part of the subset (the paper's: stanza)
+    setting = (model_label(ctx.facts), layer_label(ctx.facts), f"{subset_label(ctx.facts)}, {_parser_label(ctx)}")
     out = [Finding(
         f"Of the top {100 * top_share:g}% word cells of each pair ({df['n'].sum()} cells), {pct(same)} join two words "
         f"with the same syntactic function, {pct(mixed)} two different functions, and {pct(unaligned)} a word the "
-        f"parser did not align.",
+        f"parser did not align ({_parser_label(ctx)}).",
         {"n_cells": int(df["n"].sum()), "same_function_share": same, "mixed_share": mixed,
          "unaligned_share": unaligned, "same_share_of_parsed": parsed},
     )]  # fmt: skip
-    if parsed is not None:  # the paper's split: over the top cells whose two words both have a real relation
-        n_parsed = int(df.filter(pl.col("relation_a").is_in(["unaligned", "unparsed"]).not_(),
-                                 pl.col("relation_b").is_in(["unaligned", "unparsed"]).not_())["n"].sum())  # fmt: skip
-        out.append(Finding(
-            f"Of the {n_parsed} top cells between two parsed words, {pct(parsed)} join the same syntactic function "
-            f"and {pct(1 - parsed)} two different ones (mixed): "
-            f"{'most' if parsed > 0.5 else ('half' if parsed == 0.5 else 'a minority')} are same-function pairs.",
-            {"same_share_of_parsed": parsed, "mixed_share_of_parsed": 1 - parsed, "n_parsed_cells": n_parsed},
-            **cite("fig6_same_function", model_label(ctx.facts), layer_label(ctx.facts), subset_label(ctx.facts),
-                   "same-function share of the parsed top "
-                   f"{100 * top_share:g}% word cells")))  # fmt: skip
     if real.height:
         first = real.row(0, named=True)
+        kind = "a same-function pair" if first["is_same_function"] else "a pair of two different functions"
         out.append(Finding(
             f"The most frequent relation pair of the top cells is {first['relation_a']}–{first['relation_b']} "
-            f"({pct(first['share'])} of the top cells).",
-            {"relation_a": first["relation_a"], "relation_b": first["relation_b"], "share": first["share"]},
-        ))  # fmt: skip
+            f"({kind}, {pct(first['share'])} of the top cells); the {min(real.height, 5)} most frequent hold "
+            f"{pct(real.head(5)['share'].sum())} of them.",
+            {"relation_a": first["relation_a"], "relation_b": first["relation_b"], "share": first["share"],
+             "is_same_function": bool(first["is_same_function"]), "top5_share": real.head(5)["share"].sum()},
+            **cite("fig6_same_function", *setting, f"the most frequent relation pairs of the top {100 * top_share:g}% "
+                   "cells")))  # fmt: skip
+        nsubj = real.filter(pl.col("relation_a") == "nsubj", pl.col("relation_b") == "nsubj")
+        share = nsubj["share"][0] if nsubj.height else 0.0
+        out.append(Finding(
+            f"nsubj–nsubj holds {pct(share)} of the top cells.", {"nsubj_share": share},
+            **cite("fig6_nsubj_share", *setting, f"share of the top {100 * top_share:g}% cells with relation pair "
+                   "nsubj–nsubj")))  # fmt: skip
+    if parsed is not None:  # our summary (the paper gives no such split): over cells between two parsed words
+        n_parsed = int(real["n"].sum())
+        out.append(Finding(
+            f"Of the {n_parsed} top cells between two parsed words, {pct(parsed)} join the same syntactic function "
+            f"and {pct(1 - parsed)} two different ones (our summary; the paper gives no such split).",
+            {"same_share_of_parsed": parsed, "mixed_share_of_parsed": 1 - parsed, "n_parsed_cells": n_parsed}))
     return out
 
 
@@ -756,43 +804,80 @@ def plot_syntactic_relations(df: pl.DataFrame, ctx: Context) -> list[tuple[str, 
     groups = ["same function" if s else ("unaligned / unparsed" if {a, b} & {"unaligned", "unparsed"} else "mixed")
               for a, b, s in zip(top["relation_a"], top["relation_b"], top["is_same_function"])]  # fmt: skip
     labels = [a if a == b else f"{a} – {b}" for a, b in zip(top["relation_a"], top["relation_b"])]
+    claim, nsubj = paper.get("fig6_same_function"), paper.get("fig6_nsubj_share")
+    run = f"{model_label(ctx.facts)}, layer {layer_label(ctx.facts)}, n = {plural(ctx.facts['n_pairs'], 'pair')}"
     plot_ranked_bars(labels, top["share"].to_numpy() * 100, ctx.out / "syntactic_relations.png",
-                     f"Relations of the top word pairs ({top.height} most frequent of {df.height})",
+                     f"Relations of the top word pairs ({top.height} most frequent of {df.height})\n{run}",
                      "share of the top cells (%)", groups=groups,
                      group_colors={"same function": "#1f77b4", "mixed": "#ff7f0e",
-                                   "unaligned / unparsed": "#b0b0b0"})  # fmt: skip
+                                   "unaligned / unparsed": "#b0b0b0"},
+                     note=(f"{int(df['n'].sum())} top cells, {_parser_label(ctx)}. Paper ({nsubj.section}, "
+                           f"{nsubj.model}, stanza): {claim.text}; nsubj–nsubj ≈ {nsubj.text}"))  # fmt: skip
     figures = [("syntactic_relations.png", ("The most frequent relation pairs of the top word cells; a single name "
-                "means the same relation on both sides."))]  # fmt: skip
+                "means the same relation on both sides. The paper's Fig 6 (stanza parses) finds same-function pairs "
+                "the most frequent, nsubj–nsubj about 7%, not a large share of all top attributions."))]  # fmt: skip
     same, mixed = df["same_function_share"][0], df["mixed_share"][0]
     if same + mixed:
-        claim = paper.get("fig6_same_function")
+        n_parsed = int(df.filter(~pl.col("relation_a").is_in(["unaligned", "unparsed"]),
+                                 ~pl.col("relation_b").is_in(["unaligned", "unparsed"]))["n"].sum())  # fmt: skip
         plot_ranked_bars(["same function", "mixed"], 100 * np.array([same, mixed]) / (same + mixed),
                          ctx.out / "syntactic_relations-split.png",
-                         "Top word cells between two parsed words: same function vs mixed", "share (%)",
+                         f"Top word cells between two parsed words: same function vs mixed\n{run}", "share (%)",
                          groups=["same function", "mixed"],
                          group_colors={"same function": "#1f77b4", "mixed": "#ff7f0e"},
-                         vlines={"50%": 50.0}, note=f"paper ({claim.figure}, mpnet): {claim.text} (share > 50%)",
-                         value_format="{:.1f}%")
+                         note=f"n = {n_parsed} cells, {_parser_label(ctx)}; our summary: the paper gives no such "
+                              "split", value_format="{:.1f}%")  # fmt: skip
         figures.append(("syntactic_relations-split.png", (
-            "The paper's split of the top cells whose two words both have a relation: same function on both sides "
-            f"vs two different functions; the dashed line is half, the paper's claim ({claim.figure}) is that most "
-            "are same-function pairs.")))  # fmt: skip
+            "Our summary of the top cells whose two words both have a relation: same function on both sides vs two "
+            "different functions. The paper states no such share (its Fig 6 ranks the relation pairs), so no paper "
+            "value is drawn.")))  # fmt: skip
     return figures
+
+
+def _negation_paper(df: pl.DataFrame) -> bool:
+    """Whether negation.sql ran with the paper's definition (the default): the total attribution to the not token,
+    relative to the prediction f(a, b); else ours (--var definition=word_cells)."""
+    return "definition" not in df.columns or df["definition"][0] == "paper"
+
+
+def _negation_words(df: pl.DataFrame) -> tuple[str, str, str]:
+    """(what the not attribution is, the relative size's symbol, its denominator) for the definition used."""
+    if _negation_paper(df):
+        return paper.NOT_TOTAL, "not / f(a, b)", "the prediction f(a, b) (the score)"
+    return "its word cells against every word of the other side", "not / ΣW", "ΣW, the pair's word cells"
 
 
 def negation(df: pl.DataFrame, ctx: Context) -> list[Finding]:
     share, p90, n = df["share_negative"][0], df["p90_abs_relative"][0], df.height
     mean_relative = df["relative"].mean()
-    return [
-        Finding(f"The 'not' attribution is negative in {pct(share)} of the {n} pairs that differ by a standalone "
-                "'not'.", {"share_negative": share, "n_pairs": n, "n_negative": int(df["is_negative"].sum())},
-                **cite(_negation_key(ctx), model_label(ctx.facts), layer_label(ctx.facts), subset_label(ctx.facts),
-                       "share of negative 'not' attributions")),
-        Finding(f"In 90% of the pairs |not attribution / ΣW| (ΣW: the pair's word cells) is at most {num(p90, 3)}; on average the 'not' "
+    what, symbol, denominator = _negation_words(df)
+    setting = (model_label(ctx.facts), layer_label(ctx.facts), subset_label(ctx.facts))
+    paper_def = _negation_paper(df)
+    kind = model_variant(ctx.facts)[1] == "exact"
+    out = [
+        Finding(f"The 'not' attribution ({what}) is negative in {pct(share)} of the {n} pairs that differ by a "
+                "standalone 'not'.", {"share_negative": share, "n_pairs": n, "n_negative": int(df["is_negative"].sum()),
+                                      "definition": "paper" if paper_def else "word_cells"},
+                **cite(_negation_key(ctx), *setting, f"share of negative 'not' attributions "
+                       f"({paper.NOT_TOTAL if paper_def else 'word cells'})")),
+        Finding(f"In 90% of the pairs |{symbol}| ({denominator}) is at most {num(p90, 3)}; on average the 'not' "
                 f"contributes {signed(df['not_attribution'].mean())} (relative size {signed(mean_relative)}).",
                 {"p90_abs_relative": p90, "mean_relative": mean_relative,
-                 "mean_not_attribution": df["not_attribution"].mean()}),
+                 "mean_not_attribution": df["not_attribution"].mean()},
+                **cite("fig8_not_relative_exact" if kind else "fig8_not_relative_shelf", *setting,
+                       f"90th percentile of |not / f(a, b)| ({paper.NOT_TOTAL})" if paper_def else
+                       "90th percentile of |not / ΣW| (word cells)")),
     ]  # fmt: skip
+    if "completeness_error" in ctx.columns("pairs"):
+        err = ctx.frame("select pair_id, abs(completeness_error) as err from pairs")
+        joined = df.join(err, on="pair_id", how="left")
+        clear = joined.filter(pl.col("err") < pl.col("not_attribution").abs() / 10)
+        out.append(Finding(
+            f"The sign is clear (the pair's |completeness error| below a tenth of |not|) in {clear.height} of {n} "
+            f"pairs; of those, {int(clear['is_negative'].sum())} are negative. A sign with a larger error is not "
+            "counted as evidence either way.",
+            {"n_sign_clear": clear.height, "n_negative_sign_clear": int(clear["is_negative"].sum())}))
+    return out
 
 
 def _negation_key(ctx: Context) -> str:
@@ -805,24 +890,37 @@ def plot_negation(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
 
     shelf, exact = paper.get("fig8_not_negative_shelf"), paper.get("fig8_not_negative_exact")
     ours = f"this run: {model_label(ctx.facts)}, layer {layer_label(ctx.facts)}"
-    plot_ranked_bars([ours, f"paper: {shelf.model}, layer {shelf.layer}", f"paper: {exact.model}, layer {exact.layer}"],
+    n = df.height
+    what, symbol, denominator = _negation_words(df)
+    plot_ranked_bars([ours, f"paper: {shelf.model}, layer {shelf.layer.split(' (')[0]} (assumed)",
+                      f"paper: {exact.model}, layer {exact.layer.split(' (')[0]} (assumed)"],
                      100 * np.array([df["share_negative"][0], shelf.value, exact.value]),
-                     ctx.out / "negation-share.png", "Share of negative 'not' attributions", "share of pairs (%)",
+                     ctx.out / "negation-share.png", f"Share of negative 'not' attributions (this run: n = {n} pairs)",
+                     "share of pairs (%)",
                      groups=["this run", "paper (Fig 8)", "paper (Fig 8)"],
                      group_colors={"this run": "#1f77b4", "paper (Fig 8)": "#9a9a9a"},
-                     note=f"this run: {subset_label(ctx.facts)}; paper: {shelf.subset}", value_format="{:.1f}%")
+                     note=f"this run: {subset_label(ctx.facts)}, {what}\npaper: {shelf.subset}, {paper.NOT_TOTAL}",
+                     value_format="{:.1f}%")  # fmt: skip
     p90 = df["p90_abs_relative"][0]
-    plot_histograms({"not / ΣW": df["relative"].to_numpy()}, ctx.out / "negation-hist.png",
-                    "Relative size of the 'not' attribution", "not attribution / ΣW (word cells)", vlines={"0": 0.0})
-    plot_cdfs({"|not / ΣW|": np.abs(df["relative"].to_numpy())}, ctx.out / "negation-cdf.png",
-              "Cumulative share of pairs by |not attribution / ΣW|", "|not attribution / ΣW|",
-              vlines={f"90th percentile {p90:.3f}": p90})  # fmt: skip
+    run = f"{model_label(ctx.facts)}, layer {layer_label(ctx.facts)}, n = {n} pairs"
+    plot_histograms({symbol: df["relative"].to_numpy()}, ctx.out / "negation-hist.png",
+                    f"Relative size of the 'not' attribution\n{run}", f"{symbol} ({denominator})", vlines={"0": 0.0})
+    marks = {f"90th percentile {p90:.3f}": p90}
+    if _negation_paper(df):
+        key = "fig8_not_relative_exact" if model_variant(ctx.facts)[1] == "exact" else "fig8_not_relative_shelf"
+        ref = paper.get(key)
+        marks[f"paper's 90% bound ({ref.model}): {ref.value:g}"] = ref.value
+    plot_cdfs({f"|{symbol}|": np.abs(df["relative"].to_numpy())}, ctx.out / "negation-cdf.png",
+              f"Cumulative share of pairs by |{symbol}|\n{run}", f"|{symbol}|", vlines=marks)  # fmt: skip
     return [("negation-share.png", ("Share of pairs whose 'not' attribution is negative, this run beside the paper's "
-             "two values (Fig 8, all-mpnet-base-v2); the settings differ where the labels do.")),
-            ("negation-hist.png", ("The not-word's attribution (its word cells against every word of the other side) "
-             "relative to the sum ΣW of all the pair's word cells (the same cells: word × word means over tokens, special "
-             "tokens in neither).")),
-            ("negation-cdf.png", "Cumulative share of pairs by the absolute relative size.")]  # fmt: skip
+             "two values (Fig 8, all-mpnet-base-v2; its layer is our assumption); the settings differ where the labels "
+             "do.")),
+            ("negation-hist.png", (f"The 'not' attribution ({what}) relative to {denominator}"
+             + (" — the paper's definition (Fig 8)." if _negation_paper(df) else
+                " — our definition (--var definition=word_cells); the paper's is relative to f(a, b)."))),
+            ("negation-cdf.png", "Cumulative share of pairs by the absolute relative size"
+             + ("; the paper's 90% bound for its model is marked (another model and subset)." if
+                _negation_paper(df) else "."))]  # fmt: skip
 
 
 def _adjective_means(df: pl.DataFrame) -> pl.DataFrame:
@@ -837,17 +935,40 @@ def _adjective_means(df: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def adjectives(df: pl.DataFrame, ctx: Context) -> list[Finding]:
+# The paper's adjective pairs (Fig 9): two per triplet (anchor–synonym, anchor–opposite) in one template, 46 pairs;
+# --dataset adjectives adds three more templates (184 pairs), our extension.
+PAPER_TEMPLATE = "This house is X."
+
+
+def _adjective_summary(df: pl.DataFrame) -> dict[str, Any]:
     cells = df.filter(pl.col("attribution").is_not_null())
     syn, opp = (cells.filter(pl.col("kind") == k)["attribution"] for k in ("synonym", "opposite"))
     per = _adjective_means(df)
-    larger = int((per["synonym"] > per["opposite"]).sum())
-    values = {"mean_synonym": syn.mean(), "mean_opposite": opp.mean(), "n_synonym": syn.len(),
-              "n_opposite": opp.len(), "n_triplets": per.height, "n_synonym_larger": larger,
-              "n_without_cell": df.height - cells.height}  # fmt: skip
-    out = [Finding(
-        f"The adjective cell averages {signed(syn.mean())} for synonyms and {signed(opp.mean())} for opposites "
-        f"({syn.len()} and {opp.len()} pairs); the synonym's is larger in {larger} of {per.height} triplets.", values)]
+    return {"mean_synonym": syn.mean(), "mean_opposite": opp.mean(), "n_synonym": syn.len(), "n_opposite": opp.len(),
+            "n_triplets": per.height, "n_synonym_larger": int((per["synonym"] > per["opposite"]).sum()),
+            "n_without_cell": df.height - cells.height}  # fmt: skip
+
+
+def adjectives(df: pl.DataFrame, ctx: Context) -> list[Finding]:
+    out = []
+    own = df.filter(pl.col("template") == PAPER_TEMPLATE) if "template" in df.columns else df.head(0)
+    if own.height:  # the paper's set first: the default comparison
+        v = _adjective_summary(own)
+        out.append(Finding(
+            f"The paper's set (“{PAPER_TEMPLATE}”, two pairs per triplet, {own.height} pairs): the adjective cell "
+            f"averages {signed(v['mean_synonym'])} for synonyms and {signed(v['mean_opposite'])} for opposites; the "
+            f"synonym's is larger in {v['n_synonym_larger']} of {v['n_triplets']} triplets.",
+            {f"paper_set_{k}": x for k, x in v.items()} | {"paper_set_n_pairs": own.height}))  # fmt: skip
+    values = _adjective_summary(df)
+    n_templates = df["template"].n_unique() if "template" in df.columns else 1
+    label = (f"Our extension, all {n_templates} templates pooled ({df.height} pairs)" if own.height and
+             n_templates > 1 else f"Over all {df.height} pairs")  # fmt: skip
+    if not own.height or n_templates > 1:
+        out.append(Finding(
+            f"{label}: the adjective cell averages {signed(values['mean_synonym'])} for synonyms and "
+            f"{signed(values['mean_opposite'])} for opposites ({values['n_synonym']} and {values['n_opposite']} "
+            f"pairs); the synonym's (mean over templates) is larger in {values['n_synonym_larger']} of "
+            f"{values['n_triplets']} triplets.", values))  # fmt: skip
     if values["n_without_cell"]:
         out.append(Finding(f"{values['n_without_cell']} adjective pairs have no single adjective cell (the texts "
                            "differ in more than one word, or the cell was pruned by --min-abs).",
@@ -858,16 +979,26 @@ def adjectives(df: pl.DataFrame, ctx: Context) -> list[Finding]:
 def plot_adjectives(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
     from xsbert_core.plots import plot_histograms, plot_paired_dots
 
-    cells = df.filter(pl.col("attribution").is_not_null())
+    own = df.filter(pl.col("template") == PAPER_TEMPLATE) if "template" in df.columns else df.head(0)
+    shown = own if own.height else df
+    which = (f"the paper's set, “{PAPER_TEMPLATE}”" if own.height else "all templates")
+    run = f"{model_label(ctx.facts)}, layer {layer_label(ctx.facts)}"
+    cells = shown.filter(pl.col("attribution").is_not_null())
     plot_histograms({k: cells.filter(pl.col("kind") == k)["attribution"].to_numpy() for k in ("synonym", "opposite")},
-                    ctx.out / "adjectives-hist.png", "Attribution of the adjective pair's cell",
+                    ctx.out / "adjectives-hist.png",
+                    f"Attribution of the adjective pair's cell\n{run}, {which}, n = {cells.height} pairs",
                     "word-cell attribution", bins=24, vlines={"0": 0.0})  # fmt: skip
     per = _adjective_means(df)
+    n_templates = df["template"].n_unique() if "template" in df.columns else 1
     plot_paired_dots(per["triplet"].to_list(), per["synonym"].to_numpy(), per["opposite"].to_numpy(),
                      ("anchor–synonym", "anchor–opposite"), ctx.out / "adjectives-triplets.png",
-                     "Adjective cell per triplet (mean over templates)", "word-cell attribution")  # fmt: skip
-    return [("adjectives-hist.png", "Attribution of the adjective cell in anchor–synonym vs anchor–opposite pairs."),
-            ("adjectives-triplets.png", "Per triplet (anchor/synonym/opposite), the mean cell over the templates.")]
+                     f"Adjective cell per triplet, mean over {plural(n_templates, 'template')}\n{run}, "
+                     f"n = {df.height} pairs", "word-cell attribution")  # fmt: skip
+    figures = [("adjectives-hist.png", f"Attribution of the adjective cell in anchor–synonym vs anchor–opposite pairs: "
+                f"{which} ({cells.height} pairs)."),
+               ("adjectives-triplets.png", "Per triplet (anchor/synonym/opposite), the mean cell over the templates"
+                + (" (our extension: the paper uses one template)." if n_templates > 1 else "."))]  # fmt: skip
+    return figures
 
 
 def _placement(rank: int, total: int) -> str:
@@ -879,7 +1010,8 @@ def lexical_ranks(df: pl.DataFrame, ctx: Context) -> list[Finding]:
     k, m = df.height, ctx.var("min_count", 30)
     first, last = df.row(0, named=True), df.row(k - 1, named=True)
     out = [Finding(
-        f"Of {k} tokens with at least {m} same-token cells, '{first['token']}' attributes most to itself (mean "
+        f"Of {k} tokens with at least {m} same-token cells (our reading of the paper's 'words appearing 30 and more "
+        f"times': same-token cells, not occurrences), '{first['token']}' attributes most to itself (mean "
         f"{signed(first['mean'])}) and '{last['token']}' least ({signed(last['mean'])}).",
         {"n_tokens": k, "min_count": m, "top": first["token"], "top_mean": first["mean"], "bottom": last["token"],
          "bottom_mean": last["mean"]},
@@ -913,14 +1045,21 @@ def lexical_ranks_compare(df: pl.DataFrame, ctx: Context) -> list[Finding]:
     moved = df.with_columns(shift=(pl.col("shared_rank_1") - pl.col("shared_rank_2")).abs()).sort(
         "shift", descending=True).row(0, named=True)  # fmt: skip
     one, two = run_difference(ctx.facts, ctx.facts2)
-    return [Finding(
+    unlike = paper_comparison(ctx.facts, ctx.facts2)
+    out = [Finding(
         f"The lexical ranks of run ({one}) and run2 ({two}) correlate with Spearman ρ = {num(rho)} over {n} shared "
         f"tokens; '{moved['token']}' "
         f"moves most (shared rank {num(moved['shared_rank_1'], 1)} vs {num(moved['shared_rank_2'], 1)}).",
         {"spearman": rho, "n_shared": n, "most_moved": moved["token"]},
-        **cite("fig10_rank_spearman", pair_model_label(ctx.facts, ctx.facts2), _two_layers(ctx),
-               subset_label(ctx.facts), _lexical_metric(ctx)),
+        **({} if unlike else cite("fig10_rank_spearman", pair_model_label(ctx.facts, ctx.facts2), _two_layers(ctx),
+                                  subset_label(ctx.facts), _lexical_metric(ctx))),
     )]  # fmt: skip
+    if unlike:
+        fig10 = paper.get("fig10_rank_spearman")
+        out.append(Finding(
+            f"The paper's ρ = {fig10.text} ({fig10.figure}: {fig10.model}, layer {fig10.layer}, {fig10.subset}) is "
+            f"not set beside this: {unlike}, another kind of comparison.", {"paper_comparison": unlike}))
+    return out
 
 
 def _two_layers(ctx: Context) -> str:
@@ -942,14 +1081,21 @@ def plot_lexical_ranks_compare(df: pl.DataFrame, ctx: Context) -> list[tuple[str
     shift = np.abs(x - y)
     annotate = sorted(set(np.argsort(x)[:5]) | set(np.argsort(-x)[:3]) | set(np.argsort(-shift)[:4]))
     fig10 = paper.get("fig10_rank_spearman")
+    unlike = paper_comparison(ctx.facts, ctx.facts2)
+    note = f"n = {len(x)} shared tokens"
+    if not unlike:
+        note += (f"\npaper ({fig10.figure}): ρ = {fig10.text}, {fig10.model}, layer {fig10.layer}, QQP\n"
+                 f"({'like-for-like' if _lexical_like(ctx) else 'not like-for-like'}: see the finding)")
+    axis = {k: f"rank in {k} ({model_label(f)}, layer {layer_label(f)})" for k, f in (("run", ctx.facts),
+                                                                                      ("run2", ctx.facts2))}
     plot_scatter(x, y, ctx.out / "lexical_ranks_compare.png",
-                 f"Lexical ranks of the two runs (Spearman ρ = {num(df['spearman'][0])})", "rank in run",
-                 "rank in run2", labels=df["token"].to_list(), annotate=[int(k) for k in annotate], diagonal=True,
-                 invert=True, note=(f"paper ({fig10.figure}): ρ = {fig10.text} between two {paper.MODEL} models\n"
-                                    f"({'like-for-like' if _lexical_like(ctx) else 'not like-for-like'}: see the "
-                                    "finding)"))  # fmt: skip
+                 f"Lexical ranks of the two runs (Spearman ρ = {num(df['spearman'][0])})", axis["run"], axis["run2"],
+                 labels=df["token"].to_list(), annotate=[int(k) for k in annotate], diagonal=True, invert=True,
+                 note=note)  # fmt: skip
+    paper_part = (f"the paper's ρ (Fig 10) is not drawn: {unlike}" if unlike else
+                  "the paper's ρ (Fig 10) is written below the axes")
     return [("lexical_ranks_compare.png", ("Rank of each shared token in both runs (1 = largest mean self-attribution, "
-             "top left); the dashed line is equal rank; the paper's ρ (Fig 10) is written below the axes."))]
+             f"top left); the dashed line is equal rank; {paper_part}."))]
 
 
 def _lexical_like(ctx: Context) -> bool:

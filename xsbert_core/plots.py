@@ -89,14 +89,20 @@ def plot_by_layer(
     reference: dict[str, tuple[float, float]] | None = None,
     bounds: tuple[float, float] | None = None,
     dashed: tuple[str, ...] = (),
+    band_label: str = "shaded: mean ± 1 std over pairs",
+    note: str | None = None,
 ):
     """Lines over layers: name -> (mean per layer, std per layer or None, drawn as a band).
 
     `reference` marks published values as points: label -> (layer, value); `bounds` clips the
     mean ± std bands to the metric's range (e.g. (0, 1) for a Jaccard index); the series named in `dashed`
-    (a baseline such as a noise floor) are drawn dashed.
+    (a baseline such as a noise floor) are drawn dashed. The bands are named once in the legend (`band_label`);
+    `note` (e.g. the pairs each point is over) is written under the title.
     """
-    fig, ax = plt.subplots(figsize=(7.2, 4.4), layout="constrained")  # constrained: room for the legend below
+    from matplotlib.patches import Patch
+
+    fig, ax = plt.subplots(figsize=(8.4, 5.0), layout="constrained")  # constrained: room for the legend below
+    banded = False
     for name, (mean, std) in series.items():
         mean = np.asarray(mean, dtype=float)
         style = "--" if name in dashed else "-"
@@ -107,6 +113,7 @@ def plot_by_layer(
             if bounds is not None:
                 low, high = np.clip(low, *bounds), np.clip(high, *bounds)
             ax.fill_between(layers, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
+            banded = True
     # published values: dark markers named in the legend (a label beside the point would sit among the lines)
     for k, (label, (x, y)) in enumerate((reference or {}).items()):
         ax.plot([x], [y], marker="*XPD"[k % 4], markersize=11 if k % 4 == 0 else 8, color="0.2", linestyle="none",
@@ -114,10 +121,14 @@ def plot_by_layer(
     ax.set_xticks(layers)
     ax.set_xlabel("layer L (attributions to the input of encoder layer L)")
     ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=11)
+    ax.set_title(title + (f"\n{note}" if note else ""), fontsize=10)
     ax.grid(alpha=0.3)
+    if banded:
+        ax.add_artist(ax.legend(handles=[Patch(color="0.6", alpha=0.3, label=band_label)], fontsize=7,
+                                loc="lower left", framealpha=0.8))  # fmt: skip
     # below the axes, not inside: with a noise floor the lines and bands fill the plot wherever a legend could go
-    fig.legend(fontsize=8, loc="outside lower center", ncol=2)
+    fig.legend(handles=[h for h in ax.get_lines() if not h.get_label().startswith("_")], fontsize=8,
+               loc="outside lower center", ncol=2)
     fig.savefig(path, dpi=150)
     plt.close(fig)
     return path
@@ -309,8 +320,9 @@ def plot_scatter(
     at: dict[tuple[float, float], list[str]] = {}  # points at the same place share one label
     for k in annotate or []:
         at.setdefault((float(x[k]), float(y[k])), []).append(labels[k])
-    for (px, py), names in at.items():
-        ax.annotate(", ".join(names), (px, py), xytext=(3, 3), textcoords="offset points", fontsize=7, color="0.15")
+    texts = [ax.annotate(", ".join(names), (px, py), xytext=(3, 3), textcoords="offset points", fontsize=7,
+                         color="0.15", arrowprops={"arrowstyle": "-", "color": "0.6", "linewidth": 0.5})
+             for (px, py), names in at.items()]  # fmt: skip
     if invert:
         ax.invert_xaxis()
         ax.invert_yaxis()
@@ -318,7 +330,28 @@ def plot_scatter(
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=11)
     ax.grid(alpha=0.3)
+    _spread_labels(fig, texts)
     return _finish(fig, path, note)
+
+
+def _spread_labels(fig, texts: list, step: float = 2.0, passes: int = 200) -> None:
+    """Move point labels (annotations in offset points) apart until no two overlap: each pass pushes the later of
+    an overlapping pair down (and a little right) by `step` points; a thin line joins a moved label to its point."""
+    if len(texts) < 2:
+        return
+    renderer = fig.canvas.get_renderer()
+    for _ in range(passes):
+        boxes = [t.get_window_extent(renderer).expanded(1.05, 1.15) for t in texts]
+        moved = False
+        for a in range(len(texts)):
+            for b in range(a + 1, len(texts)):
+                if boxes[a].overlaps(boxes[b]):
+                    dx, dy = texts[b].xyann
+                    texts[b].xyann = (dx + step / 4, dy - step)
+                    boxes[b] = texts[b].get_window_extent(renderer).expanded(1.05, 1.15)
+                    moved = True
+        if not moved:
+            return
 
 
 def plot_paired_dots(
