@@ -167,3 +167,19 @@ def test_like_for_like_names_what_differs():
     # A setting the paper does not state, or that we assume, is never like-for-like, even for equal strings.
     fig6 = paper.get("fig6_same_function")
     assert [d.split(":")[0] for d in paper.differences(fig6, fig6.setting())] == ["layer", "subset"]
+
+
+def test_readme_and_analyses_state_fig6_as_the_paper_does():
+    """The README's and ANALYSES' Fig 6 sentences quote the paper's words as jobs.paper records them, and neither
+    sets a majority claim against the paper; the Fig 8 and Fig 3 values they name are the table's."""
+    quotes = re.findall(r'"([^"]+)"', paper.get("fig6_same_function").says)
+    assert len(quotes) == 2
+    for name in ("README.md", "docs/ANALYSES.md"):
+        text = " ".join((ROOT / name).read_text(encoding="utf-8").replace("**", "").split())
+        for quote in quotes:
+            assert f"“{quote}”" in text or f'"{quote}"' in text, (name, quote)
+        assert "most top word pairs" not in text and "mostly join" not in text, name
+        assert f"nsubj–nsubj about {paper.get('fig6_nsubj_share').text}" in text, name
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert f"paper's {paper.get('fig8_not_negative_shelf').text} negative" in readme
+    assert f"Exact vs Tuned at its last layer: {paper.get('fig3_spearman_top').value:.2f}" in readme
