@@ -732,7 +732,7 @@ def plot_agreement(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
     one, two = run_difference(ctx.facts, ctx.facts2)
     plot_by_bin(bins["score_bin"].to_list(), series, ctx.out / "agreement.png",
                 f"Agreement of run ({one}) and run2 ({two})\n{pair_model_label(ctx.facts, ctx.facts2)}, layer "
-                f"{_two_layers(ctx)}", "agreement (line: mean; shaded: ± 1 std over pairs)",
+                f"{_two_layers(ctx)}", "agreement (mean; shaded ± 1 std)",
                 counts=bins["n_pairs"].to_list(), reference=reference,
                 note=f"n = {int(bins['n_pairs'].sum())} pairs in all")  # fmt: skip
     if unlike:
@@ -909,7 +909,7 @@ def plot_negation(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
     if _negation_paper(df):
         key = "fig8_not_relative_exact" if model_variant(ctx.facts)[1] == "exact" else "fig8_not_relative_shelf"
         ref = paper.get(key)
-        marks[f"paper's 90% bound ({ref.model}): {ref.value:g}"] = ref.value
+        marks[f"paper ({ref.model.split()[-1]} mpnet): {ref.value:g}"] = ref.value
     plot_cdfs({f"|{symbol}|": np.abs(df["relative"].to_numpy())}, ctx.out / "negation-cdf.png",
               f"Cumulative share of pairs by |{symbol}|\n{run}", f"|{symbol}|", vlines=marks)  # fmt: skip
     return [("negation-share.png", ("Share of pairs whose 'not' attribution is negative, this run beside the paper's "
