@@ -409,7 +409,8 @@ def plot_all(out: Path, summary: dict[str, Any]) -> list[Path]:
         top = ag.filter(pl.col("bin_low") == 0.75)
         n_layers = int(summary.get("n_layers") or (max(layers) + 1))
         model = base_name(str(summary.get("base") or "model"))
-        span = f"layers {min(layers)}–{max(layers)} of {n_layers}" if len(layers) > 1 else f"layer {layers[0]} of {n_layers}"
+        span = (f"layers {min(layers)}–{max(layers)} of {n_layers}" if len(layers) > 1
+                else f"layer {layers[0]} of {n_layers}")  # fmt: skip
         n_all = sorted(set(overall["n_pairs"].to_list()))
         n_top = sorted(set(top["n_pairs"].to_list()))
 
@@ -434,7 +435,8 @@ def plot_all(out: Path, summary: dict[str, Any]) -> list[Path]:
                                      reference=below_last(PAPER_FIG3), bounds=(-1.0, 1.0),
                                      dashed=tuple(k for k in series if "noise floor" in k),
                                      note=f"n = {_counts(n_all)} pairs per layer; mean score in (0.75, 1]: "
-                                          f"{_counts(n_top)}; the paper's star: mpnet, another model and depth"))  # fmt: skip
+                                          f"{_counts(n_top)}; the paper's star: mpnet, another model and depth"))
+        # fmt: skip
         # Fig 4 on the paper's subset, s > 0.5 (pooled exactly from the score bins above 0.5)
         above = {label: _pooled_above(df_all, FIG4_SCORE_ABOVE, layers) for label, df_all in
                  [("exact vs tuned", ag)] + [(lab, frame) for lab, frame in noise_bins.items()]}  # fmt: skip
@@ -448,7 +450,8 @@ def plot_all(out: Path, summary: dict[str, Any]) -> list[Path]:
         n_above = ", ".join(f"{label} {_counts(sorted(set(v['n_pairs'])))}" for label, v in above.items())
         written.append(plot_by_layer(layers, jac, out / "fig4_agreement_jaccard.png",
                                      f"{model}, exact vs tuned (approximate), {span}\ntop-k token pairs shared, "
-                                     f"pairs of mean score s > 0.5{also}", f"Jaccard index ({tokens}, top-k by |value|)",
+                                     f"pairs of mean score s > 0.5{also}",
+                                     f"Jaccard index ({tokens}, top-k by |value|)",
                                      reference=below_last(PAPER_FIG4), bounds=(0.0, 1.0),
                                      dashed=tuple(k for k in jac if "noise floor" in k),
                                      note=f"n (s > 0.5) per layer: {n_above}"))  # fmt: skip

@@ -252,7 +252,8 @@ def run_difference(facts: dict[str, Any], facts2: dict[str, Any]) -> tuple[str, 
     if not keys:
         return "run", "run2"
     name = {"steps": "N", "min_abs": "min-abs"}
-    return tuple(", ".join(f"{name.get(k, k)} {f.get(k)}" for k in keys) for f in (facts, facts2))  # type: ignore[return-value]
+    return tuple(", ".join(f"{name.get(k, k)} {f.get(k)}" for k in keys)  # type: ignore[return-value]
+                 for f in (facts, facts2))
 
 
 # --------------------------------------------------------------------------- our setting, as jobs.paper spells its own
@@ -701,7 +702,8 @@ def agreement(df: pl.DataFrame, ctx: Context) -> list[Finding]:
         if what == "jaccard":
             metric = f"top-10 Jaccard by |value|, {tokens}"
             text = (f"Among the {plural(part['n_pairs'], 'pair')} with mean score above {low:g} the top-10 cells "
-                    f"overlap with Jaccard {num(part['jaccard_top10_mean'])} (top-3: {num(part['jaccard_top3_mean'])}).")
+                    f"overlap with Jaccard {num(part['jaccard_top10_mean'])} "
+                    f"(top-3: {num(part['jaccard_top3_mean'])}).")
         else:
             spread = "" if missing(part["spearman_std"]) else f" ± {num(part['spearman_std'])}"
             metric = f"Spearman per pair, {tokens}"
@@ -994,8 +996,8 @@ def plot_adjectives(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
                      ("anchor–synonym", "anchor–opposite"), ctx.out / "adjectives-triplets.png",
                      f"Adjective cell per triplet, mean over {plural(n_templates, 'template')}\n{run}, "
                      f"n = {df.height} pairs", "word-cell attribution")  # fmt: skip
-    figures = [("adjectives-hist.png", f"Attribution of the adjective cell in anchor–synonym vs anchor–opposite pairs: "
-                f"{which} ({cells.height} pairs)."),
+    figures = [("adjectives-hist.png", "Attribution of the adjective cell in anchor–synonym vs anchor–opposite "
+                f"pairs: {which} ({cells.height} pairs)."),
                ("adjectives-triplets.png", "Per triplet (anchor/synonym/opposite), the mean cell over the templates"
                 + (" (our extension: the paper uses one template)." if n_templates > 1 else "."))]  # fmt: skip
     return figures

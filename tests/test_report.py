@@ -196,7 +196,8 @@ def test_settings_and_paper_numbers_on_the_page(reports):
     # lexical_ranks_compare's paper number beside ours (exact vs approximate of one model at one layer: the paper's
     # kind of comparison); its metric's reading of "30 and more times" is not stated: never alike
     assert esc("(paper: Fig 10: 0.81 Spearman of the lexical ranks of two models; not like-for-like: model: ours ") in page
-    assert esc("model: ours hand-built, exact vs shelf (approximate), the paper's all-mpnet-base-v2, exact vs shelf") in page
+    assert esc("model: ours hand-built, exact vs shelf (approximate), the paper's all-mpnet-base-v2, exact vs "
+               "shelf") in page
 
 
 def test_skipped_analyses_say_why(reports, tmp_path, stores):
