@@ -589,7 +589,14 @@ def pair_cells(
     if key not in _WORKER_CACHE:
         _WORKER_CACHE.clear()  # the previous wave's factors are released
         _WORKER_CACHE[key] = PairCells(ray.get(list(factor_refs)), similarity, min_abs)
-    num, cells, word_cells = _WORKER_CACHE[key].tables(batch)
+    return pair_rows(_WORKER_CACHE[key], batch, sink, seq)
+
+
+def pair_rows(pair_cells_: PairCells, batch: pa.Table, sink: Any = None, seq: int | None = None) -> pa.Table:
+    """PAIR_SCHEMA rows of a batch of pairs (stage 2 of one batch, in a Ray task or in the driver's process):
+    with a `sink`, the batch's cells and word cells written as parts of wave `seq` (named by its first `ord`) and
+    the rows naming them; without, the cells as lists."""
+    num, cells, word_cells = pair_cells_.tables(batch)
     if sink is None:
         return with_lists(num, cells, word_cells)
     first = int(batch.column("ord")[0].as_py())

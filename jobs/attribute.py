@@ -1,8 +1,10 @@
-"""Attribute every pair of a dataset on Ray and write the Parquet store (docs/STORE.md).
+"""Attribute every pair of a dataset on Ray (or, with --executor local, in this process without Ray) and write the
+Parquet store (docs/STORE.md).
 
     python -m jobs.attribute                       # the embedded default: a seeded STS-B test sample
     python -m jobs.attribute --dataset stsb --split test --limit 20 --steps 4 --out runs
     ray job submit --working-dir . -- python -m jobs.attribute --dataset qqp --num-actors 8
+    python -m jobs.attribute --dataset qqp --executor local --device cuda   # no Ray needed
 
 Pipeline: the pairs are cut into waves (a few thousand each; each wave commits atomically, so a killed run
 resumes), and one Ray Data pipeline computes the sentence factors of every wave, wave after wave, in one actor pool
@@ -14,6 +16,10 @@ resumes), and one Ray Data pipeline computes the sentence factors of every wave,
        streamed back to the driver; once all of a wave's sentences are back (the pool goes on with the next):
     -> pair_cells (Ray tasks, PAIR_BATCH pairs each)  pair numbers + cells + word cells  [stage 2, CPU]
     -> part files of pairs, cells, word_cells, sentences (+ quarantine), renamed into place, pairs last
+
+--executor local (jobs/_local.py) runs stages 1-2 in this process instead, without Ray: the same waves and factor
+batches through one FactorActor on --device, the same PairCells over PAIR_BATCH pairs, the same commits; the store
+(and its run id) is the one a Ray run of the same settings writes, and either executor resumes the other's run.
 """
 
 from __future__ import annotations
@@ -76,6 +82,7 @@ STAGE1_COLLECT = True
 PAIR_BATCH = 256
 TRUNCATION_CHOICES = ("quarantine", "warn", "error")
 CELL_WRITERS = ("auto", "workers", "driver")
+EXECUTORS = ("ray", "local")
 # A batch whose actor dies is retried on a restarted actor; bounded so a poisonous batch fails the run
 # (Ray Data's own default is unbounded); the actors themselves restart as often as needed over a run. Ray 2.60 still
 # takes these as remote args, with a deprecation warning (RETRY_ARGS_WARNING) that the stages keep out of the log;
@@ -128,11 +135,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="texts over max_seq_length: quarantine the pair (default), warn (truncate and flag), "
                         "or error (stop before computing)")  # fmt: skip
     m.add_argument("--min-abs", type=float, default=0.0, help="store only cells with |value| >= this (sums unchanged)")
-    r = p.add_argument_group("Ray")
+    r = p.add_argument_group("execution")
+    r.add_argument("--executor", choices=EXECUTORS, default="ray",
+                   help="ray (default): stages 1-2 on a Ray cluster; local: in this process, without Ray (Ray need "
+                        "not be installed; same store, same run id): one model on --device, e.g. one GPU")  # fmt: skip
     r.add_argument("--ray-address", default=None, help="join this cluster (default: $RAY_ADDRESS, else start one)")
-    r.add_argument("--num-actors", type=int, default=None, help="factor actors (default: one per GPU, else per CPU)")
+    r.add_argument("--num-actors", type=int, default=None,
+                   help="factor actors (default: one per GPU, else per CPU; --executor local: one)")
     r.add_argument("--gpus-per-actor", type=float, default=None, help="default 1 when the cluster has GPUs, else 0")
-    r.add_argument("--cpus-per-actor", type=float, default=1.0, help="CPUs (and torch threads) per factor actor")
+    r.add_argument("--cpus-per-actor", type=float, default=None,
+                   help="CPUs (and torch threads) per factor actor (default 1; --executor local: torch's own default)")
     r.add_argument("--batch-size", type=int, default=None, help="sentences per actor batch (default 16 CPU / 128 GPU)")
     r.add_argument("--wave-size", type=int, default=None, help="pairs per atomic commit (default 2048 CPU / 16384 GPU)")
     r.add_argument("--max-retries", type=int, default=DEFAULT_MAX_RETRIES,
@@ -325,9 +337,9 @@ def resources(args: argparse.Namespace, ray) -> dict[str, Any]:
     gpus_per_actor = args.gpus_per_actor if args.gpus_per_actor is not None else (1.0 if gpus > 0 else 0.0)
     if gpus_per_actor > 0:
         n_actors = args.num_actors or max(1, int(gpus // gpus_per_actor))
-        cpus_per_actor = min(args.cpus_per_actor, max(0.25, cpus / n_actors))
+        cpus_per_actor = min(args.cpus_per_actor or 1.0, max(0.25, cpus / n_actors))
     else:
-        cpus_per_actor = args.cpus_per_actor
+        cpus_per_actor = args.cpus_per_actor or 1.0
         n_actors = args.num_actors or max(1, int(cpus // cpus_per_actor))
     # The actor pool lives for the whole run, so stage 2 runs beside it: the pool reserves at most all but one CPU
     # (half of a one-CPU cluster) and the stage-2 tasks take that one. On CPU only, the actors still run
@@ -534,12 +546,7 @@ def compute_cells(
     from ._actors import pair_cells
 
     t0 = time.perf_counter()
-    pair_in = pa.table(
-        {
-            "ord": np.arange(len(wave), dtype=np.int64),
-            **{name: arrow(wave[name]) for name in ("pair_id", "sentence_id_a", "sentence_id_b")},
-        }
-    )
+    pair_in = pair_input(wave)
     task = _remote(ray, pair_cells).options(num_cpus=res["cells_cpus"], max_retries=args.max_retries,
                                             scheduling_strategy="SPREAD")  # fmt: skip
     kwargs = dict(factor_refs=factor_refs, similarity=explainer.similarity, min_abs=args.min_abs,
@@ -557,6 +564,16 @@ def compute_cells(
                          "the store with credentials of their own (the job's runtime_env env_vars, the nodes' "
                          "environment or instance role)?") from None  # fmt: skip
     return out, {"cells_s": time.perf_counter() - t0, "duplicates_dropped": duplicates}
+
+
+def pair_input(wave: pd.DataFrame) -> pa.Table:
+    """Stage 2's input: the wave's pairs as (ord, pair_id, sentence_id_a, sentence_id_b), ord = position in the wave."""
+    return pa.table(
+        {
+            "ord": np.arange(len(wave), dtype=np.int64),
+            **{name: arrow(wave[name]) for name in ("pair_id", "sentence_id_a", "sentence_id_b")},
+        }
+    )
 
 
 def _write_failure(exc: BaseException) -> str | None:
@@ -885,9 +902,11 @@ def driver_memory_mb() -> dict[str, float]:
     """This process's resident memory in MB: rss_mb (all of it), and on Linux private_mb (RssAnon: its own heap,
     without the object-store pages it maps, which Ray's store owns) and malloc_mb (malloc_in_use: of the heap, what
     is live rather than kept by the allocators)."""
-    import psutil
+    out: dict[str, float] = {}
+    with contextlib.suppress(ImportError):  # psutil comes with Ray; a machine without Ray may lack it
+        import psutil
 
-    out = {"driver_rss_mb": psutil.Process().memory_info().rss / 2**20}
+        out["driver_rss_mb"] = psutil.Process().memory_info().rss / 2**20
     with contextlib.suppress(OSError, ValueError):
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("RssAnon:"):
@@ -911,7 +930,8 @@ class Progress:
 def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | None = print) -> Progress:
     """Stages 1-2 for the selection's pairs not in the store yet, wave by wave, each wave one commit.
 
-    Ray is started (or joined) only when there is something to compute."""
+    Ray is started (or joined) only when there is something to compute; with --executor local, stages 1-2 run in
+    this process instead (jobs/_local.py: the same batches, the same FactorActor and PairCells, the same commits)."""
     args = prep.args
     progress = Progress()
     work = prep.work
@@ -925,13 +945,21 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
         progress.wrote += store.commit(store.next_seq(), {"quarantine": _quarantine_table(new_q)})
     if not todo.any():
         return progress
-    ray = init_ray(args.ray_address)
-    quiet_ray(ray, progress_bars=not args.quiet and sys.stderr.isatty())
-    res = resources(args, ray)
+    if args.executor == "local":  # stages 1-2 in this process, without Ray (jobs/_local.py)
+        from . import _local
+
+        ray, res, crashes = None, _local.resources(args), ()
+        writer = _local.cell_writer(args.cell_writer)
+    else:
+        ray = init_ray(args.ray_address)
+        quiet_ray(ray, progress_bars=not args.quiet and sys.stderr.isatty())
+        res = resources(args, ray)
+        progress.ray = ray_identity(ray)
+        writer = cell_writer(args.cell_writer, store, ray)
+        crashes = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError)
     wave_size = args.wave_size or (DEFAULT_WAVE_SIZE_GPU if res["gpus_per_actor"] > 0 else DEFAULT_WAVE_SIZE_CPU)
     res.update(wave_size=wave_size, max_retries=args.max_retries)
-    progress.resources, progress.ray = res, ray_identity(ray)
-    writer = cell_writer(args.cell_writer, store, ray)
+    progress.resources = res
     res.update(cell_writer=writer)
     known_sentences = SentenceKeys(store.column("sentences", "sentence_id"))
     with system_memory_pool():  # the plan rewrites the work list: what it frees goes back to the OS
@@ -942,21 +970,26 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
         for w in range(n_waves):
             yield work.wave(w)
 
-    stream = FactorStream(ray, waves(), args, prep.explainer, res)
+    if ray is None:
+        stream: Any = _local.FactorStream(waves(), args, prep.explainer, res)
+        cells_of = _local.compute_cells
+    else:
+        stream = FactorStream(ray, waves(), args, prep.explainer, res)
+        cells_of = functools.partial(compute_cells, ray)
     try:
         for w, wave in enumerate(waves()):
             seq = store.next_seq()
             sink = store.sink() if writer == "workers" else None
             try:
                 refs, meta, timings = stream.wave(w)
-            except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as exc:
+            except crashes as exc:
                 raise JobFailedError(
                     f"wave {w + 1}/{n_waves} failed: a batch killed its worker {args.max_retries + 1} times "
                     f"(--max-retries {args.max_retries}; {type(exc).__name__}: {str(exc).splitlines()[0]}). "
                     f"{w} earlier wave(s) of this run are committed, nothing of wave {w + 1} was written; "
                     "the same command resumes the run"
                 ) from exc
-            out, cell_timings = compute_cells(ray, wave, refs, args, prep.explainer, res, sink=sink, seq=seq)
+            out, cell_timings = cells_of(wave, refs, args, prep.explainer, res, sink=sink, seq=seq)
             del refs  # the wave's factors leave the object store
             factor_bytes = 4 * int(pc.sum(pc.multiply(meta.column("dim"), meta.column("n_tokens"))).as_py() or 0)
             timings.update(cell_timings,
