@@ -16,6 +16,7 @@ any cells/word_cells/sentences part without its pairs part (a commit cut short) 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -169,6 +170,18 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     _fsync_dir(path.parent)
 
 
+def disk_failure(path: str | os.PathLike, exc: OSError, doing: str = "cannot write") -> StoreError:
+    """One line for a failed local write: the path and the errno (pyarrow's own errors often name neither)."""
+    num = exc.errno
+    if num is None:
+        m = re.search(r"errno[ :]*(\d+)", str(exc), re.I)
+        num = int(m.group(1)) if m else None
+    why = f"[Errno {num}] {os.strerror(num)}" if num else " ".join(str(exc).split())[:300]
+    hint = {28: "; free space there and rerun the same command", 30: "; the store is read-only",
+            13: "; the store is not writable by this user"}.get(num or 0, "")  # fmt: skip
+    return StoreError(f"{doing} {path}: {why}{hint}")
+
+
 # Pair ids per pair_keys() call: bounds the Python strings alive at once while hashing.
 KEY_SLICE = 65_536
 
@@ -201,6 +214,7 @@ class RunStore:
         self.path = self.root / rid
         self.extra_pair_columns = tuple(extra_pair_columns)  # pass-through columns (strings) after SCHEMAS' own
         self._lock_fh = None
+        self.read_only: StoreError | None = None  # why nothing can be written, when opened on a read-only store
 
     def schema(self, table: str) -> pa.Schema:
         """The table's schema in this run: SCHEMAS[table], and for `pairs` the pass-through string columns."""
@@ -212,19 +226,34 @@ class RunStore:
 
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> RunStore:
-        """Create the folders, take the writer lock, clean up what an interrupted run left."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        for table in TABLES:
-            (self.path / table).mkdir(exist_ok=True)
-        self._lock_fh = open(self.path / ".lock", "w")
+        """Create the folders, take the writer lock, clean up what an interrupted run left.
+
+        On a read-only file system (or one this user cannot write) the run opens read-only when it exists: a rerun
+        with nothing to do answers as usual, and the first write says why it cannot be made."""
         try:
-            fcntl.flock(self._lock_fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self.path.mkdir(parents=True, exist_ok=True)
+            for table in TABLES:
+                (self.path / table).mkdir(exist_ok=True)
+            self._lock_fh = open(self.path / ".lock", "w")
         except OSError as exc:
-            self._lock_fh.close()
-            self._lock_fh = None
-            raise StoreError(f"another run is writing {self.path} (lock held)") from exc
+            if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM) or not self.path.is_dir():
+                raise disk_failure(self.path, exc, "cannot open the store") from None
+            self.read_only = disk_failure(self.path, exc)
+            self._lock_fh = open(self.path / ".lock") if (self.path / ".lock").exists() else None
+        if self._lock_fh is not None:
+            try:
+                fcntl.flock(self._lock_fh, (fcntl.LOCK_SH if self.read_only else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+            except OSError as exc:
+                self._lock_fh.close()
+                self._lock_fh = None
+                raise StoreError(f"another run is writing {self.path} (lock held)") from exc
         self.recover()
         return self
+
+    def check_writable(self) -> None:
+        """Raise the StoreError that says why this run cannot be written (opened on a read-only store), if so."""
+        if self.read_only is not None:
+            raise self.read_only
 
     def close(self) -> None:
         if self._lock_fh is not None:
@@ -243,18 +272,19 @@ class RunStore:
         removed: list[Path] = []
         staging = self.path / STAGING
         if staging.exists():
-            shutil.rmtree(staging)
             removed.append(staging)
         committed = {part_seq(p.name) for p in self.parts("pairs")}
         for table in WAVE_TABLES:
-            for part in self.parts(table):
-                if part_seq(part.name) not in committed:
-                    part.unlink()
-                    removed.append(part)
+            removed += [part for part in self.parts(table) if part_seq(part.name) not in committed]
             folder = self.path / table
-            for tmp in folder.glob(".part-*.tmp") if folder.exists() else ():  # a worker's write cut short
-                tmp.unlink(missing_ok=True)
-                removed.append(tmp)
+            removed += sorted(folder.glob(".part-*.tmp")) if folder.exists() else []  # a worker's write cut short
+        if removed:
+            self.check_writable()  # a read-only store with a commit cut short: say so rather than read around it
+        try:
+            for path in removed:
+                shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise disk_failure(exc.filename or self.path, exc, "cannot clean up") from None
         return removed
 
     # ------------------------------------------------------------------ reading
@@ -323,6 +353,7 @@ class RunStore:
 
     def sink(self) -> PartSink:
         """What a stage-2 task needs to write this run's parts itself (picklable; no credentials)."""
+        self.check_writable()
         return PartSink(root=str(self.path), remote=False)
 
     # ------------------------------------------------------------------ writing
@@ -331,22 +362,29 @@ class RunStore:
 
         Empty tables are skipped unless `keep_empty`. Returns the final paths.
         """
+        self.check_writable()
         name = part_name(seq)
         staging = self.path / STAGING / f"{seq:06d}"
-        staging.mkdir(parents=True, exist_ok=True)
         staged: list[tuple[Path, Path]] = []
         order = sorted(tables, key=lambda t: (t == "pairs", (TABLES + DERIVED_TABLES).index(t)))
-        for table in order:
-            data = tables[table]
-            if data is None or (data.num_rows == 0 and not keep_empty):
-                continue
-            data = data.select(self.schema(table).names).cast(self.schema(table))
-            tmp = staging / f"{table}.parquet"
-            write_parquet_synced(data, tmp, table)
-            staged.append((tmp, self.path / table / name))
-        for tmp, final in staged:
-            os.replace(tmp, final)
-            _fsync_dir(final.parent)
+        where = staging
+        try:
+            staging.mkdir(parents=True, exist_ok=True)
+            for table in order:
+                data = tables[table]
+                if data is None or (data.num_rows == 0 and not keep_empty):
+                    continue
+                data = data.select(self.schema(table).names).cast(self.schema(table))
+                where = tmp = staging / f"{table}.parquet"
+                write_parquet_synced(data, tmp, table)
+                staged.append((tmp, self.path / table / name))
+            for tmp, final in staged:  # `pairs` last: the wave is committed once its pairs part is in place
+                where = final
+                os.replace(tmp, final)
+                _fsync_dir(final.parent)
+        except OSError as exc:  # a full disk: nothing of the wave is committed unless its pairs part landed
+            shutil.rmtree(staging, ignore_errors=True)  # give the space back at once (the next open would too)
+            raise disk_failure(where, exc) from None
         shutil.rmtree(staging, ignore_errors=True)
         with contextlib.suppress(OSError):
             (self.path / STAGING).rmdir()
@@ -364,7 +402,12 @@ class RunStore:
         return self.commit(self.next_seq(), {t: self.schema(t).empty_table() for t in missing}, keep_empty=True)
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
-        write_json_atomic(self.path / "manifest.json", manifest)
+        self.check_writable()
+        try:
+            write_json_atomic(self.path / "manifest.json", manifest)
+        except OSError as exc:
+            (self.path / ".manifest.json.tmp").unlink(missing_ok=True)
+            raise disk_failure(self.path / "manifest.json", exc) from None
 
     def read_manifest(self) -> dict[str, Any] | None:
         path = self.path / "manifest.json"
@@ -401,16 +444,153 @@ REMOTE_SCHEMES: dict[str, str] = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "
 # Where a run can be written: both families have the conditional create the writer lock needs (S3 through boto3,
 # GCS through google-cloud-storage; pyarrow exposes neither).
 WRITABLE_FAMILIES = ("s3", "gcs")
+# How long one object-store call is retried when the store answers 5xx / 429 or the connection fails (a loaded
+# store, a network blip), in seconds: backoff doubling from RETRY_FIRST_S up to RETRY_MAX_SLEEP_S, each sleep drawn
+# uniformly below it (full jitter, so that many workers do not retry in step). `--store-retry-s` of jobs.attribute,
+# XSBERT_STORE_RETRY_S for every job. After that the job stops in one line (exit 2); the same command resumes.
+STORE_RETRY_S = 120.0
+RETRY_FIRST_S = 0.2
+RETRY_MAX_SLEEP_S = 10.0
+
+
+def store_retry_s() -> float:
+    """The deadline of one store call's retries: XSBERT_STORE_RETRY_S, else STORE_RETRY_S."""
+    text = os.environ.get("XSBERT_STORE_RETRY_S", "").strip()
+    try:
+        return max(0.0, float(text)) if text else STORE_RETRY_S
+    except ValueError:
+        raise StoreError(f"XSBERT_STORE_RETRY_S={text!r} is not a number of seconds") from None
+
+
+# What a store's answer or a dropped connection looks like in the clients' errors: pyarrow's S3 filesystem ("AWS
+# Error SLOW_DOWN during PutObject operation", "(HTTP status 503)", curl's codes), boto3 (status and code in
+# ClientError.response, ConnectionClosedError / EndpointConnectionError), pyarrow's GCS filesystem and
+# google-cloud-storage (status names, api_core exceptions with .code).
+_AWS_CODES = {"SLOW_DOWN": 503, "SERVICE_UNAVAILABLE": 503, "INTERNAL_FAILURE": 500, "THROTTLING": 429,
+              "ACCESS_DENIED": 403, "INVALID_ACCESS_KEY_ID": 403, "SIGNATURE_DOES_NOT_MATCH": 403,
+              "NO_SUCH_BUCKET": 404, "REQUEST_TIMEOUT": 408}  # fmt: skip
+_TRANSIENT_TEXT = ("network_connection", "curlcode", "connection reset", "connection was closed", "connection aborted",
+                   "broken pipe", "timed out", "timeout", "could not connect", "couldn't connect", "connection refused",
+                   "unavailable", "deadline_exceeded", "slowdown", "slow down", "internalerror", "internal error",
+                   "try again", "temporarily")  # fmt: skip
+
+
+def http_status(exc: BaseException) -> int | None:
+    """The HTTP status of a failed store call, None when no response came (or none is named)."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if isinstance(status, int):
+            return status
+    code = getattr(exc, "code", None)  # google.api_core exceptions
+    if isinstance(code, int) and 100 <= code < 600:
+        return code
+    text = str(exc)
+    m = re.search(r"HTTP status (\d{3})", text) or re.search(r"\bstatus(?: code)?[ :=]+(\d{3})\b", text, re.I)
+    if m:
+        return int(m.group(1))
+    m = re.search(r"AWS Error ([A-Z_]+)", text)
+    if m and m.group(1) in _AWS_CODES:
+        return _AWS_CODES[m.group(1)]
+    return None
+
+
+def transient(exc: BaseException) -> bool:
+    """A failure worth retrying: 5xx, 408, 429, or no answer at all (reset, refused, timed out)."""
+    if isinstance(exc, StoreError):
+        return False
+    low = str(exc).lower()
+    if "nosuchupload" in low or "no_such_upload" in low:  # a multipart upload whose completion's answer was lost:
+        return True  # the whole upload is tried again (same name, same bytes)
+    status = http_status(exc)
+    if status is not None:
+        return status >= 500 or status in (408, 429)
+    name = type(exc).__name__
+    if name in ("ConnectionClosedError", "EndpointConnectionError", "ReadTimeoutError", "ConnectTimeoutError",
+                "ConnectionError", "ProtocolError", "ConnectionResetError", "TimeoutError"):  # fmt: skip
+        return True
+    return any(k in low for k in _TRANSIENT_TEXT)
+
+
+class GaveUp(Exception):
+    """A store call failed for good: `error` after `tries` tries in `waited` seconds."""
+
+    def __init__(self, error: BaseException, tries: int, waited: float) -> None:
+        super().__init__(str(error))
+        self.error, self.tries, self.waited = error, tries, waited
+
+
+def retried(fn, deadline_s: float, sleep=None):
+    """fn(), tried again on transient failures (backoff with full jitter) for up to `deadline_s` seconds; GaveUp
+    with the last error when a failure is not transient or the deadline would pass."""
+    import random
+    import time as _time
+
+    sleep = sleep or _time.sleep
+    start = _time.monotonic()
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            return fn()
+        except StoreError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - classified below; anything else is re-raised as GaveUp
+            waited = _time.monotonic() - start
+            pause = random.uniform(0, min(RETRY_MAX_SLEEP_S, RETRY_FIRST_S * 2 ** (tries - 1)))
+            if not transient(exc) or waited + pause > deadline_s:
+                raise GaveUp(exc, tries, waited) from exc
+            logger.info("store call failed (%s), try %d again in %.2f s", " ".join(str(exc).split())[:200], tries + 1,
+                        pause)  # fmt: skip
+            sleep(pause)
+
+
+def describe_failure(exc: BaseException) -> str:
+    """What came back: `HTTP 503 (SlowDown)`, `no response (connection reset)`, ..."""
+    status = http_status(exc)
+    text = " ".join(str(exc).split())
+    code = None
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        code = response.get("Error", {}).get("Code")
+    if code is None:
+        m = re.search(r"AWS Error ([A-Z_]+)", text)
+        code = m.group(1) if m and m.group(1) != "UNKNOWN" else None
+    if status is not None:
+        return f"HTTP {status}" + (f" ({code})" if code else "")
+    low = text.lower()
+    if "refused" in low or "couldn't connect" in low or "could not connect" in low or "curlcode: 7," in low:
+        return "no response (connection refused)"
+    if "reset" in low or "closed" in low or "curlcode: 56" in low or "curlcode: 52" in low:
+        return "no response (connection reset)"
+    if "timed out" in low or "timeout" in low:
+        return "no response (timed out)"
+    return type(exc).__name__
 
 
 class StoreError(XsbertError, RuntimeError):
     """The store cannot be reached or written (endpoint, bucket, credentials, a lock held by another writer)."""
 
 
+_SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def uri_scheme(location: str | os.PathLike, error: type[Exception] = StoreError) -> str | None:
+    """The object-store scheme of `location` ('s3', 's3a', 'gs', 'gcs'), None for a local path; `error` for any
+    other `scheme://` (az://, http://, file://, ...): never taken for a local folder. The one parser of store
+    locations (jobs/_sql.py raises its InputError through it)."""
+    m = _SCHEME_RE.match(str(location))
+    if m is None:
+        return None
+    name = m.group(1).lower()
+    if name not in REMOTE_SCHEMES:
+        raise error(f"{location}: unsupported location (a local path, or {', '.join(s + '://' for s in REMOTE_SCHEMES)})")
+    return name
+
+
 def is_remote(root: str | os.PathLike) -> bool:
-    """`root` is an object-storage URI (s3://, gs://), not a local path."""
-    text = str(root)
-    return "://" in text and text.split("://", 1)[0].lower() in REMOTE_SCHEMES
+    """`root` is an object-storage URI (s3://, gs://), not a local path; StoreError for a scheme without a backend."""
+    return uri_scheme(root) is not None
 
 
 def redact(uri: str) -> str:
@@ -485,6 +665,41 @@ def filesystem(uri: str, settings: dict[str, str] | None = None):
     raise StoreError(f"{redact(uri)}: unsupported scheme {scheme!r} (use a local path, s3:// or gs://)")
 
 
+def store_failure(root: str, exc: BaseException, doing: str, key: str | None = None,
+                  gave_up: GaveUp | None = None) -> StoreError:
+    """One line for a failed store call: what was being done, on which object, what came back (the HTTP status, or
+    that no response came), after how many tries; the credentials hint only for 401/403."""
+    text = " ".join(str(exc).split())
+    low = text.lower()
+    status = http_status(exc)
+    gcs = REMOTE_SCHEMES.get(str(root).split("://", 1)[0].lower()) == "gcs"
+    got = describe_failure(exc)
+    if "nosuchbucket" in low or "bucket does not exist" in low or "the specified bucket does not exist" in low:
+        why = "the bucket does not exist"
+    elif gcs and ("404" in low or "notfound" in low) and "bucket" in low:
+        why = "the bucket does not exist"
+    elif status in (401, 403) or (gcs and ("default credentials" in low or "defaultcredentialserror" in low
+                                           or "unauthenticated" in low or "permission_denied" in low)):  # fmt: skip
+        where = ("GOOGLE_APPLICATION_CREDENTIALS, `gcloud auth application-default login`" if gcs
+                 else "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE")  # fmt: skip
+        why = (f"access denied ({got}): check the credentials ({where}; on a cluster the node's role / instance "
+               "profile or service account, or a Kubernetes Secret)")  # fmt: skip
+    elif status is None and transient(exc) and ("refused" in got or "resolve" in low or "connect" in low):
+        why = ("cannot reach the storage endpoint "
+               + ("(STORAGE_EMULATOR_HOST / network)" if gcs else "(AWS_ENDPOINT_URL / network)") + f": {got}")  # fmt: skip
+    elif transient(exc):
+        why = f"the store did not answer ({got})"
+    else:
+        why = f"{got}: {text[:300]}" if got != type(exc).__name__ else text[:300]
+    where = f" {key}" if key else ""
+    tries = ""
+    if gave_up is not None and transient(exc):
+        n = gave_up.tries
+        tries = (f", given up after {n} tr{'y' if n == 1 else 'ies'} in {gave_up.waited:.0f} s "
+                 "(--store-retry-s / XSBERT_STORE_RETRY_S)")  # fmt: skip
+    return StoreError(f"{redact(str(root))}: {doing}{where}: {why}{tries}")
+
+
 def lock_expiry() -> int:
     """When a lock written now expires: whole seconds, so that every body of one writer's lock has the same
     length (a reader that sizes the object first, as pyarrow does, and races a renewal still reads a whole body)."""
@@ -494,12 +709,20 @@ def lock_expiry() -> int:
     return math.ceil(_time.time() + LOCK_TTL_S)
 
 
-def _s3_client():
+def _s3_client(settings: dict[str, str] | None = None):
     """A boto3 S3 client from a fresh session: credentials as the environment says now (boto3's default session
-    would keep the first ones it resolved for the life of the process)."""
+    would keep the first ones it resolved for the life of the process); `settings` (fs_settings) override the
+    endpoint and region. Short timeouts and few retries of its own: the store's calls are retried by `retried`."""
     import boto3
+    from botocore.config import Config
 
-    return boto3.session.Session().client("s3")
+    kwargs: dict[str, Any] = {}
+    if settings and settings.get("endpoint_override"):
+        kwargs["endpoint_url"] = f"{settings.get('scheme', 'https')}://{settings['endpoint_override']}"
+    if settings and settings.get("region"):
+        kwargs["region_name"] = settings["region"]
+    config = Config(connect_timeout=5, read_timeout=30, retries={"max_attempts": 2, "mode": "standard"})
+    return boto3.session.Session().client("s3", config=config, **kwargs)
 
 
 class LockObject:
@@ -582,8 +805,11 @@ class LockObject:
 class ObjectRunStore(RunStore):
     """A run on object storage (s3://bucket/prefix/<run id>), with the guarantees of the local store."""
 
-    def __init__(self, root: str, rid: str, extra_pair_columns: tuple[str, ...] = ()) -> None:
+    def __init__(self, root: str, rid: str, extra_pair_columns: tuple[str, ...] = (),
+                 retry_s: float | None = None) -> None:  # fmt: skip
         self.root = root.rstrip("/")
+        self.retry_s = store_retry_s() if retry_s is None else retry_s
+        self.read_only = None
         self.run_id = rid
         self.extra_pair_columns = tuple(extra_pair_columns)
         from urllib.parse import urlsplit
@@ -611,49 +837,23 @@ class ObjectRunStore(RunStore):
         bucket, _, key = self._key(*parts).partition("/")
         return bucket, key
 
-    def _fail(self, exc: BaseException, doing: str) -> StoreError:
-        text = " ".join(str(exc).split())
-        low = text.lower()
-        gcs = REMOTE_SCHEMES[self.scheme] == "gcs"
-        if "nosuchbucket" in low or "bucket does not exist" in low or "the specified bucket does not exist" in low:
-            why = "the bucket does not exist"
-        elif gcs and ("404" in low or "notfound" in low) and "bucket" in low:
-            why = "the bucket does not exist"
-        elif gcs and ("default credentials" in low or "defaultcredentialserror" in low or "unauthenticated" in low
-                      or "permission_denied" in low or "401" in low or "403" in low):  # fmt: skip
-            why = ("access denied (check the credentials: GOOGLE_APPLICATION_CREDENTIALS, "
-                   "`gcloud auth application-default login` or the node's service account)")  # fmt: skip
-        elif any(
-            k in low
-            for k in (
-                "accessdenied",
-                "access denied",
-                "access_denied",
-                "forbidden",
-                "invalidaccesskeyid",
-                "invalid_access_key",
-                "signaturedoesnotmatch",
-                "signature_does_not_match",
-                "403",
-            )
-        ):
-            why = "access denied (check the credentials: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, role)"
-        elif "connect" in low or "timed out" in low or "resolve" in low or "curl" in low or "endpoint" in low:
-            why = ("cannot reach the storage endpoint "
-                   + ("(STORAGE_EMULATOR_HOST / network)" if gcs else "(AWS_ENDPOINT_URL / network)"))  # fmt: skip
-        else:
-            why = text[:300]
-        return StoreError(f"{redact(self.root)}: {doing}: {why}")
+    def _fail(self, exc: BaseException, doing: str, key: str | None = None) -> StoreError:
+        return store_failure(self.root, exc, doing, key)
+
+    def _call(self, doing: str, key: str | None, fn, deadline_s: float | None = None):
+        """fn() retried on transient failures for up to the store's deadline; a StoreError saying what failed."""
+        try:
+            return retried(fn, self.retry_s if deadline_s is None else deadline_s)
+        except GaveUp as g:
+            raise store_failure(self.root, g.error, doing, key, g) from None
 
     def check(self) -> None:
         """Reach the bucket before anything is computed (a missing bucket, denied credentials, no endpoint)."""
         import pyarrow.fs as pafs
 
         bucket = self.base.split("/", 1)[0]
-        try:
-            info = self.fs.get_file_info(bucket)
-        except OSError as exc:
-            raise self._fail(exc, "cannot open the store") from None
+        info = self._call("cannot open the store", f"(HEAD of the bucket {bucket!r})",
+                          lambda: self.fs.get_file_info(bucket))  # fmt: skip
         if info.type == pafs.FileType.NotFound:
             raise StoreError(f"{redact(self.root)}: cannot open the store: the bucket {bucket!r} does not exist")
 
@@ -676,9 +876,12 @@ class ObjectRunStore(RunStore):
             self._beat[1].join(timeout=5)
             self._beat = None
         if self._lock is not None:
-            try:
-                if self._lock_is_mine():
-                    self._lock_object().delete()
+            try:  # a short deadline: a lock left behind is taken over by the next run (dead pid, or expired)
+                if self._lock_is_mine(deadline_s=min(self.retry_s, 10.0)):
+                    # every write of this writer is over: an upload that a client's own retry left unfinished goes
+                    abort_uploads(self.root, self._key(), min(self.retry_s, 10.0))
+                    self._call("cannot remove the writer lock", LOCK_NAME, self._lock_object().delete,
+                               deadline_s=min(self.retry_s, 10.0))  # fmt: skip
             except Exception:  # noqa: BLE001 - the lock expires by itself
                 logger.warning("could not remove the writer lock of %s; it expires in %.0f s", self.path, LOCK_TTL_S)
             self._lock = None
@@ -687,9 +890,9 @@ class ObjectRunStore(RunStore):
     def _lock_object(self) -> LockObject:
         return LockObject(REMOTE_SCHEMES[self.scheme], *self._bucket_key(LOCK_NAME))
 
-    def _read_lock(self) -> dict[str, Any] | None:
+    def _read_lock(self, deadline_s: float | None = None) -> dict[str, Any] | None:
         """The lock's owner record; None when no lock exists, {} when it cannot be read as one."""
-        body = self._lock_object().read()
+        body = self._call("cannot read the writer lock", LOCK_NAME, self._lock_object().read, deadline_s)
         if body is None:
             return None
         try:
@@ -698,13 +901,14 @@ class ObjectRunStore(RunStore):
             return {}
         return held if isinstance(held, dict) else {}
 
-    def _lock_is_mine(self) -> bool:
-        held = self._read_lock()
+    def _lock_is_mine(self, deadline_s: float | None = None) -> bool:
+        held = self._read_lock(deadline_s)
         return bool(held) and self._lock is not None and held.get("token") == self._lock["token"]
 
     def _put_lock(self, body: dict[str, Any]) -> bool:
-        """Create the lock object only if absent; False when another writer has it."""
-        return self._lock_object().create(canonical_json(body).encode())
+        """Create the lock object only if absent; False when it exists already (whoever created it)."""
+        data = canonical_json(body).encode()
+        return self._call("cannot take the writer lock", LOCK_NAME, lambda: self._lock_object().create(data))
 
     def _stale(self, held: dict[str, Any]) -> str | None:
         """Why a held lock is dead (its owner's process on this host is gone, or it expired), else None."""
@@ -730,28 +934,25 @@ class ObjectRunStore(RunStore):
 
         body = {"host": socket.gethostname(), "pid": os.getpid(), "token": secrets.token_hex(8),
                 "since": int(_time.time()), "expires": lock_expiry()}  # fmt: skip
-        try:
-            for _attempt in range(3):
-                if self._put_lock(body):
-                    break
-                held = self._read_lock()
-                if held is None:
-                    continue  # released in between: try again
-                why = self._stale(held)
-                if why is None:
-                    left = float(held.get("expires", 0)) - _time.time()
-                    raise StoreError(
-                        f"another run is writing {self.path} (lock held by pid {held.get('pid')} on "
-                        f"{held.get('host')}, renewed until {left:.0f} s from now); try again when it has finished"
-                    )
-                logger.warning("taking over the writer lock of %s: %s", self.path, why)
-                self._lock_object().delete()
-            else:
-                raise StoreError(f"{self.path}: could not take the writer lock (contended)")
-        except StoreError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - botocore / google-cloud errors: endpoint, credentials, bucket
-            raise self._fail(exc, "cannot take the writer lock") from None
+        for _attempt in range(3):
+            if self._put_lock(body):
+                break
+            held = self._read_lock()
+            if held is None:
+                continue  # released in between: try again
+            if held.get("token") == body["token"]:
+                break  # our own create: it landed, but its answer was lost and the retried PUT found it there
+            why = self._stale(held)
+            if why is None:
+                left = float(held.get("expires", 0)) - _time.time()
+                raise StoreError(
+                    f"another run is writing {self.path} (lock held by pid {held.get('pid')} on "
+                    f"{held.get('host')}, renewed until {left:.0f} s from now); try again when it has finished"
+                )
+            logger.warning("taking over the writer lock of %s: %s", self.path, why)
+            self._call("cannot take over the writer lock", LOCK_NAME, self._lock_object().delete)
+        else:
+            raise StoreError(f"{self.path}: could not take the writer lock (contended)")
         self._lock = body
         stop = threading.Event()
 
@@ -773,8 +974,10 @@ class ObjectRunStore(RunStore):
         if self._lock is None:
             return
         renewed = {**self._lock, "expires": lock_expiry()}
-        if self._lock_is_mine():
-            self._lock_object().put(canonical_json(renewed).encode())
+        if self._lock_is_mine(deadline_s=LOCK_TTL_S / 3):
+            data = canonical_json(renewed).encode()
+            self._call("cannot renew the writer lock", LOCK_NAME, lambda: self._lock_object().put(data),
+                       deadline_s=LOCK_TTL_S / 3)  # fmt: skip
             self._lock = renewed
 
     def _fence(self) -> None:
@@ -787,16 +990,18 @@ class ObjectRunStore(RunStore):
     def parts(self, table: str) -> list[PurePosixPath]:  # type: ignore[override]
         import pyarrow.fs as pafs
 
-        try:
-            infos = self.fs.get_file_info(pafs.FileSelector(self._key(table), allow_not_found=True))
-        except OSError as exc:
-            raise self._fail(exc, f"cannot list {table}") from None
+        selector = pafs.FileSelector(self._key(table), allow_not_found=True)
+        infos = self._call("cannot list", f"{table}/", lambda: self.fs.get_file_info(selector))
         return sorted(
             PurePosixPath(i.path) for i in infos if i.type == pafs.FileType.File and PART_RE.match(i.base_name)
         )
 
+    def _rel(self, path: Any) -> str:
+        return str(path)[len(self.base) + 1 :] if str(path).startswith(self.base + "/") else str(path)
+
     def _read(self, part: PurePosixPath, columns: list[str] | None = None) -> pa.Table:
-        return pq.read_table(str(part), columns=columns, filesystem=self.fs)
+        return self._call("cannot read", self._rel(part),
+                          lambda: pq.read_table(str(part), columns=columns, filesystem=self.fs))  # fmt: skip
 
     def read_column(self, table: str, column: str) -> list[Any]:
         values: list[Any] = []
@@ -811,24 +1016,29 @@ class ObjectRunStore(RunStore):
         return pa.concat_tables([self._read(p, columns) for p in parts])
 
     def recover(self) -> list[PurePosixPath]:  # type: ignore[override]
-        """Delete wave parts whose pairs part never landed (a commit cut short)."""
+        """Delete wave parts whose pairs part never landed (a commit cut short) and abort unfinished uploads."""
         committed = {part_seq(p.name) for p in self.parts("pairs")}
         removed = []
         for table in WAVE_TABLES:
             for part in self.parts(table):
                 if part_seq(part.name) not in committed:
-                    self.fs.delete_file(str(part))
+                    self._call("cannot delete", self._rel(part), lambda p=part: self.fs.delete_file(str(p)))
                     removed.append(part)
+        removed += [PurePosixPath(k) for k in abort_uploads(self.root, self._key(), self.retry_s)]
         return removed
 
     def counts(self) -> dict[str, int]:
-        return {t: sum(pq.ParquetFile(self.fs.open_input_file(str(p))).metadata.num_rows for p in self.parts(t))
-                for t in TABLES}  # fmt: skip
+        def rows(part: PurePosixPath) -> int:
+            return self._call("cannot read", self._rel(part),
+                              lambda: pq.ParquetFile(self.fs.open_input_file(str(part))).metadata.num_rows)  # fmt: skip
+
+        return {t: sum(rows(p) for p in self.parts(t)) for t in TABLES}
 
     def files(self) -> Iterator[PurePosixPath]:  # type: ignore[override]
         import pyarrow.fs as pafs
 
-        infos = self.fs.get_file_info(pafs.FileSelector(self.base, recursive=True, allow_not_found=True))
+        selector = pafs.FileSelector(self.base, recursive=True, allow_not_found=True)
+        infos = self._call("cannot list", "the run", lambda: self.fs.get_file_info(selector))
         yield from sorted(
             PurePosixPath(i.path) for i in infos if i.type == pafs.FileType.File and i.base_name != LOCK_NAME
         )
@@ -837,12 +1047,31 @@ class ObjectRunStore(RunStore):
         import pyarrow.fs as pafs
 
         key = self._key("manifest.json")
-        if self.fs.get_file_info(key).type == pafs.FileType.NotFound:
-            return None
-        with self.fs.open_input_stream(key) as fh:
-            return json.loads(fh.read().decode("utf-8"))
+
+        def read() -> bytes | None:
+            if self.fs.get_file_info(key).type == pafs.FileType.NotFound:
+                return None
+            with self.fs.open_input_stream(key) as fh:
+                return fh.read()
+
+        body = self._call("cannot read", "manifest.json", read)
+        return None if body is None else json.loads(body.decode("utf-8"))
 
     # ------------------------------------------------------------------ writing
+    def _put(self, rel: str, write) -> None:
+        """One upload of `rel` (a key under the run) by write(), retried whole (the same bytes under the same name);
+        an upload a failed try left unfinished is aborted."""
+        key = self._key(rel)
+
+        def attempt() -> None:
+            try:
+                write()
+            except Exception:
+                abort_uploads(self.root, key, min(self.retry_s, 10.0), exact=True)
+                raise
+
+        self._call("cannot write", rel, attempt)
+
     def commit(self, seq: int, tables: dict[str, pa.Table], keep_empty: bool = False) -> list[PurePosixPath]:  # type: ignore[override]
         """Each table's part-<seq> as one PUT (atomic per object), `pairs` last: the wave's commit point."""
         self._fence()
@@ -855,32 +1084,59 @@ class ObjectRunStore(RunStore):
                 continue
             data = data.select(self.schema(table).names).cast(self.schema(table))
             final = self._key(table, name)
-            try:
-                write_parquet(data, final, table, self.fs)
-            except OSError as exc:
-                raise self._fail(exc, f"cannot write {table}/{name}") from None
+            self._put(f"{table}/{name}", lambda d=data, f=final, t=table: write_parquet(d, f, t, self.fs))
             wrote.append(PurePosixPath(final))
         return wrote
 
     def _delete(self, table: str, name: str) -> None:
-        self.fs.delete_file(self._key(table, name))
+        self._call("cannot delete", f"{table}/{name}", lambda: self.fs.delete_file(self._key(table, name)))
 
     def sink(self) -> PartSink:
         self._fence()
         return PartSink(root=self.path, remote=True, settings=fs_settings(self.root),  # type: ignore[arg-type]
-                        lock_token=self._lock["token"] if self._lock else None)  # fmt: skip
+                        lock_token=self._lock["token"] if self._lock else None, retry_s=self.retry_s)  # fmt: skip
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         self._fence()
-        text = json.dumps(manifest, indent=1, sort_keys=True, allow_nan=False) + "\n"
-        with self.fs.open_output_stream(self._key("manifest.json")) as fh:
-            fh.write(text.encode("utf-8"))
+        data = (json.dumps(manifest, indent=1, sort_keys=True, allow_nan=False) + "\n").encode("utf-8")
+
+        def write() -> None:
+            with self.fs.open_output_stream(self._key("manifest.json")) as fh:
+                fh.write(data)
+
+        self._put("manifest.json", write)
 
 
-def open_store(root: str | os.PathLike, rid: str, extra_pair_columns: tuple[str, ...] = ()) -> RunStore:
-    """The run `rid` under `root`: a local directory, or a prefix on object storage."""
+def abort_uploads(root: str, key: str, deadline_s: float, exact: bool = False) -> list[str]:
+    """Abort the unfinished multipart uploads of `key` (a bucket/key path; `exact`: that object only, else every key
+    under it), which a failed or killed upload leaves behind (invisible, but stored and billed); S3 only (GCS's
+    resumable uploads expire by themselves). Best effort: the keys aborted, [] when the store cannot say."""
+    if REMOTE_SCHEMES.get(str(root).split("://", 1)[0].lower()) != "s3":
+        return []
+    bucket, _, prefix = key.partition("/")
+    if not exact:
+        prefix = prefix.rstrip("/") + "/"
+    client = _s3_client(fs_settings(str(root)))
+    aborted = []
+    try:
+        listing = retried(lambda: client.list_multipart_uploads(Bucket=bucket, Prefix=prefix), deadline_s)
+        for upload in listing.get("Uploads", []):
+            if exact and upload["Key"] != prefix:
+                continue
+            retried(lambda u=upload: client.abort_multipart_upload(Bucket=bucket, Key=u["Key"],
+                                                                   UploadId=u["UploadId"]), deadline_s)  # fmt: skip
+            aborted.append(f"{bucket}/{upload['Key']}")
+    except GaveUp as g:
+        logger.warning("could not abort unfinished uploads under %s/%s: %s", bucket, prefix, g.error)
+    return aborted
+
+
+def open_store(root: str | os.PathLike, rid: str, extra_pair_columns: tuple[str, ...] = (),
+               retry_s: float | None = None) -> RunStore:  # fmt: skip
+    """The run `rid` under `root`: a local directory, or a prefix on object storage (whose calls are retried for
+    up to `retry_s` seconds, default store_retry_s())."""
     if is_remote(root):
-        return ObjectRunStore(str(root), rid, extra_pair_columns)
+        return ObjectRunStore(str(root), rid, extra_pair_columns, retry_s)
     return RunStore(root, rid, extra_pair_columns)
 
 
@@ -894,8 +1150,9 @@ class PartSink:
     same bytes. Nothing written here is visible as data until the driver commits the wave's `pairs` part."""
 
     def __init__(self, root: str, remote: bool, settings: dict[str, str] | None = None,
-                 lock_token: str | None = None) -> None:  # fmt: skip
+                 lock_token: str | None = None, retry_s: float | None = None) -> None:  # fmt: skip
         self.root, self.remote, self.settings, self.lock_token = root, remote, settings or {}, lock_token
+        self.retry_s = store_retry_s() if retry_s is None else retry_s
 
     def write(self, table: str, seq: int, first: int, data: pa.Table) -> str:
         """Write `data` (cast to SCHEMAS[table]) as part `seq`-`first` of `table`; return the part's name."""
@@ -904,8 +1161,13 @@ class PartSink:
         if not self.remote:
             folder = Path(self.root) / table
             tmp = folder / f".{name}.{os.getpid()}.tmp"
-            write_parquet_synced(data, tmp, table)
-            os.replace(tmp, folder / name)
+            try:
+                write_parquet_synced(data, tmp, table)
+                os.replace(tmp, folder / name)
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    tmp.unlink(missing_ok=True)
+                raise disk_failure(folder / name, exc, "a worker cannot write") from None
             return name
         fs, base = filesystem(self.root, self.settings)
         if self.lock_token is not None:
@@ -913,7 +1175,19 @@ class PartSink:
             if held.get("token") != self.lock_token:
                 raise StoreError(f"{redact(self.root)}: the writer lock is no longer this run's: {table}/{name} "
                                  "not written")  # fmt: skip
-        write_parquet(data, f"{base}/{table}/{name}", table, fs)
+        key = f"{base}/{table}/{name}"
+
+        def attempt() -> None:
+            try:
+                write_parquet(data, key, table, fs)
+            except Exception:
+                abort_uploads(self.root, key, min(self.retry_s, 10.0), exact=True)
+                raise
+
+        try:
+            retried(attempt, self.retry_s)
+        except GaveUp as g:
+            raise store_failure(self.root, g.error, "a worker cannot write", f"{table}/{name}", g) from None
         return name
 
     def _held_lock(self, fs, path: str, tries: int = LOCK_READ_TRIES) -> dict[str, Any]:
@@ -921,18 +1195,25 @@ class PartSink:
         that overlaps the driver's heartbeat can see a mix of two bodies (the size from one, bytes of another)."""
         import time as _time
 
-        for attempt in range(tries):
+        def read() -> bytes | None:
             try:
                 with fs.open_input_stream(path) as fh:
-                    held = json.loads(fh.read().decode("utf-8"))
-                return held if isinstance(held, dict) else {}
+                    return fh.read()
             except FileNotFoundError:
+                return None
+
+        for attempt in range(tries):
+            try:
+                body = retried(read, self.retry_s)
+            except GaveUp as g:
+                raise store_failure(self.root, g.error, "a worker cannot read", LOCK_NAME, g) from None
+            if body is None:
                 return {}
+            try:
+                held = json.loads(body.decode("utf-8"))
+                return held if isinstance(held, dict) else {}
             except ValueError:
                 if attempt == tries - 1:
                     return {}
                 _time.sleep(0.05 * (attempt + 1))
-            except OSError as exc:
-                raise StoreError(f"{redact(self.root)}: a worker cannot read the store: "
-                                 f"{' '.join(str(exc).split())[:300]}") from None  # fmt: skip
         return {}

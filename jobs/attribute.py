@@ -54,7 +54,18 @@ from xsbert_core.quadrature import SUPPORTED_RULES
 from ._actors import CELL_LISTS, TOP_CELLS, WORD_LISTS
 from ._inputs import CHUNK_ROWS, KEEP_PREFIX, Pairs, SeenIds, quarantine_frame, sorted_find, stream_pairs, validate
 from ._ray import filter_stderr, init_ray, quiet_ray
-from ._store import SCHEMAS, STORE_VERSION, ObjectRunStore, RunStore, StoreError, open_store, pair_keys, run_id
+from ._store import (
+    SCHEMAS,
+    STORE_RETRY_S,
+    STORE_VERSION,
+    TABLES,
+    ObjectRunStore,
+    RunStore,
+    StoreError,
+    open_store,
+    pair_keys,
+    run_id,
+)
 
 logger = logging.getLogger("jobs.attribute")
 
@@ -158,6 +169,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     o = p.add_argument_group("output")
     o.add_argument("--out", default=DEFAULT_OUT,
                    help="store root: a local folder, s3://bucket/prefix or gs://bucket/prefix; the run is <out>/<run id>")
+    o.add_argument("--store-retry-s", type=float, default=None, metavar="S",
+                   help="how long one call to object storage is retried when the store answers 5xx/429 or the "
+                        "connection fails, with backoff and jitter, before the job stops (exit 2; the same command "
+                        f"resumes); default $XSBERT_STORE_RETRY_S, else {STORE_RETRY_S:.0f} s")  # fmt: skip
     o.add_argument("-q", "--quiet", action="store_true", help="no Ray Data progress bars")
     args = p.parse_args(argv)
     if args.dataset is None:
@@ -560,9 +575,11 @@ def compute_cells(
         why = _write_failure(exc) if sink is not None else None
         if why is None:
             raise
-        raise StoreError(f"a stage-2 task could not write its part of the store ({why}); do the Ray workers reach "
-                         "the store with credentials of their own (the job's runtime_env env_vars, the nodes' "
-                         "environment or instance role)?") from None  # fmt: skip
+        hint = ""
+        if "access denied" in why:  # 401/403 only: the workers need credentials of their own, where a node gets them
+            hint = ("; the Ray workers reach the store with credentials of their own: the node's role / instance "
+                    "profile, or a Kubernetes Secret")  # fmt: skip
+        raise StoreError(f"a stage-2 task could not write its part of the store ({why}){hint}") from None
     return out, {"cells_s": time.perf_counter() - t0, "duplicates_dropped": duplicates}
 
 
@@ -796,7 +813,7 @@ def _prepare(args: argparse.Namespace, chunk_rows: int) -> Prepared:
     config = run_config(args, explainer, weights_fingerprint(explainer.model), pairs)
     rid = run_id(config)
     # A rerun tokenises only the pairs not in the store yet (404k QQP: ~1M texts, twice, otherwise). Read-only.
-    peek = open_store(args.out, rid)
+    peek = open_store(args.out, rid, retry_s=args.store_retry_s)
     if isinstance(peek, ObjectRunStore):
         peek.check()  # an unreachable or missing bucket says so here, as it would when the run opens
     stored = peek.done_pair_keys()
@@ -945,6 +962,7 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
         progress.wrote += store.commit(store.next_seq(), {"quarantine": _quarantine_table(new_q)})
     if not todo.any():
         return progress
+    store.check_writable()  # a read-only store says so before anything is computed
     if args.executor == "local":  # stages 1-2 in this process, without Ray (jobs/_local.py)
         from . import _local
 
@@ -1283,11 +1301,16 @@ def summarize(store: RunStore, prep: Prepared, progress: Progress) -> dict[str, 
 
 
 def update_manifest(store: RunStore, prep: Prepared, progress: Progress, summary: dict[str, Any]) -> None:
-    """Record this invocation in manifest.json when it wrote anything (or the run has no manifest yet)."""
-    if not progress.wrote and store.read_manifest() is not None:
+    """Record this invocation in manifest.json when it wrote anything, when the run has no manifest yet, or when the
+    manifest's tables disagree with the store's (a manifest write that failed after a commit: the rerun fixes it)."""
+    old = store.read_manifest()
+    parts = {t: len(store.parts(t)) for t in TABLES}
+    recorded = {t: v.get("parts") for t, v in (old or {}).get("tables", {}).items()}
+    if not progress.wrote and old is not None and recorded == parts:  # parts are never rewritten: equal counts, equal
         return
+    tables = {t: {"path": f"{t}/*.parquet", "parts": parts[t], "rows": n} for t, n in store.counts().items()}
     args = prep.args
-    manifest = store.read_manifest() or {"run_id": prep.run_id, "created_at": prep.started_at, "runs": []}
+    manifest = old or {"run_id": prep.run_id, "created_at": prep.started_at, "runs": []}
     manifest.update(
         run_id=prep.run_id,
         store_version=STORE_VERSION,
@@ -1295,8 +1318,7 @@ def update_manifest(store: RunStore, prep: Prepared, progress: Progress, summary
         config=prep.config,
         settings=prep.explainer.settings,
         updated_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        tables={t: {"path": f"{t}/*.parquet", "parts": len(store.parts(t)), "rows": n}
-                for t, n in store.counts().items()},  # fmt: skip
+        tables=tables,
     )
     manifest["runs"].append(
         {
@@ -1320,7 +1342,7 @@ def update_manifest(store: RunStore, prep: Prepared, progress: Progress, summary
 
 def attribute(prep: Prepared, on_wave: Callable[[str], None] | None = print) -> dict[str, Any]:
     """Stages 1-2 into the store, then the summary; a rerun of the same selection computes and writes nothing."""
-    with open_store(prep.args.out, prep.run_id, prep.pairs.columns.keep) as store:
+    with open_store(prep.args.out, prep.run_id, prep.pairs.columns.keep, retry_s=prep.args.store_retry_s) as store:
         progress = compute(store, prep, on_wave)
         progress.wrote += store.commit_missing_tables()
         summary = summarize(store, prep, progress)

@@ -161,6 +161,7 @@ def test_bad_gcs_store_is_one_line_exit_2_and_nothing_written(gcsenv, monkeypatc
     if setup == "missing-bucket":
         out = "gs://no-such-bucket/runs"
     elif setup == "no-endpoint":
+        monkeypatch.setenv("XSBERT_STORE_RETRY_S", "1")  # the store's retries of an unreachable endpoint: 1 s
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")  # nothing listens on the discard port
         monkeypatch.setenv("XSBERT_GCS_RETRY_S", "1")
     elif setup == "credentials-in-uri":

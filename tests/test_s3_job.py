@@ -211,6 +211,7 @@ def test_bad_store_is_one_line_exit_2_and_nothing_written(s3env, monkeypatch, ca
     if setup == "missing-bucket":
         out = "s3://no-such-bucket/runs"
     elif setup == "no-endpoint":
+        monkeypatch.setenv("XSBERT_STORE_RETRY_S", "1")  # the store's retries of an unreachable endpoint: 1 s
         monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens on the discard port
     elif setup == "credentials-in-uri":
         out = f"s3://AKIAXXX:secret@{s3env.bucket}/runs"

@@ -1,0 +1,231 @@
+"""A flaky object store: the run store and jobs.attribute behind a fault-injecting HTTP proxy (tests/faultproxy.py)
+in front of moto_server on 127.0.0.1. The job's own clients (pyarrow's S3 filesystem, boto3) get seeded 503s, 500s,
+connection resets, lost responses (the request done, its answer dropped) and blackouts.
+
+- the store's calls (the lock's small GET and conditional PUT, listings, parts, the manifest) are retried with
+  backoff, so at 20% of requests failed a job finishes with the store of a fault-free run;
+- a lock create whose answer was lost is recognised as this writer's own lock (by its token), not refused;
+- a call that keeps failing past the deadline (--store-retry-s) is one line naming the operation, the key and what
+  came back (the HTTP status), exit 2; an unfinished multipart upload is aborted; the rerun resumes to the same
+  store and rewrites a manifest that disagrees with it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from faultproxy import FaultProxy
+from jobtools import FAST, assert_same_rows, download, run_job, stsb_rows, write_tsv
+
+from jobs import _store
+
+ROOT = Path(__file__).resolve().parents[1]
+N_PAIRS = 8
+FLAGS = ["--wave-size", "4", "--batch-size", "4", "--num-actors", "1"]
+
+
+@pytest.fixture()
+def proxy(s3, monkeypatch):
+    """A fresh fault proxy in front of the moto fixture, faultless until a test sets its faults; this process's
+    S3 clients talk to it (AWS_ENDPOINT_URL)."""
+    with FaultProxy(s3.endpoint_url, seed=7) as px:
+        for key, value in s3.env.items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", px.url)
+        yield px
+
+
+def uploads(s3, prefix: str) -> list[str]:
+    """Keys of the unfinished multipart uploads under `prefix` (asked of moto directly)."""
+    return [u["Key"] for u in s3.client().list_multipart_uploads(Bucket=s3.bucket, Prefix=prefix).get("Uploads", [])]
+
+
+def keys(s3, prefix: str) -> set[str]:
+    pages = s3.client().get_paginator("list_objects_v2").paginate(Bucket=s3.bucket, Prefix=prefix)
+    return {o["Key"] for page in pages for o in page.get("Contents", [])}
+
+
+def pairs_table(ids: list[str]) -> pa.Table:
+    return pa.Table.from_pylist([{"pair_id": i} for i in ids], schema=_store.SCHEMAS["pairs"])
+
+
+# --------------------------------------------------------------------------- the store's calls, no Ray
+def test_lost_answer_to_the_lock_create_is_our_own_lock(proxy, s3):
+    """The conditional PUT of _lock.json lands but its answer is lost; the client's retry gets 412. The writer
+    reads the lock, finds its own token and goes on (before: 'another run is writing ... lock held by pid <own>')."""
+    proxy.set(rate=1.0, kinds=("lost",), match=r"^PUT .*/_lock\.json", limit=1)
+    store = _store.open_store(s3.uri("lost-lock"), "r", retry_s=20).open()
+    try:
+        assert proxy.faults["lost"] == 1
+        store.commit(0, {"pairs": pairs_table(["a"])})
+    finally:
+        store.close()
+    assert keys(s3, "lost-lock/r/") == {"lost-lock/r/pairs/part-000000.parquet"}  # the lock is gone with its writer
+
+
+def test_store_calls_at_20_percent_faults_all_succeed(proxy, s3):
+    """Every kind of call the driver makes (lock GET/PUT/DELETE, listings, part PUTs and GETs, the manifest) through
+    a proxy that fails 20% of requests, seeded: the same objects as without faults."""
+    proxy.set(rate=0.2)
+    store = _store.open_store(s3.uri("flaky"), "r", retry_s=60).open()
+    try:
+        for seq in range(3):
+            store.commit(seq, {"quarantine": _store.SCHEMAS["quarantine"].empty_table(),
+                               "pairs": pairs_table([f"p{seq}{k}" for k in range(3)])}, keep_empty=True)  # fmt: skip
+            store.sink().write("cells", seq, 0, _store.SCHEMAS["cells"].empty_table())
+        store.write_manifest({"runs": [], "n": 3})
+        assert store.read_manifest() == {"runs": [], "n": 3}
+        assert store.done_pair_ids() == {f"p{s}{k}" for s in range(3) for k in range(3)}
+        assert store.counts()["pairs"] == 9
+    finally:
+        store.close()
+    assert sum(proxy.faults.values()) >= 5, proxy.faults  # the faults really happened
+    assert not uploads(s3, "flaky/")
+    assert len([k for k in keys(s3, "flaky/r/") if k.endswith(".parquet")]) == 9 and "flaky/r/_lock.json" not in keys(
+        s3, "flaky/r/"
+    )
+
+
+@pytest.mark.parametrize("kind", ["503", "500", "reset"])
+def test_a_call_failing_past_the_deadline_is_one_line_with_key_and_status(proxy, s3, kind):
+    """The manifest's upload fails on every try: a StoreError that names the operation, the key and what came back
+    (the HTTP status, or no response), with the tries and the setting; no credentials hint; no unfinished upload."""
+    store = _store.open_store(s3.uri(f"deadline-{kind}"), "r", retry_s=2).open()
+    try:
+        proxy.set(rate=1.0, kinds=(kind,), match=r"^(PUT|POST) \S*/manifest\.json")
+        t0 = time.monotonic()
+        with pytest.raises(_store.StoreError) as err:
+            store.write_manifest({"runs": []})
+        waited = time.monotonic() - t0
+        proxy.set(rate=0.0)
+    finally:
+        store.close()
+    text = str(err.value)
+    want = {"503": "HTTP 503", "500": "HTTP 500", "reset": "no response"}[kind]
+    assert "cannot write manifest.json" in text and want in text and "given up after" in text, text
+    assert "--store-retry-s" in text and "credentials" not in text and "\n" not in text
+    assert waited < 30
+    assert not uploads(s3, f"deadline-{kind}/")
+
+
+def test_unfinished_multipart_upload_is_aborted(proxy, s3):
+    """A part's upload whose parts keep failing: the upload pyarrow opened is aborted, not left behind."""
+    store = _store.open_store(s3.uri("multipart"), "r", retry_s=1).open()
+    try:
+        proxy.set(rate=1.0, kinds=("500",), match=r"^(PUT|POST) .*pairs/part-000000\.parquet\?.*uploadId=")
+        with pytest.raises(_store.StoreError, match=r"cannot write pairs/part-000000\.parquet: .*HTTP 500"):
+            store.commit(0, {"pairs": pairs_table(["a"])})
+        proxy.set(rate=0.0)
+        assert not uploads(s3, "multipart/")
+    finally:
+        store.close()
+
+
+def test_denied_is_the_only_failure_with_a_credentials_hint(proxy, s3):
+    """403 (moto checking signatures): access denied, with where a cluster gets credentials; never runtime_env."""
+    with s3.auth_enforced():
+        with pytest.raises(_store.StoreError) as err:
+            _store.open_store(s3.uri("denied"), "r", retry_s=2).open()
+    text = str(err.value)
+    assert "access denied (HTTP 403" in text and "instance profile" in text and "runtime_env" not in text, text
+
+
+# --------------------------------------------------------------------------- the job
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return write_tsv(tmp_path_factory.mktemp("flaky-data") / "pairs.tsv", stsb_rows(N_PAIRS, start=40))
+
+
+@pytest.fixture(scope="module")
+def clean(s3_ray, data, tmp_path_factory) -> Path:
+    s = run_job(tmp_path_factory.mktemp("clean"), "--dataset", str(data), *FLAGS)
+    return Path(s["run_dir"])
+
+
+@pytest.mark.slow
+def test_job_at_20_percent_faults_equals_a_fault_free_run(s3_ray, proxy, s3, data, clean, tmp_path):
+    """Every request of the driver and of the stage-2 tasks (they reach the store through the same proxy: the
+    driver's endpoint travels to them) fails with probability 0.2: the job finishes, the store holds the fault-free
+    run's rows, no lock or unfinished upload is left, and a rerun (still at 20%) computes nothing."""
+    proxy.set(rate=0.2)
+    out = s3.uri("flaky-job")
+    s = run_job(out, "--dataset", str(data), *FLAGS, "--store-retry-s", "60")  # type: ignore[arg-type]
+    assert s["computed_pairs"] == N_PAIRS and sum(proxy.faults.values()) >= 10, proxy.faults
+    again = run_job(out, "--dataset", str(data), *FLAGS, "--store-retry-s", "60")  # type: ignore[arg-type]
+    assert again["computed_pairs"] == 0
+    proxy.set(rate=0.0)
+    assert_same_rows(download(s["run_dir"], tmp_path / "copy"), clean)
+    left = keys(s3, "flaky-job/")
+    assert not [k for k in left if k.endswith("_lock.json")] and not uploads(s3, "flaky-job/")
+
+
+def _job(out: str, data: Path, env: dict, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "jobs.attribute", "--dataset", str(data), *FAST, *FLAGS, "--out", out, "-q", *extra]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_blackout_mid_run_stops_in_one_line_and_the_rerun_resumes(s3_ray, proxy, s3, data, clean, tmp_path):
+    """The endpoint goes dark once wave 1 is committed: the job stops after --store-retry-s in one line (exit 2,
+    what failed and after how long), wave 1 stays committed, and the same command then resumes to the fault-free
+    store."""
+    out = s3.uri("blackout")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": s3_ray.get_runtime_context().gcs_address}
+    stop = threading.Event()
+
+    def darken() -> None:  # watches the store directly (not through the proxy) for wave 1's commit
+        while not stop.is_set():
+            if any("/pairs/" in k for k in keys(s3, "blackout/")):
+                proxy.blackout(600)
+                return
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=darken, daemon=True)
+    watcher.start()
+    try:
+        failed = _job(out, data, env, "--store-retry-s", "3")
+    finally:
+        stop.set()
+        watcher.join(timeout=10)
+        proxy.blackout(0)
+    err = failed.stderr.strip().splitlines()
+    assert failed.returncode == 2, failed.stderr[-3000:]
+    assert err[-1].startswith("jobs.attribute: error: ") and "Traceback" not in failed.stderr, err[-5:]
+    assert "no response" in err[-1] and "--store-retry-s" in err[-1], err[-1]
+    assert proxy.faults["blackout"] > 0
+    rid = clean.name
+    assert len(_store.open_store(out, rid).done_pair_ids()) == 4  # wave 1 committed, wave 2 not
+
+    done = _job(out, data, env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"{N_PAIRS} pairs in = {N_PAIRS} done" in done.stdout
+    assert_same_rows(download(f"{out}/{rid}", tmp_path / "copy"), clean)
+
+
+@pytest.mark.slow
+def test_failed_manifest_write_is_one_line_and_the_rerun_rewrites_it(s3_ray, proxy, s3, data, clean, tmp_path):
+    """Every PUT of manifest.json fails (500) after the pairs are committed: one line naming manifest.json and
+    HTTP 500, exit 2 (before: a raw traceback, exit 1). The rerun has nothing to compute, yet it sees that the
+    manifest disagrees with the store (there is none) and writes it (before: the manifest stayed stale)."""
+    out = s3.uri("manifest")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": s3_ray.get_runtime_context().gcs_address}
+    proxy.set(rate=1.0, kinds=("500",), match=r"^(PUT|POST) \S*/manifest\.json")
+    failed = _job(out, data, env, "--store-retry-s", "2")
+    proxy.set(rate=0.0)
+    err = failed.stderr.strip().splitlines()
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stderr[-3000:]
+    assert "manifest.json" in err[-1] and "HTTP 500" in err[-1], err[-1]
+    rid = clean.name
+    assert _store.open_store(out, rid).read_manifest() is None
+
+    done = _job(out, data, env)
+    assert done.returncode == 0 and "computed now        0 pairs" in done.stdout, done.stdout + done.stderr[-2000:]
+    manifest = _store.open_store(out, rid).read_manifest()
+    assert manifest["tables"]["pairs"]["rows"] == N_PAIRS and manifest["tables"]["pairs"]["parts"] == 2
