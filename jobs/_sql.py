@@ -36,7 +36,7 @@ import pyarrow.fs as pafs
 
 from xsbert_core import InputError
 
-from ._store import REMOTE_SCHEMES, filesystem, gcs_emulator  # scheme -> family; DuckDB sees each family under all
+from ._store import REMOTE_SCHEMES, filesystem, gcs_emulator, uri_scheme  # scheme -> family; DuckDB: all
 
 # Variables that name a run directory (`pairs_of`: reference_terms.sql and pos_neg_sums.sql keep the pairs that run
 # holds too): checked as --run is, and an object-store one's filesystem registered beside the runs'.
@@ -51,9 +51,18 @@ _INPUT_RE = re.compile(r"getvariable\('(run2?)'\)\s*\|\|\s*'/([A-Za-z_]+)(/\*\.p
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # `xsbert sql` prints at most this many rows as a table (all of them with --csv).
 DEFAULT_MAX_ROWS = 100
-_SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 # A run: a local directory, or an object-store URI (str, no trailing slash).
 Run = Path | str
+
+
+def glob_escape(path: str) -> str:
+    """`path` with DuckDB's glob characters taken literally (`[` -> `[[]`, `*` -> `[*]`, `?` -> `[?]`), so that
+    `read_parquet(<path> || '/pairs/*.parquet')` reads a run whose folder is named like `runs[1]`."""
+    return re.sub(r"([\[*?])", r"[\1]", path)
+
+
+def glob_unescape(path: str) -> str:
+    return re.sub(r"\[([\[*?])\]", r"\1", path)
 
 
 def _literal(value: Any) -> str:
@@ -71,17 +80,12 @@ def _literal(value: Any) -> str:
 def scheme(location: str | os.PathLike) -> str | None:
     """The URI scheme of an object-store location ('s3', 'gs', ...), None for a local path. InputError for
     another scheme (http://, file://, ...)."""
-    m = _SCHEME_RE.match(str(location))
-    if m is None:
+    name = uri_scheme(location, InputError)
+    if name is None:
         return None
-    name = m.group(1).lower()
-    if name in REMOTE_SCHEMES and "@" in str(location)[m.end() :].split("/", 1)[0]:  # s3://KEY:SECRET@bucket/...
+    if "@" in str(location).split("://", 1)[1].split("/", 1)[0]:  # s3://KEY:SECRET@bucket/...
         raise InputError(f"{name}:// URI with credentials in it: not accepted (they would show in logs and reports); "
                          "give them the standard way (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, a profile, a role)")  # fmt: skip
-    if name not in REMOTE_SCHEMES:
-        raise InputError(
-            f"{location}: unsupported location (a local path, or {', '.join(s + '://' for s in REMOTE_SCHEMES)})"
-        )
     return name
 
 
@@ -282,14 +286,15 @@ def connect(
     """An in-memory DuckDB connection with the run's tables as views and the variables set."""
     first = check_run(run)
     second = check_run(run2, "--run2") if run2 is not None else None
-    settings = {"run": str(first), **({"run2": str(second)} if second is not None else {})}
+    # Run variables hold the path glob-escaped: the sql/ files glob under them (`getvariable('run') || '/...'`).
+    settings = {"run": glob_escape(str(first)), **({"run2": glob_escape(str(second))} if second is not None else {})}
     runs = [first, second]
     for name, value in (variables or {}).items():
         if name in ("run", "run2"):
             raise InputError(f"variable {name!r} is set from the run directories (--run / --run2)")
         if name in RUN_VARIABLES and value is not None:  # a run directory too: checked and reachable as --run is
             runs.append(check_run(value, f"--var {name}"))
-            value = str(runs[-1])
+            value = glob_escape(str(runs[-1]))
         settings[name] = value
     con = duckdb.connect()
     families: dict[str, str] = {}  # one registered filesystem per scheme family (s3, gcs) the runs use
@@ -303,7 +308,7 @@ def connect(
             continue
         for table in TABLES:
             if has_table(path, table):
-                glob = _literal(str(join(path, table, "*.parquet")))
+                glob = _literal(glob_escape(str(join(path, table))) + "/*.parquet")
                 con.execute(f"create view {table}{suffix} as select * from read_parquet({glob})")
     for name, value in settings.items():
         if not _NAME_RE.match(name):
@@ -313,7 +318,8 @@ def connect(
 
 
 def _variable(con: duckdb.DuckDBPyConnection, name: str) -> str | None:
-    return con.sql(f"select getvariable('{name}')").fetchall()[0][0]
+    value = con.sql(f"select getvariable('{name}')").fetchall()[0][0]
+    return glob_unescape(value) if isinstance(value, str) and name in ("run", "run2", *RUN_VARIABLES) else value
 
 
 def check_inputs(con: duckdb.DuckDBPyConnection, sql: str) -> None:

@@ -1111,6 +1111,21 @@ def test_connect_views_and_variables(tmp_path):
         "a": 3, "b": 0.5, "c": True, "d": "text", "e": "12", "f": None}
 
 
+def test_run_path_with_glob_characters_reads_its_own_run(tmp_path, capsys):
+    """A run under `runs[1]` (DuckDB reads `[...]`, `*`, `?` as a glob): the views and a sql/ file read that run,
+    and a sibling `runs1` that the unescaped glob `runs[1]` would match is not read."""
+    run, _ = random_run(tmp_path / "runs[1]*?", "r", np.random.default_rng(11), n_pairs=6)
+    random_run(tmp_path / "runs1*?", "r", np.random.default_rng(12), n_pairs=4)
+    code, out, err = xsbert_sql(capsys, "--run", str(run), "--csv", "select count(*) as n from pairs")
+    assert (code, err) == (0, "") and out.splitlines() == ["n", "6"], (out, err)
+    code, out, err = xsbert_sql(capsys, "--run", str(run), "--file", str(SQL / "lexical_ranks.sql"),
+                                "--var", "min_count=3", "--csv")  # fmt: skip
+    assert code == 0 and not err and "\n[CLS],6," in out, (out, err)  # this run's 6 pairs, not the sibling's 4
+    con = _sql.connect(run, run)
+    assert con.sql("select getvariable('run')").fetchall()[0][0] != str(run)  # escaped for DuckDB's glob
+    assert con.sql("select count(*) from pairs_2").fetchall() == [(6,)]
+
+
 def test_xsbert_sql_prints_a_table_and_csv(tmp_path, capsys):
     run, data = random_run(tmp_path, "r", np.random.default_rng(10), n_pairs=30, bias={"dog": 1.0})
     code, out, err = xsbert_sql(capsys, "--run", str(run), "select count(*) as n_pairs, max(score) as top from pairs")
