@@ -1,0 +1,75 @@
+"""One parser of store locations (jobs._store.uri_scheme): a URI whose scheme has no backend (az://, http://, ...)
+given as a run or a store root is one clear error, exit 2, at every entry point -- never a local folder named
+`az:`. Before, jobs._store.is_remote and jobs._sql.is_remote had different rules: `--out az://b/x` made a local
+folder `az:/b/x` and wrote a run there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from jobtools import FAST, stsb_rows, write_tsv
+
+from jobs import _sql, _store
+
+URI = "az://container/runs"
+
+
+def test_one_rule_for_store_and_sql():
+    for location, want in (("s3://b/x", "s3"), ("S3A://b/x", "s3a"), ("gs://b/x", "gs"), ("gcs://b", "gcs"),
+                           ("runs/x", None), ("/abs/runs", None)):  # fmt: skip
+        assert _store.uri_scheme(location) == want and _sql.scheme(location) == want
+        assert _store.is_remote(location) == _sql.is_remote(location) == (want is not None)
+    for location in (URI, "http://host/x", "file:///tmp/x"):
+        with pytest.raises(_store.StoreError, match="unsupported location"):
+            _store.is_remote(location)
+        with pytest.raises(_sql.InputError, match="unsupported location"):
+            _sql.is_remote(location)
+
+
+def _attribute(tmp_path: Path) -> list[str]:
+    data = write_tsv(tmp_path / "p.tsv", stsb_rows(2))
+    return ["--dataset", str(data), *FAST, "--out", URI, "-q"]
+
+
+def _pipeline(tmp_path: Path) -> list[str]:
+    data = write_tsv(tmp_path / "p.tsv", stsb_rows(2))
+    config = tmp_path / "study.yaml"
+    config.write_text(yaml.safe_dump({
+        "study": "az", "out": URI, "datasets": {"pairs": {"source": str(data)}},
+        "models": {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}, "defaults": {"layer": -1, "steps": 2},
+        "runs": {"minilm": {"dataset": "pairs", "model": "minilm"}}, "report": {"out": str(tmp_path / "reports")},
+        "quiet": True,
+    }), encoding="utf-8")  # fmt: skip
+    return ["--config", str(config)]
+
+
+@pytest.mark.parametrize("entry", ["attribute", "parse", "report", "sql", "pipeline"])
+def test_a_scheme_without_a_backend_is_one_line_exit_2_everywhere(entry, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    if entry == "attribute":
+        from jobs.attribute import cli
+
+        code = cli(_attribute(tmp_path))
+    elif entry == "parse":
+        from jobs.parse import cli
+
+        code = cli(["--run", f"{URI}/0123456789abcdef"])
+    elif entry == "report":
+        from jobs.report import cli
+
+        code = cli(["--run", f"{URI}/0123456789abcdef", "--out", str(tmp_path / "report")])
+    elif entry == "sql":
+        from jobs.cli import main
+
+        code = main(["sql", "--run", f"{URI}/0123456789abcdef", "select 1"])
+    else:
+        from jobs.pipeline import cli
+
+        code = cli(_pipeline(tmp_path))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2, err[-5:]
+    assert "az://container/runs" in err[-1] and "unsupported location" in err[-1], err[-5:]
+    assert not any("Traceback" in line for line in err)
+    assert not (tmp_path / "az:").exists()  # nothing written to a local folder named after the URI
