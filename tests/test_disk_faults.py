@@ -1,0 +1,118 @@
+"""A full disk and a read-only store under jobs.attribute with a local --out: a small tmpfs mounted for the test
+(the tests run as root; where mounting is not allowed they are skipped and say why).
+
+- disk full mid-run (in a stage-2 task or in the driver's commit, wherever the space runs out): one line that names
+  the path and the errno, exit 2, only whole waves committed; after space is freed the same command resumes to the
+  store of a run that never failed;
+- a read-only store: a rerun with nothing to do answers as usual (exit 0); one that has something to write says
+  in one line that the store is read-only (exit 2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from jobtools import FAST, assert_same_rows, q, run_job, stsb_rows, write_tsv
+
+N_PAIRS = 8
+FLAGS = ["--wave-size", "4", "--batch-size", "4", "--num-actors", "1"]
+PAGE = 4096
+
+
+@contextlib.contextmanager
+def tmpfs(where: Path, size_bytes: int) -> Iterator[Path]:
+    """A tmpfs of `size_bytes` mounted at `where` for the block; skips the test where mounting is not allowed."""
+    where.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(where)],
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root and mount rights): {done.stderr.strip()[:200]}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", str(where)], capture_output=True)
+        if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def free_bytes(path: Path) -> int:
+    import os
+
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def cli(out: Path, data: Path, capsys) -> tuple[int, list[str], str]:
+    """jobs.attribute's command line in this process: (exit code, stderr lines, stdout)."""
+    from jobs.attribute import cli as attribute_cli
+
+    code = attribute_cli(["--dataset", str(data), *FAST, *FLAGS, "--out", str(out), "-q"])
+    captured = capsys.readouterr()
+    return code, captured.err.strip().splitlines(), captured.out
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return write_tsv(tmp_path_factory.mktemp("disk-data") / "pairs.tsv", stsb_rows(N_PAIRS, start=40))
+
+
+@pytest.fixture(scope="module")
+def clean(ray_cluster, data, tmp_path_factory) -> Path:
+    s = run_job(tmp_path_factory.mktemp("clean"), "--dataset", str(data), *FLAGS)
+    return Path(s["run_dir"])
+
+
+def pages(run_dir: Path) -> int:
+    """What a run takes on a tmpfs: whole pages per file."""
+    return sum(-(-p.stat().st_size // PAGE) * PAGE for p in run_dir.rglob("*") if p.is_file())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("share", [0.0, 0.5])
+def test_disk_full_is_one_line_and_the_rerun_after_freeing_space_is_identical(ray_cluster, data, clean, tmp_path,
+                                                                              capsys, share):  # fmt: skip
+    """The disk holds `share` of what the run needs (0: not even its first part): exit 2, one line naming the path
+    under the mount and errno 28, never a traceback nor a credentials hint; only whole waves committed; after the
+    ballast is deleted the same command gives the clean run's rows."""
+    need = pages(clean)
+    with tmpfs(tmp_path / "disk", 4 * need + 64 * PAGE) as mnt:
+        out = mnt / "runs"
+        (out / clean.name).mkdir(parents=True)  # the folders and .lock: a few pages whatever the share
+        ballast = mnt / "ballast"
+        ballast.write_bytes(b"\0" * max(0, free_bytes(mnt) - int(share * need) - 8 * PAGE))
+        code, err, _ = cli(out, data, capsys)
+        assert code == 2, err[-5:]
+        assert err[-1].startswith("jobs.attribute: error: ") and not any("Traceback" in line for line in err), err[-5:]
+        assert str(out / clean.name) in err[-1] and "[Errno 28] No space left on device" in err[-1], err[-1]
+        assert "credentials" not in err[-1]
+        run = out / clean.name
+        if list(run.glob("pairs/*.parquet")):  # what is committed is whole: every pair has all its cells
+            assert q(run, "select count(*) from {pairs}")[0][0] in (0, 4)
+            assert q(run, "select count(*) from {pairs} p where p.n_cells != "
+                          "(select count(*) from {cells} c where c.pair_id = p.pair_id)") == [(0,)]  # fmt: skip
+        ballast.unlink()
+        s = run_job(out, "--dataset", str(data), *FLAGS)
+        assert (s["n_in"], s["n_done"]) == (N_PAIRS, N_PAIRS)
+        assert_same_rows(Path(s["run_dir"]), clean)
+        assert not list(run.rglob("*.tmp")) and not (run / "_staging").exists()
+
+
+@pytest.mark.slow
+def test_read_only_store_answers_a_rerun_and_refuses_a_write_in_one_line(ray_cluster, data, clean, tmp_path, capsys):
+    pairs = write_tsv(tmp_path / "pairs.tsv", stsb_rows(N_PAIRS, start=40))
+    with tmpfs(tmp_path / "ro", 8 * pages(clean) + 64 * PAGE) as mnt:
+        out = mnt / "runs"
+        run = Path(run_job(out, "--dataset", str(pairs), *FLAGS)["run_dir"])
+        assert subprocess.run(["mount", "-o", "remount,ro", str(mnt)], capture_output=True).returncode == 0
+        code, err, stdout = cli(out, pairs, capsys)  # nothing to do: answered from the read-only store
+        assert code == 0, err[-5:]
+        assert f"{N_PAIRS} pairs in = {N_PAIRS} done" in stdout and "computed now        0 pairs" in stdout
+
+        write_tsv(pairs, stsb_rows(N_PAIRS + 2, start=40))  # the file grew: the same run, two new pairs
+        code, err, _ = cli(out, pairs, capsys)  # they cannot be written
+        assert code == 2 and not any("Traceback" in line for line in err), err[-5:]
+        assert str(run) in err[-1] and "[Errno 30] Read-only file system" in err[-1], err[-1]
