@@ -561,8 +561,8 @@ def compute_cells(
         if why is None:
             raise
         raise StoreError(f"a stage-2 task could not write its part of the store ({why}); do the Ray workers reach "
-                         "the store with credentials of their own (the job's runtime_env env_vars, the nodes' "
-                         "environment or instance role)?") from None  # fmt: skip
+                         "the store with credentials of their own (the nodes' instance role or profile, a "
+                         "Kubernetes Secret or service account, their environment)?") from None  # fmt: skip
     return out, {"cells_s": time.perf_counter() - t0, "duplicates_dropped": duplicates}
 
 
