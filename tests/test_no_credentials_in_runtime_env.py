@@ -130,7 +130,8 @@ SAID_BEFORE = [
 ]
 # What the docs say now: credentials never in a runtime env, and runtime envs without credentials.
 SAID_NOW = [
-    "Credentials come from the node and never go into a job's `runtime_env` (`--runtime-env-json`, its `env_vars`).",
+    "Credentials come from the node and never go into a job's `runtime_env` (`--runtime-env-json`, its "
+    "`env_vars`).",
     "(not its credentials: they use their own, from the node — its role, a Kubernetes Secret —, never from the job's "
     "`runtime_env`, which Ray shows with the job)",
     "ray job submit --working-dir . --runtime-env-json '{\"excludes\": [\".venv\", \".git\"]}' -- python -m jobs.x",
