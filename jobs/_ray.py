@@ -134,10 +134,15 @@ def _probe_token(ray, address: str | None) -> None:
         host, _, port = gcs.rpartition(":")
         # Nothing listening: GcsClient would wait 40 s to say so; ray.init reports it as before.
         socket.create_connection((host.strip("[]"), int(port)), timeout=2).close()
-        GcsClient(address=gcs)
-    except Exception as exc:  # noqa: BLE001 - only a refusal for the token is ours to report
-        if _refused_for_token(exc, ray.exceptions.AuthenticationError):
-            raise RayJoinError(auth_hint(address)) from None
+    except Exception:  # noqa: BLE001 - not reachable, or no GCS address: ray.init says what is wrong
+        return
+    for _ in range(3):  # a busy head may time out a request before it answers the token's refusal
+        try:
+            GcsClient(address=gcs)
+            return
+        except Exception as exc:  # noqa: BLE001 - only a refusal for the token is ours to report here
+            if _refused_for_token(exc, ray.exceptions.AuthenticationError):
+                raise RayJoinError(auth_hint(address)) from None
 
 
 def init_ray(address: str | None = None):
@@ -156,6 +161,10 @@ def init_ray(address: str | None = None):
             except Exception as exc:
                 if _refused_for_token(exc, ray.exceptions.AuthenticationError):
                     raise RayJoinError(auth_hint(address)) from None
+                if isinstance(exc, ConnectionError):  # Ray's own "Failed to connect to Ray cluster at ...": one line
+                    where = address or os.environ.get("RAY_ADDRESS")
+                    raise RayJoinError(f"cannot join the Ray cluster at {where}: {str(exc).splitlines()[0]} (is its "
+                                       "head up? `ray status --address ...` on the head tells)") from None  # fmt: skip
                 raise
         else:
             ray.init(num_cpus=os.cpu_count() or 1, logging_level=logging.WARNING)
