@@ -85,6 +85,7 @@ def job_command(args: argparse.Namespace, out: Path) -> list[str]:
 
 def run_job(cmd: list[str], timeout: float) -> tuple[str, float]:
     """Run the job, echoing its output; return (output, wall seconds)."""
+    # The job's own local Ray (no submission, no join): no token written into the machine's ~/.ray/auth_token.
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
     env.pop("RAY_ADDRESS", None)  # a local Ray of its own, not a cluster this shell points at
     print("$", " ".join(cmd), flush=True)

@@ -23,6 +23,16 @@ What a plain local run printed before (non-TTY, Ray 2.60), and where it goes now
   _map_transformer_ref) and the operator holds that ref for the pool's life, so the restart it warns
   about works (tests/test_job_faults.py kills actors and checks the resumed values). The command-line
   entry points drop exactly this line from the process's stderr (`filter_stderr`), nothing else.
+
+Two traps of `ray job submit` against a head with token authentication (Ray's default for a head started where
+`~/.ray/auth_token` exists, e.g. after any local `ray.init()`), each caught here with one line instead of a traceback:
+
+- joining a head (`--ray-address`, `$RAY_ADDRESS`) from a process that sends no token, or the wrong one: Ray sends
+  its token only with `RAY_AUTH_MODE=token` in the environment, and never on its own to an explicit address.
+  `init_ray` raises `RayJoinError`, which says where the token lives (`auth_hint`);
+- a job whose entrypoint `python` lacks the project's dependencies: `ray job submit` runs the `python` first on the
+  PATH of the process that started the head (`.venv/bin/ray start --head` from a shell without the venv activated
+  gives the system Python). `jobs/_python.py`, run by `jobs/__init__.py` before any heavy import, names the fix.
 """
 
 from __future__ import annotations
@@ -31,11 +41,18 @@ import atexit
 import logging
 import os
 import re
+import socket
 import sys
 import threading
 
+from xsbert_core.errors import XsbertError
+
 # Lines of the process's stderr (fd 2, C++ included) that the command-line entry points drop.
-DROPPED_STDERR = (re.compile(r"has constructor arguments in the object store and max_restarts > 0"),)
+DROPPED_STDERR = (
+    re.compile(r"has constructor arguments in the object store and max_restarts > 0"),
+    # Ray's GCS client, when a head refuses this process's token: init_ray says it in one line (RayJoinError).
+    re.compile(r"gcs_client\.cc:\d+: Failed to get cluster ID from GCS server: Unauthenticated"),
+)
 # Log records dropped from the console (the log files keep them).
 DROPPED_RECORDS = (
     re.compile(r"^Token authentication is enabled for this Ray cluster"),
@@ -56,16 +73,99 @@ class _DropRecords(logging.Filter):
         return not any(p.search(message) for p in DROPPED_RECORDS)
 
 
+class RayJoinError(XsbertError, ConnectionError):
+    """The Ray cluster to join refused this process (token authentication), in one line that says what to do."""
+
+
+# What Ray says when a head refuses a client for its token (gRPC status UNAUTHENTICATED; HTTP 401/403), Ray 2.52+.
+_AUTH_REFUSED = re.compile(r"InvalidAuthToken|Unauthenticated: RPC error|Authentication token is missing or incorrect|"
+                           r"Token authentication is enabled but no authentication token was found|"
+                           r"Unauthorized: Missing authentication token|Forbidden: Invalid authentication token")
+
+
+def token_source(environ=os.environ) -> str:
+    """Where Ray reads this process's token: $RAY_AUTH_TOKEN, the file $RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token."""
+    if environ.get("RAY_AUTH_TOKEN"):
+        return "$RAY_AUTH_TOKEN"
+    if environ.get("RAY_AUTH_TOKEN_PATH"):
+        return environ["RAY_AUTH_TOKEN_PATH"]
+    return os.path.join(os.path.expanduser("~"), ".ray", "auth_token")
+
+
+def auth_hint(address: str | None, environ=os.environ) -> str:
+    """One line for a join refused for its token: what this process sent, and where the token goes."""
+    where = address or environ.get("RAY_ADDRESS") or "the local head"
+    source = token_source(environ)
+    mode = (environ.get("RAY_AUTH_MODE") or "").lower()
+    if mode != "token":
+        why = f"this process sent no token (RAY_AUTH_MODE is {mode or 'unset'}, not token)"
+    elif source.startswith("$") or os.path.isfile(source):
+        why = f"the token this process sent ({source}) is not the head's"
+    else:
+        why = f"this process has no token ({source} does not exist)"
+    return (f"the Ray cluster at {where} uses token authentication and refused this process: {why}; run it with "
+            f"RAY_AUTH_MODE=token and the head's token in {source} (`ray get-auth-token` on the head prints it; "
+            "$RAY_AUTH_TOKEN_PATH names another file)")  # fmt: skip
+
+
+def _refused_for_token(exc: BaseException, auth_error: type) -> bool:
+    """Whether `exc` or what caused it is a refusal for the token (Ray 2.60 wraps the AuthenticationError of its GCS
+    client in RuntimeError("Failed to connect to GCS ...") and that in ConnectionError)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, auth_error) or _AUTH_REFUSED.search(str(exc)):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _probe_token(ray, address: str | None) -> None:
+    """One GCS request to the head before ray.init, which retries a refused token for about a minute before it
+    fails: a refusal raises RayJoinError at once. Anything else (an address that is no GCS, a head not up yet, Ray's
+    private GcsClient changed) is left to ray.init to report, as before."""
+    try:
+        from ray._raylet import GcsClient
+
+        target = address or os.environ.get("RAY_ADDRESS") or ""
+        if "://" in target or target in ("", "auto", "local"):
+            return  # ray:// clients and auto-detection: ray.init's own path
+        gcs = ray._private.services.canonicalize_bootstrap_address_or_die(target)
+        host, _, port = gcs.rpartition(":")
+        # Nothing listening: GcsClient would wait 40 s to say so; ray.init reports it as before.
+        socket.create_connection((host.strip("[]"), int(port)), timeout=2).close()
+    except Exception:  # noqa: BLE001 - not reachable, or no GCS address: ray.init says what is wrong
+        return
+    for _ in range(3):  # a busy head may time out a request before it answers the token's refusal
+        try:
+            GcsClient(address=gcs)
+            return
+        except Exception as exc:  # noqa: BLE001 - only a refusal for the token is ours to report here
+            if _refused_for_token(exc, ray.exceptions.AuthenticationError):
+                raise RayJoinError(auth_hint(address)) from None
+
+
 def init_ray(address: str | None = None):
     """Join a running cluster (`address`, $RAY_ADDRESS, or the one this process joined), else start a local one.
 
-    Ray's INFO lines stay in its log folder; worker output still reaches the driver."""
+    Ray's INFO lines stay in its log folder; worker output still reaches the driver. A head that refuses this
+    process for its token raises RayJoinError (one line: where the token lives)."""
     import ray
 
     logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(_DropRecords())
     if not ray.is_initialized():
         if address or os.environ.get("RAY_ADDRESS"):
-            ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING)
+            _probe_token(ray, address)
+            try:
+                ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING)
+            except Exception as exc:
+                if _refused_for_token(exc, ray.exceptions.AuthenticationError):
+                    raise RayJoinError(auth_hint(address)) from None
+                if isinstance(exc, ConnectionError):  # Ray's own "Failed to connect to Ray cluster at ...": one line
+                    where = address or os.environ.get("RAY_ADDRESS")
+                    raise RayJoinError(f"cannot join the Ray cluster at {where}: {str(exc).splitlines()[0]} (is its "
+                                       "head up? `ray status --address ...` on the head tells)") from None  # fmt: skip
+                raise
         else:
             ray.init(num_cpus=os.cpu_count() or 1, logging_level=logging.WARNING)
     return ray

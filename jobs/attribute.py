@@ -578,7 +578,7 @@ def compute_cells(
         hint = ""
         if "access denied" in why:  # 401/403 only: the workers need credentials of their own, where a node gets them
             hint = ("; the Ray workers reach the store with credentials of their own: the node's role / instance "
-                    "profile, or a Kubernetes Secret")  # fmt: skip
+                    "profile, or a Kubernetes Secret or service account")  # fmt: skip
         raise StoreError(f"a stage-2 task could not write its part of the store ({why}){hint}") from None
     return out, {"cells_s": time.perf_counter() - t0, "duplicates_dropped": duplicates}
 

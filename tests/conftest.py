@@ -246,6 +246,10 @@ def ray_cluster(_ray_session):
     end of the session. Starting one costs ~10-30 s on 2 cores, so modules do not each start their own."""
     import ray
 
+    # Token authentication off for this in-process Ray only: these modules test what the job computes and stores,
+    # not how it is submitted or joined. With it on, ray.init() would write a token into the machine's shared
+    # ~/.ray/auth_token, whose mere presence turns authentication on for every later `ray start --head` of the
+    # user. Submission and joining with Ray's default authentication: tests/test_readme_submit.py, test_cluster.py.
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if not ray.is_initialized():
@@ -282,13 +286,14 @@ def gcs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def s3_ray(s3, _ray_session):
     """A local Ray whose workers have the endpoint and the (dummy) credentials in their environment, as a cluster's
-    nodes or a job's runtime_env would: the stage-2 tasks write their parts with credentials of their own. The
+    nodes have them (instance role, a Kubernetes Secret): the stage-2 tasks write their parts with credentials of
+    their own. The
     shared local Ray of the other modules was started without them, so a module that uses this one starts its own
     Ray and shuts it down at its end (the next module that needs Ray starts the shared one again). Local runs work
     on it too (tests/test_job_faults.py runs each fault on a local and an S3 store)."""
     import ray
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # not about submission: see ray_cluster
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     saved = {key: os.environ.get(key) for key in s3.env}
     os.environ.update(s3.env)

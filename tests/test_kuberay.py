@@ -303,6 +303,11 @@ _BROKEN = {
         "'key' is a required property",
     ),
     "worker group without groupName": ("rayjob.yaml", _delete(*_WORKER, "groupName"), "groupName"),
+    "authOptions mode not an auth mode": (
+        "rayjob.yaml",
+        _set("spec", "rayClusterSpec", "authOptions", "mode", value="tokens"),
+        "is not one of",
+    ),
     "schedule as a number": ("raycronjob.yaml", _set("spec", "schedule", value=5), "string"),
     "suspend as a string": ("raycronjob.yaml", _set("spec", "suspend", value="no"), "boolean"),
     "no schedule": ("raycronjob.yaml", _delete("spec", "schedule"), "'schedule' is a required property"),
@@ -436,6 +441,22 @@ def test_dockerfile_installs_the_weights():
     assert any(re.search(r"pip install .*-e \.", r) for r in runs)
 
 
+@pytest.mark.parametrize("name", MANIFESTS)
+def test_ray_token_authentication_is_on(name):
+    """authOptions.mode token: KubeRay makes the token Secret and hands RAY_AUTH_MODE/RAY_AUTH_TOKEN to every Ray
+    container and the submitter, so the GCS, dashboard and job API refuse whoever lacks it. Nothing may undo it."""
+    spec = _job_spec(_parsed(name))
+    assert spec["rayClusterSpec"].get("authOptions", {}).get("mode") == "token", spec["rayClusterSpec"]
+    assert not spec["rayClusterSpec"]["authOptions"].get("secretName")  # the operator's own random token
+    for group, container in _containers(spec):
+        env = {e["name"]: e for e in container.get("env", [])}
+        assert env.get("RAY_AUTH_MODE", {}).get("value", "token") == "token", (group, env["RAY_AUTH_MODE"])
+        assert "value" not in env.get("RAY_AUTH_TOKEN", {}), f"{group}: a token written into the manifest"
+    params = [spec["rayClusterSpec"]["headGroupSpec"]["rayStartParams"]]
+    params += [g["rayStartParams"] for g in spec["rayClusterSpec"]["workerGroupSpecs"]]
+    assert all("RAY_AUTH_MODE" not in str(p) for p in params)
+
+
 _SECRETISH = re.compile(r"(KEY|SECRET|TOKEN|PASSWORD|CREDENTIAL|AWS_)", re.IGNORECASE)
 
 
@@ -450,8 +471,18 @@ def test_credentials_only_from_secret_key_refs(name):
                 assert "value" not in env, f"{group}/{container['name']}: {env['name']} inline"
                 assert set(env.get("valueFrom", {})) == {"secretKeyRef"}, env
                 refs.setdefault(group, {})[env["name"]] = env["valueFrom"]["secretKeyRef"]
-    # The driver writes the store from the head; every worker group gets the same credentials.
+    # The driver writes the store from the head, the stage-2 tasks on the workers write the cells parts: the Ray
+    # container of the head and of each worker group, and no other container (sidecar, init container, the submitter
+    # pod, the autoscaler), gets the store's Secret.
     assert set(refs) == {"head"} | {g["groupName"] for g in spec["rayClusterSpec"]["workerGroupSpecs"]}
+    for group, pod in _pod_specs(spec):
+        ray_container = pod["containers"][0]
+        for container in pod["containers"][1:] + pod.get("initContainers", []):
+            assert not any(_SECRETISH.search(e["name"]) for e in container.get("env", [])), (group, container["name"])
+            assert "envFrom" not in container, (group, container["name"])
+        assert ray_container["name"] in ("ray-head", "ray-worker"), ray_container["name"]
+    assert "xsbert-s3" not in str(spec.get("submitterPodTemplate", {}))
+    assert "xsbert-s3" not in str(spec["rayClusterSpec"].get("autoscalerOptions", {}))
     for group, group_refs in refs.items():
         assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"} <= set(group_refs), group
         for env_name, ref in group_refs.items():
