@@ -614,8 +614,8 @@ def fs_settings(uri: str) -> dict[str, str]:
     """The non-secret connection settings of `uri`'s store, from this process's environment: for S3 the endpoint
     (AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL) and region, for GCS the endpoint of STORAGE_EMULATOR_HOST. They
     travel to the workers that write parts, as a pyarrow filesystem pickled by Ray Data would carry them;
-    credentials never do (workers use their own: the job's runtime_env, the node's environment, instance role or
-    service account)."""
+    credentials never do (workers use their own: the node's instance role or profile, a Kubernetes Secret or
+    service account, the node's environment; never a job's runtime_env, which Ray shows with the job)."""
     from urllib.parse import urlsplit
 
     scheme = urlsplit(uri).scheme.lower()
