@@ -1,0 +1,203 @@
+"""The offline bundle (jobs.bundle, jobs/_offline.py): float16 weights against torch's rounding, pip's resolution
+narrowed to what the target lacks, and a bundle built, installed with `pip --no-index` into a fresh virtualenv
+with no network, and the job run from it; a corrupt or missing part is one line naming the part.
+
+The fresh virtualenv sees this venv's distributions through links (all but the project and two small ones, PyYAML
+and tqdm), so that the bundle carries a few real wheels, downloaded by pip for this interpreter (pip's cache serves
+repeats), instead of torch and ray: what `--target-python` is for (leave out what the target has).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from jobs import _offline
+from jobs.bundle import needed, platform_tags, read_freeze
+
+LEFT_FOR_THE_BUNDLE = ("xsbert-scale", "pyyaml", "tqdm")  # what the test target lacks
+
+
+# --------------------------------------------------------------------------- pieces, fast
+def test_platform_tags_take_older_glibc_and_legacy_aliases():
+    tags = platform_tags("manylinux_2_28_x86_64")
+    assert tags[0] == "manylinux_2_28_x86_64" and "manylinux_2_17_x86_64" in tags and tags[-1] == "manylinux1_x86_64"
+    assert "manylinux2014_x86_64" in tags and "manylinux_2_29_x86_64" not in tags
+    assert "manylinux2014_x86_64" not in platform_tags("manylinux_2_12_x86_64")
+    assert platform_tags("manylinux2014_x86_64") == platform_tags("manylinux_2_17_x86_64")
+    assert platform_tags("macosx_11_0_arm64") == ["macosx_11_0_arm64"]
+
+
+def _dist(name, requires=(), requested=False, extras=()):
+    return {"metadata": {"name": name, "version": "1", "requires_dist": list(requires)}, "requested": requested,
+            "requested_extras": list(extras)}  # fmt: skip
+
+
+def test_needed_leaves_out_an_excluded_distribution_and_what_only_it_needs():
+    report = {"install": [
+        _dist("xsbert-scale", ["torch>=2", "Ray[data]>=2", "jinja2", "pywin32; sys_platform == 'win32'"], True),
+        _dist("torch", ["sympy", "jinja2", "nvidia-cublas; platform_system == 'Linux'"]),
+        _dist("sympy", ["mpmath"]), _dist("mpmath"), _dist("nvidia-cublas"), _dist("jinja2", ["markupsafe"]),
+        _dist("markupsafe"), _dist("pywin32"),
+        _dist("ray", ["click", "pandas; extra == 'data'", "aiohttp; extra == 'default'"]),
+        _dist("click"), _dist("pandas"), _dist("aiohttp"),
+    ]}  # fmt: skip
+    linux = {"sys_platform": "linux", "platform_system": "Linux", "python_version": "3.12"}
+    everything = needed(report, ["xsbert-scale"], set(), linux)
+    assert everything == {"xsbert-scale", "torch", "sympy", "mpmath", "nvidia-cublas", "jinja2", "markupsafe", "ray",
+                          "click", "pandas"}  # fmt: skip
+    # torch out: sympy, mpmath and nvidia go with it, jinja2 stays (the project needs it itself)
+    assert needed(report, ["xsbert-scale"], {"torch"}, linux) == everything - {"torch", "sympy", "mpmath",
+                                                                                "nvidia-cublas"}  # fmt: skip
+    assert "pywin32" in needed(report, ["xsbert-scale"], set(), {**linux, "sys_platform": "win32"})
+
+
+def test_read_freeze_pins_without_local_versions(tmp_path):
+    f = tmp_path / "freeze.txt"
+    f.write_text("torch==2.5.1+cu124\nPyYAML==6.0.2\n-e git+https://x/y#egg=z\nfoo @ file:///x\n# c\n")
+    assert read_freeze(f) == {"torch": "2.5.1", "pyyaml": "6.0.2"}
+
+
+def test_parts_join_to_the_file_and_sizes_parse(tmp_path):
+    data = os.urandom(10_000)
+    (tmp_path / "f.bin").write_bytes(data)
+    entry = _offline.split_file(tmp_path / "f.bin", tmp_path / "parts", 4096)
+    assert [p["size"] for p in entry["parts"]] == [4096, 4096, 1808]
+    exact = _offline.split_file(tmp_path / "f.bin", tmp_path / "parts2", 5000)
+    assert [p["size"] for p in exact["parts"]] == [5000, 5000]  # no empty third part
+    for e in (entry, exact):
+        for p in e["parts"]:
+            p["file"] = str(Path(p["file"]).relative_to(_offline.PARTS))
+        got = _offline.join_parts(tmp_path / ("parts" if e is entry else "parts2"), e, tmp_path / "joined")
+        assert got.read_bytes() == data
+    assert _offline.parse_size("60MiB") == 60 * 2**20 and _offline.parse_size("15MB") == 15 * 10**6
+    with pytest.raises(_offline.BundleError, match="unit"):
+        _offline.parse_size("60 parsecs")
+
+
+def test_float16_weights_are_torch_rounding_and_the_recorded_error(tmp_path):
+    """The installer's float32 is torch's float32(float16(w)) to the bit; the recorded error is max |that - w|; a
+    tensor float16 cannot hold stays float32; other dtypes pass as they are."""
+    g = torch.Generator().manual_seed(0)
+    w = {"a.weight": torch.randn(64, 32, generator=g) * 0.05, "b.bias": torch.randn(7, generator=g) * 3,
+         "huge": torch.tensor([1e5, -2.0]), "ids": torch.arange(5, dtype=torch.int64),
+         "half": torch.randn(3, generator=g).half()}  # fmt: skip
+    save_file(w, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    info = _offline.weights_to_float16(tmp_path / "model.safetensors", tmp_path / "f16.safetensors")
+    assert (info["float16_tensors"], info["float32_tensors_kept"]) == (2, ["huge"])
+    assert (tmp_path / "f16.safetensors").stat().st_size < (tmp_path / "model.safetensors").stat().st_size
+    _offline.weights_to_float32(tmp_path / "f16.safetensors", tmp_path / "back.safetensors")
+    back = load_file(tmp_path / "back.safetensors")
+    for k in ("a.weight", "b.bias"):
+        assert back[k].dtype == torch.float32 and torch.equal(back[k], w[k].half().float())
+    for k in ("huge", "ids", "half"):
+        assert back[k].dtype == w[k].dtype and torch.equal(back[k], w[k])
+    err = max(float((w[k].half().float() - w[k]).abs().max()) for k in ("a.weight", "b.bias"))
+    assert info["max_abs_rounding_error"] == pytest.approx(err, rel=0, abs=0) and 0 < err < 3 * 2**-11
+    assert info["float32_sha256"] == _offline.sha256_file(tmp_path / "back.safetensors")
+    with open(tmp_path / "back.safetensors", "rb") as fh:  # the metadata as it was, no marker of ours left
+        n = int.from_bytes(fh.read(8), "little")
+        assert json.loads(fh.read(n))["__metadata__"] == {"format": "pt"}
+
+
+# --------------------------------------------------------------------------- the whole bundle
+def _overlay_venv(target: Path, leave_out: tuple[str, ...]) -> Path:
+    """A fresh virtualenv whose site-packages links every top-level entry of this venv's, except the files of the
+    `leave_out` distributions and the project's editable install."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(target)], check=True)
+    ours = Path(sysconfig.get_paths()["purelib"])
+    py = target / "bin" / "python"
+    theirs = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                 check=True, capture_output=True, text=True).stdout.strip())  # fmt: skip
+    skip: set[str] = set()
+    for name in leave_out:
+        dist = md.distribution(name)
+        skip |= {Path(str(f)).parts[0] for f in dist.files or () if not str(f).startswith("..")}
+        skip.add(Path(dist._path).name)  # type: ignore[attr-defined]  # its .dist-info
+    for entry in ours.iterdir():
+        if entry.name in skip or entry.name.startswith("__editable__") or entry.name.endswith(".dist-info") and any(
+            entry.name.lower().startswith(n.replace("-", "_") + "-") for n in leave_out
+        ):
+            continue
+        (theirs / entry.name).symlink_to(entry)
+    return py
+
+
+@pytest.mark.slow
+def test_bundle_installs_offline_and_the_job_runs_from_it(tmp_path, tiny):
+    target_env = tmp_path / "target"
+    py = _overlay_venv(target_env, LEFT_FOR_THE_BUNDLE)
+    assert subprocess.run([str(py), "-c", "import yaml"], capture_output=True).returncode != 0  # left out indeed
+    model_dir = tmp_path / "tiny-st"
+    tiny.build("bert").save(str(model_dir))
+    (tmp_path / "pairs.tsv").write_text("id\tsentence1\tsentence2\tscore\n1\tA man plays a guitar.\tSomeone plays "
+                                        "music.\t3.2\n2\tThe dog runs.\tA dog is running.\t4.5\n3\tIt rains.\t"
+                                        "The cat sleeps.\t0.1\n")  # fmt: skip
+    out = tmp_path / "bundle"
+    built = subprocess.run([sys.executable, "-m", "jobs.bundle", "--out", str(out), "--target-python", str(py),
+                            "--models", str(model_dir), "--float16", "--datasets", str(tmp_path / "pairs.tsv"),
+                            "--part-size", "1MiB"], capture_output=True, text=True,
+                           cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    assert built.returncode == 0, built.stderr[-3000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    wheels = sorted(i["file"].split("-")[0].lower() for i in manifest["items"] if i["kind"] == "wheel")
+    assert wheels == ["pyyaml", "tqdm", "xsbert_scale"], wheels
+    model = next(i for i in manifest["items"] if i["kind"] == "model")
+    assert len(model["parts"]) >= 2 and all(p["size"] <= 2**20 for i in manifest["items"] for p in i["parts"])
+    assert 0 < model["float16"]["max_abs_rounding_error"] < 1e-3
+    assert manifest["target"]["target_python"] == str(py) and "torch" not in str(manifest["resolved"])
+
+    # install: no index, no network (a proxy that refuses), the machine's pip configuration ignored
+    env = {**os.environ, "http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9",
+           "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}  # fmt: skip
+    into = tmp_path / "opt"
+    inst = subprocess.run([sys.executable, str(out / "install.py"), "--into", str(into), "--python", str(py)],
+                          capture_output=True, text=True, env=env, cwd=tmp_path)  # fmt: skip
+    assert inst.returncode == 0, inst.stdout[-2000:] + inst.stderr[-3000:]
+    where = subprocess.run([str(py), "-c", "import jobs, yaml, tqdm; print(jobs.__file__)"], capture_output=True,
+                           text=True, env=env, cwd=tmp_path)  # fmt: skip
+    assert where.returncode == 0 and str(target_env) in where.stdout, where.stdout + where.stderr
+    rebuilt = load_file(into / "models" / "tiny-st" / "model.safetensors")
+    original = load_file(model_dir / "model.safetensors")
+    assert all(torch.equal(rebuilt[k], original[k].half().float()) for k in original)
+
+    # the job, from the installed package, on the bundled pairs with the bundled model
+    runs = tmp_path / "runs"
+    # no proxy here: Ray's own gRPC connections on 127.0.0.1 would take it
+    job_env = {**{k: v for k, v in env.items() if not k.endswith("_proxy")}, "RAY_USAGE_STATS_ENABLED": "0",
+               "RAY_AUTH_MODE": "disabled"}  # fmt: skip
+    job = subprocess.run([str(py), "-m", "jobs.attribute", "--dataset", str(into / "data" / "pairs.tsv"),
+                          "--model", str(into / "models" / "tiny-st"), "--layer", "1", "--steps", "2",
+                          "--num-actors", "1", "--out", str(runs), "--quiet"],
+                         capture_output=True, text=True, env=job_env, cwd=tmp_path)  # fmt: skip
+    assert job.returncode == 0, job.stdout[-2000:] + job.stderr[-3000:]
+    assert "3 pairs in = 3 done + 0 quarantined" in job.stdout
+    import pyarrow.parquet as pq
+
+    pairs = pq.read_table(next(runs.iterdir()) / "pairs").to_pandas()
+    assert len(pairs) == 3 and np.isfinite(pairs.attribution_sum).all()
+
+    # a corrupt part, then a missing one: one line naming the part, nothing installed
+    part = out / model["parts"][1]["file"]
+    good = part.read_bytes()
+    part.write_bytes(good[:100] + bytes([good[100] ^ 1]) + good[101:])
+    for broken, word in ((part, "corrupt"), (None, "missing")):
+        if broken is None:
+            part.unlink()
+        bad = subprocess.run([sys.executable, str(out / "install.py"), "--into", str(tmp_path / "again"),
+                              "--python", str(py)], capture_output=True, text=True, env=env)  # fmt: skip
+        assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
+        assert model["parts"][1]["file"] in bad.stderr and word in bad.stderr and "Traceback" not in bad.stderr
+        assert not (tmp_path / "again" / "models" / "tiny-st").exists()
+    shutil.rmtree(out)
