@@ -22,7 +22,6 @@ configs, the tokenizer, the card, the shift module) travels as it is.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import io
 import json
 import sys
@@ -31,6 +30,9 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load, load_file, save, save_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from jobs._offline import BundleError, check_parts, join_parts, sha256_file, split_file  # noqa: E402
 
 WEIGHTS = "model.safetensors"
 PART_BYTES = 15 * 2**20  # under the 16 MiB a returned file may hold
@@ -58,14 +60,14 @@ def pack(base: Path, models: Path, out: Path, name: str) -> dict:
     rebuilt = _rebuild(delta, extra, w0)
     error = max((rebuilt[k] - w[k]).abs().max().item() for k in w)
     largest = max((w[k] - w0[k]).abs().max().item() for k in delta)
-    blob = save(delta)
-    parts = [blob[i : i + PART_BYTES] for i in range(0, len(blob), PART_BYTES)]
     out.mkdir(parents=True, exist_ok=True)
-    for i, part in enumerate(parts):
-        (out / f"{name}.d{i}").write_bytes(part)
+    blob_path = out / f"{name}.delta"
+    blob_path.write_bytes(save(delta))
+    entry = split_file(blob_path, out, PART_BYTES, root=out)  # parts <name>.delta.000, ... (jobs/_offline.py)
+    blob_path.unlink()
     info = {"name": name, "tensors": len(w), "as_difference": len(delta), "as_is": sorted(extra),
-            "max_abs_difference": largest, "max_abs_rebuild_error": error, "parts": len(parts),
-            "sha256": hashlib.sha256(blob).hexdigest(), "base_sha256": _sha256(base / WEIGHTS)}  # fmt: skip
+            "max_abs_difference": largest, "max_abs_rebuild_error": error, "parts": len(entry["parts"]),
+            "delta": entry, "sha256": entry["sha256"], "base_sha256": sha256_file(base / WEIGHTS)}  # fmt: skip
     with tarfile.open(out / f"{name}.meta.tgz", "w:gz") as tar:
         for f in sorted(folder.rglob("*")):
             if f.is_file() and f.relative_to(folder).as_posix() != WEIGHTS:
@@ -85,22 +87,18 @@ def unpack(base: Path, packs: Path, models: Path, name: str) -> dict:
         folder = models / name
         if folder.exists() and any(folder.iterdir()):
             raise SystemExit(f"{folder} exists; remove it first")
-        if info["base_sha256"] != _sha256(base / WEIGHTS):
+        if info["base_sha256"] != sha256_file(base / WEIGHTS):
             raise SystemExit(f"{base / WEIGHTS} is not the base the pack was made from")
-        blob = b"".join((packs / f"{name}.d{i}").read_bytes() for i in range(info["parts"]))
-        if hashlib.sha256(blob).hexdigest() != info["sha256"]:
-            raise SystemExit(f"{name}: the parts do not add up to the packed differences (sha256 differs)")
+        try:
+            check_parts(packs, [info["delta"]])
+            blob_path = join_parts(packs, info["delta"], models / f".{name}.delta")
+        except BundleError as exc:
+            raise SystemExit(f"{name}: the parts do not add up to the packed differences ({exc})") from None
+        blob = blob_path.read_bytes()
+        blob_path.unlink()
         tar.extractall(folder, members=members, filter="data")
     save_file(_rebuild(load(blob), extra, load_file(base / WEIGHTS)), folder / WEIGHTS, metadata={"format": "pt"})
     return info
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(2**20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -78,10 +78,13 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def split_file(path: Path, parts_dir: Path, part_size: int, name: str | None = None) -> dict[str, Any]:
+def split_file(path: Path, parts_dir: Path, part_size: int, name: str | None = None,
+               root: Path | None = None) -> dict[str, Any]:  # fmt: skip
     """Cut `path` into parts_dir/<name>.000, .001, ... of at most `part_size` bytes; the manifest entry of the file:
-    {file, size, sha256, parts: [{file, size, sha256}]} (part paths relative to the bundle)."""
+    {file, size, sha256, parts: [{file, size, sha256}]} (part paths relative to `root`, default parts_dir's parent:
+    the bundle)."""
     name = name or path.name
+    root = root or parts_dir.parent
     parts_dir.mkdir(parents=True, exist_ok=True)
     whole = hashlib.sha256()
     parts, size = [], 0
@@ -102,7 +105,7 @@ def split_file(path: Path, parts_dir: Path, part_size: int, name: str | None = N
             if n == 0 and k > 0:  # the file ended exactly at a part boundary
                 target.unlink()
                 break
-            parts.append({"file": f"{PARTS}/{target.name}", "size": n, "sha256": h.hexdigest()})
+            parts.append({"file": target.relative_to(root).as_posix(), "size": n, "sha256": h.hexdigest()})
             size += n
             k += 1
             if n < part_size:

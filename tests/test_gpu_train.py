@@ -59,7 +59,7 @@ def test_parts_that_do_not_add_up_or_another_base_are_refused(tmp_path, base_and
     tiny.build("bert", n_layers=1, seed=1).save(str(other))
     with pytest.raises(SystemExit, match="not the base"):
         gpu_train.unpack(other, packs, tmp_path / "a", "tuned")
-    part = packs / "tuned.d0"
+    part = packs / "tuned.delta.000"
     part.write_bytes(part.read_bytes()[:-1])
     with pytest.raises(SystemExit, match="do not add up"):
         gpu_train.unpack(base, packs, tmp_path / "b", "tuned")
