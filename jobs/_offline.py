@@ -338,7 +338,7 @@ def install(bundle: Path, into: Path, system_site_packages: bool = False, models
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="install.py", description="Install an xsbert-scale offline bundle: check every "
                                 "part (sha256), reassemble, install the wheels with pip --no-index.")  # fmt: skip
-    p.add_argument("--into", required=True, type=Path, help="target folder: a virtualenv, models/, data/")
+    p.add_argument("--into", type=Path, help="target folder: a virtualenv, models/, data/ (needed but with --check)")
     p.add_argument("--bundle", type=Path, default=Path(__file__).resolve().parent, help="default: this file's folder")
     p.add_argument("--system-site-packages", action="store_true",
                    help="the new virtualenv sees the interpreter's packages (e.g. the machine's torch)")
@@ -354,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
             check_parts(args.bundle, manifest["items"])
             print(f"install: all {sum(len(i['parts']) for i in manifest['items'])} parts are there and intact")
             return 0
+        if args.into is None:
+            p.error("the following arguments are required: --into")
         install(args.bundle, args.into.resolve(), args.system_site_packages, args.models_only, args.python)
     except BundleError as exc:
         print(f"install: error: {exc}", file=sys.stderr)

@@ -17,7 +17,7 @@ file cut into parts of at most --part-size, their sha256 in manifest.json, and i
 checks every part, reassembles and installs with `pip --no-index`.
 
 --no-wheels writes models and datasets alone: the way to carry a model folder to a machine that has the project,
-e.g. all-mpnet-base-v2 (438 MB of float32 weights) as ~219 MB of float16 parts:
+e.g. all-mpnet-base-v2 (438 MB of float32 weights) as 220 MB of float16 parts:
 
     python -m jobs.bundle --no-wheels --models all-mpnet-base-v2 --float16 --part-size 15MiB --out mpnet-parts
     python mpnet-parts/install.py --models-only --into DIR        # -> DIR/models/all-mpnet-base-v2 (float32)
@@ -270,7 +270,22 @@ def bundle(out: Path, part_size: int, python: str | None = None, platform_tag: s
     if target_python and (python or platform_tag):
         raise BundleError("--target-python resolves for that interpreter: no --python / --platform with it")
     t0 = time.perf_counter()
+    made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        return _write(out, part_size, python, platform_tag, exclude, have, target_python, models, float16, datasets,
+                      wheels, log, t0)  # fmt: skip
+    except BaseException:
+        # no half-written bundle left behind to be mistaken for a whole one (out was new or empty)
+        shutil.rmtree(out, ignore_errors=True)
+        if not made:
+            out.mkdir(parents=True, exist_ok=True)
+        raise
+
+
+def _write(out: Path, part_size: int, python: str | None, platform_tag: str | None, exclude: tuple[str, ...],
+           have: Path | None, target_python: str | None, models: tuple[str, ...], float16: bool,
+           datasets: tuple[str, ...], wheels: bool, log, t0: float) -> dict[str, Any]:  # fmt: skip
     parts_dir = out / PARTS
     items: list[dict[str, Any]] = []
     manifest: dict[str, Any] = {
