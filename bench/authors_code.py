@@ -9,8 +9,8 @@ The checkout is imported from its own folder (nothing of it is copied here). For
 shortest STS-B test pairs of a seeded sample of 50 (held out: no test of ours uses them) it computes the token x
 token matrix with the authors' `XSMPNet` / `XSRoberta.explain_similarity` (model built as in their
 demo_shelf_model notebook: their `ReferenceTransformer` + mean `Pooling`, no `Normalize`; cos) and with ours,
-`Explainer(..., mode="approx", similarity="cos", rule="riemann", steps=N)`: the authors' path interpolates alpha = 1, 1 - 1/N, ..., 1/N with
-weight 1/N, which is our `riemann` rule; their layer index `idx` hooks the input of encoder layer idx, our
+`Explainer(..., mode="approx", similarity="cos", rule="riemann", steps=N)`: the authors' path interpolates
+alpha = 1, 1 - 1/N, ..., 1/N with weight 1/N, which is our `riemann` rule; their layer index `idx` hooks the input of encoder layer idx, our
 `--layer`. It prints, per pair, max |A_theirs - A_ours| / max |A_ours| and the Frobenius relative difference.
 
 Their `ReferenceTransformer` builds the reference from the hard-coded ids 0, 1, 2 (`<s> <pad> ... </s>` in a
