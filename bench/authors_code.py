@@ -10,13 +10,13 @@ shortest STS-B test pairs of a seeded sample of 50 (held out: no test of ours us
 token matrix with the authors' `XSMPNet` / `XSRoberta.explain_similarity` (model built as in their
 demo_shelf_model notebook: their `ReferenceTransformer` + mean `Pooling`, no `Normalize`; cos) and with ours,
 `Explainer(..., mode="approx", similarity="cos", rule="riemann", steps=N)`: the authors' path interpolates
-alpha = 1, 1 - 1/N, ..., 1/N with weight 1/N, which is our `riemann` rule; their layer index `idx` hooks the input of encoder layer idx, our
-`--layer`. It prints, per pair, max |A_theirs - A_ours| / max |A_ours| and the Frobenius relative difference.
+alpha = 1, 1 - 1/N, ..., 1/N with weight 1/N, which is our `riemann` rule; their layer index `idx` hooks the
+input of encoder layer idx, our `--layer`. It prints, per pair, max |A_theirs - A_ours| / max |A_ours| and the Frobenius relative difference.
 
 Their `ReferenceTransformer` builds the reference from the hard-coded ids 0, 1, 2 (`<s> <pad> ... </s>` in a
 RoBERTa/MPNet vocabulary). On a BERT vocabulary (all-MiniLM-L6-v2) these are `[PAD] [unused0] ... [unused1]`.
 `--reference tokenizer` replaces that reference row by the tokenizer's own ids (`[CLS] [PAD] ... [SEP]`, what
-ours and retrivex use) with a forward pre-hook on the HF model: their code is run unchanged either way.
+ours and retrivex use) with a forward pre-hook on the HF model's embeddings: their code runs unchanged either way.
 
 Their package imports `wget` (only to download their fine-tuned checkpoints, which this script does not use);
 where `wget` is not installed an empty module stands in for it so that the package imports.
@@ -52,17 +52,26 @@ def _import_authors(path: str):
 
 
 def _tokenizer_reference_hook(tokenizer):
-    """Forward pre-hook on the HF model: the last batch row (their reference) -> [CLS] PAD ... PAD [SEP]."""
+    """Forward pre-hook on the embeddings module: the last batch row (their reference) -> [CLS] PAD ... PAD [SEP].
 
-    def hook(module, args, kwargs):
-        ids = kwargs.get("input_ids")
+    On the embeddings, not on the HF model: sentence-transformers calls the model's `forward` directly, which
+    runs no hook of the model itself; its embeddings module is called as usual.
+    """
+
+    def swap(ids):
         if ids is None or ids.shape[0] < 2:
-            return None
+            return ids
         ids = ids.clone()
         ids[-1, 0] = tokenizer.cls_token_id
         ids[-1, 1:-1] = tokenizer.pad_token_id
         ids[-1, -1] = tokenizer.sep_token_id
-        kwargs["input_ids"] = ids
+        return ids
+
+    def hook(module, args, kwargs):
+        if "input_ids" in kwargs:
+            kwargs["input_ids"] = swap(kwargs["input_ids"])
+        elif args:
+            args = (swap(args[0]),) + tuple(args[1:])
         return args, kwargs
 
     return hook
@@ -99,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     model.eval()
     tok = transformer.tokenizer
     if args.reference == "tokenizer":
-        transformer.auto_model.register_forward_pre_hook(_tokenizer_reference_hook(tok), with_kwargs=True)
+        transformer.auto_model.embeddings.register_forward_pre_hook(_tokenizer_reference_hook(tok), with_kwargs=True)
     model.init_attribution_to_layer(idx=args.layer, N_steps=args.steps)
 
     ours = Explainer(MODELS[args.model], layer=args.layer, mode="approx", similarity="cos", rule="riemann",
