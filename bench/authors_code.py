@@ -11,7 +11,8 @@ token matrix with the authors' `XSMPNet` / `XSRoberta.explain_similarity` (model
 demo_shelf_model notebook: their `ReferenceTransformer` + mean `Pooling`, no `Normalize`; cos) and with ours,
 `Explainer(..., mode="approx", similarity="cos", rule="riemann", steps=N)`: the authors' path interpolates
 alpha = 1, 1 - 1/N, ..., 1/N with weight 1/N, which is our `riemann` rule; their layer index `idx` hooks the
-input of encoder layer idx, our `--layer`. It prints, per pair, max |A_theirs - A_ours| / max |A_ours| and the Frobenius relative difference.
+input of encoder layer idx, our `--layer`. It prints, per pair, max |A_theirs - A_ours| / max |A_ours| and the
+Frobenius relative difference.
 
 Their `ReferenceTransformer` builds the reference from the hard-coded ids 0, 1, 2 (`<s> <pad> ... </s>` in a
 RoBERTa/MPNet vocabulary). On a BERT vocabulary (all-MiniLM-L6-v2) these are `[PAD] [unused0] ... [unused1]`.
