@@ -19,6 +19,11 @@ RoBERTa/MPNet vocabulary). On a BERT vocabulary (all-MiniLM-L6-v2) these are `[P
 `--reference tokenizer` replaces that reference row by the tokenizer's own ids (`[CLS] [PAD] ... [SEP]`, what
 ours and retrivex use) with a forward pre-hook on the HF model's embeddings: their code runs unchanged either way.
 
+Their MPNet hooks read a layer's positional inputs in the layout of transformers 4.x (hidden, mask, head_mask,
+position_bias); transformers 5.x passes (hidden, mask, position_bias), and their XSMPNet then fails with an
+IndexError. For mpnet the script puts two pre-hooks of its own around theirs on every layer (insert a None
+head_mask before, remove it after), so their hooks see the layout they were written for.
+
 Their package imports `wget` (only to download their fine-tuned checkpoints, which this script does not use);
 where `wget` is not installed an empty module stands in for it so that the package imports.
 """
@@ -78,6 +83,29 @@ def _tokenizer_reference_hook(tokenizer):
     return hook
 
 
+def _adapt_mpnet_layer_calls(auto_model) -> bool:
+    """Their MPNet hooks read a layer's positional inputs as (hidden, mask, head_mask, position_bias), the layout of
+    transformers 4.x; 5.x calls MPNetLayer(hidden, mask, position_bias). Around their hooks (a pre-hook before,
+    one after, on every layer) insert a None head_mask and take it out again, so their code runs unchanged.
+    Returns whether the adapters were needed."""
+    import inspect
+
+    layers = auto_model.encoder.layer
+    if "head_mask" in inspect.signature(type(layers[0]).forward).parameters:
+        return False
+
+    def insert(module, args):
+        return (args[0], args[1], None) + tuple(args[2:]) if len(args) == 3 else None
+
+    def remove(module, args):
+        return (args[0], args[1]) + tuple(args[3:]) if len(args) == 4 and args[2] is None else None
+
+    for layer in layers:
+        layer.register_forward_pre_hook(insert, prepend=True)
+        layer.register_forward_pre_hook(remove)
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--authors", required=True, help="path to a checkout of lucasmllr/xsbert")
@@ -111,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.reference == "tokenizer":
         transformer.auto_model.embeddings.register_forward_pre_hook(_tokenizer_reference_hook(tok), with_kwargs=True)
     model.init_attribution_to_layer(idx=args.layer, N_steps=args.steps)
+    adapted = args.model == "mpnet" and _adapt_mpnet_layer_calls(transformer.auto_model)
 
     ours = Explainer(MODELS[args.model], layer=args.layer, mode="approx", similarity="cos", rule="riemann",
                      steps=args.steps)
@@ -120,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     short = sorted(range(len(texts_a)), key=lambda i: len(texts_a[i]) + len(texts_b[i]))[: args.pairs]
     texts_a, texts_b = [texts_a[i] for i in short], [texts_b[i] for i in short]
     print(f"model {MODELS[args.model]}  layer {args.layer}  riemann N={args.steps}  reference {args.reference}  "
-          f"torch {torch.__version__}")
+          f"torch {torch.__version__}" + ("  (MPNet layer-call adapters around their hooks)" if adapted else ""))
     worst = 0.0
     for a, b in zip(texts_a, texts_b):
         t0 = time.perf_counter()

@@ -1,7 +1,8 @@
 """all-mpnet-base-v2 (shelf) results of the paper that need no training and no GPU.
 
     python bench/paper_mpnet.py fig2 --out docs/results/all-mpnet-base-v2/fig2-all-pairs.json
-    python bench/paper_mpnet.py lexical --layer 8 --out docs/results/all-mpnet-base-v2/lexical-5.4.json
+    python bench/paper_mpnet.py lexical --scores-only --out docs/results/all-mpnet-base-v2/lexical-5.4-scores.json
+    python bench/paper_mpnet.py lexical --layer 8 --out docs/results/all-mpnet-base-v2/lexical-5.4-layer8.json
 
 fig2     the reference similarities f(a, r_b), f(b, r_a) and reference terms f(r_a, r_b) of every STS-B test pair
          (forward passes only: e(x) and e(r) are the model's embeddings without its trailing Normalize, as in every
@@ -144,8 +145,10 @@ def lexical(args: argparse.Namespace) -> dict:
         out.append(row)
         print(json.dumps({k: v for k, v in row.items() if k not in ("word_matrix", "words_a", "words_b")}),
               flush=True)
-    return {"model": MODEL, "mode": "approx (shelf)", "similarity": "cos", "layer": args.layer,
-            "rule": "gauss-legendre", "steps": args.steps, "tolerance": args.tolerance,
+    settings = ({"layer": "none (scores only: the model's cosine of its normalised embeddings)"} if args.scores_only
+                else {"layer": args.layer, "rule": "gauss-legendre", "steps": args.steps, "tolerance": args.tolerance,
+                      "max_steps": args.max_steps})
+    return {"model": MODEL, "mode": "approx (shelf)", "similarity": "cos", **settings,
             "seconds": round(time.perf_counter() - t0, 1), "pairs": out}
 
 
