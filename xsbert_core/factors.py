@@ -92,6 +92,7 @@ def jvp_chunks(split: SplitModel, seq_len: int, internal_batch_size: int | None 
     return tok_chunk, max(1, ibs // tok_chunk)
 
 
+@torch.no_grad()  # forward-mode AD runs under no_grad; without it a model whose parameters require grad builds a graph
 def integrate(
     split: SplitModel,
     ends: Endpoints,
