@@ -47,29 +47,34 @@ def commit() -> str:
         return "unknown"
 
 
-def measure(model, pairs, layer: int, steps: int, precisions: list[str], batch_size: int) -> dict:
+def run_one(model, pairs, layer: int, steps: int, prec: str, batch_size: int) -> dict:
+    """One precision over the pairs: its seconds, per-sentence factor errors, and per pair A, score and error."""
+    ex = Explainer(model, layer=layer, rule="gauss-legendre", steps=steps, precision=prec)
+    ex.factors(["Warm-up sentence."])  # kernels, and the cast copy of the model for bf16 / fp16
+    t0 = time.perf_counter()
+    fs = ex.factors([t for pair in pairs for t in pair], batch_size=batch_size)
+    sec = time.perf_counter() - t0
+    res = [ex.pair(fs[2 * i], fs[2 * i + 1]) for i in range(len(pairs))]
+    return {"precision": prec, "seconds": sec, "factor_errors": list({sf.text: sf.error for sf in fs}.values()),
+            "errors": [r.error for r in res], "scores": [r.score for r in res],
+            "matrices": [r.matrix for r in res]}  # fmt: skip
+
+
+def compare(raws: list[dict]) -> dict:
+    """The table's rows: each precision's errors, and its cells and scores against the first (float32)."""
     out: dict = {"runs": []}
-    base = None
-    for prec in precisions:
-        ex = Explainer(model, layer=layer, rule="gauss-legendre", steps=steps, precision=prec)
-        ex.factors(["Warm-up sentence."])  # kernels, and the cast copy of the model for bf16 / fp16
-        t0 = time.perf_counter()
-        fs = ex.factors([t for pair in pairs for t in pair], batch_size=batch_size)
-        sec = time.perf_counter() - t0
-        res = [ex.pair(fs[2 * i], fs[2 * i + 1]) for i in range(len(pairs))]
-        ferr = np.array(list({sf.text: sf.error for sf in fs}.values()))
-        cerr = np.abs([r.error for r in res])
-        row = {"precision": prec, "seconds": sec, "sentences": len(ferr),
+    base = raws[0]
+    scale = max(float(np.abs(m).max()) for m in base["matrices"])
+    for raw in raws:
+        ferr, cerr = np.array(raw["factor_errors"]), np.abs(raw["errors"])
+        row = {"precision": raw["precision"], "seconds": raw["seconds"], "sentences": len(ferr),
                "factor_error_mean": float(ferr.mean()), "factor_error_median": float(np.median(ferr)),
                "factor_error_max": float(ferr.max()), "completeness_abs_mean": float(cerr.mean()),
-               "completeness_abs_max": float(cerr.max())}  # fmt: skip
-        if base is None:
-            base = res
-        scale = max(float(np.abs(b.matrix).max()) for b in base)
-        row["cell_max_abs_diff"] = max(float(np.abs(r.matrix - b.matrix).max()) for r, b in zip(res, base))
-        row["cell_max_abs_fp32"] = scale
+               "completeness_abs_max": float(cerr.max()),
+               "cell_max_abs_diff": max(float(np.abs(m - b).max()) for m, b in zip(raw["matrices"], base["matrices"])),
+               "cell_max_abs_fp32": scale,
+               "score_max_abs_diff": max(abs(x - y) for x, y in zip(raw["scores"], base["scores"]))}  # fmt: skip
         row["cell_max_rel_diff"] = row["cell_max_abs_diff"] / scale
-        row["score_max_abs_diff"] = max(abs(r.score - b.score) for r, b in zip(res, base))
         out["runs"].append(row)
         print(json.dumps(row), flush=True)
     ref = out["runs"][0]
@@ -78,6 +83,11 @@ def measure(model, pairs, layer: int, steps: int, precisions: list[str], batch_s
         row["completeness_mean_vs_fp32"] = row["completeness_abs_mean"] / ref["completeness_abs_mean"]
         row["speed_vs_fp32"] = ref["seconds"] / row["seconds"]
     return out
+
+
+def measure(model, pairs, layer: int, steps: int, precisions: list[str], batch_size: int) -> dict:
+    """Every precision over the same pairs, in this process, compared with the first (float32)."""
+    return compare([run_one(model, pairs, layer, steps, prec, batch_size) for prec in precisions])
 
 
 def markdown(r: dict) -> str:
@@ -123,20 +133,50 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--note", default="", help="said of the machine in the results, e.g. 'shared with other work'")
     p.add_argument("--out-stem", default=str(RESULTS / "precision"), help="writes STEM.md and STEM.json")
+    p.add_argument("--part", metavar="DIR", default=None,
+                   help="compute the precisions given (one process each, side by side) into DIR/<precision>.pkl; "
+                        "then --combine DIR writes the table")  # fmt: skip
+    p.add_argument("--shard", default="0/1", metavar="I/M", help="with --part: only pairs I, I+M, I+2M, ...")
+    p.add_argument("--combine", metavar="DIR", default=None, help="the table from --part's files (fp32 first)")
     args = p.parse_args()
-    if args.precisions[0] != "fp32":
+    if args.precisions[0] != "fp32" and not args.part:
         args.precisions = ["fp32", *[x for x in args.precisions if x != "fp32"]]
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = load_model(args.model, device=args.device)
+    model = None if args.combine else load_model(args.model, device=args.device)
     pairs = stsb_test_pairs(args.pairs, args.seed)
+    shard, shards = (int(x) for x in args.shard.split("/"))
     result = {"model": args.model, "pairs": args.pairs, "seed": args.seed, "layer": args.layer, "steps": args.steps,
               "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
               "machine": f"{platform.machine()}, {os.cpu_count()} CPUs" + (f" ({args.note})" if args.note else ""),
               "threads": torch.get_num_threads(), "torch": torch.__version__, "commit": commit(),
               "stamp": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "command": "python bench/precision.py " + " ".join(sys.argv[1:])}  # fmt: skip
-    result.update(measure(model, pairs, args.layer, args.steps, args.precisions, args.batch_size))
+    if args.part:  # this process's precisions, raw, for --combine
+        import pickle
+
+        Path(args.part).mkdir(parents=True, exist_ok=True)
+        for prec in args.precisions:
+            raw = run_one(model, pairs[shard::shards], args.layer, args.steps, prec, args.batch_size)
+            Path(args.part, f"{prec}-{shard}-{shards}.pkl").write_bytes(pickle.dumps({**result, "raw": raw}))
+        return
+    if args.combine:
+        import pickle
+
+        files = {f.stem: pickle.loads(f.read_bytes()) for f in sorted(Path(args.combine).glob("*.pkl"))}
+        parts: dict[str, list[dict]] = {}
+        for stem, part in sorted(files.items(), key=lambda kv: int(kv[0].split("-")[1])):
+            parts.setdefault(stem.split("-")[0], []).append(part)
+        order = ["fp32", *sorted(k for k in parts if k != "fp32")]
+        result = {**parts["fp32"][0], "command": " ; ".join(p["command"] for k in order for p in parts[k])
+                  + f" ; python bench/precision.py --combine {args.combine}"}  # fmt: skip
+        result.pop("raw")
+        raws = [{"precision": k, "seconds": sum(p["raw"]["seconds"] for p in parts[k]),
+                 **{key: [x for p in parts[k] for x in p["raw"][key]]
+                    for key in ("factor_errors", "errors", "scores", "matrices")}} for k in order]  # fmt: skip
+        result.update(compare(raws))
+    else:
+        result.update(measure(model, pairs, args.layer, args.steps, args.precisions, args.batch_size))
     Path(args.out_stem + ".json").write_text(json.dumps(result, indent=1) + "\n")
     Path(args.out_stem + ".md").write_text(markdown(result))
     print(markdown(result))
