@@ -158,10 +158,12 @@ def markdown(r: dict) -> str:
         "|---|---|---|",
         *[f"| {k} | {v:,} | {v / base:.2f} |" for k, v in r["jvps"].items()],
         "",
-        f"Timed in the same run, same sentences in batches of the job's CPU size: adaptive from N={t['adaptive']['start']} "
+        "Timed in the same run, same sentences in batches of the job's CPU size: adaptive from "
+        f"N={t['adaptive']['start']} "
         f"(cap {t['adaptive']['max_steps']}) **{t['adaptive']['seconds']:.1f} s** (largest error "
         f"{t['adaptive']['max_error']:.2e}, {t['adaptive']['not_converged']} sentences above the target) against "
-        f"fixed N={t['fixed']['steps']} **{t['fixed']['seconds']:.1f} s** (largest error {t['fixed']['max_error']:.2e}, "
+        f"fixed N={t['fixed']['steps']} **{t['fixed']['seconds']:.1f} s** (largest error "
+        f"{t['fixed']['max_error']:.2e}, "
         f"mean {t['fixed']['mean_error']:.2e}): {t['adaptive']['seconds'] / t['fixed']['seconds']:.2f}x the time.",
         "",
     ]  # fmt: skip

@@ -479,8 +479,8 @@ def sweep_markdown(r: dict) -> str:
         pick = max(ok, key=lambda x: x["speed_vs_fp32"])["precision"] if ok else "fp32"
         lines += ["", f"By that rule: **{pick}** (speed from this table; the sweep below has the rates at scale).",
                   ""]  # fmt: skip
-    lines += ["| model | layer | N (GL) | precision | batch | jvp chunk (x 2**23) | engine ms/question | GPU peak GiB | "
-              "factor error mean | max | max rel. diff vs fp32 |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["| model | layer | N (GL) | precision | batch | jvp chunk (x 2**23) | engine ms/question | "
+              "GPU peak GiB | factor error mean | max | max rel. diff vs fp32 |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in r["models"]:
         n = m["sentences"]
         for c in m["cells"]:
@@ -491,8 +491,8 @@ def sweep_markdown(r: dict) -> str:
             peak = f"{c['peak_gib']:.1f}" if c.get("peak_gib") is not None else ""
             lines.append(f"{head} {1e3 * c['engine_s'] / n:.2f} | {peak} | {c['factor_error_mean']:.2e} | "
                          f"{c['factor_error_max']:.2e} | {c['factor_max_rel_diff_vs_fp32']:.1e} |")
-    lines += ["", f"Full QQP ({QQP_QUESTIONS:,} questions, {QQP_PAIRS:,} pairs), per model and precision at its fastest "
-              f"chunk and batch: engine time + the job's {r['overhead_ms_per_pair']:.2f} ms per pair besides "
+    lines += ["", f"Full QQP ({QQP_QUESTIONS:,} questions, {QQP_PAIRS:,} pairs), per model and precision at its "
+              f"fastest chunk and batch: engine time + the job's {r['overhead_ms_per_pair']:.2f} ms per pair besides "
               "attribution (bench/results/scale.md), against the goal of both models in "
               f"{GOAL_HOURS:g} h:", "",
               "| model | precision | chunk | batch | ms/question | engine h | job overhead h | total h | "

@@ -124,7 +124,8 @@ def test_explain_cli_takes_precision(tiny, tmp_path, capsys):
 class _Settings:
     def __init__(self, **extra) -> None:
         self.settings = {"model": "m", "layer": 3, "n_layers": 6, "mode": "approx", "similarity": "cos",
-                         "rule": "gauss-legendre", "steps": 16, "tolerance": None, "max_steps": None, **extra}  # fmt: skip
+                         "rule": "gauss-legendre", "steps": 16, "tolerance": None, "max_steps": None,
+                         **extra}  # fmt: skip
 
 
 def test_float32_run_ids_are_those_made_before_precision_was_a_setting():

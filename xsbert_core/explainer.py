@@ -280,7 +280,7 @@ class Explainer:
                 if not stop:
                     retry.append(k)
                     continue
-                converged = self.tolerance is None or errs[k] <= self.tolerance
+                converged = bool(self.tolerance is None or errs[k] <= self.tolerance)
                 if not converged:
                     logger.warning("factor error %.2e > tolerance at max_steps=%d", errs[k], n_steps)
                 n = sub.lengths[k]
