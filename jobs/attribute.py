@@ -80,8 +80,8 @@ DEFAULT_OUT = "runs"
 # Adaptive N is the dataset default: without --steps and --tolerance, each sentence's N doubles from DEFAULT_STEPS
 # (up to --max-steps) until its factor error ||sum_s P[:, s] - (e(x) - e(r))|| / ||e(x) - e(r)|| is <= this; a
 # sentence still above it at --max-steps quarantines its pairs (reason `not_converged`). `--steps N` alone is a fixed
-# N (the behaviour, and the run ids, of runs before adaptive N became the default). bench/results/adaptive.md has
-# the nodes it gives STS-B sentences and what it costs against a fixed N of equal worst-case error.
+# N (the behaviour, and the run ids, of runs before adaptive N became the default). bench/adaptive.py measures the
+# nodes it gives STS-B sentences and what it costs against a fixed N of equal worst-case error.
 DEFAULT_ADAPTIVE_TOLERANCE = 1e-3
 # Sentences per actor call, of similar length (sorted, longest first). On CPU small batches balance the
 # actors (a call is seconds to minutes; the last one decides the wave's tail), on GPU large ones fill it.
