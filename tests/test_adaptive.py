@@ -134,9 +134,10 @@ def test_a_sentence_above_the_tolerance_at_max_steps_is_a_not_converged_failure(
 
 
 @pytest.mark.slow
-def test_job_quarantines_the_pairs_of_sentences_that_did_not_converge(ray_cluster, minilm, tmp_path):
+def test_job_quarantines_the_pairs_of_sentences_that_did_not_converge(minilm, tmp_path):
     """A tolerance between the sentences' errors: the pairs of sentences above it at --max-steps are quarantined as
-    not_converged, every stored pair's sentences meet it, and pairs in = stored + quarantined."""
+    not_converged, every stored pair's sentences meet it, and pairs in = stored + quarantined. (The local executor:
+    the same factor actor and store code as a Ray run, tests/test_job*.py compare the two.)"""
     from jobtools import q, run_job, stsb_rows, write_tsv
 
     rows = stsb_rows(4)
@@ -150,7 +151,7 @@ def test_job_quarantines_the_pairs_of_sentences_that_did_not_converge(ray_cluste
            if not (converged[a] and converged[b])}  # fmt: skip
     assert 0 < len(bad) < len(rows)
     s = run_job(tmp_path / "runs", "--dataset", str(write_tsv(tmp_path / "p.tsv", rows)), "--tolerance", repr(tol),
-                "--max-steps", "4")  # fmt: skip
+                "--max-steps", "4", "--executor", "local")  # fmt: skip
     run_dir = s["run_dir"]
     assert (s["n_in"], s["n_done"], s["n_quarantined"]) == (len(rows), len(rows) - len(bad), len(bad))
     assert s["quarantine_reasons"] == {"not_converged": len(bad)}
