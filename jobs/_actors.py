@@ -145,10 +145,24 @@ def _die_on(text: str | None, texts: list[str], log: str | None) -> None:
 
 
 # --------------------------------------------------------------------------- stage 1
-def factor_rows(ids: list[str], texts: list[str], results: list[SentenceFactors | str]) -> pa.Table:
-    """FACTOR_SCHEMA rows: a SentenceFactors, or a failure message, per sentence."""
+# A sentence whose factor error is still above the tolerance at max_steps fails with this prefix (its pairs are
+# quarantined with reason `not_converged`, jobs.attribute.wave_tables).
+NOT_CONVERGED = "not_converged: "
+
+
+def not_converged(res: SentenceFactors, tolerance: float | None) -> str:
+    """The failure message of a sentence that did not reach the tolerance."""
+    return (f"{NOT_CONVERGED}factor error {res.error:.3e} > tolerance {tolerance:g} at max_steps N={res.n_steps}")
+
+
+def factor_rows(ids: list[str], texts: list[str], results: list[SentenceFactors | str],
+                tolerance: float | None = None) -> pa.Table:  # fmt: skip
+    """FACTOR_SCHEMA rows: a SentenceFactors, or a failure message, per sentence. A SentenceFactors that did not
+    converge (adaptive N stopped at max_steps above `tolerance`) is a failure too: `not_converged(...)`."""
     cols: dict[str, list[Any]] = {name: [] for name in FACTOR_SCHEMA.names}
     for sid, text, res in zip(ids, texts, results):
+        if not isinstance(res, str) and not res.converged:
+            res = not_converged(res, tolerance)
         cols["sentence_id"].append(sid)
         cols["text"].append(text)
         if isinstance(res, str):
@@ -210,6 +224,7 @@ class FactorActor:
         kill_log: str | None = None,
         fail_text: str | None = None,
         start_log: str | None = None,
+        precision: str = "fp32",
     ) -> None:
         if start_log:  # test hook (XSBERT_TEST_START_LOG): one line per actor start
             with open(start_log, "a", encoding="utf-8") as fh:
@@ -225,6 +240,7 @@ class FactorActor:
         self.explainer = Explainer(
             model, layer=layer, mode=mode, similarity=similarity, rule=rule, steps=steps,  # type: ignore[arg-type]
             tolerance=tolerance, max_steps=max_steps, truncation=truncation, device=device,  # type: ignore[arg-type]
+            precision=precision,
         )  # fmt: skip
         self.batch_size = batch_size
         self.kill_once = kill_once
@@ -255,7 +271,7 @@ class FactorActor:
                     results.append(self._factors([text])[0])
                 except Exception as one:  # noqa: BLE001
                     results.append(f"{type(one).__name__}: {one}"[:500])
-        rows = factor_rows(ids, texts, results)
+        rows = factor_rows(ids, texts, results, self.explainer.tolerance)
         share = (time.perf_counter() - t0) / max(1, len(texts))
         rows = rows.set_column(rows.schema.get_field_index("compute_s"), "compute_s", pa.array([share] * len(texts)))
         for name in batch.column_names:  # the job's own columns (its `wave`) pass through

@@ -73,6 +73,7 @@ REASONS: tuple[str, ...] = (
     "too_long_a",  # more tokens than the model's max_seq_length (--truncation quarantine)
     "too_long_b",
     "attribution_error",  # the engine failed on the pair (NaN/Inf); retried on every rerun
+    "not_converged",  # adaptive N: a sentence's factor error still above --tolerance at --max-steps
 )
 
 

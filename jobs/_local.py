@@ -84,7 +84,8 @@ class FactorStream:
             self._actor = FactorActor(
                 model=self.args.model, layer=e.layer, mode=e.mode, similarity=e.similarity, rule=e.rule,
                 steps=e.steps, tolerance=e.tolerance, max_steps=e.max_steps, truncation=e.truncation,
-                device=res["device"], threads=res["threads"], batch_size=res["batch_size"], **self._hooks,
+                device=res["device"], threads=res["threads"], batch_size=res["batch_size"], precision=e.precision,
+                **self._hooks,
             )  # fmt: skip
         return self._actor
 

@@ -49,9 +49,10 @@ import xsbert_core
 from xsbert_core import Explainer, InputError, XsbertError, weights_fingerprint
 from xsbert_core.explainer import DEFAULT_LAYER, DEFAULT_MAX_STEPS, DEFAULT_RULE, DEFAULT_STEPS
 from xsbert_core.models import DEFAULT_MODEL
+from xsbert_core.precision import DEFAULT_PRECISION, PRECISIONS
 from xsbert_core.quadrature import SUPPORTED_RULES
 
-from ._actors import CELL_LISTS, TOP_CELLS, WORD_LISTS
+from ._actors import CELL_LISTS, NOT_CONVERGED, TOP_CELLS, WORD_LISTS
 from ._inputs import CHUNK_ROWS, KEEP_PREFIX, Pairs, SeenIds, quarantine_frame, sorted_find, stream_pairs, validate
 from ._ray import filter_stderr, init_ray, quiet_ray
 from ._store import (
@@ -76,6 +77,12 @@ DEFAULT_DATASET = "stsb"
 DEFAULT_SPLIT = "test"
 DEFAULT_SAMPLE = 100
 DEFAULT_OUT = "runs"
+# Adaptive N is the dataset default: without --steps and --tolerance, each sentence's N doubles from DEFAULT_STEPS
+# (up to --max-steps) until its factor error ||sum_s P[:, s] - (e(x) - e(r))|| / ||e(x) - e(r)|| is <= this; a
+# sentence still above it at --max-steps quarantines its pairs (reason `not_converged`). `--steps N` alone is a fixed
+# N (the behaviour, and the run ids, of runs before adaptive N became the default). bench/adaptive.py measures the
+# nodes it gives STS-B sentences and what it costs against a fixed N of equal worst-case error.
+DEFAULT_ADAPTIVE_TOLERANCE = 1e-3
 # Sentences per actor call, of similar length (sorted, longest first). On CPU small batches balance the
 # actors (a call is seconds to minutes; the last one decides the wave's tail), on GPU large ones fill it.
 DEFAULT_BATCH_SIZE_CPU = 16
@@ -139,9 +146,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="auto: exact for a reference-shifted model, else approx")
     m.add_argument("--similarity", default="auto", help="cos, dot, or auto (the model's own similarity function)")
     m.add_argument("--rule", default=DEFAULT_RULE, help=" | ".join(SUPPORTED_RULES))
-    m.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="quadrature nodes N")
-    m.add_argument("--tolerance", type=float, default=None, help="adaptive N per sentence")
-    m.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS)
+    m.add_argument("--steps", type=int, default=None,
+                   help=f"quadrature nodes N: a fixed N when given without --tolerance; else where adaptive N starts "
+                        f"(default {DEFAULT_STEPS})")  # fmt: skip
+    m.add_argument("--tolerance", type=float, default=None,
+                   help="adaptive N: N doubles per sentence until its factor error <= this (default "
+                        f"{DEFAULT_ADAPTIVE_TOLERANCE:g} unless --steps is given); a sentence still above it at "
+                        "--max-steps quarantines its pairs (not_converged)")  # fmt: skip
+    m.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS, help="cap for adaptive N")
+    m.add_argument("--precision", choices=PRECISIONS, default=DEFAULT_PRECISION,
+                   help="arithmetic of the Jacobian-vector products (tf32: CUDA only; bf16/fp16: reduced-precision "
+                        "JVPs, float32 sums); part of the run id unless fp32")  # fmt: skip
     m.add_argument("--truncation", choices=TRUNCATION_CHOICES, default="quarantine",
                    help="texts over max_seq_length: quarantine the pair (default), warn (truncate and flag), "
                         "or error (stop before computing)")  # fmt: skip
@@ -180,6 +195,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.split = args.split or DEFAULT_SPLIT
         if args.sample is None and args.limit is None:
             args.sample = DEFAULT_SAMPLE
+    if args.steps is None:  # adaptive N by default; --steps alone is a fixed N
+        args.steps = DEFAULT_STEPS
+        if args.tolerance is None:
+            args.tolerance = DEFAULT_ADAPTIVE_TOLERANCE
     return args
 
 
@@ -336,6 +355,9 @@ def run_config(args: argparse.Namespace, explainer: Explainer, fingerprint: str,
             "split": pairs.source.split,
             "columns": pairs.columns.as_dict(),
         },
+        # Only when not float32: the configs (and so the run ids) of float32 runs are those made before precision
+        # was a setting, so their stores are found again.
+        **({"precision": s["precision"]} if s.get("precision", DEFAULT_PRECISION) != DEFAULT_PRECISION else {}),
     }
 
 
@@ -459,6 +481,7 @@ class FactorStream:
                     model=args.model, layer=explainer.layer, mode=explainer.mode, similarity=explainer.similarity,
                     rule=explainer.rule, steps=explainer.steps, tolerance=explainer.tolerance,
                     max_steps=explainer.max_steps, truncation=explainer.truncation, device=res["device"],
+                    precision=explainer.precision,
                     threads=res["threads"], batch_size=res["batch_size"], **self._hooks,
                 ),  # fmt: skip
                 batch_size=1,  # one row, one call: each row is a batch of sentences (factor_blocks)
@@ -750,7 +773,7 @@ def wave_tables(
     failures = quarantine_frame(
         rows=failed_rows.row.to_numpy(),
         pair_ids=failed_rows.pair_id.tolist(),
-        reasons=["attribution_error"] * len(failed_rows),
+        reasons=[failure_reason(d) for d in failed.column("failure").to_pylist()],
         details=failed.column("failure").to_pylist(),
         texts_a=failed_rows.text_a.tolist(),
         texts_b=failed_rows.text_b.tolist(),
@@ -758,6 +781,12 @@ def wave_tables(
     )
     tables["sentences"] = sentences
     return tables, failures
+
+
+def failure_reason(detail: str | None) -> str:
+    """The quarantine reason of a pair the engine failed on: `not_converged` (adaptive N stopped at --max-steps above
+    --tolerance) or `attribution_error` (NaN/Inf, an error)."""
+    return "not_converged" if (detail or "").startswith(NOT_CONVERGED) else "attribution_error"
 
 
 def _quarantine_table(frame: pd.DataFrame) -> pa.Table:
@@ -807,6 +836,7 @@ def _prepare(args: argparse.Namespace, chunk_rows: int) -> Prepared:
     explainer = Explainer(
         args.model, layer=args.layer, mode=args.mode, similarity=args.similarity, rule=args.rule,
         steps=args.steps, tolerance=args.tolerance, max_steps=args.max_steps, truncation=engine_truncation,
+        precision=args.precision,
     )  # fmt: skip
     max_tokens = explainer.split.max_seq_length
 
@@ -1023,8 +1053,8 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
                 if len(failed):
                     progress.failures.append(failed)
                     tables["quarantine"] = _quarantine_table(
-                        failed[[(int(r), p, "attribution_error") not in known_q
-                                for r, p in zip(failed.row, failed.pair_id)]]  # fmt: skip
+                        failed[[(int(r), p, why) not in known_q
+                                for r, p, why in zip(failed.row, failed.pair_id, failed.reason)]]  # fmt: skip
                     )
                 t_commit = time.perf_counter()
                 parts = written_parts(out)
@@ -1291,7 +1321,7 @@ def summarize(store: RunStore, prep: Prepared, progress: Progress) -> dict[str, 
         wrote_files=len(progress.wrote),
         duplicates_dropped=sum(s["duplicates_dropped"] for s in stats),
         ray=progress.ray,
-        settings={k: s[k] for k in ("layer", "rule", "steps", "tolerance", "max_steps", "mode")},
+        settings={k: s[k] for k in ("layer", "rule", "steps", "tolerance", "max_steps", "mode", "precision")},
     )
     summary["advice"] = completeness_advice(summary)
     if summary["n_in"] != summary["n_done"] + summary["n_quarantined"]:

@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from xsbert_core import InputError, XsbertError
 from xsbert_core.models import is_packaged
+from xsbert_core.precision import PRECISIONS
 from xsbert_core.quadrature import SUPPORTED_RULES
 
 from . import _sql, paper
@@ -76,7 +77,8 @@ class Dataset(Strict):
 
 
 class Attribution(Strict):
-    """Settings of a run (jobs.attribute's flags); unset ones come from `defaults`, then from the job."""
+    """Settings of a run (jobs.attribute's flags); unset ones come from `defaults`, then from the job. Without `steps`
+    and `tolerance` a run is adaptive (jobs.attribute's default target); `steps` alone is a fixed N."""
 
     layer: int | None = None
     mode: Literal["auto", "approx", "exact"] | None = None
@@ -87,6 +89,7 @@ class Attribution(Strict):
     max_steps: int | None = Field(None, ge=1)
     truncation: Literal["quarantine", "warn", "error"] | None = None
     min_abs: float | None = Field(None, ge=0)
+    precision: Literal[PRECISIONS] | None = None  # type: ignore[valid-type]
 
 
 class Run(Attribution):

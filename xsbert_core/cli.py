@@ -18,6 +18,7 @@ from . import __version__
 from .errors import XsbertError
 from .explainer import DEFAULT_LAYER, DEFAULT_MAX_STEPS, DEFAULT_RULE, DEFAULT_STEPS, Explainer
 from .models import DEFAULT_MODEL
+from .precision import DEFAULT_PRECISION, PRECISIONS
 from .quadrature import SUPPORTED_RULES
 
 EXAMPLE_PAIR = ("A man is playing a guitar on stage.", "Someone performs music with an instrument.")
@@ -63,6 +64,9 @@ def add_explain_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="quadrature nodes N")
     e.add_argument("--tolerance", type=float, default=None, help="adaptive N: per-sentence error bound")
     e.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS, help="cap for adaptive N")
+    e.add_argument("--precision", choices=PRECISIONS, default=DEFAULT_PRECISION,
+                   help="arithmetic of the Jacobian-vector products: fp32, tf32 (CUDA matmuls), bf16 or fp16 "
+                        "(reduced-precision JVPs; sums, checks and A stay float32/float64)")  # fmt: skip
     e.add_argument("--truncation", choices=("warn", "error"), default="warn", help="texts over max_seq_length")
     e.add_argument("--words", action="store_true", help="also aggregate to words (mean over tokens)")
     e.add_argument("--top", type=int, default=5, help="how many top cells to print")
@@ -118,13 +122,14 @@ def explain(args: argparse.Namespace) -> int:
         max_steps=args.max_steps,
         truncation=args.truncation,
         device=args.device,
+        precision=args.precision,
     )
     res = ex.explain(a, b, words=args.words)
     if not args.quiet:
         s = res.settings
         print(
             f"model {s['model']}  layer {s['layer']}/{s['n_layers']}  {s['mode']}  {s['similarity']}"
-            f"  {s['rule']} N={s['steps']}"
+            f"  {s['rule']} N={s['steps']}" + (f"  {s['precision']}" if s["precision"] != DEFAULT_PRECISION else "")
         )
         print(f"a: {a}\nb: {b}")
         print(_summary(res, args.top))

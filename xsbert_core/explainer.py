@@ -23,6 +23,7 @@ from torch import Tensor
 from .errors import InputError, NumericalError
 from .factors import endpoints, factor_errors, integrate
 from .models import DEFAULT_MODEL, load_model
+from .precision import DEFAULT_PRECISION, Precision, canonical_precision, jvp_dtype, tf32_matmuls
 from .pairs import (
     Similarity,
     canonical_similarity,
@@ -58,6 +59,7 @@ class SentenceFactors:
     n_steps: int
     error: float  # ||sum_s P[:, s] - (e(x) - e(r))|| / ||e(x) - e(r)||
     truncated: bool
+    converged: bool = True  # error <= the explainer's tolerance (always True without one)
 
     @property
     def words(self) -> list[Word]:
@@ -148,6 +150,8 @@ class Explainer:
     tolerance:  if set, N doubles per sentence (up to max_steps) until its factor error <= tolerance
     truncation: 'warn' (truncate, flag) or 'error' for texts longer than max_seq_length
     internal_batch_size: sequences per jvp call (None: sized from the text length)
+    precision:  the Jacobian-vector products' arithmetic, 'fp32' | 'tf32' | 'bf16' | 'fp16' (xsbert_core.precision);
+                endpoints, the sum over nodes, the completeness check and A stay float32 / float64
     """
 
     def __init__(
@@ -163,9 +167,11 @@ class Explainer:
         truncation: Truncation = "warn",
         internal_batch_size: int | None = None,
         device: str | None = None,
+        precision: Precision | str = DEFAULT_PRECISION,
     ) -> None:
         try:
             self.rule = canonical_rule(rule)
+            self.precision: Precision = canonical_precision(precision)
             if similarity != "auto":
                 canonical_similarity(similarity)  # fail on a bad name before loading the model
         except ValueError as exc:
@@ -196,6 +202,15 @@ class Explainer:
         self.max_steps = max_steps
         self.truncation: Truncation = truncation
         self.internal_batch_size = internal_batch_size
+        self._jvp_split: SplitModel | None = None
+
+    @property
+    def jvp_split(self) -> SplitModel:
+        """The split model the JVPs run through: `split` itself, or (bf16 / fp16) a copy cast to that dtype, made
+        once."""
+        if self._jvp_split is None:
+            self._jvp_split = self.split.cast(jvp_dtype(self.precision))
+        return self._jvp_split
 
     @property
     def layer(self) -> int:
@@ -216,6 +231,7 @@ class Explainer:
             "tolerance": self.tolerance,
             "max_steps": self.max_steps if self.tolerance is not None else None,
             "truncation": self.truncation,
+            "precision": self.precision,
         }
 
     # ------------------------------------------------------------ sentence factors
@@ -251,18 +267,21 @@ class Explainer:
         n_steps = self.steps
         sub = batch
         while True:
-            ends = endpoints(self.split, sub)
-            p = integrate(self.split, ends, self.rule, n_steps, self.internal_batch_size)
+            with tf32_matmuls(False):  # the endpoints in float32 whatever the precision of the JVPs
+                ends = endpoints(self.split, sub)
+            p = integrate(self.split, ends, self.rule, n_steps, self.internal_batch_size, self.precision,
+                          self.jvp_split)  # fmt: skip
             errs = factor_errors(p, ends)
             if not (torch.isfinite(p).all() and torch.isfinite(ends.e_x).all() and torch.isfinite(ends.e_r).all()):
                 raise NumericalError(f"NaN/Inf in attributions of {[t[:40] for t in sub.texts]}")
             retry = []
             for k, row in enumerate(pending):
-                converged = self.tolerance is None or errs[k] <= self.tolerance or n_steps * 2 > self.max_steps
-                if not converged:
+                stop = self.tolerance is None or errs[k] <= self.tolerance or n_steps * 2 > self.max_steps
+                if not stop:
                     retry.append(k)
                     continue
-                if self.tolerance is not None and errs[k] > self.tolerance:
+                converged = bool(self.tolerance is None or errs[k] <= self.tolerance)
+                if not converged:
                     logger.warning("factor error %.2e > tolerance at max_steps=%d", errs[k], n_steps)
                 n = sub.lengths[k]
                 results[row] = SentenceFactors(
@@ -276,6 +295,7 @@ class Explainer:
                     n_steps=n_steps,
                     error=float(errs[k]),
                     truncated=sub.truncated[k],
+                    converged=converged,
                 )
             if not retry:
                 return [results[i] for i in range(len(batch.texts))]

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 from torch.func import jvp, vmap
 
+from .precision import DEFAULT_PRECISION, Precision, jvp_dtype, tf32_matmuls
 from .quadrature import nodes_and_weights
 from .split import SplitModel, TokenBatch
 
@@ -99,13 +100,24 @@ def integrate(
     rule: str,
     n_steps: int,
     internal_batch_size: int | None = None,
+    precision: Precision = DEFAULT_PRECISION,
+    jvp_split: SplitModel | None = None,
 ) -> Tensor:
-    """Sentence factors of the batch, shape (B, D, S); columns past a sentence's length are 0."""
+    """Sentence factors of the batch, shape (B, D, S), float32; columns past a sentence's length are 0.
+
+    precision (xsbert_core.precision): the JVPs' arithmetic. bf16 / fp16 push x(alpha_n) and the tangents, cast to
+    that dtype, through `jvp_split` (the same split model cast to it: SplitModel.cast); each JVP's output is cast to
+    float32 before it is weighted by w_n and summed. tf32 turns TF32 matrix products on during the JVPs only.
+    """
     alphas, weights = nodes_and_weights(rule, n_steps)
     feats = ends.batch.features
     bsz, seq_len, hid = ends.h_x.shape
     n = len(alphas)
     dtype, device = ends.h_x.dtype, ends.h_x.device
+    low = jvp_dtype(precision)
+    if low != dtype and (jvp_split is None or jvp_split.dtype != low):
+        raise ValueError(f"precision {precision} needs jvp_split: the split model cast to {low}")
+    tail_split = jvp_split if low != dtype else split
     alpha = torch.as_tensor(alphas, dtype=dtype, device=device)
     weight = torch.as_tensor(weights, dtype=dtype, device=device)
     delta = ends.delta
@@ -113,36 +125,38 @@ def integrate(
     row_sentence = torch.arange(bsz, device=device).repeat_interleave(n)
     row_weight = weight.repeat(bsz)
     row_x = ends.h_r.repeat_interleave(n, 0) + alpha.repeat(bsz)[:, None, None] * delta.repeat_interleave(n, 0)
-    row_delta = delta.repeat_interleave(n, 0)
+    row_x = row_x.to(low)
+    row_delta = delta.repeat_interleave(n, 0).to(low)
     row_feats = {k: v.repeat_interleave(n, 0) for k, v in feats.items()}
-    row_shift = ends.shift.repeat_interleave(n, 0) if ends.shift is not None else None
+    row_shift = ends.shift.repeat_interleave(n, 0).to(low) if ends.shift is not None else None
     row_len = torch.as_tensor(ends.batch.lengths, device=device).repeat_interleave(n)
 
     tok_chunk, row_chunk = jvp_chunks(split, seq_len, internal_batch_size)
     dim = ends.e_x.shape[-1]
     factors = torch.zeros(bsz, dim, seq_len, dtype=dtype, device=device)
 
-    for r0 in range(0, bsz * n, row_chunk):
-        r1 = min(r0 + row_chunk, bsz * n)
-        x = row_x[r0:r1]
-        f = {k: v[r0:r1] for k, v in row_feats.items()}
-        sh = row_shift[r0:r1] if row_shift is not None else None
+    with tf32_matmuls(precision == "tf32"):
+        for r0 in range(0, bsz * n, row_chunk):
+            r1 = min(r0 + row_chunk, bsz * n)
+            x = row_x[r0:r1]
+            f = {k: v[r0:r1] for k, v in row_feats.items()}
+            sh = row_shift[r0:r1] if row_shift is not None else None
 
-        def e_of(h: Tensor, f=f, sh=sh) -> Tensor:
-            return split.tail(h, f, sh)
+            def e_of(h: Tensor, f=f, sh=sh) -> Tensor:
+                return tail_split.tail(h, f, sh)
 
-        def push(t: Tensor, x=x, e_of=e_of) -> Tensor:
-            return jvp(e_of, (x,), (t,))[1]
+            def push(t: Tensor, x=x, e_of=e_of) -> Tensor:
+                return jvp(e_of, (x,), (t,))[1]
 
-        longest = int(row_len[r0:r1].max())
-        for s0 in range(0, longest, tok_chunk):
-            s1 = min(s0 + tok_chunk, longest)
-            tangents = torch.zeros(s1 - s0, r1 - r0, seq_len, hid, dtype=dtype, device=device)
-            j = torch.arange(s1 - s0, device=device)
-            tangents[j, :, s0 + j, :] = row_delta[r0:r1, s0:s1, :].transpose(0, 1)
-            out = vmap(push)(tangents)  # (J, rows, D): J_e(x_row) . Delta_s
-            out = out * row_weight[r0:r1][None, :, None]
-            factors[:, :, s0:s1].index_add_(0, row_sentence[r0:r1], out.permute(1, 2, 0))
+            longest = int(row_len[r0:r1].max())
+            for s0 in range(0, longest, tok_chunk):
+                s1 = min(s0 + tok_chunk, longest)
+                tangents = torch.zeros(s1 - s0, r1 - r0, seq_len, hid, dtype=low, device=device)
+                j = torch.arange(s1 - s0, device=device)
+                tangents[j, :, s0 + j, :] = row_delta[r0:r1, s0:s1, :].transpose(0, 1)
+                out = vmap(push)(tangents).to(dtype)  # (J, rows, D): J_e(x_row) . Delta_s, back in float32
+                out = out * row_weight[r0:r1][None, :, None]
+                factors[:, :, s0:s1].index_add_(0, row_sentence[r0:r1], out.permute(1, 2, 0))
     return factors
 
 

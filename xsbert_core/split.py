@@ -157,6 +157,20 @@ class SplitModel:
     def device(self) -> torch.device:
         return next(self.auto_model.parameters()).device
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.auto_model.parameters()).dtype
+
+    def cast(self, dtype: torch.dtype) -> SplitModel:
+        """The same split (layer, mode) of a copy of the model with its parameters and buffers cast to `dtype`
+        (this one when it has that dtype already): what reduced-precision JVPs run through (xsbert_core.precision).
+        """
+        if dtype == self.dtype:
+            return self
+        import copy
+
+        return SplitModel(copy.deepcopy(self.model).to(dtype), self.layer, self.mode)
+
     # -------------------------------------------------------------- tokenization
     def tokenize(self, texts: list[str], truncation: Truncation = "warn") -> TokenBatch:
         """Tokenize like the model does, flag (or reject) texts over max_seq_length, build references."""
