@@ -10,8 +10,8 @@ The store (default /tmp/xsbert-bench-serve; never the repository) has the layout
 `sentences` part per wave and one `cells` / `word_cells` part per stage-2 batch of --batch-pairs pairs, as the
 404k rehearsal run of bench/scale.py wrote them (25 waves, ~1,600 cell parts). What is real and what is not:
 the texts are the bundled QQP subset's questions, each with ~1/3 of its words swapped for a word drawn from the
-subset's word frequencies (so nearly every sentence is distinct: ~2 per pair, against 1.33 in full QQP), tokenized by a stand-in
-(lowercase words and punctuation, words longer than 7 characters split into a piece and a `##` piece; [CLS] and
+subset's word frequencies (so nearly every sentence is distinct: ~2 per pair, against 1.33 in full QQP),
+tokenized by a stand-in (lowercase words and punctuation, words longer than 7 characters split into a piece and a `##` piece; [CLS] and
 [SEP] around); every pair has all S_a x S_b cells (~280 per pair, as the rehearsal store); cell values are random
 (a same-token cell larger on average), the sums in `pairs` are the sums of its cells, word cells are random
 values on the word grid, the top-10 lists are null and the vectors random. The pages' speed depends on the
@@ -312,11 +312,11 @@ def main(args: argparse.Namespace) -> int:
     }
     rows = []
     for name, path, base in pages:
-        med, worst, (status, size) = _time(lambda: _fetch(url + path), args.repeat)
+        med, worst, (status, size) = _time(lambda path=path: _fetch(url + path), args.repeat)
         line = {"page": name, "path": path, "status": status, "bytes": size, "median_s": med, "max_s": worst}
         if base:
             what, fn = baselines[base]
-            bmed, bworst, _ = _time(fn, max(1, args.repeat // 2))
+            bmed, _, _ = _time(fn, max(1, args.repeat // 2))
             line.update(baseline=what, baseline_s=bmed)
         rows.append(line)
         print(f"{name}: {status} {size:,} B median {med:.3f} s max {worst:.3f} s"

@@ -723,7 +723,7 @@ def make_handler(app: App, renderer: Renderer, log: Callable[[str], None] | None
         server_version = "xsbert-serve"
         sys_version = ""
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        def log_message(self, format: str, *args: Any) -> None:
             if log is not None:
                 log(f"{self.address_string()} {format % args}")
 
@@ -769,16 +769,16 @@ def make_handler(app: App, renderer: Renderer, log: Callable[[str], None] | None
                 page.close()
             self._send(200, body, head=head)
 
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:
             self._get(head=False)
 
-        def do_HEAD(self) -> None:  # noqa: N802
+        def do_HEAD(self) -> None:
             self._get(head=True)
 
         def _read_only(self) -> None:
             self._error(HTTPStatus.METHOD_NOT_ALLOWED, "read-only: GET and HEAD only", False)
 
-        do_POST = do_PUT = do_DELETE = do_PATCH = _read_only  # noqa: N815
+        do_POST = do_PUT = do_DELETE = do_PATCH = _read_only
 
     return Handler
 

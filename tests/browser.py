@@ -63,7 +63,7 @@ class Chromium:
                                                           "deviceScaleFactor": 1, "mobile": False})  # fmt: skip
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         try:
             self._send("Browser.close", {}, wait=False)
         except OSError:

@@ -330,7 +330,7 @@ def test_pair_page_reads_its_wave_and_its_sql_runs_in_xsbert_sql(served, stores,
     pid = stores["data"]["pairs"][-1]["pair_id"]  # in wave 1
     _, page, _ = served.get(f"/pair?id={pid}")
     assert "read from the parts of wave 1 (cells/part-000001*.parquet)" in page
-    commands = [unescape(c) for c in re.findall(r"<pre class='cmd'>(.*?)</pre>", page, re.S)]
+    commands = [unescape(c) for c in re.findall(r"<pre class='cmd'>(.*?)</pre>", page, re.DOTALL)]
     cells_cmd = next(c for c in commands if "from cells " in c and "--run2" not in c)
     import shlex
 
