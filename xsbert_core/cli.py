@@ -78,7 +78,7 @@ def _summary(res, top: int) -> str:
         f"sum of attributions   {res.attribution_sum:+.6f}   (+{res.positive_sum:.4f} / {res.negative_sum:.4f})",
         f"converges to          {res.target:+.6f}   error {res.error:+.2e}",
     ]
-    if res.settings["mode"] == "approx":
+    if res.settings.get("mode") == "approx":
         lines.append(
             f"reference terms       f(a,r_b) {res.ref_sim_a:+.4f}   f(b,r_a) {res.ref_sim_b:+.4f}   "
             f"f(r_a,r_b) {res.ref_term:+.4f}"
