@@ -74,6 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--embedding-dim", type=int, default=384)
     p.add_argument("--repeat", type=int, default=5, help="timed fetches per page")
     p.add_argument("--generate-only", action="store_true")
+    p.add_argument("--from-wave", type=int, default=0,
+                   help="finish an interrupted generation: keep its waves before this one, make the rest")
     p.add_argument("--results", default=str(RESULTS))
     return p.parse_args(argv)
 
@@ -132,15 +134,19 @@ def _template(m: int, rng: np.random.Generator) -> list[dict]:
     return out
 
 
-def generate(store: Path, n_pairs: int, seed: int, wave_size: int, batch_pairs: int, dim: int) -> Path:
+def generate(store: Path, n_pairs: int, seed: int, wave_size: int, batch_pairs: int, dim: int,
+             from_wave: int = 0) -> Path:
     """Write the run `store/run` (see the module docstring); returns it. Every wave holds the same questions (one
     template of --wave-size pairs) under its own sentence ids and pair ids, with its own cell values and vectors."""
     rng = np.random.default_rng(seed)
     run = store / "run"
-    if run.exists():
+    if run.exists() and not from_wave:
         shutil.rmtree(run)
     for t in ("pairs", "cells", "word_cells", "sentences", "quarantine"):
-        (run / t).mkdir(parents=True)
+        (run / t).mkdir(parents=True, exist_ok=True)
+        for part in (run / t).glob("part-*.parquet"):  # an interrupted generation's later waves
+            if int(part.name[5:11]) >= from_wave:
+                part.unlink()
     t0 = time.time()
     template = _template(min(wave_size, n_pairs), rng)
     order = rng.permutation(n_pairs)  # pair ids in no order across waves, as real ids are
@@ -148,7 +154,7 @@ def generate(store: Path, n_pairs: int, seed: int, wave_size: int, batch_pairs: 
     grids: dict[tuple[str, int], tuple] = {}
 
     def grid(table: str, b0: int, b1: int) -> tuple:
-        key = (table, b0)
+        key = (table, b0, b1)
         if key not in grids:
             lists = [side[2 if table == "cells" else 4] for t in template[b0:b1] for side in t["sides"]]
             la, lb = np.array([len(x) for x in lists[0::2]]), np.array([len(x) for x in lists[1::2]])
@@ -166,6 +172,8 @@ def generate(store: Path, n_pairs: int, seed: int, wave_size: int, batch_pairs: 
 
     n_sentences = 0
     for seq, start in enumerate(range(0, n_pairs, wave_size)):
+        if seq < from_wave:
+            continue
         stop = min(start + wave_size, n_pairs)
         m = stop - start
         suffix = f"{seq:04x}"
@@ -283,7 +291,8 @@ def main(args: argparse.Namespace) -> int:
             run = store / "run"
         else:
             store.mkdir(parents=True, exist_ok=True)
-            run = generate(store, args.pairs, args.seed, args.wave_size, args.batch_pairs, args.embedding_dim)
+            run = generate(store, args.pairs, args.seed, args.wave_size, args.batch_pairs, args.embedding_dim,
+                           args.from_wave)
         made = json.loads(stamp.read_text())
     if args.generate_only:
         return 0
