@@ -99,6 +99,10 @@ class NotFound(XsbertError):
     """No such page, pair or token (404)."""
 
 
+class Busy(XsbertError):
+    """What the page needs is still being read at start (503: reload in a moment)."""
+
+
 # --------------------------------------------------------------------------- opening a run
 @dataclass
 class RunInfo:
@@ -256,6 +260,11 @@ class App:
     SAME_TOKEN_SQL = """
         create table same_token_cells as
         select pair_id, i, j, token_a as token, value from cells where token_a = token_b"""
+    # every (token, sentence) of the run, sorted by token (DuckDB skips the row groups of other tokens): the token
+    # search of the pairs list
+    SENTENCE_TOKENS_SQL = """
+        create table sentence_tokens as
+        select distinct unnest(tokens) as token, sentence_id from sentences order by token"""
     SPECIAL_SQL = """
         create table special_tokens as
         select distinct unnest([t for t, k in tokens if word_ids[k] is null]) as token from sentences"""
@@ -266,6 +275,7 @@ class App:
         try:
             con.execute(_dedent(self.SAME_TOKEN_SQL))
             con.execute(_dedent(self.SPECIAL_SQL))
+            con.execute(_dedent(self.SENTENCE_TOKENS_SQL))
         except duckdb.Error as exc:
             self.same_tokens_error = str(exc).strip().splitlines()[0]
         finally:
@@ -512,7 +522,7 @@ def _where_pairs(p: Params, args: dict[str, Any]) -> tuple[list[str], list[str]]
     token = p.text("token").strip()
     if token:
         args["token_forms"] = [token, f"Ġ{token}", f"▁{token}"] if not token.startswith(("Ġ", "▁", "##")) else [token]
-        ctes.append("with_token as (select sentence_id from sentences where list_has_any(tokens, $token_forms))")
+        ctes.append("with_token as (select sentence_id from sentence_tokens where token in (select unnest($token_forms)))")
         terms.append("(sentence_id_a in (select sentence_id from with_token) or "
                      "sentence_id_b in (select sentence_id from with_token))")  # fmt: skip
     for name, expr in COLUMNS.items():
@@ -553,18 +563,32 @@ def page_pairs(app: App, page: Page, p: Params) -> dict[str, Any]:
         terms, ctes = _where_pairs(p, args)
         where = f"where {' and '.join(terms)}" if terms else ""
         with_ = f"with {', '.join(ctes)}\n" if ctes else ""
+        if "with_token" in with_:
+            building = _wait_same_tokens(app)
+            if building:
+                raise Busy("the token index is being built (once per start of the server): reload in a moment")
+        view_with = with_.replace("select sentence_id from sentence_tokens where token in (select unnest($token_forms))",
+                                  "select sentence_id from sentences where list_has_any(tokens, $token_forms)")
         view_where = where.replace("contains(search_text, $q)", "contains(lower(text_a), $q) or contains(lower(text_b), $q)")
         note = "over pairs_memory, read at start: " + " ".join(App.PAIRS_MEMORY_SQL.split())
         total = (page.run("how many pairs match", f"{with_}select count(*) from pairs_memory {where}", args,
-                          view_sql=f"{with_}select count(*) from pairs {view_where}", note=note)[0][0]
+                          view_sql=f"{view_with}select count(*) from pairs {view_where}", note=note)[0][0]
                  if terms else app.run.counts["pairs"])  # fmt: skip
-        listing = f"""
-            {with_}select {LIST_FIELDS}
-            from {{table}} {{where}}
+        # the page's rows by their sort keys alone, then their columns: a deep page sorts two columns, not the texts
+        head = f"{with_.rstrip()}, " if with_ else "with "
+        rows = page.run("the page of pairs", f"""
+            {head}page as (
+                select rowid as k from pairs_memory {where}
+                order by {SORTS[sort]} {order} nulls last, pair_id
+                limit $limit offset $offset
+            )
+            select {LIST_FIELDS} from pairs_memory where rowid in (select k from page)
+            order by {SORTS[sort]} {order} nulls last, pair_id""", args,
+            view_sql=f"""
+            {view_with}select {LIST_FIELDS}
+            from pairs {view_where}
             order by {SORTS[sort]} {order} nulls last, pair_id
-            limit $limit offset $offset"""
-        rows = page.run("the page of pairs", listing.format(table="pairs_memory", where=where), args,
-                        view_sql=listing.format(table="pairs", where=view_where), note=note)  # fmt: skip
+            limit $limit offset $offset""", note=note)  # fmt: skip
         items = [dict(zip([c.strip() for c in LIST_FIELDS.split(",")], r)) for r in rows]
         kind = "pairs"
     pages = max(1, math.ceil(total / size))
@@ -778,6 +802,8 @@ def make_handler(app: App, renderer: Renderer, log: Callable[[str], None] | None
                 return self._error(HTTPStatus.BAD_REQUEST, str(exc), head)
             except NotFound as exc:
                 return self._error(HTTPStatus.NOT_FOUND, str(exc), head)
+            except Busy as exc:
+                return self._error(HTTPStatus.SERVICE_UNAVAILABLE, str(exc), head)
             except Exception as exc:  # noqa: BLE001 - one line to the browser, the traceback to the log
                 if log is not None:
                     log(traceback.format_exc())
