@@ -259,7 +259,13 @@ class App:
     # the same-token cells, once per start
     SAME_TOKEN_SQL = """
         create table same_token_cells as
-        select pair_id, i, j, token_a as token, value from cells where token_a = token_b"""
+        select pair_id, i, j, token_a as token, value from cells where token_a = token_b order by token"""
+    # per token: n, sum, sum of squares (the ranks of any min_count are ranks over this small table)
+    TOKEN_STATS_SQL = """
+        create table token_stats as
+        select token, count(*) as n, avg(value) as mean, stddev_samp(value) as std,
+               token in (select token from special_tokens) as is_special
+        from same_token_cells group by token"""
     # every (token, sentence) of the run, sorted by token (DuckDB skips the row groups of other tokens): the token
     # search of the pairs list
     SENTENCE_TOKENS_SQL = """
@@ -275,6 +281,7 @@ class App:
         try:
             con.execute(_dedent(self.SAME_TOKEN_SQL))
             con.execute(_dedent(self.SPECIAL_SQL))
+            con.execute(_dedent(self.TOKEN_STATS_SQL))
             con.execute(_dedent(self.SENTENCE_TOKENS_SQL))
         except duckdb.Error as exc:
             self.same_tokens_error = str(exc).strip().splitlines()[0]
@@ -664,19 +671,15 @@ def page_tokens(app: App, page: Page, p: Params) -> dict[str, Any]:
             "offset": (number - 1) * size}  # fmt: skip
     ranked = """
         with kept as (
-            select token, value from same_token_cells
-            where $include_special or token not in (select token from special_tokens)
+            select token, n, mean, std from token_stats
+            where ($include_special or not is_special) and n >= $min_count
         ),
-        token_stats as (
-            select token, count(*) as n, avg(value) as mean, stddev_samp(value) as std
-            from kept group by 1 having count(*) >= $min_count
-        ),
-        ranked as (select *, rank() over (order by mean desc) as rank from token_stats)"""
+        ranked as (select *, rank() over (order by mean desc) as rank from kept)"""
     filt = "where $q = '' or contains(lower(token), $q)"
     total = page.run("how many tokens", f"{ranked}\nselect count(*) from ranked {filt}", args,
                      view_sql=f"-- xsbert sql --run {shlex.quote(str(app.run.path))} -f lexical_ranks "
                               f"--var min_count={min_count} --var include_special={str(include_special).lower()}",
-                     note="over same_token_cells, built at start: " + " ".join(App.SAME_TOKEN_SQL.split()))[0][0]  # fmt: skip
+                     note="over token_stats, built at start: " + " ".join(App.TOKEN_STATS_SQL.split()))[0][0]  # fmt: skip
     rows = page.run("the page of tokens", f"""{ranked}
         select token, n, mean, std, rank from ranked {filt}
         order by {TOKEN_SORTS[sort]} {order} nulls last, token
