@@ -322,10 +322,10 @@ def main(args: argparse.Namespace) -> int:
     pages = [
         ("pairs: first page (by score)", "/pairs", None),
         ("pairs: page 4,000 of 50", "/pairs?page=4000", None),
-        ("pairs: last page, sorted by |error|", "/pairs?sort=error&page=8086", None),
+        ("pairs: last page, sorted by \\|error\\|", "/pairs?sort=error&page=8086", None),
         (f"pairs: text search '{word}'", f"/pairs?q={q(word)}", None),
         (f"pairs: token search '{token}'", f"/pairs?token={q(token)}", None),
-        ("pairs: filters (score > 0.5, label 1, |error| > 0.01)", "/pairs?min_score=0.5&min_label=1&min_error=0.01",
+        ("pairs: filters (score > 0.5, label 1, \\|error\\| > 0.01)", "/pairs?min_score=0.5&min_label=1&min_error=0.01",
          None),
         ("pairs: quarantine reason", "/pairs?reason=too_long_a", None),
         (f"pair {pid}", f"/pair?id={q(pid)}", "cells"),
