@@ -6,6 +6,8 @@ imports xsbert_core, never the reverse (tests/test_layering.py).
 
     xsbert explain [A B] [...]            one pair at a terminal (xsbert_core.cli)
     xsbert sql --run DIR [QUERY | -f F]   DuckDB over a run directory (jobs/_sql.py, docs/ANALYSES.md)
+    xsbert serve --run DIR [--run2 DIR2]  browse a run in a local web app (jobs/serve.py)
+    xsbert show --run DIR --pair ID       one stored pair, as xsbert explain prints it (jobs/serve.py)
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
     p, sub = new_parser()
     add_explain_parser(sub)
     _add_sql_parser(sub)
+    from jobs.serve import add_parsers
+
+    add_parsers(sub)
     return p
 
 
@@ -48,8 +53,20 @@ def sql(args: argparse.Namespace) -> int:
     return sql_cli(args)
 
 
+def serve(args: argparse.Namespace) -> int:
+    from jobs.serve import serve as serve_run
+
+    return serve_run(args)
+
+
+def show(args: argparse.Namespace) -> int:
+    from jobs.serve import show as show_pair
+
+    return show_pair(args)
+
+
 def main(argv: list[str] | None = None) -> int:
-    return run(build_parser(), {"explain": explain, "sql": sql}, argv)
+    return run(build_parser(), {"explain": explain, "sql": sql, "serve": serve, "show": show}, argv)
 
 
 if __name__ == "__main__":

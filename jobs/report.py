@@ -48,6 +48,14 @@ PREVIEW_ROWS = 10
 REPORT_SQL = _sql.SQL_DIR / "report"
 # The paper's headline subset of the agreement (Fig 3): pairs of mean score s > 0.75.
 TOP_SCORE = 0.75
+# Where `xsbert serve` listens by default (jobs/serve.py): the page links its sections and examples there.
+SERVE_URL = "http://127.0.0.1:8000"
+# The `xsbert serve` page that shows the pairs behind each section (path and query).
+SERVE_PAGES = {
+    "table1": "/pairs?sort=score", "reference_terms": "/pairs?sort=error", "agreement": "/pairs?sort=score",
+    "pos_neg_sums": "/pairs?sort=positive", "syntactic_relations": "/pairs?sort=sum", "negation": "/pairs?token=not",
+    "adjectives": "/pairs?sort=score", "lexical_ranks": "/tokens", "lexical_ranks_compare": "/tokens",
+}  # fmt: skip
 
 
 # --------------------------------------------------------------------------- what a section holds
@@ -87,6 +95,7 @@ class Context:
     facts2: dict[str, Any] | None
     results: dict[str, pl.DataFrame] = field(default_factory=dict)
     note: str | None = None
+    serve_url: str | None = SERVE_URL  # links into `xsbert serve` (None: no links)
 
     def scalar(self, sql: str) -> Any:
         row = first_row(self.con, sql)
@@ -1331,7 +1340,9 @@ def write_page(sections: list[Section], ctx: Context, command: str) -> Path:
         run=ctx.facts, note=ctx.note, made=time.strftime("%Y-%m-%d %H:%M"),
         commands=[c for _, f in facts for c in f["commands"]] + [command],
         run_names=[n for n, _ in facts], settings=[(k, [t.get(k, "") for t in tables]) for k in keys],
-        sections=sections, preview_rows=PREVIEW_ROWS,
+        sections=sections, preview_rows=PREVIEW_ROWS, serve_url=ctx.serve_url, serve_pages=SERVE_PAGES,
+        serve_command=shlex.join(["xsbert", "serve", "--run", str(ctx.run)]
+                                 + (["--run2", str(ctx.run2)] if ctx.run2 is not None else [])),
     )  # fmt: skip
     path = ctx.out / "index.html"
     path.write_text(page, encoding="utf-8")
@@ -1374,6 +1385,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--var", action="append", default=[], metavar="NAME=VALUE",
                    help="a DuckDB variable for the analyses, e.g. min_count=10, top_share=0.05 (repeatable)")
     p.add_argument("--note", default=None, help="text shown at the top of the page (e.g. the commands that made the runs)")
+    p.add_argument("--serve-url", default=SERVE_URL,
+                   help=f"where `xsbert serve --run RUN` answers: the page links sections and examples there (default "
+                        f"{SERVE_URL}; 'none': no links)")  # fmt: skip
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     return p.parse_args(argv)
 
@@ -1430,6 +1444,8 @@ def clear_previous(out: Path) -> None:
 def main(args: argparse.Namespace) -> dict[str, Any]:
     """Write the report; returns {'out', 'sections': [Section], 'summary': [lines]}."""
     ctx = open_context(args.run, args.run2, args.out, _sql.parse_vars(args.var), args.note)
+    serve_url = getattr(args, "serve_url", SERVE_URL)
+    ctx.serve_url = None if serve_url in (None, "", "none") else serve_url.rstrip("/")
     out, facts = ctx.out, ctx.facts
     argv = list(getattr(args, "argv", None) or sys.argv[1:])
     if args.note:  # the note is on the page already: the command names it

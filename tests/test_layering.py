@@ -52,13 +52,13 @@ def test_library_never_imports_jobs():
     assert not hits, "xsbert_core must not import jobs (the jobs layer builds on the library):\n" + "\n".join(hits)
 
 
-def test_xsbert_command_is_jobs_cli_with_both_subcommands():
+def test_xsbert_command_is_jobs_cli_with_its_subcommands():
     scripts = {ep.name: ep.value for ep in metadata.entry_points(group="console_scripts")}
     assert scripts.get("xsbert") == "jobs.cli:main"  # pyproject.toml [project.scripts], as installed
     done = subprocess.run([sys.executable, "-m", "jobs.cli", "--help"], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("usage: xsbert ") and "{explain,sql}" in done.stdout
-    for line in ("    explain ", "    sql "):
+    assert done.stdout.startswith("usage: xsbert ") and "{explain,sql,serve,show}" in done.stdout
+    for line in ("    explain ", "    sql ", "    serve ", "    show "):
         assert any(row.startswith(line) for row in done.stdout.splitlines()), (line, done.stdout)
     library = subprocess.run([sys.executable, "-m", "xsbert_core", "--help"], cwd=ROOT, capture_output=True, text=True)
     assert library.returncode == 0 and "{explain}" in library.stdout, library.stderr

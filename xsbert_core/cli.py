@@ -82,7 +82,7 @@ def _summary(res, top: int) -> str:
         f"sum of attributions   {res.attribution_sum:+.6f}   (+{res.positive_sum:.4f} / {res.negative_sum:.4f})",
         f"converges to          {res.target:+.6f}   error {res.error:+.2e}",
     ]
-    if res.settings["mode"] == "approx":
+    if res.settings.get("mode") == "approx":
         lines.append(
             f"reference terms       f(a,r_b) {res.ref_sim_a:+.4f}   f(b,r_a) {res.ref_sim_b:+.4f}   "
             f"f(r_a,r_b) {res.ref_term:+.4f}"
@@ -107,6 +107,17 @@ def _summary(res, top: int) -> str:
     return "\n".join(lines)
 
 
+def format_view(res, a: str, b: str, top: int) -> str:
+    """What `xsbert explain` prints for a pair (and `xsbert show` for a stored one): the settings, the texts, the
+    score, sums, reference terms, errors and the top token (and word) pairs."""
+    s = res.settings
+    head = (f"model {s.get('model')}  layer {s.get('layer')}/{s.get('n_layers')}  {s.get('mode')}  "
+            f"{s.get('similarity')}  {s.get('rule')} N={s.get('steps')}")  # fmt: skip
+    if s.get("precision", DEFAULT_PRECISION) != DEFAULT_PRECISION:
+        head += f"  {s['precision']}"
+    return f"{head}\na: {a}\nb: {b}\n{_summary(res, top)}"
+
+
 def explain(args: argparse.Namespace) -> int:
     if (args.text_a is None) != (args.text_b is None):
         raise XsbertError("give both texts, or none for the built-in example pair")
@@ -126,13 +137,7 @@ def explain(args: argparse.Namespace) -> int:
     )
     res = ex.explain(a, b, words=args.words)
     if not args.quiet:
-        s = res.settings
-        print(
-            f"model {s['model']}  layer {s['layer']}/{s['n_layers']}  {s['mode']}  {s['similarity']}"
-            f"  {s['rule']} N={s['steps']}" + (f"  {s['precision']}" if s["precision"] != DEFAULT_PRECISION else "")
-        )
-        print(f"a: {a}\nb: {b}")
-        print(_summary(res, args.top))
+        print(format_view(res, a, b, args.top))
     if args.json_out:
         out = res.to_dict()
         out.update(text_a=a, text_b=b)

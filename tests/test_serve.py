@@ -1,0 +1,520 @@
+"""`xsbert serve` over real small stores (HTTP: pages, status codes, escaping of hostile strings, paging, filters,
+the SQL shown), its checks of missing and half-written runs, the report's links into it, `xsbert show` (against
+the stored matrix, and against `xsbert explain` on a real run), and the pages in headless Chromium.
+
+The stores are Parquet run directories with the job's schemas and layout (jobs._store.SCHEMAS, a part per wave:
+pairs/part-<wave>.parquet, cells/part-<wave>-<first>.parquet), written here with hostile strings in texts, tokens,
+words and quarantine rows; every number a page shows is checked against the rows written (plain Python).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from html import unescape
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from browser import Chromium, find_chromium
+
+from jobs import _sql, cli, serve
+from jobs._store import SCHEMAS
+from xsbert_core import InputError
+
+HOSTILE = ["<script>alert(1)</script>", "\"'><img src=x onerror=alert(2)>", "&amp;", "{{7*7}}"]
+WORDS = ["the", "cat", "dog", "house", "is", "not", "big", "small", "runs", ".", HOSTILE[1], "'quote"]
+
+
+# --------------------------------------------------------------------------- stores
+def write_part(run: Path, table: str, name: str, rows: list[dict[str, Any]]) -> None:
+    schema = SCHEMAS[table]
+    (run / table).mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist([{f.name: r.get(f.name) for f in schema} for r in rows], schema=schema),
+                   run / table / name)  # fmt: skip
+
+
+def sentence_row(sid: str, words: list[str]) -> dict[str, Any]:
+    return {"sentence_id": sid, "text": " ".join(words), "n_tokens": len(words) + 2, "n_words": len(words),
+            "tokens": ["[CLS]", *words, "[SEP]"], "word_ids": [None, *range(len(words)), None], "words": words}  # fmt: skip
+
+
+def make_store(root: Path, name: str, n_pairs: int = 40, seed: int = 0, scale: float = 1.0, waves: int = 2,
+               manifest: bool = True) -> tuple[Path, dict[str, list[dict[str, Any]]]]:  # fmt: skip
+    """A run of `n_pairs` random pairs over WORDS (hostile strings among them) in `waves` waves, plus quarantine rows;
+    values drawn from `seed` (the same texts for every seed) and multiplied by `scale`."""
+    texts = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
+    run = root / name
+    data: dict[str, list[dict[str, Any]]] = {"pairs": [], "cells": [], "word_cells": [], "sentences": []}
+    per_wave = -(-n_pairs // waves)
+    for wave in range(waves):
+        rows: dict[str, list[dict[str, Any]]] = {t: [] for t in data}
+        for p in range(wave * per_wave, min(n_pairs, (wave + 1) * per_wave)):
+            wa = [str(w) for w in texts.choice(WORDS, int(texts.integers(2, 7)))]
+            wb = [str(w) for w in texts.choice(WORDS, int(texts.integers(2, 7)))]
+            if p == 0:
+                wa = ["the", "cat", "is", "not", "big"]
+            sa, sb = sentence_row(f"s{p}a", wa), sentence_row(f"s{p}b", wb)
+            rows["sentences"] += [sa, sb]
+            pid = f"p{p:02d}" if p != 3 else f"p03{HOSTILE[0]}"
+            cells = []
+            for i, ta in enumerate(sa["tokens"]):
+                for j, tb in enumerate(sb["tokens"]):
+                    value = scale * (round(float(rng.normal(0, 0.1)), 3) + (0.3 if ta == tb else 0.0))
+                    cells.append({"pair_id": pid, "i": i, "j": j, "token_a": ta, "token_b": tb, "value": value})
+            rows["cells"] += cells
+            for u, x in enumerate(wa):
+                for v, y in enumerate(wb):
+                    rows["word_cells"].append({"pair_id": pid, "u": u, "v": v, "word_a": x, "word_b": y,
+                                               "value": scale * round(float(rng.normal(0, 0.1)), 3)})  # fmt: skip
+            values = [c["value"] for c in cells]
+            total = float(sum(values))
+            text_a = sa["text"] + (f" {HOSTILE[0]}" if p % 5 == 0 else "")
+            rows["pairs"].append({
+                "pair_id": pid, "row": p, "split": "test", "label": float(p % 6), "text_a": text_a, "text_b": sb["text"],
+                "sentence_id_a": sa["sentence_id"], "sentence_id_b": sb["sentence_id"],
+                "n_tokens_a": len(sa["tokens"]), "n_tokens_b": len(sb["tokens"]),
+                "score": round(total + float(rng.normal(0, 0.05)), 4), "attribution_sum": total,
+                "positive_sum": float(sum(v for v in values if v > 0)),
+                "negative_sum": float(sum(v for v in values if v < 0)), "ref_sim_a": 0.01, "ref_sim_b": -0.02,
+                "ref_term": 0.9, "target": total - 0.001 * p, "completeness_error": 0.001 * p,
+                "factor_error_a": 0.001, "factor_error_b": 0.002, "steps_a": 2, "steps_b": 2, "truncated_a": False,
+                "truncated_b": False, "n_cells": len(cells), "n_word_cells": len(wa) * len(wb),
+            })  # fmt: skip
+        if not rows["pairs"]:
+            continue
+        first = rows["pairs"][0]["row"]
+        for table in ("cells", "word_cells"):
+            write_part(run, table, f"part-{wave:06d}-{first:07d}.parquet", rows[table])
+        write_part(run, "sentences", f"part-{wave:06d}.parquet", rows["sentences"])
+        write_part(run, "pairs", f"part-{wave:06d}.parquet", rows["pairs"])
+        for t in data:
+            data[t] += rows[t]
+    quarantine = [{"row": 1000 + k, "pair_id": f"q{k}", "reason": reason, "detail": f"detail {HOSTILE[0]}",
+                   "text_a": HOSTILE[1], "text_b": "", "label": "1"}
+                  for k, reason in enumerate(["empty_text_b", "empty_text_b", "too_long_a"])]  # fmt: skip
+    write_part(run, "quarantine", "part-000000.parquet", quarantine)
+    data["quarantine"] = quarantine
+    if manifest:
+        config = {"model": "hand-built", "mode": "approx", "similarity": "cos", "layer": 3, "n_layers": 6,
+                  "rule": "riemann", "steps": 2}  # fmt: skip
+        (run / "manifest.json").write_text(json.dumps({
+            "run_id": name, "config": config, "settings": config,
+            "tables": {"pairs": {"path": "pairs/*.parquet", "rows": n_pairs}}}), encoding="utf-8")  # fmt: skip
+    return run, data
+
+
+class Served:
+    """An App and its server on a free port of 127.0.0.1, in a thread."""
+
+    def __init__(self, run: Path, run2: Path | None = None, page_size: int = 10) -> None:
+        self.app = serve.App(run, run2, page_size)
+        self.server = serve.make_server(self.app, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        assert self.app.same_tokens.wait(60)
+
+    def get(self, path: str, method: str = "GET") -> tuple[int, str, dict[str, str]]:
+        request = urllib.request.Request(self.url + path, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=60) as r:
+                return r.status, r.read().decode("utf-8"), dict(r.headers)
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode("utf-8"), dict(exc.headers)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("serve-stores")
+    run, data = make_store(root, "run", seed=1)
+    run2, data2 = make_store(root, "run2", seed=2, scale=0.5)
+    return {"run": run, "data": data, "run2": run2, "data2": data2, "root": root}
+
+
+@pytest.fixture(scope="module")
+def served(stores):
+    s = Served(stores["run"], stores["run2"])
+    yield s
+    s.close()
+
+
+def q(value: str) -> str:
+    return urllib.parse.quote(value, safe="")
+
+
+def listed_ids(page: str) -> list[str]:
+    """The pair ids of a list page, in order (from the links of its rows)."""
+    return [unescape(urllib.parse.unquote(m)) for m in re.findall(r"<tr class='pair'>.*?href='/pair\?id=([^']*)'>",
+                                                                  page)]  # fmt: skip
+
+
+def count(page: str) -> int:
+    return int(re.search(r"id='count'><b>([\d,]+)</b>", page).group(1).replace(",", ""))
+
+
+def every_page(served: Served, path: str) -> list[str]:
+    """The ids over every page of a list."""
+    ids, number = [], 1
+    while True:
+        status, page, _ = served.get(f"{path}{'&' if '?' in path else '?'}page={number}")
+        assert status == 200, page
+        ids += listed_ids(page)
+        if "rel='next'" not in page:
+            return ids
+        number += 1
+
+
+# --------------------------------------------------------------------------- HTTP: pages and status codes
+def test_pages_and_status_codes(served, stores):
+    pid = stores["data"]["pairs"][0]["pair_id"]
+    for path in ("/", "/pairs", f"/pair?id={pid}", f"/pair?id={pid}&level=word", f"/pair?id={pid}&specials=1",
+                 "/tokens", "/token?t=big", "/pairs?reason=any", "/pairs?reason=empty_text_b"):  # fmt: skip
+        status, page, headers = served.get(path)
+        assert status == 200, (path, page[:300])
+        assert headers["Content-Type"] == "text/html; charset=utf-8"
+        assert "script-src" not in headers["Content-Security-Policy"] and "default-src 'none'" in headers[
+            "Content-Security-Policy"]  # no script may run at all
+    for path, status, text in (
+        ("/nope", 404, "no page /nope"), ("/pair?id=missing", 404, "no pair with pair_id &#39;missing&#39;"),
+        ("/pair?id=q0", 404, "quarantined: empty_text_b"), ("/pair", 400, "which pair"),
+        ("/pairs?min_score=abc", 400, "min_score: not a number"), ("/pairs?min_score=nan", 400, "not a finite"),
+        ("/pairs?page=0", 400, "page: 0 is outside"), ("/pairs?page=99", 404, "there are 4 pages"),
+        ("/pairs?sort=text_a", 400, "sort: &#39;text_a&#39; is not one of"), ("/pairs?reason=nope", 400, "not a quarantine"),
+        ("/tokens?min_count=x", 400, "min_count"), ("/token?t=zebra", 404, "no same-token cell"),
+        ("/token", 400, "which token"), ("/pairs?size=100000", 400, "size"),
+    ):  # fmt: skip
+        got, page, _ = served.get(path)
+        assert got == status and text in page, (path, got, page[-600:])
+    status, page, _ = served.get("/pairs", method="POST")
+    assert status == 405 and "read-only" in page
+    status, body, headers = served.get("/pairs", method="HEAD")
+    assert status == 200 and body == "" and int(headers["Content-Length"]) > 1000
+
+
+def test_hostile_strings_are_escaped_everywhere(served, stores):
+    """Texts, tokens, words, pair ids, quarantine rows and echoed parameters are text, never markup."""
+    hostile_id = f"p03{HOSTILE[0]}"
+    pages = [served.get(p)[1] for p in (
+        "/pairs", f"/pairs?q={q(HOSTILE[0])}", f"/pairs?reason=any&q={q(HOSTILE[1])}", f"/pair?id={q(hostile_id)}",
+        f"/pair?id={q(hostile_id)}&level=word", "/tokens?min_count=1", f"/token?t={q(HOSTILE[1])}",
+        f"/pair?id={q(HOSTILE[1])}", f"/pairs?q={q(HOSTILE[1])}&token={q(HOSTILE[0])}", "/pairs?sort=pair_id")]  # fmt: skip
+    for page in pages:
+        assert "<script" not in page and "<img" not in page and "onerror=alert(2)>" not in page
+        assert "{{7*7}}" not in page or "49" not in page.split("{{7*7}}")[0][-5:]
+    joined = "\n".join(pages)
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in joined  # shown, as text
+    assert "&#34;&#39;&gt;&lt;img src=x onerror=alert(2)&gt;" in joined  # the hostile token, as text
+    status, page, _ = served.get(f"/pair?id={q(hostile_id)}")
+    assert status == 200 and unescape(re.search(r"<h1>Pair <code>(.*?)</code>", page).group(1)) == hostile_id
+    assert hostile_id in listed_ids(served.get("/pairs?sort=pair_id&order=asc")[1])
+
+
+def test_sql_parameters_are_bound_not_formatted(served, stores):
+    n = len(stores["data"]["pairs"])
+    for attack in ("'; drop view pairs; --", "x' or '1'='1", "%", "_"):
+        status, page, _ = served.get(f"/pairs?q={q(attack)}")
+        assert status == 200 and count(page) == 0, attack
+    assert count(served.get("/pairs")[1]) == n  # the views are still there
+    status, page, _ = served.get(f"/pair?id={q(chr(39) + ' or 1=1 --')}")
+    assert status == 404
+
+
+# --------------------------------------------------------------------------- the pairs list against plain Python
+def expected(data, keep, key, descending=True) -> list[str]:
+    rows = [p for p in data["pairs"] if keep(p)]
+    with_key = [p for p in rows if key(p) is not None]
+    with_key.sort(key=lambda p: p["pair_id"])
+    with_key.sort(key=key, reverse=descending)
+    return [p["pair_id"] for p in with_key] + sorted(p["pair_id"] for p in rows if key(p) is None)
+
+
+def test_search_filters_sort_and_paging_are_the_rows(served, stores):
+    data = stores["data"]
+    sentences = {s["sentence_id"]: s for s in data["sentences"]}
+    cases = [
+        ("/pairs", lambda p: True, lambda p: p["score"], True),
+        ("/pairs?sort=error&order=asc", lambda p: True, lambda p: abs(p["completeness_error"]), False),
+        ("/pairs?q=CAT", lambda p: "cat" in p["text_a"].lower() or "cat" in p["text_b"].lower(), lambda p: p["score"], True),
+        ("/pairs?q=p07", lambda p: p["pair_id"] == "p07", lambda p: p["score"], True),
+        ("/pairs?token=not&sort=label", lambda p: "not" in sentences[p["sentence_id_a"]]["tokens"]
+         or "not" in sentences[p["sentence_id_b"]]["tokens"], lambda p: p["label"], True),
+        ("/pairs?min_score=0&max_score=1.5&sort=positive", lambda p: 0 <= p["score"] <= 1.5,
+         lambda p: p["positive_sum"], True),
+        ("/pairs?min_label=2&max_label=3&min_error=0.01&sort=tokens&order=asc",
+         lambda p: 2 <= p["label"] <= 3 and abs(p["completeness_error"]) >= 0.01,
+         lambda p: p["n_tokens_a"] + p["n_tokens_b"], False),
+        ("/pairs?max_negative=-1&min_sum=-0.5&sort=negative",
+         lambda p: p["negative_sum"] <= -1 and p["attribution_sum"] >= -0.5, lambda p: p["negative_sum"], True),
+    ]  # fmt: skip
+    for path, keep, key, descending in cases:
+        want = expected(data, keep, key, descending)
+        assert want, path  # every case selects something
+        status, first, _ = served.get(path)
+        assert status == 200 and count(first) == len(want), path
+        assert f"of {len(data['pairs'])} pairs match" in first
+        got = every_page(served, path)
+        assert got == want, path
+    # pages of 10: 40 pairs are 4 pages, the last one full; the page size can be changed
+    assert re.search(r"page 1 of 4\b", served.get("/pairs")[1])
+    assert len(listed_ids(served.get("/pairs?size=7&page=6")[1])) == 40 - 35
+
+
+def test_quarantine_rows_by_reason(served, stores):
+    status, page, _ = served.get("/pairs?reason=empty_text_b")
+    assert status == 200 and count(page) == 2 and "of 3 quarantined rows" in page
+    assert "quarantined: empty_text_b (2)" in page and "quarantined: too_long_a (1)" in page
+    assert count(served.get("/pairs?reason=any")[1]) == 3
+
+
+# --------------------------------------------------------------------------- a pair
+def heatmap_values(page: str, side: str) -> list[float]:
+    block = page.split(f"id='side-{side}'", 1)[1].split("<table class='data top'>", 1)[0]
+    return [float(v) for v in re.findall(r"<rect class='c' [^>]*data-value='([^']+)'", block)]
+
+
+def stored_matrix(data, pid: str, specials: bool = False) -> np.ndarray:
+    pair = next(p for p in data["pairs"] if p["pair_id"] == pid)
+    sents = {s["sentence_id"]: s for s in data["sentences"]}
+    ids_a, ids_b = sents[pair["sentence_id_a"]]["word_ids"], sents[pair["sentence_id_b"]]["word_ids"]
+    m = np.zeros((len(ids_a), len(ids_b)))
+    for c in data["cells"]:
+        if c["pair_id"] == pid:
+            m[c["i"], c["j"]] = c["value"]
+    rows = [i for i, w in enumerate(ids_a) if specials or w is not None]
+    cols = [j for j, w in enumerate(ids_b) if specials or w is not None]
+    return m[np.ix_(rows, cols)]
+
+
+def test_pair_page_heatmaps_top_cells_and_difference(served, stores):
+    pid = f"p03{HOSTILE[0]}"
+    status, page, _ = served.get(f"/pair?id={q(pid)}")
+    assert status == 200
+    one, two = stored_matrix(stores["data"], pid), stored_matrix(stores["data2"], pid)
+    np.testing.assert_allclose(heatmap_values(page, "run"), one.ravel(), rtol=1e-5)
+    np.testing.assert_allclose(heatmap_values(page, "run2"), two.ravel(), rtol=1e-5)
+    np.testing.assert_allclose(heatmap_values(page, "difference"), (two - one).ravel(), rtol=1e-5, atol=1e-9)
+    # colours: centred at 0 (white), red above, blue below
+    assert serve.colour(0.0, 1.0) == "#f7f7f7" and serve.colour(1.0, 1.0) == "#b2182b"
+    assert serve.colour(-1.0, 1.0) == "#2166ac" and serve.colour(-5.0, 1.0) == "#2166ac"
+    big = float(one.max())
+    assert f"fill='{serve.colour(big, float(np.abs(one).max()))}' data-value='{big:.6g}'" in page
+    # the top positive cell of run, with its tokens
+    top = page.split("id='side-run'", 1)[1].split("top positive", 1)[1]
+    assert f"{big:+.4f}" in top.split("</tr>", 2)[1]
+    # the specials toggle and the word level
+    _, page, _ = served.get(f"/pair?id={q(pid)}&specials=1")
+    np.testing.assert_allclose(heatmap_values(page, "run"), stored_matrix(stores["data"], pid, True).ravel(), rtol=1e-5)
+    _, page, _ = served.get(f"/pair?id={q(pid)}&level=word")
+    words = sorted((c["u"], c["v"], c["value"]) for c in stores["data"]["word_cells"] if c["pair_id"] == pid)
+    np.testing.assert_allclose(heatmap_values(page, "run"), [v for _, _, v in words], rtol=1e-5)
+    # pair facts
+    row = next(p for p in stores["data"]["pairs"] if p["pair_id"] == pid)
+    assert f"{row['score']:+.6f}" in page and f"{row['attribution_sum']:+.6f}" in page
+
+
+def test_pair_page_reads_its_wave_and_its_sql_runs_in_xsbert_sql(served, stores, capsys):
+    pid = stores["data"]["pairs"][-1]["pair_id"]  # in wave 1
+    _, page, _ = served.get(f"/pair?id={pid}")
+    assert "read from the parts of wave 1 (cells/part-000001*.parquet)" in page
+    commands = [unescape(c) for c in re.findall(r"<pre class='cmd'>(.*?)</pre>", page, re.DOTALL)]
+    cells_cmd = next(c for c in commands if "from cells " in c and "--run2" not in c)
+    import shlex
+
+    argv = shlex.split(cells_cmd)
+    assert argv[:4] == ["xsbert", "sql", "--run", str(stores["run"])]
+    assert cli.main([*argv[1:], "--csv"]) == 0
+    got = pl.read_csv(__import__("io").StringIO(capsys.readouterr().out))
+    want = sorted((c["i"], c["j"], c["value"]) for c in stores["data"]["cells"] if c["pair_id"] == pid)
+    np.testing.assert_allclose(np.array(sorted(zip(got["i"], got["j"], got["value"]))), np.array(want), rtol=1e-9)
+
+
+def test_a_store_without_wave_parts_is_read_whole(tmp_path):
+    run, data = make_store(tmp_path, "flat", n_pairs=6, waves=1)
+    for table in ("pairs", "cells", "word_cells", "sentences"):
+        for part in (run / table).glob("*.parquet"):
+            part.rename(part.with_name(f"data-{table}.parquet"))
+    s = Served(run)
+    try:
+        _, page, _ = s.get("/pair?id=p04")
+        assert "read from the parts of wave" not in page
+        np.testing.assert_allclose(heatmap_values(page, "run"), stored_matrix(data, "p04").ravel(), rtol=1e-5)
+    finally:
+        s.close()
+
+
+# --------------------------------------------------------------------------- tokens
+def test_tokens_page_is_lexical_ranks_sql_and_links_the_pairs(served, stores):
+    want = _sql.run_file(_sql.connect(stores["run"], variables={"min_count": 3}), "lexical_ranks")
+    status, page, _ = served.get("/tokens?min_count=3&size=500")
+    assert status == 200 and count(page) == want.height
+    rows = re.findall(r"<tr class='token'><td class='num'>(\d+)</td><td><a href='/token\?t=([^']*)'>", page)
+    assert [(int(r), unescape(urllib.parse.unquote_plus(t))) for r, t in rows] == list(
+        zip(want["rank"].to_list(), want["token"].to_list()))
+    assert "xsbert sql --run" in page and "-f lexical_ranks --var min_count=3 --var include_special=true" in page
+    # without the special tokens
+    want = _sql.run_file(_sql.connect(stores["run"], variables={"min_count": 3, "include_special": False}),
+                         "lexical_ranks")  # fmt: skip
+    assert count(served.get("/tokens?min_count=3&include_special=0")[1]) == want.height
+    # a token's cells, largest first, each linked to its pair
+    cells = sorted(((c["value"], c["pair_id"]) for c in stores["data"]["cells"]
+                    if c["token_a"] == c["token_b"] == "big"), key=lambda x: (-x[0], x[1]))  # fmt: skip
+    status, page, _ = served.get("/token?t=big&size=500")
+    assert status == 200 and count(page) == len(cells)
+    assert listed_ids(page) == [pid for _, pid in cells]
+
+
+# --------------------------------------------------------------------------- runs that cannot be served
+def test_missing_and_half_written_runs_are_one_line(tmp_path, capsys):
+    run, _ = make_store(tmp_path, "whole", n_pairs=4, waves=1)
+    cases = {}
+    cases["missing"] = (tmp_path / "nope", "no such directory")
+    bare, _ = make_store(tmp_path, "no-manifest", n_pairs=4, waves=1, manifest=False)
+    cases["no manifest"] = (bare, "no manifest.json: a half-written run")
+    no_cells, _ = make_store(tmp_path, "no-cells", n_pairs=4, waves=1)
+    for part in (no_cells / "cells").glob("*.parquet"):
+        part.unlink()
+    cases["no cells"] = (no_cells, "no cells/*.parquet: a half-written run")
+    torn, _ = make_store(tmp_path, "torn", n_pairs=4, waves=1)
+    part = next((torn / "cells").glob("*.parquet"))
+    part.write_bytes(part.read_bytes()[:100])
+    cases["torn part"] = (torn, "a table cannot be read (Invalid Input Error: No magic bytes found at end of file")
+    short, _ = make_store(tmp_path, "short", n_pairs=4, waves=2)
+    next((short / "pairs").glob("part-000001*.parquet")).unlink()
+    cases["parts missing"] = (short, "manifest.json lists 4 pairs but pairs/ holds 2")
+    for name, (path, text) in cases.items():
+        with pytest.raises(InputError, match=re.escape(text)):
+            serve.App(path)
+        assert cli.main(["serve", "--run", str(path), "--port", "0"]) == 2, name
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("xsbert: error: ") and text in err and len(err.splitlines()) == 1, (name, err)
+    assert cli.main(["serve", "--run", str(run), "--run2", str(tmp_path / "nope"), "--port", "0"]) == 2
+    assert "--run2" in capsys.readouterr().err
+    serve.App(run)  # the whole one opens
+
+
+# --------------------------------------------------------------------------- xsbert show
+def test_show_prints_the_stored_pair_as_explain_does(stores, tmp_path, capsys):
+    pid = "p00"
+    assert cli.main(["show", "--run", str(stores["run"]), "--pair", pid, "--words", "--top", "3",
+                     "--png", str(tmp_path / "p.png")]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    row = next(p for p in stores["data"]["pairs"] if p["pair_id"] == pid)
+    lines = out.splitlines()
+    assert lines[0] == "model hand-built  layer 3/6  approx  cos  riemann N=2"
+    assert lines[1] == f"a: {row['text_a']}" and lines[2] == f"b: {row['text_b']}"
+    assert lines[3] == f"score f(a,b)          {row['score']:+.6f}"
+    assert f"sum of attributions   {row['attribution_sum']:+.6f}" in lines[4]
+    full = stored_matrix(stores["data"], pid, specials=True)
+    tokens = ["[CLS]", "the", "cat", "is", "not", "big", "[SEP]"]
+    flat = np.argsort(-np.abs(full), axis=None)[:3]
+    top = lines[lines.index("top 3 token pairs:") + 1:][:3]
+    for line, (i, j) in zip(top, zip(*np.unravel_index(flat, full.shape))):
+        assert line.split()[0] == f"{full[i, j]:+.4f}" and line.split()[1] == tokens[i]
+    assert "top 3 word pairs (mean over tokens):" in out and f"wrote {tmp_path / 'p.png'}" in out
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert cli.main(["show", "--run", str(stores["run"]), "--pair", "q1"]) == 2
+    assert "no such pair" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_show_equals_explain_on_a_real_run(real_runs, capsys):
+    """The store's view of a pair (xsbert show) is what xsbert explain computes again with the run's settings."""
+    run = real_runs["stsb"]
+    con = _sql.connect(run)
+    pid, text_a, text_b = con.sql("select pair_id, text_a, text_b from pairs order by pair_id limit 1").fetchall()[0]
+    assert cli.main(["show", "--run", str(run), "--pair", pid, "--words"]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert cli.main(["explain", text_a, text_b, "--layer", "-1", "--steps", "2", "--words"]) == 0
+    explained = capsys.readouterr().out.splitlines()
+    assert len(shown) == len(explained)
+    number = re.compile(r"[-+]?\d+\.\d+(?:e[-+]\d+)?")
+    for a, b in zip(shown, explained):
+        assert number.sub("#", a) == number.sub("#", b), (a, b)  # the same words, tokens and order
+        for x, y in zip(number.findall(a), number.findall(b)):
+            assert float(x) == pytest.approx(float(y), abs=2e-4 if "e" not in x else 1e-5), (a, b)
+
+
+@pytest.fixture(scope="module")
+def real_runs(ray_cluster, tmp_path_factory):
+    from test_sql import make_real_runs
+
+    return make_real_runs(tmp_path_factory)
+
+
+# --------------------------------------------------------------------------- the report links into serve
+def test_the_report_links_its_sections_and_examples_into_serve(stores, tmp_path):
+    from jobs import report
+
+    assert report.cli(["--run", str(stores["run"]), "--out", str(tmp_path / "r"), "--var", "min_count=3", "-q"]) == 0
+    page = (tmp_path / "r" / "index.html").read_text(encoding="utf-8")
+    assert "href='http://127.0.0.1:8000/tokens'>Browse the pairs behind it</a>" in page
+    examples = json.loads((tmp_path / "r" / "report.json").read_text())["sections"][-1]["findings"]
+    for f in examples:
+        assert f"href='http://127.0.0.1:8000/pair?id={q(f['values']['pair_id'])}'" in page.replace("%2F", "/")
+    assert f"xsbert serve --run {stores['run']}" in page
+    assert report.cli(["--run", str(stores["run"]), "--out", str(tmp_path / "r2"), "--serve-url", "none", "-q"]) == 0
+    assert "xsbert serve" not in (tmp_path / "r2" / "index.html").read_text(encoding="utf-8")
+
+
+# --------------------------------------------------------------------------- what a person sees (Chromium)
+@pytest.mark.skipif(find_chromium() is None, reason="no chromium binary: Debian's `chromium` package (.ci/run installs it)")
+def test_in_chromium_the_heatmap_is_drawn_and_the_search_narrows_the_list(served, stores):
+    from io import BytesIO
+
+    from PIL import Image
+
+    data = stores["data"]
+    with Chromium(1400, 1000) as browser:
+        browser.goto(served.url + "/pairs")
+        assert browser.eval("document.querySelectorAll('tr.pair').length") == 10
+        assert browser.eval("document.getElementById('count').innerText").startswith("40 of 40 pairs match")
+        # type a word into the search box and press Enter, as a person does
+        browser.type_into("input[name=q]", "dog")
+        browser.press_enter()
+        want = [p for p in data["pairs"] if "dog" in p["text_a"].lower() or "dog" in p["text_b"].lower()]
+        assert 0 < len(want) < 40
+        text = browser.eval("document.getElementById('count').innerText")
+        assert text.startswith(f"{len(want)} of 40 pairs match"), text
+        rows = browser.eval("[...document.querySelectorAll('tr.pair')].map(r => r.innerText.toLowerCase())")
+        assert len(rows) == min(10, len(want)) and all("dog" in r for r in rows)
+        assert browser.eval("document.querySelector('input[name=q]').value") == "dog"
+        # a hostile text is shown as text and ran nothing
+        browser.goto(served.url + f"/pairs?q={q('<script>')}")
+        assert browser.eval("document.querySelectorAll('script').length") == 0
+        assert HOSTILE[0] in browser.eval("document.body.innerText")
+        # follow the first pair's link: its heatmap is drawn, cells coloured by value
+        browser.goto(served.url + "/pair?id=p00")
+        pid_matrix = stored_matrix(data, "p00")
+        rects = browser.eval("""[...document.querySelectorAll('#side-run svg rect.c')].map(r => {
+            const b = r.getBoundingClientRect(); return [b.width, b.height, r.getAttribute('fill'),
+            r.querySelector('title').textContent]; })""")
+        assert len(rects) == pid_matrix.size and all(w > 5 and h > 5 for w, h, _, _ in rects)
+        assert rects[0][3] == f"the × {pid_matrix_label(data, 'p00')}: {pid_matrix[0, 0]:+.5f}"
+        # on screen: red where the largest cell is, blue where the most negative is
+        browser.eval("document.querySelector('#side-run svg').scrollIntoView()")
+        shot = Image.open(BytesIO(browser.screenshot())).convert("RGB")
+        for k, want_red in ((int(np.argmax(pid_matrix)), True), (int(np.argmin(pid_matrix)), False)):
+            box = browser.eval(f"""(b => [b.x + b.width / 2, b.y + b.height / 2])(
+                document.querySelectorAll('#side-run svg rect.c')[{k}].getBoundingClientRect())""")
+            r, g, b = shot.getpixel((int(box[0]), int(box[1])))
+            assert (r > b + 60) if want_red else (b > r + 60), (k, (r, g, b))
+
+
+def pid_matrix_label(data, pid: str) -> str:
+    pair = next(p for p in data["pairs"] if p["pair_id"] == pid)
+    sent = next(s for s in data["sentences"] if s["sentence_id"] == pair["sentence_id_b"])
+    return sent["tokens"][1]
