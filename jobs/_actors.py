@@ -118,6 +118,9 @@ CELL_LISTS = {"cell_i": "i", "cell_j": "j", "cell_token_a": "token_a", "cell_tok
               "cell_value_rank": "value_rank", "cell_content_rank": "content_rank"}
 WORD_LISTS = {"word_u": "u", "word_v": "v", "word_a": "word_a", "word_b": "word_b", "word_value": "value",
               "word_value_rank": "value_rank"}
+# Which cells a run stores (--cells; docs/STORE.md): every cell, the same-token cells (token_a = token_b; word cells:
+# word_a = word_b), or none. The pair's numbers, ranks and top cells are over all cells whatever is stored.
+CELL_CHOICES: tuple[str, ...] = ("all", "same-token", "none")
 
 
 def _maybe_die(marker: str | None) -> None:
@@ -293,7 +296,9 @@ class PairCells:
 
     The numbers are Explainer.pair's (same functions, same float32 factors, float64 arithmetic):
     A = P_a^T P_b / (||e(a)|| ||e(b)||), its sums, the reference terms, target and error.
-    Cells with |A_ij| < min_abs (and word cells with |W_uv| < min_abs) are left out; the sums are not.
+    Cells with |A_ij| < min_abs (and word cells with |W_uv| < min_abs) are left out; the sums are not. `cells`
+    (CELL_CHOICES) chooses which cells are stored at all: every cell, the same-token cells (token_a = token_b;
+    word cells: word_a = word_b), or none; again the sums, ranks and top cells are over every cell.
     Each cell carries its average rank among the pair's cells (value_rank: ascending, ties share their mean rank,
     over the whole matrix, before min_abs) and among the cells of two content tokens (content_rank; null when the
     row or column is a special token, one without a word id); a word cell its rank among the pair's word cells.
@@ -303,11 +308,14 @@ class PairCells:
     cells as lists.
     """
 
-    def __init__(self, tables: list[pa.Table], similarity: str, min_abs: float = 0.0) -> None:
+    def __init__(self, tables: list[pa.Table], similarity: str, min_abs: float = 0.0, cells: str = "all") -> None:
         from xsbert_core.pairs import canonical_similarity
 
+        if cells not in CELL_CHOICES:
+            raise ValueError(f"cells must be one of {', '.join(CELL_CHOICES)}, got {cells!r}")
         self.similarity = canonical_similarity(similarity)
         self.min_abs = float(min_abs)
+        self.cells = cells
         self.factors = pa.concat_tables([t.select(FACTOR_SCHEMA.names) for t in tables]) if tables else None
         ids = self.factors.column("sentence_id").to_pylist() if self.factors is not None else []
         self.index = {sid: k for k, sid in enumerate(ids)}
@@ -387,7 +395,16 @@ class PairCells:
             return {"failure": "NumericalError: NaN/Inf in the pair matrix"}, None
         return row, a_mat
 
-    def _kept(self, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _kept(self, m: np.ndarray, names_a: list[str], names_b: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The (rows, columns) of the cells of m to store, row-major: all, or those whose row and column name the
+        same token (word) when `cells` is same-token, none for none; of those, |value| >= min_abs."""
+        if self.cells == "none":
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        if self.cells == "same-token":
+            keep = np.asarray(names_a, dtype=object)[:, None] == np.asarray(names_b, dtype=object)[None, :]
+            if self.min_abs > 0:
+                keep &= np.abs(m) >= self.min_abs
+            return np.nonzero(keep)
         if self.min_abs > 0:
             return np.nonzero(np.abs(m) >= self.min_abs)
         i, j = np.indices(m.shape)
@@ -413,7 +430,7 @@ class PairCells:
                 row, a_mat = self.numbers(fa, fb)
             row.update(ord=ord_, pair_id=pid, n_cells=0, n_word_cells=0)
             if a_mat is not None:
-                i, j = self._kept(a_mat)
+                i, j = self._kept(a_mat, fa.tokens, fb.tokens)
                 base = len(strings)
                 strings.extend(fa.tokens)
                 strings.extend(fb.tokens)
@@ -426,7 +443,7 @@ class PairCells:
                 grids.add(k, a_mat, i, j, np.outer(self.content(sa, fa), self.content(sb, fb)))
                 (na, ma), (nb, mb) = self.words(sa, fa), self.words(sb, fb)
                 w_mat = ma @ a_mat @ mb.T
-                u, v = self._kept(w_mat)
+                u, v = self._kept(w_mat, na, nb)
                 base = len(strings)
                 strings.extend(na)
                 strings.extend(nb)
@@ -592,6 +609,7 @@ def pair_cells(
     kill_once: str | None = None,
     sink: Any = None,
     seq: int | None = None,
+    cells: str = "all",
 ) -> pa.Table:
     """Stage 2 as a Ray task: look the wave's factors up (read once per worker, zero-copy), then PairCells.
 
@@ -601,10 +619,10 @@ def pair_cells(
     import ray
 
     _maybe_die(kill_once)
-    key = tuple(ref.hex() for ref in factor_refs) + (similarity, repr(min_abs))
+    key = tuple(ref.hex() for ref in factor_refs) + (similarity, repr(min_abs), cells)
     if key not in _WORKER_CACHE:
         _WORKER_CACHE.clear()  # the previous wave's factors are released
-        _WORKER_CACHE[key] = PairCells(ray.get(list(factor_refs)), similarity, min_abs)
+        _WORKER_CACHE[key] = PairCells(ray.get(list(factor_refs)), similarity, min_abs, cells)
     return pair_rows(_WORKER_CACHE[key], batch, sink, seq)
 
 

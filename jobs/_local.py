@@ -123,7 +123,7 @@ def compute_cells(
     batches through the same PairCells), each batch's cells written through `sink` as a Ray task would."""
     t0 = time.perf_counter()
     pair_in = pair_input(wave)
-    cells = PairCells(factors, explainer.similarity, args.min_abs)
+    cells = PairCells(factors, explainer.similarity, args.min_abs, args.cells)
     rows = [pair_rows(cells, pair_in.slice(k, PAIR_BATCH), sink, seq) for k in range(0, len(wave), PAIR_BATCH)]
     out, duplicates = exactly_once(pa.concat_tables(rows))
     return out, {"cells_s": time.perf_counter() - t0, "duplicates_dropped": duplicates}

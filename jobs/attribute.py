@@ -4,7 +4,7 @@ Parquet store (docs/STORE.md).
     python -m jobs.attribute                       # the embedded default: a seeded STS-B test sample
     python -m jobs.attribute --dataset stsb --split test --limit 20 --steps 4 --out runs
     ray job submit --working-dir . -- python -m jobs.attribute --dataset qqp --num-actors 8
-    python -m jobs.attribute --dataset qqp --executor local --device cuda   # no Ray needed
+    python -m jobs.attribute --dataset qqp --executor local --device cuda --cells same-token   # no Ray needed
 
 Pipeline: the pairs are cut into waves (a few thousand each; each wave commits atomically, so a killed run
 resumes), and one Ray Data pipeline computes the sentence factors of every wave, wave after wave, in one actor pool
@@ -52,7 +52,7 @@ from xsbert_core.models import DEFAULT_MODEL
 from xsbert_core.precision import DEFAULT_PRECISION, PRECISIONS
 from xsbert_core.quadrature import SUPPORTED_RULES
 
-from ._actors import CELL_LISTS, NOT_CONVERGED, TOP_CELLS, WORD_LISTS
+from ._actors import CELL_CHOICES, CELL_LISTS, NOT_CONVERGED, TOP_CELLS, WORD_LISTS
 from ._inputs import CHUNK_ROWS, KEEP_PREFIX, Pairs, SeenIds, quarantine_frame, sorted_find, stream_pairs, validate
 from ._ray import filter_stderr, init_ray, quiet_ray
 from ._store import (
@@ -161,6 +161,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="texts over max_seq_length: quarantine the pair (default), warn (truncate and flag), "
                         "or error (stop before computing)")  # fmt: skip
     m.add_argument("--min-abs", type=float, default=0.0, help="store only cells with |value| >= this (sums unchanged)")
+    m.add_argument("--cells", choices=CELL_CHOICES, default="all",
+                   help="which cells to store: all (default), same-token (token_a = token_b, word_a = word_b: what "
+                        "sql/lexical_ranks.sql reads: ~4%% of QQP's) or none; part of the run id; the pairs' sums, "
+                        "ranks and top cells stay over every cell")  # fmt: skip
     r = p.add_argument_group("execution")
     r.add_argument("--executor", choices=EXECUTORS, default="ray",
                    help="ray (default): stages 1-2 on a Ray cluster; local: in this process, without Ray (Ray need "
@@ -349,6 +353,8 @@ def run_config(args: argparse.Namespace, explainer: Explainer, fingerprint: str,
         "max_steps": s["max_steps"],
         "truncation": args.truncation,
         "min_abs": float(args.min_abs),
+        # only when not all: the run ids of stores of every cell stay what they were before --cells
+        **({"cells": args.cells} if args.cells != "all" else {}),
         "dataset": {
             "name": pairs.source.identity,
             "config": pairs.source.config,
@@ -588,7 +594,8 @@ def compute_cells(
     task = _remote(ray, pair_cells).options(num_cpus=res["cells_cpus"], max_retries=args.max_retries,
                                             scheduling_strategy="SPREAD")  # fmt: skip
     kwargs = dict(factor_refs=factor_refs, similarity=explainer.similarity, min_abs=args.min_abs,
-                  kill_once=os.environ.get("XSBERT_TEST_KILL_CELLS_ONCE") or None, sink=sink, seq=seq)  # fmt: skip
+                  kill_once=os.environ.get("XSBERT_TEST_KILL_CELLS_ONCE") or None, sink=sink, seq=seq,
+                  cells=args.cells)  # fmt: skip
     try:
         refs = [task.remote(pair_in.slice(k, PAIR_BATCH), **kwargs) for k in range(0, len(wave), PAIR_BATCH)]
         out, duplicates = exactly_once(pa.concat_tables(ray.get(refs)))
@@ -1345,6 +1352,7 @@ def update_manifest(store: RunStore, prep: Prepared, progress: Progress, summary
         run_id=prep.run_id,
         store_version=STORE_VERSION,
         schema="docs/STORE.md",
+        cells=args.cells,  # which cells the run stores (also config.cells when not all)
         config=prep.config,
         settings=prep.explainer.settings,
         updated_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -210,6 +210,7 @@ def run_facts(con: duckdb.DuckDBPyConnection, run: _sql.Run, suffix: str = "") -
         "steps": config.get("steps"),
         "rule": config.get("rule"),
         "min_abs": config.get("min_abs"),
+        "cells": config.get("cells") or "all",  # jobs.attribute --cells (runs before the option: all)
         "dataset": dataset.get("name") if isinstance(dataset, dict) else dataset,
         "split": dataset.get("split") if isinstance(dataset, dict) else None,
         "n_pairs": counts[0],
@@ -355,6 +356,30 @@ def _needs_two_runs(ctx: Context) -> str | None:
     return None
 
 
+def _needs_cells(ctx: Context, which: str = "all", both: bool = False) -> str | None:
+    """A reason to skip when the run (both: and run2) does not store the cells an analysis reads: `all` (every
+    cell) or `same-token` (every cell, or the same-token ones: jobs.attribute --cells)."""
+    for facts in (ctx.facts, ctx.facts2) if both else (ctx.facts,):
+        cells = (facts or {}).get("cells", "all")
+        if cells != "all" and not (which == "same-token" and cells == "same-token"):
+            need = "every cell" if which == "all" else "the same-token cells"
+            fix = "all" if which == "all" else "same-token or all"
+            return f"run {facts['path']} stores --cells {cells}; this analysis needs {need} (--cells {fix})"
+    return None
+
+
+def check_negation(ctx: Context) -> str | None:
+    return _needs_pairs(ctx) or _needs_cells(ctx)
+
+
+def check_lexical_ranks(ctx: Context) -> str | None:
+    return _needs_pairs(ctx) or _needs_cells(ctx, "same-token")
+
+
+def check_lexical_ranks_compare(ctx: Context) -> str | None:
+    return _needs_two_runs(ctx) or _needs_cells(ctx, "same-token", both=True)
+
+
 def check_table1(ctx: Context) -> str | None:
     return _needs_pairs(ctx) or (
         None if ctx.facts["n_labelled"] else "the run's pairs have no gold labels (its dataset has none)"
@@ -381,7 +406,7 @@ def check_pos_neg_sums(ctx: Context) -> str | None:
 
 
 def check_syntactic_relations(ctx: Context) -> str | None:
-    if reason := _needs_pairs(ctx):
+    if reason := _needs_pairs(ctx) or _needs_cells(ctx):
         return reason
     if not _sql.has_table(ctx.run, "parses"):
         return f"the run has no parses table: run python -m jobs.parse --run {ctx.run}"
@@ -389,7 +414,7 @@ def check_syntactic_relations(ctx: Context) -> str | None:
 
 
 def check_adjectives(ctx: Context) -> str | None:
-    if reason := _needs_pairs(ctx):
+    if reason := _needs_pairs(ctx) or _needs_cells(ctx):
         return reason
     missing = {"triplet", "kind"} - ctx.columns("pairs")
     if missing:
@@ -401,7 +426,7 @@ def check_adjectives(ctx: Context) -> str | None:
 
 
 def check_agreement(ctx: Context) -> str | None:
-    if reason := _needs_two_runs(ctx):
+    if reason := _needs_two_runs(ctx) or _needs_cells(ctx, both=True):
         return reason
     check = _sql.run_file(ctx.con, REPORT_SQL / "agreement_check.sql").row(0, named=True)
     shared, same_texts, differ = (check[k] for k in ("n_shared_pairs", "n_same_texts", "n_retokenized_sentences"))
@@ -1137,12 +1162,13 @@ ANALYSES: tuple[Analysis, ...] = (
              plot_pos_neg_sums),
     Analysis("syntactic_relations", "Syntactic relations of the top word pairs", "Fig 6", check_syntactic_relations,
              syntactic_relations, plot_syntactic_relations),
-    Analysis("negation", "Negation", "Fig 8", _needs_pairs, negation, plot_negation, empty_negation),
+    Analysis("negation", "Negation", "Fig 8", check_negation, negation, plot_negation, empty_negation),
     Analysis("adjectives", "Adjective synonyms vs opposites", "Table 2, Fig 9", check_adjectives, adjectives,
              plot_adjectives),
-    Analysis("lexical_ranks", "Lexical ranks", "Fig 10, Tables 3–4", _needs_pairs, lexical_ranks, plot_lexical_ranks,
+    Analysis("lexical_ranks", "Lexical ranks", "Fig 10, Tables 3–4", check_lexical_ranks, lexical_ranks,
+             plot_lexical_ranks,
              empty_lexical),
-    Analysis("lexical_ranks_compare", "Lexical ranks of two runs", "Fig 10, Tables 3–4", _needs_two_runs,
+    Analysis("lexical_ranks_compare", "Lexical ranks of two runs", "Fig 10, Tables 3–4", check_lexical_ranks_compare,
              lexical_ranks_compare, plot_lexical_ranks_compare, empty_lexical_compare),
 )  # fmt: skip
 
@@ -1274,6 +1300,9 @@ def plot_examples(ctx: Context) -> Section:
     section = Section("examples", "Example pairs", "Fig 1 (heatmaps)")
     if not ctx.facts["n_pairs"]:
         section.status, section.reason = "skipped", "the run has no pairs"
+        return section
+    if ctx.facts["cells"] != "all":  # a matrix of the stored cells alone would show mostly zeros
+        section.status, section.reason = "skipped", f"the run stores --cells {ctx.facts['cells']}, not every cell"
         return section
     for pid, why in _example_pairs(ctx):
         found = pair_matrix(ctx, pid)

@@ -13,6 +13,8 @@
 --           template of the built-in dataset (python -m jobs.attribute
 --           --dataset adjectives); pairs without a triplet are left out
 --           sentences of run: words; word_cells of run: the adjective cell
+--           manifest.json of run: config.cells; a run of --cells
+--           same-token or none is an error (it lacks the cells)
 -- The cell  the two texts' word lists (case-insensitively) have the same
 --           length and differ at exactly one position u: the cell is
 --           word_cells (u, v = u). Otherwise (not a template pair) u and
@@ -30,6 +32,23 @@
 with
 
 ---------- imports
+
+-- which cells the run stores (jobs.attribute --cells, in manifest.json; runs
+-- before the option, and a run without manifest.json (a glob that matches
+-- nothing: no row), store every cell); a run without the cells this file
+-- needs stops here
+cells_guard as (
+    select
+        coalesce(bool_and(case
+            when coalesce(json_extract_string(content, '$.config.cells'), 'all')
+                = 'all' then true
+            else error('adjectives.sql needs every word cell; run ' || getvariable('run')
+                       || ' stores --cells '
+                       || json_extract_string(content, '$.config.cells')
+                       || ' (attribute it with --cells all)')
+        end), true) as ok,
+    from read_text(getvariable('run') || '/manifest.jso[n]')
+),
 
 pairs as (
     select
@@ -59,7 +78,7 @@ word_cells as (
         v,
         value,
     from read_parquet(getvariable('run') || '/word_cells/*.parquet')
-    where u = v
+    where u = v and (select ok from cells_guard)
 ),
 
 ---------- logic

@@ -18,6 +18,8 @@
 --           so a pair re-tokenised differently (another tokenizer,
 --           another truncation) is left out, not misaligned
 --           sentences of run: word_ids (a special token has none)
+--           manifest.json of run and run2: config.cells; a run of
+--           --cells same-token or none is an error (it lacks the cells)
 -- Per pair  spearman  Pearson correlation of the average ranks of the two
 --                     runs' values (ties averaged: scipy's spearmanr)
 --           pearson   Pearson correlation of the values
@@ -123,6 +125,26 @@ with
 
 ---------- imports
 
+-- which cells the runs store (jobs.attribute --cells, in manifest.json; runs
+-- before the option, and runs without manifest.json (a glob that matches
+-- nothing: no row), store every cell); runs without the cells this file
+-- needs stop here
+-- (checked on pairs_1, read whatever the level)
+cells_guard as (
+    select
+        coalesce(bool_and(case
+            when coalesce(json_extract_string(content, '$.config.cells'), 'all')
+                = 'all' then true
+            else error('agreement.sql needs every cell of both runs; run '
+                       || regexp_replace(filename, '/manifest[.]json$', '')
+                       || ' stores --cells '
+                       || json_extract_string(content, '$.config.cells')
+                       || ' (attribute it with --cells all)')
+        end), true) as ok,
+    from read_text([getvariable('run') || '/manifest.jso[n]',
+                    getvariable('run2') || '/manifest.jso[n]'])
+),
+
 -- Token cells (level 'token') or word cells (level 'word', u and v read as
 -- i and j), with their stored ranks (null in stores before version 3)
 cells_1 as not materialized (
@@ -197,6 +219,7 @@ pairs_1 as (
             null::struct(u integer, v integer)[] as word_top10_value,
         where false
     )
+    where (select ok from cells_guard)
 ),
 
 pairs_2 as (

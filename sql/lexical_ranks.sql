@@ -10,6 +10,9 @@
 -- Inputs    cells     of run: the same-token cells, over all pairs
 --           sentences of run: the special tokens are the tokens without a
 --                             word id ([CLS], [SEP], <s>, </s>, ...)
+--           manifest.json of run: config.cells; every cell or the
+--                             same-token ones (--cells same-token) give
+--                             the same rows; --cells none is an error
 -- Grain     one row per token with at least min_count same-token cells.
 -- Columns   token  the tokenizer's own token (e.g. 'house', '##ing', 'Ġhouse')
 --           n      same-token cells of the token over all pairs (a token
@@ -30,12 +33,29 @@ with
 
 ---------- imports
 
+-- which cells the run stores (jobs.attribute --cells, in manifest.json; runs
+-- before the option, and a run without manifest.json (a glob that matches
+-- nothing: no row), store every cell); a run without the cells this file
+-- needs stops here
+cells_guard as (
+    select
+        coalesce(bool_and(case
+            when coalesce(json_extract_string(content, '$.config.cells'), 'all')
+                <> 'none' then true
+            else error('lexical_ranks.sql needs the same-token cells; run ' || getvariable('run')
+                       || ' stores --cells '
+                       || json_extract_string(content, '$.config.cells')
+                       || ' (attribute it with --cells same-token or all)')
+        end), true) as ok,
+    from read_text(getvariable('run') || '/manifest.jso[n]')
+),
+
 same_token_cells as (
     select
         token_a as token,
         value,
     from read_parquet(getvariable('run') || '/cells/*.parquet')
-    where token_a = token_b
+    where token_a = token_b and (select ok from cells_guard)
 ),
 
 sentences as (

@@ -8,6 +8,8 @@
 --           N = 100), words appearing 30 and more times. We read that as
 --           30 same-token cells (min_count), not 30 occurrences.
 -- Inputs    cells, sentences of run and of run2 (as in lexical_ranks.sql)
+--           manifest.json of run and run2: config.cells (every cell or
+--           the same-token ones; --cells none is an error)
 -- Grain     one row per token that has at least min_count same-token cells
 --           in both runs (inner join on the token string: runs with
 --           different tokenizers share fewer tokens).
@@ -38,12 +40,31 @@ with
 
 ---------- imports
 
+-- which cells the runs store (jobs.attribute --cells, in manifest.json; runs
+-- before the option, and runs without manifest.json (a glob that matches
+-- nothing: no row), store every cell); runs without the cells this file
+-- needs stop here
+cells_guard as (
+    select
+        coalesce(bool_and(case
+            when coalesce(json_extract_string(content, '$.config.cells'), 'all')
+                <> 'none' then true
+            else error('lexical_ranks_compare.sql needs the same-token cells; run '
+                       || regexp_replace(filename, '/manifest[.]json$', '')
+                       || ' stores --cells '
+                       || json_extract_string(content, '$.config.cells')
+                       || ' (attribute it with --cells same-token or all)')
+        end), true) as ok,
+    from read_text([getvariable('run') || '/manifest.jso[n]',
+                    getvariable('run2') || '/manifest.jso[n]'])
+),
+
 same_token_cells_1 as (
     select
         token_a as token,
         value,
     from read_parquet(getvariable('run') || '/cells/*.parquet')
-    where token_a = token_b
+    where token_a = token_b and (select ok from cells_guard)
 ),
 
 sentences_1 as (
@@ -58,7 +79,7 @@ same_token_cells_2 as (
         token_a as token,
         value,
     from read_parquet(getvariable('run2') || '/cells/*.parquet')
-    where token_a = token_b
+    where token_a = token_b and (select ok from cells_guard)
 ),
 
 sentences_2 as (

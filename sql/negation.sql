@@ -13,6 +13,8 @@
 --           word_cells.u / v) and word_ids (token -> word)
 --           cells of run: the not-token's row (side a) or column (side b)
 --           word_cells of run: the not-word's cells, the word-cell sum
+--           manifest.json of run: config.cells; a run of --cells
+--           same-token or none is an error (it lacks the cells)
 -- Detection any pair of any run qualifies when one side's word list,
 --           compared case-insensitively, equals the other side's with one
 --           word 'not' removed. A "not" is a whole word for the tokenizer:
@@ -56,6 +58,23 @@ with
 
 ---------- imports
 
+-- which cells the run stores (jobs.attribute --cells, in manifest.json; runs
+-- before the option, and a run without manifest.json (a glob that matches
+-- nothing: no row), store every cell); a run without the cells this file
+-- needs stops here
+cells_guard as (
+    select
+        coalesce(bool_and(case
+            when coalesce(json_extract_string(content, '$.config.cells'), 'all')
+                = 'all' then true
+            else error('negation.sql needs every cell; run ' || getvariable('run')
+                       || ' stores --cells '
+                       || json_extract_string(content, '$.config.cells')
+                       || ' (attribute it with --cells all)')
+        end), true) as ok,
+    from read_text(getvariable('run') || '/manifest.jso[n]')
+),
+
 pairs as (
     select
         pair_id,
@@ -83,6 +102,7 @@ cells as (
         j,
         value,
     from read_parquet(getvariable('run') || '/cells/*.parquet')
+    where (select ok from cells_guard)
 ),
 
 word_cells as (
@@ -92,6 +112,7 @@ word_cells as (
         v,
         value,
     from read_parquet(getvariable('run') || '/word_cells/*.parquet')
+    where (select ok from cells_guard)
 ),
 
 ---------- logic: the pairs that differ by one "not"

@@ -15,6 +15,8 @@
 --           mapped), not stanza's: a difference wherever Fig 6 is compared.
 -- Inputs    word_cells of run (u, v index sentences.words of a and b)
 --           pairs, sentences of run: sentence ids, number of words
+--           manifest.json of run: config.cells; a run of --cells
+--           same-token or none is an error (it lacks the cells)
 --           parses of run (python -m jobs.parse --run DIR): deprel per
 --           (sentence_id, u); when it holds several parsers, stanza's
 --           rows are used if present (else the first parser by name),
@@ -48,6 +50,23 @@ with
 
 ---------- imports
 
+-- which cells the run stores (jobs.attribute --cells, in manifest.json; runs
+-- before the option, and a run without manifest.json (a glob that matches
+-- nothing: no row), store every cell); a run without the cells this file
+-- needs stops here
+cells_guard as (
+    select
+        coalesce(bool_and(case
+            when coalesce(json_extract_string(content, '$.config.cells'), 'all')
+                = 'all' then true
+            else error('syntactic_relations.sql needs every word cell; run ' || getvariable('run')
+                       || ' stores --cells '
+                       || json_extract_string(content, '$.config.cells')
+                       || ' (attribute it with --cells all)')
+        end), true) as ok,
+    from read_text(getvariable('run') || '/manifest.jso[n]')
+),
+
 word_cells as (
     select
         pair_id,
@@ -55,6 +74,7 @@ word_cells as (
         v,
         value,
     from read_parquet(getvariable('run') || '/word_cells/*.parquet')
+    where (select ok from cells_guard)
 ),
 
 pairs as (

@@ -122,7 +122,7 @@ def test_a_local_run_without_ray_resumes_and_equals_the_ray_run(ray_cluster, tmp
     assert f"computed now        {N_PAIRS - 4} pairs" in done.stdout and "wave 2/2" in done.stdout
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert [r["resources"]["executor"] for r in manifest["runs"]] == ["local"]  # the killed run wrote no manifest
-    assert manifest["runs"][0]["ray"] == {}
+    assert manifest["runs"][0]["ray"] == {} and manifest["cells"] == "all" and "cells" not in manifest["config"]
 
     # The Ray run of the same settings: the same run id, the same rows, the same parts, byte for byte.
     s = run_job(tmp_path / "ray", "--dataset", str(data), *FLAGS)
