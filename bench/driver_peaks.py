@@ -15,7 +15,7 @@ in, grouped by step; and what one executed Ray Data dataset leaves behind in a d
 per step of the driver (the innermost frame of jobs/ or of pyarrow's Parquet writer), the largest RssAnon seen in
 it and how often it was seen; then, per commit (a wave ends with one), the largest RssAnon since the last one, the
 step it fell in, and the lowest in the 3 s after it. `ray-data` executes N small
-datasets (32 blocks, a map_batches each, as stage 2 did per wave before the ninth session) or with `--tasks` the
+datasets (32 blocks, a map_batches each, as stage 2 did per wave before 057d443) or with `--tasks` the
 same calls as plain Ray tasks of one remote function (as stage 2 does now), and prints the driver's RssAnon and the
 count of Python objects every 10. `floors` runs `jobs.attribute` here with stage 1 in groups of N factor batches,
 with or without the garbage collection when a group ends (STAGE1_COLLECT), and prints the driver's floor after
@@ -179,7 +179,7 @@ def _fn(t):
 
 def ray_data(n: int, tasks: bool = False) -> None:
     """N rounds of 32 blocks through `_fn`: each round a Ray Data dataset (map_batches), or with `tasks` the same
-    32 calls as plain Ray tasks of one remote function (what stage 2 does per wave since issue 19's ninth session)."""
+    32 calls as plain Ray tasks of one remote function (what stage 2 does per wave since 057d443)."""
     import numpy as np
     import pyarrow as pa
     import ray

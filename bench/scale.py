@@ -21,7 +21,7 @@ What it runs, and why it is a fair rehearsal (bench/results/scale.md says the sa
 * The job: `python -m jobs.attribute` in a subprocess on a local Ray (started by the job), `-q`, into a fresh
   store; then the same command again (nothing to do); optionally a third store whose driver is SIGKILLed once
   all but the last wave have committed, and the resume timed (--resume), or that kill and resume in the one store
-  (--kill-late: at 404k a second full run does not fit a session). --s3 puts the stores on a moto_server on
+  (--kill-late: at 404k it saves the time of a second full run). --s3 puts the stores on a moto_server on
   127.0.0.1, reached over HTTP by the job's own store code (objects in the server's memory: its RSS is sampled). A sampler thread records, every 0.25 s, the
   driver's RSS, the largest and the summed RSS of Ray's worker processes, and the bytes used in /dev/shm (Ray's
   object store on Linux).
