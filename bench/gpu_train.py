@@ -1,18 +1,19 @@
-"""Carry models trained on a GPU machine back through small transfers, as weight differences in float16.
+"""Carry trained models between machines as float16 weight differences from their base, in small parts.
 
-The GPU machine of this workplace takes at most 64 MiB per call each way (files of at most 16 MiB), and one
-all-MiniLM-L6-v2 folder holds 87 MiB of float32 weights. A fine-tuned model differs from its base by little
-(|w - w0| <= ~5e-3 after STS-B), so it travels as d = float16(w - w0), split into parts, and is rebuilt as
+For any size-limited transfer (a job's output folder, an attachment, a copy with a per-file limit): one
+all-MiniLM-L6-v2 folder holds 87 MiB of float32 weights, and its differences in float16 about half that. A fine-tuned
+model differs from its base by little (|w - w0| <= ~5e-3 after STS-B), so it travels as d = float16(w - w0), split
+into parts of at most --part-mib MiB each (15 by default), and is rebuilt where the base is as
 
-    w' = w0 + float32(d)        (float32 addition on the CPU, the same on both machines)
+    w' = w0 + float32(d)        (float32 addition on the CPU, the same on both sides)
 
 `pack` rebuilds w' itself and writes max |w' - w| over all weights into the pack (pack.json), so the error of
 the transfer is measured against the trained float32 weights, not assumed. Every other file of the folder (the
 configs, the tokenizer, the card, the shift module) travels as it is.
 
-    # on the GPU machine, after `python -m jobs.train ...` wrote models/<name>:
+    # where the models were trained (e.g. a GPU machine), after `python -m jobs.train ...` wrote models/<name>:
     python bench/gpu_train.py pack --base <base model folder> --models models --out /tmp/pack NAME [NAME ...]
-    # here, with the parts copied into <packs>:
+    # where they are used, with the parts copied into <packs>:
     python bench/gpu_train.py unpack --base <base model folder> --packs <packs> --models models NAME [NAME ...]
 
 `--base` is the folder of the weights training started from (for the packaged MiniLM:
@@ -35,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from jobs._offline import BundleError, check_parts, join_parts, sha256_file, split_file  # noqa: E402
 
 WEIGHTS = "model.safetensors"
-PART_BYTES = 15 * 2**20  # under the 16 MiB a returned file may hold
+PART_MIB = 15  # the default largest part (--part-mib); set it under the transfer's per-file limit
 
 
 def _split(w: dict[str, torch.Tensor], w0: dict[str, torch.Tensor]) -> tuple[dict, dict]:
@@ -53,7 +54,7 @@ def _rebuild(delta: dict[str, torch.Tensor], extra: dict[str, torch.Tensor], w0:
     return {**{k: w0[k] + d.to(torch.float32) for k, d in delta.items()}, **extra}
 
 
-def pack(base: Path, models: Path, out: Path, name: str) -> dict:
+def pack(base: Path, models: Path, out: Path, name: str, part_mib: float = PART_MIB) -> dict:
     folder = models / name
     w, w0 = load_file(folder / WEIGHTS), load_file(base / WEIGHTS)
     delta, extra = _split(w, w0)
@@ -63,7 +64,7 @@ def pack(base: Path, models: Path, out: Path, name: str) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     blob_path = out / f"{name}.delta"
     blob_path.write_bytes(save(delta))
-    entry = split_file(blob_path, out, PART_BYTES, root=out)  # parts <name>.delta.000, ... (jobs/_offline.py)
+    entry = split_file(blob_path, out, int(part_mib * 2**20), root=out)  # parts <name>.delta.000, ... (jobs/_offline.py)
     blob_path.unlink()
     info = {"name": name, "tensors": len(w), "as_difference": len(delta), "as_is": sorted(extra),
             "max_abs_difference": largest, "max_abs_rebuild_error": error, "parts": len(entry["parts"]),
@@ -110,11 +111,15 @@ def main(argv: list[str] | None = None) -> int:
         s.add_argument("--models", type=Path, default=Path("models"))
         s.add_argument("names", nargs="+", help="model folder names under --models")
     sub.choices["pack"].add_argument("--out", type=Path, required=True, help="folder for the parts")
+    sub.choices["pack"].add_argument("--part-mib", type=float, default=PART_MIB,
+                                     help=f"largest part in MiB (default {PART_MIB}): under the transfer's per-file limit")
     sub.choices["unpack"].add_argument("--packs", type=Path, required=True, help="folder holding the parts")
     args = p.parse_args(argv)
+    if args.verb == "pack" and not args.part_mib > 0:
+        p.error(f"--part-mib must be above 0 (got {args.part_mib})")
     for name in args.names:
         if args.verb == "pack":
-            info = pack(args.base, args.models, args.out, name)
+            info = pack(args.base, args.models, args.out, name, args.part_mib)
         else:
             info = unpack(args.base, args.packs, args.models, name)
         print(json.dumps({k: info[k] for k in ("name", "parts", "max_abs_difference", "max_abs_rebuild_error")}),

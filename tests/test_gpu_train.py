@@ -63,3 +63,21 @@ def test_parts_that_do_not_add_up_or_another_base_are_refused(tmp_path, base_and
     part.write_bytes(part.read_bytes()[:-1])
     with pytest.raises(SystemExit, match="do not add up"):
         gpu_train.unpack(base, packs, tmp_path / "b", "tuned")
+
+
+def test_part_mib_bounds_every_part_and_the_parts_come_back_whole(tmp_path, base_and_tuned, capsys):
+    base, models, trained = base_and_tuned
+    packs, back = tmp_path / "packs", tmp_path / "back"
+    part_mib = 0.01  # ~10 KiB: the tiny model's differences take several parts
+    assert gpu_train.main(["pack", "--base", str(base), "--models", str(models), "--out", str(packs),
+                           "--part-mib", str(part_mib), "tuned"]) == 0  # fmt: skip
+    parts = sorted(packs.glob("tuned.delta.*"))
+    assert len(parts) > 1 and all(f.stat().st_size <= int(part_mib * 2**20) for f in parts)
+    assert json.loads(capsys.readouterr().out)["parts"] == len(parts)
+    gpu_train.unpack(base, packs, back, "tuned")
+    rebuilt = load_file(back / "tuned" / gpu_train.WEIGHTS)
+    assert max((rebuilt[k] - trained[k]).abs().max().item() for k in trained) < 1e-5
+    with pytest.raises(SystemExit):
+        gpu_train.main(["pack", "--base", str(base), "--models", str(models), "--out", str(packs), "--part-mib", "0",
+                        "tuned"])  # fmt: skip
+    assert "--part-mib must be above 0" in capsys.readouterr().err
