@@ -64,7 +64,8 @@ def pack(base: Path, models: Path, out: Path, name: str, part_mib: float = PART_
     out.mkdir(parents=True, exist_ok=True)
     blob_path = out / f"{name}.delta"
     blob_path.write_bytes(save(delta))
-    entry = split_file(blob_path, out, int(part_mib * 2**20), root=out)  # parts <name>.delta.000, ... (jobs/_offline.py)
+    # parts <name>.delta.000, ... (jobs/_offline.py)
+    entry = split_file(blob_path, out, int(part_mib * 2**20), root=out)
     blob_path.unlink()
     info = {"name": name, "tensors": len(w), "as_difference": len(delta), "as_is": sorted(extra),
             "max_abs_difference": largest, "max_abs_rebuild_error": error, "parts": len(entry["parts"]),
@@ -111,8 +112,12 @@ def main(argv: list[str] | None = None) -> int:
         s.add_argument("--models", type=Path, default=Path("models"))
         s.add_argument("names", nargs="+", help="model folder names under --models")
     sub.choices["pack"].add_argument("--out", type=Path, required=True, help="folder for the parts")
-    sub.choices["pack"].add_argument("--part-mib", type=float, default=PART_MIB,
-                                     help=f"largest part in MiB (default {PART_MIB}): under the transfer's per-file limit")
+    sub.choices["pack"].add_argument(
+        "--part-mib",
+        type=float,
+        default=PART_MIB,
+        help=f"largest part in MiB (default {PART_MIB}); set it under the transfer's per-file limit",
+    )
     sub.choices["unpack"].add_argument("--packs", type=Path, required=True, help="folder holding the parts")
     args = p.parse_args(argv)
     if args.verb == "pack" and not args.part_mib > 0:
