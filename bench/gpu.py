@@ -1,13 +1,13 @@
 """The engine on one GPU, without Ray: what full QQP's attribution costs there, and the GPU path's numerics.
 
-The GPU machine has torch and sentence-transformers but no Ray, and a call carries at most 64 MiB, so this runs in
-three steps:
+A GPU benchmark that needs only torch and sentence-transformers on the GPU machine (no Ray, no model packages, no
+data there): `pack` gathers what `run` measures into one small folder to copy over, so it runs in three steps:
 
     python bench/gpu.py pack                        # here: bench/.cache/gpu/ (below)
     python bench/gpu.py run --out bench/.cache/gpu-result.json   # there, carrying bench/.cache/gpu
     python bench/gpu.py report RESULT.json          # here: bench/results/gpu.md
 
-    python bench/gpu.py sweep --out-stem $OUT/gpu-sweep     # there, one command: gpu-sweep.json and gpu-sweep.md
+    python bench/gpu.py sweep --out-stem bench/.cache/gpu-sweep   # there, one command: gpu-sweep.json and gpu-sweep.md
     python bench/gpu.py sweep --dry-run --out-stem /tmp/s   # anywhere: the same code on the CPU with a tiny model
 
 `pack` writes all-MiniLM-L6-v2 with its real weights stored as float16 (45 MB; `run` computes in float32 from
@@ -77,7 +77,7 @@ GOAL_HOURS = 1.0  # issue 41: both models, full QQP, end to end, on one H100
 
 # --------------------------------------------------------------------------- pack (here)
 def pack() -> None:
-    """bench/.cache/gpu: what `run` needs, small enough to travel (< 64 MiB)."""
+    """bench/.cache/gpu: what `run` needs, small enough to copy (MiniLM in float16, mpnet without weights)."""
     from xsbert_core import resolve_model
 
     PACK.mkdir(parents=True, exist_ok=True)
@@ -542,7 +542,7 @@ def report(path: str) -> str:
     num = r.get("numerics", {})
     lines = [f"## One GPU, no Ray: {r['device']} (torch {r['torch']}, {r['stamp']})", ""]
     if r.get("calls"):
-        lines += ["Commands (on the GPU machine, carrying bench/.cache/gpu from `python bench/gpu.py pack`):", ""]
+        lines += ["Commands (on a GPU machine, carrying bench/.cache/gpu from `python bench/gpu.py pack`):", ""]
         lines += [f"    {c}" for c in r["calls"]] + [""]
     if r.get("note"):
         lines += [f"Note: {r['note']}.", ""]
