@@ -67,6 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--negation-limit", type=int, default=None, help="first N negation pairs (default all)")
     p.add_argument("--adjectives-limit", type=int, default=None, help="first N adjective pairs (default all)")
     p.add_argument("--tolerance", type=float, default=1e-3, help="adaptive N per sentence (configs/paper.yaml)")
+    p.add_argument("--steps", type=int, default=None, help="N to start the adaptive N from (jobs.attribute's default)")
     p.add_argument("--max-steps", type=int, default=256, help="cap of the adaptive N (configs/paper.yaml)")
     p.add_argument("--device", default=None, help="attribution device (default cuda where torch sees one)")
     p.add_argument("--aso-iterations", type=int, default=1000)
@@ -75,6 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--batch-size", type=int, default=None)
     g.add_argument("--train-limit", type=int, default=None)
     g.add_argument("--dev-limit", type=int, default=None)
+    g.add_argument("--table1-sample", type=int, default=None, help="seeded test pairs for Table 1 (default all)")
     p.add_argument("--stop-after", default=None, help="stop after the piece of this name (see progress.json)")
     p.add_argument("-q", "--quiet", action="store_true")
     return p.parse_args(argv)
@@ -159,7 +161,7 @@ class Study:
         meta = self.out / "table1.json"
         if meta.is_file() and json.loads(meta.read_text()).get("models") == sorted(paths):
             return
-        df, tests = evaluate.table1(paths, "test", self.args.aso_iterations)
+        df, tests = evaluate.table1(paths, "test", self.args.aso_iterations, self.args.table1_sample)
         df.write_parquet(self.out / "table1.parquet")
         df.write_csv(self.out / "table1.csv")
         meta.write_text(json.dumps({"models": sorted(paths), "aso": tests, "split": "test",
@@ -178,6 +180,8 @@ class Study:
         limit = {"negation": a.negation_limit, "adjectives": a.adjectives_limit}.get(dataset)
         if limit:
             argv += ["--limit", str(limit)]
+        if a.steps:
+            argv += ["--steps", str(a.steps)]
         if a.device:
             argv += ["--device", a.device]
         if a.quiet:

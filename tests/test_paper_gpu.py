@@ -1,5 +1,5 @@
 """bench/paper_gpu.py end to end on the CPU: a tiny random model of mpnet's architecture as the shelf, every piece
-(five trainings of one short epoch on 8 pairs, Table 1 on all of STS-B test, attributions without Ray on 4 STS-B
+(five trainings of one short epoch on 8 pairs, Table 1 on 40 STS-B test pairs, attributions without Ray on 4 STS-B
 test pairs, 3 negation and 3 adjective pairs), then a rerun that skips everything.
 
 The results folder must hold no model weights, read with `xsbert sql` and the SQL files as the store's runs do, and
@@ -39,8 +39,8 @@ def test_paper_gpu_end_to_end_with_a_tiny_mpnet_and_a_rerun_that_skips(tiny, tmp
     out, models = tmp_path / "results", tmp_path / "models"
     args = ["--base", str(shelf), "--out", str(out), "--models", str(models), "--sample", str(SAMPLE),
             "--layers-first", "2", "--fig-layer", "1", "--layers-rest", "", "--negation-limit", "3",
-            "--adjectives-limit", "3", "--tolerance", "1e-2", "--max-steps", "8", "--aso-iterations", "20",
-            "--epochs", "1", "--batch-size", "4", "--train-limit", "8", "--dev-limit", "6", "--device", "cpu",
+            "--adjectives-limit", "3", "--tolerance", "1e-2", "--steps", "4", "--max-steps", "8", "--aso-iterations", "20",
+            "--epochs", "1", "--batch-size", "4", "--train-limit", "8", "--dev-limit", "6", "--table1-sample", "40", "--device", "cpu",
             "-q"]  # fmt: skip
     first = run_script(args, tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -66,7 +66,7 @@ def test_paper_gpu_end_to_end_with_a_tiny_mpnet_and_a_rerun_that_skips(tiny, tmp
     t1 = pl.read_parquet(out / "table1.parquet")
     assert set(t1["model"]) == {"shelf", "tuned", "exact", "orig", "tuned2", "exact2"}
     assert t1.filter(pl.col("model") == "orig")["similarity"].to_list().count("dot") == 2
-    assert set(t1["n_pairs"]) == {1379}
+    assert set(t1["n_pairs"]) == {40}
     meta = json.loads((out / "table1.json").read_text())
     assert set(meta["aso"]) == {"best-dev", "last-epoch"}
     assert sorted(p.name for p in (out / "training").iterdir()) == sorted(
