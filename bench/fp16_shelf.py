@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             res["tensors_changed_by_rounding"] = round_to_float16(model)
         cos = cosines(model, a, b)
         ex = Explainer(model, layer=args.layer, steps=args.steps, rule="gauss-legendre", mode="approx")
-        mats = [r for r in ex.explain_pairs(pairs)]
+        mats = list(ex.explain_pairs(pairs))
         out[name] = (cos, mats)
         res[f"table1_shelf_spearman_x100_{name}"] = 100 * spearman(cos, gold)
         res[f"seconds_{name}"] = time.perf_counter() - t0
