@@ -3,7 +3,7 @@
 test pairs, 3 negation and 3 adjective pairs), then a rerun that skips everything.
 
 The results folder must hold no model weights, read with `xsbert sql` and the SQL files as the store's runs do, and
-fit the 64 MiB a GPU machine's call returns."""
+stay small (under 64 MiB here: results meant to travel back from a GPU machine)."""
 
 from __future__ import annotations
 
@@ -39,9 +39,9 @@ def test_paper_gpu_end_to_end_with_a_tiny_mpnet_and_a_rerun_that_skips(tiny, tmp
     out, models = tmp_path / "results", tmp_path / "models"
     args = ["--base", str(shelf), "--out", str(out), "--models", str(models), "--sample", str(SAMPLE),
             "--layers-first", "2", "--fig-layer", "1", "--layers-rest", "", "--negation-limit", "3",
-            "--adjectives-limit", "3", "--tolerance", "1e-2", "--steps", "4", "--max-steps", "8", "--aso-iterations", "20",
-            "--epochs", "1", "--batch-size", "4", "--train-limit", "8", "--dev-limit", "6", "--table1-sample", "40", "--device", "cpu",
-            "-q"]  # fmt: skip
+            "--adjectives-limit", "3", "--tolerance", "1e-2", "--steps", "4", "--max-steps", "8",
+            "--aso-iterations", "20", "--epochs", "1", "--batch-size", "4", "--train-limit", "8", "--dev-limit", "6",
+            "--table1-sample", "40", "--device", "cpu", "-q"]  # fmt: skip
     first = run_script(args, tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "RAY_IMPORTED False" in first.stdout
