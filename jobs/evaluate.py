@@ -190,14 +190,16 @@ def predictions(path: str, texts_a: list[str], texts_b: list[str]) -> dict[str, 
     return scores
 
 
-def table1(paths: dict[str, str], split: str, aso_iterations: int = 1000) -> tuple[pl.DataFrame, dict[str, Any]]:
+def table1(paths: dict[str, str], split: str, aso_iterations: int = 1000,
+           sample: int | None = None) -> tuple[pl.DataFrame, dict[str, Any]]:  # fmt: skip
     """One row per model, checkpoint and similarity: Spearman x 100 (and Pearson) of prediction vs gold, cosine
     for every model (the paper's protocol, §4.1) and the model's own similarity beside it where that differs; a
     trained model at its last epoch and, where jobs.train saved it, its best dev epoch. ASO on squared errors of
     tuned vs exact per checkpoint. `paper_spearman_x100` only on rows of the paper's protocol (cosine; the best dev
     epoch, App. A); the paper's model is all-mpnet-base-v2 whatever ours is. The second seed's models (tuned2,
-    exact2), where they exist, get rows too: the spread of one recipe over seeds, beside tuned vs exact."""
-    a, b, gold, _ = stsb(split)
+    exact2), where they exist, get rows too: the spread of one recipe over seeds, beside tuned vs exact. `sample`:
+    a seeded sample of the split instead of all of it (smoke tests)."""
+    a, b, gold, _ = stsb(split, sample)
     rows, errors = [], {}
     for name, path in paths.items():
         if name not in ("shelf", *VARIANTS, *SECOND_SEED):
