@@ -23,6 +23,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(n: int) -> list[int]:
+    """`n` distinct TCP ports on 127.0.0.1 that nothing listens on (now): all bound at once, so none repeats."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 class EnvEndpoint:
     """An endpoint reached the standard way: `env` holds its variables; every name in SETTINGS that `env` does not
     set is unset in the environments made here (a developer's own settings must not leak into a test)."""

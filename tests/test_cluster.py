@@ -18,7 +18,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from endpoints import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_YAML = ROOT / "cluster.yaml"
@@ -155,19 +155,6 @@ def test_node_types_resources_are_integers(config):
 
 
 # --------------------------------------------------------------------------- ray job submit
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _dashboard_up(url: str, token: str) -> bool:
     request = urllib.request.Request(f"{url}/api/version", headers={"Authorization": f"Bearer {token}"})
     try:
@@ -183,7 +170,7 @@ class LocalHead:
     def __init__(self) -> None:
         # Short path: Ray puts unix sockets under it (108-byte limit).
         self.temp_dir = tempfile.mkdtemp(prefix="xsr-", dir="/tmp")
-        gcs_port, dash_port, client_port, agent_port = _free_ports(4)
+        gcs_port, dash_port, client_port, agent_port = free_ports(4)
         self.gcs_port = gcs_port
         self.url = f"http://127.0.0.1:{dash_port}"
         self.env = {k: v for k, v in os.environ.items()

@@ -30,7 +30,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from endpoints import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -125,19 +125,6 @@ def test_the_block_is_found_and_edited_only_where_the_machine_is_shared():
 
 
 # --------------------------------------------------------------------------- a head started by the block
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def new_shell_env(home: Path, ray_tmpdir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in CLEARED}
     venv_bins = {str(BIN), str(BIN.resolve())}
@@ -224,7 +211,7 @@ def block_run():
     subprocess.run([str(BIN / "ray"), "get-auth-token", "--generate"], env=env, check=True, capture_output=True)
     assert (home / ".ray" / "auth_token").is_file()
 
-    gcs, dash, client, agent = _free_ports(4)
+    gcs, dash, client, agent = free_ports(4)
     flags = [f"--port={gcs}", f"--dashboard-port={dash}", f"--ray-client-server-port={client}",
              f"--dashboard-agent-listen-port={agent}", "--num-cpus=2"]  # fmt: skip
     script = work / "block.sh"
