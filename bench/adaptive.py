@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from engine import stsb_test_pairs  # noqa: E402
+from precision import commit  # noqa: E402
 
 from jobs.attribute import DEFAULT_ADAPTIVE_TOLERANCE, DEFAULT_BATCH_SIZE_CPU  # noqa: E402
 from xsbert_core import Explainer, load_model  # noqa: E402
@@ -39,14 +39,6 @@ from xsbert_core.explainer import DEFAULT_MAX_STEPS, DEFAULT_STEPS  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 GRID = (4, 8, 16, 32, 64, 128)
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def needed_n(model, texts: list[str], layer: int, tol: float, batch: int) -> tuple[dict, dict]:
