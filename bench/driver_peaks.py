@@ -55,7 +55,7 @@ def step_of(frame) -> tuple[str, bool]:
     whether the driver is inside a store commit)."""
     stack = traceback.extract_stack(frame)
     names = [f"{f.filename.rsplit('/', 1)[-1]}:{f.name}" for f in stack if any(k in f.filename for k in STEP_FILES)]
-    committing = any(f.name == "commit" and f.filename.endswith("_store.py") for f in stack)
+    committing = any(f.name == "commit" and f.filename.endswith(("store/local.py", "store/object.py")) for f in stack)
     return (" > ".join(names[-2:]) if names else "(outside jobs/)"), committing
 
 
@@ -150,7 +150,7 @@ def floors(argv: list[str], group_blocks: int | None, collect: bool, trace: int 
         summary = attribute.main(attribute.parse_args(argv))
     finally:
         attribute.driver_memory_mb = memory
-    from jobs._store import open_store
+    from jobs.store import open_store
 
     manifest = open_store(*str(summary["run_dir"]).rsplit("/", 1)).read_manifest()
     waves = manifest["runs"][-1]["waves"]
@@ -212,7 +212,7 @@ def parquet_write(part: str, row_group_size: int | None, settings: str = "store"
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from jobs._store import PARQUET_OPTIONS, parquet_options
+    from jobs.store import PARQUET_OPTIONS, parquet_options
 
     table = pq.read_table(part).combine_chunks()
     pa.default_memory_pool().release_unused()

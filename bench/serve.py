@@ -6,7 +6,7 @@
     python bench/serve.py --run runs/<id>      # an existing job store instead (nothing generated)
 
 The store (default /tmp/xsbert-bench-serve; never the repository) has the layout and the schemas of
-`python -m jobs.attribute` (jobs/_store.SCHEMAS and parquet_options): waves of --wave-size pairs, one `pairs` and
+`python -m jobs.attribute` (jobs.store.SCHEMAS and parquet_options): waves of --wave-size pairs, one `pairs` and
 `sentences` part per wave and one `cells` / `word_cells` part per stage-2 batch of --batch-pairs pairs, as the
 404k rehearsal run of bench/scale.py wrote them (25 waves, ~1,600 cell parts). What is real and what is not:
 the texts are the bundled QQP subset's questions, each with ~1/3 of its words swapped for a word drawn from the
@@ -53,7 +53,7 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jobs._store import SCHEMAS, parquet_options, part_name  # noqa: E402
+from jobs.store import SCHEMAS, parquet_options, part_name  # noqa: E402
 
 QQP = Path("/work/shared/data/qqp/qqp_glue_train_subset.tsv.gz")
 QQP_FULL_PAIRS = 404_290

@@ -8,7 +8,7 @@
     python bench/sql.py --run runs/<id> [--run2 runs/<id2>]  # an existing job store instead (nothing generated)
 
 The store (default /tmp/xsbert-bench-sql; never the repository) holds two runs of the same pairs, as
-`python -m jobs.attribute` writes them (docs/STORE.md, jobs/_store.SCHEMAS and parquet_options, one part per
+`python -m jobs.attribute` writes them (docs/STORE.md, jobs.store.SCHEMAS and parquet_options, one part per
 wave of --wave-size pairs), plus the `parses` table of jobs.parse:
 
   run 1  all-MiniLM-L6-v2, approx, cos, layer 3        run 2  the same pairs, layer 5: perturbed cells
@@ -79,7 +79,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from jobs._actors import top_cell_lists  # noqa: E402
-from jobs._store import SCHEMAS, STORE_VERSION, run_id, write_parquet  # noqa: E402
+from jobs.store import SCHEMAS, STORE_VERSION, run_id, write_parquet  # noqa: E402
 from xsbert_core.metrics import grouped_average_ranks  # noqa: E402
 from xsbert_core.syntax import ALIGNMENTS  # noqa: E402
 

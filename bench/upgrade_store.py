@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from jobs._actors import TOP_CELLS, Grids  # noqa: E402
-from jobs._store import SCHEMAS, STORE_VERSION, write_parquet  # noqa: E402
+from jobs.store import SCHEMAS, STORE_VERSION, write_parquet  # noqa: E402
 
 
 def pair_runs(table: pa.Table) -> list[tuple[str, int, int]]:

@@ -36,7 +36,7 @@ from xsbert_core.metrics import grouped_rank_bounds, grouped_top_k
 from xsbert_core.pairs import completeness_target, pair_matrix, similarity_score
 from xsbert_core.words import averaging_matrix
 
-from ._store import SCHEMAS
+from .store import SCHEMAS
 
 logger = logging.getLogger(__name__)
 
@@ -412,7 +412,7 @@ class PairCells:
 
     def tables(self, batch: pa.Table) -> tuple[pa.Table, pa.Table, pa.Table]:
         """(numbers: PAIR_NUMBERS + n_cells, n_word_cells, one row per pair in batch order; cells; word_cells),
-        the cell tables with the store's columns (jobs/_store.py SCHEMAS), in pair then row-major order."""
+        the cell tables with the store's columns (jobs/store/ SCHEMAS), in pair then row-major order."""
         numbers: dict[str, list[Any]] = {name: [] for name in PAIR_NUMBERS if name not in TOP_CELLS}
         c_pair, c_i, c_j, c_ta, c_tb, c_val = [], [], [], [], [], []
         w_pair, w_u, w_v, w_ta, w_tb, w_val = [], [], [], [], [], []
@@ -613,7 +613,7 @@ def pair_cells(
 ) -> pa.Table:
     """Stage 2 as a Ray task: look the wave's factors up (read once per worker, zero-copy), then PairCells.
 
-    With a `sink` (jobs/_store.py PartSink) the task writes the batch's cells and word cells itself, as parts
+    With a `sink` (jobs/store/ PartSink) the task writes the batch's cells and word cells itself, as parts
     of wave `seq` named by the batch's first `ord`, and returns only the numbers and the parts' names; the
     driver commits the wave (its pairs part) once every batch has come back."""
     import ray

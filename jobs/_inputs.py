@@ -34,7 +34,7 @@ import pandas as pd
 from xsbert_core import InputError
 
 from . import _datasets
-from ._store import SCHEMAS, pair_keys
+from .store import SCHEMAS, pair_keys
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUNDLED_STSB = Path(__file__).resolve().parent / "data" / "stsb.tsv.gz"

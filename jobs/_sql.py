@@ -36,7 +36,7 @@ import pyarrow.fs as pafs
 
 from xsbert_core import InputError
 
-from ._store import REMOTE_SCHEMES, filesystem, gcs_emulator, uri_scheme  # scheme -> family; DuckDB: all
+from .store import CREDENTIALS, REMOTE_SCHEMES, endpoint_name, filesystem, uri_scheme  # scheme -> family; DuckDB: all
 
 # Variables that name a run directory (`pairs_of`: reference_terms.sql and pos_neg_sums.sql keep the pairs that run
 # holds too): checked as --run is, and an object-store one's filesystem registered beside the runs'.
@@ -111,18 +111,11 @@ def run_name(run: str | os.PathLike) -> str:
     return run.name if isinstance(run, Path) else run.rsplit("/", 1)[-1]
 
 
-def _endpoint() -> str | None:
-    """The S3 endpoint from the environment (AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL), without any user:password@."""
-    url = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    return re.sub(r"//[^/@]*@", "//", url) if url else None
-
-
 def _store_error(exc: Exception, location: str, flag: str | None = None) -> InputError:
     """An object-store failure as one line: unreachable, denied, no such bucket, else its first line."""
     where = f"{flag} {location}" if flag else str(location)
     text = " ".join(str(exc).split())
-    family = REMOTE_SCHEMES.get(scheme(location) or "", "")
-    endpoint = (_endpoint() if family == "s3" else gcs_emulator()) or ("AWS S3" if family == "s3" else "Google Cloud Storage")
+    endpoint = endpoint_name(location)
     if re.search(r"NETWORK_CONNECTION|curlCode|[Cc]ould not (?:connect|resolve)|Couldn't (?:connect|resolve)|"
                  r"Connection refused|timed out|Timeout", text):  # fmt: skip
         reason = re.search(r"(Could not resolve[^;.]*|Could not connect to server|Couldn't [^;.]*|Connection refused|"
@@ -133,11 +126,7 @@ def _store_error(exc: Exception, location: str, flag: str | None = None) -> Inpu
                  r"SIGNATURE_DOES_NOT_MATCH|ExpiredToken|EXPIRED_TOKEN|Forbidden|\b403\b|"
                  r"[Uu]nable to (?:load|find) credentials|[Nn]o credentials|Could not find default credentials|"
                  r"PERMISSION_DENIED|UNAUTHENTICATED", text):  # fmt: skip
-        how = (
-            "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (/ AWS_SESSION_TOKEN), AWS_PROFILE or the instance role"
-            if family == "s3"
-            else "GOOGLE_APPLICATION_CREDENTIALS or the instance's service account"
-        )
+        how = CREDENTIALS[REMOTE_SCHEMES[scheme(location) or ""]]
         return InputError(f"{where}: access denied by the object store at {endpoint} (check the credentials: {how})")
     if re.search(r"NoSuchBucket|NO_SUCH_BUCKET|[Bb]ucket .* (?:not found|does not exist)", text):
         return InputError(f"{where}: no such bucket {location.split('://', 1)[1].split('/', 1)[0]!r}")

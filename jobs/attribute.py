@@ -55,12 +55,11 @@ from xsbert_core.quadrature import SUPPORTED_RULES
 from ._actors import CELL_CHOICES, CELL_LISTS, NOT_CONVERGED, TOP_CELLS, WORD_LISTS
 from ._inputs import CHUNK_ROWS, KEEP_PREFIX, Pairs, SeenIds, quarantine_frame, sorted_find, stream_pairs, validate
 from ._ray import filter_stderr, init_ray, quiet_ray
-from ._store import (
+from .store import (
     SCHEMAS,
     STORE_RETRY_S,
     STORE_VERSION,
     TABLES,
-    ObjectRunStore,
     RunStore,
     StoreError,
     open_store,
@@ -630,7 +629,7 @@ def _write_failure(exc: BaseException) -> str | None:
     import re
 
     text = str(exc)
-    for pattern in (r"jobs\._store\.StoreError: ([^\n]+)", r"((?:OSError|FileNotFoundError|PermissionError): [^\n]+)"):
+    for pattern in (r"jobs\.store\.StoreError: ([^\n]+)", r"((?:OSError|FileNotFoundError|PermissionError): [^\n]+)"):
         found = re.findall(pattern, text)
         if found:
             return " ".join(found[-1].split())[:300]
@@ -851,8 +850,7 @@ def _prepare(args: argparse.Namespace, chunk_rows: int) -> Prepared:
     rid = run_id(config)
     # A rerun tokenises only the pairs not in the store yet (404k QQP: ~1M texts, twice, otherwise). Read-only.
     peek = open_store(args.out, rid, retry_s=args.store_retry_s)
-    if isinstance(peek, ObjectRunStore):
-        peek.check()  # an unreachable or missing bucket says so here, as it would when the run opens
+    peek.check()  # an unreachable or missing bucket says so here, as it would when the run opens
     stored = peek.done_pair_keys()
     seen, work, rejected = SeenIds(), WorkList(), []
     n_in = n_long = 0
@@ -1282,7 +1280,7 @@ def wave_order_codes(a: np.ndarray, b: np.ndarray, n_nodes: int) -> np.ndarray:
 def cell_writer(choice: str, store: RunStore, ray) -> str:
     """'workers' or 'driver' for --cell-writer: auto is workers where every worker sees the store (object
     storage, or a local --out on a one-node cluster), else the driver."""
-    from ._store import is_remote
+    from .store import is_remote
 
     if choice != "auto":
         if choice == "workers" and not is_remote(store.root) and len(_alive_nodes(ray)) > 1:

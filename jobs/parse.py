@@ -25,18 +25,16 @@ import json
 import logging
 import os
 import re
-import shutil
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from xsbert_core import InputError, XsbertError
 from xsbert_core.models import cache_dir
@@ -44,18 +42,7 @@ from xsbert_core.syntax import ALIGNMENTS, CLEARNLP_TO_UD, ParsedWord, align, cl
 from xsbert_core.words import words_of
 
 from ._ray import init_ray, quiet_ray
-from ._store import (
-    PART_RE,
-    SCHEMAS,
-    STAGING,
-    ObjectRunStore,
-    RunStore,
-    _fsync_dir,
-    is_remote,
-    open_store,
-    part_name,
-    write_parquet_synced,
-)
+from .store import PART_RE, SCHEMAS, RunStore, fsync_dir, is_remote, resolve, run_at, write_parquet_synced
 
 logger = logging.getLogger("jobs.parse")
 
@@ -397,7 +384,7 @@ class ParseCache:
             tmp = self.path / f".{final.name}.tmp"
             write_parquet_synced(rows.sort_by("sentence_id").cast(CACHE_SCHEMA), tmp, None)
             os.replace(tmp, final)
-            _fsync_dir(self.path)
+            fsync_dir(self.path)
         return final
 
 
@@ -489,39 +476,12 @@ class Run:
 
 
 def check_run(path: Path | str) -> None:
-    """A clear error unless `path` is a run directory with a readable sentences table."""
-    if is_remote(path):
-        store = open_store(*_parent_and_id(str(path)))
-        parts = store.parts("sentences")
-        if not parts:
-            raise InputError(f"{path} has no sentences table ({path}/sentences/*.parquet): pass a run written by "
-                             "jobs.attribute")  # fmt: skip
-        names = pq.read_schema(str(parts[0]), filesystem=store.fs).names  # type: ignore[attr-defined]
-        missing = [c for c in REQUIRED_SENTENCE_COLUMNS if c not in names]
-        if missing:
-            raise InputError(f"{path}/sentences lacks the columns {missing}")
-        return
-    assert isinstance(path, Path)
-    if not path.exists():
-        raise InputError(f"run directory {path} does not exist")
-    if not path.is_dir():
-        raise InputError(f"{path} is not a directory")
-    parts = sorted((path / "sentences").glob("part-*.parquet"))
-    if not parts:
-        raise InputError(f"{path} has no sentences table ({path}/sentences/*.parquet): pass a run directory "
-                         "written by jobs.attribute")  # fmt: skip
-    missing = [c for c in REQUIRED_SENTENCE_COLUMNS if c not in pq.read_schema(parts[0]).names]
-    if missing:
-        raise InputError(f"{path}/sentences lacks the columns {missing}")
-
-
-def _parent_and_id(uri: str) -> tuple[str, str]:
-    parent, _, rid = uri.rstrip("/").rpartition("/")
-    return parent, rid
+    """A clear error unless `path` is a run with a readable sentences table."""
+    run_at(path).require("sentences", REQUIRED_SENTENCE_COLUMNS)
 
 
 def open_run(path: Path | str, stack: contextlib.ExitStack) -> Run:
-    store = open_store(*_parent_and_id(str(path))) if is_remote(path) else RunStore(path.parent, path.name)  # type: ignore[union-attr]
+    store = run_at(path)
     try:
         stack.enter_context(store)
     except RuntimeError as exc:  # the writer lock is held (jobs.attribute or another jobs.parse)
@@ -539,62 +499,6 @@ def open_run(path: Path | str, stack: contextlib.ExitStack) -> Run:
         parsed_ids = frame.get_column("sentence_id").unique()
         parsers = set(frame.select("parser", "parser_version", "parser_model").unique().iter_rows())
     return Run(path, store, sentences, parsed_ids, parsers, bool(store.parts("parses")))
-
-
-def _commit_each(store: RunStore, table: str, data: Iterable[pa.Table]) -> list[Path]:
-    """Each non-empty table of `data` as the next part of `table`, committed atomically as it comes."""
-    wrote: list[Path] = []
-    for rows in data:
-        if rows.num_rows:
-            wrote += store.commit(store.next_seq(), {table: rows})
-    return wrote
-
-
-def commit_parts(run: Run, table: str, data: Iterable[pa.Table]) -> list[Path]:
-    """Add each non-empty table of `data` as a part of `table`, each committed atomically as it comes (a job
-    stopped part-way keeps what it committed). A first write without rows still leaves an empty part."""
-    if not is_remote(run.path):
-        (run.store.path / table).mkdir(exist_ok=True)
-    wrote = _commit_each(run.store, table, data)
-    if not wrote and not run.store.parts(table):
-        wrote = run.store.commit(run.store.next_seq(), {table: SCHEMAS[table].empty_table()}, keep_empty=True)
-    return wrote
-
-
-def replace_table(store: RunStore, table: str, data: Iterable[pa.Table]) -> list[Path]:
-    """Swap the whole `table` folder for one holding the tables of `data`, one part each (staged, fsynced, two
-    renames; a reader in between finds the folder missing, never a mix of old and new rows).
-
-    On object storage (no rename): the new rows are committed as new parts, then the older parts are deleted;
-    a reader in between sees both parsers' rows (they differ in `parser`)."""
-    schema = SCHEMAS[table]
-    if isinstance(store, ObjectRunStore):
-        old = store.parts(table)
-        wrote = _commit_each(store, table, data)
-        if not wrote:
-            wrote = store.commit(store.next_seq(), {table: schema.empty_table()}, keep_empty=True)
-        for part in old:
-            store.fs.delete_file(str(part))
-        return wrote  # type: ignore[return-value]
-    staging = store.path / STAGING / f"{table}-new"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    staged: list[Path] = []
-    for rows in data:
-        if rows.num_rows:
-            staged.append(staging / part_name(len(staged)))
-            write_parquet_synced(rows.select(schema.names).cast(schema), staged[-1], table)
-    if not staged:
-        staged.append(staging / part_name(0))
-        write_parquet_synced(schema.empty_table(), staged[-1], table)
-    old = store.path / STAGING / f"{table}-old"
-    shutil.rmtree(old, ignore_errors=True)
-    if (store.path / table).exists():
-        os.replace(store.path / table, old)
-    os.replace(staging, store.path / table)
-    _fsync_dir(store.path)
-    shutil.rmtree(store.path / STAGING, ignore_errors=True)
-    return [store.path / table / part.name for part in staged]
 
 
 # --------------------------------------------------------------------------- Ray
@@ -687,7 +591,7 @@ def main(args: argparse.Namespace, echo: bool = True) -> dict[str, Any]:
         raise InputError("--batch-size must be >= 1")
     if args.commit_every < 1:
         raise InputError("--commit-every must be >= 1")
-    paths = list(dict.fromkeys(r.rstrip("/") if is_remote(r) else Path(r).expanduser().resolve() for r in args.run))
+    paths = list(dict.fromkeys(resolve(r) for r in args.run))
     for path in paths:
         check_run(path)
     spec = choose_parser(args.parser, args.stanza_dir, args.stanza_download)
@@ -732,7 +636,7 @@ def main(args: argparse.Namespace, echo: bool = True) -> dict[str, Any]:
             frame = todo_by_run[run.path]
             counts: Counter[str] = Counter()
             rows = realigned(frame, cache, spec, args.commit_every, counts, failed, unusable)
-            wrote = replace_table(run.store, "parses", rows) if args.replace else commit_parts(run, "parses", rows)
+            wrote = run.store.replace("parses", rows) if args.replace else run.store.append("parses", rows)
             info = {
                 "run_dir": str(run.path),
                 "sentences": frame.height,

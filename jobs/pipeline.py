@@ -41,7 +41,8 @@ from xsbert_core.quadrature import SUPPORTED_RULES
 
 from . import _sql, paper
 from ._inputs import BUILTINS, resolve_source
-from ._store import DERIVED_TABLES, TABLES, canonical_json, filesystem, is_remote
+from .store import DERIVED_TABLES, TABLES, canonical_json, is_remote
+from .store.files import is_file, join, location_fs, read_text, upload
 
 PROG = "python -m jobs.pipeline"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -293,21 +294,12 @@ def _sha(obj: Any) -> str:
     return hashlib.sha256(canonical_json(obj).encode()).hexdigest()[:16]
 
 
-def _fs(run: str):
-    """(pyarrow FileSystem, path) of a run directory: a local path or an object-storage URI."""
-    import pyarrow.fs as pafs
-
-    if is_remote(run):
-        return filesystem(run)
-    return pafs.LocalFileSystem(), str(Path(run).resolve())
-
-
 def run_state(run: str) -> dict[str, list[list[Any]]]:
     """The committed parts of every table of a run: (name, bytes, mtime). Parts are written once under new
     names, so a run whose listing is unchanged has unchanged rows."""
     import pyarrow.fs as pafs
 
-    fs, base = _fs(run)
+    fs, base = location_fs(run)
     state = {}
     for table in TABLES + DERIVED_TABLES:
         infos = fs.get_file_info(pafs.FileSelector(f"{base}/{table}", allow_not_found=True))
@@ -337,7 +329,7 @@ def unparsed(run: str) -> int:
     import pyarrow.compute as pc
     import pyarrow.dataset as pads
 
-    fs, base = _fs(run)
+    fs, base = location_fs(run)
     state = run_state(run)
     if not state.get("sentences"):
         return 0
@@ -362,43 +354,23 @@ class Reports:
         self.root = root
         self.remote = is_remote(root)
         self.local = Path(tempfile.mkdtemp(prefix="xsbert-reports-")) if self.remote else Path(root)
-        if self.remote:
-            self.fs, self.base = filesystem(root)
 
     def where(self, name: str) -> str:
         return f"{self.root}/{name}/index.html"
 
-    def exists(self, relative: str) -> bool:
-        import pyarrow.fs as pafs
+    def _at(self, relative: str) -> str | Path:
+        return join(self.root, relative) if self.remote else self.local / relative
 
-        if not self.remote:
-            return (self.local / relative).is_file()
-        return self.fs.get_file_info(f"{self.base}/{relative}").type == pafs.FileType.File
+    def exists(self, relative: str) -> bool:
+        return is_file(self._at(relative))
 
     def read_text(self, relative: str) -> str | None:
-        if not self.exists(relative):
-            return None
-        if not self.remote:
-            return (self.local / relative).read_text(encoding="utf-8")
-        with self.fs.open_input_stream(f"{self.base}/{relative}") as fh:
-            return fh.read().decode("utf-8")
+        return read_text(self._at(relative))
 
     def publish(self, relative: str) -> None:
         """Upload local/<relative> (a file or a report folder) over what the root had there."""
-        import pyarrow.fs as pafs
-
-        if not self.remote:
-            return
-        source = self.local / relative
-        target = f"{self.base}/{relative}"
-        if source.is_dir():
-            self.fs.delete_dir_contents(target, missing_dir_ok=True)
-            pafs.copy_files(
-                str(source), target, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=self.fs
-            )
-        else:
-            with self.fs.open_output_stream(target) as fh:
-                fh.write(source.read_bytes())
+        if self.remote:
+            upload(self.local / relative, str(self._at(relative)))
 
 
 class State:

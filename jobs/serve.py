@@ -53,7 +53,7 @@ import numpy as np
 from xsbert_core import InputError, XsbertError
 
 from . import _sql
-from ._store import part_seq
+from .store import part_seq
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000

@@ -55,11 +55,11 @@ def commit_large_rows(store, n: int = 10_000) -> dict:
     its PartSink, as stage-2 tasks do; the tables written."""
     import pyarrow as pa
 
-    from jobs import _store
+    from jobs import store as jstore
 
     rows = [{"pair_id": f"p{k}", "sentence_id": f"s{k:05d}", "tokens": ["[CLS]", f"t{k % 7}", "[SEP]"],
              "embedding": [k / 7.0, -k / 3.0, 0.5], "reference_embedding": [1.0, k / 11.0, -0.25]} for k in range(n)]
-    tables = {t: pa.Table.from_pylist(rows, schema=_store.SCHEMAS[t]) for t in ("pairs", "sentences", "cells")}
+    tables = {t: pa.Table.from_pylist(rows, schema=jstore.SCHEMAS[t]) for t in ("pairs", "sentences", "cells")}
     store.commit(0, tables)
     sink = store.sink()
     for table in ("cells", "sentences"):
@@ -87,7 +87,7 @@ def download(uri: str, dest: Path) -> Path:
     (Object by object: a GCS listing has no directory entries, so pyarrow's copy_files would not make the folders.)"""
     import pyarrow.fs as pafs
 
-    from jobs._store import filesystem
+    from jobs.store import filesystem
 
     fs, path = filesystem(uri)
     for info in fs.get_file_info(pafs.FileSelector(path, recursive=True)):

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 from jobtools import FAST, q, rows, stsb_rows, write_tsv
 
-from jobs import _sql, _store
+from jobs import _sql
+from jobs import store as jstore
 
 ROOT = Path(__file__).resolve().parents[1]
 N_PAIRS = 8
@@ -46,8 +47,8 @@ def stores(tmp_path_factory) -> dict[str, Path]:
 
 
 def test_cells_is_part_of_the_run_id_only_when_not_all():
-    from jobs.attribute import parse_args, run_config
     from jobs._inputs import load_pairs
+    from jobs.attribute import parse_args, run_config
 
     class FakeExplainer:
         settings = {"model": "m", "layer": 3, "n_layers": 6, "mode": "approx", "similarity": "cos",
@@ -60,7 +61,7 @@ def test_cells_is_part_of_the_run_id_only_when_not_all():
 
     base = config()
     assert "cells" not in base and config("--cells", "all") == base  # the run ids of earlier stores stand
-    ids = {_store.run_id(base), _store.run_id(config("--cells", "same-token")), _store.run_id(config("--cells", "none"))}
+    ids = {jstore.run_id(base), jstore.run_id(config("--cells", "same-token")), jstore.run_id(config("--cells", "none"))}
     assert len(ids) == 3
     assert config("--cells", "none")["cells"] == "none"
     with pytest.raises(SystemExit):
@@ -82,7 +83,7 @@ def test_the_same_token_store_holds_the_full_runs_same_token_cells(stores):
     assert rows(same, "word_cells") == same_words and 0 < len(same_words) < len(words)
     assert rows(none, "cells") == [] and rows(none, "word_cells") == []
     # The pairs: the same numbers, sums, top cells; only the counts of stored cells differ.
-    columns = [f.name for f in _store.SCHEMAS["pairs"] if f.name not in COUNTS]
+    columns = [f.name for f in jstore.SCHEMAS["pairs"] if f.name not in COUNTS]
     select = f"select {', '.join(columns)} from {{pairs}} order by pair_id"
     assert q(same, select) == q(full, select) == q(none, select)
     counted = "select pair_id, n_cells, n_word_cells from {pairs} order by pair_id"
@@ -157,7 +158,7 @@ def test_guards_of_the_word_cell_files_on_runs_they_otherwise_fit(stores, tmp_pa
             for name in ("triplet", "kind", "template"):
                 t = t.append_column(name, pa.nulls(t.num_rows, pa.string()))
             pq.write_table(t, part)
-        parses = _store.SCHEMAS["parses"].empty_table()
+        parses = jstore.SCHEMAS["parses"].empty_table()
         (run / "parses").mkdir()
         pq.write_table(parses, run / "parses" / "part-000000.parquet")
         for name in ("adjectives", "syntactic_relations"):

@@ -133,7 +133,7 @@ def test_job_quarantines_texts_without_content_as_the_engine_rejects_them(tiny, 
     import pandas as pd
 
     from jobs._inputs import REASONS, validate
-    from jobs._store import pair_keys
+    from jobs.store import pair_keys
 
     ex = Explainer(tiny.get(arch), layer=1, steps=2)
     tok = ex.split.tokenizer

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from jobtools import FAST, assert_same_rows, check_pipeline_on_store, download, run_job, stsb_rows, write_tsv
 
-from jobs import _store
+from jobs import store as jstore
 
 ROOT = Path(__file__).resolve().parents[1]
 N_PAIRS = 8
@@ -92,7 +92,7 @@ def test_driver_killed_mid_run_on_gcs_resumes_to_the_same_store(gcsenv, data, lo
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     assert f"killed/runs/{local_clean.name}/_lock.json" in gcsenv.listing("killed/runs/")
-    assert 4 <= len(_store.open_store(out, local_clean.name).done_pair_ids()) < N_PAIRS
+    assert 4 <= len(jstore.open_store(out, local_clean.name).done_pair_ids()) < N_PAIRS
 
     s = run_job(out, "--dataset", str(data), *FLAGS)  # type: ignore[arg-type]
     assert s["computed_pairs"] == N_PAIRS - 4 and (s["n_in"], s["n_done"]) == (N_PAIRS, N_PAIRS)
@@ -101,22 +101,22 @@ def test_driver_killed_mid_run_on_gcs_resumes_to_the_same_store(gcsenv, data, lo
 
 
 def test_two_writers_on_one_gcs_run_one_fails_cleanly(gcsenv):
-    first = _store.open_store(gcsenv.uri("locks"), "r").open()
+    first = jstore.open_store(gcsenv.uri("locks"), "r").open()
     try:
         assert "locks/r/_lock.json" in gcsenv.listing("locks/")
-        with pytest.raises(_store.StoreError, match=r"another run is writing gs://.*/locks/r \(lock held by pid"):
-            _store.open_store(gcsenv.uri("locks"), "r").open()
+        with pytest.raises(jstore.StoreError, match=r"another run is writing gs://.*/locks/r \(lock held by pid"):
+            jstore.open_store(gcsenv.uri("locks"), "r").open()
     finally:
         first.close()
     assert not gcsenv.listing("locks/")  # released
-    again = _store.open_store(gcsenv.uri("locks"), "r").open()  # the next writer gets it
+    again = jstore.open_store(gcsenv.uri("locks"), "r").open()  # the next writer gets it
     again.close()
 
 
 def test_lock_is_created_only_if_absent_on_the_endpoint(gcsenv):
     """The conditional create itself, without the store's read-before-create: the second create is refused by
     the endpoint (ifGenerationMatch=0 -> 412), not by a check on our side."""
-    lock = _store.LockObject("gcs", gcsenv.bucket, "cond/_lock.json")
+    lock = jstore.LockObject("gcs", gcsenv.bucket, "cond/_lock.json")
     assert lock.create(b'{"token": "a"}') is True
     assert lock.create(b'{"token": "b"}') is False
     assert json.loads(lock.read()) == {"token": "a"}
@@ -129,20 +129,20 @@ def test_expired_lock_is_taken_over_and_the_old_writer_is_fenced(gcsenv, monkeyp
     """A writer whose lock expired (killed on another host) is replaced; if it comes back, it cannot commit."""
     import pyarrow as pa
 
-    old = _store.open_store(gcsenv.uri("fence"), "r").open()
+    old = jstore.open_store(gcsenv.uri("fence"), "r").open()
     old._beat[0].set()  # its heartbeat stops, as if its host died
     monkeypatch.setattr(old, "_lock", {**old._lock, "host": "elsewhere"})
-    _store.LockObject("gcs", gcsenv.bucket, "fence/r/_lock.json").put(
-        _store.canonical_json({**old._lock, "expires": 0}).encode()
+    jstore.LockObject("gcs", gcsenv.bucket, "fence/r/_lock.json").put(
+        jstore.canonical_json({**old._lock, "expires": 0}).encode()
     )
-    new = _store.open_store(gcsenv.uri("fence"), "r").open()
-    table = pa.Table.from_pylist([{"pair_id": "a"}], schema=_store.SCHEMAS["pairs"])
-    with pytest.raises(_store.StoreError, match="no longer this run's"):
+    new = jstore.open_store(gcsenv.uri("fence"), "r").open()
+    table = pa.Table.from_pylist([{"pair_id": "a"}], schema=jstore.SCHEMAS["pairs"])
+    with pytest.raises(jstore.StoreError, match="no longer this run's"):
         old.commit(0, {"pairs": table})
     new.commit(0, {"pairs": table})
     new.close()
     old.close()  # not its lock any more: nothing removed
-    assert _store.open_store(gcsenv.uri("fence"), "r").done_pair_ids() == {"a"}
+    assert jstore.open_store(gcsenv.uri("fence"), "r").done_pair_ids() == {"a"}
 
 
 @pytest.mark.parametrize(

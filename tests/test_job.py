@@ -23,7 +23,8 @@ import pyarrow.parquet as pq
 import pytest
 from jobtools import stsb_rows, write_tsv
 
-from jobs import _inputs, _store
+from jobs import _inputs
+from jobs import store as jstore
 from jobs._inputs import load_pairs, resolve_source, validate
 from xsbert_core import InputError
 
@@ -251,21 +252,21 @@ def test_run_id_hashes_what_changes_the_numbers():
     base_args = parse_args(["--dataset", "stsb"])
     pairs = load_pairs("stsb", split="test", limit=3)
     base = run_config(base_args, FakeExplainer(), "w" * 64, pairs)
-    rid = _store.run_id(base)
-    assert rid == _store.run_id(json.loads(json.dumps(base))) and len(rid) == 16
+    rid = jstore.run_id(base)
+    assert rid == jstore.run_id(json.loads(json.dumps(base))) and len(rid) == 16
     # --limit / --sample select rows: same run
-    assert _store.run_id(run_config(parse_args(["--dataset", "stsb", "--limit", "9"]), FakeExplainer(), "w" * 64,
+    assert jstore.run_id(run_config(parse_args(["--dataset", "stsb", "--limit", "9"]), FakeExplainer(), "w" * 64,
                                     load_pairs("stsb", split="test", sample=7))) == rid  # fmt: skip
     for change in (dict(weights_sha256="x" * 64), dict(steps=8), dict(layer=2), dict(mode="exact"),
                    dict(rule="riemann"), dict(similarity="dot"), dict(min_abs=0.01), dict(code_version="9"),
                    dict(dataset={**base["dataset"], "split": "dev"})):  # fmt: skip
-        assert _store.run_id({**base, **change}) != rid, change
+        assert jstore.run_id({**base, **change}) != rid, change
 
 
 def test_commit_is_atomic_and_recovery_removes_a_cut_commit(tmp_path, monkeypatch):
-    store = _store.RunStore(tmp_path, "r").open()
+    store = jstore.RunStore(tmp_path, "r").open()
     def t(table: str) -> pa.Table:  # one row of the table's schema
-        return pa.Table.from_pylist([{"pair_id": "a", "sentence_id": "s"}], schema=_store.SCHEMAS[table])
+        return pa.Table.from_pylist([{"pair_id": "a", "sentence_id": "s"}], schema=jstore.SCHEMAS[table])
 
     store.commit(0, {"pairs": t("pairs"), "cells": t("cells"), "sentences": t("sentences")})
     real_replace = os.replace
@@ -282,12 +283,12 @@ def test_commit_is_atomic_and_recovery_removes_a_cut_commit(tmp_path, monkeypatc
     store.close()
     assert (tmp_path / "r" / "cells" / "part-000001.parquet").exists()  # the orphan a reader may glance at
     assert (tmp_path / "r" / "_staging").exists()
-    store = _store.RunStore(tmp_path, "r").open()  # the next run cleans up
+    store = jstore.RunStore(tmp_path, "r").open()  # the next run cleans up
     assert [p.name for p in store.parts("cells")] == ["part-000000.parquet"]
     assert store.parts("word_cells") == [] and not (tmp_path / "r" / "_staging").exists()
     assert store.next_seq() == 1 and store.done_pair_ids() == {"a"}
     with pytest.raises(RuntimeError, match="lock"):
-        _store.RunStore(tmp_path, "r").open()  # one writer at a time
+        jstore.RunStore(tmp_path, "r").open()  # one writer at a time
     store.close()
 
 
@@ -301,7 +302,7 @@ def test_sentences_parts_are_written_in_small_row_groups(tmp_path):
     from jobtools import commit_large_rows, row_groups
 
     for rid in ("r1", "r2"):
-        store = _store.RunStore(tmp_path, rid).open()
+        store = jstore.RunStore(tmp_path, rid).open()
         tables = commit_large_rows(store)
         store.close()
     run = tmp_path / "r1"
@@ -330,16 +331,16 @@ def test_parts_written_by_workers_commit_with_their_wave_and_strays_go(tmp_path)
     part that is missing fails the commit, and parts of a wave that never committed are removed on open."""
     import pickle
 
-    store = _store.RunStore(tmp_path, "r").open()
+    store = jstore.RunStore(tmp_path, "r").open()
     sink = pickle.loads(pickle.dumps(store.sink()))  # it travels to the Ray workers
 
     def t(table: str, pair: str = "a") -> pa.Table:
-        return pa.Table.from_pylist([{"pair_id": pair, "sentence_id": "s"}], schema=_store.SCHEMAS[table])
+        return pa.Table.from_pylist([{"pair_id": pair, "sentence_id": "s"}], schema=jstore.SCHEMAS[table])
 
     kept = {sink.write("cells", 0, 0, t("cells")), sink.write("cells", 0, 256, t("cells", "b"))}
     assert kept == {"part-000000-0000000.parquet", "part-000000-0000256.parquet"}
     stray = sink.write("cells", 0, 128, t("cells", "b"))
-    with pytest.raises(_store.StoreError, match="1 cells part.* of wave 0 reported written but not in the store"):
+    with pytest.raises(jstore.StoreError, match="1 cells part.* of wave 0 reported written but not in the store"):
         store.settle(0, {"cells": kept | {"part-000000-0000512.parquet"}})
     store.settle(0, {"cells": kept})
     store.commit(0, {"pairs": pa.concat_tables([t("pairs"), t("pairs", "b")])})
@@ -349,7 +350,7 @@ def test_parts_written_by_workers_commit_with_their_wave_and_strays_go(tmp_path)
     sink.write("cells", 1, 0, t("cells", "c"))  # wave 1: its cells land, the driver dies before its pairs part
     (tmp_path / "r" / "word_cells" / ".part-000001-0000000.parquet.99.tmp").write_bytes(b"cut short")
     store.close()
-    store = _store.RunStore(tmp_path, "r").open()
+    store = jstore.RunStore(tmp_path, "r").open()
     assert {p.name for p in store.parts("cells")} == kept
     assert not list((tmp_path / "r" / "word_cells").iterdir())
     assert store.next_seq() == 1 and store.done_pair_ids() == {"a", "b"}
@@ -618,7 +619,7 @@ def test_all_rows_quarantined_still_gives_queryable_tables(tmp_path):
     for table in ("pairs", "cells", "word_cells", "sentences"):
         assert q(run_dir, f"select count(*) from {{{table}}}") == [(0,)], table
     assert q(run_dir, "select count(*) from {pairs} p join {cells} c using (pair_id)") == [(0,)]
-    for table, schema in _store.SCHEMAS.items():
+    for table, schema in jstore.SCHEMAS.items():
         assert all(pq.read_schema(p) == schema for p in (run_dir / table).glob("*.parquet")), table
 
 

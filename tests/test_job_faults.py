@@ -11,7 +11,7 @@ store must hold the same rows, cell by cell. The reference is `clean`: one unint
 - a driver killed after its first commit, then rerun, equals it (byte for byte);
 - a batch that kills every actor fails the run with one clear line after --max-retries restarts,
   leaves nothing of its wave, and the rerun equals it (local and S3; a driver killed mid-run on S3 is in
-  tests/test_s3_job.py);
+  tests/test_store_backends.py);
 - retried copies of a stage-2 row are counted and dropped when equal, and fail the run when they differ.
 """
 
@@ -30,7 +30,7 @@ import pyarrow as pa
 import pytest
 from jobtools import FAST, TABLES, download, parquet_hashes, q, rows, run_job, stsb_rows, write_tsv
 
-from jobs import _store
+from jobs import store as jstore
 
 ROOT = Path(__file__).resolve().parents[1]
 N_PAIRS = 8
@@ -109,7 +109,7 @@ def test_killed_factor_actor_and_cell_task_give_the_same_store(kind, s3, clean, 
     assert s["computed_pairs"] == N_PAIRS
     assert_same_store(s["run_dir"], clean, tmp_path)
     # Each retried batch came back once: the killed calls had returned nothing.
-    manifest = _store.open_store(*s["run_dir"].rsplit("/", 1)).read_manifest()
+    manifest = jstore.open_store(*s["run_dir"].rsplit("/", 1)).read_manifest()
     assert s["duplicates_dropped"] == 0 == sum(w["duplicates_dropped"] for w in manifest["runs"][-1]["waves"])
 
 
@@ -134,13 +134,13 @@ def test_killed_driver_resumes_to_the_same_store(s3_ray, clean, data, tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     run_dir = out / clean.name
-    assert 4 <= len(_store.RunStore(out, clean.name).done_pair_ids()) < N_PAIRS  # killed between waves
+    assert 4 <= len(jstore.RunStore(out, clean.name).done_pair_ids()) < N_PAIRS  # killed between waves
 
     s = run_job(out, "--dataset", str(data), *FLAGS)
     assert s["computed_pairs"] == N_PAIRS - 4 and (s["n_in"], s["n_done"]) == (N_PAIRS, N_PAIRS)
     assert_same_store(run_dir, clean)
     assert parquet_hashes(run_dir) == parquet_hashes(clean)  # same waves, same parts: the same bytes
-    assert not (run_dir / _store.STAGING).exists()
+    assert not (run_dir / jstore.STAGING).exists()
 
 
 @pytest.mark.slow
@@ -161,13 +161,13 @@ def test_a_batch_that_kills_every_actor_fails_the_run_clearly(kind, s3, clean, d
     assert len(log.read_text().splitlines()) == 2  # the first try and one retry on a restarted actor
 
     # Nothing half-written: wave 1 committed, no part of wave 2 in any table, no staging left.
-    store = _store.open_store(out, clean.name)
+    store = jstore.open_store(out, clean.name)
     assert [p.name for p in store.parts("pairs")] == ["part-000000.parquet"]
     for table in ("cells", "word_cells", "sentences"):
-        assert {_store.part_seq(p.name) for p in store.parts(table)} == {0}, table
+        assert {jstore.part_seq(p.name) for p in store.parts(table)} == {0}, table
     if kind == "local":
         run_dir = Path(out) / clean.name
-        assert not (run_dir / _store.STAGING).exists()
+        assert not (run_dir / jstore.STAGING).exists()
         assert sorted(p.name for p in (run_dir / "cells").iterdir()) == [p.name for p in store.parts("cells")]
     assert len(store.done_pair_ids()) == 4
 

@@ -28,7 +28,7 @@ import pandas as pd
 import pytest
 from jobtools import FAST, q, run_job, stsb_rows, write_tsv
 
-from jobs import _store
+from jobs import store as jstore
 from xsbert_core import Explainer, weights_fingerprint
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
@@ -145,12 +145,12 @@ def test_sentences_table_columns(bad, minilm):
 def test_manifest_contents(bad, ray_cluster, minilm):
     s, run_dir, data = bad
     m = json.loads((run_dir / "manifest.json").read_text())
-    assert m["run_id"] == run_dir.name == s["run_id"] == _store.run_id(m["config"])
-    assert (m["store_version"], m["schema"]) == (_store.STORE_VERSION, "docs/STORE.md")
+    assert m["run_id"] == run_dir.name == s["run_id"] == jstore.run_id(m["config"])
+    assert (m["store_version"], m["schema"]) == (jstore.STORE_VERSION, "docs/STORE.md")
     config = dict(m["config"])
     dataset = config.pop("dataset")
     assert config == {
-        "store_version": _store.STORE_VERSION, "code_version": m["config"]["code_version"], "model": MINILM,
+        "store_version": jstore.STORE_VERSION, "code_version": m["config"]["code_version"], "model": MINILM,
         "weights_sha256": weights_fingerprint(minilm), "mode": "approx", "similarity": "cos", "layer": 5,
         "n_layers": 6, "rule": "gauss-legendre", "steps": 2, "tolerance": None, "max_steps": None,
         "truncation": "quarantine", "min_abs": 0.0,
@@ -343,7 +343,7 @@ def test_run_id_changes_with_everything_that_changes_the_numbers(tmp_path):
 
     def rid(argv=(), settings=None, fingerprint="w" * 64, data=pairs) -> str:
         args = parse_args(["--dataset", "x", *argv])
-        return _store.run_id(run_config(args, settings or Settings(), fingerprint, data))
+        return jstore.run_id(run_config(args, settings or Settings(), fingerprint, data))
 
     base = rid()
     assert rid(["--limit", "2", "--sample", "2", "--seed", "3", "--batch-size", "4", "--max-retries", "1"]) == base

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from jobtools import FAST, TABLES, parquet_hashes, rows, run_job, stsb_rows, write_tsv
 
-from jobs import _store
+from jobs import store as jstore
 
 ROOT = Path(__file__).resolve().parents[1]
 N_PAIRS = 10
@@ -112,7 +112,7 @@ def test_a_local_run_without_ray_resumes_and_equals_the_ray_run(ray_cluster, tmp
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     (run_dir,) = out.iterdir()
-    assert len(_store.RunStore(out, run_dir.name).done_pair_ids()) == 4  # wave 1 kept
+    assert len(jstore.RunStore(out, run_dir.name).done_pair_ids()) == 4  # wave 1 kept
 
     # ... resumes without Ray: only the other waves are computed.
     done = subprocess.run(local_cmd(out, data), cwd=ROOT, env=without_ray(tmp_path), capture_output=True, text=True,

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs import parse as job
-from jobs._store import SCHEMAS, RunStore
+from jobs.store import SCHEMAS, RunStore
 from xsbert_core import InputError
 from xsbert_core.syntax import (
     CLEARNLP_TO_UD,

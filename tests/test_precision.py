@@ -130,8 +130,8 @@ class _Settings:
 
 def test_float32_run_ids_are_those_made_before_precision_was_a_setting():
     from jobs._inputs import load_pairs
-    from jobs._store import run_id
     from jobs.attribute import parse_args, run_config
+    from jobs.store import run_id
 
     pairs = load_pairs("stsb", split="test", limit=3)
     args = parse_args(["--dataset", "stsb", "--steps", "16"])

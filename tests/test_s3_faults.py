@@ -24,7 +24,7 @@ import pytest
 from faultproxy import FaultProxy
 from jobtools import FAST, assert_same_rows, download, run_job, stsb_rows, write_tsv
 
-from jobs import _store
+from jobs import store as jstore
 
 ROOT = Path(__file__).resolve().parents[1]
 N_PAIRS = 8
@@ -53,7 +53,7 @@ def keys(s3, prefix: str) -> set[str]:
 
 
 def pairs_table(ids: list[str]) -> pa.Table:
-    return pa.Table.from_pylist([{"pair_id": i} for i in ids], schema=_store.SCHEMAS["pairs"])
+    return pa.Table.from_pylist([{"pair_id": i} for i in ids], schema=jstore.SCHEMAS["pairs"])
 
 
 # --------------------------------------------------------------------------- the store's calls, no Ray
@@ -61,7 +61,7 @@ def test_lost_answer_to_the_lock_create_is_our_own_lock(proxy, s3):
     """The conditional PUT of _lock.json lands but its answer is lost; the client's retry gets 412. The writer
     reads the lock, finds its own token and goes on (before: 'another run is writing ... lock held by pid <own>')."""
     proxy.set(rate=1.0, kinds=("lost",), match=r"^PUT .*/_lock\.json", limit=1)
-    store = _store.open_store(s3.uri("lost-lock"), "r", retry_s=20).open()
+    store = jstore.open_store(s3.uri("lost-lock"), "r", retry_s=20).open()
     try:
         assert proxy.faults["lost"] == 1
         store.commit(0, {"pairs": pairs_table(["a"])})
@@ -74,12 +74,12 @@ def test_store_calls_at_20_percent_faults_all_succeed(proxy, s3):
     """Every kind of call the driver makes (lock GET/PUT/DELETE, listings, part PUTs and GETs, the manifest) through
     a proxy that fails 20% of requests, seeded: the same objects as without faults."""
     proxy.set(rate=0.2)
-    store = _store.open_store(s3.uri("flaky"), "r", retry_s=60).open()
+    store = jstore.open_store(s3.uri("flaky"), "r", retry_s=60).open()
     try:
         for seq in range(3):
-            store.commit(seq, {"quarantine": _store.SCHEMAS["quarantine"].empty_table(),
+            store.commit(seq, {"quarantine": jstore.SCHEMAS["quarantine"].empty_table(),
                                "pairs": pairs_table([f"p{seq}{k}" for k in range(3)])}, keep_empty=True)  # fmt: skip
-            store.sink().write("cells", seq, 0, _store.SCHEMAS["cells"].empty_table())
+            store.sink().write("cells", seq, 0, jstore.SCHEMAS["cells"].empty_table())
         store.write_manifest({"runs": [], "n": 3})
         assert store.read_manifest() == {"runs": [], "n": 3}
         assert store.done_pair_ids() == {f"p{s}{k}" for s in range(3) for k in range(3)}
@@ -97,11 +97,11 @@ def test_store_calls_at_20_percent_faults_all_succeed(proxy, s3):
 def test_a_call_failing_past_the_deadline_is_one_line_with_key_and_status(proxy, s3, kind):
     """The manifest's upload fails on every try: a StoreError that names the operation, the key and what came back
     (the HTTP status, or no response), with the tries and the setting; no credentials hint; no unfinished upload."""
-    store = _store.open_store(s3.uri(f"deadline-{kind}"), "r", retry_s=2).open()
+    store = jstore.open_store(s3.uri(f"deadline-{kind}"), "r", retry_s=2).open()
     try:
         proxy.set(rate=1.0, kinds=(kind,), match=r"^(PUT|POST) \S*/manifest\.json")
         t0 = time.monotonic()
-        with pytest.raises(_store.StoreError) as err:
+        with pytest.raises(jstore.StoreError) as err:
             store.write_manifest({"runs": []})
         waited = time.monotonic() - t0
         proxy.set(rate=0.0)
@@ -117,10 +117,10 @@ def test_a_call_failing_past_the_deadline_is_one_line_with_key_and_status(proxy,
 
 def test_unfinished_multipart_upload_is_aborted(proxy, s3):
     """A part's upload whose parts keep failing: the upload pyarrow opened is aborted, not left behind."""
-    store = _store.open_store(s3.uri("multipart"), "r", retry_s=1).open()
+    store = jstore.open_store(s3.uri("multipart"), "r", retry_s=1).open()
     try:
         proxy.set(rate=1.0, kinds=("500",), match=r"^(PUT|POST) .*pairs/part-000000\.parquet\?.*uploadId=")
-        with pytest.raises(_store.StoreError, match=r"cannot write pairs/part-000000\.parquet: .*HTTP 500"):
+        with pytest.raises(jstore.StoreError, match=r"cannot write pairs/part-000000\.parquet: .*HTTP 500"):
             store.commit(0, {"pairs": pairs_table(["a"])})
         proxy.set(rate=0.0)
         assert not uploads(s3, "multipart/")
@@ -131,8 +131,8 @@ def test_unfinished_multipart_upload_is_aborted(proxy, s3):
 def test_denied_is_the_only_failure_with_a_credentials_hint(proxy, s3):
     """403 (moto checking signatures): access denied, with where a cluster gets credentials; never runtime_env."""
     with s3.auth_enforced():
-        with pytest.raises(_store.StoreError) as err:
-            _store.open_store(s3.uri("denied"), "r", retry_s=2).open()
+        with pytest.raises(jstore.StoreError) as err:
+            jstore.open_store(s3.uri("denied"), "r", retry_s=2).open()
     text = str(err.value)
     assert "access denied (HTTP 403" in text and "instance profile" in text and "runtime_env" not in text, text
 
@@ -201,7 +201,7 @@ def test_blackout_mid_run_stops_in_one_line_and_the_rerun_resumes(s3_ray, proxy,
     assert "no response" in err[-1] and "--store-retry-s" in err[-1], err[-1]
     assert proxy.faults["blackout"] > 0
     rid = clean.name
-    assert len(_store.open_store(out, rid).done_pair_ids()) == 4  # wave 1 committed, wave 2 not
+    assert len(jstore.open_store(out, rid).done_pair_ids()) == 4  # wave 1 committed, wave 2 not
 
     done = _job(out, data, env)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -223,9 +223,9 @@ def test_failed_manifest_write_is_one_line_and_the_rerun_rewrites_it(s3_ray, pro
     assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stderr[-3000:]
     assert "manifest.json" in err[-1] and "HTTP 500" in err[-1], err[-1]
     rid = clean.name
-    assert _store.open_store(out, rid).read_manifest() is None
+    assert jstore.open_store(out, rid).read_manifest() is None
 
     done = _job(out, data, env)
     assert done.returncode == 0 and "computed now        0 pairs" in done.stdout, done.stdout + done.stderr[-2000:]
-    manifest = _store.open_store(out, rid).read_manifest()
+    manifest = jstore.open_store(out, rid).read_manifest()
     assert manifest["tables"]["pairs"]["rows"] == N_PAIRS and manifest["tables"]["pairs"]["parts"] == 2

@@ -24,7 +24,7 @@ from jobtools import (
     write_tsv,
 )
 
-from jobs import _store
+from jobs import store as jstore
 
 ROOT = Path(__file__).resolve().parents[1]
 N_PAIRS = 8
@@ -108,7 +108,7 @@ def test_driver_killed_mid_run_on_s3_resumes_to_the_same_store(s3env, data, loca
         proc.wait(timeout=30)
     left = listing(s3env, f"killed/runs/{local_clean.name}/")
     assert any(k.endswith("_lock.json") for k in left)  # the killed writer's lock is still there
-    store = _store.open_store(out, local_clean.name)
+    store = jstore.open_store(out, local_clean.name)
     assert 4 <= len(store.done_pair_ids()) < N_PAIRS
 
     s = run_job(out, "--dataset", str(data), *FLAGS)  # type: ignore[arg-type]
@@ -120,10 +120,10 @@ def test_driver_killed_mid_run_on_s3_resumes_to_the_same_store(s3env, data, loca
 def test_parts_on_s3_have_the_local_row_groups_and_bytes(s3env, tmp_path):
     """Parts PUT by the store's own code (the driver's commit and a stage-2 task's PartSink) are the bytes a local
     store writes: `sentences` in row groups of 4,096 rows, the rest in one."""
-    store = _store.open_store(f"s3://{s3env.bucket}/groups", "r").open()
+    store = jstore.open_store(f"s3://{s3env.bucket}/groups", "r").open()
     commit_large_rows(store)
     store.close()
-    local = _store.RunStore(tmp_path / "local", "r").open()
+    local = jstore.RunStore(tmp_path / "local", "r").open()
     commit_large_rows(local)
     local.close()
     got = download(f"s3://{s3env.bucket}/groups/r", tmp_path / "copy")
@@ -134,13 +134,13 @@ def test_parts_on_s3_have_the_local_row_groups_and_bytes(s3env, tmp_path):
 
 
 def test_two_writers_on_one_s3_run_one_fails_cleanly(s3env):
-    first = _store.open_store(f"s3://{s3env.bucket}/locks", "r").open()
+    first = jstore.open_store(f"s3://{s3env.bucket}/locks", "r").open()
     try:
-        with pytest.raises(_store.StoreError, match=r"another run is writing s3://.*/locks/r \(lock held by pid"):
-            _store.open_store(f"s3://{s3env.bucket}/locks", "r").open()
+        with pytest.raises(jstore.StoreError, match=r"another run is writing s3://.*/locks/r \(lock held by pid"):
+            jstore.open_store(f"s3://{s3env.bucket}/locks", "r").open()
     finally:
         first.close()
-    again = _store.open_store(f"s3://{s3env.bucket}/locks", "r").open()  # released: the next writer gets it
+    again = jstore.open_store(f"s3://{s3env.bucket}/locks", "r").open()  # released: the next writer gets it
     again.close()
 
 
@@ -148,21 +148,21 @@ def test_expired_lock_is_taken_over_and_the_old_writer_is_fenced(s3env, monkeypa
     """A writer whose lock expired (killed on another host) is replaced; if it comes back, it cannot commit."""
     import pyarrow as pa
 
-    old = _store.open_store(f"s3://{s3env.bucket}/fence", "r").open()
+    old = jstore.open_store(f"s3://{s3env.bucket}/fence", "r").open()
     old._beat[0].set()  # its heartbeat stops, as if its host died
     monkeypatch.setattr(old, "_lock", {**old._lock, "host": "elsewhere"})
     import boto3
 
-    body = _store.canonical_json({**old._lock, "expires": 0}).encode()
+    body = jstore.canonical_json({**old._lock, "expires": 0}).encode()
     boto3.client("s3").put_object(Bucket=s3env.bucket, Key="fence/r/_lock.json", Body=body)
-    new = _store.open_store(f"s3://{s3env.bucket}/fence", "r").open()
-    table = pa.Table.from_pylist([{"pair_id": "a"}], schema=_store.SCHEMAS["pairs"])
-    with pytest.raises(_store.StoreError, match="no longer this run's"):
+    new = jstore.open_store(f"s3://{s3env.bucket}/fence", "r").open()
+    table = pa.Table.from_pylist([{"pair_id": "a"}], schema=jstore.SCHEMAS["pairs"])
+    with pytest.raises(jstore.StoreError, match="no longer this run's"):
         old.commit(0, {"pairs": table})
     new.commit(0, {"pairs": table})
     new.close()
     old.close()  # not its lock any more: nothing removed
-    assert _store.open_store(f"s3://{s3env.bucket}/fence", "r").done_pair_ids() == {"a"}
+    assert jstore.open_store(f"s3://{s3env.bucket}/fence", "r").done_pair_ids() == {"a"}
 
 
 def test_workers_write_parts_while_the_driver_renews_the_lock(s3env):
@@ -173,7 +173,7 @@ def test_workers_write_parts_while_the_driver_renews_the_lock(s3env):
 
     import pyarrow as pa
 
-    store = _store.open_store(f"s3://{s3env.bucket}/renewals", "r").open()
+    store = jstore.open_store(f"s3://{s3env.bucket}/renewals", "r").open()
     stop = threading.Event()
     beats = [0]
 
@@ -185,7 +185,7 @@ def test_workers_write_parts_while_the_driver_renews_the_lock(s3env):
     thread = threading.Thread(target=heartbeat, daemon=True)
     try:
         sink = store.sink()
-        table = pa.Table.from_pylist([], schema=_store.SCHEMAS["cells"])
+        table = pa.Table.from_pylist([], schema=jstore.SCHEMAS["cells"])
         thread.start()
         names = [sink.write("cells", 1, first, table) for first in range(200)]
     finally:

@@ -2,7 +2,7 @@
 the SQL shown), its checks of missing and half-written runs, the report's links into it, `xsbert show` (against
 the stored matrix, and against `xsbert explain` on a real run), and the pages in headless Chromium.
 
-The stores are Parquet run directories with the job's schemas and layout (jobs._store.SCHEMAS, a part per wave:
+The stores are Parquet run directories with the job's schemas and layout (jobs.store.SCHEMAS, a part per wave:
 pairs/part-<wave>.parquet, cells/part-<wave>-<first>.parquet), written here with hostile strings in texts, tokens,
 words and quarantine rows; every number a page shows is checked against the rows written (plain Python).
 """
@@ -27,7 +27,7 @@ import pytest
 from browser import Chromium, find_chromium
 
 from jobs import _sql, cli, serve
-from jobs._store import SCHEMAS
+from jobs.store import SCHEMAS
 from xsbert_core import InputError
 
 HOSTILE = ["<script>alert(1)</script>", "\"'><img src=x onerror=alert(2)>", "&amp;", "{{7*7}}"]

@@ -1,6 +1,6 @@
 """The analyses (sql/*.sql), `jobs._sql`, `xsbert sql`, and the built-in negation / adjectives datasets.
 
-Each sql/ file runs on hand-built Parquet run directories (schemas from jobs._store.SCHEMAS) whose
+Each sql/ file runs on hand-built Parquet run directories (schemas from jobs.store.SCHEMAS) whose
 answers are known: planted effects (a lexical bias, a negative *not*, adjective cells, a known
 top-10% set) and, for every number, a slow plain-Python/numpy/scipy computation of the same
 quantity on the same rows. Then on small real runs (all-MiniLM-L6-v2 through the real job on a local
@@ -28,7 +28,7 @@ import pytest
 from scipy import stats
 
 from jobs import _datasets, _inputs, _sql
-from jobs._store import SCHEMAS
+from jobs.store import SCHEMAS
 
 ROOT = Path(__file__).resolve().parents[1]
 SQL = ROOT / "sql"
@@ -1225,8 +1225,8 @@ def test_adjectives_dataset_triplets_templates_and_columns():
 
 
 def test_keep_columns_flag_passes_columns_through_and_changes_the_run_id(tmp_path):
-    from jobs._store import RunStore, run_id
     from jobs.attribute import parse_args, run_config
+    from jobs.store import RunStore, run_id
 
     path = tmp_path / "p.tsv"
     path.write_text("id\tsentence1\tsentence2\ttopic\tsource\tTarget\nx\tA b.\tC d.\tsport\tweb\t1\n"
@@ -1260,7 +1260,7 @@ def test_the_job_stores_the_ranks_agreement_reads(real_runs, tmp_path):
     """The real job's store (all-MiniLM-L6-v2, 8 STS-B pairs): its ranks and top-10 lists are what scipy's rankdata
     and sorted() give on its stored values (stored_ranks_copy), every cell and pair; agreement.sql takes them."""
     from jobs._actors import TOP_CELLS
-    from jobs._store import STORE_VERSION
+    from jobs.store import STORE_VERSION
 
     stsb = real_runs["stsb"]
     config = json.loads((stsb / "manifest.json").read_text())["config"]

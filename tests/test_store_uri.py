@@ -1,6 +1,6 @@
-"""One parser of store locations (jobs._store.uri_scheme): a URI whose scheme has no backend (az://, http://, ...)
+"""One parser of store locations (jobs.store.uri_scheme): a URI whose scheme has no backend (az://, http://, ...)
 given as a run or a store root is one clear error, exit 2, at every entry point -- never a local folder named
-`az:`. Before, jobs._store.is_remote and jobs._sql.is_remote had different rules: `--out az://b/x` made a local
+`az:`. Before, jobs.store.is_remote and jobs._sql.is_remote had different rules: `--out az://b/x` made a local
 folder `az:/b/x` and wrote a run there."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import pytest
 import yaml
 from jobtools import FAST, stsb_rows, write_tsv
 
-from jobs import _sql, _store
+from jobs import _sql
+from jobs import store as jstore
 
 URI = "az://container/runs"
 
@@ -19,11 +20,11 @@ URI = "az://container/runs"
 def test_one_rule_for_store_and_sql():
     for location, want in (("s3://b/x", "s3"), ("S3A://b/x", "s3a"), ("gs://b/x", "gs"), ("gcs://b", "gcs"),
                            ("runs/x", None), ("/abs/runs", None)):  # fmt: skip
-        assert _store.uri_scheme(location) == want and _sql.scheme(location) == want
-        assert _store.is_remote(location) == _sql.is_remote(location) == (want is not None)
+        assert jstore.uri_scheme(location) == want and _sql.scheme(location) == want
+        assert jstore.is_remote(location) == _sql.is_remote(location) == (want is not None)
     for location in (URI, "http://host/x", "file:///tmp/x"):
-        with pytest.raises(_store.StoreError, match="unsupported location"):
-            _store.is_remote(location)
+        with pytest.raises(jstore.StoreError, match="unsupported location"):
+            jstore.is_remote(location)
         with pytest.raises(_sql.InputError, match="unsupported location"):
             _sql.is_remote(location)
 
@@ -45,7 +46,7 @@ def _pipeline(tmp_path: Path) -> list[str]:
     return ["--config", str(config)]
 
 
-@pytest.mark.parametrize("entry", ["attribute", "parse", "report", "sql", "pipeline"])
+@pytest.mark.parametrize("entry", ["attribute", "parse", "report", "sql", "serve", "show", "pipeline"])
 def test_a_scheme_without_a_backend_is_one_line_exit_2_everywhere(entry, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     if entry == "attribute":
@@ -64,6 +65,11 @@ def test_a_scheme_without_a_backend_is_one_line_exit_2_everywhere(entry, tmp_pat
         from jobs.cli import main
 
         code = main(["sql", "--run", f"{URI}/0123456789abcdef", "select 1"])
+    elif entry in ("serve", "show"):
+        from jobs.cli import main
+
+        extra = ["--port", "0"] if entry == "serve" else ["--pair", "p1"]
+        code = main([entry, "--run", f"{URI}/0123456789abcdef", *extra])
     else:
         from jobs.pipeline import cli
 

@@ -1,0 +1,80 @@
+"""The Parquet store (docs/STORE.md): every difference between a local run and one on object storage lives here.
+
+- uri: the one parser of store locations (the scheme table, `is_remote`, `filesystem()`, redaction, StoreError)
+- layout: the tables' schemas, part names, run ids, Parquet settings, synced local writes
+- local / object: one interface (`RunStore`) on a local directory and on S3 / GCS (`ObjectRunStore`)
+- lock, retry, clients: the object store's writer lock, retried calls and one-line failures, its own clients
+- sink: where a stage-2 task writes its parts
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .layout import (
+    DERIVED_TABLES,
+    PARQUET_OPTIONS,
+    PART_RE,
+    SCHEMAS,
+    STAGING,
+    STORE_VERSION,
+    TABLES,
+    WAVE_TABLES,
+    canonical_json,
+    disk_failure,
+    fsync_dir,
+    pair_keys,
+    parquet_options,
+    part_name,
+    part_seq,
+    run_id,
+    write_json_atomic,
+    write_parquet,
+    write_parquet_synced,
+)
+from .local import RunStore
+from .lock import LOCK_NAME, LOCK_TTL_S, LockObject
+from .object import ObjectRunStore
+from .retry import STORE_RETRY_S, GaveUp, retried, store_failure, store_retry_s, transient
+from .sink import PartSink
+from .uri import (
+    CREDENTIALS,
+    REMOTE_SCHEMES,
+    StoreError,
+    endpoint_name,
+    filesystem,
+    fs_settings,
+    gcs_emulator,
+    is_remote,
+    redact,
+    resolve,
+    uri_scheme,
+)
+
+__all__ = [
+    "CREDENTIALS", "DERIVED_TABLES", "GaveUp", "LOCK_NAME", "LOCK_TTL_S", "LockObject", "ObjectRunStore",
+    "PARQUET_OPTIONS", "PART_RE", "PartSink", "REMOTE_SCHEMES", "RunStore", "SCHEMAS", "STAGING", "STORE_RETRY_S",
+    "STORE_VERSION", "StoreError", "TABLES", "WAVE_TABLES", "canonical_json", "disk_failure", "endpoint_name",
+    "filesystem", "fs_settings", "fsync_dir", "gcs_emulator", "is_remote", "open_store", "pair_keys", "parquet_options",
+    "part_name", "part_seq", "redact", "resolve", "retried", "run_at", "run_id", "store_failure", "store_retry_s",
+    "transient", "uri_scheme", "write_json_atomic", "write_parquet", "write_parquet_synced",
+]  # fmt: skip
+
+
+def open_store(root: str | os.PathLike, rid: str, extra_pair_columns: tuple[str, ...] = (),
+               retry_s: float | None = None) -> RunStore:  # fmt: skip
+    """The run `rid` under `root`: a local directory, or a prefix on object storage (whose calls are retried for
+    up to `retry_s` seconds, default store_retry_s())."""
+    if is_remote(root):
+        return ObjectRunStore(str(root), rid, extra_pair_columns, retry_s)
+    return RunStore(root, rid, extra_pair_columns)
+
+
+def run_at(location: str | os.PathLike, retry_s: float | None = None) -> RunStore:
+    """The run whose own folder or prefix is `location` (<root>/<run id>), not yet opened (no lock taken)."""
+    if is_remote(location):
+        parent, _, rid = str(location).rstrip("/").rpartition("/")
+        return ObjectRunStore(parent, rid, retry_s=retry_s)
+    path = Path(location)
+    return RunStore(path.parent, path.name)
