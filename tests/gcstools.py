@@ -37,6 +37,7 @@ class GcsServer(EnvEndpoint):
     """One emulator process: its endpoint (http://127.0.0.1:PORT), a bucket in it, the environment for clients."""
 
     SETTINGS = GCS_SETTINGS
+    family = "gcs"  # the store's backend (jobs.store.REMOTE_SCHEMES)
 
     endpoint: str
     bucket: str

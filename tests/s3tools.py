@@ -4,6 +4,7 @@
     with server.environ():                       # AWS_* of this endpoint in os.environ (restored after)
         ...                                      # code that reads s3:// the standard way
     uri = server.upload(local_run, "prefix")     # s3://<bucket>/prefix/<run id>/... (a copy of the folder)
+    server.listing("prefix/")                    # key -> ETag of every object under a prefix
     with server.auth_enforced() as (key, secret):  # moto checks signatures: only this key is let in
         ...
     server.stop()
@@ -46,6 +47,7 @@ class S3Server(EnvEndpoint):
     """One moto server: its endpoint, a bucket in it, and the environment that points a client at it."""
 
     SETTINGS = AWS_SETTINGS
+    family = "s3"  # the store's backend (jobs.store.REMOTE_SCHEMES)
     endpoint_url: str
     bucket: str
     process: subprocess.Popen
@@ -72,6 +74,13 @@ class S3Server(EnvEndpoint):
         key_id, secret = key or (DUMMY_KEY, DUMMY_SECRET)
         return boto3.client(service, endpoint_url=self.endpoint_url, region_name=REGION, aws_access_key_id=key_id,
                             aws_secret_access_key=secret)  # fmt: skip
+
+    def listing(self, prefix: str = "") -> dict[str, str]:
+        """key -> ETag of every object under `prefix` (what a rerun must leave unchanged)."""
+        out = {}
+        for page in self.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+            out.update({o["Key"]: o["ETag"] for o in page.get("Contents", [])})
+        return out
 
     def upload(self, local: Path, prefix: str = "", bucket: str | None = None) -> str:
         """Copy a local folder (a run directory) to s3://<bucket>/<prefix>/<folder name>/; returns that URI."""
