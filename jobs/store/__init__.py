@@ -1,10 +1,12 @@
-"""The Parquet store (docs/STORE.md): every difference between a local run and one on object storage lives here.
+"""The Parquet store (docs/STORE.md) and its backends (a local directory, S3, GCS): which backend a location is on, and
+what each backend needs, is decided here.
 
 - uri: the one parser of store locations (the scheme table, `is_remote`, `filesystem()`, redaction, StoreError)
 - layout: the tables' schemas, part names, run ids, Parquet settings, synced local writes
 - local / object: one interface (`RunStore`) on a local directory and on S3 / GCS (`ObjectRunStore`)
 - lock, retry, clients: the object store's writer lock, retried calls and one-line failures, its own clients
 - sink: where a stage-2 task writes its parts
+- files: plain files at a location of either kind (the pipeline's report root and run listings)
 """
 
 from __future__ import annotations
