@@ -80,6 +80,7 @@ sys.path.insert(0, str(ROOT))
 
 from jobs._actors import top_cell_lists  # noqa: E402
 from jobs._store import SCHEMAS, STORE_VERSION, run_id, write_parquet  # noqa: E402
+from jobs.config import RunConfig  # noqa: E402
 from xsbert_core.metrics import grouped_average_ranks  # noqa: E402
 from xsbert_core.syntax import ALIGNMENTS  # noqa: E402
 
@@ -698,30 +699,32 @@ def cell_values(
 
 # =========================================================================== writing the store
 def run_config(layer: int, n_pairs: int, seed: int) -> dict[str, Any]:
+    """The synthetic runs' config: jobs/config.py's RunConfig (the fields every run id hashes), filled as a fixed-N
+    all-MiniLM-L6-v2 run of every cell would be, with the generator in place of the weights and the dataset."""
     import xsbert_core
 
-    return {
-        "store_version": STORE_VERSION,
-        "code_version": xsbert_core.__version__,
-        "model": "sentence-transformers/all-MiniLM-L6-v2",
-        "weights_sha256": "synthetic (bench/sql.py: no model was run)",
-        "mode": "approx",
-        "similarity": "cos",
-        "layer": layer,
-        "n_layers": N_LAYERS,
-        "rule": "gauss-legendre",
-        "steps": 16,
-        "tolerance": None,
-        "max_steps": 256,
-        "truncation": "quarantine",
-        "min_abs": 0.0,
-        "dataset": {
+    return RunConfig(
+        store_version=STORE_VERSION,
+        code_version=xsbert_core.__version__,
+        model="sentence-transformers/all-MiniLM-L6-v2",
+        weights_sha256="synthetic (bench/sql.py: no model was run)",
+        mode="approx",
+        similarity="cos",
+        layer=layer,
+        n_layers=N_LAYERS,
+        rule="gauss-legendre",
+        steps=16,
+        tolerance=None,
+        max_steps=256,
+        truncation="quarantine",
+        min_abs=0.0,
+        dataset={
             "name": "bench/sql.py synthetic QQP",
             "config": {"pairs": n_pairs, "seed": seed, "generator_version": GENERATOR_VERSION},
             "split": "train",
             "columns": {"text_a": "question1", "text_b": "question2", "label": "is_duplicate", "id": "id"},
         },
-    }
+    ).as_dict()
 
 
 def write_part(run: Path, table: str, seq: int, data: pa.Table) -> int:

@@ -13,7 +13,6 @@ executor resumes a run the other began. `import ray` is never executed on this p
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 from collections.abc import Iterable
@@ -25,25 +24,19 @@ import pyarrow as pa
 from xsbert_core import Explainer
 
 from ._actors import FactorActor, PairCells, pair_rows
-from .attribute import (
-    DEFAULT_BATCH_SIZE_CPU,
-    DEFAULT_BATCH_SIZE_GPU,
-    PAIR_BATCH,
-    exactly_once,
-    factor_blocks,
-    pair_input,
-)
+from .attribute import PAIR_BATCH, actor_kwargs, exactly_once, factor_blocks, pair_input
+from .config import DEFAULT_BATCH_SIZE_CPU, DEFAULT_BATCH_SIZE_GPU, Execution, JobSettings
 
 
-def resources(args: argparse.Namespace) -> dict[str, Any]:
+def resources(ex: Execution) -> dict[str, Any]:
     """What the local run uses (recorded in the manifest as a Ray run's resources are): one factor model on
     --device (default: cuda when torch sees a GPU, else cpu), torch threads from --cpus-per-actor (default: torch's
     own), batches as a Ray run on that device."""
     import torch
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = ex.device or ("cuda" if torch.cuda.is_available() else "cpu")
     gpu = device.startswith("cuda")
-    threads = max(1, int(args.cpus_per_actor)) if args.cpus_per_actor else torch.get_num_threads()
+    threads = max(1, int(ex.cpus_per_actor)) if ex.cpus_per_actor else torch.get_num_threads()
     return {
         "executor": "local",
         "cluster_cpus": float(os.cpu_count() or 1),
@@ -53,7 +46,7 @@ def resources(args: argparse.Namespace) -> dict[str, Any]:
         "cpus_per_actor": float(threads),
         "device": device,
         "threads": threads,
-        "batch_size": args.batch_size or (DEFAULT_BATCH_SIZE_GPU if gpu else DEFAULT_BATCH_SIZE_CPU),
+        "batch_size": ex.batch_size or (DEFAULT_BATCH_SIZE_GPU if gpu else DEFAULT_BATCH_SIZE_CPU),
     }
 
 
@@ -69,9 +62,9 @@ class FactorStream:
     when the first wave is asked for. Each factor batch is one FactorActor call, as each is one actor call in a
     Ray run, so the factors are the same batch for batch."""
 
-    def __init__(self, waves: Iterable[pd.DataFrame], args: argparse.Namespace, explainer: Explainer,
+    def __init__(self, waves: Iterable[pd.DataFrame], job: JobSettings, explainer: Explainer,
                  res: dict[str, Any]) -> None:  # fmt: skip
-        self.args, self.explainer, self.res = args, explainer, res
+        self.job, self.explainer, self.res = job, explainer, res
         self._batches = factor_blocks(waves, res["batch_size"])
         self.sizes: list[int] = []
         self._actor: FactorActor | None = None
@@ -80,13 +73,7 @@ class FactorStream:
 
     def _model(self) -> FactorActor:
         if self._actor is None:
-            e, res = self.explainer, self.res
-            self._actor = FactorActor(
-                model=self.args.model, layer=e.layer, mode=e.mode, similarity=e.similarity, rule=e.rule,
-                steps=e.steps, tolerance=e.tolerance, max_steps=e.max_steps, truncation=e.truncation,
-                device=res["device"], threads=res["threads"], batch_size=res["batch_size"], precision=e.precision,
-                **self._hooks,
-            )  # fmt: skip
+            self._actor = FactorActor(**actor_kwargs(self.job.attribution, self.explainer, self.res, self._hooks))
         return self._actor
 
     def wave(self, w: int) -> tuple[list[pa.Table], pa.Table | None, dict[str, float]]:
@@ -113,7 +100,7 @@ class FactorStream:
 def compute_cells(
     wave: pd.DataFrame,
     factors: list[pa.Table],
-    args: argparse.Namespace,
+    job: JobSettings,
     explainer: Explainer,
     res: dict[str, Any],
     sink: Any = None,
@@ -123,7 +110,7 @@ def compute_cells(
     batches through the same PairCells), each batch's cells written through `sink` as a Ray task would."""
     t0 = time.perf_counter()
     pair_in = pair_input(wave)
-    cells = PairCells(factors, explainer.similarity, args.min_abs, args.cells)
+    cells = PairCells(factors, explainer.similarity, job.attribution.min_abs, job.attribution.cells)
     rows = [pair_rows(cells, pair_in.slice(k, PAIR_BATCH), sink, seq) for k in range(0, len(wave), PAIR_BATCH)]
     out, duplicates = exactly_once(pa.concat_tables(rows))
     return out, {"cells_s": time.perf_counter() - t0, "duplicates_dropped": duplicates}

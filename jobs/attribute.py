@@ -67,30 +67,28 @@ from ._store import (
     pair_keys,
     run_id,
 )
+from .config import (
+    CELL_WRITERS,
+    DEFAULT_ADAPTIVE_TOLERANCE,
+    DEFAULT_BATCH_SIZE_CPU,
+    DEFAULT_BATCH_SIZE_GPU,
+    DEFAULT_DATASET,
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_OUT,
+    DEFAULT_SAMPLE,
+    DEFAULT_SPLIT,
+    DEFAULT_WAVE_SIZE_CPU,
+    DEFAULT_WAVE_SIZE_GPU,
+    EXECUTORS,
+    TRUNCATION_CHOICES,
+    Attribution,
+    Execution,
+    JobSettings,
+    RunConfig,
+)
 
 logger = logging.getLogger("jobs.attribute")
 
-# The embedded default (no --dataset): bundled STS-B test, a seeded sample that finishes in a few
-# minutes on 2 CPU cores with all-MiniLM-L6-v2 at the engine's default layer and N (measured: ~0.6 s
-# per sentence per core at layer 3, N = 16; 100 pairs are ~190 unique sentences).
-DEFAULT_DATASET = "stsb"
-DEFAULT_SPLIT = "test"
-DEFAULT_SAMPLE = 100
-DEFAULT_OUT = "runs"
-# Adaptive N is the dataset default: without --steps and --tolerance, each sentence's N doubles from DEFAULT_STEPS
-# (up to --max-steps) until its factor error ||sum_s P[:, s] - (e(x) - e(r))|| / ||e(x) - e(r)|| is <= this; a
-# sentence still above it at --max-steps quarantines its pairs (reason `not_converged`). `--steps N` alone is a fixed
-# N (the behaviour, and the run ids, of runs before adaptive N became the default). bench/adaptive.py measures the
-# nodes it gives STS-B sentences and what it costs against a fixed N of equal worst-case error.
-DEFAULT_ADAPTIVE_TOLERANCE = 1e-3
-# Sentences per actor call, of similar length (sorted, longest first). On CPU small batches balance the
-# actors (a call is seconds to minutes; the last one decides the wave's tail), on GPU large ones fill it.
-DEFAULT_BATCH_SIZE_CPU = 16
-DEFAULT_BATCH_SIZE_GPU = 128
-# Pairs per commit. Bounds the work lost to a kill and, with Ray Data's backpressure, the factors held in the object
-# store (~22 KB per MiniLM sentence, ~2x for mpnet: the wave in stage 2 and what the actors computed ahead).
-DEFAULT_WAVE_SIZE_CPU = 2048
-DEFAULT_WAVE_SIZE_GPU = 16384
 # Factor batches (Ray Data blocks) per stage-1 pipeline: the waves of a run are served in groups of at most this
 # many (FactorStream), each by one dataset and actor pool; the driver's per-block records end with each group.
 STAGE1_GROUP_BLOCKS = 2048
@@ -98,15 +96,8 @@ STAGE1_GROUP_BLOCKS = 2048
 STAGE1_COLLECT = True
 # Pairs per PairCells call (stage 2 is ~1 ms per pair).
 PAIR_BATCH = 256
-TRUNCATION_CHOICES = ("quarantine", "warn", "error")
-CELL_WRITERS = ("auto", "workers", "driver")
-EXECUTORS = ("ray", "local")
-# A batch whose actor dies is retried on a restarted actor; bounded so a poisonous batch fails the run
-# (Ray Data's own default is unbounded); the actors themselves restart as often as needed over a run. Ray 2.60 still
-# takes these as remote args, with a deprecation warning (RETRY_ARGS_WARNING) that the stages keep out of the log;
-# pyproject pins ray < 2.64, which drops them.
-DEFAULT_MAX_RETRIES = 3  # --max-retries: retries of a factor batch on a restarted actor (and of a cell task)
-
+# Ray 2.60 still takes the retries (--max-retries, jobs/config.py) as remote args, with a deprecation warning
+# (RETRY_ARGS_WARNING) that the stages keep out of the log; pyproject pins ray < 2.64, which drops them.
 RETRY_ARGS_WARNING = r"`ray_remote_args` is deprecated"
 
 
@@ -199,22 +190,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.split = args.split or DEFAULT_SPLIT
         if args.sample is None and args.limit is None:
             args.sample = DEFAULT_SAMPLE
-    if args.steps is None:  # adaptive N by default; --steps alone is a fixed N
-        args.steps = DEFAULT_STEPS
-        if args.tolerance is None:
-            args.tolerance = DEFAULT_ADAPTIVE_TOLERANCE
+    # adaptive N by default; --steps alone is a fixed N
+    args.steps, args.tolerance = Attribution.steps_and_tolerance(args.steps, args.tolerance)
     return args
 
 
+def settings(argv: list[str] | None = None) -> JobSettings:
+    """The typed settings of a command line (parse_args, then jobs/config.py's JobSettings)."""
+    return JobSettings.from_args(parse_args(argv))
+
+
 # --------------------------------------------------------------------------- helpers
-def _label_range(text: str | None) -> tuple[float, float] | None:
-    if not text:
-        return None
-    try:
-        lo, hi = (float(x) for x in text.split(":"))
-    except ValueError as exc:
-        raise InputError(f"--label-range must be LO:HI, got {text!r}") from exc
-    return lo, hi
 
 
 def sentence_id(text: str) -> str:
@@ -334,37 +320,27 @@ class SentenceKeys:
         return len(self.keys)
 
 
-def run_config(args: argparse.Namespace, explainer: Explainer, fingerprint: str, pairs) -> dict[str, Any]:
-    """Everything that changes the stored numbers; its hash is the run id. Not --limit/--sample: they
-    select rows, they change no row's numbers (a larger selection later computes only what is new)."""
+def run_config(attribution: Attribution, explainer: Explainer, fingerprint: str, pairs) -> dict[str, Any]:
+    """The run's RunConfig (jobs/config.py: everything that changes the stored numbers, listed once) as the manifest
+    records it; its hash is the run id. The engine's settings are the explainer's, resolved."""
     s = explainer.settings
-    return {
-        "store_version": STORE_VERSION,
-        "code_version": xsbert_core.__version__,
-        "model": s["model"],
-        "weights_sha256": fingerprint,
-        "mode": s["mode"],
-        "similarity": s["similarity"],
-        "layer": s["layer"],
-        "n_layers": s["n_layers"],
-        "rule": s["rule"],
-        "steps": s["steps"],
-        "tolerance": s["tolerance"],
-        "max_steps": s["max_steps"],
-        "truncation": args.truncation,
-        "min_abs": float(args.min_abs),
-        # only when not all: the run ids of stores of every cell stay what they were before --cells
-        **({"cells": args.cells} if args.cells != "all" else {}),
-        "dataset": {
+    return RunConfig(
+        store_version=STORE_VERSION,
+        code_version=xsbert_core.__version__,
+        weights_sha256=fingerprint,
+        **{k: s[k] for k in ("model", "mode", "similarity", "layer", "n_layers", "rule", "steps", "tolerance",
+                             "max_steps")},  # fmt: skip
+        precision=s.get("precision", DEFAULT_PRECISION),
+        truncation=attribution.truncation,
+        min_abs=float(attribution.min_abs),
+        cells=attribution.cells,
+        dataset={
             "name": pairs.source.identity,
             "config": pairs.source.config,
             "split": pairs.source.split,
             "columns": pairs.columns.as_dict(),
         },
-        # Only when not float32: the configs (and so the run ids) of float32 runs are those made before precision
-        # was a setting, so their stores are found again.
-        **({"precision": s["precision"]} if s.get("precision", DEFAULT_PRECISION) != DEFAULT_PRECISION else {}),
-    }
+    ).as_dict()
 
 
 def ray_identity(ray) -> dict[str, Any]:
@@ -374,16 +350,16 @@ def ray_identity(ray) -> dict[str, Any]:
     return {"gcs_address": ctx.gcs_address, "node_id": ctx.get_node_id(), "job_id": ctx.get_job_id()}
 
 
-def resources(args: argparse.Namespace, ray) -> dict[str, Any]:
+def resources(ex: Execution, ray) -> dict[str, Any]:
     total = ray.cluster_resources()
     cpus, gpus = float(total.get("CPU", 1)), float(total.get("GPU", 0))
-    gpus_per_actor = args.gpus_per_actor if args.gpus_per_actor is not None else (1.0 if gpus > 0 else 0.0)
+    gpus_per_actor = ex.gpus_per_actor if ex.gpus_per_actor is not None else (1.0 if gpus > 0 else 0.0)
     if gpus_per_actor > 0:
-        n_actors = args.num_actors or max(1, int(gpus // gpus_per_actor))
-        cpus_per_actor = min(args.cpus_per_actor or 1.0, max(0.25, cpus / n_actors))
+        n_actors = ex.num_actors or max(1, int(gpus // gpus_per_actor))
+        cpus_per_actor = min(ex.cpus_per_actor or 1.0, max(0.25, cpus / n_actors))
     else:
-        cpus_per_actor = args.cpus_per_actor or 1.0
-        n_actors = args.num_actors or max(1, int(cpus // cpus_per_actor))
+        cpus_per_actor = ex.cpus_per_actor or 1.0
+        n_actors = ex.num_actors or max(1, int(cpus // cpus_per_actor))
     # The actor pool lives for the whole run, so stage 2 runs beside it: the pool reserves at most all but one CPU
     # (half of a one-CPU cluster) and the stage-2 tasks take that one. On CPU only, the actors still run
     # `threads` torch threads each; the reservation is Ray's bookkeeping (as in jobs.parse's pool).
@@ -396,9 +372,9 @@ def resources(args: argparse.Namespace, ray) -> dict[str, Any]:
         "gpus_per_actor": gpus_per_actor,
         "cpus_per_actor": reserved,
         "cells_cpus": min(1.0, max(spare, cpus - reserved * n_actors)),
-        "device": args.device or ("cuda" if gpus_per_actor > 0 else "cpu"),
+        "device": ex.device or ("cuda" if gpus_per_actor > 0 else "cpu"),
         "threads": max(1, int(cpus_per_actor)),
-        "batch_size": args.batch_size or (DEFAULT_BATCH_SIZE_GPU if gpus_per_actor > 0 else DEFAULT_BATCH_SIZE_CPU),
+        "batch_size": ex.batch_size or (DEFAULT_BATCH_SIZE_GPU if gpus_per_actor > 0 else DEFAULT_BATCH_SIZE_CPU),
         # CPU: one call in flight per actor, so that an idle actor takes the next batch (longest first).
         "tasks_in_flight": 2 if gpus_per_actor > 0 else 1,
     }
@@ -423,6 +399,18 @@ def factor_blocks(waves: Iterable[pd.DataFrame], batch_size: int) -> Iterator[tu
         yield blocks, len(texts)
 
 
+def actor_kwargs(attribution: Attribution, explainer: Explainer, res: dict[str, Any],
+                 hooks: dict[str, str | None]) -> dict[str, Any]:  # fmt: skip
+    """FactorActor's arguments: the model as given and the explainer's resolved settings (those of the run id),
+    the device, threads and batch size of `res`, the test hooks. Used by both executors, so that a Ray run and a local
+    one load the same engine."""
+    e = explainer
+    return dict(model=attribution.model, layer=e.layer, mode=e.mode, similarity=e.similarity, rule=e.rule,
+                steps=e.steps, tolerance=e.tolerance, max_steps=e.max_steps, truncation=e.truncation,
+                precision=e.precision, device=res["device"], threads=res["threads"], batch_size=res["batch_size"],
+                **hooks)  # fmt: skip
+
+
 class FactorStream:
     """Stage 1, wave after wave: Ray Data pipelines (an actor pool each, the model loaded once per actor), each over
     the sentences of a group of consecutive waves (at most STAGE1_GROUP_BLOCKS factor batches; one group for runs
@@ -436,9 +424,9 @@ class FactorStream:
     the driver holds only the group's input batches (texts and ids in the object store), for the price of one pool
     start (model load) per group."""
 
-    def __init__(self, ray, waves: Iterable[pd.DataFrame], args: argparse.Namespace, explainer: Explainer,
+    def __init__(self, ray, waves: Iterable[pd.DataFrame], job: JobSettings, explainer: Explainer,
                  res: dict[str, Any]) -> None:  # fmt: skip
-        self.ray, self.args, self.explainer, self.res = ray, args, explainer, res
+        self.ray, self.job, self.explainer, self.res = ray, job, explainer, res
         self._batches = factor_blocks(waves, res["batch_size"])
         self._pending: tuple[list[pa.Table], int] | None = None  # the next group's first wave, made already
         self.sizes: list[int] = []  # sentences of each wave that has joined a group
@@ -478,18 +466,12 @@ class FactorStream:
         if not refs:
             raise RuntimeError(f"stage 1 has no wave after wave {len(self.sizes)}")
         self._last = len(self.sizes) - 1
-        args, explainer, res = self.args, self.explainer, self.res
+        res = self.res
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=RETRY_ARGS_WARNING)
             self._ds = self.ray.data.from_arrow_refs(refs).map_batches(
                 FactorActor,
-                fn_constructor_kwargs=dict(
-                    model=args.model, layer=explainer.layer, mode=explainer.mode, similarity=explainer.similarity,
-                    rule=explainer.rule, steps=explainer.steps, tolerance=explainer.tolerance,
-                    max_steps=explainer.max_steps, truncation=explainer.truncation, device=res["device"],
-                    precision=explainer.precision,
-                    threads=res["threads"], batch_size=res["batch_size"], **self._hooks,
-                ),  # fmt: skip
+                fn_constructor_kwargs=actor_kwargs(self.job.attribution, self.explainer, res, self._hooks),
                 batch_size=1,  # one row, one call: each row is a batch of sentences (factor_blocks)
                 batch_format="pyarrow",
                 compute=ActorPoolStrategy(
@@ -498,7 +480,7 @@ class FactorStream:
                 num_cpus=res["cpus_per_actor"],
                 num_gpus=res["gpus_per_actor"] or None,
                 max_restarts=-1,  # over the group's waves; a batch's own retries are bounded below
-                max_task_retries=args.max_retries,
+                max_task_retries=self.job.execution.max_retries,
             )
 
     def _start(self) -> None:
@@ -575,7 +557,7 @@ def compute_cells(
     ray,
     wave: pd.DataFrame,
     factor_refs: list[Any],
-    args: argparse.Namespace,
+    job: JobSettings,
     explainer: Explainer,
     res: dict[str, Any],
     sink: Any = None,
@@ -591,11 +573,11 @@ def compute_cells(
 
     t0 = time.perf_counter()
     pair_in = pair_input(wave)
-    task = _remote(ray, pair_cells).options(num_cpus=res["cells_cpus"], max_retries=args.max_retries,
+    task = _remote(ray, pair_cells).options(num_cpus=res["cells_cpus"], max_retries=job.execution.max_retries,
                                             scheduling_strategy="SPREAD")  # fmt: skip
-    kwargs = dict(factor_refs=factor_refs, similarity=explainer.similarity, min_abs=args.min_abs,
+    kwargs = dict(factor_refs=factor_refs, similarity=explainer.similarity, min_abs=job.attribution.min_abs,
                   kill_once=os.environ.get("XSBERT_TEST_KILL_CELLS_ONCE") or None, sink=sink, seq=seq,
-                  cells=args.cells)  # fmt: skip
+                  cells=job.attribution.cells)  # fmt: skip
     try:
         refs = [task.remote(pair_in.slice(k, PAIR_BATCH), **kwargs) for k in range(0, len(wave), PAIR_BATCH)]
         out, duplicates = exactly_once(pa.concat_tables(ray.get(refs)))
@@ -806,7 +788,7 @@ def _quarantine_table(frame: pd.DataFrame) -> pa.Table:
 class Prepared:
     """What a run needs before anything is computed: its rows, validated; the engine; the run id."""
 
-    args: argparse.Namespace
+    settings: JobSettings
     pairs: Pairs
     explainer: Explainer
     work: WorkList  # the rows to attribute (validate's `good`), spilled to a memory-mapped file as they were validated
@@ -818,39 +800,39 @@ class Prepared:
     t_start: float = field(default_factory=time.perf_counter)
 
 
-def prepare(args: argparse.Namespace, chunk_rows: int = CHUNK_ROWS) -> Prepared:
+def prepare(job: JobSettings, chunk_rows: int = CHUNK_ROWS) -> Prepared:
     """Stage 0, no Ray and no writes to the store: read and select the pairs, load the model, validate, hash the
     config. The source is read, validated and tokenised `chunk_rows` rows at a time, and each chunk's good rows go
     to the work list's file, so the driver never holds the selection as Python objects (bench/driver_setup.py).
     Arrow allocates from the system allocator meanwhile (system_memory_pool)."""
     with system_memory_pool():
-        return _prepare(args, chunk_rows)
+        return _prepare(job, chunk_rows)
 
 
-def _prepare(args: argparse.Namespace, chunk_rows: int) -> Prepared:
+def _prepare(job: JobSettings, chunk_rows: int) -> Prepared:
     t_start = time.perf_counter()
     started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    if args.max_retries < 0:
-        raise InputError(f"--max-retries must be >= 0, got {args.max_retries}")
+    sel, a = job.selection, job.attribution
+    if job.execution.max_retries < 0:
+        raise InputError(f"--max-retries must be >= 0, got {job.execution.max_retries}")
     stream = stream_pairs(
-        args.dataset, split=args.split, config=args.config, qqp=args.qqp_path,
-        text_a=args.text_a_column, text_b=args.text_b_column, label=args.label_column, ids=args.id_column,
-        label_range=_label_range(args.label_range), sample=args.sample, seed=args.seed, limit=args.limit,
-        keep=args.keep_columns, chunk_rows=chunk_rows,
+        sel.dataset, split=sel.split, config=sel.config, qqp=sel.qqp_path,
+        text_a=sel.text_a_column, text_b=sel.text_b_column, label=sel.label_column, ids=sel.id_column,
+        label_range=sel.label_bounds(), sample=sel.sample, seed=sel.seed, limit=sel.limit,
+        keep=sel.keep_columns, chunk_rows=chunk_rows,
     )  # fmt: skip
     pairs = stream.pairs
-    engine_truncation = "error" if args.truncation == "error" else "warn"
     explainer = Explainer(
-        args.model, layer=args.layer, mode=args.mode, similarity=args.similarity, rule=args.rule,
-        steps=args.steps, tolerance=args.tolerance, max_steps=args.max_steps, truncation=engine_truncation,
-        precision=args.precision,
+        a.model, layer=a.layer, mode=a.mode, similarity=a.similarity, rule=a.rule,
+        steps=a.steps, tolerance=a.tolerance, max_steps=a.max_steps, truncation=a.engine_truncation,
+        precision=a.precision,
     )  # fmt: skip
     max_tokens = explainer.split.max_seq_length
 
-    config = run_config(args, explainer, weights_fingerprint(explainer.model), pairs)
+    config = run_config(a, explainer, weights_fingerprint(explainer.model), pairs)
     rid = run_id(config)
     # A rerun tokenises only the pairs not in the store yet (404k QQP: ~1M texts, twice, otherwise). Read-only.
-    peek = open_store(args.out, rid, retry_s=args.store_retry_s)
+    peek = open_store(job.output.out, rid, retry_s=job.output.store_retry_s)
     if isinstance(peek, ObjectRunStore):
         peek.check()  # an unreachable or missing bucket says so here, as it would when the run opens
     stored = peek.done_pair_keys()
@@ -861,11 +843,11 @@ def _prepare(args: argparse.Namespace, chunk_rows: int) -> Prepared:
         for rows in stream.chunks:
             n_in += len(rows)
             good, quarantine = validate(
-                rows, pairs.label_kind, pairs.label_range, None, max_tokens, args.truncation == "quarantine",
+                rows, pairs.label_kind, pairs.label_range, None, max_tokens, a.truncation == "quarantine",
                 count_both=explainer.split.token_counts, stored=stored, seen=seen,
             )  # fmt: skip
             del rows
-            if args.truncation == "error":
+            if a.truncation == "error":
                 long = good.pair_id[(good.n_tokens_a > max_tokens) | (good.n_tokens_b > max_tokens)]
                 n_long += len(long)
                 first_long = first_long if first_long is not None or not len(long) else long.iat[0]
@@ -886,7 +868,7 @@ def _prepare(args: argparse.Namespace, chunk_rows: int) -> Prepared:
     quarantine = (pd.concat(rejected, ignore_index=True) if rejected
                   else quarantine_frame([], [], [], [], [], [], []))  # fmt: skip
     release_memory()
-    return Prepared(args, pairs, explainer, work, quarantine, config, rid, n_in=n_in, started_at=started_at,
+    return Prepared(job, pairs, explainer, work, quarantine, config, rid, n_in=n_in, started_at=started_at,
                     t_start=t_start)  # fmt: skip
 
 
@@ -986,7 +968,7 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
 
     Ray is started (or joined) only when there is something to compute; with --executor local, stages 1-2 run in
     this process instead (jobs/_local.py: the same batches, the same FactorActor and PairCells, the same commits)."""
-    args = prep.args
+    job, ex = prep.settings, prep.settings.execution
     progress = Progress()
     work = prep.work
     todo = ~np.isin(work.pair_keys, store.done_pair_keys())
@@ -1000,20 +982,20 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
     if not todo.any():
         return progress
     store.check_writable()  # a read-only store says so before anything is computed
-    if args.executor == "local":  # stages 1-2 in this process, without Ray (jobs/_local.py)
+    if ex.executor == "local":  # stages 1-2 in this process, without Ray (jobs/_local.py)
         from . import _local
 
-        ray, res, crashes = None, _local.resources(args), ()
-        writer = _local.cell_writer(args.cell_writer)
+        ray, res, crashes = None, _local.resources(ex), ()
+        writer = _local.cell_writer(ex.cell_writer)
     else:
-        ray = init_ray(args.ray_address)
-        quiet_ray(ray, progress_bars=not args.quiet and sys.stderr.isatty())
-        res = resources(args, ray)
+        ray = init_ray(ex.ray_address)
+        quiet_ray(ray, progress_bars=not job.output.quiet and sys.stderr.isatty())
+        res = resources(ex, ray)
         progress.ray = ray_identity(ray)
-        writer = cell_writer(args.cell_writer, store, ray)
+        writer = cell_writer(ex.cell_writer, store, ray)
         crashes = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError)
-    wave_size = args.wave_size or (DEFAULT_WAVE_SIZE_GPU if res["gpus_per_actor"] > 0 else DEFAULT_WAVE_SIZE_CPU)
-    res.update(wave_size=wave_size, max_retries=args.max_retries)
+    wave_size = ex.wave_size or (DEFAULT_WAVE_SIZE_GPU if res["gpus_per_actor"] > 0 else DEFAULT_WAVE_SIZE_CPU)
+    res.update(wave_size=wave_size, max_retries=ex.max_retries)
     progress.resources = res
     res.update(cell_writer=writer)
     known_sentences = SentenceKeys(store.column("sentences", "sentence_id"))
@@ -1026,10 +1008,10 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
             yield work.wave(w)
 
     if ray is None:
-        stream: Any = _local.FactorStream(waves(), args, prep.explainer, res)
+        stream: Any = _local.FactorStream(waves(), job, prep.explainer, res)
         cells_of = _local.compute_cells
     else:
-        stream = FactorStream(ray, waves(), args, prep.explainer, res)
+        stream = FactorStream(ray, waves(), job, prep.explainer, res)
         cells_of = functools.partial(compute_cells, ray)
     try:
         for w, wave in enumerate(waves()):
@@ -1039,12 +1021,12 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
                 refs, meta, timings = stream.wave(w)
             except crashes as exc:
                 raise JobFailedError(
-                    f"wave {w + 1}/{n_waves} failed: a batch killed its worker {args.max_retries + 1} times "
-                    f"(--max-retries {args.max_retries}; {type(exc).__name__}: {str(exc).splitlines()[0]}). "
+                    f"wave {w + 1}/{n_waves} failed: a batch killed its worker {ex.max_retries + 1} times "
+                    f"(--max-retries {ex.max_retries}; {type(exc).__name__}: {str(exc).splitlines()[0]}). "
                     f"{w} earlier wave(s) of this run are committed, nothing of wave {w + 1} was written; "
                     "the same command resumes the run"
                 ) from exc
-            out, cell_timings = cells_of(wave, refs, args, prep.explainer, res, sink=sink, seq=seq)
+            out, cell_timings = cells_of(wave, refs, job, prep.explainer, res, sink=sink, seq=seq)
             del refs  # the wave's factors leave the object store
             factor_bytes = 4 * int(pc.sum(pc.multiply(meta.column("dim"), meta.column("n_tokens"))).as_py() or 0)
             timings.update(cell_timings,
@@ -1346,13 +1328,13 @@ def update_manifest(store: RunStore, prep: Prepared, progress: Progress, summary
     if not progress.wrote and old is not None and recorded == parts:  # parts are never rewritten: equal counts, equal
         return
     tables = {t: {"path": f"{t}/*.parquet", "parts": parts[t], "rows": n} for t, n in store.counts().items()}
-    args = prep.args
+    job = prep.settings
     manifest = old or {"run_id": prep.run_id, "created_at": prep.started_at, "runs": []}
     manifest.update(
         run_id=prep.run_id,
         store_version=STORE_VERSION,
         schema="docs/STORE.md",
-        cells=args.cells,  # which cells the run stores (also config.cells when not all)
+        cells=job.attribution.cells,  # which cells the run stores (also config.cells when not all)
         config=prep.config,
         settings=prep.explainer.settings,
         updated_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -1361,8 +1343,9 @@ def update_manifest(store: RunStore, prep: Prepared, progress: Progress, summary
     manifest["runs"].append(
         {
             "started_at": prep.started_at,
-            "selection": {"dataset": args.dataset, "split": prep.pairs.source.split, "limit": args.limit,
-                          "sample": args.sample, "seed": args.seed, "n_source_rows": prep.pairs.n_source_rows},
+            "selection": {"dataset": job.selection.dataset, "split": prep.pairs.source.split,
+                          "limit": job.selection.limit, "sample": job.selection.sample, "seed": job.selection.seed,
+                          "n_source_rows": prep.pairs.n_source_rows},
             "counts": {k: summary[k] for k in ("n_in", "n_done", "n_quarantined", "computed_pairs",
                                                "computed_sentences")},
             "quarantine_reasons": summary["quarantine_reasons"],
@@ -1380,7 +1363,8 @@ def update_manifest(store: RunStore, prep: Prepared, progress: Progress, summary
 
 def attribute(prep: Prepared, on_wave: Callable[[str], None] | None = print) -> dict[str, Any]:
     """Stages 1-2 into the store, then the summary; a rerun of the same selection computes and writes nothing."""
-    with open_store(prep.args.out, prep.run_id, prep.pairs.columns.keep, retry_s=prep.args.store_retry_s) as store:
+    out = prep.settings.output
+    with open_store(out.out, prep.run_id, prep.pairs.columns.keep, retry_s=out.store_retry_s) as store:
         progress = compute(store, prep, on_wave)
         progress.wrote += store.commit_missing_tables()
         summary = summarize(store, prep, progress)
@@ -1388,9 +1372,11 @@ def attribute(prep: Prepared, on_wave: Callable[[str], None] | None = print) -> 
     return summary
 
 
-def main(args: argparse.Namespace) -> dict[str, Any]:
-    """Run the job (prepare -> attribute); returns the summary (also printed)."""
-    summary = attribute(prepare(args), on_wave=lambda line: print(line, flush=True))
+def main(job: JobSettings | argparse.Namespace) -> dict[str, Any]:
+    """Run the job (prepare -> attribute) of `job` (or of parse_args's flags); returns the summary (also printed)."""
+    if isinstance(job, argparse.Namespace):
+        job = JobSettings.from_args(job)
+    summary = attribute(prepare(job), on_wave=lambda line: print(line, flush=True))
     print_summary(summary, summary["run_dir"])
     return summary
 

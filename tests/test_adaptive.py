@@ -113,8 +113,9 @@ def test_the_default_study_keeps_its_fixed_n_and_run_settings():
 
     study = pipeline.load_config(Path(__file__).resolve().parents[1] / "configs" / "default.yaml")
     for name in study.runs:
-        args = attribute.parse_args(pipeline.attribute_argv(study, name))
-        assert (args.steps, args.tolerance, args.precision) == (12, None, "fp32")
+        a = pipeline.job_settings(study, name).attribution
+        assert (a.steps, a.tolerance, a.precision) == (12, None, "fp32")
+        assert attribute.settings(pipeline.job_settings(study, name).command()) == pipeline.job_settings(study, name)
 
 
 def test_a_sentence_above_the_tolerance_at_max_steps_is_a_not_converged_failure(minilm_folder):

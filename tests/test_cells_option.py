@@ -46,8 +46,8 @@ def stores(tmp_path_factory) -> dict[str, Path]:
 
 
 def test_cells_is_part_of_the_run_id_only_when_not_all():
-    from jobs.attribute import parse_args, run_config
     from jobs._inputs import load_pairs
+    from jobs.attribute import parse_args, run_config, settings
 
     class FakeExplainer:
         settings = {"model": "m", "layer": 3, "n_layers": 6, "mode": "approx", "similarity": "cos",
@@ -56,7 +56,7 @@ def test_cells_is_part_of_the_run_id_only_when_not_all():
     pairs = load_pairs("stsb", split="test", limit=3)
 
     def config(*flags: str) -> dict:
-        return run_config(parse_args(["--dataset", "stsb", *flags]), FakeExplainer(), "w" * 64, pairs)
+        return run_config(settings(["--dataset", "stsb", *flags]).attribution, FakeExplainer(), "w" * 64, pairs)
 
     base = config()
     assert "cells" not in base and config("--cells", "all") == base  # the run ids of earlier stores stand

@@ -99,11 +99,11 @@ def compare(got: Any, want: Any, where: str, exact: list[bool]) -> None:
 
 
 def variant_ids(tmp_path: Path) -> dict[str, Any]:
-    from jobs.attribute import parse_args, prepare
+    from jobs.attribute import prepare, settings
 
     out = {}
     for name, flags in VARIANTS.items():
-        prep = prepare(parse_args([*flags, "--out", str(tmp_path / "peek")]))
+        prep = prepare(settings([*flags, "--out", str(tmp_path / "peek")]))
         prep.work.discard()
         out[name] = {"run_id": prep.run_id, "config": prep.config}
     return out

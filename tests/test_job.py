@@ -242,7 +242,8 @@ def test_float_nan_and_inf_labels_are_bad_labels_null_is_no_label(tmp_path, fmt)
 
 # --------------------------------------------------------------------------- store (no Ray)
 def test_run_id_hashes_what_changes_the_numbers():
-    from jobs.attribute import parse_args, run_config
+    from jobs.attribute import parse_args, run_config, settings
+    from jobs.config import JobSettings
 
     class FakeExplainer:
         settings = {"model": "m", "layer": 3, "n_layers": 6, "mode": "approx", "similarity": "cos",
@@ -250,11 +251,12 @@ def test_run_id_hashes_what_changes_the_numbers():
 
     base_args = parse_args(["--dataset", "stsb"])
     pairs = load_pairs("stsb", split="test", limit=3)
-    base = run_config(base_args, FakeExplainer(), "w" * 64, pairs)
+    base = run_config(JobSettings.from_args(base_args).attribution, FakeExplainer(), "w" * 64, pairs)
     rid = _store.run_id(base)
     assert rid == _store.run_id(json.loads(json.dumps(base))) and len(rid) == 16
     # --limit / --sample select rows: same run
-    assert _store.run_id(run_config(parse_args(["--dataset", "stsb", "--limit", "9"]), FakeExplainer(), "w" * 64,
+    limit9 = settings(["--dataset", "stsb", "--limit", "9"]).attribution
+    assert _store.run_id(run_config(limit9, FakeExplainer(), "w" * 64,
                                     load_pairs("stsb", split="test", sample=7))) == rid  # fmt: skip
     for change in (dict(weights_sha256="x" * 64), dict(steps=8), dict(layer=2), dict(mode="exact"),
                    dict(rule="riemann"), dict(similarity="dot"), dict(min_abs=0.01), dict(code_version="9"),
@@ -686,12 +688,12 @@ def test_the_driver_holds_the_selection_compactly():
 def test_prepare_keeps_none_of_the_source_rows(tmp_path):
     """What the driver keeps of the read rows once validated: nothing but the work list's file and keys. An empty
     slice of a source chunk would be a view whose base holds every value of the chunk."""
-    from jobs.attribute import parse_args, prepare
+    from jobs.attribute import prepare, settings
 
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps({"id": f"p{k}", "sentence1": f"question {k} ?", "sentence2": f"other {k} .", "label": k % 2})
                             + "\n" for k in range(300)))  # fmt: skip
-    prep = prepare(parse_args(["--dataset", str(data), *FAST, "--out", str(tmp_path / "runs"), "--quiet"]), chunk_rows=64)
+    prep = prepare(settings(["--dataset", str(data), *FAST, "--out", str(tmp_path / "runs"), "--quiet"]), chunk_rows=64)
     assert prep.work.num_rows == 300 and len(prep.work.pair_keys) == 300 and len(prep.pairs.rows) == 0
     assert prep.n_in == 300 and prep.pairs.n_source_rows == 300 and len(prep.quarantine) == 0
     for block in prep.pairs.rows._mgr.blocks:
@@ -703,10 +705,12 @@ def _eager_work_frame(args):
     """The work list as the driver built it in memory before it streamed: load_pairs, one validate, compact,
     wave_order, with_sentence_ids (the reference for the chunked prepare)."""
     from jobs._inputs import load_pairs, validate
-    from jobs.attribute import Explainer, _label_range, compact, wave_order, with_sentence_ids
+    from jobs.attribute import Explainer, compact, wave_order, with_sentence_ids
+    from jobs.config import Selection
 
+    bounds = Selection(args.dataset, label_range=args.label_range).label_bounds()
     pairs = load_pairs(args.dataset, text_a=args.text_a_column, text_b=args.text_b_column, label=args.label_column,
-                       ids=args.id_column, label_range=_label_range(args.label_range), sample=args.sample,
+                       ids=args.id_column, label_range=bounds, sample=args.sample,
                        seed=args.seed, limit=args.limit, keep=args.keep_columns)  # fmt: skip
     split = Explainer(args.model, layer=args.layer).split
     good, quarantine = validate(pairs.rows, pairs.label_kind, pairs.label_range, None, split.max_seq_length,
@@ -737,11 +741,12 @@ def test_the_chunked_prepare_gives_the_rows_and_reasons_of_one_pass(tmp_path, se
     (duplicate ids within and across chunks, with the first row in the detail) and the counts equal one in-memory
     pass over the whole selection, for every selection (--sample, --limit, both)."""
     from jobs.attribute import parse_args, prepare
+    from jobs.config import JobSettings
 
     args = parse_args(["--dataset", str(_chunk_test_file(tmp_path / "p.jsonl")), *FAST, "--keep-columns", "source",
                        "--label-range", "0:1", "--out", str(tmp_path / "runs"), "--quiet", *selection])  # fmt: skip
     frame, quarantine, pairs = _eager_work_frame(args)
-    prep = prepare(args, chunk_rows=4)
+    prep = prepare(JobSettings.from_args(args), chunk_rows=4)
     assert prep.n_in == len(pairs.rows) == prep.work.num_rows + len(prep.quarantine)
     assert prep.pairs.n_source_rows == pairs.n_source_rows == 53
     pd.testing.assert_frame_equal(prep.quarantine, quarantine)

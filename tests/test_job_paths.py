@@ -328,7 +328,7 @@ def test_truncation_error_stops_before_computing(tmp_path, capsys):
 
 def test_run_id_changes_with_everything_that_changes_the_numbers(tmp_path):
     from jobs._inputs import load_pairs
-    from jobs.attribute import parse_args, run_config
+    from jobs.attribute import run_config, settings
 
     class Settings:  # what run_config reads of an Explainer
         def __init__(self, **change):
@@ -341,9 +341,9 @@ def test_run_id_changes_with_everything_that_changes_the_numbers(tmp_path):
     pairs = load_pairs(str(one))
     stsb_test, stsb_dev = load_pairs("stsb", split="test", limit=3), load_pairs("stsb", split="dev", limit=3)
 
-    def rid(argv=(), settings=None, fingerprint="w" * 64, data=pairs) -> str:
-        args = parse_args(["--dataset", "x", *argv])
-        return _store.run_id(run_config(args, settings or Settings(), fingerprint, data))
+    def rid(argv=(), engine=None, fingerprint="w" * 64, data=pairs) -> str:
+        attribution = settings(["--dataset", "x", *argv]).attribution
+        return _store.run_id(run_config(attribution, engine or Settings(), fingerprint, data))
 
     base = rid()
     assert rid(["--limit", "2", "--sample", "2", "--seed", "3", "--batch-size", "4", "--max-retries", "1"]) == base

@@ -1227,6 +1227,7 @@ def test_adjectives_dataset_triplets_templates_and_columns():
 def test_keep_columns_flag_passes_columns_through_and_changes_the_run_id(tmp_path):
     from jobs._store import RunStore, run_id
     from jobs.attribute import parse_args, run_config
+    from jobs.config import JobSettings
 
     path = tmp_path / "p.tsv"
     path.write_text("id\tsentence1\tsentence2\ttopic\tsource\tTarget\nx\tA b.\tC d.\tsport\tweb\t1\n"
@@ -1240,8 +1241,8 @@ def test_keep_columns_flag_passes_columns_through_and_changes_the_run_id(tmp_pat
                     "rule": "gauss-legendre", "steps": 16, "tolerance": None, "max_steps": None}  # fmt: skip
 
     args = parse_args(["--dataset", str(path), "--keep-columns", "topic,source"])
-    with_keep = run_config(args, FakeExplainer(), "w", pairs)
-    without = run_config(args, FakeExplainer(), "w", _inputs.load_pairs(str(path)))
+    with_keep = run_config(JobSettings.from_args(args).attribution, FakeExplainer(), "w", pairs)
+    without = run_config(JobSettings.from_args(args).attribution, FakeExplainer(), "w", _inputs.load_pairs(str(path)))
     assert with_keep["dataset"]["columns"]["keep"] == ["topic", "source"]
     assert "keep" not in without["dataset"]["columns"]
     assert run_id(with_keep) != run_id(without)
