@@ -103,7 +103,7 @@ def child(n: int) -> None:
                      "malloc_mb": round(((malloc_in_use() or 0) - base_malloc) / 2**20, 1),
                      "pymalloc_arenas_mb": round(pymalloc_arenas_mb() - base_arenas, 1)})  # fmt: skip
 
-    # prepare reads, validates, tokenises and spills the source chunk by chunk (jobs._inputs.CHUNK_ROWS rows).
+    # prepare reads, validates, tokenises and spills the source chunk by chunk (jobs.attribution.inputs.CHUNK_ROWS rows).
     step("prepare (read, validate, tokenise, spill)", lambda: state.update(prep=prepare(args)))
     def plan():
         with system_memory_pool():  # as compute() plans it

@@ -78,8 +78,8 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jobs._actors import top_cell_lists  # noqa: E402
 from jobs._store import SCHEMAS, STORE_VERSION, run_id, write_parquet  # noqa: E402
+from jobs.attribution.actors import top_cell_lists  # noqa: E402
 from jobs.config import RunConfig  # noqa: E402
 from xsbert_core.metrics import grouped_average_ranks  # noqa: E402
 from xsbert_core.syntax import ALIGNMENTS  # noqa: E402

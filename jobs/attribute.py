@@ -52,8 +52,6 @@ from xsbert_core.models import DEFAULT_MODEL
 from xsbert_core.precision import DEFAULT_PRECISION, PRECISIONS
 from xsbert_core.quadrature import SUPPORTED_RULES
 
-from ._actors import CELL_CHOICES, CELL_LISTS, NOT_CONVERGED, TOP_CELLS, WORD_LISTS
-from ._inputs import CHUNK_ROWS, KEEP_PREFIX, Pairs, SeenIds, quarantine_frame, sorted_find, stream_pairs, validate
 from ._ray import filter_stderr, init_ray, quiet_ray
 from ._store import (
     SCHEMAS,
@@ -66,6 +64,17 @@ from ._store import (
     open_store,
     pair_keys,
     run_id,
+)
+from .attribution.actors import CELL_CHOICES, CELL_LISTS, NOT_CONVERGED, TOP_CELLS, WORD_LISTS
+from .attribution.inputs import (
+    CHUNK_ROWS,
+    KEEP_PREFIX,
+    Pairs,
+    SeenIds,
+    quarantine_frame,
+    sorted_find,
+    stream_pairs,
+    validate,
 )
 from .config import (
     CELL_WRITERS,
@@ -446,7 +455,7 @@ class FactorStream:
         STAGE1_GROUP_BLOCKS factor batches (one wave at least), into the object store wave by wave."""
         from ray.data import ActorPoolStrategy
 
-        from ._actors import FactorActor
+        from .attribution.actors import FactorActor
 
         self.close()
         refs: list[Any] = []
@@ -569,7 +578,7 @@ def compute_cells(
     when its worker dies (a retry's copies are dropped by `exactly_once`). With a `sink` the stage-2 tasks write
     the cells and word cells as parts of wave `seq` themselves and the rows name those parts; without, the rows
     carry the cells as lists for the driver to write."""
-    from ._actors import pair_cells
+    from .attribution.actors import pair_cells
 
     t0 = time.perf_counter()
     pair_in = pair_input(wave)
@@ -983,7 +992,7 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
         return progress
     store.check_writable()  # a read-only store says so before anything is computed
     if ex.executor == "local":  # stages 1-2 in this process, without Ray (jobs/_local.py)
-        from . import _local
+        from .attribution import local as _local
 
         ray, res, crashes = None, _local.resources(ex), ()
         writer = _local.cell_writer(ex.cell_writer)

@@ -40,8 +40,8 @@ from xsbert_core.precision import PRECISIONS
 from xsbert_core.quadrature import SUPPORTED_RULES
 
 from . import _sql, config, paper
-from ._inputs import BUILTINS, resolve_source
 from ._store import DERIVED_TABLES, TABLES, canonical_json, filesystem, is_remote
+from .attribution.inputs import BUILTINS, resolve_source
 from .config import JobSettings
 
 PROG = "python -m jobs.pipeline"

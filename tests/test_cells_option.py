@@ -46,8 +46,8 @@ def stores(tmp_path_factory) -> dict[str, Path]:
 
 
 def test_cells_is_part_of_the_run_id_only_when_not_all():
-    from jobs._inputs import load_pairs
     from jobs.attribute import parse_args, run_config, settings
+    from jobs.attribution.inputs import load_pairs
 
     class FakeExplainer:
         settings = {"model": "m", "layer": 3, "n_layers": 6, "mode": "approx", "similarity": "cos",
@@ -190,7 +190,7 @@ def test_a_ray_run_of_same_token_cells_equals_the_local_one(ray_cluster, stores,
 
 
 def test_pair_cells_rejects_an_unknown_choice():
-    from jobs._actors import PairCells
+    from jobs.attribution.actors import PairCells
 
     with pytest.raises(ValueError, match="cells must be one of all, same-token, none"):
         PairCells([], "cos", cells="some")

@@ -23,8 +23,9 @@ import pyarrow.parquet as pq
 import pytest
 from jobtools import stsb_rows, write_tsv
 
-from jobs import _inputs, _store
-from jobs._inputs import load_pairs, resolve_source, validate
+from jobs import _store
+from jobs.attribution import inputs as _inputs
+from jobs.attribution.inputs import load_pairs, resolve_source, validate
 from xsbert_core import InputError
 
 FAST = ["--layer", "-1", "--steps", "2"]  # attribution settings of every Ray test run
@@ -361,7 +362,7 @@ def test_parts_written_by_workers_commit_with_their_wave_and_strays_go(tmp_path)
 # --------------------------------------------------------------------------- stage 2 == Explainer.pair (no Ray)
 @pytest.fixture(scope="module")
 def small_factors(minilm):
-    from jobs._actors import FactorActor
+    from jobs.attribution.actors import FactorActor
     from xsbert_core import Explainer
 
     texts = ["A man is playing a guitar.", "Someone plays an instrument on stage.", "The cat sat."]
@@ -383,7 +384,7 @@ def test_stage2_equals_the_independent_computation(tiny, tmp_path):
     cell, word cell and pair number, on a tiny BERT saved as a sentence-transformers folder."""
     import independent as ind
 
-    from jobs._actors import FactorActor, PairCells
+    from jobs.attribution.actors import FactorActor, PairCells
 
     folder = tmp_path / "tiny-bert"
     model = tiny.get("bert", n_layers=3)
@@ -458,7 +459,7 @@ def check_ranks_and_top_cells(row: dict, m: np.ndarray, w: np.ndarray, wids_a: l
 
 
 def test_min_abs_prunes_cells_never_sums(small_factors):
-    from jobs._actors import PairCells
+    from jobs.attribution.actors import PairCells
 
     _, table, _ = small_factors
     batch = pa.table({"ord": [0], "pair_id": ["p"], "sentence_id_a": ["s0"], "sentence_id_b": ["s1"]})
@@ -480,7 +481,7 @@ def test_min_abs_prunes_cells_never_sums(small_factors):
 
 
 def test_a_failed_sentence_fails_only_its_pairs(small_factors):
-    from jobs._actors import PairCells, factor_rows
+    from jobs.attribution.actors import PairCells, factor_rows
 
     _, table, _ = small_factors
     failed = factor_rows(["bad"], ["x"], ["NumericalError: NaN"])
@@ -704,8 +705,8 @@ def test_prepare_keeps_none_of_the_source_rows(tmp_path):
 def _eager_work_frame(args):
     """The work list as the driver built it in memory before it streamed: load_pairs, one validate, compact,
     wave_order, with_sentence_ids (the reference for the chunked prepare)."""
-    from jobs._inputs import load_pairs, validate
     from jobs.attribute import Explainer, compact, wave_order, with_sentence_ids
+    from jobs.attribution.inputs import load_pairs, validate
     from jobs.config import Selection
 
     bounds = Selection(args.dataset, label_range=args.label_range).label_bounds()
@@ -904,8 +905,8 @@ def test_mapped_keys_answer_as_the_arrays_in_memory_do(tmp_path):
     """mapped_keys gives back its pieces' concatenation from a file whose folder is gone at once; SentenceKeys.add
     merges chunk by chunk into the same sorted set np.union1d gives (keys before, between, after and equal to the
     stored ones), and contains() answers as np.isin does; SeenIds.first_rows finds the same keys' rows."""
-    from jobs._inputs import SeenIds
     from jobs.attribute import SentenceKeys, _merge_sorted, mapped_keys, sorted_contains
+    from jobs.attribution.inputs import SeenIds
 
     rng = np.random.default_rng(0)
     pieces = [rng.integers(0, 2**63, n, dtype=np.uint64) for n in (5, 0, 17)]

@@ -179,7 +179,7 @@ def test_a_batch_that_kills_every_actor_fails_the_run_clearly(kind, s3, clean, d
 
 # --------------------------------------------------------------------------- duplicates (no Ray)
 def _stage2_rows(n: int) -> pa.Table:
-    from jobs._actors import PAIR_SCHEMA
+    from jobs.attribution.actors import PAIR_SCHEMA
 
     data = {name: [None] * n for name in PAIR_SCHEMA.names}
     data.update(ord=list(range(n)), pair_id=[f"p{k}" for k in range(n)], score=[0.5 + k for k in range(n)],

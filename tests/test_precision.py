@@ -129,9 +129,9 @@ class _Settings:
 
 
 def test_float32_run_ids_are_those_made_before_precision_was_a_setting():
-    from jobs._inputs import load_pairs
     from jobs._store import run_id
     from jobs.attribute import run_config, settings
+    from jobs.attribution.inputs import load_pairs
 
     pairs = load_pairs("stsb", split="test", limit=3)
     args = settings(["--dataset", "stsb", "--steps", "16"]).attribution

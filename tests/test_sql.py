@@ -27,8 +27,10 @@ import pyarrow.parquet as pq
 import pytest
 from scipy import stats
 
-from jobs import _datasets, _inputs, _sql
+from jobs import _sql
 from jobs._store import SCHEMAS
+from jobs.attribution import datasets as _datasets
+from jobs.attribution import inputs as _inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 SQL = ROOT / "sql"
@@ -1260,8 +1262,8 @@ def test_keep_columns_flag_passes_columns_through_and_changes_the_run_id(tmp_pat
 def test_the_job_stores_the_ranks_agreement_reads(real_runs, tmp_path):
     """The real job's store (all-MiniLM-L6-v2, 8 STS-B pairs): its ranks and top-10 lists are what scipy's rankdata
     and sorted() give on its stored values (stored_ranks_copy), every cell and pair; agreement.sql takes them."""
-    from jobs._actors import TOP_CELLS
     from jobs._store import STORE_VERSION
+    from jobs.attribution.actors import TOP_CELLS
 
     stsb = real_runs["stsb"]
     config = json.loads((stsb / "manifest.json").read_text())["config"]

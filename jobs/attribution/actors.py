@@ -36,7 +36,7 @@ from xsbert_core.metrics import grouped_rank_bounds, grouped_top_k
 from xsbert_core.pairs import completeness_target, pair_matrix, similarity_score
 from xsbert_core.words import averaging_matrix
 
-from ._store import SCHEMAS
+from .._store import SCHEMAS
 
 logger = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ import pyarrow as pa
 
 from xsbert_core import Explainer
 
-from ._actors import FactorActor, PairCells, pair_rows
-from .attribute import PAIR_BATCH, actor_kwargs, exactly_once, factor_blocks, pair_input
-from .config import DEFAULT_BATCH_SIZE_CPU, DEFAULT_BATCH_SIZE_GPU, Execution, JobSettings
+from ..attribute import PAIR_BATCH, actor_kwargs, exactly_once, factor_blocks, pair_input
+from ..config import DEFAULT_BATCH_SIZE_CPU, DEFAULT_BATCH_SIZE_GPU, Execution, JobSettings
+from .actors import FactorActor, PairCells, pair_rows
 
 
 def resources(ex: Execution) -> dict[str, Any]:

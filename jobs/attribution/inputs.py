@@ -33,8 +33,8 @@ import pandas as pd
 
 from xsbert_core import InputError
 
-from . import _datasets
-from ._store import SCHEMAS, pair_keys
+from .._store import SCHEMAS, pair_keys
+from . import datasets as _datasets
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUNDLED_STSB = Path(__file__).resolve().parent / "data" / "stsb.tsv.gz"
