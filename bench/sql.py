@@ -892,7 +892,7 @@ def wave_tables(
         meta = tm.adj_meta
         for k, name in enumerate(("triplet", "kind", "template")):
             pairs[name] = pa.array([meta[x][k] if x >= 0 else None for x in adj], pa.string())
-        # what stage 2 stores for agreement.sql: ranks per pair, the top-10 lists (jobs/_actors.py)
+        # what stage 2 stores for agreement.sql: ranks per pair, the top-10 lists (jobs/attribution/actors.py)
         content_rank = np.full(val.size, np.nan)
         content_rank[valid] = grouped_average_ranks(val[valid], pidx[valid])
         has = np.ones(n, bool)

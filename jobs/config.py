@@ -20,7 +20,6 @@ YAML with pydantic and builds these from it.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -55,7 +54,6 @@ DEFAULT_WAVE_SIZE_GPU = 16384
 DEFAULT_MAX_RETRIES = 3  # --max-retries: retries of a factor batch on a restarted actor (and of a cell task)
 MODES = ("auto", "approx", "exact")
 TRUNCATION_CHOICES = ("quarantine", "warn", "error")
-CELL_CHOICES = ("all", "same-token", "none")
 CELL_WRITERS = ("auto", "workers", "driver")
 EXECUTORS = ("ray", "local")
 
@@ -186,11 +184,6 @@ class JobSettings:
         return argv
 
 
-def replace(settings: Any, **changes: Any) -> Any:
-    """A copy of a settings object with `changes` (dataclasses.replace)."""
-    return dataclasses.replace(settings, **changes)
-
-
 @dataclass(frozen=True)
 class RunConfig:
     """Everything that changes the stored numbers, listed once; its hash is the run id (the manifest's `config`).
@@ -231,4 +224,5 @@ class RunConfig:
         return out
 
 
+# RunConfig's fields that are the engine's resolved settings (Explainer.settings; precision apart, for its default).
 ENGINE_SETTINGS = ("model", "mode", "similarity", "layer", "n_layers", "rule", "steps", "tolerance", "max_steps")

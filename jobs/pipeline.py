@@ -433,14 +433,15 @@ def say(line: str) -> None:
 
 def stage_attribute(study: Study) -> dict[str, dict[str, Any]]:
     """Every run of the study through jobs.attribute's stages; {run name: its summary}."""
-    from . import attribute
+    from .attribution.prepare import prepare
+    from .attribution.run import attribute
 
     summaries = {}
     for name in study.runs:
         job = job_settings(study, name)
         t0 = time.perf_counter()
-        prep = attribute.prepare(job)
-        s = attribute.attribute(prep, on_wave=lambda line, n=name: say(f"attribute {n}: {line}"))
+        prep = prepare(job)
+        s = attribute(prep, on_wave=lambda line, n=name: say(f"attribute {n}: {line}"))
         s["command"] = "python -m jobs.attribute " + shlex.join(job.command())
         summaries[name] = s
         counts = f"{s['n_in']} pairs = {s['n_done']} done + {s['n_quarantined']} quarantined"
@@ -609,7 +610,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def cli(argv: list[str] | None = None) -> int:
-    from .attribute import quiet_console
+    from .console import quiet_console
 
     args = parse_args(argv)
     try:

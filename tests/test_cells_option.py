@@ -46,8 +46,9 @@ def stores(tmp_path_factory) -> dict[str, Path]:
 
 
 def test_cells_is_part_of_the_run_id_only_when_not_all():
-    from jobs.attribute import parse_args, run_config, settings
-    from jobs.attribution.inputs import load_pairs
+    from jobs.attribute import parse_args, settings
+    from jobs.attribution.prepare import run_config
+    from jobs.attribution.validate import load_pairs
 
     class FakeExplainer:
         settings = {"model": "m", "layer": 3, "n_layers": 6, "mode": "approx", "similarity": "cos",

@@ -99,7 +99,8 @@ def compare(got: Any, want: Any, where: str, exact: list[bool]) -> None:
 
 
 def variant_ids(tmp_path: Path) -> dict[str, Any]:
-    from jobs.attribute import prepare, settings
+    from jobs.attribute import settings
+    from jobs.attribution.prepare import prepare
 
     out = {}
     for name, flags in VARIANTS.items():

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 from jobtools import q, run_job, stsb_rows, write_tsv
 
-from jobs.attribute import DEFAULT_BATCH_SIZE_GPU, DEFAULT_WAVE_SIZE_GPU, resources, settings
+from jobs.attribute import settings
+from jobs.attribution.stage1 import resources
+from jobs.config import DEFAULT_BATCH_SIZE_GPU, DEFAULT_WAVE_SIZE_GPU
 
 
 @pytest.fixture(scope="module")

@@ -327,8 +327,9 @@ def test_truncation_error_stops_before_computing(tmp_path, capsys):
 
 
 def test_run_id_changes_with_everything_that_changes_the_numbers(tmp_path):
-    from jobs.attribute import run_config, settings
-    from jobs.attribution.inputs import load_pairs
+    from jobs.attribute import settings
+    from jobs.attribution.prepare import run_config
+    from jobs.attribution.validate import load_pairs
 
     class Settings:  # what run_config reads of an Explainer
         def __init__(self, **change):

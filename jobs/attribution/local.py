@@ -3,8 +3,8 @@
 For a machine where Ray is not installed (a GPU box with torch and sentence-transformers, say): the job's own code
 with Ray's two parts replaced, nothing else.
 
-    stage 1   jobs.attribute.factor_blocks -> FactorActor (one, in this process, on --device)   [Ray: an actor pool]
-    stage 2   PairCells over PAIR_BATCH pairs at a time (jobs._actors.pair_rows)                 [Ray: pair_cells tasks]
+    stage 1   stage1.factor_blocks -> FactorActor (one, in this process, on --device)   [Ray: an actor pool]
+    stage 2   PairCells over PAIR_BATCH pairs at a time (actors.pair_rows)            [Ray: pair_cells tasks]
 
 The waves, their order, the factor batches, the stage-2 batches, the tables and the commits are jobs.attribute's, so
 the store (run id, tables, part names) is the one a one-node Ray run of the same settings writes, and either
@@ -23,9 +23,10 @@ import pyarrow as pa
 
 from xsbert_core import Explainer
 
-from ..attribute import PAIR_BATCH, actor_kwargs, exactly_once, factor_blocks, pair_input
 from ..config import DEFAULT_BATCH_SIZE_CPU, DEFAULT_BATCH_SIZE_GPU, Execution, JobSettings
 from .actors import FactorActor, PairCells, pair_rows
+from .stage1 import actor_kwargs, factor_blocks
+from .stage2 import PAIR_BATCH, exactly_once, pair_input
 
 
 def resources(ex: Execution) -> dict[str, Any]:
@@ -57,7 +58,7 @@ def cell_writer(choice: str) -> str:
 
 
 class FactorStream:
-    """Stage 1, wave after wave, in this process: jobs.attribute.FactorStream's interface (`wave(w)`, `sizes`,
+    """Stage 1, wave after wave, in this process: jobs.attribution.stage1.FactorStream's interface (`wave(w)`, `sizes`,
     `close()`), with the factor tables themselves where Ray's stream gives object refs. The model is loaded once,
     when the first wave is asked for. Each factor batch is one FactorActor call, as each is one actor call in a
     Ray run, so the factors are the same batch for batch."""
@@ -106,7 +107,7 @@ def compute_cells(
     sink: Any = None,
     seq: int | None = None,
 ) -> tuple[pa.Table, dict[str, Any]]:
-    """Stage 2 for the wave's pairs, in this process: jobs.attribute.compute_cells's rows (the same PAIR_BATCH
+    """Stage 2 for the wave's pairs, in this process: jobs.attribution.stage2.compute_cells's rows (the same PAIR_BATCH
     batches through the same PairCells), each batch's cells written through `sink` as a Ray task would."""
     t0 = time.perf_counter()
     pair_in = pair_input(wave)
