@@ -290,7 +290,7 @@ def _quarantine_table(frame: pd.DataFrame) -> pa.Table:
 def cell_writer(choice: str, store: RunStore, ray) -> str:
     """'workers' or 'driver' for --cell-writer: auto is workers where every worker sees the store (object
     storage, or a local --out on a one-node cluster), else the driver."""
-    from ._store import is_remote
+    from .._store import is_remote
 
     if choice != "auto":
         if choice == "workers" and not is_remote(store.root) and len(_alive_nodes(ray)) > 1:
