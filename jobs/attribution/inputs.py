@@ -34,8 +34,8 @@ from xsbert_core import InputError
 from .._store import SCHEMAS
 from . import datasets as _datasets
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-BUNDLED_STSB = Path(__file__).resolve().parent / "data" / "stsb.tsv.gz"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BUNDLED_STSB = Path(__file__).resolve().parents[1] / "data" / "stsb.tsv.gz"
 # The QQP subset (23,497 GLUE-train pairs) lives next to the repository, not in it (Quora's terms).
 DEFAULT_QQP_PATH = REPO_ROOT.parent / "shared" / "data" / "qqp" / "qqp_glue_train_subset.tsv.gz"
 
