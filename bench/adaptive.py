@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from engine import stsb_test_pairs  # noqa: E402
 from precision import commit  # noqa: E402
 
-from jobs.attribute import DEFAULT_ADAPTIVE_TOLERANCE, DEFAULT_BATCH_SIZE_CPU  # noqa: E402
+from jobs.config import DEFAULT_ADAPTIVE_TOLERANCE, DEFAULT_BATCH_SIZE_CPU  # noqa: E402
 from xsbert_core import Explainer, load_model  # noqa: E402
 from xsbert_core.explainer import DEFAULT_MAX_STEPS, DEFAULT_STEPS  # noqa: E402
 

@@ -61,6 +61,7 @@ def step_of(frame) -> tuple[str, bool]:
 
 def job(argv: list[str], period: float = 0.1) -> None:
     import jobs.attribute as attribute
+    from jobs.attribution import stage1
 
     main_id = threading.main_thread().ident
     peaks: dict[str, float] = collections.defaultdict(float)
@@ -80,14 +81,14 @@ def job(argv: list[str], period: float = 0.1) -> None:
 
     # What FactorStream holds of other waves when a wave's blocks are all back (stage 1 running ahead).
     held: list[int] = []
-    wave = attribute.FactorStream.wave
+    wave = stage1.FactorStream.wave
 
     def counting_wave(self, w):
         out = wave(self, w)
         held.append(sum(len(blocks) for blocks in self._got.values()))
         return out
 
-    attribute.FactorStream.wave = counting_wave
+    stage1.FactorStream.wave = counting_wave
     thread = threading.Thread(target=sample, daemon=True)
     thread.start()
     try:
@@ -95,7 +96,7 @@ def job(argv: list[str], period: float = 0.1) -> None:
     finally:
         stop.set()
         thread.join()
-        attribute.FactorStream.wave = wave
+        stage1.FactorStream.wave = wave
     print(f"\nfactor blocks of later waves held when each wave was complete: {held}")
     print("\nlargest RssAnon (MB) by the step the driver was in (samples every %.1f s):" % period)
     for step, mb in sorted(peaks.items(), key=lambda kv: -kv[1])[:12]:
@@ -119,12 +120,13 @@ def floors(argv: list[str], group_blocks: int | None, collect: bool, trace: int 
     tracemalloc runs too: Python's traced heap after each wave, the object types and allocation sites that grew
     from the first wave to the last."""
     import jobs.attribute as attribute
+    from jobs.attribution import run, stage1
 
     if group_blocks:
-        attribute.STAGE1_GROUP_BLOCKS = group_blocks
-    attribute.STAGE1_COLLECT = collect
+        stage1.STAGE1_GROUP_BLOCKS = group_blocks
+    stage1.STAGE1_COLLECT = collect
     traced: list[dict] = []
-    memory = attribute.driver_memory_mb
+    memory = run.driver_memory_mb
     if trace:
         import tracemalloc
 
@@ -145,16 +147,16 @@ def floors(argv: list[str], group_blocks: int | None, collect: bool, trace: int 
                 traced[-1]["grew"] = snap.compare_to(first[0], "traceback")[:12]
             return memory()
 
-        attribute.driver_memory_mb = traced_memory
+        run.driver_memory_mb = traced_memory
     try:
         summary = attribute.main(attribute.parse_args(argv))
     finally:
-        attribute.driver_memory_mb = memory
+        run.driver_memory_mb = memory
     from jobs.store import open_store
 
     manifest = open_store(*str(summary["run_dir"]).rsplit("/", 1)).read_manifest()
     waves = manifest["runs"][-1]["waves"]
-    print(json.dumps({"group_blocks": attribute.STAGE1_GROUP_BLOCKS, "collect": collect, "waves": len(waves),
+    print(json.dumps({"group_blocks": stage1.STAGE1_GROUP_BLOCKS, "collect": collect, "waves": len(waves),
                       "floor_mb": [round(w["driver_private_mb"]) for w in waves],
                       "malloc_mb": [round(w.get("driver_malloc_mb", float("nan")), 1) for w in waves]}))  # fmt: skip
     if traced:

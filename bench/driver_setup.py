@@ -62,7 +62,9 @@ def reset_peak() -> None:
 
 def child(n: int) -> None:
     sys.path.insert(0, str(ROOT))
-    from jobs.attribute import malloc_in_use, parse_args, prepare, release_memory, system_memory_pool
+    from jobs.attribute import parse_args
+    from jobs.attribution.memory import malloc_in_use, release_memory, system_memory_pool
+    from jobs.attribution.prepare import prepare
 
     data, model = CACHE / f"pairs-{n}.parquet", CACHE / "rehearsal-model"
     args = parse_args(["--dataset", str(data), "--text-a-column", "question1", "--text-b-column", "question2",
@@ -103,7 +105,7 @@ def child(n: int) -> None:
                      "malloc_mb": round(((malloc_in_use() or 0) - base_malloc) / 2**20, 1),
                      "pymalloc_arenas_mb": round(pymalloc_arenas_mb() - base_arenas, 1)})  # fmt: skip
 
-    # prepare reads, validates, tokenises and spills the source chunk by chunk (jobs._inputs.CHUNK_ROWS rows).
+    # prepare reads, validates, tokenises and spills the source chunk by chunk (jobs.attribution.inputs.CHUNK_ROWS rows).
     step("prepare (read, validate, tokenise, spill)", lambda: state.update(prep=prepare(args)))
     def plan():
         with system_memory_pool():  # as compute() plans it

@@ -63,7 +63,7 @@ from xsbert_core.reverse import sentence_factor_reverse  # noqa: E402
 PACK = ROOT / "bench" / ".cache" / "gpu"
 QQP = ROOT.parent / "shared" / "data" / "qqp" / "qqp_glue_train_subset.tsv.gz"
 RESULTS = ROOT / "bench" / "results" / "gpu.md"
-BATCH = 128  # (--batch) the job's sentences per factor-actor call on a GPU (jobs/attribute.py DEFAULT_BATCH_SIZE_GPU)
+BATCH = 128  # (--batch) the job's sentences per factor-actor call on a GPU (jobs/config.py DEFAULT_BATCH_SIZE_GPU)
 QQP_QUESTIONS = 537_933  # unique questions of GLUE QQP train (404,290 pairs), as in bench/results/scale.md
 QQP_PAIRS = 404_290
 # (folder in PACK, layer, Gauss-Legendre N at equal error: bench/results/engine.md)

@@ -181,7 +181,9 @@ def run_job(a: argparse.Namespace, rec: Recorder, sampler: Sampler) -> dict[str,
     """jobs.attribute in this process; per-wave records merged with the sampler's windows."""
     import ray
 
-    from jobs.attribute import attribute, parse_args, prepare
+    from jobs.attribute import parse_args
+    from jobs.attribution.prepare import prepare
+    from jobs.attribution.run import attribute
 
     if a.logical_gpus:  # Ray told of GPUs that are not there: the GPU actor path on a CPU machine
         ray.init(num_cpus=os.cpu_count() or 1, num_gpus=a.logical_gpus, include_dashboard=False,

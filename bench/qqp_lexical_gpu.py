@@ -97,8 +97,8 @@ def job_argv(args: argparse.Namespace, dataset: Path, extra: list[str]) -> list[
 
 
 def main(argv: list[str] | None = None) -> int:
-    from jobs import _inputs
     from jobs.attribute import cli
+    from jobs.attribution import inputs as _inputs
 
     args, extra = parse_args(argv)
     qqp = _inputs.qqp_path(args.qqp_path)

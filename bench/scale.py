@@ -452,11 +452,12 @@ def measure(n: int, args: argparse.Namespace, model: Path, where: Where) -> dict
 
 def integrations(n: int, wave: int) -> dict[str, int]:
     """Sentences integrated by a run of the n rehearsal pairs in waves of `wave`: in input order, and in the job's
-    wave order (jobs.attribute.wave_order: pairs grouped by connected component), against the unique count."""
+    wave order (jobs.attribution.worklist.wave_order: pairs grouped by connected component), against the unique
+    count."""
     import numpy as np
     import pandas as pd
 
-    from jobs.attribute import wave_order
+    from jobs.attribution.worklist import wave_order
 
     d = pd.read_parquet(make_pairs(n))
     a, b = d.question1.to_numpy(), d.question2.to_numpy()

@@ -78,8 +78,9 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jobs._actors import top_cell_lists  # noqa: E402
 from jobs.store import SCHEMAS, STORE_VERSION, run_id, write_parquet  # noqa: E402
+from jobs.attribution.actors import top_cell_lists  # noqa: E402
+from jobs.config import RunConfig  # noqa: E402
 from xsbert_core.metrics import grouped_average_ranks  # noqa: E402
 from xsbert_core.syntax import ALIGNMENTS  # noqa: E402
 
@@ -698,30 +699,32 @@ def cell_values(
 
 # =========================================================================== writing the store
 def run_config(layer: int, n_pairs: int, seed: int) -> dict[str, Any]:
+    """The synthetic runs' config: jobs/config.py's RunConfig (the fields every run id hashes), filled as a fixed-N
+    all-MiniLM-L6-v2 run of every cell would be, with the generator in place of the weights and the dataset."""
     import xsbert_core
 
-    return {
-        "store_version": STORE_VERSION,
-        "code_version": xsbert_core.__version__,
-        "model": "sentence-transformers/all-MiniLM-L6-v2",
-        "weights_sha256": "synthetic (bench/sql.py: no model was run)",
-        "mode": "approx",
-        "similarity": "cos",
-        "layer": layer,
-        "n_layers": N_LAYERS,
-        "rule": "gauss-legendre",
-        "steps": 16,
-        "tolerance": None,
-        "max_steps": 256,
-        "truncation": "quarantine",
-        "min_abs": 0.0,
-        "dataset": {
+    return RunConfig(
+        store_version=STORE_VERSION,
+        code_version=xsbert_core.__version__,
+        model="sentence-transformers/all-MiniLM-L6-v2",
+        weights_sha256="synthetic (bench/sql.py: no model was run)",
+        mode="approx",
+        similarity="cos",
+        layer=layer,
+        n_layers=N_LAYERS,
+        rule="gauss-legendre",
+        steps=16,
+        tolerance=None,
+        max_steps=256,
+        truncation="quarantine",
+        min_abs=0.0,
+        dataset={
             "name": "bench/sql.py synthetic QQP",
             "config": {"pairs": n_pairs, "seed": seed, "generator_version": GENERATOR_VERSION},
             "split": "train",
             "columns": {"text_a": "question1", "text_b": "question2", "label": "is_duplicate", "id": "id"},
         },
-    }
+    ).as_dict()
 
 
 def write_part(run: Path, table: str, seq: int, data: pa.Table) -> int:
@@ -889,7 +892,7 @@ def wave_tables(
         meta = tm.adj_meta
         for k, name in enumerate(("triplet", "kind", "template")):
             pairs[name] = pa.array([meta[x][k] if x >= 0 else None for x in adj], pa.string())
-        # what stage 2 stores for agreement.sql: ranks per pair, the top-10 lists (jobs/_actors.py)
+        # what stage 2 stores for agreement.sql: ranks per pair, the top-10 lists (jobs/attribution/actors.py)
         content_rank = np.full(val.size, np.nan)
         content_rank[valid] = grouped_average_ranks(val[valid], pidx[valid])
         has = np.ones(n, bool)

@@ -1,5 +1,5 @@
 """Bench only: a run of an older store version, copied as the current version with the columns stage 2 now writes,
-computed by stage 2's own code (jobs._actors.Grids) from the stored cells (so the 404k rehearsal store need not be
+computed by stage 2's own code (jobs.attribution.actors.Grids) from the stored cells (so the 404k rehearsal store need not be
 attributed again to time `agreement.sql` on stored ranks).
 
     python bench/upgrade_store.py SRC_RUN DST_RUN
@@ -24,8 +24,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from jobs._actors import TOP_CELLS, Grids  # noqa: E402
 from jobs.store import SCHEMAS, STORE_VERSION, write_parquet  # noqa: E402
+from jobs.attribution.actors import TOP_CELLS, Grids  # noqa: E402
 
 
 def pair_runs(table: pa.Table) -> list[tuple[str, int, int]]:

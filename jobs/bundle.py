@@ -246,7 +246,7 @@ def model_archive(name: str, work: Path, float16: bool) -> tuple[Path, dict[str,
 
 def dataset_file(name: str) -> Path:
     """`qqp` (the bundled QQP subset, as jobs.attribute finds it), or a file."""
-    from ._inputs import qqp_path
+    from .attribution.inputs import qqp_path
 
     if name == "qqp":
         path = qqp_path(None)

@@ -50,7 +50,7 @@ from xsbert_core.metrics import aso_both_ways, pearson, spearman
 from xsbert_core.models import DEFAULT_MODEL
 
 from . import paper
-from ._inputs import load_pairs, validate
+from .attribution.validate import load_pairs, validate
 
 logger = logging.getLogger("jobs.evaluate")
 

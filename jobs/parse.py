@@ -289,7 +289,7 @@ def print_summary(s: dict[str, Any]) -> None:
 
 
 def cli(argv: list[str] | None = None) -> int:
-    from .attribute import quiet_console
+    from .console import quiet_console
 
     args = parse_args(argv)
     quiet_console()

@@ -39,8 +39,9 @@ from xsbert_core.models import is_packaged
 from xsbert_core.precision import PRECISIONS
 from xsbert_core.quadrature import SUPPORTED_RULES
 
-from . import _sql, paper
-from ._inputs import BUILTINS, resolve_source
+from . import _sql, config, paper
+from .attribution.inputs import BUILTINS, resolve_source
+from .config import JobSettings
 from .store import DERIVED_TABLES, TABLES, canonical_json, is_remote
 from .store.files import is_file, join, location_fs, read_text, upload
 
@@ -263,30 +264,27 @@ def load_config(path: str | os.PathLike, sets: list[str] | tuple[str, ...] = ())
         raise InputError(f"{path}: {_error_line(exc)}") from None
 
 
-# --------------------------------------------------------------------------- stage arguments
-def attribute_argv(study: Study, name: str) -> list[str]:
-    """jobs.attribute's command line for run `name` (its own defaults fill what the config leaves unset)."""
+# --------------------------------------------------------------------------- stage settings
+def job_settings(study: Study, name: str) -> JobSettings:
+    """Run `name`'s jobs.attribute settings (jobs/config.py): the run's own, else the study's defaults, else the
+    job's (an unset steps and tolerance: adaptive N, as on the command line)."""
     run = study.runs[name]
     ds = study.datasets[run.dataset]
-    argv = ["--dataset", ds.source, "--seed", str(ds.seed), "--model", study.models[run.model], "--out", study.out]
-    flags = {
-        "--split": ds.split, "--config": ds.config, "--sample": ds.sample, "--limit": ds.limit,
-        "--text-a-column": ds.text_a, "--text-b-column": ds.text_b, "--label-column": ds.label,
-        "--id-column": ds.id, "--label-range": ds.label_range, "--keep-columns": ",".join(ds.keep) or None,
-        "--qqp-path": ds.qqp_path,
-    }  # fmt: skip
-    for field in Attribution.model_fields:
-        value = getattr(run, field)
-        flags["--" + field.replace("_", "-")] = value if value is not None else getattr(study.defaults, field)
-    for field in Ray.model_fields:
-        key = "--ray-address" if field == "address" else "--" + field.replace("_", "-")
-        flags[key] = getattr(study.ray, field)
-    for flag, value in flags.items():
-        if value is not None:
-            argv += [flag, str(value)]
-    if study.quiet:
-        argv.append("-q")
-    return argv
+    given = {f: getattr(run, f) if getattr(run, f) is not None else getattr(study.defaults, f)
+             for f in Attribution.model_fields}  # fmt: skip
+    steps, tolerance = config.Attribution.steps_and_tolerance(given.pop("steps"), given.pop("tolerance"))
+    execution = {("ray_address" if f == "address" else f): getattr(study.ray, f) for f in Ray.model_fields}
+    return JobSettings(
+        selection=config.Selection(
+            dataset=ds.source, split=ds.split, config=ds.config, qqp_path=ds.qqp_path, limit=ds.limit,
+            sample=ds.sample, seed=ds.seed, text_a_column=ds.text_a, text_b_column=ds.text_b, label_column=ds.label,
+            id_column=ds.id, label_range=ds.label_range, keep_columns=",".join(ds.keep) or None,
+        ),
+        attribution=config.Attribution(model=study.models[run.model], steps=steps, tolerance=tolerance,
+                                       **{k: v for k, v in given.items() if v is not None}),
+        execution=config.Execution(**{k: v for k, v in execution.items() if v is not None}),
+        output=config.Output(out=study.out, quiet=study.quiet),
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- up to date?
@@ -407,16 +405,16 @@ def say(line: str) -> None:
 
 def stage_attribute(study: Study) -> dict[str, dict[str, Any]]:
     """Every run of the study through jobs.attribute's stages; {run name: its summary}."""
-    from . import attribute
+    from .attribution.prepare import prepare
+    from .attribution.run import attribute
 
     summaries = {}
     for name in study.runs:
-        argv = attribute_argv(study, name)
-        args = attribute.parse_args(argv)
+        job = job_settings(study, name)
         t0 = time.perf_counter()
-        prep = attribute.prepare(args)
-        s = attribute.attribute(prep, on_wave=lambda line, n=name: say(f"attribute {n}: {line}"))
-        s["command"] = "python -m jobs.attribute " + shlex.join(argv)
+        prep = prepare(job)
+        s = attribute(prep, on_wave=lambda line, n=name: say(f"attribute {n}: {line}"))
+        s["command"] = "python -m jobs.attribute " + shlex.join(job.command())
         summaries[name] = s
         counts = f"{s['n_in']} pairs = {s['n_done']} done + {s['n_quarantined']} quarantined"
         if s.get("mean_abs_completeness_error") is not None:
@@ -584,7 +582,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def cli(argv: list[str] | None = None) -> int:
-    from .attribute import quiet_console
+    from .console import quiet_console
 
     args = parse_args(argv)
     try:

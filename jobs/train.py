@@ -33,7 +33,7 @@ from xsbert_core import InputError, XsbertError, load_model
 from xsbert_core.models import DEFAULT_MODEL
 from xsbert_core.training import VARIANT_SIMILARITY, VARIANTS, TrainConfig, build_variant, fine_tune, pairs_dataset
 
-from ._inputs import load_pairs, validate
+from .attribution.validate import load_pairs, validate
 
 logger = logging.getLogger("jobs.train")
 

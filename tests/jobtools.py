@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from jobs import _inputs
+from jobs.attribution import inputs as _inputs
 
 FAST = ["--layer", "-1", "--steps", "2"]  # attribution settings of every Ray test run (all-MiniLM-L6-v2)
 TABLES = ("pairs", "cells", "word_cells", "sentences", "quarantine")

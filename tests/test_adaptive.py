@@ -92,7 +92,8 @@ def test_sentence_factors_say_whether_they_converged(minilm):
 
 # --------------------------------------------------------------------------- the dataset default (jobs.attribute)
 def test_adaptive_n_is_the_dataset_default_and_steps_alone_is_fixed():
-    from jobs.attribute import DEFAULT_ADAPTIVE_TOLERANCE, parse_args
+    from jobs.attribute import parse_args
+    from jobs.config import DEFAULT_ADAPTIVE_TOLERANCE
     from xsbert_core.explainer import DEFAULT_MAX_STEPS, DEFAULT_STEPS
 
     default = parse_args([])
@@ -113,13 +114,14 @@ def test_the_default_study_keeps_its_fixed_n_and_run_settings():
 
     study = pipeline.load_config(Path(__file__).resolve().parents[1] / "configs" / "default.yaml")
     for name in study.runs:
-        args = attribute.parse_args(pipeline.attribute_argv(study, name))
-        assert (args.steps, args.tolerance, args.precision) == (12, None, "fp32")
+        a = pipeline.job_settings(study, name).attribution
+        assert (a.steps, a.tolerance, a.precision) == (12, None, "fp32")
+        assert attribute.settings(pipeline.job_settings(study, name).command()) == pipeline.job_settings(study, name)
 
 
 def test_a_sentence_above_the_tolerance_at_max_steps_is_a_not_converged_failure(minilm_folder):
-    from jobs._actors import NOT_CONVERGED, FactorActor
-    from jobs.attribute import failure_reason
+    from jobs.attribution.actors import NOT_CONVERGED, FactorActor
+    from jobs.attribution.stage2 import failure_reason
 
     actor = FactorActor(str(minilm_folder), layer=-1, mode="approx", similarity="cos", rule="gauss-legendre",
                         steps=2, tolerance=1e-12, max_steps=4, truncation="warn")  # fmt: skip

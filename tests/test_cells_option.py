@@ -47,8 +47,9 @@ def stores(tmp_path_factory) -> dict[str, Path]:
 
 
 def test_cells_is_part_of_the_run_id_only_when_not_all():
-    from jobs._inputs import load_pairs
-    from jobs.attribute import parse_args, run_config
+    from jobs.attribute import parse_args, settings
+    from jobs.attribution.prepare import run_config
+    from jobs.attribution.validate import load_pairs
 
     class FakeExplainer:
         settings = {"model": "m", "layer": 3, "n_layers": 6, "mode": "approx", "similarity": "cos",
@@ -57,7 +58,7 @@ def test_cells_is_part_of_the_run_id_only_when_not_all():
     pairs = load_pairs("stsb", split="test", limit=3)
 
     def config(*flags: str) -> dict:
-        return run_config(parse_args(["--dataset", "stsb", *flags]), FakeExplainer(), "w" * 64, pairs)
+        return run_config(settings(["--dataset", "stsb", *flags]).attribution, FakeExplainer(), "w" * 64, pairs)
 
     base = config()
     assert "cells" not in base and config("--cells", "all") == base  # the run ids of earlier stores stand
@@ -191,7 +192,7 @@ def test_a_ray_run_of_same_token_cells_equals_the_local_one(ray_cluster, stores,
 
 
 def test_pair_cells_rejects_an_unknown_choice():
-    from jobs._actors import PairCells
+    from jobs.attribution.actors import PairCells
 
     with pytest.raises(ValueError, match="cells must be one of all, same-token, none"):
         PairCells([], "cos", cells="some")

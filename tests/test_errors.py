@@ -127,13 +127,15 @@ def test_cli_exits_2_on_a_text_of_special_tokens_only(capsys, tmp_path):
 
 @pytest.mark.parametrize("arch", ["bert", "roberta"])
 def test_job_quarantines_texts_without_content_as_the_engine_rejects_them(tiny, arch):
-    """jobs._inputs.validate with the engine's content counts: no_content_a/_b for the texts the engine rejects,
-    in the reasons' order (empty text first, too long after), every row in exactly one of good and quarantine."""
+    """validate (jobs/attribution/validate.py) with the engine's content counts: no_content_a/_b for the texts the
+    engine rejects, in the reasons' order (empty text first, too long after), every row in exactly one of good and
+    quarantine."""
     import numpy as np
     import pandas as pd
 
-    from jobs._inputs import REASONS, validate
     from jobs.store import pair_keys
+    from jobs.attribution.inputs import REASONS
+    from jobs.attribution.validate import validate
 
     ex = Explainer(tiny.get(arch), layer=1, steps=2)
     tok = ex.split.tokenizer
@@ -393,11 +395,11 @@ def test_truncation_error_policy(tiny):
 
 
 def test_undecodable_is_the_per_character_definition():
-    """jobs._inputs.undecodable (strict UTF-8 encoding) against its definition: U+FFFD, NUL, or any character of
+    """validate.undecodable (strict UTF-8 encoding) against its definition: U+FFFD, NUL, or any character of
     Unicode category Cs (a surrogate), on every surrogate and on the code points around them."""
     import unicodedata
 
-    from jobs._inputs import undecodable
+    from jobs.attribution.validate import undecodable
 
     def slow(text: str) -> bool:
         return "\ufffd" in text or "\x00" in text or any(unicodedata.category(ch) == "Cs" for ch in text)

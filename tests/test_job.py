@@ -23,9 +23,10 @@ import pyarrow.parquet as pq
 import pytest
 from jobtools import stsb_rows, write_tsv
 
-from jobs import _inputs
 from jobs import store as jstore
-from jobs._inputs import load_pairs, resolve_source, validate
+from jobs.attribution import inputs as _inputs
+from jobs.attribution.inputs import resolve_source
+from jobs.attribution.validate import load_pairs, validate
 from xsbert_core import InputError
 
 FAST = ["--layer", "-1", "--steps", "2"]  # attribution settings of every Ray test run
@@ -243,7 +244,9 @@ def test_float_nan_and_inf_labels_are_bad_labels_null_is_no_label(tmp_path, fmt)
 
 # --------------------------------------------------------------------------- store (no Ray)
 def test_run_id_hashes_what_changes_the_numbers():
-    from jobs.attribute import parse_args, run_config
+    from jobs.attribute import parse_args, settings
+    from jobs.attribution.prepare import run_config
+    from jobs.config import JobSettings
 
     class FakeExplainer:
         settings = {"model": "m", "layer": 3, "n_layers": 6, "mode": "approx", "similarity": "cos",
@@ -251,11 +254,12 @@ def test_run_id_hashes_what_changes_the_numbers():
 
     base_args = parse_args(["--dataset", "stsb"])
     pairs = load_pairs("stsb", split="test", limit=3)
-    base = run_config(base_args, FakeExplainer(), "w" * 64, pairs)
+    base = run_config(JobSettings.from_args(base_args).attribution, FakeExplainer(), "w" * 64, pairs)
     rid = jstore.run_id(base)
     assert rid == jstore.run_id(json.loads(json.dumps(base))) and len(rid) == 16
     # --limit / --sample select rows: same run
-    assert jstore.run_id(run_config(parse_args(["--dataset", "stsb", "--limit", "9"]), FakeExplainer(), "w" * 64,
+    limit9 = settings(["--dataset", "stsb", "--limit", "9"]).attribution
+    assert jstore.run_id(run_config(limit9, FakeExplainer(), "w" * 64,
                                     load_pairs("stsb", split="test", sample=7))) == rid  # fmt: skip
     for change in (dict(weights_sha256="x" * 64), dict(steps=8), dict(layer=2), dict(mode="exact"),
                    dict(rule="riemann"), dict(similarity="dot"), dict(min_abs=0.01), dict(code_version="9"),
@@ -360,7 +364,7 @@ def test_parts_written_by_workers_commit_with_their_wave_and_strays_go(tmp_path)
 # --------------------------------------------------------------------------- stage 2 == Explainer.pair (no Ray)
 @pytest.fixture(scope="module")
 def small_factors(minilm):
-    from jobs._actors import FactorActor
+    from jobs.attribution.actors import FactorActor
     from xsbert_core import Explainer
 
     texts = ["A man is playing a guitar.", "Someone plays an instrument on stage.", "The cat sat."]
@@ -382,7 +386,7 @@ def test_stage2_equals_the_independent_computation(tiny, tmp_path):
     cell, word cell and pair number, on a tiny BERT saved as a sentence-transformers folder."""
     import independent as ind
 
-    from jobs._actors import FactorActor, PairCells
+    from jobs.attribution.actors import FactorActor, PairCells
 
     folder = tmp_path / "tiny-bert"
     model = tiny.get("bert", n_layers=3)
@@ -457,7 +461,7 @@ def check_ranks_and_top_cells(row: dict, m: np.ndarray, w: np.ndarray, wids_a: l
 
 
 def test_min_abs_prunes_cells_never_sums(small_factors):
-    from jobs._actors import PairCells
+    from jobs.attribution.actors import PairCells
 
     _, table, _ = small_factors
     batch = pa.table({"ord": [0], "pair_id": ["p"], "sentence_id_a": ["s0"], "sentence_id_b": ["s1"]})
@@ -479,7 +483,7 @@ def test_min_abs_prunes_cells_never_sums(small_factors):
 
 
 def test_a_failed_sentence_fails_only_its_pairs(small_factors):
-    from jobs._actors import PairCells, factor_rows
+    from jobs.attribution.actors import PairCells, factor_rows
 
     _, table, _ = small_factors
     failed = factor_rows(["bad"], ["x"], ["NumericalError: NaN"])
@@ -624,7 +628,8 @@ def test_all_rows_quarantined_still_gives_queryable_tables(tmp_path):
 
 
 def test_no_arguments_means_the_embedded_default():
-    from jobs.attribute import DEFAULT_SAMPLE, parse_args
+    from jobs.attribute import parse_args
+    from jobs.config import DEFAULT_SAMPLE
 
     args = parse_args([])
     assert (args.dataset, args.split, args.sample, args.seed, args.out) == ("stsb", "test", DEFAULT_SAMPLE, 0, "runs")
@@ -648,7 +653,8 @@ def test_bad_arguments_exit_2_with_a_clear_message(tmp_path, capsys):
 def test_the_driver_holds_the_selection_compactly():
     """The driver's per-pair and per-sentence state: `good`'s strings in Arrow buffers with the same values, and the
     stored sentence ids as 64-bit keys that answer membership as a set of the strings does."""
-    from jobs.attribute import SentenceKeys, compact, sentence_id
+    from jobs.attribution.prepare import compact, sentence_id
+    from jobs.attribution.worklist import SentenceKeys
 
     strings = {"pair_id": ["a", "b"], "text_a": ["x ü", "y"], "text_b": ["z", "w"], "keep:src": ["s", None]}
     frame = pd.DataFrame({"row": [0, 1], "label": [1.0, float("nan")],  # validate's `good`: object columns
@@ -672,7 +678,8 @@ def test_the_driver_holds_the_selection_compactly():
         with pytest.raises(ValueError, match="sentence id"):
             SentenceKeys(pa.array(bad, pa.string()))
     # the pairs' sentence ids, each distinct text hashed once: sentence_id of each text
-    from jobs.attribute import arrow, with_sentence_ids
+    from jobs.attribution.prepare import with_sentence_ids
+    from jobs.attribution.stage2 import arrow
 
     pairs = compact(pd.DataFrame({"pair_id": ["p0", "p1", "p2"], "text_a": ["x", "y", "x"], "text_b": ["y", "z", "w"]},
                                  dtype=object))  # fmt: skip
@@ -687,12 +694,13 @@ def test_the_driver_holds_the_selection_compactly():
 def test_prepare_keeps_none_of_the_source_rows(tmp_path):
     """What the driver keeps of the read rows once validated: nothing but the work list's file and keys. An empty
     slice of a source chunk would be a view whose base holds every value of the chunk."""
-    from jobs.attribute import parse_args, prepare
+    from jobs.attribute import settings
+    from jobs.attribution.prepare import prepare
 
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps({"id": f"p{k}", "sentence1": f"question {k} ?", "sentence2": f"other {k} .", "label": k % 2})
                             + "\n" for k in range(300)))  # fmt: skip
-    prep = prepare(parse_args(["--dataset", str(data), *FAST, "--out", str(tmp_path / "runs"), "--quiet"]), chunk_rows=64)
+    prep = prepare(settings(["--dataset", str(data), *FAST, "--out", str(tmp_path / "runs"), "--quiet"]), chunk_rows=64)
     assert prep.work.num_rows == 300 and len(prep.work.pair_keys) == 300 and len(prep.pairs.rows) == 0
     assert prep.n_in == 300 and prep.pairs.n_source_rows == 300 and len(prep.quarantine) == 0
     for block in prep.pairs.rows._mgr.blocks:
@@ -703,11 +711,15 @@ def test_prepare_keeps_none_of_the_source_rows(tmp_path):
 def _eager_work_frame(args):
     """The work list as the driver built it in memory before it streamed: load_pairs, one validate, compact,
     wave_order, with_sentence_ids (the reference for the chunked prepare)."""
-    from jobs._inputs import load_pairs, validate
-    from jobs.attribute import Explainer, _label_range, compact, wave_order, with_sentence_ids
+    from jobs.attribution.prepare import compact, with_sentence_ids
+    from jobs.attribution.validate import load_pairs, validate
+    from jobs.attribution.worklist import wave_order
+    from jobs.config import Selection
+    from xsbert_core import Explainer
 
+    bounds = Selection(args.dataset, label_range=args.label_range).label_bounds()
     pairs = load_pairs(args.dataset, text_a=args.text_a_column, text_b=args.text_b_column, label=args.label_column,
-                       ids=args.id_column, label_range=_label_range(args.label_range), sample=args.sample,
+                       ids=args.id_column, label_range=bounds, sample=args.sample,
                        seed=args.seed, limit=args.limit, keep=args.keep_columns)  # fmt: skip
     split = Explainer(args.model, layer=args.layer).split
     good, quarantine = validate(pairs.rows, pairs.label_kind, pairs.label_range, None, split.max_seq_length,
@@ -737,12 +749,14 @@ def test_the_chunked_prepare_gives_the_rows_and_reasons_of_one_pass(tmp_path, se
     """prepare() reads, validates and spills the source 4 rows at a time: the work list's waves, the quarantine
     (duplicate ids within and across chunks, with the first row in the detail) and the counts equal one in-memory
     pass over the whole selection, for every selection (--sample, --limit, both)."""
-    from jobs.attribute import parse_args, prepare
+    from jobs.attribute import parse_args
+    from jobs.attribution.prepare import prepare
+    from jobs.config import JobSettings
 
     args = parse_args(["--dataset", str(_chunk_test_file(tmp_path / "p.jsonl")), *FAST, "--keep-columns", "source",
                        "--label-range", "0:1", "--out", str(tmp_path / "runs"), "--quiet", *selection])  # fmt: skip
     frame, quarantine, pairs = _eager_work_frame(args)
-    prep = prepare(args, chunk_rows=4)
+    prep = prepare(JobSettings.from_args(args), chunk_rows=4)
     assert prep.n_in == len(pairs.rows) == prep.work.num_rows + len(prep.quarantine)
     assert prep.pairs.n_source_rows == pairs.n_source_rows == 53
     pd.testing.assert_frame_equal(prep.quarantine, quarantine)
@@ -761,7 +775,8 @@ def test_the_work_list_gives_the_waves_of_the_in_memory_frame_and_leaves_no_file
     rows, columns and dtypes of the frame it was given in wave_order (missing labels, pass-through columns,
     non-ASCII texts, a short last wave), only the rows plan() was told to compute, and its folder is gone as soon as
     it is mapped."""
-    from jobs.attribute import WorkList, parse_args, wave_order
+    from jobs.attribute import parse_args
+    from jobs.attribution.worklist import WorkList, wave_order
 
     args = parse_args(["--dataset", str(_chunk_test_file(tmp_path / "p.jsonl")), *FAST, "--keep-columns", "source",
                        "--label-range", "0:1", "--out", str(tmp_path / "runs"), "--quiet"])  # fmt: skip
@@ -806,7 +821,7 @@ def test_the_sentences_vectors_are_read_from_the_actors_bytes_without_copies():
     """float_lists turns the actors' float32 bytes into list<float32> through the Arrow buffers (chunked, sliced,
     empty and zero-length vectors included) with the values numpy reads from each row's bytes, and vector_norms
     equals a per-row float64 norm."""
-    from jobs.attribute import float_lists, vector_norms
+    from jobs.attribution.stage2 import float_lists, vector_norms
 
     rng = np.random.default_rng(0)
     vecs = [rng.standard_normal(k).astype(np.float32) for k in (384, 0, 384, 3, 0, 7)]
@@ -833,7 +848,7 @@ def test_waves_group_pairs_that_share_sentences():
     """Pairs that share a sentence (directly or through other pairs) are contiguous in the wave order, in input
     order within their group; groups come in the order of their first pair. Cut into waves, no sentence is needed
     by two waves unless its group is larger than a wave."""
-    from jobs.attribute import wave_order
+    from jobs.attribution.worklist import wave_order
 
     a = np.array(["x", "p", "y", "q", "x", "r", "z"], dtype=object)
     b = np.array(["y", "q", "w", "s", "v", "t", "w"], dtype=object)
@@ -900,8 +915,8 @@ def test_mapped_keys_answer_as_the_arrays_in_memory_do(tmp_path):
     """mapped_keys gives back its pieces' concatenation from a file whose folder is gone at once; SentenceKeys.add
     merges chunk by chunk into the same sorted set np.union1d gives (keys before, between, after and equal to the
     stored ones), and contains() answers as np.isin does; SeenIds.first_rows finds the same keys' rows."""
-    from jobs._inputs import SeenIds
-    from jobs.attribute import SentenceKeys, _merge_sorted, mapped_keys, sorted_contains
+    from jobs.attribution.validate import SeenIds
+    from jobs.attribution.worklist import SentenceKeys, _merge_sorted, mapped_keys, sorted_contains
 
     rng = np.random.default_rng(0)
     pieces = [rng.integers(0, 2**63, n, dtype=np.uint64) for n in (5, 0, 17)]

@@ -84,14 +84,14 @@ def test_same_config_into_a_fresh_directory_is_byte_identical(clean, data, tmp_p
 @pytest.mark.slow
 @pytest.mark.parametrize("group_blocks", [1, 3])
 def test_stage1_in_groups_of_waves_gives_the_same_store(clean, data, tmp_path, monkeypatch, group_blocks):
-    """Stage 1 as one pipeline per group of waves (jobs.attribute.STAGE1_GROUP_BLOCKS; each wave here is 2 factor
+    """Stage 1 as one pipeline per group of waves (attribution.stage1.STAGE1_GROUP_BLOCKS; each wave here is 2 factor
     batches): at 1 a wave larger than a group still makes one group, at 3 the second wave does not fit beside the
     first. Either way one pool start per wave, and the store is the clean run's, byte for byte."""
-    from jobs import attribute
+    from jobs.attribution import stage1
 
     starts = tmp_path / "actor-starts.log"
     monkeypatch.setenv("XSBERT_TEST_START_LOG", str(starts))
-    monkeypatch.setattr(attribute, "STAGE1_GROUP_BLOCKS", group_blocks)
+    monkeypatch.setattr(stage1, "STAGE1_GROUP_BLOCKS", group_blocks)
     s = run_job(tmp_path, "--dataset", str(data), *FLAGS)
     assert s["waves"] == 2 and len(starts.read_text().splitlines()) == 2  # a pool for each group
     assert parquet_hashes(Path(s["run_dir"])) == parquet_hashes(clean)
@@ -179,7 +179,7 @@ def test_a_batch_that_kills_every_actor_fails_the_run_clearly(kind, s3, clean, d
 
 # --------------------------------------------------------------------------- duplicates (no Ray)
 def _stage2_rows(n: int) -> pa.Table:
-    from jobs._actors import PAIR_SCHEMA
+    from jobs.attribution.actors import PAIR_SCHEMA
 
     data = {name: [None] * n for name in PAIR_SCHEMA.names}
     data.update(ord=list(range(n)), pair_id=[f"p{k}" for k in range(n)], score=[0.5 + k for k in range(n)],
@@ -188,7 +188,7 @@ def _stage2_rows(n: int) -> pa.Table:
 
 
 def test_duplicate_rows_are_counted_and_dropped_when_equal():
-    from jobs.attribute import exactly_once
+    from jobs.attribution.stage2 import exactly_once
 
     rows_ = _stage2_rows(4)
     doubled = pa.concat_tables([rows_.slice(2, 2), rows_, rows_.slice(1, 1)])  # a retried batch, any order
@@ -200,7 +200,7 @@ def test_duplicate_rows_are_counted_and_dropped_when_equal():
 
 
 def test_duplicate_rows_that_differ_fail_the_run():
-    from jobs.attribute import JobFailedError, exactly_once
+    from jobs.attribution.stage2 import JobFailedError, exactly_once
 
     rows_ = _stage2_rows(3)
     retried = rows_.slice(1, 1)  # pair p1 again, its score one ulp off

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 from jobtools import q, run_job, stsb_rows, write_tsv
 
-from jobs.attribute import DEFAULT_BATCH_SIZE_GPU, DEFAULT_WAVE_SIZE_GPU, parse_args, resources
+from jobs.attribute import settings
+from jobs.attribution.stage1 import resources
+from jobs.config import DEFAULT_BATCH_SIZE_GPU, DEFAULT_WAVE_SIZE_GPU
 
 
 @pytest.fixture(scope="module")
@@ -34,14 +36,14 @@ def gpu_ray():
 
 
 def test_resources_plan_one_actor_per_gpu(gpu_ray):
-    res = resources(parse_args(["--dataset", "stsb"]), gpu_ray)
+    res = resources(settings(["--dataset", "stsb"]).execution, gpu_ray)
     assert (res["cluster_gpus"], res["num_actors"], res["gpus_per_actor"], res["device"]) == (2.0, 2, 1.0, "cuda")
     assert (res["batch_size"], res["tasks_in_flight"]) == (DEFAULT_BATCH_SIZE_GPU, 2)
     # The pool lives beside stage 2 for the whole run: it reserves all CPUs but one, which the stage-2 tasks take.
     assert (res["cpus_per_actor"], res["cells_cpus"]) == (0.5, 1.0)
-    half = resources(parse_args(["--dataset", "stsb", "--gpus-per-actor", "0.5"]), gpu_ray)
+    half = resources(settings(["--dataset", "stsb", "--gpus-per-actor", "0.5"]).execution, gpu_ray)
     assert (half["num_actors"], half["cpus_per_actor"], half["cells_cpus"]) == (4, 0.25, 1.0)
-    forced = resources(parse_args(["--dataset", "stsb", "--device", "cpu", "--gpus-per-actor", "0"]), gpu_ray)
+    forced = resources(settings(["--dataset", "stsb", "--device", "cpu", "--gpus-per-actor", "0"]).execution, gpu_ray)
     assert (forced["device"], forced["num_actors"], forced["batch_size"]) == ("cpu", 2, 16)  # the CPU branch
 
 

@@ -327,8 +327,9 @@ def test_truncation_error_stops_before_computing(tmp_path, capsys):
 
 
 def test_run_id_changes_with_everything_that_changes_the_numbers(tmp_path):
-    from jobs._inputs import load_pairs
-    from jobs.attribute import parse_args, run_config
+    from jobs.attribute import settings
+    from jobs.attribution.prepare import run_config
+    from jobs.attribution.validate import load_pairs
 
     class Settings:  # what run_config reads of an Explainer
         def __init__(self, **change):
@@ -341,9 +342,9 @@ def test_run_id_changes_with_everything_that_changes_the_numbers(tmp_path):
     pairs = load_pairs(str(one))
     stsb_test, stsb_dev = load_pairs("stsb", split="test", limit=3), load_pairs("stsb", split="dev", limit=3)
 
-    def rid(argv=(), settings=None, fingerprint="w" * 64, data=pairs) -> str:
-        args = parse_args(["--dataset", "x", *argv])
-        return jstore.run_id(run_config(args, settings or Settings(), fingerprint, data))
+    def rid(argv=(), engine=None, fingerprint="w" * 64, data=pairs) -> str:
+        attribution = settings(["--dataset", "x", *argv]).attribution
+        return jstore.run_id(run_config(attribution, engine or Settings(), fingerprint, data))
 
     base = rid()
     assert rid(["--limit", "2", "--sample", "2", "--seed", "3", "--batch-size", "4", "--max-retries", "1"]) == base
@@ -351,9 +352,9 @@ def test_run_id_changes_with_everything_that_changes_the_numbers(tmp_path):
         "truncation warn": rid(["--truncation", "warn"]),
         "truncation error": rid(["--truncation", "error"]),
         "min_abs": rid(["--min-abs", "0.01"]),
-        "tolerance": rid(settings=Settings(tolerance=1e-3, max_steps=256)),
-        "max_steps": rid(settings=Settings(tolerance=1e-3, max_steps=64)),
-        "model": rid(settings=Settings(model="sentence-transformers/all-mpnet-base-v2")),
+        "tolerance": rid(engine=Settings(tolerance=1e-3, max_steps=256)),
+        "max_steps": rid(engine=Settings(tolerance=1e-3, max_steps=64)),
+        "model": rid(engine=Settings(model="sentence-transformers/all-mpnet-base-v2")),
         "weights": rid(fingerprint="v" * 64),
         "dataset": rid(data=load_pairs(str(two))),
         "stsb test": rid(data=stsb_test),

@@ -264,7 +264,7 @@ def test_real_spacy_parses_convert_to_ud(nlp):
 def test_converted_trees_are_valid_ud_on_stsb_sentences(nlp):
     import pandas as pd
 
-    from jobs import _inputs
+    from jobs.attribution import inputs as _inputs
 
     df = pd.read_csv(_inputs.BUNDLED_STSB, sep="\t", quoting=3, dtype=str, keep_default_na=False)
     texts = list(dict.fromkeys(df[df.split == "test"].sentence1.tolist()))[:300]
@@ -423,7 +423,7 @@ def test_alignment_kinds_on_wordpiece_and_bpe(nlp, tokenizers):
 def test_alignment_equals_the_pairwise_definition_on_stsb(nlp, tokenizers):
     import pandas as pd
 
-    from jobs import _inputs
+    from jobs.attribution import inputs as _inputs
     from xsbert_core.syntax import word_spans
 
     df = pd.read_csv(_inputs.BUNDLED_STSB, sep="\t", quoting=3, dtype=str, keep_default_na=False)

@@ -144,10 +144,14 @@ def test_run_settings_become_the_jobs_flags(tmp_path):
     from jobs import attribute
 
     study = pipeline.load_config(write_config(tmp_path / "s.yaml", base_config(tmp_path)), ["ray.num_actors=1"])
-    args = attribute.parse_args(pipeline.attribute_argv(study, "n3"))
-    assert (args.steps, args.layer, args.num_actors, args.quiet) == (3, -1, 1, True)
-    assert args.rule == attribute.DEFAULT_RULE and args.sample is None and args.out == str(tmp_path / "runs")
-    assert attribute.parse_args(pipeline.attribute_argv(study, "n2")).steps == 2
+    job = pipeline.job_settings(study, "n3")
+    a = job.attribution
+    assert (a.steps, a.layer, job.execution.num_actors, job.output.quiet) == (3, -1, 1, True)
+    assert job.attribution.rule == attribute.DEFAULT_RULE and job.selection.sample is None
+    assert job.output.out == str(tmp_path / "runs")
+    assert pipeline.job_settings(study, "n2").attribution.steps == 2
+    # the same settings as the command line the summary records
+    assert attribute.settings(job.command()) == job
 
 
 @pytest.mark.parametrize("name", ["default", "qqp-local"])

@@ -129,12 +129,13 @@ class _Settings:
 
 
 def test_float32_run_ids_are_those_made_before_precision_was_a_setting():
-    from jobs._inputs import load_pairs
-    from jobs.attribute import parse_args, run_config
     from jobs.store import run_id
+    from jobs.attribute import settings
+    from jobs.attribution.prepare import run_config
+    from jobs.attribution.validate import load_pairs
 
     pairs = load_pairs("stsb", split="test", limit=3)
-    args = parse_args(["--dataset", "stsb", "--steps", "16"])
+    args = settings(["--dataset", "stsb", "--steps", "16"]).attribution
     before = run_config(args, _Settings(), "w" * 64, pairs)  # an explainer without the precision setting
     assert "precision" not in before
     fp32 = run_config(args, _Settings(precision="fp32"), "w" * 64, pairs)
@@ -152,8 +153,9 @@ def test_pipeline_passes_precision_to_the_job(tmp_path):
             "runs": {"a": {"dataset": "d", "model": "minilm"}, "b": {"dataset": "d", "model": "minilm",
                                                                    "precision": "bf16", "steps": 4}}}  # fmt: skip
     study = pipeline.Study.model_validate(tree)
-    a = attribute.parse_args(pipeline.attribute_argv(study, "a"))
-    b = attribute.parse_args(pipeline.attribute_argv(study, "b"))
-    assert (a.precision, b.precision) == ("fp16", "bf16")
+    a = pipeline.job_settings(study, "a")
+    b = pipeline.job_settings(study, "b")
+    assert (a.attribution.precision, b.attribution.precision) == ("fp16", "bf16")
+    assert attribute.settings(b.command()) == b
     with pytest.raises(Exception, match="precision"):
         pipeline.Study.model_validate({**tree, "defaults": {"precision": "fp8"}})

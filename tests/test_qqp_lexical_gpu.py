@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from test_local_executor import without_ray
 
-from jobs import _inputs
+from jobs.attribution import inputs as _inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -27,8 +27,11 @@ import pyarrow.parquet as pq
 import pytest
 from scipy import stats
 
-from jobs import _datasets, _inputs, _sql
+from jobs import _sql
 from jobs.store import SCHEMAS
+from jobs.attribution import datasets as _datasets
+from jobs.attribution import inputs as _inputs
+from jobs.attribution import validate as _validate
 
 ROOT = Path(__file__).resolve().parents[1]
 SQL = ROOT / "sql"
@@ -1188,7 +1191,7 @@ def test_empty_run_gives_empty_answers_not_errors(tmp_path):
 
 # --------------------------------------------------------------------------- built-in datasets, --keep-columns
 def test_negation_dataset_is_every_sentence_with_one_standalone_not():
-    pairs = _inputs.load_pairs("negation")
+    pairs = _validate.load_pairs("negation")
     rows = pairs.rows
     assert (pairs.source.split, pairs.columns.label, pairs.columns.keep) == ("test", None, ())
     # The slow definition: unique STS-B test texts whose words ([\w'’-]+ runs) contain "not" exactly once.
@@ -1205,11 +1208,11 @@ def test_negation_dataset_is_every_sentence_with_one_standalone_not():
     assert _datasets.remove_not("Why not?") == "Why?"
     for text in ("I cannot go.", "It isn't.", "A not-so-good day.", "Not now, not ever.", "Knot."):
         assert _datasets.remove_not(text) is None, text
-    assert len(_inputs.load_pairs("negation", split="dev").rows) > 0
+    assert len(_validate.load_pairs("negation", split="dev").rows) > 0
 
 
 def test_adjectives_dataset_triplets_templates_and_columns():
-    pairs = _inputs.load_pairs("adjectives")
+    pairs = _validate.load_pairs("adjectives")
     rows = pairs.rows
     assert pairs.columns.keep == ("triplet", "kind", "template") and pairs.columns.label is None
     assert len(rows) == 23 * len(_datasets.TEMPLATES) * 2 and rows.pair_id.is_unique
@@ -1221,18 +1224,20 @@ def test_adjectives_dataset_triplets_templates_and_columns():
         other = synonym if kind == "synonym" else opposite
         assert (a, b) == (template.replace("X", anchor), template.replace("X", other))
     with pytest.raises(_sql.InputError, match="no splits"):
-        _inputs.load_pairs("adjectives", split="test")
+        _validate.load_pairs("adjectives", split="test")
 
 
 def test_keep_columns_flag_passes_columns_through_and_changes_the_run_id(tmp_path):
-    from jobs.attribute import parse_args, run_config
     from jobs.store import RunStore, run_id
+    from jobs.attribute import parse_args
+    from jobs.attribution.prepare import run_config
+    from jobs.config import JobSettings
 
     path = tmp_path / "p.tsv"
     path.write_text("id\tsentence1\tsentence2\ttopic\tsource\tTarget\nx\tA b.\tC d.\tsport\tweb\t1\n"
                     "y\tE f.\tG h.\t\tnews\t2\n")
-    pairs = _inputs.load_pairs(str(path), keep="topic,source")
-    good, _ = _inputs.validate(pairs.rows, pairs.label_kind, pairs.label_range, None, None, False)
+    pairs = _validate.load_pairs(str(path), keep="topic,source")
+    good, _ = _validate.validate(pairs.rows, pairs.label_kind, pairs.label_range, None, None, False)
     assert good["keep:topic"].tolist() == ["sport", ""] and good["keep:source"].tolist() == ["web", "news"]
 
     class FakeExplainer:
@@ -1240,14 +1245,14 @@ def test_keep_columns_flag_passes_columns_through_and_changes_the_run_id(tmp_pat
                     "rule": "gauss-legendre", "steps": 16, "tolerance": None, "max_steps": None}  # fmt: skip
 
     args = parse_args(["--dataset", str(path), "--keep-columns", "topic,source"])
-    with_keep = run_config(args, FakeExplainer(), "w", pairs)
-    without = run_config(args, FakeExplainer(), "w", _inputs.load_pairs(str(path)))
+    with_keep = run_config(JobSettings.from_args(args).attribution, FakeExplainer(), "w", pairs)
+    without = run_config(JobSettings.from_args(args).attribution, FakeExplainer(), "w", _validate.load_pairs(str(path)))
     assert with_keep["dataset"]["columns"]["keep"] == ["topic", "source"]
     assert "keep" not in without["dataset"]["columns"]
     assert run_id(with_keep) != run_id(without)
     for bad, message in (("target", "already has a column"), ("nope", "no such column")):
         with pytest.raises(_sql.InputError, match=message):
-            _inputs.load_pairs(str(path), keep=bad)
+            _validate.load_pairs(str(path), keep=bad)
     with RunStore(tmp_path, "r", ("topic",)) as store:  # the run's pairs schema has the column, as a string
         table = pa.Table.from_pylist([{"pair_id": "x", "topic": "sport"}], store.schema("pairs"))
         store.commit(0, {"pairs": table})
@@ -1259,8 +1264,8 @@ def test_keep_columns_flag_passes_columns_through_and_changes_the_run_id(tmp_pat
 def test_the_job_stores_the_ranks_agreement_reads(real_runs, tmp_path):
     """The real job's store (all-MiniLM-L6-v2, 8 STS-B pairs): its ranks and top-10 lists are what scipy's rankdata
     and sorted() give on its stored values (stored_ranks_copy), every cell and pair; agreement.sql takes them."""
-    from jobs._actors import TOP_CELLS
     from jobs.store import STORE_VERSION
+    from jobs.attribution.actors import TOP_CELLS
 
     stsb = real_runs["stsb"]
     config = json.loads((stsb / "manifest.json").read_text())["config"]

@@ -5,7 +5,7 @@
 
 Both can be called without Ray (`FactorActor(...)(table)`, `PairCells([factor tables], "cos")(table)`),
 which is how the tests compare them with `Explainer.pair`. In the job, one FactorActor pool serves the whole run
-(jobs.attribute.FactorStream) and PairCells runs inside Ray tasks (`pair_cells`), wave by wave: stage 2 is light,
+(stage1.FactorStream) and PairCells runs inside Ray tasks (`pair_cells`), wave by wave: stage 2 is light,
 and its task workers stay warm across waves.
 
 Why the factors travel as they do (measured in docs/STORE.md): a factor is D x S float32, ~22 KB for an
@@ -36,7 +36,7 @@ from xsbert_core.metrics import grouped_rank_bounds, grouped_top_k
 from xsbert_core.pairs import completeness_target, pair_matrix, similarity_score
 from xsbert_core.words import averaging_matrix
 
-from .store import SCHEMAS
+from ..store import SCHEMAS
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ def _die_on(text: str | None, texts: list[str], log: str | None) -> None:
 
 # --------------------------------------------------------------------------- stage 1
 # A sentence whose factor error is still above the tolerance at max_steps fails with this prefix (its pairs are
-# quarantined with reason `not_converged`, jobs.attribute.wave_tables).
+# quarantined with reason `not_converged`, jobs.attribution.stage2.wave_tables).
 NOT_CONVERGED = "not_converged: "
 
 

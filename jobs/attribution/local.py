@@ -3,8 +3,8 @@
 For a machine where Ray is not installed (a GPU box with torch and sentence-transformers, say): the job's own code
 with Ray's two parts replaced, nothing else.
 
-    stage 1   jobs.attribute.factor_blocks -> FactorActor (one, in this process, on --device)   [Ray: an actor pool]
-    stage 2   PairCells over PAIR_BATCH pairs at a time (jobs._actors.pair_rows)                 [Ray: pair_cells tasks]
+    stage 1   stage1.factor_blocks -> FactorActor (one, in this process, on --device)   [Ray: an actor pool]
+    stage 2   PairCells over PAIR_BATCH pairs at a time (actors.pair_rows)            [Ray: pair_cells tasks]
 
 The waves, their order, the factor batches, the stage-2 batches, the tables and the commits are jobs.attribute's, so
 the store (run id, tables, part names) is the one a one-node Ray run of the same settings writes, and either
@@ -13,7 +13,6 @@ executor resumes a run the other began. `import ray` is never executed on this p
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 from collections.abc import Iterable
@@ -24,26 +23,21 @@ import pyarrow as pa
 
 from xsbert_core import Explainer
 
-from ._actors import FactorActor, PairCells, pair_rows
-from .attribute import (
-    DEFAULT_BATCH_SIZE_CPU,
-    DEFAULT_BATCH_SIZE_GPU,
-    PAIR_BATCH,
-    exactly_once,
-    factor_blocks,
-    pair_input,
-)
+from ..config import DEFAULT_BATCH_SIZE_CPU, DEFAULT_BATCH_SIZE_GPU, Execution, JobSettings
+from .actors import FactorActor, PairCells, pair_rows
+from .stage1 import actor_kwargs, factor_blocks
+from .stage2 import PAIR_BATCH, exactly_once, pair_input
 
 
-def resources(args: argparse.Namespace) -> dict[str, Any]:
+def resources(ex: Execution) -> dict[str, Any]:
     """What the local run uses (recorded in the manifest as a Ray run's resources are): one factor model on
     --device (default: cuda when torch sees a GPU, else cpu), torch threads from --cpus-per-actor (default: torch's
     own), batches as a Ray run on that device."""
     import torch
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = ex.device or ("cuda" if torch.cuda.is_available() else "cpu")
     gpu = device.startswith("cuda")
-    threads = max(1, int(args.cpus_per_actor)) if args.cpus_per_actor else torch.get_num_threads()
+    threads = max(1, int(ex.cpus_per_actor)) if ex.cpus_per_actor else torch.get_num_threads()
     return {
         "executor": "local",
         "cluster_cpus": float(os.cpu_count() or 1),
@@ -53,7 +47,7 @@ def resources(args: argparse.Namespace) -> dict[str, Any]:
         "cpus_per_actor": float(threads),
         "device": device,
         "threads": threads,
-        "batch_size": args.batch_size or (DEFAULT_BATCH_SIZE_GPU if gpu else DEFAULT_BATCH_SIZE_CPU),
+        "batch_size": ex.batch_size or (DEFAULT_BATCH_SIZE_GPU if gpu else DEFAULT_BATCH_SIZE_CPU),
     }
 
 
@@ -64,14 +58,14 @@ def cell_writer(choice: str) -> str:
 
 
 class FactorStream:
-    """Stage 1, wave after wave, in this process: jobs.attribute.FactorStream's interface (`wave(w)`, `sizes`,
+    """Stage 1, wave after wave, in this process: jobs.attribution.stage1.FactorStream's interface (`wave(w)`, `sizes`,
     `close()`), with the factor tables themselves where Ray's stream gives object refs. The model is loaded once,
     when the first wave is asked for. Each factor batch is one FactorActor call, as each is one actor call in a
     Ray run, so the factors are the same batch for batch."""
 
-    def __init__(self, waves: Iterable[pd.DataFrame], args: argparse.Namespace, explainer: Explainer,
+    def __init__(self, waves: Iterable[pd.DataFrame], job: JobSettings, explainer: Explainer,
                  res: dict[str, Any]) -> None:  # fmt: skip
-        self.args, self.explainer, self.res = args, explainer, res
+        self.job, self.explainer, self.res = job, explainer, res
         self._batches = factor_blocks(waves, res["batch_size"])
         self.sizes: list[int] = []
         self._actor: FactorActor | None = None
@@ -80,13 +74,7 @@ class FactorStream:
 
     def _model(self) -> FactorActor:
         if self._actor is None:
-            e, res = self.explainer, self.res
-            self._actor = FactorActor(
-                model=self.args.model, layer=e.layer, mode=e.mode, similarity=e.similarity, rule=e.rule,
-                steps=e.steps, tolerance=e.tolerance, max_steps=e.max_steps, truncation=e.truncation,
-                device=res["device"], threads=res["threads"], batch_size=res["batch_size"], precision=e.precision,
-                **self._hooks,
-            )  # fmt: skip
+            self._actor = FactorActor(**actor_kwargs(self.job.attribution, self.explainer, self.res, self._hooks))
         return self._actor
 
     def wave(self, w: int) -> tuple[list[pa.Table], pa.Table | None, dict[str, float]]:
@@ -113,17 +101,17 @@ class FactorStream:
 def compute_cells(
     wave: pd.DataFrame,
     factors: list[pa.Table],
-    args: argparse.Namespace,
+    job: JobSettings,
     explainer: Explainer,
     res: dict[str, Any],
     sink: Any = None,
     seq: int | None = None,
 ) -> tuple[pa.Table, dict[str, Any]]:
-    """Stage 2 for the wave's pairs, in this process: jobs.attribute.compute_cells's rows (the same PAIR_BATCH
+    """Stage 2 for the wave's pairs, in this process: jobs.attribution.stage2.compute_cells's rows (the same PAIR_BATCH
     batches through the same PairCells), each batch's cells written through `sink` as a Ray task would."""
     t0 = time.perf_counter()
     pair_in = pair_input(wave)
-    cells = PairCells(factors, explainer.similarity, args.min_abs, args.cells)
+    cells = PairCells(factors, explainer.similarity, job.attribution.min_abs, job.attribution.cells)
     rows = [pair_rows(cells, pair_in.slice(k, PAIR_BATCH), sink, seq) for k in range(0, len(wave), PAIR_BATCH)]
     out, duplicates = exactly_once(pa.concat_tables(rows))
     return out, {"cells_s": time.perf_counter() - t0, "duplicates_dropped": duplicates}

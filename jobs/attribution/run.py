@@ -1,0 +1,266 @@
+"""An attribution run after prepare: stages 1-2 wave by wave into the store (`compute`), the summary (counts in =
+done + quarantined, `summarize`) and the manifest (`update_manifest`); `attribute` is the three."""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow.compute as pc
+
+from .._ray import init_ray, quiet_ray
+from ..store import STORE_VERSION, TABLES, RunStore, open_store, pair_keys
+from ..config import DEFAULT_WAVE_SIZE_CPU, DEFAULT_WAVE_SIZE_GPU
+from .memory import driver_memory_mb, release_memory, system_memory_pool
+from .prepare import Prepared
+from .stage1 import FactorStream, ray_identity, resources
+from .stage2 import JobFailedError, _quarantine_table, cell_writer, compute_cells, wave_tables, written_parts
+from .worklist import SentenceKeys
+
+
+@dataclass
+class Progress:
+    """What stage 1-2 did in this invocation (one entry per wave)."""
+
+    wrote: list[Path] = field(default_factory=list)
+    waves: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[pd.DataFrame] = field(default_factory=list)
+    resources: dict[str, Any] = field(default_factory=dict)
+    ray: dict[str, Any] = field(default_factory=dict)
+
+
+def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | None = print) -> Progress:
+    """Stages 1-2 for the selection's pairs not in the store yet, wave by wave, each wave one commit.
+
+    Ray is started (or joined) only when there is something to compute; with --executor local, stages 1-2 run in
+    this process instead (local.py: the same batches, the same FactorActor and PairCells, the same commits)."""
+    job, ex = prep.settings, prep.settings.execution
+    progress = Progress()
+    work = prep.work
+    todo = ~np.isin(work.pair_keys, store.done_pair_keys())
+    known_q = store.quarantine_keys()
+    quarantine = prep.quarantine
+    new_q = quarantine[
+        [(int(r), p, q) not in known_q for r, p, q in zip(quarantine.row, quarantine.pair_id, quarantine.reason)]
+    ]
+    if len(new_q):
+        progress.wrote += store.commit(store.next_seq(), {"quarantine": _quarantine_table(new_q)})
+    if not todo.any():
+        return progress
+    store.check_writable()  # a read-only store says so before anything is computed
+    if ex.executor == "local":  # stages 1-2 in this process, without Ray (jobs/attribution/local.py)
+        from . import local as _local
+
+        ray, res, crashes = None, _local.resources(ex), ()
+        writer = _local.cell_writer(ex.cell_writer)
+    else:
+        ray = init_ray(ex.ray_address)
+        quiet_ray(ray, progress_bars=not job.output.quiet and sys.stderr.isatty())
+        res = resources(ex, ray)
+        progress.ray = ray_identity(ray)
+        writer = cell_writer(ex.cell_writer, store, ray)
+        crashes = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError)
+    wave_size = ex.wave_size or (DEFAULT_WAVE_SIZE_GPU if res["gpus_per_actor"] > 0 else DEFAULT_WAVE_SIZE_CPU)
+    res.update(wave_size=wave_size, max_retries=ex.max_retries)
+    progress.resources = res
+    res.update(cell_writer=writer)
+    known_sentences = SentenceKeys(store.column("sentences", "sentence_id"))
+    with system_memory_pool():  # the plan rewrites the work list: what it frees goes back to the OS
+        n_waves = work.plan(todo, wave_size)  # the driver holds one wave of the work list at a time
+    del todo
+
+    def waves() -> Iterator[pd.DataFrame]:
+        for w in range(n_waves):
+            yield work.wave(w)
+
+    if ray is None:
+        stream: Any = _local.FactorStream(waves(), job, prep.explainer, res)
+        cells_of = _local.compute_cells
+    else:
+        stream = FactorStream(ray, waves(), job, prep.explainer, res)
+        cells_of = functools.partial(compute_cells, ray)
+    try:
+        for w, wave in enumerate(waves()):
+            seq = store.next_seq()
+            sink = store.sink() if writer == "workers" else None
+            try:
+                refs, meta, timings = stream.wave(w)
+            except crashes as exc:
+                raise JobFailedError(
+                    f"wave {w + 1}/{n_waves} failed: a batch killed its worker {ex.max_retries + 1} times "
+                    f"(--max-retries {ex.max_retries}; {type(exc).__name__}: {str(exc).splitlines()[0]}). "
+                    f"{w} earlier wave(s) of this run are committed, nothing of wave {w + 1} was written; "
+                    "the same command resumes the run"
+                ) from exc
+            out, cell_timings = cells_of(wave, refs, job, prep.explainer, res, sink=sink, seq=seq)
+            del refs  # the wave's factors leave the object store
+            factor_bytes = 4 * int(pc.sum(pc.multiply(meta.column("dim"), meta.column("n_tokens"))).as_py() or 0)
+            timings.update(cell_timings,
+                           attribution_s=float(pc.sum(meta.column("compute_s")).as_py() or 0.0),  # actor-seconds
+                           sentences=stream.sizes[w], factor_bytes=factor_bytes,
+                           factor_bytes_per_sentence=factor_bytes / max(1, stream.sizes[w]))  # fmt: skip
+            # The wave's tables and their Parquet encoding are the driver's largest step (the sentences table with
+            # its embeddings, ~3.6 KB per sentence; writing 106 MB of it took +145 MB more with mimalloc, +52 with the
+            # system allocator, bench/driver_peaks.py parquet-write): from the system allocator, they go back to the OS
+            # after the commit (release_memory).
+            with system_memory_pool():
+                tables, failed = wave_tables(wave, meta, out, prep.pairs.source.split, known_sentences)
+                if len(failed):
+                    progress.failures.append(failed)
+                    tables["quarantine"] = _quarantine_table(
+                        failed[[(int(r), p, why) not in known_q
+                                for r, p, why in zip(failed.row, failed.pair_id, failed.reason)]]  # fmt: skip
+                    )
+                t_commit = time.perf_counter()
+                parts = written_parts(out)
+                if writer == "workers":
+                    store.settle(seq, parts)  # every reported part there, no stray part of this wave
+                    progress.wrote += [f"{t}/{name}" for t in sorted(parts) for name in sorted(parts[t])]
+                progress.wrote += store.commit(seq, tables)
+            timings["commit_s"] = time.perf_counter() - t_commit
+            known_sentences.add(tables["sentences"].column("sentence_id"))
+            timings.update(wave=w, pairs=tables["pairs"].num_rows,
+                           cells=int(pc.sum(tables["pairs"].column("n_cells")).as_py() or 0))  # fmt: skip
+            progress.waves.append(timings)
+            if on_wave is not None:
+                on_wave(
+                    f"wave {w + 1}/{n_waves}: {timings['pairs']} pairs, {timings['sentences']} sentences, "
+                    f"factors {timings['factors_s']:.1f}s, cells {timings['cells_s']:.1f}s"
+                )
+            # What the wave's tables took from the heap goes back to the OS; what the driver keeps after that is
+            # recorded per wave (a run's memory should not grow with its waves: bench/results/scale.md).
+            del meta, out, tables, wave
+            release_memory()
+            timings.update(driver_memory_mb())
+            if os.environ.get("XSBERT_TEST_HOLD_AFTER_WAVE") == str(w + 1):  # test hook: a driver to kill between waves
+                time.sleep(600)
+    finally:
+        stream.close()
+    return progress
+
+
+def summarize(store: RunStore, prep: Prepared, progress: Progress) -> dict[str, Any]:
+    """The selection's state in the store, whatever invocation computed it; counts in = done + quarantined."""
+    quarantine, failures, stats = prep.quarantine, progress.failures, progress.waves
+    stored = store.read_table("pairs", ["pair_id", "completeness_error"])
+    abs_err = pd.Series([], dtype=np.float64)
+    if stored is not None:  # the store's pairs of this selection, on their id keys (no Python string per pair)
+        mine = np.isin(pair_keys(stored.column("pair_id")), prep.work.pair_keys)
+        abs_err = pd.Series(stored.column("completeness_error").to_numpy(zero_copy_only=False)[mine]).abs()
+    computed_pairs = sum(s["pairs"] for s in stats)
+    computed_sentences = sum(s["sentences"] for s in stats)
+    wall = time.perf_counter() - prep.t_start
+    s = prep.explainer.settings
+    summary: dict[str, Any] = dict(
+        run_id=prep.run_id,
+        run_dir=str(store.path),
+        n_in=prep.n_in,
+        n_done=len(abs_err),
+        n_quarantined=len(quarantine) + sum(len(f) for f in failures),
+        quarantine_reasons=pd.concat([quarantine.reason, *(f.reason for f in failures)]).value_counts()
+        .sort_index().to_dict(),
+        computed_pairs=computed_pairs,
+        computed_sentences=computed_sentences,
+        waves=len(stats),
+        wall_s=wall,
+        compute_s=sum(s["factors_s"] + s["factor_meta_s"] + s["cells_s"] for s in stats),
+        pairs_per_s=computed_pairs / wall if computed_pairs else 0.0,
+        sentences_per_s=computed_sentences / wall if computed_sentences else 0.0,
+        mean_abs_completeness_error=float(abs_err.mean()) if len(abs_err) else None,
+        max_abs_completeness_error=float(abs_err.max()) if len(abs_err) else None,
+        wrote_files=len(progress.wrote),
+        duplicates_dropped=sum(s["duplicates_dropped"] for s in stats),
+        ray=progress.ray,
+        settings={k: s[k] for k in ("layer", "rule", "steps", "tolerance", "max_steps", "mode", "precision")},
+    )
+    summary["advice"] = completeness_advice(summary)
+    if summary["n_in"] != summary["n_done"] + summary["n_quarantined"]:
+        raise RuntimeError(f"count mismatch: in {summary['n_in']} != done {summary['n_done']} + "
+                           f"quarantined {summary['n_quarantined']}")  # fmt: skip
+    return summary
+
+
+def update_manifest(store: RunStore, prep: Prepared, progress: Progress, summary: dict[str, Any]) -> None:
+    """Record this invocation in manifest.json when it wrote anything, when the run has no manifest yet, or when the
+    manifest's tables disagree with the store's (a manifest write that failed after a commit: the rerun fixes it)."""
+    old = store.read_manifest()
+    parts = {t: len(store.parts(t)) for t in TABLES}
+    recorded = {t: v.get("parts") for t, v in (old or {}).get("tables", {}).items()}
+    if not progress.wrote and old is not None and recorded == parts:  # parts are never rewritten: equal counts, equal
+        return
+    tables = {t: {"path": f"{t}/*.parquet", "parts": parts[t], "rows": n} for t, n in store.counts().items()}
+    job = prep.settings
+    manifest = old or {"run_id": prep.run_id, "created_at": prep.started_at, "runs": []}
+    manifest.update(
+        run_id=prep.run_id,
+        store_version=STORE_VERSION,
+        schema="docs/STORE.md",
+        cells=job.attribution.cells,  # which cells the run stores (also config.cells when not all)
+        config=prep.config,
+        settings=prep.explainer.settings,
+        updated_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        tables=tables,
+    )
+    manifest["runs"].append(
+        {
+            "started_at": prep.started_at,
+            "selection": {"dataset": job.selection.dataset, "split": prep.pairs.source.split,
+                          "limit": job.selection.limit, "sample": job.selection.sample, "seed": job.selection.seed,
+                          "n_source_rows": prep.pairs.n_source_rows},
+            "counts": {k: summary[k] for k in ("n_in", "n_done", "n_quarantined", "computed_pairs",
+                                               "computed_sentences")},
+            "quarantine_reasons": summary["quarantine_reasons"],
+            "resources": progress.resources,
+            "ray": progress.ray,
+            "waves": progress.waves,
+            "duplicates_dropped": summary["duplicates_dropped"],
+            "wall_s": summary["wall_s"],
+            "mean_abs_completeness_error": summary["mean_abs_completeness_error"],
+            "max_abs_completeness_error": summary["max_abs_completeness_error"],
+        }
+    )  # fmt: skip
+    store.write_manifest(manifest)
+
+
+def attribute(prep: Prepared, on_wave: Callable[[str], None] | None = print) -> dict[str, Any]:
+    """Stages 1-2 into the store, then the summary; a rerun of the same selection computes and writes nothing."""
+    out = prep.settings.output
+    with open_store(out.out, prep.run_id, prep.pairs.columns.keep, retry_s=out.store_retry_s) as store:
+        progress = compute(store, prep, on_wave)
+        progress.wrote += store.commit_missing_tables()
+        summary = summarize(store, prep, progress)
+        update_manifest(store, prep, progress, summary)
+    return summary
+
+
+# Mean |completeness error| above which a run's end warns (similarity units: 1e-2 is 1% of cosine's range).
+COMPLETENESS_WARN = 1e-2
+
+
+def completeness_advice(summary: dict[str, Any]) -> str | None:
+    """A hint when the run's mean |completeness error| is large for its quadrature, else None.
+
+    Riemann's error falls like 1/N, Gauss-Legendre's much faster; --tolerance picks N per sentence."""
+    err = summary.get("mean_abs_completeness_error")
+    if err is None or err <= COMPLETENESS_WARN:
+        return None
+    s = summary["settings"]
+    if s.get("tolerance") is not None:
+        fix = f"--max-steps {2 * int(s['max_steps'])} (adaptive N stopped at the cap) or a smaller --tolerance"
+    elif s["rule"] == "riemann":
+        target = 2 ** math.ceil(math.log2(max(2.0, s["steps"] * err / (COMPLETENESS_WARN / 2))))
+        fix = f"--steps {target} (riemann's error falls like 1/N), --rule gauss-legendre --steps {max(16, s['steps'])}"
+        fix += ", or --tolerance 1e-3"
+    else:
+        fix = f"--steps {4 * s['steps']} or --tolerance 1e-3 (adaptive N per sentence)"
+    return (f"mean |completeness error| {err:.2e} is large for {s['rule']} N={s['steps']} at layer {s['layer']} "
+            f"(> {COMPLETENESS_WARN:g}): the cells do not sum to what they should; rerun with {fix}")
