@@ -311,10 +311,11 @@ def run_state(run: str) -> dict[str, list[list[Any]]]:
 
 
 def code_state() -> str:
-    """Hash of what a report is made from besides the runs: the sql/ files (with sql/report/), the report code, its
-    templates and the paper's values."""
+    """Hash of what a report is made from besides the runs: the sql/ files (with sql/report/), the report code
+    (jobs/report.py, jobs/analyses/), its templates and the paper's values."""
     files = sorted(_sql.SQL_DIR.glob("*.sql")) + sorted((_sql.SQL_DIR / "report").glob("*.sql"))
-    files += [REPO_ROOT / "jobs" / n for n in ("report.py", "_sql.py", "paper.py")]
+    files += [REPO_ROOT / "jobs" / n for n in ("report.py", "_sql.py", "paper.py", "pages.py")]
+    files += sorted((REPO_ROOT / "jobs" / "analyses").glob("*.py"))
     files += sorted((REPO_ROOT / "jobs" / "templates").glob("*"))
     files += [REPO_ROOT / "xsbert_core" / "plots.py"]
     digest = hashlib.sha256()
@@ -527,7 +528,7 @@ def finding_lines(found: list[dict[str, Any]], paper_ok: bool) -> list[str]:
 
 def write_index(target: Reports, study: Study, reports: list[dict[str, Any]], models: dict[str, str]) -> str:
     """The study's index page (jobs/templates/study.html, autoescaped): a link to each report and its findings."""
-    from .report import environment
+    from .pages import environment
 
     root = target.local
     root.mkdir(parents=True, exist_ok=True)

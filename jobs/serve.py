@@ -3,7 +3,7 @@
     xsbert serve --run runs/<id> [--run2 runs/<id2>] [--port 8000] [--host 127.0.0.1]
     xsbert show --run runs/<id> --pair ID [--words] [--png OUT.png]
 
-Pages (jinja2 templates of jobs/templates/, the report's environment: every dataset string escaped):
+Pages (jinja2 templates of jobs/templates/, jobs.pages' environment: every dataset string escaped):
 
     /pairs    the pairs: text (substring) or token search, filters (score, label, |error|, sums, tokens), sort by any
               of them, pages of --page-size; quarantined rows by reason; counts always shown
@@ -744,7 +744,7 @@ HEADERS = {
 
 # --------------------------------------------------------------------------- rendering and HTTP
 def environment():
-    from .report import environment as report_environment
+    from .pages import environment as report_environment
 
     env = report_environment()
     env.filters["signed"] = lambda x, d=4: "" if x is None else f"{x:+.{d}f}"
