@@ -8,6 +8,7 @@ numbers the page states are recomputed here from the SQL results (and, where che
 from __future__ import annotations
 
 import json
+import shutil
 import re
 from pathlib import Path
 
@@ -490,3 +491,27 @@ def test_adjectives_the_papers_set_first_the_pooled_templates_as_the_extension()
     assert "+0.400 for synonyms and -0.100 for opposites" in found[0].text
     assert found[1].text.startswith("Our extension, all 2 templates pooled (4 pairs)")
     assert "+0.300 for synonyms and +0.100 for opposites" in found[1].text
+
+
+def test_the_header_says_which_pairs_the_report_covers(stores, tmp_path):
+    """A run folder grown by two --sample selections (10, then 20; the second run twice) holds their union: the
+    page's header says how many pairs and which selections, report.json lists them."""
+    run = tmp_path / "grown"
+    shutil.copytree(stores["main"], run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    selection = {"dataset": "stsb", "split": "test", "limit": None, "seed": 0, "n_source_rows": 1379}
+    manifest["runs"] = [{"selection": {**selection, "sample": k}, "counts": {"n_in": k}} for k in (10, 20, 20)]
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    code, doc, page = make_report(tmp_path / "out", "--run", str(run))
+    assert code == 0
+    expected = ("Pairs covered: the run's 30 pairs: the union of 2 selections written into this run folder (STS-B "
+                "test: a seeded sample of 10 of its 1,379 rows (--sample 10 --seed 0), 10 pairs in; STS-B test: a "
+                "seeded sample of 20 of its 1,379 rows (--sample 20 --seed 0), 20 pairs in).")  # fmt: skip
+    assert esc(expected) in page
+    assert [(s["sample"], s["n_in"], s["invocations"]) for s in doc["run"]["selections"]] == [(10, 10, 1), (20, 20, 2)]
+    one = {"n_pairs": 150, "n_quarantined": 2, "selections": [{**selection, "sample": None, "limit": 150,
+                                                                  "n_in": 152}]}  # fmt: skip
+    assert facts.coverage_label(one) == ("the run's 150 pairs (2 more quarantined), from STS-B test: the first 150 of "
+                                         "its 1,379 rows (--limit 150), 152 pairs in")  # fmt: skip
+    assert facts.coverage_label({"n_pairs": 3, "selections": []}) == (
+        "the run's 3 pairs; manifest.json records no selection")

@@ -53,6 +53,7 @@ def run_facts(con: duckdb.DuckDBPyConnection, run: _sql.Run, suffix: str = "") -
         "n_word_cells": first_row(con, f"select count(*) from word_cells{suffix}")[0],
         "parses": None,
         "commands": [],
+        "selections": selections(manifest),
     }
     if _sql.has_table(run, "parses"):
         parsers, rows, aligned = first_row(con, f"""
@@ -63,6 +64,58 @@ def run_facts(con: duckdb.DuckDBPyConnection, run: _sql.Run, suffix: str = "") -
         if isinstance(entry, dict):
             facts["commands"].append(attribute_command(config, entry.get("selection") or {}))
     return facts
+
+
+def selections(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """The distinct selections of rows the jobs.attribute invocations recorded in manifest.json wrote into the run
+    (dataset, split, sample, seed, limit, the source's row count), each with its pairs in (n_in) and how many
+    invocations made it; a run folder grown by several selections holds the union of their pairs."""
+    out: dict[tuple, dict[str, Any]] = {}
+    for entry in manifest.get("runs") or []:
+        selection = entry.get("selection") if isinstance(entry, dict) else None
+        if not isinstance(selection, dict):
+            continue
+        key = tuple(selection.get(k) for k in ("dataset", "split", "sample", "seed", "limit"))
+        n_in = (entry.get("counts") or {}).get("n_in")
+        seen = out.setdefault(key, {**selection, "n_in": n_in, "invocations": 0})
+        seen["invocations"] += 1
+        seen["n_in"] = n_in if n_in is not None else seen["n_in"]
+    return list(out.values())
+
+
+def selection_label(selection: dict[str, Any]) -> str:
+    """'STS-B test: a seeded sample of 300 of its 1,379 rows (--sample 300 --seed 0)' and the like."""
+    dataset = str(selection.get("dataset") or "unknown dataset")
+    name = " ".join(str(x) for x in (DATASET_NAMES.get(dataset, dataset), selection.get("split")) if x)
+    total = selection.get("n_source_rows")
+    of = f" of its {total:,} rows" if isinstance(total, int) else ""
+    sample, limit = selection.get("sample"), selection.get("limit")
+    if sample is not None:
+        rows = f"a seeded sample of {sample:,}{of or ' rows'} (--sample {sample} --seed {selection.get('seed', 0)})"
+        if limit is not None:
+            rows += f", its first {limit:,} (--limit {limit})"
+    elif limit is not None:
+        rows = f"the first {limit:,}{of or ' rows'} (--limit {limit})"
+    else:
+        rows = f"every row ({total:,})" if isinstance(total, int) else "every row"
+    return f"{name}: {rows}"
+
+
+def coverage_label(facts: dict[str, Any]) -> str:
+    """Which pairs a report covers: the run's pair count and the selection(s) of rows that put them there; a run
+    folder grown by several selections (e.g. --sample 10, then --sample 20) holds, and the report covers, their
+    union."""
+    n, found = facts["n_pairs"], facts.get("selections") or []
+    pairs = f"{n:,} pairs" if n != 1 else "1 pair"
+    quarantined = f" ({facts['n_quarantined']:,} more quarantined)" if facts.get("n_quarantined") else ""
+    if not found:
+        return f"the run's {pairs}{quarantined}; manifest.json records no selection"
+    parts = [selection_label(s) + (f", {s['n_in']:,} pairs in" if s.get("n_in") is not None else "")
+             for s in found]  # fmt: skip
+    if len(found) == 1:
+        return f"the run's {pairs}{quarantined}, from {parts[0]}"
+    return (f"the run's {pairs}{quarantined}: the union of {len(found)} selections written into this run folder "
+            f"({'; '.join(parts)})")
 
 
 def attribute_command(config: dict[str, Any], selection: dict[str, Any]) -> str:

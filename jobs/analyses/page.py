@@ -13,6 +13,7 @@ import numpy as np
 
 from ..pages import environment
 from .base import Context, Section
+from .facts import coverage_label
 from .format import pct
 
 # Rows of each result shown on the page (the CSV and Markdown files have all of them).
@@ -55,6 +56,7 @@ def write_page(sections: list[Section], ctx: Context, command: str) -> Path:
     keys = list(dict.fromkeys(k for t in tables for k in t))
     page = environment().get_template("report.html").render(
         run=ctx.facts, note=ctx.note, made=time.strftime("%Y-%m-%d %H:%M"),
+        coverage=[(n, coverage_label(f)) for n, f in facts],
         commands=[c for _, f in facts for c in f["commands"]] + [command],
         run_names=[n for n, _ in facts], settings=[(k, [t.get(k, "") for t in tables]) for k in keys],
         sections=sections, preview_rows=PREVIEW_ROWS, serve_url=ctx.serve_url, serve_pages=SERVE_PAGES,
