@@ -188,7 +188,7 @@ def test_the_numbers_on_the_page_are_the_sqls(reports, stores):
     neg = " ".join(f["text"] for f in sections(reports["negation"][1])["negation"]["findings"])
     relative = np.abs([(-0.35 + 0.1) / 0.5, (0.4 + 0.1) / 0.5, (0.5 + 0.1) / 0.5, 0.0])
     assert "(the total attribution to the 'not' token) is negative in 25.0% of the 4 pairs" in neg
-    assert f"|not / f(a, b)| (the prediction f(a, b) (the score)) is at most {np.percentile(relative, 90):.3f}" in neg
+    assert f"|not / f(a, b)| (the prediction f(a, b), the score) is at most {np.percentile(relative, 90):.3f}" in neg
     # The adjectives store: one synonym cell 0.4, one opposite cell -0.1, two pairs without a cell.
     adj = " ".join(f["text"] for f in sections(reports["adjectives"][1])["adjectives"]["findings"])
     assert "+0.400 for synonyms and -0.100 for opposites" in adj and "larger in 1 of 1 triplets" in adj
@@ -515,3 +515,11 @@ def test_the_header_says_which_pairs_the_report_covers(stores, tmp_path):
                                          "its 1,379 rows (--limit 150), 152 pairs in")  # fmt: skip
     assert facts.coverage_label({"n_pairs": 3, "selections": []}) == (
         "the run's 3 pairs; manifest.json records no selection")
+
+
+def test_the_negation_subset_names_the_runs_split():
+    """The negation dataset's subset is the STS-B split the run read (--split), the paper's wording for test."""
+    assert facts.subset_label({"dataset": "negation", "split": "train", "n_pairs": 5}) == (
+        "STS-B train sentences with one simple 'not' (5 pairs)")
+    for split in ("test", None):
+        assert facts.subset_label({"dataset": "negation", "split": split, "n_pairs": 87}) == paper.NEGATION_SUBSET

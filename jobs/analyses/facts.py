@@ -206,11 +206,12 @@ def layer_label(facts: dict[str, Any]) -> str:
 
 
 def subset_label(facts: dict[str, Any], n_pairs: int | None = None, scores: str | None = None) -> str:
-    """'STS-B test (300 pairs)', '..., s > 0.75'; the negation dataset as jobs.paper names the paper's."""
+    """'STS-B test (300 pairs)', '..., s > 0.75'; the negation dataset as jobs.paper names the paper's, with the run's
+    STS-B split (--split; test by default)."""
     n = facts["n_pairs"] if n_pairs is None else n_pairs
     dataset = str(facts.get("dataset") or "unknown dataset")
     if dataset == "negation":
-        text = f"STS-B test sentences with one simple 'not' ({n:,} pairs)"
+        text = f"STS-B {facts.get('split') or 'test'} sentences with one simple 'not' ({n:,} pairs)"
     else:
         name = " ".join(str(x) for x in (DATASET_NAMES.get(dataset, dataset), facts.get("split")) if x)
         text = f"{name} ({n:,} pairs)"

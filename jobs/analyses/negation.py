@@ -37,7 +37,7 @@ def _negation_paper(df: pl.DataFrame) -> bool:
 def _negation_words(df: pl.DataFrame) -> tuple[str, str, str]:
     """(what the not attribution is, the relative size's symbol, its denominator) for the definition used."""
     if _negation_paper(df):
-        return paper.NOT_TOTAL, "not / f(a, b)", "the prediction f(a, b) (the score)"
+        return paper.NOT_TOTAL, "not / f(a, b)", "the prediction f(a, b), the score"
     return "its word cells against every word of the other side", "not / ΣW", "ΣW, the pair's word cells"
 
 
