@@ -105,4 +105,5 @@ def plot_adjectives(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
 
 
 ANALYSIS = Analysis("adjectives", "Adjective synonyms vs opposites", "Table 2, Fig 9", check_adjectives, adjectives,
-                    plot_adjectives)
+                    plot_adjectives,
+                    serve_page="/pairs?sort=score")

@@ -207,4 +207,5 @@ def plot_agreement(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
 
 
 ANALYSIS = Analysis("agreement", "Agreement of two runs", "Fig 3/4", check_agreement, agreement, plot_agreement,
-                    empty_agreement)
+                    empty_agreement,
+                    serve_page="/pairs?sort=score")

@@ -93,6 +93,10 @@ class Context:
 
 @dataclass
 class Analysis:
+    """One analysis of sql/<name>.sql: `check` gives a reason to skip it (from the data) or None, `summarize` its
+    findings, `plot` its figures (written into ctx.out; [(file name, caption)]), `empty` a reason when its result
+    has no rows to speak of."""
+
     name: str
     title: str
     paper: str
@@ -100,6 +104,7 @@ class Analysis:
     summarize: Callable[[pl.DataFrame, Context], list[Finding]]
     plot: Callable[[pl.DataFrame, Context], list[tuple[str, str]]]
     empty: Callable[[pl.DataFrame, Context], str | None] | None = None
+    serve_page: str | None = None  # the `xsbert serve` page (path and query) that shows the pairs behind it
 
 
 def quote(text: str) -> str:

@@ -59,4 +59,5 @@ def plot_lexical_ranks(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
 
 
 ANALYSIS = Analysis("lexical_ranks", "Lexical ranks", "Fig 10, Tables 3–4", check_lexical_ranks, lexical_ranks,
-                    plot_lexical_ranks, empty_lexical)
+                    plot_lexical_ranks, empty_lexical,
+                    serve_page="/tokens")

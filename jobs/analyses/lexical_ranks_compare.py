@@ -92,4 +92,5 @@ def _lexical_like(ctx: Context) -> bool:
 
 ANALYSIS = Analysis("lexical_ranks_compare", "Lexical ranks of two runs", "Fig 10, Tables 3–4",
                     check_lexical_ranks_compare, lexical_ranks_compare, plot_lexical_ranks_compare,
-                    empty_lexical_compare)
+                    empty_lexical_compare,
+                    serve_page="/tokens")

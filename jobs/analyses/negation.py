@@ -117,4 +117,5 @@ def plot_negation(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
                 _negation_paper(df) else "."))]  # fmt: skip
 
 
-ANALYSIS = Analysis("negation", "Negation", "Fig 8", check_negation, negation, plot_negation, empty_negation)
+ANALYSIS = Analysis("negation", "Negation", "Fig 8", check_negation, negation, plot_negation, empty_negation,
+                    serve_page="/pairs?token=not")

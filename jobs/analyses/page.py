@@ -18,12 +18,13 @@ from .format import pct
 
 # Rows of each result shown on the page (the CSV and Markdown files have all of them).
 PREVIEW_ROWS = 10
-# The `xsbert serve` page that shows the pairs behind each section (path and query).
-SERVE_PAGES = {
-    "table1": "/pairs?sort=score", "reference_terms": "/pairs?sort=error", "agreement": "/pairs?sort=score",
-    "pos_neg_sums": "/pairs?sort=positive", "syntactic_relations": "/pairs?sort=sum", "negation": "/pairs?token=not",
-    "adjectives": "/pairs?sort=score", "lexical_ranks": "/tokens", "lexical_ranks_compare": "/tokens",
-}  # fmt: skip
+
+
+def serve_pages() -> dict[str, str]:
+    """The `xsbert serve` page of each analysis that names one: the page links its section there."""
+    from .registry import ANALYSES
+
+    return {a.name: a.serve_page for a in ANALYSES if a.serve_page}
 
 
 def _settings_rows(facts: dict[str, Any]) -> list[tuple[str, str]]:
@@ -59,7 +60,7 @@ def write_page(sections: list[Section], ctx: Context, command: str) -> Path:
         coverage=[(n, coverage_label(f)) for n, f in facts],
         commands=[c for _, f in facts for c in f["commands"]] + [command],
         run_names=[n for n, _ in facts], settings=[(k, [t.get(k, "") for t in tables]) for k in keys],
-        sections=sections, preview_rows=PREVIEW_ROWS, serve_url=ctx.serve_url, serve_pages=SERVE_PAGES,
+        sections=sections, preview_rows=PREVIEW_ROWS, serve_url=ctx.serve_url, serve_pages=serve_pages(),
         serve_command=shlex.join(["xsbert", "serve", "--run", str(ctx.run)]
                                  + (["--run2", str(ctx.run2)] if ctx.run2 is not None else [])),
     )  # fmt: skip

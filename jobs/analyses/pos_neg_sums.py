@@ -101,4 +101,5 @@ def plot_pos_neg_sums(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
 
 
 ANALYSIS = Analysis("pos_neg_sums", "Positive and negative sums", "Fig 5", check_pos_neg_sums, pos_neg_sums,
-                    plot_pos_neg_sums)
+                    plot_pos_neg_sums,
+                    serve_page="/pairs?sort=positive")

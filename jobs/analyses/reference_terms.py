@@ -67,4 +67,5 @@ def plot_reference_terms(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]
 
 
 ANALYSIS = Analysis("reference_terms", "Reference terms", "Fig 2", check_reference_terms, reference_terms,
-                    plot_reference_terms)
+                    plot_reference_terms,
+                    serve_page="/pairs?sort=error")

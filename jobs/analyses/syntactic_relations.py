@@ -114,4 +114,5 @@ def plot_syntactic_relations(df: pl.DataFrame, ctx: Context) -> list[tuple[str, 
 
 
 ANALYSIS = Analysis("syntactic_relations", "Syntactic relations of the top word pairs", "Fig 6",
-                    check_syntactic_relations, syntactic_relations, plot_syntactic_relations)
+                    check_syntactic_relations, syntactic_relations, plot_syntactic_relations,
+                    serve_page="/pairs?sort=sum")

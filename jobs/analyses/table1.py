@@ -52,4 +52,5 @@ def plot_table1(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
     return [("table1.png", "Predicted similarity f(a, b) against the gold label, one point per pair.")]
 
 
-ANALYSIS = Analysis("table1", "Scores vs gold labels", "Table 1", check_table1, table1, plot_table1)
+ANALYSIS = Analysis("table1", "Scores vs gold labels", "Table 1", check_table1, table1, plot_table1,
+                    serve_page="/pairs?sort=score")
