@@ -48,6 +48,10 @@ SQL_DIR = Path(__file__).resolve().parents[1] / "sql"
 MAKES = {"parses": "python -m jobs.parse --run {run}"}
 # `getvariable('run') || '/cells/*.parquet'` or `... || '/manifest.json'` in a sql/ file.
 _INPUT_RE = re.compile(r"getvariable\('(run2?)'\)\s*\|\|\s*'/([A-Za-z_]+)(/\*\.parquet|\.json)'")
+# A table macro's input: `run || '/cells/*.parquet'` (a parameter, not getvariable(...)), read for every run variable
+# the file names (the macro is called with getvariable('run') and getvariable('run2')).
+_MACRO_INPUT_RE = re.compile(r"(?<![)\w])(?!getvariable\b)[A-Za-z_]\w*\s*\|\|\s*'/([A-Za-z_]+)(/\*\.parquet|\.json)'")
+_RUN_VARIABLE_RE = re.compile(r"getvariable\('(run2?)'\)")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # `xsbert sql` prints at most this many rows as a table (all of them with --csv).
 DEFAULT_MAX_ROWS = 100
@@ -314,7 +318,10 @@ def _variable(con: duckdb.DuckDBPyConnection, name: str) -> str | None:
 def check_inputs(con: duckdb.DuckDBPyConnection, sql: str) -> None:
     """Every run the SQL text reads through getvariable('run'/'run2') is given, and every table and manifest it
     reads there is there."""
-    inputs = sorted(set(_INPUT_RE.findall(sql)))
+    found = set(_INPUT_RE.findall(sql))
+    for table, kind in set(_MACRO_INPUT_RE.findall(sql)):
+        found |= {(var, table, kind) for var in _RUN_VARIABLE_RE.findall(sql)}
+    inputs = sorted(found)
     for var in dict.fromkeys(var for var, _, _ in inputs):
         if _variable(con, var) is None:
             which = "a second run: pass --run2 DIR" if var == "run2" else "a run: pass --run DIR"

@@ -371,8 +371,8 @@ def _counts(values: list[int]) -> str:
 
 def _pooled_above(bins: pl.DataFrame, low: float, layers: list[int]) -> dict[str, np.ndarray]:
     """Per layer, the Jaccard means and sample stds of the pairs with mean score above `low`, pooled exactly from
-    agreement.sql's bins above it (jobs.report._pool: the bins' counts, means and stds give the pooled ones)."""
-    from .report import _pool
+    agreement.sql's bins above it (jobs.analyses.agreement.pool: the bins' counts, means and stds give the pooled ones)."""
+    from .analyses.agreement import pool as _pool
 
     out: dict[str, list] = {"n_pairs": [], "jaccard_top3_mean": [], "jaccard_top3_std": [], "jaccard_top10_mean": [],
                             "jaccard_top10_std": []}  # fmt: skip

@@ -48,6 +48,8 @@ from .store.files import is_file, join, location_fs, read_text, upload
 PROG = "python -m jobs.pipeline"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STATE_FILE = "pipeline.json"
+# The report root's lock: pipeline.json is saved under it (State.save), one study at a time.
+LOCK_FILE = ".pipeline.lock"
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]*$"
 Name = Annotated[str, Field(pattern=NAME)]
 
@@ -309,10 +311,11 @@ def run_state(run: str) -> dict[str, list[list[Any]]]:
 
 
 def code_state() -> str:
-    """Hash of what a report is made from besides the runs: the sql/ files (with sql/report/), the report code, its
-    templates and the paper's values."""
+    """Hash of what a report is made from besides the runs: the sql/ files (with sql/report/), the report code
+    (jobs/report.py, jobs/analyses/), its templates and the paper's values."""
     files = sorted(_sql.SQL_DIR.glob("*.sql")) + sorted((_sql.SQL_DIR / "report").glob("*.sql"))
-    files += [REPO_ROOT / "jobs" / n for n in ("report.py", "_sql.py", "paper.py")]
+    files += [REPO_ROOT / "jobs" / n for n in ("report.py", "_sql.py", "paper.py", "pages.py")]
+    files += sorted((REPO_ROOT / "jobs" / "analyses").glob("*.py"))
     files += sorted((REPO_ROOT / "jobs" / "templates").glob("*"))
     files += [REPO_ROOT / "xsbert_core" / "plots.py"]
     digest = hashlib.sha256()
@@ -372,12 +375,16 @@ class Reports:
 
 
 class State:
-    """<report root>/pipeline.json: per report, the fingerprint of what it was made from."""
+    """<report root>/pipeline.json: per report, the fingerprint of what it was made from. Studies that share a
+    report root save it safely at the same time: under a lock (fcntl on <root>/.pipeline.lock for a local root), each
+    save merges the reports it put into what the file holds then, through a temporary file of its own. On object
+    storage the merge narrows the window but nothing locks it: give concurrent studies their own report roots."""
 
     def __init__(self, reports: Reports) -> None:
         self.reports = reports
         self.path = reports.local / STATE_FILE
         self.data: dict[str, Any] = {}
+        self.changed: set[str] = set()
         try:
             text = reports.read_text(STATE_FILE)
             self.data = json.loads(text) if text else {}
@@ -389,13 +396,34 @@ class State:
 
     def put(self, key: str, value: Any) -> None:
         self.data.setdefault("reports", {})[key] = value
+        self.changed.add(key)
 
     def save(self) -> None:
+        """Merge the reports put since loading into pipeline.json as it is now (another study may have saved
+        since), under the root's lock; write a temporary file of this process's own and rename it into place."""
+        import fcntl
+        import tempfile
+
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text(json.dumps(self.data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        os.replace(tmp, self.path)
-        self.reports.publish(STATE_FILE)
+        with open(self.path.parent / LOCK_FILE, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            try:
+                text = self.reports.read_text(STATE_FILE)  # on object storage: the root's copy (no lock there)
+                current = json.loads(text) if text else {}
+            except (OSError, json.JSONDecodeError):
+                current = {}
+            merged = current.get("reports") if isinstance(current.get("reports"), dict) else {}
+            merged.update({k: v for k, v in self.data.get("reports", {}).items() if k in self.changed})
+            self.data = {**current, **self.data, "reports": merged}
+            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    fh.write(json.dumps(self.data, indent=1, sort_keys=True) + "\n")
+                os.replace(tmp, self.path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+            self.reports.publish(STATE_FILE)
 
 
 # --------------------------------------------------------------------------- stages
@@ -525,7 +553,7 @@ def finding_lines(found: list[dict[str, Any]], paper_ok: bool) -> list[str]:
 
 def write_index(target: Reports, study: Study, reports: list[dict[str, Any]], models: dict[str, str]) -> str:
     """The study's index page (jobs/templates/study.html, autoescaped): a link to each report and its findings."""
-    from .report import environment
+    from .pages import environment
 
     root = target.local
     root.mkdir(parents=True, exist_ok=True)

@@ -84,6 +84,82 @@
 --           xsbert sql --run runs/<exact> --run2 runs/<approx> \
 --                  --file sql/agreement.sql --var include_special=true
 
+-- One run's inputs, written once for run and run2 (table macros, called below
+-- with getvariable('run') and getvariable('run2')):
+-- its token cells (level 'token') or word cells (level 'word', u and v read
+-- as i and j), with their stored ranks (null in stores before version 3)
+create or replace temp macro agreement_cells(run) as table
+    select pair_id, i, j, value, value_rank, content_rank,
+    from (
+        from read_parquet(run || '/cells/*.parquet')
+        union all by name
+        select null::float as value_rank, null::float as content_rank,
+        where false
+    )
+    where coalesce(getvariable('level'), 'token') = 'token'
+    union all
+    select pair_id, u, v, value, value_rank, null::float,
+    from (
+        from read_parquet(run || '/word_cells/*.parquet')
+        union all by name
+        select null::float as value_rank,
+        where false
+    )
+    where getvariable('level') = 'word';
+
+-- its pairs, with the stored top-10 cells of the level, cells and order
+-- asked for (one integer per cell: i * 65536 + j)
+create or replace temp macro agreement_pairs(run) as table
+    select
+        pair_id,
+        score,
+        sentence_id_a,
+        sentence_id_b,
+        n_tokens_a,
+        n_tokens_b,
+        case when getvariable('level') = 'word'
+            then [(c.u * 65536 + c.v)::uinteger for c in
+                  case when getvariable('top_by') = 'value' then word_top10_value
+                       else word_top10_abs end]
+            else [(c.i * 65536 + c.j)::uinteger for c in
+                  case when getvariable('top_by') = 'value'
+                       then case when getvariable('include_special')::boolean
+                                 then top10_value else content_top10_value end
+                       else case when getvariable('include_special')::boolean
+                                 then top10_abs else content_top10_abs end end]
+        end as stored_top10,
+    from (
+        from read_parquet(run || '/pairs/*.parquet')
+        union all by name
+        select
+            null::struct(i integer, j integer)[] as top10_abs,
+            null::struct(i integer, j integer)[] as top10_value,
+            null::struct(i integer, j integer)[] as content_top10_abs,
+            null::struct(i integer, j integer)[] as content_top10_value,
+            null::struct(u integer, v integer)[] as word_top10_abs,
+            null::struct(u integer, v integer)[] as word_top10_value,
+        where false
+    );
+
+-- its sentences: the 0-based positions of the special tokens (no word id)
+create or replace temp macro agreement_special(run) as table
+    select
+        sentence_id,
+        [k - 1 for w, k in word_ids if w is null] as special,
+    from read_parquet(run || '/sentences/*.parquet');
+
+-- one integer per cell of a compared pair: pair_no * 2^32 + i * 65536 + j
+create or replace temp macro agreement_key(pair_no, i, j) as
+    pair_no::bigint * 4294967296 + i * 65536 + j;
+
+-- the rank the job stored among the cells compared: every cell's
+-- (include_special, or level 'word') or the content cells' (null for a
+-- special token's cell)
+create or replace temp macro agreement_stored_rank(value_rank, content_rank) as
+    case when coalesce(getvariable('include_special'), false)::boolean
+              or getvariable('level') = 'word'
+         then value_rank else content_rank end;
+
 -- Which ranks: the stored ones (true) or ranked here (false)
 set variable agreement_stored_ranks = (
     with
@@ -95,14 +171,8 @@ set variable agreement_stored_ranks = (
         from read_text([getvariable('run') || '/manifest.json',
                         getvariable('run2') || '/manifest.json'])
     ),
-    special_1 as (
-        select sentence_id, [k - 1 for w, k in word_ids if w is null] as special,
-        from read_parquet(getvariable('run') || '/sentences/*.parquet')
-    ),
-    special_2 as (
-        select sentence_id, [k - 1 for w, k in word_ids if w is null] as special,
-        from read_parquet(getvariable('run2') || '/sentences/*.parquet')
-    )
+    special_1 as (from agreement_special(getvariable('run'))),
+    special_2 as (from agreement_special(getvariable('run2')))
     select
         coalesce(getvariable('use_stored_ranks'), true)::boolean
         -- every cell of every pair, ranked by the job
@@ -145,124 +215,19 @@ cells_guard as (
                     getvariable('run2') || '/manifest.jso[n]'])
 ),
 
--- Token cells (level 'token') or word cells (level 'word', u and v read as
--- i and j), with their stored ranks (null in stores before version 3)
-cells_1 as not materialized (
-    select pair_id, i, j, value, value_rank, content_rank,
-    from (
-        from read_parquet(getvariable('run') || '/cells/*.parquet')
-        union all by name
-        select null::float as value_rank, null::float as content_rank,
-        where false
-    )
-    where coalesce(getvariable('level'), 'token') = 'token'
-    union all
-    select pair_id, u, v, value, value_rank, null::float,
-    from (
-        from read_parquet(getvariable('run') || '/word_cells/*.parquet')
-        union all by name
-        select null::float as value_rank,
-        where false
-    )
-    where getvariable('level') = 'word'
-),
+-- each run's cells and pairs (the macros above)
+cells_1 as not materialized (from agreement_cells(getvariable('run'))),
 
-cells_2 as not materialized (
-    select pair_id, i, j, value, value_rank, content_rank,
-    from (
-        from read_parquet(getvariable('run2') || '/cells/*.parquet')
-        union all by name
-        select null::float as value_rank, null::float as content_rank,
-        where false
-    )
-    where coalesce(getvariable('level'), 'token') = 'token'
-    union all
-    select pair_id, u, v, value, value_rank, null::float,
-    from (
-        from read_parquet(getvariable('run2') || '/word_cells/*.parquet')
-        union all by name
-        select null::float as value_rank,
-        where false
-    )
-    where getvariable('level') = 'word'
-),
+cells_2 as not materialized (from agreement_cells(getvariable('run2'))),
 
 pairs_1 as (
-    select
-        pair_id,
-        score,
-        sentence_id_a,
-        sentence_id_b,
-        n_tokens_a,
-        n_tokens_b,
-        -- the stored top-10 cells of the level, cells and order asked for
-        case when getvariable('level') = 'word'
-            then [(c.u * 65536 + c.v)::uinteger for c in
-                  case when getvariable('top_by') = 'value' then word_top10_value
-                       else word_top10_abs end]
-            else [(c.i * 65536 + c.j)::uinteger for c in
-                  case when getvariable('top_by') = 'value'
-                       then case when getvariable('include_special')::boolean
-                                 then top10_value else content_top10_value end
-                       else case when getvariable('include_special')::boolean
-                                 then top10_abs else content_top10_abs end end]
-        end as stored_top10,
-    from (
-        from read_parquet(getvariable('run') || '/pairs/*.parquet')
-        union all by name
-        select
-            null::struct(i integer, j integer)[] as top10_abs,
-            null::struct(i integer, j integer)[] as top10_value,
-            null::struct(i integer, j integer)[] as content_top10_abs,
-            null::struct(i integer, j integer)[] as content_top10_value,
-            null::struct(u integer, v integer)[] as word_top10_abs,
-            null::struct(u integer, v integer)[] as word_top10_value,
-        where false
-    )
+    from agreement_pairs(getvariable('run'))
     where (select ok from cells_guard)
 ),
 
-pairs_2 as (
-    select
-        pair_id,
-        score,
-        sentence_id_a,
-        sentence_id_b,
-        n_tokens_a,
-        n_tokens_b,
-        -- the stored top-10 cells of the level, cells and order asked for
-        case when getvariable('level') = 'word'
-            then [(c.u * 65536 + c.v)::uinteger for c in
-                  case when getvariable('top_by') = 'value' then word_top10_value
-                       else word_top10_abs end]
-            else [(c.i * 65536 + c.j)::uinteger for c in
-                  case when getvariable('top_by') = 'value'
-                       then case when getvariable('include_special')::boolean
-                                 then top10_value else content_top10_value end
-                       else case when getvariable('include_special')::boolean
-                                 then top10_abs else content_top10_abs end end]
-        end as stored_top10,
-    from (
-        from read_parquet(getvariable('run2') || '/pairs/*.parquet')
-        union all by name
-        select
-            null::struct(i integer, j integer)[] as top10_abs,
-            null::struct(i integer, j integer)[] as top10_value,
-            null::struct(i integer, j integer)[] as content_top10_abs,
-            null::struct(i integer, j integer)[] as content_top10_value,
-            null::struct(u integer, v integer)[] as word_top10_abs,
-            null::struct(u integer, v integer)[] as word_top10_value,
-        where false
-    )
-),
+pairs_2 as (from agreement_pairs(getvariable('run2'))),
 
-sentences_1 as (
-    select
-        sentence_id,
-        -- 0-based positions of the special tokens (no word id)
-        [k - 1 for w, k in word_ids if w is null] as special,
-    from read_parquet(getvariable('run') || '/sentences/*.parquet')
-),
+sentences_1 as (from agreement_special(getvariable('run'))),
 
 ---------- settings
 
@@ -316,11 +281,10 @@ pair_scores as (
 
 -- Ranked here (agreement_stored_ranks false): the matched cells of each
 -- pair, then ranked per pair and run.
--- key = pair_no * 2^32 + i * 65536 + j: one integer per cell
+-- key: one integer per cell (agreement_key)
 keyed_cells_1 as (
     select
-        pair_scores.pair_no::bigint * 4294967296 + cells_1.i * 65536 + cells_1.j
-            as key,
+        agreement_key(pair_scores.pair_no, cells_1.i, cells_1.j) as key,
         cells_1.value,
     from cells_1
     inner join pair_scores on cells_1.pair_id = pair_scores.pair_id
@@ -331,8 +295,7 @@ keyed_cells_1 as (
 
 keyed_cells_2 as (
     select
-        pair_scores.pair_no::bigint * 4294967296 + cells_2.i * 65536 + cells_2.j
-            as key,
+        agreement_key(pair_scores.pair_no, cells_2.i, cells_2.j) as key,
         cells_2.value,
     from cells_2
     inner join pair_scores on cells_2.pair_id = pair_scores.pair_id
@@ -434,16 +397,14 @@ sorted_agreement as (
 -- Stored ranks (agreement_stored_ranks true): each run's cells with the
 -- rank the job stored among the cells compared (content cells: null for
 -- a special token's cell), keyed as above, joined, aggregated as above.
--- The settings are read as getvariable() constants here (settings checks
--- them), so DuckDB folds them instead of joining every cell to settings
+-- The settings are read as getvariable() constants here (agreement_stored_rank;
+-- settings checks them), so DuckDB folds them instead of joining every cell
+-- to settings
 stored_cells_1 as (
     select
-        pair_scores.pair_no::bigint * 4294967296 + cells_1.i * 65536 + cells_1.j
-            as key,
+        agreement_key(pair_scores.pair_no, cells_1.i, cells_1.j) as key,
         cells_1.value,
-        case when coalesce(getvariable('include_special'), false)::boolean
-                  or getvariable('level') = 'word'
-             then cells_1.value_rank else cells_1.content_rank end
+        agreement_stored_rank(cells_1.value_rank, cells_1.content_rank)
             as stored_rank,
     from cells_1
     inner join pair_scores on cells_1.pair_id = pair_scores.pair_id
@@ -452,12 +413,9 @@ stored_cells_1 as (
 
 stored_cells_2 as (
     select
-        pair_scores.pair_no::bigint * 4294967296 + cells_2.i * 65536 + cells_2.j
-            as key,
+        agreement_key(pair_scores.pair_no, cells_2.i, cells_2.j) as key,
         cells_2.value,
-        case when coalesce(getvariable('include_special'), false)::boolean
-                  or getvariable('level') = 'word'
-             then cells_2.value_rank else cells_2.content_rank end
+        agreement_stored_rank(cells_2.value_rank, cells_2.content_rank)
             as stored_rank,
     from cells_2
     inner join pair_scores on cells_2.pair_id = pair_scores.pair_id

@@ -29,6 +29,46 @@
 -- Run       duckdb -cmd "set variable run = 'runs/<id>'" -f sql/lexical_ranks.sql
 --           xsbert sql --run runs/<id> --file sql/lexical_ranks.sql --var min_count=10
 
+-- One run's lexical ranks (a table macro: the same text in lexical_ranks.sql
+-- and lexical_ranks_compare.sql, which calls it for run and run2; a test
+-- keeps the two copies equal): its same-token cells, without the special
+-- tokens' (the tokens without a word id) unless include_special, per token
+-- with at least min_count cells; rank 1 = highest mean, ties share the
+-- smaller rank (rank())
+create or replace temp macro lexical_token_ranks(run) as table
+    with
+    same_token_cells as (
+        select
+            token_a as token,
+            value,
+        from read_parquet(run || '/cells/*.parquet')
+        where token_a = token_b
+    ),
+    special_tokens as (
+        select distinct
+            unnest([t for t, k in tokens if word_ids[k] is null]) as token,
+        from read_parquet(run || '/sentences/*.parquet')
+    ),
+    token_stats as (
+        select
+            token,
+            count(*) as n,
+            avg(value) as mean,
+            stddev_samp(value) as std,
+        from same_token_cells
+        where coalesce(getvariable('include_special'), true)
+            or token not in (select token from special_tokens)
+        group by 1
+        having count(*) >= coalesce(getvariable('min_count'), 30)
+    )
+    select
+        token,
+        n,
+        mean,
+        std,
+        rank() over (order by mean desc) as rank,
+    from token_stats;
+
 with
 
 ---------- imports
@@ -50,57 +90,11 @@ cells_guard as (
     from read_text(getvariable('run') || '/manifest.jso[n]')
 ),
 
-same_token_cells as (
-    select
-        token_a as token,
-        value,
-    from read_parquet(getvariable('run') || '/cells/*.parquet')
-    where token_a = token_b and (select ok from cells_guard)
-),
-
-sentences as (
-    select
-        tokens,
-        word_ids,
-    from read_parquet(getvariable('run') || '/sentences/*.parquet')
-),
-
----------- logic
-
-special_tokens as (
-    select distinct
-        unnest([t for t, k in tokens if word_ids[k] is null]) as token,
-    from sentences
-),
-
-kept_cells as (
-    select
-        token,
-        value,
-    from same_token_cells
-    where coalesce(getvariable('include_special'), true)
-        or token not in (select token from special_tokens)
-),
-
-token_stats as (
-    select
-        token,
-        count(*) as n,
-        avg(value) as mean,
-        stddev_samp(value) as std,
-    from kept_cells
-    group by 1
-    having count(*) >= coalesce(getvariable('min_count'), 30)
-),
+---------- logic: the macro above, once the guard holds
 
 ranked as (
-    select
-        token,
-        n,
-        mean,
-        std,
-        rank() over (order by mean desc) as rank,
-    from token_stats
+    from lexical_token_ranks(getvariable('run'))
+    where (select ok from cells_guard)
 )
 
 select * from ranked

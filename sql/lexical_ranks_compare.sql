@@ -36,6 +36,46 @@
 --           xsbert sql --run runs/<id1> --run2 runs/<id2> \
 --                  --file sql/lexical_ranks_compare.sql
 
+-- One run's lexical ranks (a table macro: the same text in lexical_ranks.sql
+-- and lexical_ranks_compare.sql, which calls it for run and run2; a test
+-- keeps the two copies equal): its same-token cells, without the special
+-- tokens' (the tokens without a word id) unless include_special, per token
+-- with at least min_count cells; rank 1 = highest mean, ties share the
+-- smaller rank (rank())
+create or replace temp macro lexical_token_ranks(run) as table
+    with
+    same_token_cells as (
+        select
+            token_a as token,
+            value,
+        from read_parquet(run || '/cells/*.parquet')
+        where token_a = token_b
+    ),
+    special_tokens as (
+        select distinct
+            unnest([t for t, k in tokens if word_ids[k] is null]) as token,
+        from read_parquet(run || '/sentences/*.parquet')
+    ),
+    token_stats as (
+        select
+            token,
+            count(*) as n,
+            avg(value) as mean,
+            stddev_samp(value) as std,
+        from same_token_cells
+        where coalesce(getvariable('include_special'), true)
+            or token not in (select token from special_tokens)
+        group by 1
+        having count(*) >= coalesce(getvariable('min_count'), 30)
+    )
+    select
+        token,
+        n,
+        mean,
+        std,
+        rank() over (order by mean desc) as rank,
+    from token_stats;
+
 with
 
 ---------- imports
@@ -59,88 +99,17 @@ cells_guard as (
                     getvariable('run2') || '/manifest.jso[n]'])
 ),
 
-same_token_cells_1 as (
-    select
-        token_a as token,
-        value,
-    from read_parquet(getvariable('run') || '/cells/*.parquet')
-    where token_a = token_b and (select ok from cells_guard)
-),
-
-sentences_1 as (
-    select
-        tokens,
-        word_ids,
-    from read_parquet(getvariable('run') || '/sentences/*.parquet')
-),
-
-same_token_cells_2 as (
-    select
-        token_a as token,
-        value,
-    from read_parquet(getvariable('run2') || '/cells/*.parquet')
-    where token_a = token_b and (select ok from cells_guard)
-),
-
-sentences_2 as (
-    select
-        tokens,
-        word_ids,
-    from read_parquet(getvariable('run2') || '/sentences/*.parquet')
-),
-
----------- logic: each run's lexical ranks, as in lexical_ranks.sql
-
-special_tokens_1 as (
-    select distinct
-        unnest([t for t, k in tokens if word_ids[k] is null]) as token,
-    from sentences_1
-),
-
-special_tokens_2 as (
-    select distinct
-        unnest([t for t, k in tokens if word_ids[k] is null]) as token,
-    from sentences_2
-),
-
-token_stats_1 as (
-    select
-        token,
-        count(*) as n,
-        avg(value) as mean,
-        stddev_samp(value) as std,
-    from same_token_cells_1
-    where coalesce(getvariable('include_special'), true)
-        or token not in (select token from special_tokens_1)
-    group by 1
-    having count(*) >= coalesce(getvariable('min_count'), 30)
-),
-
-token_stats_2 as (
-    select
-        token,
-        count(*) as n,
-        avg(value) as mean,
-        stddev_samp(value) as std,
-    from same_token_cells_2
-    where coalesce(getvariable('include_special'), true)
-        or token not in (select token from special_tokens_2)
-    group by 1
-    having count(*) >= coalesce(getvariable('min_count'), 30)
-),
+---------- logic: each run's lexical ranks (the macro above, as in
+---------- lexical_ranks.sql), once the guard holds
 
 ranks_1 as (
-    select
-        *,
-        rank() over (order by mean desc) as rank,
-    from token_stats_1
+    from lexical_token_ranks(getvariable('run'))
+    where (select ok from cells_guard)
 ),
 
 ranks_2 as (
-    select
-        *,
-        rank() over (order by mean desc) as rank,
-    from token_stats_2
+    from lexical_token_ranks(getvariable('run2'))
+    where (select ok from cells_guard)
 ),
 
 ---------- logic: the shared tokens and their rank correlation

@@ -8,6 +8,7 @@ numbers the page states are recomputed here from the SQL results (and, where che
 from __future__ import annotations
 
 import json
+import shutil
 import re
 from pathlib import Path
 
@@ -28,7 +29,13 @@ from test_sql import (
     write_table,
 )
 
-from jobs import _sql, paper, report
+from jobs import _sql, pages, paper, report
+from jobs.analyses import base, facts
+from jobs.analyses import format as fmt
+from jobs.analyses.adjectives import adjectives as summarize_adjectives
+from jobs.analyses.agreement import check_agreement
+from jobs.analyses.reference_terms import check_reference_terms
+from jobs.analyses.run import open_context
 
 SECTIONS = ("table1", "reference_terms", "agreement", "pos_neg_sums", "syntactic_relations", "negation", "adjectives",
             "lexical_ranks", "lexical_ranks_compare")  # fmt: skip
@@ -133,8 +140,8 @@ def test_the_numbers_on_the_page_are_the_sqls(reports, stores):
     ref = {r["quantity"]: r for r in run_sql(main, "reference_terms.sql").iter_rows(named=True)}
     near = np.mean(np.abs(np.concatenate([pairs["ref_sim_a"], pairs["ref_sim_b"]])) <= 0.1)
     assert ref["ref_sim"]["share_near_zero"] == pytest.approx(near)
-    assert f"{report.pct(near)} of the reference similarities" in text["reference_terms"]
-    assert f"{report.pct(ref['ref_term']['share_below_threshold'])} of the reference terms" in text["reference_terms"]
+    assert f"{fmt.pct(near)} of the reference similarities" in text["reference_terms"]
+    assert f"{fmt.pct(ref['ref_term']['share_below_threshold'])} of the reference terms" in text["reference_terms"]
     # The paper's numbers from jobs.paper, with the settings that differ from this hand-built run named.
     for key in ("fig2_ref_sim_near_zero", "fig2_ref_term_below"):
         v = paper.get(key)
@@ -146,31 +153,31 @@ def test_the_numbers_on_the_page_are_the_sqls(reports, stores):
     sums = run_sql(main, "pos_neg_sums.sql").filter(pl.col("score_bin") == "all").row(0, named=True)
     share = np.mean(pairs["positive_sum"].to_numpy() > 2.0)
     assert "exceed 2 (the largest total" in text["pos_neg_sums"]  # the bound holds here (mean target <= 2)
-    assert f"in {report.pct(share)} of 30 pairs" in text["pos_neg_sums"]
+    assert f"in {fmt.pct(share)} of 30 pairs" in text["pos_neg_sums"]
     assert sums["share_positive_exceeds"] == pytest.approx(share)
 
     agreement = run_sql(main, "agreement.sql", second).filter(pl.col("score_bin") == "all").row(0, named=True)
-    assert (f"Spearman {report.num(agreement['spearman_mean'])} ± {report.num(agreement['spearman_std'])}"
+    assert (f"Spearman {fmt.num(agreement['spearman_mean'])} ± {fmt.num(agreement['spearman_std'])}"
             in text["agreement"])  # fmt: skip
-    assert f"Jaccard {report.num(agreement['jaccard_top10_mean'])}" in text["agreement"]
+    assert f"Jaccard {fmt.num(agreement['jaccard_top10_mean'])}" in text["agreement"]
     assert "token matrices (content tokens)" in text["agreement"]  # the paper's cells, the default
     every = run_sql(main, "agreement.sql", second, include_special=True).filter(pl.col("score_bin") == "all").row(0, named=True)
     assert every["spearman_mean"] != agreement["spearman_mean"]
     assert (f"Over every cell (special tokens' rows and columns included) the same pairs read Spearman "
-            f"{report.num(every['spearman_mean'])}, top-10 Jaccard {report.num(every['jaccard_top10_mean'])}"
+            f"{fmt.num(every['spearman_mean'])}, top-10 Jaccard {fmt.num(every['jaccard_top10_mean'])}"
             in text["agreement"])  # fmt: skip
 
     relations = run_sql(main, "syntactic_relations.sql").row(0, named=True)
-    assert f"{report.pct(relations['same_function_share'])} join two words" in text["syntactic_relations"]
+    assert f"{fmt.pct(relations['same_function_share'])} join two words" in text["syntactic_relations"]
 
     ranks = run_sql(main, "lexical_ranks.sql", min_count=3)
     assert ranks["token"][0] == "cat"  # the planted bias
-    assert f"'cat' attributes most to itself (mean {report.signed(ranks['mean'][0])})" in text["lexical_ranks"]
+    assert f"'cat' attributes most to itself (mean {fmt.signed(ranks['mean'][0])})" in text["lexical_ranks"]
     if "not" in ranks["token"].to_list():
         row = ranks.filter(pl.col("token") == "not").row(0, named=True)
         assert f"'not' ranks {row['rank']} of {ranks.height} tokens" in text["lexical_ranks"]
     compare = run_sql(main, "lexical_ranks_compare.sql", second, min_count=3)
-    assert f"Spearman ρ = {report.num(compare['spearman'][0])} over {compare.height} shared" in text[
+    assert f"Spearman ρ = {fmt.num(compare['spearman'][0])} over {compare.height} shared" in text[
         "lexical_ranks_compare"]  # fmt: skip
     for s in ("negation", "adjectives"):
         assert got[s]["status"] == "skipped"
@@ -181,7 +188,7 @@ def test_the_numbers_on_the_page_are_the_sqls(reports, stores):
     neg = " ".join(f["text"] for f in sections(reports["negation"][1])["negation"]["findings"])
     relative = np.abs([(-0.35 + 0.1) / 0.5, (0.4 + 0.1) / 0.5, (0.5 + 0.1) / 0.5, 0.0])
     assert "(the total attribution to the 'not' token) is negative in 25.0% of the 4 pairs" in neg
-    assert f"|not / f(a, b)| (the prediction f(a, b) (the score)) is at most {np.percentile(relative, 90):.3f}" in neg
+    assert f"|not / f(a, b)| (the prediction f(a, b), the score) is at most {np.percentile(relative, 90):.3f}" in neg
     # The adjectives store: one synonym cell 0.4, one opposite cell -0.1, two pairs without a cell.
     adj = " ".join(f["text"] for f in sections(reports["adjectives"][1])["adjectives"]["findings"])
     assert "+0.400 for synonyms and -0.100 for opposites" in adj and "larger in 1 of 1 triplets" in adj
@@ -210,26 +217,26 @@ def test_skipped_analyses_say_why(reports, tmp_path, stores):
     assert "--run2" in reasons["agreement"] and "--run2" in reasons["lexical_ranks_compare"]
     assert "min_count" in reasons["lexical_ranks"]  # 30 same-token cells are not there
     assert "standalone 'not'" in sections(reports["adjectives"][1])["negation"]["reason"]
-    # The checks alone (report.check_*), on runs made for them.
+    # The checks alone (check_* of jobs/analyses/), on runs made for them.
     rng = np.random.default_rng(5)
     exact, data = random_run(tmp_path, "exact", rng, n_pairs=6, mode="exact")
     for p in data["pairs"]:
         p.update(ref_sim_a=0.0, ref_sim_b=0.0, ref_term=0.0)
     write_table(exact, "pairs", data["pairs"])
-    ctx = report.open_context(exact, None, tmp_path / "o", {})
-    assert "exact-mode run" in report.check_reference_terms(ctx)
+    ctx = open_context(exact, None, tmp_path / "o", {})
+    assert "exact-mode run" in check_reference_terms(ctx)
     other, _ = random_run(tmp_path, "other", rng, n_pairs=4)  # pair ids p00..p03 again, other texts
-    ctx = report.open_context(exact, other, tmp_path / "o", {})
-    assert "the 4 pair_ids the two runs share hold different texts" in report.check_agreement(ctx)
-    ctx = report.open_context(exact, stores["adjectives"], tmp_path / "o", {})
-    assert "share no pair_id" in report.check_agreement(ctx)
+    ctx = open_context(exact, other, tmp_path / "o", {})
+    assert "the 4 pair_ids the two runs share hold different texts" in check_agreement(ctx)
+    ctx = open_context(exact, stores["adjectives"], tmp_path / "o", {})
+    assert "share no pair_id" in check_agreement(ctx)
     main = pl.read_parquet(stores["main"] / "pairs" / "*.parquet")
     retokenized = pl.read_parquet(stores["main"] / "sentences" / "*.parquet").with_columns(
         pl.col("tokens").list.eval(pl.element() + "x"))  # fmt: skip
     retok = make_run(tmp_path, "retok", main.to_dicts(), [], [], retokenized.to_dicts())
-    ctx = report.open_context(stores["main"], retok, tmp_path / "o", {})
-    assert "tokenize 60 shared sentences differently" in report.check_agreement(ctx)
-    assert report.check_agreement(report.open_context(stores["main"], stores["second"], tmp_path / "o", {})) is None
+    ctx = open_context(stores["main"], retok, tmp_path / "o", {})
+    assert "tokenize 60 shared sentences differently" in check_agreement(ctx)
+    assert check_agreement(open_context(stores["main"], stores["second"], tmp_path / "o", {})) is None
 
 
 def test_degenerate_pairs_are_reported_as_undefined_not_nan(tmp_path):
@@ -319,8 +326,8 @@ def test_summary_lines_and_markdown_helpers(stores, tmp_path, capsys):
     assert not list((tmp_path / "o").glob("adjectives*")) and (tmp_path / "o" / "negation.csv").exists()
     assert (tmp_path / "o" / "mine.txt").read_text() == "kept"
     df = pl.DataFrame({"a": ["x|y", None], "b": [0.123456, float("nan")]})
-    assert report.markdown_table(df).splitlines() == ["| a | b |", "|---|---|", "| x\\|y | 0.1235 |", "|  | NaN |"]
-    assert (report.pct(0.1234), report.num(None), report.signed(-0.04567)) == ("12.3%", "n/a", "-0.046")
+    assert fmt.markdown_table(df).splitlines() == ["| a | b |", "|---|---|", "| x\\|y | 0.1235 |", "|  | NaN |"]
+    assert (fmt.pct(0.1234), fmt.num(None), fmt.signed(-0.04567)) == ("12.3%", "n/a", "-0.046")
 
 
 # --------------------------------------------------------------------------- issue 17, item 8
@@ -361,14 +368,14 @@ def test_the_bound_finding_is_hidden_when_the_bound_does_not_hold(stores, tmp_pa
     assert code == 0 and "exceed 2" not in text and "exceed 2" not in page
     assert "does not hold for this model and layer, so the share of positive sums above 2 is not given" in text
     mean_target = np.mean([p["score"] + 2.6 for p in pairs])
-    assert f"ΣA converges to {report.num(mean_target)} on average" in text
+    assert f"ΣA converges to {fmt.num(mean_target)} on average" in text
     # The same numbers from the sql/report file in the duckdb CLI.
     cli = Path(__import__("sys").executable).parent / "duckdb"
     if cli.exists():
         import subprocess
 
         out = subprocess.run([str(cli), "-csv", "-cmd", f"set variable run = '{run}'", "-f",
-                              str(report.REPORT_SQL / "reference_norms.sql")], capture_output=True, text=True,
+                              str(base.REPORT_SQL / "reference_norms.sql")], capture_output=True, text=True,
                              check=True).stdout.splitlines()  # fmt: skip
         row = dict(zip(out[0].split(","), out[1].split(",")))
         assert float(row["mean_target"]) == pytest.approx(mean_target) and row["is_bound_exceeded"] == "true"
@@ -387,7 +394,7 @@ def test_the_page_escapes_untrusted_text(stores, tmp_path):
     assert code == 0 and "<script" not in page
     assert esc(attack) == "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" and page.count(esc(attack)) >= 2
     assert esc(f"made by {attack}") in page  # the note
-    assert report.environment().autoescape("report.html") is True
+    assert pages.environment().autoescape("report.html") is True
 
 
 def test_fig6_split_and_the_papers_claim(reports, stores):
@@ -395,7 +402,7 @@ def test_fig6_split_and_the_papers_claim(reports, stores):
     rel = run_sql(stores["main"], "syntactic_relations.sql").row(0, named=True)
     same = rel["same_function_share"] / (rel["same_function_share"] + rel["mixed_share"])
     got = finding(doc, "syntactic_relations", "between two parsed words")
-    assert f"{report.pct(same)} join the same syntactic function and {report.pct(1 - same)} two different" in got[
+    assert f"{fmt.pct(same)} join the same syntactic function and {fmt.pct(1 - same)} two different" in got[
         "text"]  # fmt: skip
     assert got["values"]["same_share_of_parsed"] == pytest.approx(same)
     assert got["paper"] is None and "the paper gives no such split" in got["text"]  # the paper states no share
@@ -445,30 +452,30 @@ def test_like_for_like_only_in_the_papers_setting():
     """The paper's own setting reads as like-for-like; one setting off is named."""
     mpnet = {"model": "sentence-transformers/all-mpnet-base-v2", "mode": "approx", "similarity": "cos", "layer": -3,
              "n_layers": 12, "dataset": "stsb", "split": "test", "n_pairs": 1379}  # fmt: skip
-    assert report.layer_label(mpnet) == "9 of 12"
+    assert facts.layer_label(mpnet) == "9 of 12"
     # Fig 2's reference terms are forward quantities: no layer, in the paper's record and in ours
-    setting = (report.model_label(mpnet), paper.NO_LAYER, report.subset_label(mpnet))
+    setting = (facts.model_label(mpnet), paper.NO_LAYER, facts.subset_label(mpnet))
     assert setting == ("all-mpnet-base-v2 shelf", "-", "STS-B test (1,379 pairs)")
-    same = report.cite("fig2_ref_sim_near_zero", *setting, "share with |f| ≤ 0.1")
+    same = facts.cite("fig2_ref_sim_near_zero", *setting, "share with |f| ≤ 0.1")
     assert same["like_for_like"] is True and "; like-for-like (" in same["paper"]
-    other = report.cite("fig2_ref_sim_near_zero", *setting, "share with |f| ≤ 0.2")
+    other = facts.cite("fig2_ref_sim_near_zero", *setting, "share with |f| ≤ 0.2")
     assert other["like_for_like"] is False and other["paper"].endswith(
         "metric: ours share with |f| ≤ 0.2, the paper's share with |f| ≤ 0.1")  # fmt: skip
     exact = {**mpnet, "model": "models/all-mpnet-base-v2-exact", "mode": "exact", "layer": 9}
-    assert report.model_label(exact) == "all-mpnet-base-v2 exact"
-    assert report.pair_model_label(exact, mpnet) == "all-mpnet-base-v2, exact vs shelf (approximate)"
+    assert facts.model_label(exact) == "all-mpnet-base-v2 exact"
+    assert facts.pair_model_label(exact, mpnet) == "all-mpnet-base-v2, exact vs shelf (approximate)"
     tuned = {**mpnet, "model": "models/all-mpnet-base-v2-tuned"}
-    assert report.pair_model_label(exact, tuned) == paper.get("fig3_spearman_top").model
-    assert report.paper_comparison(exact, tuned) is None
-    assert "differ in layer" in report.paper_comparison(mpnet, {**mpnet, "layer": 8})
+    assert facts.pair_model_label(exact, tuned) == paper.get("fig3_spearman_top").model
+    assert facts.paper_comparison(exact, tuned) is None
+    assert "differ in layer" in facts.paper_comparison(mpnet, {**mpnet, "layer": 8})
 
 
 def test_the_agreement_precheck_is_a_sql_file(stores):
     con = _sql.connect(stores["main"], stores["second"], {})
-    row = _sql.run_file(con, report.REPORT_SQL / "agreement_check.sql").row(0, named=True)
+    row = _sql.run_file(con, base.REPORT_SQL / "agreement_check.sql").row(0, named=True)
     assert row == {"n_shared_pairs": 30, "n_same_texts": 30, "n_retokenized_sentences": 0}
     with pytest.raises((duckdb.Error, Exception)):
-        _sql.run_file(_sql.connect(stores["main"], None, {}), report.REPORT_SQL / "agreement_check.sql")
+        _sql.run_file(_sql.connect(stores["main"], None, {}), base.REPORT_SQL / "agreement_check.sql")
 
 
 def test_adjectives_the_papers_set_first_the_pooled_templates_as_the_extension():
@@ -479,8 +486,40 @@ def test_adjectives_the_papers_set_first_the_pooled_templates_as_the_extension()
         for kind, value in (("synonym", syn), ("opposite", opp)):
             rows.append({"pair_id": f"{template}:{kind}", "triplet": "beautiful/pretty/ugly", "kind": kind,
                          "template": template, "attribution": value})
-    found = report.adjectives(pl.DataFrame(rows), None)
+    found = summarize_adjectives(pl.DataFrame(rows), None)
     assert found[0].text.startswith("The paper's set (“This house is X.”, two pairs per triplet, 2 pairs)")
     assert "+0.400 for synonyms and -0.100 for opposites" in found[0].text
     assert found[1].text.startswith("Our extension, all 2 templates pooled (4 pairs)")
     assert "+0.300 for synonyms and +0.100 for opposites" in found[1].text
+
+
+def test_the_header_says_which_pairs_the_report_covers(stores, tmp_path):
+    """A run folder grown by two --sample selections (10, then 20; the second run twice) holds their union: the
+    page's header says how many pairs and which selections, report.json lists them."""
+    run = tmp_path / "grown"
+    shutil.copytree(stores["main"], run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    selection = {"dataset": "stsb", "split": "test", "limit": None, "seed": 0, "n_source_rows": 1379}
+    manifest["runs"] = [{"selection": {**selection, "sample": k}, "counts": {"n_in": k}} for k in (10, 20, 20)]
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    code, doc, page = make_report(tmp_path / "out", "--run", str(run))
+    assert code == 0
+    expected = ("Pairs covered: the run's 30 pairs: the union of 2 selections written into this run folder (STS-B "
+                "test: a seeded sample of 10 of its 1,379 rows (--sample 10 --seed 0), 10 pairs in; STS-B test: a "
+                "seeded sample of 20 of its 1,379 rows (--sample 20 --seed 0), 20 pairs in).")  # fmt: skip
+    assert esc(expected) in page
+    assert [(s["sample"], s["n_in"], s["invocations"]) for s in doc["run"]["selections"]] == [(10, 10, 1), (20, 20, 2)]
+    one = {"n_pairs": 150, "n_quarantined": 2, "selections": [{**selection, "sample": None, "limit": 150,
+                                                                  "n_in": 152}]}  # fmt: skip
+    assert facts.coverage_label(one) == ("the run's 150 pairs (2 more quarantined), from STS-B test: the first 150 of "
+                                         "its 1,379 rows (--limit 150), 152 pairs in")  # fmt: skip
+    assert facts.coverage_label({"n_pairs": 3, "selections": []}) == (
+        "the run's 3 pairs; manifest.json records no selection")
+
+
+def test_the_negation_subset_names_the_runs_split():
+    """The negation dataset's subset is the STS-B split the run read (--split), the paper's wording for test."""
+    assert facts.subset_label({"dataset": "negation", "split": "train", "n_pairs": 5}) == (
+        "STS-B train sentences with one simple 'not' (5 pairs)")
+    for split in ("test", None):
+        assert facts.subset_label({"dataset": "negation", "split": split, "n_pairs": 87}) == paper.NEGATION_SUBSET

@@ -27,6 +27,7 @@ import pytest
 from browser import Chromium, find_chromium
 
 from jobs import _sql, cli, serve
+from jobs.browse.heatmap import colour
 from jobs.store import SCHEMAS
 from xsbert_core import InputError
 
@@ -308,10 +309,10 @@ def test_pair_page_heatmaps_top_cells_and_difference(served, stores):
     np.testing.assert_allclose(heatmap_values(page, "run2"), two.ravel(), rtol=1e-5)
     np.testing.assert_allclose(heatmap_values(page, "difference"), (two - one).ravel(), rtol=1e-5, atol=1e-9)
     # colours: centred at 0 (white), red above, blue below
-    assert serve.colour(0.0, 1.0) == "#f7f7f7" and serve.colour(1.0, 1.0) == "#b2182b"
-    assert serve.colour(-1.0, 1.0) == "#2166ac" and serve.colour(-5.0, 1.0) == "#2166ac"
+    assert colour(0.0, 1.0) == "#f7f7f7" and colour(1.0, 1.0) == "#b2182b"
+    assert colour(-1.0, 1.0) == "#2166ac" and colour(-5.0, 1.0) == "#2166ac"
     big = float(one.max())
-    assert f"fill='{serve.colour(big, float(np.abs(one).max()))}' data-value='{big:.6g}'" in page
+    assert f"fill='{colour(big, float(np.abs(one).max()))}' data-value='{big:.6g}'" in page
     # the top positive cell of run, with its tokens
     top = page.split("id='side-run'", 1)[1].split("top positive", 1)[1]
     assert f"{big:+.4f}" in top.split("</tr>", 2)[1]

@@ -149,13 +149,20 @@ def no_nan(df: pl.DataFrame) -> bool:
 # --------------------------------------------------------------------------- every file
 @pytest.mark.parametrize("name", FILES)
 def test_each_file_is_one_documented_lowercase_statement(name):
-    """One query per file, after at most a `set variable` that decides how it runs (agreement.sql's plan)."""
+    """One query per file, after the macros that write its per-run logic once (`create or replace temp macro`) and
+    at most a `set variable` that decides how it runs (agreement.sql's plan)."""
     text = (SQL / name).read_text(encoding="utf-8")
     import duckdb
 
-    statements = duckdb.extract_statements(text)
-    assert len(statements) == 1 or (name == "agreement.sql" and len(statements) == 2
-                                    and statements[0].type == duckdb.StatementType.SET)  # fmt: skip
+    *before, query = duckdb.extract_statements(text)
+    assert query.type == duckdb.StatementType.SELECT
+    macros = [s for s in before if s.type == duckdb.StatementType.CREATE]
+    assert before[: len(macros)] == macros  # the macros first
+    for macro in macros:
+        code = "\n".join(line.split("--")[0] for line in macro.query.splitlines())
+        assert re.match(r"\s*create or replace temp macro \w+\(", code), macro.query[:200]
+    rest = before[len(macros):]
+    assert not rest or (name == "agreement.sql" and len(rest) == 1 and rest[0].type == duckdb.StatementType.SET)
     header = "\n".join(line for line in text.splitlines() if line.startswith("--"))
     for field in ("Question", "Paper", "Inputs", "Grain", "Columns", "Params", "Run"):
         assert re.search(rf"^-- {field}\b", header, re.M), field
@@ -163,6 +170,27 @@ def test_each_file_is_one_documented_lowercase_statement(name):
     code = "\n".join(line.split("--")[0] for line in text.splitlines())
     assert not re.search(r"\b(SELECT|FROM|WHERE|GROUP BY|JOIN|WITH)\b", code)  # lowercase keywords
     assert re.search(r"^with\b", code, re.M) and "getvariable('run')" in code
+
+
+def _macro(name: str, macro: str) -> str:
+    """The text of `create or replace temp macro <macro>` in sql/<name>, up to its `;`."""
+    text = (SQL / name).read_text(encoding="utf-8")
+    found = re.search(rf"^create or replace temp macro {macro}\(.*?;$", text, re.M | re.S)
+    assert found, (name, macro)
+    return found.group(0)
+
+
+def test_lexical_ranks_per_run_logic_is_one_macro_in_both_files():
+    """lexical_ranks.sql and lexical_ranks_compare.sql rank a run's tokens with the same macro text (the compare
+    file calls it for run and run2): the two copies cannot drift apart."""
+    one = _macro("lexical_ranks.sql", "lexical_token_ranks")
+    assert one == _macro("lexical_ranks_compare.sql", "lexical_token_ranks")
+    compare = (SQL / "lexical_ranks_compare.sql").read_text(encoding="utf-8")
+    assert "lexical_token_ranks(getvariable('run'))" in compare and "lexical_token_ranks(getvariable('run2'))" in compare
+    agreement = (SQL / "agreement.sql").read_text(encoding="utf-8")
+    for macro in ("agreement_cells", "agreement_pairs", "agreement_special"):  # each run's inputs, written once
+        assert agreement.count(f"{macro}(getvariable('run'))") >= 1 and f"{macro}(getvariable('run2'))" in agreement
+    assert agreement.count("read_parquet(") == 4  # cells, word_cells, pairs, sentences: once each, in the macros
 
 
 def test_files_are_the_documented_set():

@@ -1,0 +1,29 @@
+"""The analyses jobs.report runs, in the paper's order (DESIGN.md §4): one module per sql/ file, each with its
+`ANALYSIS` (jobs.analyses.base.Analysis). A sql/ file without a module here still gets a section (its table)."""
+
+from __future__ import annotations
+
+from . import (
+               adjectives,
+               agreement,
+               lexical_ranks,
+               lexical_ranks_compare,
+               negation,
+               pos_neg_sums,
+               reference_terms,
+               syntactic_relations,
+               table1,
+)
+from .base import Analysis
+
+ANALYSES: tuple[Analysis, ...] = (
+    table1.ANALYSIS,
+    reference_terms.ANALYSIS,
+    agreement.ANALYSIS,
+    pos_neg_sums.ANALYSIS,
+    syntactic_relations.ANALYSIS,
+    negation.ANALYSIS,
+    adjectives.ANALYSIS,
+    lexical_ranks.ANALYSIS,
+    lexical_ranks_compare.ANALYSIS,
+)

@@ -1,0 +1,177 @@
+"""One stored pair (its cells, word cells and sentences, from its wave's parts) and its heatmaps: the diverging
+colours, the SVG layout, the top cells."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..store import part_seq
+from .run import (
+    PAIR_FIELDS,
+    TOP_CELLS,
+    Page,
+    RunInfo,
+)
+
+# Diverging colours (RdBu, reversed): blue negative, white 0, red positive; value / bound in [-1, 1].
+_STOPS = ((-1.0, (33, 102, 172)), (-0.5, (146, 197, 222)), (0.0, (247, 247, 247)), (0.5, (244, 165, 130)),
+          (1.0, (178, 24, 43)))  # fmt: skip
+
+
+def colour(value: float, bound: float) -> str:
+    """The cell's fill: diverging, white at 0, full red at +bound, full blue at -bound."""
+    x = 0.0 if bound <= 0 or not math.isfinite(value) else max(-1.0, min(1.0, value / bound))
+    for (x0, c0), (x1, c1) in zip(_STOPS, _STOPS[1:]):
+        if x <= x1:
+            f = (x - x0) / (x1 - x0)
+            return "#" + "".join(f"{round(a + (b - a) * f):02x}" for a, b in zip(c0, c1))
+    return "#%02x%02x%02x" % _STOPS[-1][1]
+
+
+@dataclass
+class Heatmap:
+    """A matrix drawn as SVG rects: labels, per cell (value, fill), the colour bound (max |value|)."""
+
+    title: str
+    rows: list[str]
+    cols: list[str]
+    values: np.ndarray
+    kind: str = "attribution"  # or "difference"
+    bound: float = field(init=False)
+    cell: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        finite = self.values[np.isfinite(self.values)]
+        self.bound = float(np.abs(finite).max()) if finite.size else 0.0
+        n = max(len(self.rows), len(self.cols), 1)
+        self.cell = max(6, min(24, 720 // n))
+
+    @property
+    def label_width(self) -> int:
+        return 8 + 7 * max((len(r) for r in self.rows), default=1)
+
+    @property
+    def label_height(self) -> int:
+        return 8 + int(5.2 * max((len(c) for c in self.cols), default=1))
+
+    def cells(self):
+        """(x, y, value, fill, row label, column label) per cell."""
+        for i, row in enumerate(self.rows):
+            for j, col in enumerate(self.cols):
+                v = float(self.values[i, j])
+                yield j * self.cell, i * self.cell, v, colour(v, self.bound), row, col
+
+    def legend(self) -> list[tuple[float, str]]:
+        return [(x, colour(x * self.bound, self.bound)) for x in (-1.0, -0.5, 0.0, 0.5, 1.0)]
+
+
+def top_cells(values: np.ndarray, rows: list[str], cols: list[str], k: int = TOP_CELLS) -> dict[str, list[tuple]]:
+    """The k largest positive and the k most negative cells: (value, i, j, row label, column label)."""
+    flat = values.ravel()
+    order = np.argsort(-flat, kind="stable")
+    n = values.shape[1] if values.ndim == 2 and values.shape[1] else 1
+    pos = [(float(flat[f]), f // n, f % n) for f in order[:k] if flat[f] > 0]
+    neg = [(float(flat[f]), f // n, f % n) for f in order[::-1][:k] if flat[f] < 0]
+    return {name: [(v, int(i), int(j), rows[i], cols[j]) for v, i, j in cells] for name, cells in
+            (("positive", pos), ("negative", neg))}  # fmt: skip
+
+
+@dataclass
+class StoredPair:
+    """One pair of one run as stored: its `pairs` row, the token and word matrices (cells not stored: 0), tokens."""
+
+    run: RunInfo
+    row: dict[str, Any]
+    tokens_a: list[str]
+    tokens_b: list[str]
+    word_ids_a: list[int | None]
+    word_ids_b: list[int | None]
+    words_a: list[str]
+    words_b: list[str]
+    matrix: np.ndarray
+    word_matrix: np.ndarray
+    wave: int | None
+
+
+def _fill(shape: tuple[int, int], rows: list[tuple]) -> np.ndarray:
+    m = np.zeros(shape)
+    for x, y, v in rows:
+        if 0 <= x < shape[0] and 0 <= y < shape[1] and v is not None:
+            m[x, y] = v
+    return m
+
+
+def load_pair(page: Page, run: RunInfo, pair_id: str) -> StoredPair | None:
+    """The pair's row, matrices and tokens from `run`; None when the run has no such pair. Reads the cells, word
+    cells and sentences of the pair's wave only (the parts named part-<wave>*), else of the whole tables."""
+    two = run.suffix == "_2"
+    fields = [f for f in PAIR_FIELDS if f in run.columns]
+    extra = sorted(run.columns - set(PAIR_FIELDS) - {"top10_abs", "top10_value", "content_top10_abs",
+                                                      "content_top10_value", "word_top10_abs", "word_top10_value"})  # fmt: skip
+    cols = ", ".join(fields + extra)
+    found = page.run(
+        f"the pair ({run.flag[2:]})",
+        f"select {cols}, filename from read_parquet($pairs_parts, filename = true) where pair_id = $id",
+        {"pairs_parts": run.glob("pairs"), "id": pair_id},
+        view_sql=f"select {cols} from pairs{run.suffix} where pair_id = $id", run2=two)  # fmt: skip
+    if not found:
+        return None
+    row = dict(zip(fields + extra + ["filename"], found[0]))
+    wave = part_seq(str(row.pop("filename")).replace("\\", "/").rsplit("/", 1)[-1])
+
+    def narrowed(title: str, table: str, select: str, where: str, params: dict[str, Any], expect: int) -> list[tuple]:
+        view = f"select {select} from {table}{run.suffix} where {where}"
+        if wave is not None:
+            rows = page.run(title, f"select {select} from read_parquet($parts) where {where}",
+                            {**params, "parts": run.glob(table, wave)}, view_sql=view, run2=two,
+                            note=f"read from the parts of wave {wave} ({table}/part-{wave:06d}*.parquet)")  # fmt: skip
+            if len(rows) >= expect:
+                return rows
+        return page.run(title, view, params, run2=two)
+
+    ids = (row["sentence_id_a"], row["sentence_id_b"])
+    sent = narrowed("the two sentences", "sentences", "sentence_id, tokens, word_ids, words",
+                    "sentence_id in ($sentence_a, $sentence_b)", {"sentence_a": ids[0], "sentence_b": ids[1]},
+                    len(set(ids)))  # fmt: skip
+    by_id = {r[0]: r for r in sent}
+    a, b = by_id.get(ids[0]), by_id.get(ids[1])
+    tokens_a, ids_a, words_a = (list(a[1] or []), list(a[2] or []), list(a[3] or [])) if a else ([], [], [])
+    tokens_b, ids_b, words_b = (list(b[1] or []), list(b[2] or []), list(b[3] or [])) if b else ([], [], [])
+    n_cells = row.get("n_cells") or 0
+    cells = narrowed("the token cells", "cells", "i, j, value, token_a, token_b", "pair_id = $id", {"id": pair_id},
+                     1 if n_cells else 0)  # fmt: skip
+    words = narrowed("the word cells", "word_cells", "u, v, value, word_a, word_b", "pair_id = $id", {"id": pair_id},
+                     1 if (row.get("n_word_cells") or 0) else 0)  # fmt: skip
+    if not tokens_a or not tokens_b:  # no sentences row: the tokens the cells name
+        tokens_a = _labels([(r[0], r[3]) for r in cells], row.get("n_tokens_a"))
+        tokens_b = _labels([(r[1], r[4]) for r in cells], row.get("n_tokens_b"))
+        ids_a, ids_b = [None] * len(tokens_a), [None] * len(tokens_b)
+    if not words_a or not words_b:
+        words_a = _labels([(r[0], r[3]) for r in words], None)
+        words_b = _labels([(r[1], r[4]) for r in words], None)
+    matrix = _fill((len(tokens_a), len(tokens_b)), [(r[0], r[1], r[2]) for r in cells])
+    word_matrix = _fill((len(words_a), len(words_b)), [(r[0], r[1], r[2]) for r in words])
+    return StoredPair(run, row, tokens_a, tokens_b, ids_a, ids_b, words_a, words_b, matrix, word_matrix, wave)
+
+
+def _labels(pairs: list[tuple[int, str]], n: int | None) -> list[str]:
+    size = max([k + 1 for k, _ in pairs] + [n or 0])
+    out = ["?"] * size
+    for k, label in pairs:
+        out[k] = label
+    return out
+
+
+def views(pair: StoredPair, level: str, specials: bool) -> tuple[np.ndarray, list[str], list[str]]:
+    """The matrix shown: token level without the special tokens' rows and columns unless `specials`, or words."""
+    if level == "word":
+        return pair.word_matrix, pair.words_a, pair.words_b
+    rows = [i for i, w in enumerate(pair.word_ids_a) if specials or w is not None] or list(range(len(pair.tokens_a)))
+    cols = [j for j, w in enumerate(pair.word_ids_b) if specials or w is not None] or list(range(len(pair.tokens_b)))
+    if len(pair.word_ids_a) != len(pair.tokens_a) or len(pair.word_ids_b) != len(pair.tokens_b):
+        rows, cols = list(range(len(pair.tokens_a))), list(range(len(pair.tokens_b)))
+    return pair.matrix[np.ix_(rows, cols)], [pair.tokens_a[i] for i in rows], [pair.tokens_b[j] for j in cols]
