@@ -55,6 +55,7 @@ from xsbert_core.quadrature import SUPPORTED_RULES
 from ._actors import CELL_CHOICES, CELL_LISTS, NOT_CONVERGED, TOP_CELLS, WORD_LISTS
 from ._inputs import CHUNK_ROWS, KEEP_PREFIX, Pairs, SeenIds, quarantine_frame, sorted_find, stream_pairs, validate
 from ._ray import filter_stderr, init_ray, quiet_ray
+from .placement import Placement
 from .store import (
     SCHEMAS,
     STORE_RETRY_S,
@@ -180,8 +181,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="a batch whose worker died is retried this often (on a restarted actor), then the run fails")
     r.add_argument("--cell-writer", choices=CELL_WRITERS, default="auto",
                    help="who writes the cells and word cells: the stage-2 tasks (workers; the driver only commits) "
-                        "or the driver. auto: workers on object storage or a one-node cluster (where they see "
-                        "the local --out), else the driver")  # fmt: skip
+                        "or the driver. auto, decided before each wave: workers on object storage or where every "
+                        "node sees the local --out (nodes that join are asked), else the driver; workers stops the "
+                        "job before a wave with a node that does not see it")  # fmt: skip
     r.add_argument("--device", default=None,
                    help="torch device of the factor actors (default: cuda when they get GPUs, else cpu)")  # fmt: skip
     o = p.add_argument_group("output")
@@ -1001,14 +1003,19 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
     if args.executor == "local":  # stages 1-2 in this process, without Ray (jobs/_local.py)
         from . import _local
 
-        ray, res, crashes = None, _local.resources(args), ()
+        ray, res, crashes, placement = None, _local.resources(args), (), None
         writer = _local.cell_writer(args.cell_writer)
     else:
         ray = init_ray(args.ray_address)
         quiet_ray(ray, progress_bars=not args.quiet and sys.stderr.isatty())
         res = resources(args, ray)
         progress.ray = ray_identity(ray)
-        writer = cell_writer(args.cell_writer, store, ray)
+        placement = Placement(args.cell_writer, store, ray)  # decided again before each wave (jobs/placement.py)
+        try:
+            writer = placement.writer(0)
+        except BaseException:
+            placement.close()
+            raise
         crashes = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError)
     wave_size = args.wave_size or (DEFAULT_WAVE_SIZE_GPU if res["gpus_per_actor"] > 0 else DEFAULT_WAVE_SIZE_CPU)
     res.update(wave_size=wave_size, max_retries=args.max_retries)
@@ -1027,12 +1034,18 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
         stream: Any = _local.FactorStream(waves(), args, prep.explainer, res)
         cells_of = _local.compute_cells
     else:
-        stream = FactorStream(ray, waves(), args, prep.explainer, res)
+        try:
+            stream = FactorStream(ray, waves(), args, prep.explainer, res)
+        except BaseException:
+            placement.close()
+            raise
         cells_of = functools.partial(compute_cells, ray)
     try:
         for w, wave in enumerate(waves()):
             seq = store.next_seq()
-            sink = store.sink() if writer == "workers" else None
+            if placement is not None and w:
+                writer = res["cell_writer"] = placement.writer(w)  # nodes that joined since are asked first
+            sink = (placement.sink() if placement else store.sink()) if writer == "workers" else None
             try:
                 refs, meta, timings = stream.wave(w)
             except crashes as exc:
@@ -1086,6 +1099,8 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
                 time.sleep(600)
     finally:
         stream.close()
+        if placement is not None:
+            placement.close()
     return progress
 
 
@@ -1275,23 +1290,6 @@ def wave_order_codes(a: np.ndarray, b: np.ndarray, n_nodes: int) -> np.ndarray:
     first = np.full(n_comp, n, dtype=np.int64)
     np.minimum.at(first, comp, np.arange(n))
     return np.lexsort((np.arange(n), first[comp]))
-
-
-def cell_writer(choice: str, store: RunStore, ray) -> str:
-    """'workers' or 'driver' for --cell-writer: auto is workers where every worker sees the store (object
-    storage, or a local --out on a one-node cluster), else the driver."""
-    from .store import is_remote
-
-    if choice != "auto":
-        if choice == "workers" and not is_remote(store.root) and len(_alive_nodes(ray)) > 1:
-            logger.warning("--cell-writer workers with a local --out on a %d-node cluster: every node must see "
-                           "%s (a shared file system)", len(_alive_nodes(ray)), store.path)  # fmt: skip
-        return choice
-    return "workers" if is_remote(store.root) or len(_alive_nodes(ray)) <= 1 else "driver"
-
-
-def _alive_nodes(ray) -> list[dict[str, Any]]:
-    return [n for n in ray.nodes() if n.get("Alive")]
 
 
 def summarize(store: RunStore, prep: Prepared, progress: Progress) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jobs import _store
+from jobs import store as _store
 from jobs._inputs import load_pairs, sample_positions
 
 ROOT = Path(__file__).resolve().parents[1]
