@@ -121,8 +121,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="a batch whose worker died is retried this often (on a restarted actor), then the run fails")
     r.add_argument("--cell-writer", choices=CELL_WRITERS, default="auto",
                    help="who writes the cells and word cells: the stage-2 tasks (workers; the driver only commits) "
-                        "or the driver. auto: workers on object storage or a one-node cluster (where they see "
-                        "the local --out), else the driver")  # fmt: skip
+                        "or the driver. auto, decided before each wave: workers on object storage or where every "
+                        "node sees the local --out (nodes that join are asked), else the driver; workers stops the "
+                        "job before a wave with a node that does not see it")  # fmt: skip
     r.add_argument("--device", default=None,
                    help="torch device of the factor actors (default: cuda when they get GPUs, else cpu)")  # fmt: skip
     o = p.add_argument_group("output")

@@ -631,7 +631,7 @@ def pair_rows(pair_cells_: PairCells, batch: pa.Table, sink: Any = None, seq: in
     with a `sink`, the batch's cells and word cells written as parts of wave `seq` (named by its first `ord`) and
     the rows naming them; without, the cells as lists."""
     num, cells, word_cells = pair_cells_.tables(batch)
-    if sink is None:
+    if sink is None or not getattr(sink, "here", lambda: True)():  # a node without the run folder: to the driver
         return with_lists(num, cells, word_cells)
     first = int(batch.column("ord")[0].as_py())
     parts = tuple(sink.write(t, seq, first, data) if data.num_rows else None

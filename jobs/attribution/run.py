@@ -23,7 +23,8 @@ from ..config import DEFAULT_WAVE_SIZE_CPU, DEFAULT_WAVE_SIZE_GPU
 from .memory import driver_memory_mb, release_memory, system_memory_pool
 from .prepare import Prepared
 from .stage1 import FactorStream, ray_identity, resources
-from .stage2 import JobFailedError, _quarantine_table, cell_writer, compute_cells, wave_tables, written_parts
+from .placement import Placement
+from .stage2 import JobFailedError, _quarantine_table, compute_cells, wave_tables, written_parts
 from .worklist import SentenceKeys
 
 
@@ -60,14 +61,19 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
     if ex.executor == "local":  # stages 1-2 in this process, without Ray (jobs/attribution/local.py)
         from . import local as _local
 
-        ray, res, crashes = None, _local.resources(ex), ()
+        ray, res, crashes, placement = None, _local.resources(ex), (), None
         writer = _local.cell_writer(ex.cell_writer)
     else:
         ray = init_ray(ex.ray_address)
         quiet_ray(ray, progress_bars=not job.output.quiet and sys.stderr.isatty())
         res = resources(ex, ray)
         progress.ray = ray_identity(ray)
-        writer = cell_writer(ex.cell_writer, store, ray)
+        placement = Placement(ex.cell_writer, store, ray)  # decided again before each wave (placement.py)
+        try:
+            writer = placement.writer(0)
+        except BaseException:
+            placement.close()
+            raise
         crashes = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError)
     wave_size = ex.wave_size or (DEFAULT_WAVE_SIZE_GPU if res["gpus_per_actor"] > 0 else DEFAULT_WAVE_SIZE_CPU)
     res.update(wave_size=wave_size, max_retries=ex.max_retries)
@@ -86,12 +92,18 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
         stream: Any = _local.FactorStream(waves(), job, prep.explainer, res)
         cells_of = _local.compute_cells
     else:
-        stream = FactorStream(ray, waves(), job, prep.explainer, res)
+        try:
+            stream = FactorStream(ray, waves(), job, prep.explainer, res)
+        except BaseException:
+            placement.close()
+            raise
         cells_of = functools.partial(compute_cells, ray)
     try:
         for w, wave in enumerate(waves()):
             seq = store.next_seq()
-            sink = store.sink() if writer == "workers" else None
+            if placement is not None and w:
+                writer = res["cell_writer"] = placement.writer(w)  # nodes that joined since are asked first
+            sink = (placement.sink() if placement else store.sink()) if writer == "workers" else None
             try:
                 refs, meta, timings = stream.wave(w)
             except crashes as exc:
@@ -145,6 +157,8 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
                 time.sleep(600)
     finally:
         stream.close()
+        if placement is not None:
+            placement.close()
     return progress
 
 

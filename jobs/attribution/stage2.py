@@ -1,6 +1,6 @@
 """Stage 2 of an attribution run, per wave: the pair numbers, cells and word cells from the wave's sentence factors
 (Ray tasks of `pair_cells`, `compute_cells`), made exactly-once (`exactly_once`), and the wave's tables
-(`wave_tables`) and failures; who writes the cells (`cell_writer`)."""
+(`wave_tables`) and failures."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from xsbert_core import Explainer, XsbertError
 
-from ..store import SCHEMAS, RunStore, StoreError
+from ..store import SCHEMAS, StoreError
 from ..config import JobSettings
 from .actors import CELL_LISTS, NOT_CONVERGED, TOP_CELLS, WORD_LISTS
 from .inputs import KEEP_PREFIX
@@ -285,20 +285,3 @@ def failure_reason(detail: str | None) -> str:
 def _quarantine_table(frame: pd.DataFrame) -> pa.Table:
     frame = frame.sort_values(["row", "reason"], kind="stable")
     return pa.table({f.name: pa.array(frame[f.name].tolist(), f.type) for f in SCHEMAS["quarantine"]})
-
-
-def cell_writer(choice: str, store: RunStore, ray) -> str:
-    """'workers' or 'driver' for --cell-writer: auto is workers where every worker sees the store (object
-    storage, or a local --out on a one-node cluster), else the driver."""
-    from ..store import is_remote
-
-    if choice != "auto":
-        if choice == "workers" and not is_remote(store.root) and len(_alive_nodes(ray)) > 1:
-            logger.warning("--cell-writer workers with a local --out on a %d-node cluster: every node must see "
-                           "%s (a shared file system)", len(_alive_nodes(ray)), store.path)  # fmt: skip
-        return choice
-    return "workers" if is_remote(store.root) or len(_alive_nodes(ray)) <= 1 else "driver"
-
-
-def _alive_nodes(ray) -> list[dict[str, Any]]:
-    return [n for n in ray.nodes() if n.get("Alive")]
