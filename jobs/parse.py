@@ -42,6 +42,7 @@ from .parsing import (
     ParserSpec,
     alignment_counts,
     choose_parser,
+    PoolSettings,
     parse_on_ray,
     realigned,
 )
@@ -192,7 +193,9 @@ def main(args: argparse.Namespace, echo: bool = True) -> dict[str, Any]:
         ray_info: dict[str, Any] = {}
         t_parse = time.perf_counter()
         if missing:
-            ray_info = parse_on_ray(args, spec, missing, cache, echo)
+            on_ray = PoolSettings(ray_address=args.ray_address, num_actors=args.num_actors,
+                                  batch_size=args.batch_size, commit_every=args.commit_every, quiet=args.quiet)
+            ray_info = parse_on_ray(on_ray, spec, missing, cache, echo)
         parse_s = time.perf_counter() - t_parse
 
         failed: set[str] = set()

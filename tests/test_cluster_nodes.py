@@ -219,10 +219,10 @@ def data(tmp_path_factory) -> Path:
 
 
 def _args(cluster: TwoNodes, out: Path, data: Path, model: Path, *flags: str):
-    from jobs.attribute import parse_args
+    from jobs.attribute import settings
 
-    return parse_args(["--dataset", str(data), "--model", str(model), *FLAGS, *flags, "--out", str(out),
-                       "--ray-address", cluster.address])  # fmt: skip
+    return settings(["--dataset", str(data), "--model", str(model), *FLAGS, *flags, "--out", str(out),
+                     "--ray-address", cluster.address])  # fmt: skip
 
 
 @pytest.fixture(scope="module")
