@@ -296,7 +296,7 @@ def main(args: argparse.Namespace) -> int:
         made = json.loads(stamp.read_text())
     if args.generate_only:
         return 0
-    from jobs import _sql, serve
+    from jobs import sqlrun, serve
 
     t = time.perf_counter()
     app = serve.App(run)
@@ -307,7 +307,7 @@ def main(args: argparse.Namespace) -> int:
     t = time.perf_counter()
     app.same_tokens.wait()
     cache_s = time.perf_counter() - t + 0.0
-    con = _sql.connect(run)
+    con = sqlrun.connect(run)
     facts = con.sql("select (select count(*) from pairs), (select count(*) from cells), "
                     "(select count(*) from sentences)").fetchall()[0]
     n_pairs, n_cells, n_sentences = facts[0], facts[1], facts[2]
@@ -338,7 +338,7 @@ def main(args: argparse.Namespace) -> int:
         "cells": ("the pair's cells from the whole cells view (xsbert sql)",
                   lambda: con.execute("select i, j, value from cells where pair_id = $p", {"p": pid}).fetchall()),
         "tokens": ("sql/lexical_ranks.sql over every cell (xsbert sql -f lexical_ranks)",
-                   lambda: _sql.run_file(con, _sql.SQL_DIR / "lexical_ranks.sql")),
+                   lambda: sqlrun.run_file(con, sqlrun.SQL_DIR / "lexical_ranks.sql")),
     }
     rows = []
     for name, path, base in pages:

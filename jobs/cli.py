@@ -1,11 +1,11 @@
 """The `xsbert` command ([project.scripts] in pyproject.toml): `xsbert explain` and `xsbert sql`.
 
-It lives in the jobs layer because `xsbert sql` runs jobs._sql over a run directory; `xsbert explain` is
+It lives in the jobs layer because `xsbert sql` runs jobs.sqlrun over a run directory; `xsbert explain` is
 the library's (xsbert_core.cli, also `python -m xsbert_core explain ...`). The arrow points down: jobs
 imports xsbert_core, never the reverse (tests/test_layering.py).
 
     xsbert explain [A B] [...]            one pair at a terminal (xsbert_core.cli)
-    xsbert sql --run DIR [QUERY | -f F]   DuckDB over a run directory (jobs/_sql.py, docs/ANALYSES.md)
+    xsbert sql --run DIR [QUERY | -f F]   DuckDB over a run directory (jobs/sqlrun.py, docs/ANALYSES.md)
     xsbert serve --run DIR [--run2 DIR2]  browse a run in a local web app (jobs/serve.py)
     xsbert show --run DIR --pair ID       one stored pair, as xsbert explain prints it (jobs/serve.py)
 """
@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_sql_parser(sub: argparse._SubParsersAction) -> None:
-    """`xsbert sql`: DuckDB over a run directory (jobs/_sql.py, docs/ANALYSES.md)."""
+    """`xsbert sql`: DuckDB over a run directory (jobs/sqlrun.py, docs/ANALYSES.md)."""
     s = sub.add_parser(
         "sql",
         help="run DuckDB SQL (a query or a sql/ analysis) over a run directory",
@@ -48,7 +48,7 @@ def _add_sql_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def sql(args: argparse.Namespace) -> int:
-    from jobs._sql import cli as sql_cli  # lazily: DuckDB and polars only for this command
+    from jobs.sqlrun import cli as sql_cli  # lazily: DuckDB and polars only for this command
 
     return sql_cli(args)
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 import sys
 
-from ._ray import filter_stderr
+from .raycluster import filter_stderr
 
 
 def quiet_console() -> None:
     """For the command line: no download/loading bars of transformers off a TTY, Ray's C++ restart notice dropped
-    (jobs/_ray.py says why it is harmless)."""
+    (jobs/raycluster.py says why it is harmless)."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if not sys.stderr.isatty():
         import transformers

@@ -39,7 +39,7 @@ from xsbert_core.models import is_packaged
 from xsbert_core.precision import PRECISIONS
 from xsbert_core.quadrature import SUPPORTED_RULES
 
-from . import _sql, config, paper
+from . import sqlrun, config, paper
 from .attribution.inputs import BUILTINS, resolve_source
 from .config import JobSettings
 from .store import DERIVED_TABLES, TABLES, canonical_json, is_remote
@@ -313,8 +313,8 @@ def run_state(run: str) -> dict[str, list[list[Any]]]:
 def code_state() -> str:
     """Hash of what a report is made from besides the runs: the sql/ files (with sql/report/), the report code
     (jobs/report.py, jobs/analyses/), its templates and the paper's values."""
-    files = sorted(_sql.SQL_DIR.glob("*.sql")) + sorted((_sql.SQL_DIR / "report").glob("*.sql"))
-    files += [REPO_ROOT / "jobs" / n for n in ("report.py", "_sql.py", "paper.py", "pages.py")]
+    files = sorted(sqlrun.SQL_DIR.glob("*.sql")) + sorted((sqlrun.SQL_DIR / "report").glob("*.sql"))
+    files += [REPO_ROOT / "jobs" / n for n in ("report.py", "sqlrun.py", "paper.py", "pages.py")]
     files += sorted((REPO_ROOT / "jobs" / "analyses").glob("*.py"))
     files += sorted((REPO_ROOT / "jobs" / "templates").glob("*"))
     files += [REPO_ROOT / "xsbert_core" / "plots.py"]

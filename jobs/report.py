@@ -5,7 +5,7 @@
 
 For each analysis of sql/ (docs/ANALYSES.md) the report decides from the data whether it applies (pairs at
 all, gold labels, an approximate run, a `parses` table, pairs that differ by a standalone *not*, adjective
-triplets, a second run with the same tokenizer and shared pairs), runs it through jobs._sql, writes
+triplets, a second run with the same tokenizer and shared pairs), runs it through jobs.sqlrun, writes
 `<name>.csv` and `<name>.md`, draws its figures (xsbert_core.plots) and states each finding in one plain
 sentence, beside the paper's number where DESIGN.md §4 has one. An analysis that does not apply is skipped
 with the reason. Then a few example heatmaps of real pairs, `index.html` (self-contained: relative links,
@@ -23,7 +23,7 @@ from typing import Any
 
 from xsbert_core import XsbertError
 
-from . import _sql
+from . import sqlrun
 from .analyses import write_report
 from .analyses.base import SERVE_URL
 
@@ -56,7 +56,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     if args.note:  # the note is on the page already: the command names it
         argv = ["(the note above)" if a == args.note else a.replace(args.note, "(the note above)") for a in argv]
     command = f"{PROG} " + shlex.join(argv)
-    out, sections, summary = write_report(args.run, args.run2, args.out, _sql.parse_vars(args.var), command,
+    out, sections, summary = write_report(args.run, args.run2, args.out, sqlrun.parse_vars(args.var), command,
                                           note=args.note, serve_url=getattr(args, "serve_url", SERVE_URL))  # fmt: skip
     if not args.quiet:
         print("\n".join(summary), flush=True)

@@ -39,7 +39,7 @@ import sys
 
 from xsbert_core import InputError
 
-from . import _sql
+from . import sqlrun
 from .browse.heatmap import StoredPair, load_pair
 from .browse.http import make_server
 from .browse.run import (
@@ -139,7 +139,7 @@ def show(args: argparse.Namespace, out=None) -> int:
     out = out or sys.stdout
     if args.top < 1:
         raise InputError(f"--top must be >= 1, got {args.top}")
-    con = _sql.connect(_sql.check_run(args.run))
+    con = sqlrun.connect(sqlrun.check_run(args.run))
     info = open_run(con, args.run, "--run", "")
     page = Page(con, lambda sql, run2: sql)
     try:

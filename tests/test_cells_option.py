@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from jobtools import FAST, q, rows, stsb_rows, write_tsv
 
-from jobs import _sql
+from jobs import sqlrun
 from jobs import store as jstore
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,13 +104,13 @@ def test_the_same_token_store_holds_the_full_runs_same_token_cells(stores):
 @pytest.mark.parametrize("include_special", [True, False])
 def test_lexical_ranks_are_the_same_table_on_both_stores(stores, include_special):
     variables = {"min_count": 2, "include_special": include_special}
-    full = _sql.run_file(_sql.connect(stores["all"], variables=variables), "lexical_ranks")
-    same = _sql.run_file(_sql.connect(stores["same-token"], variables=variables), "lexical_ranks")
+    full = sqlrun.run_file(sqlrun.connect(stores["all"], variables=variables), "lexical_ranks")
+    same = sqlrun.run_file(sqlrun.connect(stores["same-token"], variables=variables), "lexical_ranks")
     # The same rows; mean and std equal up to the order DuckDB sums in (its threads split the two tables apart).
     assert full.height > 3 and full.select("token", "n", "rank").equals(same.select("token", "n", "rank"))
     for col in ("mean", "std"):
         assert np.allclose(full[col].to_numpy(), same[col].to_numpy(), rtol=1e-12, atol=0), col
-    pair = _sql.run_file(_sql.connect(stores["all"], stores["same-token"], variables), "lexical_ranks_compare")
+    pair = sqlrun.run_file(sqlrun.connect(stores["all"], stores["same-token"], variables), "lexical_ranks_compare")
     assert pair.height == full.height and pair["spearman"].to_list() == [1.0] * pair.height
 
 
@@ -139,8 +139,8 @@ def test_analyses_that_need_other_cells_stop_with_one_line(stores, capsys):
                            capture_output=True, text=True)  # fmt: skip
     assert shown.returncode != 0 and "negation.sql needs every cell" in shown.stderr + shown.stdout
     # The full store answers them all (no guard fires on a run of every cell).
-    assert _sql.run_file(_sql.connect(full), "negation").height == 0  # STS-B: no pair differs by one 'not'
-    assert _sql.run_file(_sql.connect(full, full), "agreement").height > 0
+    assert sqlrun.run_file(sqlrun.connect(full), "negation").height == 0  # STS-B: no pair differs by one 'not'
+    assert sqlrun.run_file(sqlrun.connect(full, full), "agreement").height > 0
 
 
 def test_guards_of_the_word_cell_files_on_runs_they_otherwise_fit(stores, tmp_path):
@@ -163,12 +163,12 @@ def test_guards_of_the_word_cell_files_on_runs_they_otherwise_fit(stores, tmp_pa
         (run / "parses").mkdir()
         pq.write_table(parses, run / "parses" / "part-000000.parquet")
         for name in ("adjectives", "syntactic_relations"):
-            con = _sql.connect(run)
+            con = sqlrun.connect(run)
             if choice == "all":
-                _sql.run_file(con, name)
+                sqlrun.run_file(con, name)
             else:
                 with pytest.raises(Exception, match=f"{name}.sql needs every word cell"):
-                    _sql.run_file(con, name)
+                    sqlrun.run_file(con, name)
 
 
 def test_the_report_of_a_same_token_run_ranks_tokens_and_skips_the_rest(stores, tmp_path):

@@ -115,7 +115,7 @@ def test_argparse_rejects_bad_choices(capsys):
 
 
 def test_library_cli_is_explain_only(capsys):
-    """xsbert_core.cli offers explain; `sql` (jobs._sql) belongs to the jobs layer's `xsbert` (jobs.cli)."""
+    """xsbert_core.cli offers explain; `sql` (jobs.sqlrun) belongs to the jobs layer's `xsbert` (jobs.cli)."""
     code = library_main(["explain", "only one text"])
     assert code == 2 and "xsbert: error: give both texts" in capsys.readouterr().err
     with pytest.raises(SystemExit) as info:

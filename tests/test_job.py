@@ -883,11 +883,11 @@ def test_waves_group_pairs_that_share_sentences():
 
 
 def test_the_console_drops_ray_datas_snapshot_warnings_and_keeps_the_rest():
-    """The job's console filter (jobs._ray) drops Ray Data's resource snapshot and its issue detector's repeated
+    """The job's console filter (jobs.raycluster) drops Ray Data's resource snapshot and its issue detector's repeated
     memory warning, as Ray 2.60 words them, and nothing else: a real error or an operator's resource warning stays."""
     import logging
 
-    from jobs._ray import _DropRecords
+    from jobs.raycluster import _DropRecords
 
     def record(message: str) -> logging.LogRecord:
         return logging.LogRecord("ray.data", logging.WARNING, __file__, 1, message, None, None)

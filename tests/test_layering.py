@@ -36,12 +36,12 @@ def jobs_imports(source: str, filename: str = "<source>") -> list[str]:
 
 def test_the_check_sees_every_form_of_import():
     source = (
-        "import jobs\nimport os, jobs._sql as s\nfrom jobs import _sql\nfrom jobs._sql import cli\n"
+        "import jobs\nimport os, jobs.sqlrun as s\nfrom jobs import _sql\nfrom jobs.sqlrun import cli\n"
         "def f():\n    from jobs.parse import cli\n    importlib.import_module('jobs.report')\n    __import__('jobs')\n"
         "import jobsearch\nfrom . import jobs\nfrom .jobs import x\nfrom xsbert_core import cli\n"
     )
     assert [hit.split(": ")[1] for hit in jobs_imports(source)] == [
-        "jobs", "jobs._sql", "jobs", "jobs._sql", "jobs.parse", "jobs.report", "jobs",
+        "jobs", "jobs.sqlrun", "jobs", "jobs.sqlrun", "jobs.parse", "jobs.report", "jobs",
     ]  # fmt: skip
 
 

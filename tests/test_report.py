@@ -29,7 +29,7 @@ from test_sql import (
     write_table,
 )
 
-from jobs import _sql, pages, paper, report
+from jobs import sqlrun, pages, paper, report
 from jobs.analyses import base, facts
 from jobs.analyses import format as fmt
 from jobs.analyses.adjectives import adjectives as summarize_adjectives
@@ -471,11 +471,11 @@ def test_like_for_like_only_in_the_papers_setting():
 
 
 def test_the_agreement_precheck_is_a_sql_file(stores):
-    con = _sql.connect(stores["main"], stores["second"], {})
-    row = _sql.run_file(con, base.REPORT_SQL / "agreement_check.sql").row(0, named=True)
+    con = sqlrun.connect(stores["main"], stores["second"], {})
+    row = sqlrun.run_file(con, base.REPORT_SQL / "agreement_check.sql").row(0, named=True)
     assert row == {"n_shared_pairs": 30, "n_same_texts": 30, "n_retokenized_sentences": 0}
     with pytest.raises((duckdb.Error, Exception)):
-        _sql.run_file(_sql.connect(stores["main"], None, {}), base.REPORT_SQL / "agreement_check.sql")
+        sqlrun.run_file(sqlrun.connect(stores["main"], None, {}), base.REPORT_SQL / "agreement_check.sql")
 
 
 def test_adjectives_the_papers_set_first_the_pooled_templates_as_the_extension():

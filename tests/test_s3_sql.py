@@ -4,7 +4,7 @@ A real S3 endpoint: moto's server on 127.0.0.1 (the `s3` fixture, tests/s3tools.
 (AWS_* variables, AWS_ENDPOINT_URL). The runs are tests/test_sql.py's hand-built stores (known answers, no Ray)
 copied up with S3Server.upload, and its small real runs (all-MiniLM-L6-v2 through the job: slow). Every answer on
 S3 equals the one on the local copy (the same rows; floats to 1e-9: DuckDB's parallel sums differ in the last
-bit between two runs on the same files, local or not); the Python side reads through pyarrow (jobs/_sql.py), the CLI
+bit between two runs on the same files, local or not); the Python side reads through pyarrow (jobs/sqlrun.py), the CLI
 through httpfs from PyPI (jobs/_duckdb_cli.py, sql/init/s3.sql). A missing bucket or run, an endpoint that does
 not answer and denied credentials (moto checking signatures) are one line and exit 2, with no secret in it.
 """
@@ -23,7 +23,7 @@ import pytest
 from s3tools import DUMMY_SECRET, free_port
 from test_sql import FILES, make_run, random_parses, random_run, store_for, write_table, xsbert_sql
 
-from jobs import _duckdb_cli, _sql, report
+from jobs import _duckdb_cli, sqlrun, report
 
 ROOT = Path(__file__).resolve().parents[1]
 DUCKDB_CLI = Path(sys.executable).parent / "duckdb"
@@ -71,7 +71,7 @@ def sql_args(run, run2, name: str) -> list[str]:
     return argv + [f"--var={k}={v}" for k, v in file_vars(name).items()]
 
 
-# --------------------------------------------------------------------------- xsbert sql / jobs._sql
+# --------------------------------------------------------------------------- xsbert sql / jobs.sqlrun
 @pytest.mark.parametrize("name", FILES)
 def test_xsbert_sql_on_s3_gives_the_local_rows(hand, s3, capsys, name):
     run, run2, uri, uri2 = hand[name]
@@ -87,39 +87,39 @@ def test_connect_on_s3_views_variables_and_checks(hand, s3):
     run, _, uri, _ = hand["syntactic_relations.sql"]  # a run with parses
     other, _, other_uri, _ = hand["table1.sql"]  # one without
     with s3.environ():
-        assert _sql.check_run(uri + "/") == uri  # a trailing slash is dropped; a URI stays a str
-        assert _sql.has_table(uri, "parses") and not _sql.has_table(other_uri, "parses")
-        assert _sql.is_file(_sql.join(uri, "manifest.json")) and not _sql.is_file(_sql.join(uri, "nope.json"))
-        assert json.loads(_sql.read_text(_sql.join(uri, "manifest.json"))) == json.loads(
+        assert sqlrun.check_run(uri + "/") == uri  # a trailing slash is dropped; a URI stays a str
+        assert sqlrun.has_table(uri, "parses") and not sqlrun.has_table(other_uri, "parses")
+        assert sqlrun.is_file(sqlrun.join(uri, "manifest.json")) and not sqlrun.is_file(sqlrun.join(uri, "nope.json"))
+        assert json.loads(sqlrun.read_text(sqlrun.join(uri, "manifest.json"))) == json.loads(
             (run / "manifest.json").read_text())  # fmt: skip
-        assert _sql.read_text(_sql.join(uri, "nope.json")) is None and _sql.run_name(uri) == run.name
-        con = _sql.connect(uri, other_uri, {"min_count": 3})
+        assert sqlrun.read_text(sqlrun.join(uri, "nope.json")) is None and sqlrun.run_name(uri) == run.name
+        con = sqlrun.connect(uri, other_uri, {"min_count": 3})
         views = {r[0] for r in con.sql("select view_name from duckdb_views() where not internal").fetchall()}
         assert views == {"pairs", "cells", "word_cells", "sentences", "quarantine", "parses", "pairs_2", "cells_2",
                          "word_cells_2", "sentences_2", "quarantine_2"}  # fmt: skip
         got = con.sql("select getvariable('run'), getvariable('run2'), getvariable('min_count'), "
                       "(select count(*) from word_cells), (select count(*) from parses), (select count(*) from pairs_2)"
                       ).fetchall()[0]  # fmt: skip
-    local = _sql.connect(run, other)
+    local = sqlrun.connect(run, other)
     expected = local.sql("select (select count(*) from word_cells), (select count(*) from parses), "
                          "(select count(*) from pairs_2)").fetchall()[0]  # fmt: skip
     assert got == (uri, other_uri, 3, *expected) and expected[0] > 0
     # s3a:// is the same store (the scheme the Hadoop world writes); the views read through it too
     with s3.environ():
-        s3a = _sql.connect(uri.replace("s3://", "s3a://", 1))
+        s3a = sqlrun.connect(uri.replace("s3://", "s3a://", 1))
         assert s3a.sql("select count(*) from word_cells").fetchall()[0][0] == expected[0]
 
 
 def test_locations_local_or_object_store():
-    assert [_sql.scheme(x) for x in ("runs/a", "/abs/runs/a", "s3://b/p", "S3A://b/p", "gs://b/p", "gcs://b")] == [
+    assert [sqlrun.scheme(x) for x in ("runs/a", "/abs/runs/a", "s3://b/p", "S3A://b/p", "gs://b/p", "gcs://b")] == [
         None, None, "s3", "s3a", "gs", "gcs"]  # fmt: skip
-    assert _sql.as_run("s3://b/p/run/") == "s3://b/p/run" and _sql.as_run("runs/x") == Path("runs/x")
-    assert _sql.join("s3://b/p/run/", "cells", "*.parquet") == "s3://b/p/run/cells/*.parquet"
-    assert _sql.join(Path("runs/x"), "manifest.json") == Path("runs/x/manifest.json")
-    assert _sql.run_name("gs://b/p/abc123/") == "abc123" and _sql.run_name("runs/abc123") == "abc123"
+    assert sqlrun.as_run("s3://b/p/run/") == "s3://b/p/run" and sqlrun.as_run("runs/x") == Path("runs/x")
+    assert sqlrun.join("s3://b/p/run/", "cells", "*.parquet") == "s3://b/p/run/cells/*.parquet"
+    assert sqlrun.join(Path("runs/x"), "manifest.json") == Path("runs/x/manifest.json")
+    assert sqlrun.run_name("gs://b/p/abc123/") == "abc123" and sqlrun.run_name("runs/abc123") == "abc123"
     for bad in ("http://host/x", "file:///tmp/x", "s3://key:secret@bucket/x"):
-        with pytest.raises(_sql.InputError) as info:
-            _sql.scheme(bad)
+        with pytest.raises(sqlrun.InputError) as info:
+            sqlrun.scheme(bad)
         assert "secret" not in str(info.value)
 
 

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 import pytest
 from browser import Chromium, find_chromium
 
-from jobs import _sql, cli, serve
+from jobs import sqlrun, cli, serve
 from jobs.browse.heatmap import colour
 from jobs.store import SCHEMAS
 from xsbert_core import InputError
@@ -359,7 +359,7 @@ def test_a_store_without_wave_parts_is_read_whole(tmp_path):
 
 # --------------------------------------------------------------------------- tokens
 def test_tokens_page_is_lexical_ranks_sql_and_links_the_pairs(served, stores):
-    want = _sql.run_file(_sql.connect(stores["run"], variables={"min_count": 3}), "lexical_ranks")
+    want = sqlrun.run_file(sqlrun.connect(stores["run"], variables={"min_count": 3}), "lexical_ranks")
     status, page, _ = served.get("/tokens?min_count=3&size=500")
     assert status == 200 and count(page) == want.height
     rows = re.findall(r"<tr class='token'><td class='num'>(\d+)</td><td><a href='/token\?t=([^']*)'>", page)
@@ -367,7 +367,7 @@ def test_tokens_page_is_lexical_ranks_sql_and_links_the_pairs(served, stores):
         zip(want["rank"].to_list(), want["token"].to_list()))
     assert "xsbert sql --run" in page and "-f lexical_ranks --var min_count=3 --var include_special=true" in page
     # without the special tokens
-    want = _sql.run_file(_sql.connect(stores["run"], variables={"min_count": 3, "include_special": False}),
+    want = sqlrun.run_file(sqlrun.connect(stores["run"], variables={"min_count": 3, "include_special": False}),
                          "lexical_ranks")  # fmt: skip
     assert count(served.get("/tokens?min_count=3&include_special=0")[1]) == want.height
     # a token's cells, largest first, each linked to its pair
@@ -435,7 +435,7 @@ def test_show_prints_the_stored_pair_as_explain_does(stores, tmp_path, capsys):
 def test_show_equals_explain_on_a_real_run(real_runs, capsys):
     """The store's view of a pair (xsbert show) is what xsbert explain computes again with the run's settings."""
     run = real_runs["stsb"]
-    con = _sql.connect(run)
+    con = sqlrun.connect(run)
     pid, text_a, text_b = con.sql("select pair_id, text_a, text_b from pairs order by pair_id limit 1").fetchall()[0]
     assert cli.main(["show", "--run", str(run), "--pair", pid, "--words"]) == 0
     shown = capsys.readouterr().out.splitlines()

@@ -1,4 +1,4 @@
-"""The analyses (sql/*.sql), `jobs._sql`, `xsbert sql`, and the built-in negation / adjectives datasets.
+"""The analyses (sql/*.sql), `jobs.sqlrun`, `xsbert sql`, and the built-in negation / adjectives datasets.
 
 Each sql/ file runs on hand-built Parquet run directories (schemas from jobs.store.SCHEMAS) whose
 answers are known: planted effects (a lexical bias, a negative *not*, adjective cells, a known
@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 import pytest
 from scipy import stats
 
-from jobs import _sql
+from jobs import sqlrun
 from jobs.store import SCHEMAS
 from jobs.attribution import datasets as _datasets
 from jobs.attribution import inputs as _inputs
@@ -84,7 +84,7 @@ def sentence(sid: str, words: list[str], special: tuple[str, str] = ("[CLS]", "[
 
 
 def run_sql(run: Path, name: str, run2: Path | None = None, **variables: Any) -> pl.DataFrame:
-    return _sql.run_file(_sql.connect(run, run2, variables), SQL / name)
+    return sqlrun.run_file(sqlrun.connect(run, run2, variables), SQL / name)
 
 
 def avg_ranks_desc(values: list[float]) -> np.ndarray:
@@ -725,7 +725,7 @@ def stored_ranks_copy(root: Path, name: str, run: Path, min_abs: float = 0.0) ->
     and sorted(): each cell's average rank among its pair's cells (value_rank) and content cells (content_rank, null
     for a special token's cell), each word cell's among the word cells, and per pair the top-10 lists (largest |value|
     or value first, ties by the smaller row, then column); the manifest says version 3 and `min_abs`."""
-    con = _sql.connect(run)
+    con = sqlrun.connect(run)
     pairs, cells, words, sentences = (con.sql(f"select * from {t}").pl().to_dicts()
                                       for t in ("pairs", "cells", "word_cells", "sentences"))  # fmt: skip
     specials = {x["sentence_id"]: {k for k, w in enumerate(x["word_ids"]) if w is None} for x in sentences}
@@ -769,8 +769,8 @@ def agreement_path(run1: Path, run2: Path, **variables: Any) -> tuple[pl.DataFra
     its query."""
     import duckdb
 
-    con = _sql.connect(run1, run2, variables)
-    df = _sql.run_file(con, SQL / "agreement.sql")
+    con = sqlrun.connect(run1, run2, variables)
+    df = sqlrun.run_file(con, SQL / "agreement.sql")
     stored = con.execute("select getvariable('agreement_stored_ranks')").fetchall()[0][0]
     query = duckdb.extract_statements((SQL / "agreement.sql").read_text())[-1].query
     plan = "\n".join(row[1] for row in con.execute("explain " + query).fetchall())
@@ -971,8 +971,8 @@ def test_agreement_equals_the_window_function_reference(tmp_path):
     covered = set()
     for case, (run1, run2) in cases.items():
         for variables in ({}, {"bin_width": 0.05}, {"bin_width": 0.05, "pair_fraction": 0.5}):
-            con = _sql.connect(run1, run2, variables)
-            want = _sql.run_file(con, AGREEMENT_REFERENCE)
+            con = sqlrun.connect(run1, run2, variables)
+            want = sqlrun.run_file(con, AGREEMENT_REFERENCE)
             got = run_sql(run1, "agreement.sql", run2, include_special=True, **variables)  # the reference's cells
             assert_same_agreement(got, want, f"{case} {variables}")
             assert no_nan(got)
@@ -986,7 +986,7 @@ def test_agreement_equals_the_window_function_reference(tmp_path):
     assert covered == {"pairs without a correlation", "top-10 sets that differ", "several bins"}
     # The cases hold what they claim: ties in both runs, a pair with no matched cell, one with a single one.
     run1, run2 = cases["ties, degenerate and left-out pairs"]
-    con = _sql.connect(run1, run2)
+    con = sqlrun.connect(run1, run2)
     ties = con.execute("""select count(*) filter (where n > 1) from (select pair_id, value, count(*) as n from cells
                       group by all)""").fetchall()[0][0]  # fmt: skip
     matched = dict(con.execute("""select pair_id, count(c2.value) from cells c1 left join cells_2 c2 using (pair_id, i, j)
@@ -1001,7 +1001,7 @@ def test_agreement_equals_the_reference_on_real_runs(real_runs, tmp_path):
     run; n_cells the rows kept); all cells against the reference, and content cells (the default) against the
     reference on copies without the special tokens' cells."""
     stsb = real_runs["stsb"]
-    con = _sql.connect(stsb)
+    con = sqlrun.connect(stsb)
     threshold = con.execute("select median(abs(value)) from cells").fetchall()[0][0]
     cells = con.sql(f"select * from cells where abs(value) >= {threshold}").pl().to_dicts()
     kept = defaultdict(int)
@@ -1014,15 +1014,15 @@ def test_agreement_equals_the_reference_on_real_runs(real_runs, tmp_path):
     content = "token_a not in ('[CLS]', '[SEP]') and token_b not in ('[CLS]', '[SEP]')"
     no_specials = {}
     for run in (stsb, pruned):
-        rows = _sql.connect(run).sql(f"select * from cells where {content}").pl().to_dicts()
+        rows = sqlrun.connect(run).sql(f"select * from cells where {content}").pl().to_dicts()
         no_specials[run] = make_run(tmp_path, f"{run.name}-content", pairs, rows, [], sentences)
     for run2 in (stsb, pruned):
         for variables in ({}, {"bin_width": 0.05}):
-            want = _sql.run_file(_sql.connect(stsb, run2, variables), AGREEMENT_REFERENCE)
+            want = sqlrun.run_file(sqlrun.connect(stsb, run2, variables), AGREEMENT_REFERENCE)
             got = run_sql(stsb, "agreement.sql", run2, include_special=True, **variables)
             assert_same_agreement(got, want, f"{run2.name} {variables}")
             assert got.row(-1, named=True)["n_pairs"] == 8
-            want = _sql.run_file(_sql.connect(no_specials[stsb], no_specials[run2], variables), AGREEMENT_REFERENCE)
+            want = sqlrun.run_file(sqlrun.connect(no_specials[stsb], no_specials[run2], variables), AGREEMENT_REFERENCE)
             got = run_sql(stsb, "agreement.sql", run2, **variables)
             assert_same_agreement(got, want, f"content {run2.name} {variables}")
 
@@ -1115,7 +1115,7 @@ def test_duckdb_cli_runs_each_file_as_documented(tmp_path, name):
             assert cli[col].cast(pl.String).to_list() == py[col].cast(pl.String).to_list(), col
 
 
-# --------------------------------------------------------------------------- jobs._sql and `xsbert sql`
+# --------------------------------------------------------------------------- jobs.sqlrun and `xsbert sql`
 def xsbert_sql(capsys, *argv: str) -> tuple[int, str, str]:
     from jobs.cli import main as xsbert
 
@@ -1127,7 +1127,7 @@ def xsbert_sql(capsys, *argv: str) -> tuple[int, str, str]:
 def test_connect_views_and_variables(tmp_path):
     run, _ = random_run(tmp_path, "r", np.random.default_rng(9), n_pairs=5)
     run2 = relations_run(tmp_path)
-    con = _sql.connect(run, run2, {"min_count": 7, "word": "it's", "flag": True})
+    con = sqlrun.connect(run, run2, {"min_count": 7, "word": "it's", "flag": True})
     views = {r[0] for r in con.sql("select view_name from duckdb_views() where not internal").fetchall()}
     assert views == {"pairs", "cells", "word_cells", "sentences", "quarantine",
                      "pairs_2", "cells_2", "word_cells_2", "sentences_2", "quarantine_2", "parses_2"}  # fmt: skip
@@ -1136,9 +1136,9 @@ def test_connect_views_and_variables(tmp_path):
     got = con.sql("select getvariable('run'), getvariable('run2'), getvariable('min_count'), getvariable('word'), "
                   "getvariable('flag')").fetchall()  # fmt: skip
     assert got == [(str(run), str(run2), 7, "it's", True)]
-    with pytest.raises(_sql.InputError, match="--run"):
-        _sql.connect(run, variables={"run": "x"})
-    assert _sql.parse_vars(["a=3", "b=0.5", "c=true", "d=text", "e='12'", "f=null"]) == {
+    with pytest.raises(sqlrun.InputError, match="--run"):
+        sqlrun.connect(run, variables={"run": "x"})
+    assert sqlrun.parse_vars(["a=3", "b=0.5", "c=true", "d=text", "e='12'", "f=null"]) == {
         "a": 3, "b": 0.5, "c": True, "d": "text", "e": "12", "f": None}
 
 
@@ -1152,7 +1152,7 @@ def test_run_path_with_glob_characters_reads_its_own_run(tmp_path, capsys):
     code, out, err = xsbert_sql(capsys, "--run", str(run), "--file", str(SQL / "lexical_ranks.sql"),
                                 "--var", "min_count=3", "--csv")  # fmt: skip
     assert code == 0 and not err and "\n[CLS],6," in out, (out, err)  # this run's 6 pairs, not the sibling's 4
-    con = _sql.connect(run, run)
+    con = sqlrun.connect(run, run)
     assert con.sql("select getvariable('run')").fetchall()[0][0] != str(run)  # escaped for DuckDB's glob
     assert con.sql("select count(*) from pairs_2").fetchall() == [(6,)]
 
@@ -1251,7 +1251,7 @@ def test_adjectives_dataset_triplets_templates_and_columns():
         anchor, synonym, opposite = triplet.split("/")
         other = synonym if kind == "synonym" else opposite
         assert (a, b) == (template.replace("X", anchor), template.replace("X", other))
-    with pytest.raises(_sql.InputError, match="no splits"):
+    with pytest.raises(sqlrun.InputError, match="no splits"):
         _validate.load_pairs("adjectives", split="test")
 
 
@@ -1279,7 +1279,7 @@ def test_keep_columns_flag_passes_columns_through_and_changes_the_run_id(tmp_pat
     assert "keep" not in without["dataset"]["columns"]
     assert run_id(with_keep) != run_id(without)
     for bad, message in (("target", "already has a column"), ("nope", "no such column")):
-        with pytest.raises(_sql.InputError, match=message):
+        with pytest.raises(sqlrun.InputError, match=message):
             _validate.load_pairs(str(path), keep=bad)
     with RunStore(tmp_path, "r", ("topic",)) as store:  # the run's pairs schema has the column, as a string
         table = pa.Table.from_pylist([{"pair_id": "x", "topic": "sport"}], store.schema("pairs"))
@@ -1298,7 +1298,7 @@ def test_the_job_stores_the_ranks_agreement_reads(real_runs, tmp_path):
     stsb = real_runs["stsb"]
     config = json.loads((stsb / "manifest.json").read_text())["config"]
     assert config["store_version"] == STORE_VERSION >= 3 and config["min_abs"] == 0
-    con = _sql.connect(stsb, stored_ranks_copy(tmp_path, "recomputed", stsb))
+    con = sqlrun.connect(stsb, stored_ranks_copy(tmp_path, "recomputed", stsb))
     for table, ranks, cell in (("cells", ("value_rank", "content_rank"), "i, j"), ("word_cells", ("value_rank",),
                                                                                       "u, v")):  # fmt: skip
         differ = " or ".join(f"a.{r} is distinct from b.{r}" for r in ranks)
@@ -1344,7 +1344,7 @@ def real_runs(ray_cluster, tmp_path_factory) -> dict[str, Path]:
 @pytest.mark.slow
 def test_real_runs_answer_every_analysis(real_runs, capsys):
     stsb = real_runs["stsb"]
-    con = _sql.connect(stsb)
+    con = sqlrun.connect(stsb)
     pairs = con.sql("select * from pairs").pl()
     sentences = con.sql("select sentence_id, n_words, words from sentences").pl()
     assert pairs.height == 8
@@ -1382,7 +1382,7 @@ def test_real_runs_answer_every_analysis(real_runs, capsys):
     assert all(re.fullmatch(r"[a-z]+(:[a-z]+)?", x) for x in labels) and {"nsubj", "det"} & labels  # UD labels
 
     negation = run_sql(real_runs["negation"], "negation.sql")
-    neg = _sql.connect(real_runs["negation"])
+    neg = sqlrun.connect(real_runs["negation"])
     assert negation.height == 3 and (negation["not_side"] == "a").all()
     for r in negation.iter_rows(named=True):
         (word, total, word_sum) = neg.sql(f"""
@@ -1400,7 +1400,7 @@ def test_real_runs_answer_every_analysis(real_runs, capsys):
         assert r["relative"] == pytest.approx(token_total / r["score"])
 
     adjectives_run = real_runs["adjectives"]
-    adj = _sql.connect(adjectives_run)
+    adj = sqlrun.connect(adjectives_run)
     schema = dict(adj.sql("select column_name, column_type from (describe pairs)").fetchall())
     assert {k: schema[k] for k in ("triplet", "kind", "template")} == dict.fromkeys(("triplet", "kind", "template"),
                                                                                     "VARCHAR")  # fmt: skip

@@ -1,6 +1,6 @@
 """One parser of store locations (jobs.store.uri_scheme): a URI whose scheme has no backend (az://, http://, ...)
 given as a run or a store root is one clear error, exit 2, at every entry point -- never a local folder named
-`az:`. Before, jobs.store.is_remote and jobs._sql.is_remote had different rules: `--out az://b/x` made a local
+`az:`. Before, jobs.store.is_remote and jobs.sqlrun.is_remote had different rules: `--out az://b/x` made a local
 folder `az:/b/x` and wrote a run there."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import yaml
 from jobtools import FAST, stsb_rows, write_tsv
 
-from jobs import _sql
+from jobs import sqlrun
 from jobs import store as jstore
 
 URI = "az://container/runs"
@@ -20,13 +20,13 @@ URI = "az://container/runs"
 def test_one_rule_for_store_and_sql():
     for location, want in (("s3://b/x", "s3"), ("S3A://b/x", "s3a"), ("gs://b/x", "gs"), ("gcs://b", "gcs"),
                            ("runs/x", None), ("/abs/runs", None)):  # fmt: skip
-        assert jstore.uri_scheme(location) == want and _sql.scheme(location) == want
-        assert jstore.is_remote(location) == _sql.is_remote(location) == (want is not None)
+        assert jstore.uri_scheme(location) == want and sqlrun.scheme(location) == want
+        assert jstore.is_remote(location) == sqlrun.is_remote(location) == (want is not None)
     for location in (URI, "http://host/x", "file:///tmp/x"):
         with pytest.raises(jstore.StoreError, match="unsupported location"):
             jstore.is_remote(location)
-        with pytest.raises(_sql.InputError, match="unsupported location"):
-            _sql.is_remote(location)
+        with pytest.raises(sqlrun.InputError, match="unsupported location"):
+            sqlrun.is_remote(location)
 
 
 def _attribute(tmp_path: Path) -> list[str]:

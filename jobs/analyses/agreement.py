@@ -7,7 +7,7 @@ from typing import Any
 
 import polars as pl
 
-from .. import _sql, paper
+from .. import sqlrun, paper
 from .base import REPORT_SQL, TOP_SCORE, Analysis, Context, Finding, needs_cells, needs_two_runs
 from .facts import (
     cite,
@@ -24,7 +24,7 @@ from .format import missing, num, plural
 def check_agreement(ctx: Context) -> str | None:
     if reason := needs_two_runs(ctx) or needs_cells(ctx, both=True):
         return reason
-    check = _sql.run_file(ctx.con, REPORT_SQL / "agreement_check.sql").row(0, named=True)
+    check = sqlrun.run_file(ctx.con, REPORT_SQL / "agreement_check.sql").row(0, named=True)
     shared, same_texts, differ = (check[k] for k in ("n_shared_pairs", "n_same_texts", "n_retokenized_sentences"))
     if not shared:
         return "the two runs share no pair_id: agreement compares the same pairs attributed twice"
@@ -102,7 +102,7 @@ def every_cell_agreement(ctx: Context) -> dict[str, Any] | None:
     """agreement.sql's 'all' row with include_special = true (every cell), the figure beside the content one; the
     connection's variables are left as they were."""
     with ctx.variable("include_special", True):
-        df = _sql.run_file(ctx.con, _sql.SQL_DIR / "agreement.sql")
+        df = sqlrun.run_file(ctx.con, sqlrun.SQL_DIR / "agreement.sql")
     rows = df.filter(pl.col("score_bin") == "all")
     return rows.row(0, named=True) if rows.height else None
 

@@ -13,12 +13,12 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from .. import _sql
+from .. import sqlrun
 
 # Bars per list in the ranked charts (top and bottom tokens, relation pairs).
 TOP_K = 15
 # Queries the report runs besides the analyses (the agreement pre-check, the reference norms): sql/report/.
-REPORT_SQL = _sql.SQL_DIR / "report"
+REPORT_SQL = sqlrun.SQL_DIR / "report"
 # The paper's headline subset of the agreement (Fig 3): pairs of mean score s > 0.75.
 TOP_SCORE = 0.75
 # Where `xsbert serve` listens by default (jobs/serve.py): the page links its sections and examples there.
@@ -54,8 +54,8 @@ class Context:
     """The connection (views of run and run2, variables set), the runs' facts, the output folder."""
 
     con: duckdb.DuckDBPyConnection
-    run: _sql.Run  # a local directory, or an object-store URI (s3://..., gs://...)
-    run2: _sql.Run | None
+    run: sqlrun.Run  # a local directory, or an object-store URI (s3://..., gs://...)
+    run2: sqlrun.Run | None
     out: Path
     facts: dict[str, Any]
     facts2: dict[str, Any] | None
@@ -81,14 +81,14 @@ class Context:
     def variable(self, name: str, value: Any) -> Iterator[None]:
         """The SQL variable `name` set to `value` inside the block, as it was (or unset) after it."""
         before = self.var(name, None)
-        self.con.execute(f"set variable {name} = {_sql._literal(value)}")
+        self.con.execute(f"set variable {name} = {sqlrun._literal(value)}")
         try:
             yield
         finally:
             if before is None:
                 self.con.execute(f"reset variable {name}")
             else:
-                self.con.execute(f"set variable {name} = {_sql._literal(before)}")
+                self.con.execute(f"set variable {name} = {sqlrun._literal(before)}")
 
 
 @dataclass

@@ -11,15 +11,15 @@ import duckdb
 
 from xsbert_core import InputError
 
-from .. import _sql, paper
+from .. import sqlrun, paper
 from .base import Context, first_row
 
 
-def run_facts(con: duckdb.DuckDBPyConnection, run: _sql.Run, suffix: str = "") -> dict[str, Any]:
+def run_facts(con: duckdb.DuckDBPyConnection, run: sqlrun.Run, suffix: str = "") -> dict[str, Any]:
     """Settings (manifest config) and counts of one run, from its views."""
-    manifest_path = _sql.join(run, "manifest.json")
+    manifest_path = sqlrun.join(run, "manifest.json")
     try:
-        text = _sql.read_text(manifest_path)
+        text = sqlrun.read_text(manifest_path)
         manifest = json.loads(text) if text is not None else {}
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(f"{manifest_path}: not readable JSON ({exc})") from exc
@@ -31,7 +31,7 @@ def run_facts(con: duckdb.DuckDBPyConnection, run: _sql.Run, suffix: str = "") -
         from pairs{suffix}""")  # fmt: skip
     facts: dict[str, Any] = {
         "path": str(run),
-        "run_id": manifest.get("run_id", _sql.run_name(run)),
+        "run_id": manifest.get("run_id", sqlrun.run_name(run)),
         "model": config.get("model"),
         "layer": config.get("layer"),
         "n_layers": config.get("n_layers"),
@@ -55,7 +55,7 @@ def run_facts(con: duckdb.DuckDBPyConnection, run: _sql.Run, suffix: str = "") -
         "commands": [],
         "selections": selections(manifest),
     }
-    if _sql.has_table(run, "parses"):
+    if sqlrun.has_table(run, "parses"):
         parsers, rows, aligned = first_row(con, f"""
             select string_agg(distinct parser || ' ' || coalesce(parser_model, ''), ', '), count(*), avg(aligned::int)
             from parses{suffix}""")  # fmt: skip

@@ -7,7 +7,7 @@ from contextlib import nullcontext
 import numpy as np
 import polars as pl
 
-from .. import _sql
+from .. import sqlrun
 from .base import REPORT_SQL, Analysis, Context, Finding, needs_pairs
 from .facts import (
     layer_label,
@@ -48,7 +48,7 @@ def reference_norms(ctx: Context, max_score: float) -> list[Finding]:
     # the file's bound is pos_neg_sums' max_score (from the manifest when not set)
     unset = ctx.var("max_score", None) is None
     with ctx.variable("max_score", float(max_score)) if unset else nullcontext():
-        row = _sql.run_file(ctx.con, REPORT_SQL / "reference_norms.sql").row(0, named=True)
+        row = sqlrun.run_file(ctx.con, REPORT_SQL / "reference_norms.sql").row(0, named=True)
     if not row["is_bound_exceeded"]:
         return []
     target, score, ratio = row["mean_target"], row["mean_score"], row["reference_norm_ratio"]

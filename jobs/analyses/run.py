@@ -11,7 +11,7 @@ import polars as pl
 
 from xsbert_core import InputError
 
-from .. import _sql
+from .. import sqlrun
 from .base import SERVE_URL, Analysis, Context, Finding, Section
 from .examples import plot_examples
 from .facts import run_facts
@@ -22,7 +22,7 @@ from .page import write_json, write_page
 def _write_tables(section: Section, df: pl.DataFrame, ctx: Context) -> None:
     csv, md = f"{section.name}.csv", f"{section.name}.md"
     with open(ctx.out / csv, "w", encoding="utf-8", newline="") as fh:
-        _sql.write_csv(df, fh)
+        sqlrun.write_csv(df, fh)
     lines = [f"# {section.title}", "", f"`sql/{section.name}.sql` — paper: {section.paper}.", ""]
     lines += [f"- {f.text}" + (f" (paper: {f.paper})" if f.paper else "") for f in section.findings]
     lines += ["", markdown_table(df), ""]
@@ -36,12 +36,12 @@ def run_analysis(spec: Analysis, ctx: Context) -> Section:
     try:
         reason = spec.check(ctx) if spec.check else None
         if reason is None:
-            df = _sql.run_file(ctx.con, _sql.SQL_DIR / f"{spec.name}.sql")
+            df = sqlrun.run_file(ctx.con, sqlrun.SQL_DIR / f"{spec.name}.sql")
             reason = spec.empty(df, ctx) if spec.empty else None
     except InputError as exc:  # a table or manifest the file reads is missing: the runner says what makes it
         reason = str(exc)
     except duckdb.Error as exc:
-        section.status, section.reason = "failed", f"the query failed: {_sql.error_line(exc, ctx.con)}"
+        section.status, section.reason = "failed", f"the query failed: {sqlrun.error_line(exc, ctx.con)}"
         return section
     if reason is not None:
         section.status, section.reason = "skipped", reason
@@ -64,12 +64,12 @@ def run_extra_file(path: Path, ctx: Context) -> Section:
         section.status, section.reason = "skipped", "needs a second run: pass --run2 DIR"
         return section
     try:
-        df = _sql.run_file(ctx.con, path)
+        df = sqlrun.run_file(ctx.con, path)
     except InputError as exc:
         section.status, section.reason = "skipped", str(exc)
         return section
     except duckdb.Error as exc:
-        section.status, section.reason = "failed", f"the query failed: {_sql.error_line(exc, ctx.con)}"
+        section.status, section.reason = "failed", f"the query failed: {sqlrun.error_line(exc, ctx.con)}"
         return section
     section.frame = df
     section.findings = [Finding(f"sql/{path.name} returned {df.height} rows (see the table).", {"rows": df.height})]
@@ -77,9 +77,9 @@ def run_extra_file(path: Path, ctx: Context) -> Section:
     return section
 
 
-def _prepare_out(out: str | Path, runs: list[_sql.Run]) -> Path:
+def _prepare_out(out: str | Path, runs: list[sqlrun.Run]) -> Path:
     """Create --out (a local folder) and check it is writable and not a run directory."""
-    if _sql.is_remote(out):
+    if sqlrun.is_remote(out):
         raise InputError(f"--out {out}: the report is written to a local folder (copy it to object storage after)")
     out = Path(out)
     resolved = out.expanduser().resolve()
@@ -102,11 +102,11 @@ def open_context(
     run: str | Path, run2: str | Path | None, out: str | Path, variables: dict[str, Any], note: str | None = None
 ) -> Context:
     """Check the runs and --out, connect (views and variables), read the runs' facts; InputError on bad input."""
-    first = _sql.check_run(run)
-    second = _sql.check_run(run2, "--run2") if run2 is not None else None
+    first = sqlrun.check_run(run)
+    second = sqlrun.check_run(run2, "--run2") if run2 is not None else None
     folder = _prepare_out(out, [first] + ([second] if second else []))
     try:
-        con = _sql.connect(first, second, variables)
+        con = sqlrun.connect(first, second, variables)
         facts = run_facts(con, first)
         facts2 = run_facts(con, second, "_2") if second is not None else None
     except duckdb.Error as exc:  # a table that is not readable Parquet, or lacks a column every run has
@@ -121,7 +121,7 @@ def clear_previous(out: Path) -> None:
         return
     from .registry import ANALYSES
 
-    names = {spec.name for spec in ANALYSES} | {p.stem for p in _sql.SQL_DIR.glob("*.sql")}
+    names = {spec.name for spec in ANALYSES} | {p.stem for p in sqlrun.SQL_DIR.glob("*.sql")}
     for path in out.iterdir():
         stem = path.name.split(".")[0].split("-")[0]
         if path.is_file() and path.suffix in (".csv", ".md", ".png") and (stem in names or stem == "example"):
@@ -144,7 +144,7 @@ def write_report(
     clear_previous(out)
     sections = [run_analysis(spec, ctx) for spec in ANALYSES]
     known = {spec.name for spec in ANALYSES}
-    sections += [run_extra_file(p, ctx) for p in sorted(_sql.SQL_DIR.glob("*.sql")) if p.stem not in known]
+    sections += [run_extra_file(p, ctx) for p in sorted(sqlrun.SQL_DIR.glob("*.sql")) if p.stem not in known]
     sections.append(plot_examples(ctx))
     write_page(sections, ctx, command)
     write_json(sections, ctx, command)

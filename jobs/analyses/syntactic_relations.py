@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from .. import _sql, paper
+from .. import sqlrun, paper
 from .base import TOP_K, Analysis, Context, Finding, needs_cells, needs_pairs
 from .facts import (
     cite,
@@ -19,7 +19,7 @@ from .format import pct, plural
 def check_syntactic_relations(ctx: Context) -> str | None:
     if reason := needs_pairs(ctx) or needs_cells(ctx):
         return reason
-    if not _sql.has_table(ctx.run, "parses"):
+    if not sqlrun.has_table(ctx.run, "parses"):
         return f"the run has no parses table: run python -m jobs.parse --run {ctx.run}"
     return None
 

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.compute as pc
 
-from .._ray import init_ray, quiet_ray
+from ..raycluster import init_ray, quiet_ray
 from ..store import STORE_VERSION, TABLES, RunStore, open_store, pair_keys
 from ..config import DEFAULT_WAVE_SIZE_CPU, DEFAULT_WAVE_SIZE_GPU
 from .memory import driver_memory_mb, release_memory, system_memory_pool

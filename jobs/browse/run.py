@@ -16,7 +16,7 @@ import duckdb
 
 from xsbert_core import InputError, XsbertError
 
-from .. import _sql
+from .. import sqlrun
 
 DEFAULT_HOST = "127.0.0.1"
 
@@ -93,7 +93,7 @@ class Busy(XsbertError):
 class RunInfo:
     """One run as the pages see it: where it is, its manifest, its counts and the parts of each table by wave."""
 
-    path: _sql.Run
+    path: sqlrun.Run
     flag: str  # --run / --run2
     suffix: str  # '' / '_2': the views' suffix
     manifest: dict[str, Any]
@@ -107,7 +107,7 @@ class RunInfo:
 
     @property
     def run_id(self) -> str:
-        return str(self.manifest.get("run_id") or _sql.run_name(self.path))
+        return str(self.manifest.get("run_id") or sqlrun.run_name(self.path))
 
     def label(self) -> str:
         s = self.settings
@@ -115,14 +115,14 @@ class RunInfo:
 
     def glob(self, table: str, wave: int | None = None) -> str:
         name = "*.parquet" if wave is None else f"part-{wave:06d}*.parquet"
-        return str(_sql.join(self.path, table, name))
+        return str(sqlrun.join(self.path, table, name))
 
 
 def open_run(con: duckdb.DuckDBPyConnection, run: str, flag: str, suffix: str) -> RunInfo:
     """Check that `run` is a whole, readable run (InputError in one line when it is missing or half-written) and
     read its manifest and counts (Parquet footers only)."""
-    path = _sql.check_run(run, flag)
-    text = _sql.read_text(_sql.join(path, "manifest.json"))
+    path = sqlrun.check_run(run, flag)
+    text = sqlrun.read_text(sqlrun.join(path, "manifest.json"))
     if text is None:
         raise InputError(f"{flag} {run}: no manifest.json: a half-written run (python -m jobs.attribute writes it when "
                          "the run ends: still running, or killed before its end; rerun the same command to finish it)")
@@ -132,7 +132,7 @@ def open_run(con: duckdb.DuckDBPyConnection, run: str, flag: str, suffix: str) -
         raise InputError(f"{flag} {run}: manifest.json is not readable JSON ({exc}): a half-written run?") from exc
     counts: dict[str, int] = {}
     for table in REQUIRED:
-        if not _sql.has_table(path, table):
+        if not sqlrun.has_table(path, table):
             raise InputError(f"{flag} {run}: no {table}/*.parquet: a half-written run (jobs.attribute writes every "
                              "table of a wave before its pairs part) or not a run of this store version")
         try:
@@ -170,7 +170,7 @@ def sql_literal(value: Any) -> str:
     """A value as a SQL literal, for the command shown on the page (never for running)."""
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(sql_literal(v) for v in value) + "]"
-    return _sql._literal(value)
+    return sqlrun._literal(value)
 
 
 def _dedent(sql: str) -> str:
@@ -210,10 +210,10 @@ class App:
     """The open run(s), the DuckDB connection with their views, and the same-token table built in the background."""
 
     def __init__(self, run: str | Any, run2: str | Any | None = None, page_size: int = PAGE_SIZE) -> None:
-        con_run = _sql.check_run(run)
-        con_run2 = _sql.check_run(run2, "--run2") if run2 is not None else None
+        con_run = sqlrun.check_run(run)
+        con_run2 = sqlrun.check_run(run2, "--run2") if run2 is not None else None
         try:
-            self.con = _sql.connect(con_run, con_run2)
+            self.con = sqlrun.connect(con_run, con_run2)
         except duckdb.Error as exc:  # a view over a part that is not Parquet (cut short, half-copied)
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise InputError(f"--run {run}{f' / --run2 {run2}' if run2 is not None else ''}: a table cannot be read "

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from xsbert_core import InputError
 
-from .._ray import init_ray, quiet_ray
+from ..raycluster import init_ray, quiet_ray
 from .actor import CACHE_SCHEMA, ParserActor
 from .cache import ParseCache
 from .choice import ParserSpec

@@ -11,7 +11,7 @@ from xsbert_core.errors import XsbertError
 # How long pyarrow's GCS client retries a failing request, in seconds (XSBERT_GCS_RETRY_S; pyarrow's own default is
 # 15 minutes: an unreachable endpoint would hang the job that long before it says so).
 GCS_RETRY_S = 30.0
-# Object-store URI schemes -> their family (pyarrow's filesystem type); jobs/_sql.py reads runs under all of them.
+# Object-store URI schemes -> their family (pyarrow's filesystem type); jobs/sqlrun.py reads runs under all of them.
 REMOTE_SCHEMES: dict[str, str] = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
 # Where each family's credentials come from (for a message).
 CREDENTIALS: dict[str, str] = {
@@ -35,7 +35,7 @@ _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 def uri_scheme(location: str | os.PathLike, error: type[Exception] = StoreError) -> str | None:
     """The object-store scheme of `location` ('s3', 's3a', 'gs', 'gcs'), None for a local path; `error` for any
     other `scheme://` (az://, http://, file://, ...): never taken for a local folder. The one parser of store
-    locations (jobs/_sql.py raises its InputError through it)."""
+    locations (jobs/sqlrun.py raises its InputError through it)."""
     m = _SCHEME_RE.match(str(location))
     if m is None:
         return None
