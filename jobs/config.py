@@ -226,3 +226,58 @@ class RunConfig:
 
 # RunConfig's fields that are the engine's resolved settings (Explainer.settings; precision apart, for its default).
 ENGINE_SETTINGS = ("model", "mode", "similarity", "layer", "n_layers", "rule", "steps", "tolerance", "max_steps")
+
+
+# --------------------------------------------------------------------------- jobs.parse and jobs.report
+PARSE_BATCH_SIZE = 64  # texts per parser-actor call
+PARSE_COMMIT_EVERY = 20_000  # texts per part of the parser cache
+
+
+@dataclass(frozen=True)
+class ParseSettings:
+    """jobs.parse's settings, one field per flag (`python -m jobs.parse --help` says what each does); built from its
+    arguments (`from_args`) or by jobs.pipeline's parse stage."""
+
+    runs: tuple[str, ...]
+    parser: str = "auto"
+    stanza_dir: str | None = None
+    stanza_download: bool = False
+    cache: str | None = None
+    replace: bool = False
+    num_actors: int | None = None  # None: one per CPU, leaving one for Ray Data's other operators
+    batch_size: int = PARSE_BATCH_SIZE
+    commit_every: int = PARSE_COMMIT_EVERY
+    ray_address: str | None = None
+    quiet: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ParseSettings:
+        return cls(**{f.name: (tuple(args.run) if f.name == "runs" else getattr(args, f.name)) for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class ReportSettings:
+    """jobs.report's settings, one field per flag; `command` is the command line the page shows (the pipeline passes
+    the equivalent jobs.report command)."""
+
+    run: str
+    out: str
+    run2: str | None = None
+    vars: tuple[str, ...] = ()  # NAME=VALUE, as --var
+    note: str | None = None
+    serve_url: str | None = None  # None: jobs.analyses.base.SERVE_URL
+    quiet: bool = False
+    command: str | None = None
+
+    def flags(self) -> list[str]:
+        """The jobs.report command line of these settings (what the page shows when `command` is not given)."""
+        out = ["--run", str(self.run), "--out", str(self.out)] + (["--run2", str(self.run2)] if self.run2 else [])
+        out += [a for v in self.vars for a in ("--var", v)]
+        out += ["--note", self.note] if self.note else []
+        out += ["--serve-url", self.serve_url] if self.serve_url else []
+        return out + (["-q"] if self.quiet else [])
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, command: str | None) -> ReportSettings:
+        return cls(run=args.run, out=args.out, run2=args.run2, vars=tuple(args.var), note=args.note,
+                   serve_url=args.serve_url, quiet=args.quiet, command=command)  # fmt: skip

@@ -42,16 +42,16 @@ from .parsing import (
     ParserSpec,
     alignment_counts,
     choose_parser,
-    PoolSettings,
     parse_on_ray,
     realigned,
 )
+from .config import PARSE_COMMIT_EVERY, ParseSettings
 from .store import RunStore, is_remote, resolve, run_at
 
 logger = logging.getLogger("jobs.parse")
 
 # Texts per cache part: ~1-2 min of spaCy on 2 cores, ~1 MB of Parquet; QQP's 537k questions make ~27 parts.
-DEFAULT_COMMIT_EVERY = 20_000
+DEFAULT_COMMIT_EVERY = PARSE_COMMIT_EVERY
 REQUIRED_SENTENCE_COLUMNS = ("sentence_id", "text", "word_ids", "token_start", "token_end", "words")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -148,8 +148,9 @@ def open_run(path: Path | str, stack: contextlib.ExitStack) -> Run:
 
 
 # --------------------------------------------------------------------------- main
-def main(args: argparse.Namespace, echo: bool = True) -> dict[str, Any]:
+def main(job: ParseSettings | argparse.Namespace, echo: bool = True) -> dict[str, Any]:
     """Run the job; returns the summary (printed unless `echo` is false)."""
+    args = ParseSettings.from_args(job) if isinstance(job, argparse.Namespace) else job
     t_start = time.perf_counter()
     started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     if args.num_actors is not None and args.num_actors < 1:
@@ -158,7 +159,7 @@ def main(args: argparse.Namespace, echo: bool = True) -> dict[str, Any]:
         raise InputError("--batch-size must be >= 1")
     if args.commit_every < 1:
         raise InputError("--commit-every must be >= 1")
-    paths = list(dict.fromkeys(resolve(r) for r in args.run))
+    paths = list(dict.fromkeys(resolve(r) for r in args.runs))
     for path in paths:
         check_run(path)
     spec = choose_parser(args.parser, args.stanza_dir, args.stanza_download)
@@ -193,9 +194,7 @@ def main(args: argparse.Namespace, echo: bool = True) -> dict[str, Any]:
         ray_info: dict[str, Any] = {}
         t_parse = time.perf_counter()
         if missing:
-            on_ray = PoolSettings(ray_address=args.ray_address, num_actors=args.num_actors,
-                                  batch_size=args.batch_size, commit_every=args.commit_every, quiet=args.quiet)
-            ray_info = parse_on_ray(on_ray, spec, missing, cache, echo)
+            ray_info = parse_on_ray(args, spec, missing, cache, echo)
         parse_s = time.perf_counter() - t_parse
 
         failed: set[str] = set()
@@ -294,10 +293,10 @@ def print_summary(s: dict[str, Any]) -> None:
 def cli(argv: list[str] | None = None) -> int:
     from .console import quiet_console
 
-    args = parse_args(argv)
+    job = ParseSettings.from_args(parse_args(argv))
     quiet_console()
     try:
-        main(args)
+        main(job)
     except XsbertError as exc:
         print(f"jobs.parse: error: {exc}", file=sys.stderr)
         return 2

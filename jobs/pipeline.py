@@ -468,14 +468,10 @@ def stage_parse(study: Study, run_dirs: dict[str, str]) -> dict[str, Any] | None
     if not todo:
         say(f"parse: up to date ({len(run_dirs)} run(s))")
         return None
-    argv = ["--run", *(str(run_dirs[n]) for n in todo), "--parser", study.parse.parser]
-    if study.parse.stanza_dir:
-        argv += ["--stanza-dir", study.parse.stanza_dir]
-    if study.ray.address:
-        argv += ["--ray-address", study.ray.address]
-    argv.append("-q")
+    job = config.ParseSettings(runs=tuple(str(run_dirs[n]) for n in todo), parser=study.parse.parser,
+                               stanza_dir=study.parse.stanza_dir, ray_address=study.ray.address, quiet=True)
     t0 = time.perf_counter()
-    summary = parse.main(parse.parse_args(argv), echo=False)
+    summary = parse.main(job, echo=False)
     say(f"parse: {sum(todo.values())} sentences of {', '.join(todo)} -> {summary['parsed']} parsed, "
         f"{summary['reused']} from the cache ({summary['parser']}, {time.perf_counter() - t0:.0f} s)")  # fmt: skip
     return summary
@@ -502,13 +498,10 @@ def stage_report(study: Study, run_dirs: dict[str, str]) -> tuple[Reports, list[
             done.append({"name": name, "out": out, "findings": previous["findings"], "run": str(run),
                          "run2": str(run2) if run2 else None})  # fmt: skip
             continue
-        argv = ["--run", str(run), "--out", str(out), "-q"] + (["--run2", str(run2)] if run2 else [])
-        for key, value in study.report.vars.items():
-            argv += ["--var", f"{key}={value}"]
-        args = report.parse_args(argv)
-        args.argv = argv
+        job = config.ReportSettings(run=str(run), out=str(out), run2=str(run2) if run2 else None, quiet=True,
+                                    vars=tuple(f"{key}={value}" for key, value in study.report.vars.items()))
         t0 = time.perf_counter()
-        result = report.main(args)
+        result = report.main(job)
         failed = [s.name for s in result["sections"] if s.status == "failed"]
         reports.publish(name)
         say(f"report {name}: written in {time.perf_counter() - t0:.0f} s ({reports.where(name)})"

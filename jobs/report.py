@@ -26,6 +26,7 @@ from xsbert_core import XsbertError
 from . import sqlrun
 from .analyses import write_report
 from .analyses.base import SERVE_URL
+from .config import ReportSettings
 
 PROG = "python -m jobs.report"
 
@@ -50,15 +51,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(args: argparse.Namespace) -> dict[str, Any]:
+def main(job: ReportSettings | argparse.Namespace) -> dict[str, Any]:
     """Write the report; returns {'out', 'sections': [Section], 'summary': [lines]}."""
-    argv = list(getattr(args, "argv", None) or sys.argv[1:])
-    if args.note:  # the note is on the page already: the command names it
-        argv = ["(the note above)" if a == args.note else a.replace(args.note, "(the note above)") for a in argv]
-    command = f"{PROG} " + shlex.join(argv)
-    out, sections, summary = write_report(args.run, args.run2, args.out, sqlrun.parse_vars(args.var), command,
-                                          note=args.note, serve_url=getattr(args, "serve_url", SERVE_URL))  # fmt: skip
-    if not args.quiet:
+    if isinstance(job, argparse.Namespace):
+        job = ReportSettings.from_args(job, command=None)
+    command = job.command or f"{PROG} " + shlex.join(job.flags())
+    if job.note:  # the note is on the page already: the command names it
+        command = command.replace(shlex.quote(job.note), "'(the note above)'").replace(job.note, "(the note above)")
+    out, sections, summary = write_report(job.run, job.run2, job.out, sqlrun.parse_vars(list(job.vars)), command,
+                                          note=job.note, serve_url=job.serve_url or SERVE_URL)  # fmt: skip
+    if not job.quiet:
         print("\n".join(summary), flush=True)
     return {"out": out, "sections": sections, "summary": summary}
 
@@ -66,9 +68,9 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 def cli(argv: list[str] | None = None) -> int:
     """Exit 0 when the report is written (skips included), 1 when an analysis failed, 2 on bad input."""
     args = parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
+    command = f"{PROG} " + shlex.join(sys.argv[1:] if argv is None else argv)
     try:
-        result = main(args)
+        result = main(ReportSettings.from_args(args, command))
     except XsbertError as exc:
         print(f"{PROG.split()[-1]}: error: {exc}", file=sys.stderr)
         return 2

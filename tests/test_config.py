@@ -103,9 +103,9 @@ def _namespace_users(path: Path) -> list[str]:
 def test_no_namespace_or_argv_below_the_entry_points():
     """jobs.attribute's machinery takes JobSettings (or one of its groups): only the entry points (parse_args,
     settings, main, cli) see a command line."""
-    files = [ROOT / "jobs" / "attribute.py", ROOT / "jobs" / "config.py"]
-    package = ROOT / "jobs" / "attribution"
-    files += sorted(package.glob("*.py")) if package.is_dir() else []
+    files = [ROOT / "jobs" / name for name in ("attribute.py", "config.py", "parse.py", "report.py", "pipeline.py")]
+    for folder in ("attribution", "parsing", "analyses", "store"):
+        files += sorted((ROOT / "jobs" / folder).glob("*.py"))
     for path in files:
         if path.is_file():
             assert set(_namespace_users(path)) <= {"parse_args", "settings", "main", "cli", "from_args"}, path
@@ -121,3 +121,21 @@ def test_job_settings_are_frozen():
 
 
 BENCH_SQL_RUN_ID = "05f98437ab4484b8"  # bench/sql.py's run_config(3, 1000, 0) at 3f026a2
+
+
+def test_parse_and_report_settings_have_one_field_per_flag():
+    """jobs.parse and jobs.report take typed settings too (the pipeline builds them without a command line)."""
+    from jobs import parse, report
+    from jobs.config import ParseSettings, ReportSettings
+
+    args = parse.parse_args(["--run", "runs/a", "runs/b", "--parser", "spacy", "--num-actors", "2", "-q"])
+    job = ParseSettings.from_args(args)
+    assert job == ParseSettings(runs=("runs/a", "runs/b"), parser="spacy", num_actors=2, quiet=True)
+    assert {f.name for f in dataclasses.fields(ParseSettings)} == (set(vars(args)) - {"run"}) | {"runs"}
+    assert ParseSettings.from_args(parse.parse_args(["--run", "r"])) == ParseSettings(runs=("r",))  # same defaults
+
+    argv = ["--run", "r1", "--out", "o", "--run2", "r2", "--var", "min_count=3", "--note", "n", "-q"]
+    rep = ReportSettings.from_args(report.parse_args(argv), command=None)
+    assert {f.name for f in dataclasses.fields(ReportSettings)} == (set(vars(report.parse_args(argv))) - {"var"}) | {
+        "vars", "command"}
+    assert ReportSettings.from_args(report.parse_args(rep.flags()), command=None) == rep

@@ -9,11 +9,13 @@ import pyarrow as pa
 
 from xsbert_core.syntax import ParsedWord
 
+from ..config import PARSE_BATCH_SIZE
+
 from .choice import SPACY_EXCLUDE, SPACY_MODEL, STANZA_PROCESSORS
 
 # Texts per actor call: spaCy took ~7 s for 2,416 STS-B sentences on one core here, so a call is well under a
 # second; small enough to balance the actors, large enough for nlp.pipe's batching.
-DEFAULT_BATCH_SIZE = 64
+DEFAULT_BATCH_SIZE = PARSE_BATCH_SIZE
 
 # The parser-output cache: one row per text, the parser's words in its own labels (ClearNLP for spaCy:
 # the UD conversion runs at realignment, so a better conversion needs no reparse). head: -1 for a root.

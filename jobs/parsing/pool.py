@@ -4,31 +4,20 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
 from xsbert_core import InputError
 
+from ..config import ParseSettings
 from ..raycluster import init_ray, quiet_ray
 from .actor import CACHE_SCHEMA, ParserActor
 from .cache import ParseCache
 from .choice import ParserSpec
 
 
-@dataclass(frozen=True)
-class PoolSettings:
-    """How jobs.parse runs its parser actors (its --ray-address, --num-actors, --batch-size, --commit-every, -q)."""
-
-    ray_address: str | None
-    num_actors: int | None  # None: one per CPU but one
-    batch_size: int
-    commit_every: int
-    quiet: bool
-
-
-def pool(args: PoolSettings, ray, n_blocks: int) -> tuple[int, float]:
+def pool(args: ParseSettings, ray, n_blocks: int) -> tuple[int, float]:
     """(actors, CPUs per actor): one CPU stays free for Ray Data's other operators (DESIGN section 5)."""
     cpus = float(ray.cluster_resources().get("CPU", 1))
     budget = max(0.5, cpus - 1)
@@ -36,7 +25,7 @@ def pool(args: PoolSettings, ray, n_blocks: int) -> tuple[int, float]:
     return n, min(1.0, budget / n)
 
 
-def parse_on_ray(args: PoolSettings, spec: ParserSpec, todo: dict[str, str], cache: ParseCache,
+def parse_on_ray(args: ParseSettings, spec: ParserSpec, todo: dict[str, str], cache: ParseCache,
                  echo: bool = True) -> dict[str, Any]:  # fmt: skip
     """Parse the texts {sentence_id: text} with an actor pool into the cache (CACHE_SCHEMA rows, one per text);
     returns the pool's size and the number of cache parts written.
