@@ -244,22 +244,23 @@ def pilot_errors(model_path: str, layer: int, pairs: list[tuple[str, str]], grid
 
 
 def attribute(model: str, layer: int, steps: int, args: argparse.Namespace) -> dict[str, Any]:
-    """One jobs.attribute run on the seeded STS-B sample; its summary (run_dir, errors, timings)."""
+    """One jobs.attribute run (fixed N = steps) on the seeded STS-B sample; its summary (run_dir, errors, timings)."""
     from jobs import attribute as job
+    from jobs.config import Attribution, Execution, JobSettings, Output, Selection
 
-    argv = ["--dataset", "stsb", "--split", args.split, "--sample", str(args.sample), "--seed", str(args.seed),
-            "--model", model, "--layer", str(layer), "--steps", str(steps), "--out", args.runs]  # fmt: skip
-    if args.num_actors:
-        argv += ["--num-actors", str(args.num_actors)]
-    if args.quiet:
-        argv.append("-q")
-    summary = job.main(job.parse_args(argv))
-    summary["command"] = "python -m jobs.attribute " + " ".join(shlex.quote(x) for x in argv)
+    settings = JobSettings(
+        selection=Selection(dataset="stsb", split=args.split, sample=args.sample, seed=args.seed),
+        attribution=Attribution(model=model, layer=layer, steps=steps, tolerance=None),
+        execution=Execution(num_actors=args.num_actors or None),
+        output=Output(out=args.runs, quiet=bool(args.quiet)),
+    )
+    summary = job.main(settings)
+    summary["command"] = "python -m jobs.attribute " + shlex.join(settings.command())
     return summary
 
 
 def sql_file(name: str, run: str, run2: str | None = None, **variables: Any) -> pl.DataFrame:
-    from ._sql import connect, run_file
+    from .sqlrun import connect, run_file
 
     con = connect(run, run2, variables or None)
     try:
@@ -346,7 +347,7 @@ def write_table(df: pl.DataFrame, out: Path, name: str, title: str, floats: int 
 
 def _pairs_columns(run: str, columns: list[str], pairs_of: str) -> dict[str, np.ndarray]:
     """The pairs table's `columns` of `run`, on the pairs `pairs_of` (another run) holds too."""
-    from ._sql import connect
+    from .sqlrun import connect
 
     con = connect(run, variables={"pairs_of": pairs_of})  # the runs checked and read as xsbert sql reads them
     try:

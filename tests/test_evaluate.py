@@ -105,7 +105,8 @@ def test_evaluate_all_stages_on_tiny_variants(ray_cluster, tiny_variants, tmp_pa
 
     direct = sql_file("agreement", rec["runs"]["tuned"]["run_dir"], rec["runs"]["tuned2"]["run_dir"])
     noise = ag.filter(pl.col("comparison") == "tuned vs tuned'", ~pl.col("include_special"))
-    assert noise["spearman_mean"].to_list() == direct["spearman_mean"].to_list()
+    # DuckDB aggregates in parallel threads: the same rows can differ in the last bits of a mean
+    assert noise["spearman_mean"].to_list() == pytest.approx(direct["spearman_mean"].to_list(), rel=1e-9, abs=1e-12)
 
     # Fig 2/5 inputs and the figures
     terms = pl.read_parquet(out / "reference_terms.parquet")
