@@ -62,12 +62,12 @@ def reset_peak() -> None:
 
 def child(n: int) -> None:
     sys.path.insert(0, str(ROOT))
-    from jobs.attribute import parse_args
+    from jobs.attribute import settings
     from jobs.attribution.memory import malloc_in_use, release_memory, system_memory_pool
     from jobs.attribution.prepare import prepare
 
     data, model = CACHE / f"pairs-{n}.parquet", CACHE / "rehearsal-model"
-    args = parse_args(["--dataset", str(data), "--text-a-column", "question1", "--text-b-column", "question2",
+    args = settings(["--dataset", str(data), "--text-a-column", "question1", "--text-b-column", "question2",
                        "--label-column", "is_duplicate", "--id-column", "id", "--model", str(model),
                        "--out", f"/tmp/xsbert-driver-setup-{os.getpid()}", "--layer", "0", "-q"])  # fmt: skip
     from xsbert_core import Explainer

@@ -181,14 +181,14 @@ def run_job(a: argparse.Namespace, rec: Recorder, sampler: Sampler) -> dict[str,
     """jobs.attribute in this process; per-wave records merged with the sampler's windows."""
     import ray
 
-    from jobs.attribute import parse_args
+    from jobs.attribute import settings
     from jobs.attribution.prepare import prepare
     from jobs.attribution.run import attribute
 
     if a.logical_gpus:  # Ray told of GPUs that are not there: the GPU actor path on a CPU machine
         ray.init(num_cpus=os.cpu_count() or 1, num_gpus=a.logical_gpus, include_dashboard=False,
                  log_to_driver=False)  # fmt: skip
-    args = parse_args(job_args(a, Path(a.out) / "runs", a.pairs))
+    args = settings(job_args(a, Path(a.out) / "runs", a.pairs))
     sampler.phase = "prepare"
     t0 = time.time()
     prep = prepare(args)
