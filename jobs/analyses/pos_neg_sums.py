@@ -91,7 +91,7 @@ def plot_pos_neg_sums(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
                  "mean negative sum": (bins["mean_negative_sum"].to_numpy(), None),
                  "mean total ΣA": (bins["mean_attribution_sum"].to_numpy(), None),
                  "mean score": (bins["mean_score"].to_numpy(), None)},
-                ctx.out / "pos_neg_sums-bins.png", "Attribution sums by score", "sum of attributions",
+                ctx.out / "pos_neg_sums-bins.png", f"Attribution sums by score\n{run}", "sum of attributions",
                 counts=bins["n_pairs"].to_list())  # fmt: skip
     return [
         ("pos_neg_sums-scatter.png", f"Each pair's positive and negative sum against its score; {line}."),

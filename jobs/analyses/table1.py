@@ -47,7 +47,8 @@ def plot_table1(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
 
     data = ctx.frame("select label, score from pairs where label is not null and score is not null")
     plot_scatter(data["label"].to_numpy(), data["score"].to_numpy(), ctx.out / "table1.png",
-                 f"Score vs gold label (Spearman × 100 = {num(df['spearman_x100'][0], 1)})", "gold label",
+                 f"Score vs gold label (Spearman × 100 = {num(df['spearman_x100'][0], 1)})\n"
+                 f"{model_label(ctx.facts)}, n = {data.height} pairs", "gold label",
                  f"predicted similarity ({ctx.facts['similarity']})")  # fmt: skip
     return [("table1.png", "Predicted similarity f(a, b) against the gold label, one point per pair.")]
 
