@@ -9,6 +9,11 @@ Each value cites its section (`section`: "§4.4, Fig 3") and says what the paper
 paper in quotation marks only where it is quoted word for word, else marked "paraphrase:". A claim without a number
 (`value` None) is stated as the paper states it, no stronger.
 
+The subsection numbers of §5 are read from the order of its analyses, not from the paper's full text (no copy of
+it was at hand when this table was checked, only its abstract and opening): §5.4 is the lexical analysis (Fig 10,
+Tables 3-4), and the abstract lists the others in the order syntactic roles, negation, opposite adjectives, so
+§5.1 Fig 6, §5.2 Fig 8, §5.3 Fig 9. The figure numbers are the paper's own.
+
 Layers: Fig 2's reference similarities and terms are forward quantities of the whole model (no layer); Fig 3/4 give
 their layers on the x axis; §4 states layer 9 and §5.4 level 8 (Fig 10). Where the paper states no layer and we
 assume one (Fig 6, Fig 8), the layer says "assumed". A setting the paper does not state ("not stated"), that was
