@@ -12,7 +12,7 @@ Needs only torch, transformers, sentence-transformers, pyarrow, pandas and scipy
 model as a folder: e.g. the float16 parts of `python -m jobs.bundle --no-wheels --models all-mpnet-base-v2 --float16`
 reassembled there with `install.py --models-only`.
 
-    python bench/shelf_gpu.py --model /tmp/xs/models/all-mpnet-base-v2 --out shelf-gpu --tar $OUT/shelf-gpu.tgz
+    python bench/shelf_gpu.py --model /tmp/xs/models/all-mpnet-base-v2 --out shelf-gpu --tar OUT/shelf-gpu.tgz
 
 Here, with the tar.gz unpacked: `python -m jobs.parse --run shelf-gpu/runs/<id>` (the Fig 6 parses, on the CPU),
 then `xsbert sql --run shelf-gpu/runs/<id> -f negation | adjectives | syntactic_relations`.
