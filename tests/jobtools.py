@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import IO
 
 import pandas as pd
 
 from jobs.attribution import inputs as _inputs
 
+ROOT = Path(__file__).resolve().parents[1]
 FAST = ["--layer", "-1", "--steps", "2"]  # attribution settings of every Ray test run (all-MiniLM-L6-v2)
 TABLES = ("pairs", "cells", "word_cells", "sentences", "quarantine")
 # The order that makes two stores comparable row by row.
@@ -139,3 +146,41 @@ def check_pipeline_on_store(root: str, listing, capsys, tmp_path: Path) -> None:
     after = listing(prefix)
     changed = {k for k in keys.keys() | after.keys() if keys.get(k) != after.get(k)}
     assert changed <= {f"{prefix}reports/index.html", f"{prefix}reports/pipeline.json"}, changed
+
+
+def kill_after_first_commit(cmd: Sequence[str], env: dict[str, str], committed: Callable[[], bool], timeout: float,
+                            poll: float = 0.1) -> None:
+    """Run `cmd` (a jobs.attribute command that XSBERT_TEST_HOLD_AFTER_WAVE=1 in `env` holds after each commit) in
+    its own process group until `committed()` says the first wave is in the store, then SIGKILL the group. Fails if
+    the run ended before it could be killed."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if committed():
+                break  # the first wave has committed: kill the driver now
+            time.sleep(poll)
+        assert proc.poll() is None, f"the run ended before it could be killed:\n{proc.stdout.read().decode()[-3000:]}"
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+def stop_process_group(proc: subprocess.Popen, log: IO[bytes]) -> None:
+    """Stop a process started with start_new_session (a blocking `ray start`): SIGTERM (it drains and stops its
+    processes), up to 60 s for it to end, SIGKILL to what is left of its own group; then close its log."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # leftovers of this group only
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait(timeout=10)
+    log.close()

@@ -17,7 +17,6 @@ import os
 import re
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 from endpoints import free_ports
+from jobtools import stop_process_group
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_YAML = ROOT / "cluster.yaml"
@@ -226,18 +226,7 @@ class LocalHead:
 
     def stop(self) -> None:
         """SIGTERM the blocking `ray start` (it drains and stops its processes), then clean up."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # leftovers of this head's group only
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.proc.wait(timeout=10)
-        self._log.close()
+        stop_process_group(self.proc, self._log)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 

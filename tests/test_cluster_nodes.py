@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -31,7 +30,7 @@ from pathlib import Path
 
 import pytest
 from endpoints import free_ports
-from jobtools import TABLES, rows, stsb_rows, write_tsv
+from jobtools import TABLES, rows, stop_process_group, stsb_rows, write_tsv
 
 BIN = Path(sys.executable).parent
 N_PAIRS = 10
@@ -82,18 +81,7 @@ class Node:
         return self.log_path.read_text(errors="replace")[-3000:]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # leftovers of this node's group only
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.proc.wait(timeout=10)
-        self._log.close()
+        stop_process_group(self.proc, self._log)
 
 
 def _can_unshare(tmp: Path) -> str | None:

@@ -19,16 +19,24 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
-from jobtools import FAST, TABLES, download, parquet_hashes, q, rows, run_job, stsb_rows, write_tsv
+from jobtools import (
+    FAST,
+    TABLES,
+    download,
+    kill_after_first_commit,
+    parquet_hashes,
+    q,
+    rows,
+    run_job,
+    stsb_rows,
+    write_tsv,
+)
 
 from jobs import store as jstore
 
@@ -119,20 +127,7 @@ def test_killed_driver_resumes_to_the_same_store(s3_ray, clean, data, tmp_path):
     cmd = [sys.executable, "-m", "jobs.attribute", "--dataset", str(data), *FAST, *FLAGS, "--out", str(out),
            "--quiet", "--ray-address", s3_ray.get_runtime_context().gcs_address]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "XSBERT_TEST_HOLD_AFTER_WAVE": "1"}  # kill it between the waves
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)  # fmt: skip
-    deadline = time.monotonic() + 240
-    try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            if list(out.glob("*/pairs/part-*.parquet")):
-                break  # the first wave has committed: kill the driver now
-            time.sleep(0.1)
-        assert proc.poll() is None, f"the run ended before it could be killed:\n{proc.stdout.read().decode()[-3000:]}"
-        os.killpg(proc.pid, signal.SIGKILL)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+    kill_after_first_commit(cmd, env, lambda: bool(list(out.glob("*/pairs/part-*.parquet"))), timeout=240)
     run_dir = out / clean.name
     assert 4 <= len(jstore.RunStore(out, clean.name).done_pair_ids()) < N_PAIRS  # killed between waves
 

@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
-from jobtools import FAST, TABLES, parquet_hashes, rows, run_job, stsb_rows, write_tsv
+from jobtools import FAST, TABLES, kill_after_first_commit, parquet_hashes, rows, run_job, stsb_rows, write_tsv
 
 from jobs import store as jstore
 
@@ -97,20 +95,8 @@ def test_a_local_run_without_ray_resumes_and_equals_the_ray_run(ray_cluster, tmp
     data = write_tsv(tmp_path / "pairs.tsv", stsb_rows(N_PAIRS, start=60))
     out = tmp_path / "local"
     # A local run killed between its first and second wave (the hook holds it after wave 1's commit) ...
-    proc = subprocess.Popen(local_cmd(out, data), cwd=ROOT, env=without_ray(tmp_path, XSBERT_TEST_HOLD_AFTER_WAVE="1"),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-    deadline = time.monotonic() + 400
-    try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            if list(out.glob("*/pairs/part-*.parquet")):
-                break
-            time.sleep(0.1)
-        assert proc.poll() is None, f"the run ended before it could be killed:\n{proc.stdout.read().decode()[-3000:]}"
-        os.killpg(proc.pid, signal.SIGKILL)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+    kill_after_first_commit(local_cmd(out, data), without_ray(tmp_path, XSBERT_TEST_HOLD_AFTER_WAVE="1"),
+                            lambda: bool(list(out.glob("*/pairs/part-*.parquet"))), timeout=400)  # fmt: skip
     (run_dir,) = out.iterdir()
     assert len(jstore.RunStore(out, run_dir.name).done_pair_ids()) == 4  # wave 1 kept
 

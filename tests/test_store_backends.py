@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +26,7 @@ from jobtools import (
     check_pipeline_on_store,
     commit_large_rows,
     download,
+    kill_after_first_commit,
     row_groups,
     run_job,
     stsb_rows,
@@ -159,20 +157,8 @@ def test_driver_killed_mid_run_resumes_to_the_same_store(backend, data, local_cl
     out = backend.uri("killed/runs")
     env = {**backend.subprocess_env(), "PYTHONPATH": str(ROOT), "XSBERT_TEST_HOLD_AFTER_WAVE": "1"}  # kill it between the waves
     cmd = [sys.executable, "-m", "jobs.attribute", "--dataset", str(data), *FAST, *FLAGS, "--out", out, "-q"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)  # fmt: skip
-    deadline = time.monotonic() + 240
-    try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            if backend.listing(f"killed/runs/{local_clean.name}/pairs/"):
-                break
-            time.sleep(0.2)
-        assert proc.poll() is None, f"the run ended before it could be killed:\n{proc.stdout.read().decode()[-3000:]}"
-        os.killpg(proc.pid, signal.SIGKILL)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+    kill_after_first_commit(cmd, env, lambda: bool(backend.listing(f"killed/runs/{local_clean.name}/pairs/")),
+                            timeout=240, poll=0.2)  # fmt: skip
     assert f"killed/runs/{local_clean.name}/_lock.json" in backend.listing("killed/runs/")  # the killed writer's
     assert 4 <= len(jstore.open_store(out, local_clean.name).done_pair_ids()) < N_PAIRS
 
