@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 
     con = sqlrun.connect(args.run, variables={"top_share": args.top_share})
     df = sqlrun.query(con, per_pair_sql()).to_pandas()
-    whole = sqlrun.run_file(sqlrun.connect(args.run, variables={"top_share": args.top_share}), SQL).to_pandas()
+    whole = sqlrun.run_file(con, SQL).to_pandas()
     rows = sqlrun.query(con, "select pair_id, row from pairs").to_pandas()  # the view: the run's pairs
     df = df.merge(rows, on="pair_id", how="inner")
     n_rows = len(rows)

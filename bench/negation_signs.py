@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy.stats import binomtest
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -40,8 +41,6 @@ def run_rows(run: str, definition: str) -> tuple[int, dict[str, dict[str, Any]]]
 
 
 def binomial_interval(k: int, n: int) -> list[float]:
-    from scipy.stats import binomtest
-
     ci = binomtest(k, n).proportion_ci(method="exact")
     return [float(ci.low), float(ci.high)]
 
@@ -54,7 +53,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--paper", default="shelf", choices=sorted(PAPER_SHARE), help="the paper's share to test against")
     p.add_argument("--out", type=Path, default=None, help="write the numbers as JSON")
     args = p.parse_args(argv)
-    from scipy.stats import binomtest
 
     by_n = dict(sorted(run_rows(r, args.definition) for r in args.runs))
     ids = sorted(set.intersection(*(set(rows) for rows in by_n.values())))
