@@ -25,6 +25,18 @@
 --           largest value (at least 1; U = words of a side); ties in
 --           value are broken by the smaller u, then the smaller v. With
 --           --min-abs only the stored cells can be chosen.
+-- How       One bounded top-k aggregate per pair (max / max_by keep the k
+--           largest keys), no sort of all word cells. Where the store has
+--           each word cell's rank among its pair's (value_rank, store
+--           version 3: ascending, ties share their average rank, so it
+--           orders the cells as value does, and equal values have equal
+--           ranks), the key is one integer, 2 * rank * 2^32 + (2^32 - 1 -
+--           cell), cell = u * 65536 + v: larger for a larger value, then
+--           for a smaller cell; otherwise (older stores: no rank) the key
+--           is (value, -cell). The relations are looked up per pair in
+--           each sentence's map u -> relation, not joined per top cell.
+--           Cost on full QQP (404k pairs, 78M word cells):
+--           bench/results/sql-run.md
 -- Relations a word that did not align one-to-one with a parser word has
 --           no deprel: it is counted as relation 'unaligned'; a word of
 --           a sentence that has no parse at all as 'unparsed'. Nothing is
@@ -73,7 +85,14 @@ word_cells as (
         u,
         v,
         value,
-    from read_parquet(getvariable('run') || '/word_cells/*.parquet')
+        value_rank,
+    from (
+        from read_parquet(getvariable('run') || '/word_cells/*.parquet')
+        -- stores before version 3 have no value_rank: null
+        union all by name
+        select null::float as value_rank,
+        where false
+    )
     where (select ok from cells_guard)
 ),
 
@@ -112,8 +131,6 @@ parsers as (
 pair_sizes as (
     select
         pairs.pair_id,
-        pairs.sentence_id_a,
-        pairs.sentence_id_b,
         greatest(
             1,
             ceil(
@@ -128,36 +145,36 @@ pair_sizes as (
         on pairs.sentence_id_b = sentences_b.sentence_id
 ),
 
--- max_by keeps, per pair, the k cells of largest (value, -cell) where
--- cell = u * 65536 + v: a bounded top-k aggregate, no sort of all word cells
+-- per pair, the k largest keys (see How): by rank where the cells have one,
+-- by (value, -cell) where they do not (a pair's cells are one commit: all
+-- ranked or none)
 top_cell_lists as (
     select
         word_cells.pair_id,
-        pair_sizes.sentence_id_a,
-        pair_sizes.sentence_id_b,
+        max(
+            (2 * word_cells.value_rank)::bigint * 4294967296
+                + (4294967295 - (word_cells.u::bigint * 65536 + word_cells.v)),
+            pair_sizes.k
+        ) as top_keys_by_rank,
         max_by(
             word_cells.u::bigint * 65536 + word_cells.v,
             (word_cells.value, -(word_cells.u::bigint * 65536 + word_cells.v)),
             pair_sizes.k
-        ) as top_cells,
+        ) filter (where word_cells.value_rank is null) as top_cells_by_value,
     from word_cells
     inner join pair_sizes on word_cells.pair_id = pair_sizes.pair_id
-    group by all
+    group by word_cells.pair_id
 ),
 
+-- cell = u * 65536 + v
 top_cells as (
     select
         pair_id,
-        sentence_id_a,
-        sentence_id_b,
-        cell // 65536 as u,
-        cell % 65536 as v,
-    from (
-        select
-            *,
-            unnest(top_cells) as cell,
-        from top_cell_lists
-    )
+        coalesce(
+            [4294967295 - key % 4294967296 for key in top_keys_by_rank],
+            top_cells_by_value
+        ) as cells,
+    from top_cell_lists
 ),
 
 ---------- logic: their relations
@@ -181,17 +198,28 @@ chosen_parses as (
     )
 ),
 
+-- each parsed sentence's relation of word u
+sentence_relations as (
+    select
+        sentence_id,
+        map(list(u::bigint), list(relation)) as relation_of,
+    from chosen_parses
+    group by sentence_id
+),
+
+-- a word without a parse row ('unparsed'), looked up per pair
 labelled as (
     select
-        coalesce(parses_a.relation, 'unparsed') as relation_of_a,
-        coalesce(parses_b.relation, 'unparsed') as relation_of_b,
+        unnest([coalesce(relations_a.relation_of[cell // 65536], 'unparsed')
+                for cell in top_cells.cells]) as relation_of_a,
+        unnest([coalesce(relations_b.relation_of[cell % 65536], 'unparsed')
+                for cell in top_cells.cells]) as relation_of_b,
     from top_cells
-    left join chosen_parses as parses_a
-        on top_cells.sentence_id_a = parses_a.sentence_id
-        and top_cells.u = parses_a.u
-    left join chosen_parses as parses_b
-        on top_cells.sentence_id_b = parses_b.sentence_id
-        and top_cells.v = parses_b.u
+    inner join pairs on top_cells.pair_id = pairs.pair_id
+    left join sentence_relations as relations_a
+        on pairs.sentence_id_a = relations_a.sentence_id
+    left join sentence_relations as relations_b
+        on pairs.sentence_id_b = relations_b.sentence_id
 ),
 
 relation_pairs as (
