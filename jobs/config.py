@@ -247,6 +247,7 @@ class ParseSettings:
     num_actors: int | None = None  # None: one per CPU, leaving one for Ray Data's other operators
     batch_size: int = PARSE_BATCH_SIZE
     commit_every: int = PARSE_COMMIT_EVERY
+    executor: str = "ray"
     ray_address: str | None = None
     quiet: bool = False
 
