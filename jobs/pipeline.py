@@ -41,7 +41,7 @@ from xsbert_core.quadrature import SUPPORTED_RULES
 
 from . import sqlrun, config, paper
 from .attribution.inputs import BUILTINS, resolve_source
-from .config import JobSettings
+from .config import EXECUTORS, JobSettings
 from .store import DERIVED_TABLES, TABLES, canonical_json, is_remote
 from .store.files import is_file, join, location_fs, read_text, upload
 
@@ -145,6 +145,10 @@ class Study(Strict):
     compare: dict[Name, Compare] = {}
     parse: Parse = Parse()
     report: Report = Report()
+    executor: Literal[EXECUTORS] = Field(  # type: ignore[valid-type]
+        "ray", description="ray: attribute and parse on Ray (a local one, or ray.address); local: in this process, "
+        "without Ray (jobs.attribute and jobs.parse --executor local: the same stores)"
+    )
     ray: Ray = Ray()
     quiet: bool = False
 
@@ -171,6 +175,9 @@ class Study(Strict):
                     raise ValueError(f"compare.{name}.{key}: no run {ref!r} in runs (they are {', '.join(self.runs)})")
             if cmp.run == cmp.run2:
                 raise ValueError(f"compare.{name}: compares run {cmp.run!r} with itself")
+        if self.executor == "local" and self.ray.address:
+            raise ValueError(f"ray.address: {self.ray.address!r} is set, but executor is local (no Ray); "
+                             "set executor: ray to run on that cluster")  # fmt: skip
         clash = set(self.runs) & set(self.compare)
         if clash:
             raise ValueError(
@@ -276,6 +283,7 @@ def job_settings(study: Study, name: str) -> JobSettings:
              for f in Attribution.model_fields}  # fmt: skip
     steps, tolerance = config.Attribution.steps_and_tolerance(given.pop("steps"), given.pop("tolerance"))
     execution = {("ray_address" if f == "address" else f): getattr(study.ray, f) for f in Ray.model_fields}
+    execution["executor"] = study.executor
     return JobSettings(
         selection=config.Selection(
             dataset=ds.source, split=ds.split, config=ds.config, qqp_path=ds.qqp_path, limit=ds.limit,
@@ -469,7 +477,8 @@ def stage_parse(study: Study, run_dirs: dict[str, str]) -> dict[str, Any] | None
         say(f"parse: up to date ({len(run_dirs)} run(s))")
         return None
     job = config.ParseSettings(runs=tuple(str(run_dirs[n]) for n in todo), parser=study.parse.parser,
-                               stanza_dir=study.parse.stanza_dir, ray_address=study.ray.address, quiet=True)
+                               stanza_dir=study.parse.stanza_dir, executor=study.executor,
+                               ray_address=study.ray.address, quiet=True)
     t0 = time.perf_counter()
     summary = parse.main(job, echo=False)
     say(f"parse: {sum(todo.values())} sentences of {', '.join(todo)} -> {summary['parsed']} parsed, "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,7 @@ BAD_CONFIGS = [
     ("datasets.pairs.sample", -3, "datasets.pairs.sample"),
     ("runs.n2-vs-n3", {"dataset": "pairs", "model": "minilm"}, "also name runs"),
     ("models", _DELETE, "models: Field required"),
+    ("executor", "dask", "executor: Input should be 'ray' or 'local'"),
 ]
 
 
@@ -187,6 +189,18 @@ def test_default_config_is_the_readme_main_command():
     assert {study.datasets[r.dataset].source for r in study.runs.values()} == {"stsb", "negation", "adjectives"}
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
     assert "-m jobs.pipeline --config configs/default.yaml" in makefile
+    # In the driver's process, without Ray (a study of a few hundred sentences); the same study on Ray is one --set.
+    assert study.executor == "local"
+    assert {pipeline.job_settings(study, name).execution.executor for name in study.runs} == {"local"}
+    on_ray = pipeline.load_config(CONFIGS / "default.yaml", ["executor=ray"])
+    assert pipeline.job_settings(on_ray, "stsb").execution.executor == "ray"
+
+
+def test_a_local_executor_with_a_ray_address_is_one_line(tmp_path, capsys):
+    tree = {**base_config(tmp_path), "executor": "local", "ray": {"address": "127.0.0.1:6379"}}
+    assert pipeline.cli(["--config", str(write_config(tmp_path / "study.yaml", tree)), "--check"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("jobs.pipeline: error: ") and "executor is local" in err and "\n" not in err
 
 
 # --------------------------------------------------------------------------- end to end on real Ray
@@ -246,6 +260,41 @@ def test_tiny_study_end_to_end_rerun_and_growth(tmp_path, ray_cluster, capsys):
     assert "report n2-vs-n3: written" in out
     report = json.loads((reports / "n2" / "report.json").read_text(encoding="utf-8"))
     assert "6" in json.dumps(report)  # the refreshed report counts the 6 pairs
+
+
+@pytest.mark.slow
+def test_a_local_study_runs_where_ray_cannot_be_imported(tmp_path):
+    """executor: local (configs/default.yaml's): attribute, parse and report in the driver's process, in a process
+    where `import ray` fails; the runs are the ones a Ray study of the same config makes (the same run ids: the
+    executor is not in them), their manifests say local, and the index links each run's report."""
+    import sys
+
+    from test_local_executor import HIDE
+
+    from jobs.attribution.prepare import prepare
+
+    tree = {**base_config(tmp_path, write_tsv(tmp_path / "pairs.tsv", stsb_rows(2))), "executor": "local"}
+    del tree["compare"]
+    path = write_config(tmp_path / "study.yaml", tree)
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(HIDE.format(hidden=["ray"]), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), str(ROOT)])}
+    code = ("import importlib.util, sys; assert importlib.util.find_spec('ray') is None; "
+            "from jobs.pipeline import cli; rc = cli(); assert 'ray' not in sys.modules; raise SystemExit(rc)")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code, "--config", str(path)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "attribute n2: computed 2 pairs" in done.stdout and "parse: " in done.stdout
+    on_ray = pipeline.load_config(path, ["executor=ray"])
+    for name in ("n2", "n3"):
+        run_id = prepare(pipeline.job_settings(on_ray, name)).run_id
+        manifest = json.loads((tmp_path / "runs" / run_id / "manifest.json").read_text())
+        assert [r["resources"]["executor"] for r in manifest["runs"]] == ["local"]
+        assert manifest["parses"]["rows"] > 0 and q(tmp_path / "runs" / run_id, "select count(*) from {pairs}") == [(2,)]
+    index = (tmp_path / "reports" / "index.html").read_text(encoding="utf-8")
+    assert all(f'href="{n}/index.html"' in index and (tmp_path / "reports" / n / "index.html").is_file()
+               for n in ("n2", "n3"))  # fmt: skip
 
 
 def test_pipeline_help_lists_the_options(capsys):
