@@ -183,7 +183,7 @@ def predictions(path: str, texts_a: list[str], texts_b: list[str]) -> dict[str, 
     function's, when that is not cosine (the orig variant's dot product)}."""
     import torch
 
-    model = load_model(path, attn_implementation=None)
+    model = load_model(path, device="cuda" if torch.cuda.is_available() else "cpu", attn_implementation=None)
     unique = list(dict.fromkeys(texts_a + texts_b))
     emb = model.encode(unique, batch_size=64, convert_to_tensor=True, show_progress_bar=False)
     index = {t: k for k, t in enumerate(unique)}
