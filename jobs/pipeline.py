@@ -218,8 +218,8 @@ ModelSpec = Annotated[
 
 class Ray(Strict):
     executor: Literal[EXECUTORS] | None = Field(  # type: ignore[valid-type]
-        None, description="ray (default) or local: every stage in this process and fresh processes of this machine, "
-                          "no Ray (jobs.attribute --executor local)")  # fmt: skip
+        None, description="ray (default) or local: the train and attribute stages without Ray, in this process and "
+                          "fresh processes of this machine (jobs.attribute --executor local); parse uses Ray either way")  # fmt: skip
     address: str | None = None
     num_actors: int | None = Field(None, ge=1)
     cpus_per_actor: float | None = Field(None, gt=0)
