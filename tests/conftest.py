@@ -202,8 +202,8 @@ def _config(arch: str, vocab_size: int, pad_id: int, n_layers: int):
         # pad token (its embedding row would start at 0: a degenerate all-zero reference under RMSNorm).
         lt = ["full_attention" if i % 2 == 0 else "sliding_attention" for i in range(n_layers)]
         return tf.Qwen3Config(**sizes, num_key_value_heads=HEADS // 2, head_dim=HIDDEN // HEADS,
-                              use_sliding_window=True, sliding_window=4, layer_types=lt, vocab_size=vocab_size, initializer_range=INIT_RANGE,
-                              eos_token_id=pad_id)  # fmt: skip
+                              use_sliding_window=True, sliding_window=4, layer_types=lt, vocab_size=vocab_size,
+                              initializer_range=INIT_RANGE, eos_token_id=pad_id)  # fmt: skip
     raise ValueError(arch)
 
 
