@@ -285,6 +285,10 @@ class Explainer:
             "exclude_prompt": self.exclude_prompt,
         }
 
+    def token_counts(self, texts: list[str]) -> tuple[list[int], list[int]]:
+        """(tokens, content tokens) per text as this explainer reads it (its prompt before it): SplitModel's."""
+        return self.split.token_counts(texts, self.prompt)
+
     # ------------------------------------------------------------ sentence factors
     def factors(
         self,

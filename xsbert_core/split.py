@@ -354,19 +354,22 @@ class SplitModel:
             exclude_prompt=bool(exclude_prompt and prompt),
         )
 
-    def content_counts(self, texts: list[str]) -> list[int]:
+    def content_counts(self, texts: list[str], prompt: str = "") -> list[int]:
         """Content tokens per text, untruncated (`content_count`): 0 is a text `tokenize` rejects as no content."""
-        return self.token_counts(texts)[1]
+        return self.token_counts(texts, prompt)[1]
 
-    def token_counts(self, texts: list[str]) -> tuple[list[int], list[int]]:
-        """(tokens, content tokens) per text, untruncated, from one tokenizer call: tokens count the special ones
-        (what max_seq_length bounds), content tokens are `content_count`'s."""
-        enc = self.tokenizer(list(texts), truncation=False, return_offsets_mapping=True)
+    def token_counts(self, texts: list[str], prompt: str = "") -> tuple[list[int], list[int]]:
+        """(tokens, content tokens) per text, untruncated, from one tokenizer call: tokens count the special ones and
+        the prompt's (what max_seq_length bounds), content tokens are `content_count`'s of the text's own tokens."""
+        inputs = [prompt + text for text in texts]
+        enc = self.tokenizer(inputs, truncation=False, return_offsets_mapping=True)
         ids_all, offsets_all = enc["input_ids"], enc["offset_mapping"]
-        return [len(ids) for ids in ids_all], [
-            content_count(text, ids, offsets, self.control_ids)
-            for text, ids, offsets in zip(texts, ids_all, offsets_all)
-        ]
+        cut = len(prompt)
+        counts = []
+        for text, ids, offsets in zip(inputs, ids_all, offsets_all):
+            own = [(i, o) for i, o in zip(ids, offsets) if not prompt or o[1] > cut]
+            counts.append(content_count(text, [i for i, _ in own], [o for _, o in own], self.control_ids))
+        return [len(ids) for ids in ids_all], counts
 
     # ------------------------------------------------------------------ forward
     @torch.no_grad()
