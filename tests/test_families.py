@@ -323,7 +323,8 @@ def test_job_with_a_prompt(tiny, three_pairs, tmp_path_factory):
 def test_job_through_ray(tiny, three_pairs, tmp_path_factory, ray_cluster):
     root = tmp_path_factory.mktemp("job-ray")
     folder = saved(tiny, "qwen3", root)
-    ray_run = Path(attribute(folder, three_pairs, root / "ray", "--num-actors", "1", "--cpus-per-actor", "1")["run_dir"])
+    ray_run = attribute(folder, three_pairs, root / "ray", "--num-actors", "1", "--cpus-per-actor", "1")["run_dir"]
+    ray_run = Path(ray_run)
     local = Path(attribute(folder, three_pairs, root / "local", "--executor", "local")["run_dir"])
     assert ray_run.name == local.name  # same settings, same run id
     want = q(local, "select pair_id, score, attribution_sum from {pairs} order by pair_id")
