@@ -19,6 +19,15 @@ For each model it reports
                     tangents through (B*N*S rows), and / forward of the B*N interpolation points alone
   peak RSS:         a fresh process attributing one 512-token text (max_seq_length raised to 512;
                     layer -1 and N=1 by default: memory is bounded per jvp chunk, time is not the point)
+
+    python bench/engine.py --models "" --families all     # every supported family (xsbert_core.families)
+
+--families: per family, a random model of all-MiniLM-L6-v2's shape (384 hidden, 6 layers, 12 heads, 1536 FFN;
+MiniLM's WordPiece tokenizer for all, the family's own layers, masks and positions; last-token pooling for the
+decoder, mean for the others), loaded with transformers' default attention (SDPA where the family has it): the
+engine says when the kernel cannot take forward-mode AD and falls back to eager, and the table says which ran. It
+reports the engine (riemann N=--steps, --family-pairs STS-B pairs) / a no-grad forward through the same split model
+of the same B*N*S rows, best of two runs of each.
 """
 
 from __future__ import annotations
@@ -155,6 +164,98 @@ print(json.dumps(dict(tokens=len(f.tokens), seconds=dt, rss_after_load_mb=base, 
     return json.loads(lines[-1])
 
 
+# all-MiniLM-L6-v2's shape: the families are compared at one size.
+FAMILY_SHAPE = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
+
+
+def family_config(model_type: str, vocab_size: int, pad_id: int):
+    """A config of `model_type` in FAMILY_SHAPE, the family's other settings as its embedders have them."""
+    import transformers as tf
+
+    common = dict(vocab_size=vocab_size, pad_token_id=pad_id, max_position_embeddings=514, **FAMILY_SHAPE)
+    if model_type == "distilbert":
+        return tf.DistilBertConfig(vocab_size=vocab_size, pad_token_id=pad_id, dim=384, n_layers=6, n_heads=12,
+                                   hidden_dim=1536)  # fmt: skip
+    if model_type == "deberta-v2":
+        return tf.DebertaV2Config(**common, relative_attention=True, pos_att_type=["p2c", "c2p"],
+                                  position_biased_input=False, position_buckets=256, norm_rel_ebd="layer_norm",
+                                  share_att_key=True, type_vocab_size=0)  # fmt: skip
+    if model_type == "electra":
+        return tf.ElectraConfig(**common, embedding_size=192)
+    if model_type == "modernbert":
+        return tf.ModernBertConfig(**common, local_attention=128, global_attn_every_n_layers=3)
+    if model_type == "qwen3":
+        common.pop("pad_token_id")
+        return tf.Qwen3Config(**common, num_key_value_heads=4, head_dim=32)
+    if model_type == "nomic_bert":
+        return tf.NomicBertConfig(**common, head_dim=32)
+    cls = {"bert": tf.BertConfig, "mpnet": tf.MPNetConfig, "roberta": tf.RobertaConfig,
+           "xlm-roberta": tf.XLMRobertaConfig, "gte": tf.GteConfig}[model_type]  # fmt: skip
+    return cls(**common)
+
+
+def family_model(model_type: str, folder: Path):
+    """A random SentenceTransformer of the family (FAMILY_SHAPE), saved to and loaded from `folder` with the
+    default attention implementation."""
+    import transformers as tf
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    from xsbert_core import resolve_model
+
+    tok = tf.AutoTokenizer.from_pretrained(resolve_model(MODELS["minilm"]))
+    torch.manual_seed(0)
+    tf.AutoModel.from_config(family_config(model_type, len(tok), tok.pad_token_id)).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    first = Transformer(str(folder), max_seq_length=128)
+    pooling = "lasttoken" if model_type == "qwen3" else "mean"
+    model = SentenceTransformer(modules=[first, Pooling(first.get_embedding_dimension(), pooling_mode=pooling)],
+                                device="cpu")  # fmt: skip
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def bench_family(model_type: str, args) -> dict:
+    import tempfile
+    import warnings
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = family_model(model_type, Path(tmp) / model_type)
+    loaded = model[0].auto_model.config._attn_implementation
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ex = Explainer(model, layer=args.layer, rule="riemann", steps=args.steps)
+    fallback = [str(w.message) for w in caught if "forward-mode AD" in str(w.message)]
+    pairs = stsb_test_pairs(args.family_pairs, args.seed)
+    texts = [t for p in pairs for t in p]
+    engine_run(model, args.layer, "riemann", args.steps, pairs[:1])  # warm-up
+    t_eng = min(timed(lambda: ex.explain_pairs(pairs))[1] for _ in range(2))
+    t_fwd = min(plain_forward(ex, texts, args.steps, expand_tokens=True) for _ in range(2))
+    return {"family": model_type, "name": ex.split.family.name, "layer": ex.layer, "pairs": len(pairs),
+            "steps": args.steps, "attention_loaded": loaded,
+            "attention_used": model[0].auto_model.config._attn_implementation, "fallback": fallback[:1],
+            "engine_s": t_eng, "forward_same_rows_s": t_fwd, "engine_over_forward_same_rows": t_eng / t_fwd}  # fmt: skip
+
+
+def families_markdown(results: list[dict], args) -> str:
+    lines = [
+        f"Engine / plain forward per family ({time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores, torch "
+        f"{torch.__version__}, {torch.get_num_threads()} threads; random models of all-MiniLM-L6-v2's shape, "
+        f"layer {args.layer}, riemann N={args.steps}, {args.family_pairs} STS-B test pairs, seed {args.seed}; best "
+        f"of two runs). Command: `python bench/engine.py {' '.join(sys.argv[1:])}`",
+        "",
+        "| family | attention loaded -> used | engine (s) | forward of the same B·N·S rows (s) | engine / forward |",
+        "|---|---|---|---|---|",
+    ]
+    for r in results:
+        used = r["attention_loaded"] + (f" -> {r['attention_used']} (no forward-mode AD)" if r["fallback"] else "")
+        lines.append(f"| {r['name']} [{r['family']}] | {used} | {r['engine_s']:.2f} | {r['forward_same_rows_s']:.2f} "
+                     f"| {r['engine_over_forward_same_rows']:.2f}x |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 def bench_model(key: str, args) -> dict:
     name = MODELS[key]
     model = load_model(name)
@@ -272,17 +373,35 @@ def main() -> None:
     p.add_argument("--skip-rss", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "engine.md"))
+    p.add_argument("--families", default="", help="comma list of model_types (xsbert_core.families), or all")
+    p.add_argument("--family-pairs", type=int, default=8, help="STS-B pairs per family")
+    p.add_argument("--families-out", default=str(ROOT / "bench" / "results" / "engine_families.md"))
     args = p.parse_args()
     results = []
-    for key in args.models.split(","):
+    for key in filter(None, (k.strip() for k in args.models.split(","))):
         print(f"== {key}", flush=True)
-        results.append(bench_model(key.strip(), args))
+        results.append(bench_model(key, args))
         print(json.dumps(results[-1], indent=1), flush=True)
-    md = to_markdown(results, args)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(md)
-    Path(args.out).with_suffix(".json").write_text(json.dumps(results, indent=1))
-    print(md)
+    if results:
+        md = to_markdown(results, args)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(md)
+        Path(args.out).with_suffix(".json").write_text(json.dumps(results, indent=1))
+        print(md)
+    if args.families:
+        from xsbert_core.families import FAMILIES
+
+        chosen = list(FAMILIES) if args.families == "all" else [k.strip() for k in args.families.split(",")]
+        fam = []
+        for key in chosen:
+            print(f"== family {key}", flush=True)
+            fam.append(bench_family(key, args))
+            print(json.dumps(fam[-1], indent=1), flush=True)
+        md = families_markdown(fam, args)
+        Path(args.families_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.families_out).write_text(md)
+        Path(args.families_out).with_suffix(".json").write_text(json.dumps(fam, indent=1))
+        print(md)
 
 
 if __name__ == "__main__":
