@@ -166,7 +166,7 @@ def test_excluded_prompt_gets_no_attribution(tiny, arch):
     fs = ex.factors([A, B])
     plain = Explainer(model, layer=1, steps=STEPS, prompt="").factors([A])[0]
     assert fs[0].text == A and fs[0].prompt_excluded and fs[0].tokens == plain.tokens  # the prompt's tokens dropped
-    assert [w.text for w in fs[0].words] == [w.text for w in plain.words]
+    assert [w.text for w in fs[0].words] == [w.text for w in plain.words] and fs[0].word_ids == plain.word_ids
     check_against_independent(model, ex, fs, 1, "approx", "gauss-legendre", prompt=PROMPTS["query"],
                               exclude_prompt=True)  # fmt: skip
     res = Explainer(model, layer=1, steps=24, prompt_name="query", exclude_prompt=True).explain(A, B)
