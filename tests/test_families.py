@@ -6,8 +6,9 @@
     poolings       every sentence-transformers pooling mode, against the independent pooling
     prompts        attributed like any token, or excluded (zero columns dropped); a Pooling that leaves the prompt
                    out (include_prompt=False) pools as model.encode(prompt=...) does
-    errors         an unsupported family names the supported ones; exact mode with a Dense bias says why; a fused
-                   attention kernel falls back to eager, saying so; a split that does not reproduce the model errs
+    errors         an unsupported family names the supported ones; exact mode with a Dense bias says why, and so does
+                   training an exact decoder; a fused attention kernel falls back to eager, saying so; a split that
+                   does not reproduce the model errs
     the job        `python -m jobs.attribute --executor local` on three pairs, per family; one family through Ray;
                    `xsbert explain` per family
 
@@ -241,6 +242,17 @@ def test_exact_mode_with_a_dense_bias_says_why(tiny):
     with pytest.raises(UnsupportedModelError, match="exact mode needs e\\(r\\) = 0.*Dense"):
         Explainer(model, layer=1, mode="exact")
     Explainer(model, layer=1, mode="approx", steps=1).explain(A, B)  # approx mode is fine
+
+
+def test_training_an_exact_decoder_says_why_not(tiny):
+    """The embedding shift of a trained exact model keeps the first and last token; Qwen3's tokenizer adds only the
+    last one, so the model's shift and the engine's reference would differ: shifted() refuses, naming why. (The
+    engine's exact mode on the model as it is works: test_engine_equals_the_independent_reference.)"""
+    from xsbert_core import shifted
+
+    with pytest.raises(UnsupportedModelError, match="exactly one special token at each end"):
+        shifted(tiny.build("qwen3", "lasttoken", n_layers=2))
+    shifted(tiny.build("modernbert", "mean", n_layers=2))  # [CLS] ... [SEP]: fine
 
 
 @pytest.mark.parametrize("arch", ["modernbert", "qwen3", "bert"])
