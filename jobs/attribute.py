@@ -101,6 +101,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="texts over max_seq_length: quarantine the pair (default), warn (truncate and flag), "
                         "or error (stop before computing)")  # fmt: skip
     m.add_argument("--min-abs", type=float, default=0.0, help="store only cells with |value| >= this (sums unchanged)")
+    m.add_argument("--prompt", default=None, metavar="TEXT",
+                   help="instruction prefix read before every sentence (default: the model's default prompt, if "
+                        "any; '' for none); its tokens are attributed like any other")
+    m.add_argument("--prompt-name", default=None, metavar="NAME", help="the model's prompt of this name (`prompts`)")
+    m.add_argument("--exclude-prompt", action="store_true",
+                   help="the prompt's tokens get no attribution and are not stored (approx mode)")  # fmt: skip
     m.add_argument("--cells", choices=CELL_CHOICES, default="all",
                    help="which cells to store: all (default), same-token (token_a = token_b, word_a = word_b: what "
                         "sql/lexical_ranks.sql reads: ~4%% of QQP's) or none; part of the run id; the pairs' sums, "

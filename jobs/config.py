@@ -106,6 +106,9 @@ class Attribution:
     truncation: str = "quarantine"
     min_abs: float = 0.0
     cells: str = "all"
+    prompt: str | None = None  # instruction prefix of every sentence (None: the model's default prompt, if any)
+    prompt_name: str | None = None  # the model's prompt of this name
+    exclude_prompt: bool = False
 
     @staticmethod
     def steps_and_tolerance(steps: int | None, tolerance: float | None) -> tuple[int, float | None]:
@@ -193,7 +196,7 @@ class RunConfig:
 
     A field with `omitted_at` in its metadata is left out of the hash while it has that value: the run ids of
     stores made before it was a setting stay what they were (`cells`: stores of every cell; `precision`:
-    float32 runs)."""
+    float32 runs; `prompt`, `exclude_prompt`: runs without a prompt)."""
 
     store_version: int
     code_version: str
@@ -212,6 +215,8 @@ class RunConfig:
     dataset: dict[str, Any]  # name, config, split, columns
     cells: str = field(default="all", metadata={"omitted_at": "all"})
     precision: str = field(default=DEFAULT_PRECISION, metadata={"omitted_at": DEFAULT_PRECISION})
+    prompt: str = field(default="", metadata={"omitted_at": ""})  # the resolved prompt string
+    exclude_prompt: bool = field(default=False, metadata={"omitted_at": False})
 
     def as_dict(self) -> dict[str, Any]:
         """The config as the manifest records it and the run id hashes it."""

@@ -109,6 +109,9 @@ class Attribution(Strict):
     truncation: Literal["quarantine", "warn", "error"] | None = None
     min_abs: float | None = Field(None, ge=0)
     precision: Literal[PRECISIONS] | None = None  # type: ignore[valid-type]
+    prompt: str | None = None
+    prompt_name: str | None = None
+    exclude_prompt: bool | None = None
 
 
 class Run(Attribution):

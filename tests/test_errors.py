@@ -312,8 +312,8 @@ def test_first_module_not_a_transformer():
         Explainer(model, layer=0)
 
 
-def test_hf_model_without_encoder_layers(tiny, tmp_path):
-    """A decoder (GPT-2: layers under `h`) has no encoder layer list to split."""
+def test_hf_model_of_an_unsupported_family(tiny, tmp_path):
+    """GPT-2 (layers under `h`) is no supported family: the error names it and the supported ones."""
     import transformers as tf
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
@@ -330,7 +330,7 @@ def test_hf_model_without_encoder_layers(tiny, tmp_path):
         modules=[Transformer(str(tmp_path), model_kwargs={"attn_implementation": "eager"}), Pooling(32)], device="cpu"
     )
     assert type(model[0].auto_model).__name__ == "GPT2Model"
-    with pytest.raises(UnsupportedModelError, match="encoder layer"):
+    with pytest.raises(UnsupportedModelError, match="model_type 'gpt2'.*not a supported architecture.*BERT"):
         Explainer(model, layer=0)
 
 

@@ -5,6 +5,11 @@
     res.matrix          # (S_a, S_b) token-pair attributions, sum -> DESIGN section 1 target
     fs = ex.factors(["text 1", "text 2", ...])    # one SentenceFactors per text, each P is (D, S)
     ex.pair(fs[0], fs[1])                         # PairAttribution from precomputed factors
+
+Prompts (instruction prefixes): `Explainer(..., prompt_name="query")` or `prompt="search_query: "` reads every text
+as `prompt + text`, as sentence-transformers' encode does (a model's default prompt applies unless `prompt=""`); the
+prompt's tokens are attributed like any other, or left out with `exclude_prompt=True` (split.py says how). One side
+of a pair can have its own: `ex.factors([query], prompt_name="query")`, `ex.explain(q, d, prompt_b=...)`.
 """
 
 from __future__ import annotations
@@ -60,6 +65,10 @@ class SentenceFactors:
     error: float  # ||sum_s P[:, s] - (e(x) - e(r))|| / ||e(x) - e(r)||
     truncated: bool
     converged: bool = True  # error <= the explainer's tolerance (always True without one)
+    # The prompt the model read before the text ("" without one). Attributed: `text` is prompt + text and the
+    # prompt's tokens are tokens of it. Excluded: `text` is the text alone, the prompt's (zero) columns are dropped.
+    prompt: str = ""
+    prompt_excluded: bool = False
 
     @property
     def words(self) -> list[Word]:
@@ -152,6 +161,9 @@ class Explainer:
     internal_batch_size: sequences per jvp call (None: sized from the text length)
     precision:  the Jacobian-vector products' arithmetic, 'fp32' | 'tf32' | 'bf16' | 'fp16' (xsbert_core.precision);
                 endpoints, the sum over nodes, the completeness check and A stay float32 / float64
+    prompt, prompt_name: an instruction prefix read before every text (a literal, or a name of the model's
+                `prompts`); neither: the model's default prompt, if it has one
+    exclude_prompt: the prompt's tokens receive no attribution and are left out of the factors (approx mode)
     """
 
     def __init__(
@@ -168,6 +180,9 @@ class Explainer:
         internal_batch_size: int | None = None,
         device: str | None = None,
         precision: Precision | str = DEFAULT_PRECISION,
+        prompt: str | None = None,
+        prompt_name: str | None = None,
+        exclude_prompt: bool = False,
     ) -> None:
         try:
             self.rule = canonical_rule(rule)
@@ -203,6 +218,39 @@ class Explainer:
         self.truncation: Truncation = truncation
         self.internal_batch_size = internal_batch_size
         self._jvp_split: SplitModel | None = None
+        self.exclude_prompt = bool(exclude_prompt)
+        self.prompt = self.resolve_prompt(prompt, prompt_name, default=self._model_default_prompt())
+        if self.exclude_prompt and self.prompt and self.mode == "exact":
+            raise InputError(
+                "exclude_prompt holds the prompt's hidden states fixed along the path, so the path starts at a point "
+                "whose embedding is not 0: exact mode's e(r) = 0 (sum A -> f(a, b)) cannot hold. Use mode 'approx', "
+                "or attribute the prompt"
+            )
+
+    def _model_default_prompt(self) -> str:
+        name = getattr(self.model, "default_prompt_name", None)
+        return str((getattr(self.model, "prompts", None) or {}).get(name) or "") if name else ""
+
+    def resolve_prompt(
+        self, prompt: str | None = None, prompt_name: str | None = None, default: str | None = None
+    ) -> str:
+        """The prompt string: `prompt` as given, the model's prompt called `prompt_name`, else `default` (the
+        explainer's own prompt when None). "" is no prompt."""
+        if prompt is not None and prompt_name is not None:
+            raise InputError("give a prompt or a prompt_name, not both")
+        if prompt is not None:
+            if not isinstance(prompt, str):
+                raise InputError(f"a prompt must be a string, got {type(prompt).__name__}")
+            return prompt
+        if prompt_name is not None:
+            prompts = dict(getattr(self.model, "prompts", None) or {})
+            if prompt_name not in prompts:
+                raise InputError(
+                    f"the model has no prompt named {prompt_name!r}; its prompts: "
+                    f"{', '.join(repr(k) for k in prompts) or 'none'}"
+                )
+            return str(prompts[prompt_name] or "")
+        return self.prompt if default is None else default
 
     @property
     def jvp_split(self) -> SplitModel:
@@ -232,23 +280,37 @@ class Explainer:
             "max_steps": self.max_steps if self.tolerance is not None else None,
             "truncation": self.truncation,
             "precision": self.precision,
+            "family": self.split.family.model_type,
+            "prompt": self.prompt,
+            "exclude_prompt": self.exclude_prompt,
         }
+
+    def token_counts(self, texts: list[str]) -> tuple[list[int], list[int]]:
+        """(tokens, content tokens) per text as this explainer reads it (its prompt before it): SplitModel's."""
+        return self.split.token_counts(texts, self.prompt)
 
     # ------------------------------------------------------------ sentence factors
     def factors(
-        self, texts: Sequence[str], batch_size: int = DEFAULT_BATCH_SIZE, progress: bool = False
+        self,
+        texts: Sequence[str],
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        progress: bool = False,
+        prompt: str | None = None,
+        prompt_name: str | None = None,
     ) -> list[SentenceFactors]:
         """One SentenceFactors per text (duplicates computed once), batched by token length.
 
-        Results equal one-at-a-time computation up to float rounding.
+        prompt / prompt_name: this call's prompt (resolve_prompt); neither: the explainer's. Results equal
+        one-at-a-time computation up to float rounding.
         """
         texts = list(texts)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise InputError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         if not texts:
             return []
+        use = self.resolve_prompt(prompt, prompt_name)
         unique = list(dict.fromkeys(texts))
-        batch = self.split.tokenize(unique, self.truncation)  # validates every text up front
+        batch = self.split.tokenize(unique, self.truncation, use, self.exclude_prompt)  # validates every text first
         order = sorted(range(len(unique)), key=lambda i: batch.lengths[i])
         done: dict[str, SentenceFactors] = {}
         chunks = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
@@ -257,8 +319,8 @@ class Explainer:
 
             chunks = tqdm(chunks, desc="sentence factors", unit="batch")
         for rows in chunks:
-            for sf in self._factor_batch(batch.select(rows)):
-                done[sf.text] = sf
+            for row, sf in zip(rows, self._factor_batch(batch.select(rows))):
+                done[unique[row]] = sf
         return [done[t] for t in texts]
 
     def _factor_batch(self, batch) -> list[SentenceFactors]:
@@ -284,18 +346,29 @@ class Explainer:
                 if not converged:
                     logger.warning("factor error %.2e > tolerance at max_steps=%d", errs[k], n_steps)
                 n = sub.lengths[k]
+                keep = list(range(n))
+                text, offsets, word_ids = sub.texts[k], sub.offsets[k], sub.word_ids[k]
+                if sub.exclude_prompt:  # the prompt's columns are exactly 0 (Delta = 0 there): dropped
+                    cut = len(sub.prompt)
+                    keep = [i for i in keep if not bool(sub.prompt_mask[k, i])]
+                    text = text[cut:]
+                    offsets = [(max(0, s - cut), max(0, e - cut)) for s, e in offsets]
+                    renumber = {w: u for u, w in enumerate(sorted({word_ids[i] for i in keep} - {None}))}
+                    word_ids = [None if w is None else renumber.get(w) for w in word_ids]
                 results[row] = SentenceFactors(
-                    text=sub.texts[k],
-                    tokens=sub.tokens[k],
-                    word_ids=sub.word_ids[k],
-                    offsets=sub.offsets[k],
-                    factor=p[k, :, :n].detach().cpu(),
+                    text=text,
+                    tokens=[sub.tokens[k][i] for i in keep],
+                    word_ids=[word_ids[i] for i in keep],
+                    offsets=[offsets[i] for i in keep],
+                    factor=p[k, :, keep].detach().cpu(),
                     embedding=ends.e_x[k].detach().cpu(),
                     reference_embedding=ends.e_r[k].detach().cpu(),
                     n_steps=n_steps,
                     error=float(errs[k]),
                     truncated=sub.truncated[k],
                     converged=converged,
+                    prompt=sub.prompt,
+                    prompt_excluded=sub.exclude_prompt,
                 )
             if not retry:
                 return [results[i] for i in range(len(batch.texts))]
@@ -340,9 +413,15 @@ class Explainer:
             res.word_matrix = word_matrix(a_mat, wa, wb)
         return res
 
-    def explain(self, a: str, b: str, words: bool = False) -> PairAttribution:
-        """Attributions for one pair (a, b)."""
-        fa, fb = self.factors([a, b])
+    def explain(
+        self, a: str, b: str, words: bool = False, prompt_a: str | None = None, prompt_b: str | None = None
+    ) -> PairAttribution:
+        """Attributions for one pair (a, b); prompt_a / prompt_b: a side's own prompt (None: the explainer's)."""
+        if prompt_a is None and prompt_b is None:
+            fa, fb = self.factors([a, b])
+        else:
+            fa = self.factors([a], prompt=prompt_a)[0]
+            fb = self.factors([b], prompt=prompt_b)[0]
         return self.pair(fa, fb, words=words)
 
     def explain_pairs(

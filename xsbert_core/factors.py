@@ -54,13 +54,19 @@ class Endpoints:
 
 @torch.no_grad()
 def endpoints(split: SplitModel, batch: TokenBatch) -> Endpoints:
-    """Run the model on inputs and references: hidden states at L and embeddings at both ends."""
+    """Run the model on inputs and references: hidden states at L and embeddings at both ends.
+
+    With an excluded prompt (batch.exclude_prompt) the path starts at h(r) with the prompt's positions held at
+    h(x): h_r[prompt] = h_x[prompt], so Delta is 0 there (split.py).
+    """
     h_x, _ = split.hidden(batch.features)
     ref_features = batch.reference_features()
     h_r, t_r = split.hidden(ref_features)
+    if batch.exclude_prompt and batch.prompt_mask is not None:
+        h_r = torch.where(batch.prompt_mask.unsqueeze(-1), h_x, h_r)
     shift = t_r if split.mode == "exact" else None
-    e_x = split.tail(h_x, batch.features, shift)
-    e_r = split.tail(h_r, batch.features, shift)
+    e_x = split.tail(h_x, batch.features, shift, batch.prompt_length)
+    e_r = split.tail(h_r, batch.features, shift, batch.prompt_length)
     return Endpoints(batch, h_x, h_r, shift, e_x, e_r)
 
 
@@ -143,7 +149,7 @@ def integrate(
             sh = row_shift[r0:r1] if row_shift is not None else None
 
             def e_of(h: Tensor, f=f, sh=sh) -> Tensor:
-                return tail_split.tail(h, f, sh)
+                return tail_split.tail(h, f, sh, ends.batch.prompt_length)
 
             def push(t: Tensor, x=x, e_of=e_of) -> Tensor:
                 return jvp(e_of, (x,), (t,))[1]

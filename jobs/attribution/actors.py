@@ -167,7 +167,8 @@ def factor_rows(ids: list[str], texts: list[str], results: list[SentenceFactors 
         if not isinstance(res, str) and not res.converged:
             res = not_converged(res, tolerance)
         cols["sentence_id"].append(sid)
-        cols["text"].append(text)
+        # what the tokens' offsets index: with an attributed prompt the model read prompt + text
+        cols["text"].append(text if isinstance(res, str) else res.text)
         if isinstance(res, str):
             for name in FACTOR_SCHEMA.names[2:-2]:
                 cols[name].append(None)
@@ -228,6 +229,8 @@ class FactorActor:
         fail_text: str | None = None,
         start_log: str | None = None,
         precision: str = "fp32",
+        prompt: str = "",
+        exclude_prompt: bool = False,
     ) -> None:
         if start_log:  # test hook (XSBERT_TEST_START_LOG): one line per actor start
             with open(start_log, "a", encoding="utf-8") as fh:
@@ -243,7 +246,7 @@ class FactorActor:
         self.explainer = Explainer(
             model, layer=layer, mode=mode, similarity=similarity, rule=rule, steps=steps,  # type: ignore[arg-type]
             tolerance=tolerance, max_steps=max_steps, truncation=truncation, device=device,  # type: ignore[arg-type]
-            precision=precision,
+            precision=precision, prompt=prompt, exclude_prompt=exclude_prompt,
         )  # fmt: skip
         self.batch_size = batch_size
         self.kill_once = kill_once

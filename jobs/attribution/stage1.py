@@ -93,8 +93,8 @@ def actor_kwargs(attribution: Attribution, explainer: Explainer, res: dict[str, 
     e = explainer
     return dict(model=attribution.model, layer=e.layer, mode=e.mode, similarity=e.similarity, rule=e.rule,
                 steps=e.steps, tolerance=e.tolerance, max_steps=e.max_steps, truncation=e.truncation,
-                precision=e.precision, device=res["device"], threads=res["threads"], batch_size=res["batch_size"],
-                **hooks)  # fmt: skip
+                precision=e.precision, prompt=e.prompt, exclude_prompt=e.exclude_prompt, device=res["device"],
+                threads=res["threads"], batch_size=res["batch_size"], **hooks)  # fmt: skip
 
 
 class FactorStream:
