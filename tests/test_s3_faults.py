@@ -128,6 +128,23 @@ def test_unfinished_multipart_upload_is_aborted(proxy, s3):
         store.close()
 
 
+def test_lost_answer_to_an_abort_is_done_not_retried_until_the_deadline(proxy, s3):
+    """An unfinished multipart upload is aborted, but the abort's answer is lost: the client's own retry finds no
+    such upload (404 NoSuchUpload), which means the abort is done. Before, NoSuchUpload counted as transient: the
+    abort was retried until the deadline, then given up (and every later upload of the listing skipped)."""
+    from jobs.store.clients import abort_uploads
+
+    key = "abort-lost/r/cells/part-000000-0000000.parquet"
+    s3.client().create_multipart_upload(Bucket=s3.bucket, Key=key)
+    assert uploads(s3, "abort-lost/") == [key]
+    proxy.set(rate=1.0, kinds=("lost",), match=r"^DELETE .*uploadId=", limit=1)
+    t0 = time.monotonic()
+    aborted = abort_uploads(s3.uri("abort-lost"), f"{s3.bucket}/abort-lost/r", deadline_s=30)
+    assert proxy.faults["lost"] == 1
+    assert aborted == [f"{s3.bucket}/{key}"] and time.monotonic() - t0 < 10
+    assert not uploads(s3, "abort-lost/")
+
+
 def test_denied_is_the_only_failure_with_a_credentials_hint(proxy, s3):
     """403 (moto checking signatures): access denied, with where a cluster gets credentials; never runtime_env."""
     with s3.auth_enforced():
