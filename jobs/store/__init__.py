@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .layout import (
     DERIVED_TABLES,
+    MARKER_PREFIX,
     PARQUET_OPTIONS,
     PART_RE,
     SCHEMAS,
@@ -59,6 +60,7 @@ __all__ = [
     "DERIVED_TABLES",
     "LOCK_NAME",
     "LOCK_TTL_S",
+    "MARKER_PREFIX",
     "PARQUET_OPTIONS",
     "PART_RE",
     "REMOTE_SCHEMES",

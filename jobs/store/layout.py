@@ -41,6 +41,9 @@ DERIVED_TABLES: tuple[str, ...] = ("parses",)
 # written by the stage-2 task that computed them, named by the first pair of its batch).
 PART_RE = re.compile(r"^part-(\d{6})(?:-(\d{7}))?\.parquet$")
 STAGING = "_staging"
+# A local run's marker of the per-wave node check (jobs/attribution/placement.py): `.node-check-<token>` in the run
+# folder while a Ray job runs; a killed job's is removed by the next writer's open (RunStore.recover).
+MARKER_PREFIX = ".node-check-"
 
 _str, _i32, _i64, _f32, _f64, _bool = pa.string(), pa.int32(), pa.int64(), pa.float32(), pa.float64(), pa.bool_()
 _ij = pa.list_(pa.struct([("i", _i32), ("j", _i32)]))  # cells by row and column

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from .layout import (
     DERIVED_TABLES,
+    MARKER_PREFIX,
     PART_RE,
     SCHEMAS,
     STAGING,
@@ -102,11 +103,13 @@ class RunStore:
         self.close()
 
     def recover(self) -> list[Path]:
-        """Remove the staging folder and wave parts whose pairs part never landed; return what was removed."""
+        """Remove the staging folder, wave parts whose pairs part never landed and the node-check markers of jobs
+        that did not end; return what was removed."""
         removed: list[Path] = []
         staging = self.path / STAGING
         if staging.exists():
             removed.append(staging)
+        removed += sorted(self.path.glob(f"{MARKER_PREFIX}*"))  # one writer at a time: no live job's marker
         committed = {part_seq(p.name) for p in self.parts("pairs")}
         for table in WAVE_TABLES:
             removed += [part for part in self.parts(table) if part_seq(part.name) not in committed]
