@@ -206,6 +206,19 @@ def test_pages_and_status_codes(served, stores):
     assert status == 200 and body == "" and int(headers["Content-Length"]) > 1000
 
 
+def test_huge_whole_numbers_are_a_400_never_a_500(served):
+    """A page or count past int64 (DuckDB's OFFSET overflowed: a 500) is a 400 that names the bound; the largest
+    allowed page is past the end, a 404 that says how many pages there are."""
+    huge = "9223372036854775807"
+    for path in (f"/pairs?page={huge}", f"/pairs?reason=any&page={huge}", f"/tokens?page={huge}",
+                 f"/token?t=big&page={huge}", f"/tokens?min_count={huge}", f"/pairs?page={huge}0000",
+                 "/pairs?page=" + "9" * 5000):  # fmt: skip
+        status, page, _ = served.get(path)
+        assert status == 400 and "is outside 1..1,000,000,000,000" in page, (path, status, page[-600:])
+    status, page, _ = served.get(f"/pairs?page={10**12}")
+    assert status == 404 and "there are 4 pages" in page, page[-600:]
+
+
 def test_hostile_strings_are_escaped_everywhere(served, stores):
     """Texts, tokens, words, pair ids, quarantine rows and echoed parameters are text, never markup."""
     hostile_id = f"p03{HOSTILE[0]}"

@@ -30,6 +30,11 @@ PAGE_SIZE = 50  # rows per page of a list
 MAX_PAGE_SIZE = 500
 
 
+# The largest whole number a page takes (page, min_count, ...): with a page of MAX_PAGE_SIZE rows, DuckDB's OFFSET
+# (page - 1) * size stays far inside int64; a larger value is a 400, never an overflow in the query (a 500).
+MAX_INTEGER = 10**12
+
+
 TOP_CELLS = 10  # top positive and top negative cells on a pair page
 
 
