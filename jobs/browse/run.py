@@ -24,6 +24,17 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 
 
+# Requests answered at once (a thread each; DuckDB does the work); WAITING_PER_WORKER more per worker wait for a free
+# one, and beyond those a request is answered 503 with Retry-After at once (never a silent queue that times out).
+DEFAULT_WORKERS = 8
+WAITING_PER_WORKER = 2
+RETRY_AFTER_S = 1
+# Connections the kernel holds before they are accepted (the listen backlog).
+LISTEN_BACKLOG = 128
+# A request whose client sends nothing for this long frees its worker (a stalled or slow client holds none).
+REQUEST_TIMEOUT_S = 30
+
+
 PAGE_SIZE = 50  # rows per page of a list
 
 
