@@ -43,6 +43,7 @@ from .config import (
     CELL_WRITERS,
     DEFAULT_ADAPTIVE_TOLERANCE,
     DEFAULT_DATASET,
+    DEFAULT_MAX_CHARS,
     DEFAULT_MAX_RETRIES,
     DEFAULT_OUT,
     DEFAULT_SAMPLE,
@@ -100,6 +101,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     m.add_argument("--truncation", choices=TRUNCATION_CHOICES, default="quarantine",
                    help="texts over max_seq_length: quarantine the pair (default), warn (truncate and flag), "
                         "or error (stop before computing)")  # fmt: skip
+    m.add_argument("--max-chars", type=int, default=DEFAULT_MAX_CHARS,
+                   help=f"texts longer than this many characters are quarantined (too_long) before they are "
+                        f"tokenized, whatever --truncation says (default {DEFAULT_MAX_CHARS:,}); not in the run id")  # fmt: skip
     m.add_argument("--min-abs", type=float, default=0.0, help="store only cells with |value| >= this (sums unchanged)")
     m.add_argument("--cells", choices=CELL_CHOICES, default="all",
                    help="which cells to store: all (default), same-token (token_a = token_b, word_a = word_b: what "

@@ -92,6 +92,7 @@ class Attribution(Strict):
     tolerance: float | None = Field(None, gt=0)
     max_steps: int | None = Field(None, ge=1)
     truncation: Literal["quarantine", "warn", "error"] | None = None
+    max_chars: int | None = Field(None, ge=1)
     min_abs: float | None = Field(None, ge=0)
     precision: Literal[PRECISIONS] | None = None  # type: ignore[valid-type]
 

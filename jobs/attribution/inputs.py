@@ -68,7 +68,8 @@ REASONS: tuple[str, ...] = (
     "bad_label",  # not a number, not finite, outside the label range, not 0/1 for is_duplicate
     "no_content_a",  # no token but special ones ([CLS] [SEP], <s> </s>, ...) or whitespace under the model's tokenizer
     "no_content_b",
-    "too_long_a",  # more tokens than the model's max_seq_length (--truncation quarantine)
+    "too_long_a",  # more tokens than the model's max_seq_length (--truncation quarantine); more than --max-chars
+    # characters in any mode, checked right after the empty texts, before any tokenizer sees the text
     "too_long_b",
     "attribution_error",  # the engine failed on the pair (NaN/Inf); retried on every rerun
     "not_converged",  # adaptive N: a sentence's factor error still above --tolerance at --max-steps
