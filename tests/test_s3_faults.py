@@ -145,6 +145,38 @@ def test_lost_answer_to_an_abort_is_done_not_retried_until_the_deadline(proxy, s
     assert not uploads(s3, "abort-lost/")
 
 
+_COMMIT_ONE = """
+import sys
+if sys.argv[2] == "entry-point":
+    from jobs.console import quiet_console
+    quiet_console()  # what jobs.attribute, jobs.parse, jobs.pipeline and xsbert sql/serve/show do first
+import pyarrow as pa
+from jobs import store as jstore
+store = jstore.open_store(sys.argv[1], "r", retry_s=30).open()
+store.commit(0, {"pairs": pa.Table.from_pylist([{"pair_id": "a"}], schema=jstore.SCHEMAS["pairs"])})
+store.close()
+print("committed")
+"""
+
+
+def test_pyarrows_own_s3_retry_notices_stay_off_the_console(proxy, s3):
+    """A SlowDown answer to completing an upload: pyarrow's S3 client retries it itself and prints
+    `s3fs.cc:NNN: CompletedMultipartUpload got error embedded in a 200 OK response: SlowDown ..., retry = 1` on fd 2.
+    The write succeeds either way; the command-line entry points keep the line off the console (before: it reached
+    the job's output), and nothing else of stderr is dropped."""
+    env = {**os.environ, **s3.env, "AWS_ENDPOINT_URL": proxy.url, "PYTHONPATH": str(ROOT)}
+    seen = {}
+    for mode in ("bare", "entry-point"):
+        proxy.set(rate=1.0, kinds=("503",), match=r"^POST .*pairs/part-000000\.parquet\?uploadId=", limit=1)
+        done = subprocess.run([sys.executable, "-c", _COMMIT_ONE, s3.uri(f"notices-{mode}"), mode], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 0 and "committed" in done.stdout, done.stderr[-2000:]
+        assert proxy.faults["503"] >= 1
+        seen[mode] = done.stderr
+    assert "s3fs.cc" in seen["bare"] and "SlowDown" in seen["bare"], seen["bare"]  # the fault makes the notice
+    assert "s3fs.cc" not in seen["entry-point"] and "SlowDown" not in seen["entry-point"], seen["entry-point"]
+
+
 def test_denied_is_the_only_failure_with_a_credentials_hint(proxy, s3):
     """403 (moto checking signatures): access denied, with where a cluster gets credentials; never runtime_env."""
     with s3.auth_enforced():
