@@ -42,7 +42,7 @@ from xsbert_core.quadrature import SUPPORTED_RULES
 from . import sqlrun, config, paper
 from .attribution.inputs import BUILTINS, resolve_source
 from .config import JobSettings
-from .store import DERIVED_TABLES, TABLES, canonical_json, is_remote
+from .store import DERIVED_TABLES, TABLES, canonical_json, committed_parts, committed_waves, is_remote
 from .store.files import is_file, join, location_fs, read_text, upload
 
 PROG = "python -m jobs.pipeline"
@@ -301,13 +301,15 @@ def run_state(run: str) -> dict[str, list[list[Any]]]:
     import pyarrow.fs as pafs
 
     fs, base = location_fs(run)
+    infos = {table: {i.base_name: i for i in fs.get_file_info(pafs.FileSelector(f"{base}/{table}", allow_not_found=True))
+                     if i.type == pafs.FileType.File}
+             for table in TABLES + DERIVED_TABLES}  # fmt: skip
+    waves = committed_waves(infos["pairs"])
     state = {}
     for table in TABLES + DERIVED_TABLES:
-        infos = fs.get_file_info(pafs.FileSelector(f"{base}/{table}", allow_not_found=True))
-        parts = sorted((i for i in infos if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")),
-                       key=lambda i: i.base_name)  # fmt: skip
+        parts = committed_parts(table, infos[table], waves)  # what readers read: a wave in progress is not a change
         if parts:
-            state[table] = [[i.base_name, i.size, i.mtime_ns] for i in parts]
+            state[table] = [[name, infos[table][name].size, infos[table][name].mtime_ns] for name in parts]
     return state
 
 

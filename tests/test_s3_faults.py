@@ -278,3 +278,32 @@ def test_failed_manifest_write_is_one_line_and_the_rerun_rewrites_it(s3_ray, pro
     assert done.returncode == 0 and "computed now        0 pairs" in done.stdout, done.stdout + done.stderr[-2000:]
     manifest = jstore.open_store(out, rid).read_manifest()
     assert manifest["tables"]["pairs"]["rows"] == N_PAIRS and manifest["tables"]["pairs"]["parts"] == 2
+
+
+def test_a_job_that_dies_mid_wave_on_s3_leaves_readers_the_committed_waves(proxy, s3, data, capsys):
+    """Wave 2's `pairs` part cannot be written (every try answered 500) and, after the job stopped in one line, its
+    other parts cannot be deleted either: they stay on S3. `xsbert sql` reads the committed wave only (4 pairs and
+    their cells; before: the cells of 8 pairs against 4 in `pairs`); the rerun removes them and completes the run."""
+    from jobs.attribute import cli as attribute_cli
+    from jobs.cli import main as xsbert
+
+    out = s3.uri("mid-wave")
+    argv = ["--dataset", str(data), *FAST, *FLAGS, "--executor", "local", "--cpus-per-actor", "1", "--out", out, "-q"]
+    proxy.set(rate=1.0, kinds=("500",), match=r"^((PUT|POST) \S*/pairs/part-000001\.parquet|DELETE \S*/part-000001)")
+    code = attribute_cli([*argv, "--store-retry-s", "2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    proxy.set(rate=0.0)
+    assert code == 2 and err[-1].startswith("jobs.attribute: error: ") and "pairs/part-000001.parquet" in err[-1], err
+    left = keys(s3, "mid-wave/")
+    assert [k for k in left if "/cells/part-000001" in k] and not [k for k in left if "/pairs/part-000001" in k], left
+    run = next(k for k in left if "/pairs/part-000000" in k).split("/pairs/")[0]
+    uri = f"s3://{s3.bucket}/{run}"
+    counts = "select (select count(*) from pairs), (select count(distinct pair_id) from cells), " \
+             "(select count(distinct pair_id) from word_cells)"  # fmt: skip
+    assert xsbert(["sql", "--run", uri, counts, "--csv"]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == "4,4,4"
+    assert attribute_cli(argv) == 0
+    capsys.readouterr()
+    assert xsbert(["sql", "--run", uri, counts, "--csv"]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == f"{N_PAIRS},{N_PAIRS},{N_PAIRS}"
+

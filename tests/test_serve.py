@@ -503,7 +503,7 @@ def test_missing_and_half_written_runs_are_one_line(tmp_path, capsys):
     torn, _ = make_store(tmp_path, "torn", n_pairs=4, waves=1)
     part = next((torn / "cells").glob("*.parquet"))
     part.write_bytes(part.read_bytes()[:100])
-    cases["torn part"] = (torn, "a table cannot be read (Invalid Input Error: No magic bytes found at end of file")
+    cases["torn part"] = (torn, "its cells table cannot be read (Invalid Input Error: No magic bytes found at end of file")
     short, _ = make_store(tmp_path, "short", n_pairs=4, waves=2)
     next((short / "pairs").glob("part-000001*.parquet")).unlink()
     cases["parts missing"] = (short, "manifest.json lists 4 pairs but pairs/ holds 2")

@@ -110,7 +110,7 @@ def open_context(
         facts = run_facts(con, first)
         facts2 = run_facts(con, second, "_2") if second is not None else None
     except duckdb.Error as exc:  # a table that is not readable Parquet, or lacks a column every run has
-        raise InputError(f"cannot read the run: {str(exc).strip().splitlines()[0]}") from exc
+        raise InputError(f"cannot read the run: {sqlrun.one_line(exc)}") from exc
     return Context(con, first, second, folder, facts, facts2, note=note)
 
 

@@ -22,6 +22,8 @@ from typing import Any
 
 from xsbert_core import InputError
 
+from ..sqlrun import one_line
+
 from .pages import (
     HEADERS,
     ROUTES,
@@ -169,8 +171,7 @@ def make_handler(app: App, renderer: Renderer, log: Callable[[str], None] | None
             except Exception as exc:  # noqa: BLE001 - one line to the browser, the traceback to the log
                 if log is not None:
                     log(traceback.format_exc())
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                return self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(exc).__name__}: {first}", head)
+                return self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(exc).__name__}: {one_line(exc)}", head)
             finally:
                 page.close()
             self._send(200, body, head=head)
