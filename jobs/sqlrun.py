@@ -7,7 +7,9 @@
 The connection has one view per table of the run (pairs, cells, word_cells, sentences, quarantine,
 and parses once `python -m jobs.parse` wrote it), those of run2 suffixed `_2`, and the DuckDB
 variables `run`, `run2` and `variables` set, so a sql/ file (which reads
-`getvariable('run') || '/<table>/*.parquet'`) runs unchanged here and in the duckdb CLI.
+`getvariable('run') || '/<table>/*.parquet'`) runs unchanged here and in the duckdb CLI. Here every view and
+every such read takes the run's committed parts as listed once at connect (`committed`, `committed_sql`;
+docs/STORE.md, "Reading"), never a part of a wave that did not commit.
 
 A run is a local directory (a Path) or an object-store URI (a str: s3://bucket/prefix/<id>, gs://...). The
 Python duckdb cannot load httpfs offline, so object storage goes through pyarrow's filesystems (S3 and GCS are

@@ -164,6 +164,24 @@ def test_readers_on_s3_read_the_committed_waves(runs, s3, capsys):
         assert counts[0] == counts[1] and counts[0]["pairs"] == 8
 
 
+def test_committed_sql_reads_each_table_glob_through_the_snapshot_and_nothing_else():
+    """The rewrite of a sql/ file's reads: the first argument of each read_parquet that ends with a table's glob,
+    whatever expression names the run (a variable, a macro's parameter); never text in a string or a comment,
+    another file, or another function."""
+    sql = ("-- read_parquet(getvariable('run') || '/cells/*.parquet')\n"
+           "select 'read_parquet(''x'' || ''/cells/*.parquet'')' as s, * "
+           "from read_parquet(getvariable('run') || '/cells/*.parquet', filename = true), "
+           "read_parquet('elsewhere/part.parquet'), READ_PARQUET (coalesce(getvariable('pairs_of'), run) || "
+           "'/pairs/*.parquet') /* read_parquet(run || '/pairs/*.parquet') */, my_read_parquet(run || '/pairs/*.parquet')")
+    want = ("-- read_parquet(getvariable('run') || '/cells/*.parquet')\n"
+            "select 'read_parquet(''x'' || ''/cells/*.parquet'')' as s, * "
+            "from read_parquet(committed_parts(getvariable('run') || '/cells/*.parquet'), filename = true), "
+            "read_parquet('elsewhere/part.parquet'), READ_PARQUET (committed_parts(coalesce(getvariable('pairs_of'), "
+            "run) || '/pairs/*.parquet')) /* read_parquet(run || '/pairs/*.parquet') */, "
+            "my_read_parquet(run || '/pairs/*.parquet')")
+    assert sqlrun.committed_sql(sql) == want
+
+
 # --------------------------------------------------------------------------- a job that really dies mid-wave
 def pages(paths: list[Path]) -> int:
     return sum(-(-p.stat().st_size // PAGE) for p in paths)
