@@ -111,15 +111,18 @@ class RunStore:
         """Remove the staging folder, wave parts whose pairs part never landed and the node-check markers of jobs
         that did not end; return what was removed."""
         removed: list[Path] = []
+        for marker in sorted(self.path.glob(f"{MARKER_PREFIX}*")):  # one writer at a time: no live job's marker
+            with contextlib.suppress(OSError):  # (not data: a read-only store keeps it, and opens as before)
+                marker.unlink()
+                removed.append(marker)
         staging = self.path / STAGING
         if staging.exists():
             removed.append(staging)
-        removed += sorted(self.path.glob(f"{MARKER_PREFIX}*"))  # one writer at a time: no live job's marker
         for table in WAVE_TABLES:
             removed += self.uncommitted(table)
             folder = self.path / table
             removed += sorted(folder.glob(".part-*.tmp")) if folder.exists() else []  # a worker's write cut short
-        if removed:
+        if any(not p.name.startswith(MARKER_PREFIX) for p in removed):
             self.check_writable()  # a read-only store with a commit cut short: say so rather than read around it
         try:
             for path in removed:
