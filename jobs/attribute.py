@@ -43,6 +43,7 @@ from .config import (
     CELL_WRITERS,
     DEFAULT_ADAPTIVE_TOLERANCE,
     DEFAULT_DATASET,
+    DEFAULT_MAX_CHARS,
     DEFAULT_MAX_RETRIES,
     DEFAULT_OUT,
     DEFAULT_SAMPLE,
@@ -100,6 +101,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     m.add_argument("--truncation", choices=TRUNCATION_CHOICES, default="quarantine",
                    help="texts over max_seq_length: quarantine the pair (default), warn (truncate and flag), "
                         "or error (stop before computing)")  # fmt: skip
+    m.add_argument("--max-chars", type=int, default=DEFAULT_MAX_CHARS,
+                   help=f"texts longer than this many characters are quarantined (too_long) before they are "
+                        f"tokenized, whatever --truncation says (default {DEFAULT_MAX_CHARS:,}); not in the run id")  # fmt: skip
     m.add_argument("--min-abs", type=float, default=0.0, help="store only cells with |value| >= this (sums unchanged)")
     m.add_argument("--prompt", default=None, metavar="TEXT",
                    help="instruction prefix read before every sentence (default: the model's default prompt, if "
@@ -202,6 +206,10 @@ def cli(argv: list[str] | None = None) -> int:
     except XsbertError as exc:
         print(f"jobs.attribute: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("jobs.attribute: interrupted: the committed waves stay, the wave in progress was removed; the same "
+              "command resumes", file=sys.stderr)  # fmt: skip
+        return 130
     return 0
 
 

@@ -52,6 +52,11 @@ DEFAULT_WAVE_SIZE_GPU = 16384
 # A batch whose actor dies is retried on a restarted actor; bounded so a poisonous batch fails the run
 # (Ray Data's own default is unbounded); the actors themselves restart as often as needed over a run.
 DEFAULT_MAX_RETRIES = 3  # --max-retries: retries of a factor batch on a restarted actor (and of a cell task)
+# Characters a text may have before it is tokenized: a longer one is quarantined (too_long_a / too_long_b) at once,
+# in every --truncation mode, without being tokenized (a 50 MB field took minutes of CPU and 3 GB in the tokenizer).
+# Far above any model's max_seq_length (512 tokens are a few thousand characters); not in the run id: it decides
+# which rows are attributed, not the numbers of one.
+DEFAULT_MAX_CHARS = 100_000
 MODES = ("auto", "approx", "exact")
 TRUNCATION_CHOICES = ("quarantine", "warn", "error")
 CELL_WRITERS = ("auto", "workers", "driver")
@@ -104,6 +109,7 @@ class Attribution:
     max_steps: int = DEFAULT_MAX_STEPS
     precision: str = DEFAULT_PRECISION
     truncation: str = "quarantine"
+    max_chars: int = DEFAULT_MAX_CHARS  # not in the run id (RunConfig): it selects rows, as --limit does
     min_abs: float = 0.0
     cells: str = "all"
     prompt: str | None = None  # instruction prefix of every sentence (None: the model's default prompt, if any)

@@ -56,11 +56,14 @@ from xsbert_core.training import CHECKPOINTS, RECIPES, VARIANTS, TrainConfig
 from . import config, paper
 from .attribution.inputs import BUILTINS, resolve_source
 from .config import EXECUTORS, JobSettings
-from .store import DERIVED_TABLES, TABLES, canonical_json, is_remote
+from .store import DERIVED_TABLES, TABLES, canonical_json, committed_parts, committed_waves, disk_failure, is_remote
 from .store.files import is_file, join, location_fs, read_text, upload
 from .trained import TrainSpec
 
 PROG = "python -m jobs.pipeline"
+# What a Ctrl-C (SIGINT) leaves: every stage commits whole units (a run's waves, a parse's parts, a report's folder).
+INTERRUPTED = ("interrupted: what was committed stays (whole waves, whole parts, whole reports) and nothing else; "
+               "the same command resumes")  # fmt: skip
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STATE_FILE = "pipeline.json"
 # The report root's lock: pipeline.json is saved under it (State.save), one study at a time.
@@ -107,6 +110,7 @@ class Attribution(Strict):
     tolerance: float | None = Field(None, gt=0)
     max_steps: int | None = Field(None, ge=1)
     truncation: Literal["quarantine", "warn", "error"] | None = None
+    max_chars: int | None = Field(None, ge=1)
     min_abs: float | None = Field(None, ge=0)
     precision: Literal[PRECISIONS] | None = None  # type: ignore[valid-type]
     prompt: str | None = None
@@ -462,13 +466,15 @@ def run_state(run: str) -> dict[str, list[list[Any]]]:
     import pyarrow.fs as pafs
 
     fs, base = location_fs(run)
+    infos = {table: {i.base_name: i for i in fs.get_file_info(pafs.FileSelector(f"{base}/{table}", allow_not_found=True))
+                     if i.type == pafs.FileType.File}
+             for table in TABLES + DERIVED_TABLES}  # fmt: skip
+    waves = committed_waves(infos["pairs"])
     state = {}
     for table in TABLES + DERIVED_TABLES:
-        infos = fs.get_file_info(pafs.FileSelector(f"{base}/{table}", allow_not_found=True))
-        parts = sorted((i for i in infos if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")),
-                       key=lambda i: i.base_name)  # fmt: skip
+        parts = committed_parts(table, infos[table], waves)  # what readers read: a wave in progress is not a change
         if parts:
-            state[table] = [[i.base_name, i.size, i.mtime_ns] for i in parts]
+            state[table] = [[name, infos[table][name].size, infos[table][name].mtime_ns] for name in parts]
     return state
 
 
@@ -565,6 +571,12 @@ class State:
     def save(self) -> None:
         """Merge the reports put since loading into pipeline.json as it is now (another study may have saved
         since), under the root's lock; write a temporary file of this process's own and rename it into place."""
+        try:
+            self._save()
+        except OSError as exc:  # a full or read-only report disk
+            raise disk_failure(exc.filename or self.path, exc) from None
+
+    def _save(self) -> None:
         import fcntl
         import tempfile
 
@@ -729,12 +741,15 @@ def write_index(target: Reports, study: Study, reports: list[dict[str, Any]], mo
     from .pages import environment
 
     root = target.local
-    root.mkdir(parents=True, exist_ok=True)
     items = [{"name": r["name"], "href": f"{r['name']}/index.html",
               "runs": r["run"] + (f" vs {r['run2']}" if r["run2"] else ""),
               "lines": finding_lines(r["findings"], like_for_like(models.get(r["name"], "")))} for r in reports]  # fmt: skip
     page = environment().get_template("study.html").render(study=study.study, reports=items)
-    (root / "index.html").write_text(page, encoding="utf-8")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "index.html").write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise disk_failure(exc.filename or root / "index.html", exc) from None
     target.publish("index.html")
     return f"{target.root}/index.html"
 
@@ -801,6 +816,9 @@ def cli(argv: list[str] | None = None) -> int:
     except XsbertError as exc:
         print(f"jobs.pipeline: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"jobs.pipeline: {INTERRUPTED}", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -249,7 +249,11 @@ def attribute(prep: Prepared, on_wave: Callable[[str], None] | None = print) -> 
     """Stages 1-2 into the store, then the summary; a rerun of the same selection computes and writes nothing."""
     out = prep.settings.output
     with open_store(out.out, prep.run_id, prep.pairs.columns.keep, retry_s=out.store_retry_s) as store:
-        progress = compute(store, prep, on_wave)
+        try:
+            progress = compute(store, prep, on_wave)
+        except BaseException:  # a full disk, a store that stopped answering, a failed batch, Ctrl-C
+            store.abandon()  # the failed wave's parts go now (readers never read them: committed parts only)
+            raise
         progress.wrote += store.commit_missing_tables()
         summary = summarize(store, prep, progress)
         update_manifest(store, prep, progress, summary)
