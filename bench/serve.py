@@ -55,7 +55,8 @@ sys.path.insert(0, str(ROOT))
 
 from jobs.store import SCHEMAS, parquet_options, part_name  # noqa: E402
 
-QQP = Path("/work/shared/data/qqp/qqp_glue_train_subset.tsv.gz")
+# A QQP subset file (GLUE's TSV layout; not in the repository): $XSBERT_QQP.
+QQP = os.environ.get("XSBERT_QQP")
 QQP_FULL_PAIRS = 404_290
 DEFAULT_STORE = Path("/tmp/xsbert-bench-serve")
 RESULTS = ROOT / "bench" / "results" / "serve.md"
@@ -99,6 +100,8 @@ def _tokens(text: str) -> tuple[list[str], list[int | None], list[str]]:
 
 
 def _questions() -> list[tuple[str, str, int]]:
+    if not QQP:
+        raise SystemExit("bench/serve.py: error: the texts are a QQP subset's questions: set $XSBERT_QQP to its file")
     with gzip.open(QQP, "rt", encoding="utf-8") as fh:
         next(fh)
         rows = [line.rstrip("\n").split("\t") for line in fh]
