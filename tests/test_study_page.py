@@ -147,3 +147,19 @@ def test_in_chromium_every_figure_of_the_study_page_loads(study):
         assert browser.eval("document.querySelector('#findings-n2-table1').open")
         href = browser.eval("document.querySelector('#findings-n2-table1 a.run-page').href")
         assert href.startswith("file://") and Path(href[7:].split("#")[0]).is_file()
+
+
+def test_a_long_note_under_a_figure_is_wrapped_not_widening_it(tmp_path):
+    """The key figures sit in a grid: a note under the axes (the relation-pair chart's paper claim) is wrapped, so the
+    figure stays about as wide as its axes rather than as its longest sentence."""
+    import numpy as np
+    from PIL import Image
+
+    from xsbert_core.plots import plot_ranked_bars
+
+    note = "734 top cells, spacy parses. " + "The paper says the same-function pairs are the most frequent. " * 5
+    for name, text in (("short", None), ("long", note)):
+        plot_ranked_bars(["nsubj", "obj", "root"], np.array([4.0, 2.0, 1.0]), tmp_path / f"{name}.png", "Relations",
+                         "share (%)", note=text)  # fmt: skip
+    short, long = (Image.open(tmp_path / f"{n}.png").size for n in ("short", "long"))
+    assert long[0] <= short[0] * 1.15 and long[1] > short[1]  # as wide, taller
