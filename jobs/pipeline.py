@@ -373,7 +373,8 @@ def dataset_problem(ds: Dataset) -> str | None:
         source = resolve_source(ds.source, ds.split, ds.config, ds.qqp_path)
     except InputError as exc:
         return str(exc)
-    if source.kind == "hub" and "/" not in ds.source and ":" not in ds.source and not ds.hub:
+    builtin = ds.source.strip().lower() in BUILTINS  # `qqp` without a subset file is GLUE's QQP on the hub
+    if source.kind == "hub" and "/" not in ds.source and ":" not in ds.source and not ds.hub and not builtin:
         return (f"unknown dataset {ds.source!r}: not a built-in ({', '.join(BUILTINS)}), no such file or folder; "
                 "a hub dataset is owner/name (or set hub: true)")  # fmt: skip
     return None
