@@ -8,9 +8,9 @@
 
 What it runs, and why it is a fair rehearsal (bench/results/scale.md says the same beside the numbers):
 
-* Pairs: `make_pairs(n)` builds n pairs of real QQP questions (the bundled 23,497-pair subset: 43,948 unique
-  questions) with the full release's rate of shared questions (537,933 unique questions over 404,290 pairs,
-  scaled to n). Where more unique texts are needed than the subset has, variant r >= 1 of a question is the
+* Pairs: `make_pairs(n)` builds n pairs of real QQP questions (a QQP subset file, $XSBERT_QQP; the 23,497-pair
+  one measured: 43,948 unique questions) with the full release's rate of shared questions (537,933 unique
+  questions over 404,290 pairs, scaled to n). Where more unique texts are needed than the subset has, variant r >= 1 of a question is the
   question with one extra word (MARKERS[r - 1], a single WordPiece token) before its final `?`: real texts, real
   lengths + 1 token. Slots: every unique text once, the rest drawn uniformly (seeded), shuffled into pairs
   (never a text with itself); labels drawn at QQP's duplicate rate.

@@ -9,7 +9,7 @@ The store (default /tmp/xsbert-bench-serve; never the repository) has the layout
 `python -m jobs.attribute` (jobs.store.SCHEMAS and parquet_options): waves of --wave-size pairs, one `pairs` and
 `sentences` part per wave and one `cells` / `word_cells` part per stage-2 batch of --batch-pairs pairs, as the
 404k rehearsal run of bench/scale.py wrote them (25 waves, ~1,600 cell parts). What is real and what is not:
-the texts are the bundled QQP subset's questions, each with ~1/3 of its words swapped for a word drawn from the
+the texts are a QQP subset's questions ($XSBERT_QQP), each with ~1/3 of its words swapped for a word drawn from the
 subset's word frequencies, tokenized by a stand-in (lowercase words and punctuation, words longer than 7
 characters split into a piece and a `##` piece; [CLS] and [SEP] around). One template of --wave-size such pairs
 is made and every wave holds it again under its own pair ids (random, in no order across waves, as real ids are)

