@@ -69,7 +69,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "a hub name such as glue/qqp or sentence-transformers/stsb")  # fmt: skip
     d.add_argument("--split", default=None, help="split (stsb: train|dev|test, default test; qqp: train)")
     d.add_argument("--config", default=None, help="hub dataset config (glue/qqp needs none)")
-    d.add_argument("--qqp-path", default=None, help="the QQP subset file (default: $XSBERT_QQP, ../shared/data/qqp)")
+    d.add_argument("--qqp-path", default=None,
+                   help="a QQP subset file of the train split, GLUE's TSV layout (default: $XSBERT_QQP; without "
+                        "either, --dataset qqp is the hub's GLUE QQP)")  # fmt: skip
     d.add_argument("--limit", type=int, default=None, help="the first N rows (after --sample)")
     d.add_argument("--sample", type=int, default=None, help="a seeded random sample of N rows")
     d.add_argument("--seed", type=int, default=0, help="seed of --sample")

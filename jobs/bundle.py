@@ -245,7 +245,7 @@ def model_archive(name: str, work: Path, float16: bool) -> tuple[Path, dict[str,
 
 
 def dataset_file(name: str) -> Path:
-    """`qqp` (the bundled QQP subset, as jobs.attribute finds it), or a file."""
+    """`qqp` (the QQP subset file of --qqp-path / $XSBERT_QQP, as jobs.attribute finds it), or a file."""
     from .attribution.inputs import qqp_path
 
     if name == "qqp":

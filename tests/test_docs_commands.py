@@ -27,9 +27,9 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 DUCKDB_CLI = Path(sys.executable).parent / "duckdb"
 PROGRAMS = ("duckdb", ".venv/bin/duckdb")
 SHELL_FENCES = ("bash", "sh", "")
-# Found today: README.md 1, docs/ANALYSES.md 4, docs/CLUSTER.md 2 (one over three lines, one inline). Fewer means
-# the scan broke or the docs dropped a command: lower it only with the docs.
-MIN_COMMANDS = 7
+# Found today: README.md 1, docs/ANALYSES.md 4, docs/CLUSTER.md 2 (one over three lines, one inline), docs/COMMANDS.md
+# 1. Fewer means the scan broke or the docs dropped a command: lower it only with the docs.
+MIN_COMMANDS = 8
 SQL_FILES = sorted(p.name for p in (ROOT / "sql").glob("*.sql"))
 TWO_RUN_FILES = tuple(f for f in SQL_FILES if "getvariable('run2')" in (ROOT / "sql" / f).read_text(encoding="utf-8"))
 ANALYSIS = "sql/<analysis>.sql"

@@ -181,5 +181,47 @@ def test_readme_and_analyses_state_fig6_as_the_paper_does():
         assert "most top word pairs" not in text and "mostly join" not in text, name
         assert f"nsubj–nsubj about {paper.get('fig6_nsubj_share').text}" in text, name
     readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
-    assert f"paper's {paper.get('fig8_not_negative_shelf').text} negative" in readme
     assert f"Exact vs Tuned at its last layer: {paper.get('fig3_spearman_top').value:.2f}" in readme
+
+
+# The rows of the results table (README.md, and docs/RESULTS.md's opening) by the start of their first cell, and the
+# jobs.paper values each row's "the paper's" column must hold.
+TABLE_ROWS = {
+    "Table 1: Spearman × 100 of the shelf model": ["table1_shelf"],
+    "Table 1: tuned, exact, orig": ["table1_tuned", "table1_exact", "table1_orig"],
+    "Fig 2:": ["fig2_ref_sim_near_zero", "fig2_ref_term_below"],
+    "Fig 3:": ["fig3_spearman_top"],
+    "Fig 4:": ["fig4_jaccard_top10_l11", "fig4_jaccard_top10_l8"],
+    "Fig 6:": ["fig6_nsubj_share"],
+    "Fig 8: *not* attributed negatively": ["fig8_not_negative_shelf"],
+    "Fig 8: \\|not\\|": ["fig8_not_relative_shelf"],
+    "Fig 8: the exact model": ["fig8_not_negative_exact"],
+    "§5.4:": ["s54_places_above", "s54_usa", "s54_europe"],
+    "Fig 10,": ["fig10_rank_spearman"],
+}
+
+
+def results_table(text: str) -> list[list[str]]:
+    """The body rows (cells stripped) of the Markdown table whose header begins `| the paper's result |`."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| the paper's result |"))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]])
+    return rows
+
+
+def test_the_results_table_holds_the_papers_numbers_and_is_the_same_in_readme_and_results():
+    """The README's table of results beside the paper's quotes jobs.paper's numbers in its paper column (each row
+    whose result the table types), and docs/RESULTS.md opens with the very same table: one statement of each."""
+    readme = results_table((ROOT / "README.md").read_text(encoding="utf-8"))
+    results = results_table((ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8"))
+    assert readme == results
+    for start, keys in TABLE_ROWS.items():
+        (row,) = [r for r in readme if r[0].startswith(start)]
+        for key in keys:
+            assert paper.get(key).text.split(" (")[0] in row[1], (start, key, row[1])
+    assert {r[3] for r in readme} <= {"reproduced", "consistent", "differs", "not yet run"}
+    assert len(readme) >= len(TABLE_ROWS)

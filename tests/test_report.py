@@ -330,7 +330,7 @@ def test_summary_lines_and_markdown_helpers(stores, tmp_path, capsys):
     assert (fmt.pct(0.1234), fmt.num(None), fmt.signed(-0.04567)) == ("12.3%", "n/a", "-0.046")
 
 
-# --------------------------------------------------------------------------- issue 17, item 8
+# --------------------------------------------------------------------------- the paper's subsets and bounds
 def finding(doc: dict, section: str, contains: str) -> dict:
     return next(f for f in sections(doc)[section]["findings"] if contains in f["text"])
 

@@ -2,7 +2,7 @@
 
     ex = Explainer("sentence-transformers/all-MiniLM-L6-v2", layer=-3, mode="approx")
     res = ex.explain("A man plays guitar.", "Someone plays an instrument.")
-    res.matrix          # (S_a, S_b) token-pair attributions, sum -> DESIGN section 1 target
+    res.matrix          # (S_a, S_b) token-pair attributions, sum -> docs/DESIGN.md §1 target
     fs = ex.factors(["text 1", "text 2", ...])    # one SentenceFactors per text, each P is (D, S)
     ex.pair(fs[0], fs[1])                         # PairAttribution from precomputed factors
 

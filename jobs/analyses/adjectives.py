@@ -6,7 +6,7 @@ from typing import Any
 
 import polars as pl
 
-from .base import Analysis, Context, Finding, needs_cells, needs_pairs
+from .base import Analysis, Context, Finding, Headline, needs_cells, needs_pairs
 from .facts import (
     layer_label,
     model_label,
@@ -61,7 +61,9 @@ def adjectives(df: pl.DataFrame, ctx: Context) -> list[Finding]:
             f"The paper's set (“{PAPER_TEMPLATE}”, two pairs per triplet, {own.height} pairs): the adjective cell "
             f"averages {signed(v['mean_synonym'])} for synonyms and {signed(v['mean_opposite'])} for opposites; the "
             f"synonym's is larger in {v['n_synonym_larger']} of {v['n_triplets']} triplets.",
-            {f"paper_set_{k}": x for k, x in v.items()} | {"paper_set_n_pairs": own.height}))  # fmt: skip
+            {f"paper_set_{k}": x for k, x in v.items()} | {"paper_set_n_pairs": own.height},
+            headline=Headline(f"triplets whose synonym cell is larger than the opposite's (“{PAPER_TEMPLATE}”)",
+                              f"{v['n_synonym_larger']} of {v['n_triplets']}")))  # fmt: skip
     values = _adjective_summary(df)
     n_templates = df["template"].n_unique() if "template" in df.columns else 1
     label = (f"Our extension, all {n_templates} templates pooled ({df.height} pairs)" if own.height and
@@ -71,7 +73,9 @@ def adjectives(df: pl.DataFrame, ctx: Context) -> list[Finding]:
             f"{label}: the adjective cell averages {signed(values['mean_synonym'])} for synonyms and "
             f"{signed(values['mean_opposite'])} for opposites ({values['n_synonym']} and {values['n_opposite']} "
             f"pairs); the synonym's (mean over templates) is larger in {values['n_synonym_larger']} of "
-            f"{values['n_triplets']} triplets.", values))  # fmt: skip
+            f"{values['n_triplets']} triplets.", values,
+            headline=Headline(f"triplets whose synonym cell is larger than the opposite's ({df.height} pairs)",
+                              f"{values['n_synonym_larger']} of {values['n_triplets']}")))  # fmt: skip
     if values["n_without_cell"]:
         out.append(Finding(f"{values['n_without_cell']} adjective pairs have no single adjective cell (the texts "
                            "differ in more than one word, or the cell was pruned by --min-abs).",
@@ -106,4 +110,4 @@ def plot_adjectives(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
 
 ANALYSIS = Analysis("adjectives", "Adjective synonyms vs opposites", "Table 2, Fig 9", check_adjectives, adjectives,
                     plot_adjectives,
-                    serve_page="/pairs?sort=score")
+                    serve_page="/pairs?sort=score", key_figure="adjectives-hist.png")

@@ -6,7 +6,7 @@ import numpy as np
 import polars as pl
 
 from .. import paper
-from .base import Analysis, Context, Finding, needs_cells, needs_pairs
+from .base import Analysis, Context, Finding, Headline, needs_cells, needs_pairs
 from .facts import (
     cite,
     layer_label,
@@ -53,14 +53,17 @@ def negation(df: pl.DataFrame, ctx: Context) -> list[Finding]:
                 "standalone 'not'.", {"share_negative": share, "n_pairs": n, "n_negative": int(df["is_negative"].sum()),
                                       "definition": "paper" if paper_def else "word_cells"},
                 **cite(_negation_key(ctx), *setting, f"share of negative 'not' attributions "
-                       f"({paper.NOT_TOTAL if paper_def else 'word cells'})")),
+                       f"({paper.NOT_TOTAL if paper_def else 'word cells'})"),
+                headline=Headline("pairs whose 'not' attribution is negative",
+                                  f"{pct(share)} ({int(df['is_negative'].sum())} of {n})")),
         Finding(f"In 90% of the pairs |{symbol}| ({denominator}) is at most {num(p90, 3)}; on average the 'not' "
                 f"contributes {signed(df['not_attribution'].mean())} (relative size {signed(mean_relative)}).",
                 {"p90_abs_relative": p90, "mean_relative": mean_relative,
                  "mean_not_attribution": df["not_attribution"].mean()},
                 **cite("fig8_not_relative_exact" if kind else "fig8_not_relative_shelf", *setting,
                        f"90th percentile of |not / f(a, b)| ({paper.NOT_TOTAL})" if paper_def else
-                       "90th percentile of |not / ΣW| (word cells)")),
+                       "90th percentile of |not / ΣW| (word cells)"),
+                headline=Headline(f"90th percentile of |{symbol}|", num(p90, 3))),
     ]  # fmt: skip
     if "completeness_error" in ctx.columns("pairs"):
         err = ctx.frame("select pair_id, abs(completeness_error) as err from pairs")
@@ -118,4 +121,4 @@ def plot_negation(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
 
 
 ANALYSIS = Analysis("negation", "Negation", "Fig 8", check_negation, negation, plot_negation, empty_negation,
-                    serve_page="/pairs?token=not")
+                    serve_page="/pairs?token=not", key_figure="negation-hist.png")

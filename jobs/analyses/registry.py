@@ -1,4 +1,4 @@
-"""The analyses jobs.report runs, in the paper's order (DESIGN.md §4): one module per sql/ file, each with its
+"""The analyses jobs.report runs, in the paper's order (docs/DESIGN.md §4): one module per sql/ file, each with its
 `ANALYSIS` (jobs.analyses.base.Analysis). A sql/ file without a module here still gets a section (its table)."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import numpy as np
 import polars as pl
 
 from .. import sqlrun, paper
-from .base import TOP_K, Analysis, Context, Finding, needs_cells, needs_pairs
+from .base import TOP_K, Analysis, Context, Finding, Headline, needs_cells, needs_pairs
 from .facts import (
     cite,
     layer_label,
@@ -49,6 +49,7 @@ def syntactic_relations(df: pl.DataFrame, ctx: Context) -> list[Finding]:
         f"parser did not align ({_parser_label(ctx)}).",
         {"n_cells": int(df["n"].sum()), "same_function_share": same, "mixed_share": mixed,
          "unaligned_share": unaligned, "same_share_of_parsed": parsed},
+        headline=Headline(f"top {100 * top_share:g}% word cells joining the same syntactic function", pct(same)),
     )]  # fmt: skip
     if real.height:
         first = real.row(0, named=True)
@@ -60,13 +61,16 @@ def syntactic_relations(df: pl.DataFrame, ctx: Context) -> list[Finding]:
             {"relation_a": first["relation_a"], "relation_b": first["relation_b"], "share": first["share"],
              "is_same_function": bool(first["is_same_function"]), "top5_share": real.head(5)["share"].sum()},
             **cite("fig6_same_function", *setting, f"the most frequent relation pairs of the top {100 * top_share:g}% "
-                   "cells")))  # fmt: skip
+                   "cells"),
+            headline=Headline("the most frequent relation pair of the top cells",
+                              f"{first['relation_a']}–{first['relation_b']} ({pct(first['share'])})")))  # fmt: skip
         nsubj = real.filter(pl.col("relation_a") == "nsubj", pl.col("relation_b") == "nsubj")
         share = nsubj["share"][0] if nsubj.height else 0.0
         out.append(Finding(
             f"nsubj–nsubj holds {pct(share)} of the top cells.", {"nsubj_share": share},
             **cite("fig6_nsubj_share", *setting, f"share of the top {100 * top_share:g}% cells with relation pair "
-                   "nsubj–nsubj")))  # fmt: skip
+                   "nsubj–nsubj"),
+            headline=Headline("top cells with relation pair nsubj–nsubj", pct(share))))  # fmt: skip
     if parsed is not None:  # our summary (the paper gives no such split): over cells between two parsed words
         n_parsed = int(real["n"].sum())
         out.append(Finding(
@@ -115,4 +119,4 @@ def plot_syntactic_relations(df: pl.DataFrame, ctx: Context) -> list[tuple[str, 
 
 ANALYSIS = Analysis("syntactic_relations", "Syntactic relations of the top word pairs", "Fig 6",
                     check_syntactic_relations, syntactic_relations, plot_syntactic_relations,
-                    serve_page="/pairs?sort=sum")
+                    serve_page="/pairs?sort=sum", key_figure="syntactic_relations.png")
