@@ -41,6 +41,9 @@ from .store import CREDENTIALS, REMOTE_SCHEMES, endpoint_name, filesystem, uri_s
 # Variables that name a run directory (`pairs_of`: reference_terms.sql and pos_neg_sums.sql keep the pairs that run
 # holds too): checked as --run is, and an object-store one's filesystem registered beside the runs'.
 RUN_VARIABLES = frozenset({"pairs_of"})
+# Variables that name a list of run directories (`other_runs`: negation_signs.sql reads the same pairs at other N):
+# a list, or one string of them comma-separated (`--var other_runs=runs/a,runs/b`); each checked as --run is.
+RUN_LIST_VARIABLES = frozenset({"other_runs"})
 
 TABLES: tuple[str, ...] = ("pairs", "cells", "word_cells", "sentences", "quarantine", "parses")
 SQL_DIR = Path(__file__).resolve().parents[1] / "sql"
@@ -77,6 +80,8 @@ def _literal(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_literal(v) for v in value) + "]::varchar[]" if value else "[]::varchar[]"
     return "'" + str(value).replace("'", "''") + "'"
 
 
@@ -288,6 +293,11 @@ def connect(
         if name in RUN_VARIABLES and value is not None:  # a run directory too: checked and reachable as --run is
             runs.append(check_run(value, f"--var {name}"))
             value = glob_escape(str(runs[-1]))
+        if name in RUN_LIST_VARIABLES and value is not None:  # run directories, each checked as --run is
+            items = [v.strip() for v in value.split(",")] if isinstance(value, str) else list(value)
+            checked = [check_run(v, f"--var {name}") for v in items if str(v)]
+            runs += checked
+            value = [glob_escape(str(v)) for v in checked]
         settings[name] = value
     con = duckdb.connect()
     families: dict[str, str] = {}  # one registered filesystem per scheme family (s3, gcs) the runs use

@@ -449,7 +449,9 @@ def test_negation_the_papers_definition_is_the_default(tmp_path):
     df = run_sql(negation_run(tmp_path), "negation.sql")
     assert df.columns == ["pair_id", "text_a", "text_b", "score", "attribution_sum", "not_side", "not_index",
                           "not_total", "not_word_attribution", "word_attribution_sum", "definition",
-                          "not_attribution", "relative", "is_negative", "share_negative", "p90_abs_relative"]
+                          "not_attribution", "relative", "relative_plus_one", "relative_to_sum", "is_negative",
+                          "share_negative", "p90_abs_relative", "p90_abs_relative_plus_one",
+                          "p90_abs_relative_to_sum"]
     assert df["pair_id"].to_list() == ["n1", "n2", "n4", "n6"] and set(df["definition"]) == {"paper"}
     got = records(df, "pair_id")
     planted = {pid: sum(cells or []) for pid, _, _, _, _, cells in NEGATION_PAIRS}
@@ -460,8 +462,15 @@ def test_negation_the_papers_definition_is_the_default(tmp_path):
         assert row["not_total"] == pytest.approx(total) and row["not_attribution"] == pytest.approx(total)
         assert row["not_word_attribution"] == pytest.approx(planted[pid])
         assert row["relative"] == pytest.approx(total / row["score"]) and row["is_negative"] == (total < 0)
+        # the two other readings of the paper's "of the prediction": f(a, b) + 1 (Eq. 4's sum) and sum(A)
+        assert row["relative_plus_one"] == pytest.approx(total / (row["score"] + 1))
+        assert row["relative_to_sum"] == pytest.approx(total / row["attribution_sum"])
     relative = [total / 0.5 for total in expected.values()]
     assert df["p90_abs_relative"][0] == pytest.approx(np.percentile(np.abs(relative), 90))
+    for column, over in (("relative_plus_one", lambda pid: 1.5),
+                         ("relative_to_sum", lambda pid: got[pid]["attribution_sum"])):
+        shares = [total / over(pid) for pid, total in expected.items()]
+        assert df[f"p90_abs_{column}"][0] == pytest.approx(np.percentile(np.abs(shares), 90))
     assert set(df["share_negative"]) == {0.25}
     with pytest.raises(duckdb.Error, match="definition must be paper or word_cells"):
         run_sql(negation_run(tmp_path / "x"), "negation.sql", definition="ours")
@@ -1076,11 +1085,11 @@ def test_close_tells_nan_from_null():
 # --------------------------------------------------------------------------- the duckdb CLI, as documented
 def store_for(name: str, root: Path) -> tuple[Path, Path | None]:
     """A hand-built run (and second run) on which `name` returns rows."""
-    if name == "negation.sql":
+    if name in ("negation.sql", "negation_signs.sql"):
         return negation_run(root), None
     if name == "adjectives.sql":
         return adjectives_run(root), None
-    if name == "syntactic_relations.sql":
+    if name in ("syntactic_relations.sql", "syntactic_relations_pairs.sql"):
         return relations_run(root), None
     run, data = random_run(root, "r", np.random.default_rng(8), n_pairs=20)
     if name not in TWO_RUN_FILES:
