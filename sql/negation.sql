@@ -65,30 +65,37 @@
 --           xsbert sql --run runs/<id> --file sql/negation.sql
 --           xsbert sql --run runs/<id> -f negation --var definition=word_cells
 
--- the pairs of a run whose two texts differ by one standalone "not" (the
--- Detection above), with the not-word's index and token positions: the
--- same text in negation.sql and negation_signs.sql (a test keeps it so)
-create or replace temp macro negation_pairs(run) as table
+-- the pairs of some runs (a list of run directories: the same pairs may be in
+-- several) whose two texts differ by one standalone "not" (the Detection
+-- above), with the not-word's index and token positions: the same text in
+-- negation.sql and negation_signs.sql (a test keeps it so)
+create or replace temp macro negation_pairs(runs) as table
     with
 
+    -- one row per pair id (its texts and sentences are the same in every
+    -- run that holds it; score and attribution_sum are the first run's)
     pairs as (
         select
             pair_id,
-            text_a,
-            text_b,
-            sentence_id_a,
-            sentence_id_b,
-            score,
-            attribution_sum,
-        from read_parquet(run || '/pairs/*.parquet')
+            first(text_a) as text_a,
+            first(text_b) as text_b,
+            first(sentence_id_a) as sentence_id_a,
+            first(sentence_id_b) as sentence_id_b,
+            first(score) as score,
+            first(attribution_sum) as attribution_sum,
+        from read_parquet(list_transform(runs, lambda r: r || '/pairs/*.parquet'),
+                          union_by_name = true)
+        group by pair_id
     ),
 
     sentences as (
         select
             sentence_id,
-            list_transform(words, lambda w: lower(w)) as words,
-            word_ids,
-        from read_parquet(run || '/sentences/*.parquet')
+            list_transform(first(words), lambda w: lower(w)) as words,
+            first(word_ids) as word_ids,
+        from read_parquet(list_transform(runs, lambda r: r || '/sentences/*.parquet'),
+                          union_by_name = true)
+        group by sentence_id
     ),
 
     pair_words as (
@@ -166,7 +173,7 @@ cells_guard as (
 
 -- the pairs that differ by one "not" (the macro above)
 negation_pairs as (
-    select * from negation_pairs(getvariable('run'))
+    select * from negation_pairs([getvariable('run')])
 ),
 
 cells as (

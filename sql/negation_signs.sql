@@ -12,8 +12,8 @@
 --           of all not-attributions are negative (the total attribution to
 --           the not-token); the paper says nothing of the completeness
 --           error. negation.sql gives the run's values at its own N.
--- Inputs    sentences of run: words, word_ids (which pairs differ by one
---           "not": negation.sql's negation_pairs macro, the same text)
+-- Inputs    sentences of each run: words, word_ids (which pairs differ by
+--           one "not": negation.sql's negation_pairs macro, the same text)
 --           pairs of run and of each of other_runs: score,
 --           attribution_sum, completeness_error, steps_a, steps_b
 --           cells (definition 'paper') or word_cells ('word_cells') of
@@ -30,7 +30,7 @@
 --           is used (ties: the smaller |completeness error|). A pair with
 --           no clear value is not counted: is_clear false, is_negative
 --           null, chosen_steps null.
--- Clusters  pairs from one source are resampled together. cluster_by
+-- Clusters  pairs from one source are resampled together. sign_clusters
 --           'source' (the default): the negation dataset names a pair by
 --           its STS-B pair and :1 or :2 (the side the sentence came
 --           from), so cluster_id is pair_id without that suffix (both
@@ -45,7 +45,8 @@
 --           replacement; the draws come from xs_hash, a seeded 32-bit
 --           integer hash, so the interval is the same on every run of the
 --           file (the same macros in syntactic_relations_pairs.sql).
--- Grain     one row per negation pair of run, by pair_id.
+-- Grain     one row per negation pair of the runs (a pair in any of them),
+--           by pair_id.
 -- Columns   pair_id, cluster_id, text_a, text_b,
 --           n_runs           runs that hold the pair
 --           steps, not_attributions, completeness_errors  lists, one
@@ -68,36 +69,43 @@
 --                       at other N (xsbert sql: comma-separated)
 --           margin      0.1
 --           definition  'paper' | 'word_cells' (as in negation.sql)
---           cluster_by  'source' | 'pair'
+--           sign_clusters  'source' | 'pair'
 --           resamples   2000
 --           seed        0
 -- Run       duckdb -cmd "set variable run = 'runs/<N=32>'" -cmd "set variable other_runs = ['runs/<N=64>', 'runs/<N=128>']" -f sql/negation_signs.sql
 --           xsbert sql --run runs/<N=32> -f negation_signs --var other_runs=runs/<N=64>,runs/<N=128>
 
--- the pairs of a run whose two texts differ by one standalone "not" (the
--- Detection above), with the not-word's index and token positions: the
--- same text in negation.sql and negation_signs.sql (a test keeps it so)
-create or replace temp macro negation_pairs(run) as table
+-- the pairs of some runs (a list of run directories: the same pairs may be in
+-- several) whose two texts differ by one standalone "not" (the Detection
+-- above), with the not-word's index and token positions: the same text in
+-- negation.sql and negation_signs.sql (a test keeps it so)
+create or replace temp macro negation_pairs(runs) as table
     with
 
+    -- one row per pair id (its texts and sentences are the same in every
+    -- run that holds it; score and attribution_sum are the first run's)
     pairs as (
         select
             pair_id,
-            text_a,
-            text_b,
-            sentence_id_a,
-            sentence_id_b,
-            score,
-            attribution_sum,
-        from read_parquet(run || '/pairs/*.parquet')
+            first(text_a) as text_a,
+            first(text_b) as text_b,
+            first(sentence_id_a) as sentence_id_a,
+            first(sentence_id_b) as sentence_id_b,
+            first(score) as score,
+            first(attribution_sum) as attribution_sum,
+        from read_parquet(list_transform(runs, lambda r: r || '/pairs/*.parquet'),
+                          union_by_name = true)
+        group by pair_id
     ),
 
     sentences as (
         select
             sentence_id,
-            list_transform(words, lambda w: lower(w)) as words,
-            word_ids,
-        from read_parquet(run || '/sentences/*.parquet')
+            list_transform(first(words), lambda w: lower(w)) as words,
+            first(word_ids) as word_ids,
+        from read_parquet(list_transform(runs, lambda r: r || '/sentences/*.parquet'),
+                          union_by_name = true)
+        group by sentence_id
     ),
 
     pair_words as (
@@ -185,19 +193,20 @@ create or replace temp macro xs_binomial_tail(k, n, p) as
 
 -- the exact (Clopper-Pearson) 95% interval of k successes in n trials:
 -- the p where P(X >= k) = 0.025 (0 for k = 0) and where P(X <= k) = 0.025
--- (1 for k = n), each by 60 halvings of [0, 1]; null for n = 0
+-- (1 for k = n), each by 60 halvings of [0, 1] (a reduce over 61 copies of
+-- the starting bounds); null for n = 0
 create or replace temp macro xs_binomial_low(k, n) as
     case
         when n = 0 then null
         when k = 0 then 0.0
         else list_reduce(
-            range(60),
-            lambda bounds, step: case
+            list_transform(range(61),
+                           lambda step: {'lo': 0.0::double, 'hi': 1.0::double}),
+            lambda bounds, unused: case
                 when xs_binomial_tail(k, n, (bounds.lo + bounds.hi) / 2) < 0.025
                     then {'lo': (bounds.lo + bounds.hi) / 2, 'hi': bounds.hi}
                 else {'lo': bounds.lo, 'hi': (bounds.lo + bounds.hi) / 2}
-            end,
-            {'lo': 0.0::double, 'hi': 1.0::double}
+            end
         ).lo
     end;
 
@@ -206,14 +215,14 @@ create or replace temp macro xs_binomial_high(k, n) as
         when n = 0 then null
         when k = n then 1.0
         else list_reduce(
-            range(60),
-            lambda bounds, step: case
+            list_transform(range(61),
+                           lambda step: {'lo': 0.0::double, 'hi': 1.0::double}),
+            lambda bounds, unused: case
                 when 1 - xs_binomial_tail(k + 1, n, (bounds.lo + bounds.hi) / 2)
                     > 0.025
                     then {'lo': (bounds.lo + bounds.hi) / 2, 'hi': bounds.hi}
                 else {'lo': bounds.lo, 'hi': (bounds.lo + bounds.hi) / 2}
-            end,
-            {'lo': 0.0::double, 'hi': 1.0::double}
+            end
         ).hi
     end;
 
@@ -255,9 +264,9 @@ runs_guard as (
     from run_settings
 ),
 
--- the pairs of run that differ by one "not" (the macro above)
+-- the pairs of the runs that differ by one "not" (the macro above)
 negation_pairs as (
-    select * from negation_pairs(getvariable('run'))
+    select * from negation_pairs(negation_sign_runs())
 ),
 
 run_pairs as (
@@ -307,7 +316,7 @@ settings as (
     select
         coalesce(getvariable('definition'), 'paper') as definition,
         coalesce(getvariable('margin'), 0.1)::double as margin,
-        coalesce(getvariable('cluster_by'), 'source') as cluster_by,
+        coalesce(getvariable('sign_clusters'), 'source') as cluster_by,
         coalesce(getvariable('resamples'), 2000)::bigint as resamples,
         coalesce(getvariable('seed'), 0)::bigint as seed,
 ),
@@ -421,7 +430,7 @@ signs as (
         case settings.cluster_by
             when 'source' then regexp_replace(negation_pairs.pair_id, ':[12]$', '')
             when 'pair' then negation_pairs.pair_id
-            else error('negation_signs.sql: cluster_by must be source or pair, '
+            else error('negation_signs.sql: sign_clusters must be source or pair, '
                        || 'not ' || settings.cluster_by)
         end as cluster_id,
         negation_pairs.text_a,

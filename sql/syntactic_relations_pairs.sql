@@ -14,7 +14,7 @@
 -- Inputs    as syntactic_relations.sql (its syntactic_top_cells macro, the
 --           same text): word_cells, pairs, sentences, parses and
 --           manifest.json of run; pairs again for the sentence ids
--- Clusters  cluster_by 'sentence' (the default): pairs that share a
+-- Clusters  relation_clusters 'sentence' (the default): pairs that share a
 --           sentence, directly or through other pairs, are one cluster
 --           (the connected components of the pairs linked by a shared
 --           sentence id; cluster_id is the smallest pair_id in it), since
@@ -43,7 +43,7 @@
 --           syntactic_relations.sql's counts.
 -- Params    top_share   0.10 (as in syntactic_relations.sql)
 --           parser      (as in syntactic_relations.sql)
---           cluster_by  'sentence' | 'pair'
+--           relation_clusters  'sentence' | 'pair'
 --           resamples   2000
 --           seed        0
 -- Run       duckdb -cmd "set variable run = 'runs/<id>'" -f sql/syntactic_relations_pairs.sql
@@ -235,7 +235,7 @@ pairs as (
 
 settings as (
     select
-        coalesce(getvariable('cluster_by'), 'sentence') as cluster_by,
+        coalesce(getvariable('relation_clusters'), 'sentence') as cluster_by,
         coalesce(getvariable('resamples'), 2000)::bigint as resamples,
         coalesce(getvariable('seed'), 0)::bigint as seed,
 ),
@@ -282,7 +282,7 @@ pair_sentences as (
 ),
 
 -- pairs with a sentence in common (each pair with itself too); none for
--- cluster_by 'pair'
+-- relation_clusters 'pair'
 links as (
     select distinct
         one.pair_id,
@@ -316,7 +316,7 @@ counted as (
         case settings.cluster_by
             when 'sentence' then components.cluster_id
             when 'pair' then per_pair.pair_id
-            else error('syntactic_relations_pairs.sql: cluster_by must be '
+            else error('syntactic_relations_pairs.sql: relation_clusters must be '
                        || 'sentence or pair, not ' || settings.cluster_by)
         end as cluster_id,
         per_pair.n_top,

@@ -37,7 +37,8 @@ from jobs.analyses.agreement import check_agreement
 from jobs.analyses.reference_terms import check_reference_terms
 from jobs.analyses.run import open_context
 
-SECTIONS = ("table1", "reference_terms", "agreement", "pos_neg_sums", "syntactic_relations", "negation", "adjectives",
+SECTIONS = ("table1", "reference_terms", "agreement", "pos_neg_sums", "syntactic_relations", "syntactic_relations_pairs",
+            "negation", "negation_signs", "adjectives",
             "lexical_ranks", "lexical_ranks_compare")  # fmt: skip
 
 
@@ -412,7 +413,7 @@ def test_fig6_split_and_the_papers_claim(reports, stores):
     claim = paper.get("fig6_same_function")
     assert top["paper"].startswith(f"Fig 6: {claim.text} {claim.what}") and not top["like_for_like"]
     assert "most top word pairs" not in page and "50%" not in top["paper"]
-    assert "parses, the paper's STS test" in top["paper"] and "(assumed" in top["paper"]
+    assert "parses, the paper's STS-B test (1,379 pairs), stanza parses" in top["paper"] and "(assumed" in top["paper"]
     nsubj = finding(doc, "syntactic_relations", "nsubj–nsubj holds")
     assert nsubj["paper"].startswith(f"Fig 6: {paper.get('fig6_nsubj_share').text} ")
     assert "syntactic_relations-split.png" in sections(doc)["syntactic_relations"]["figures"]
@@ -420,7 +421,7 @@ def test_fig6_split_and_the_papers_claim(reports, stores):
     assert "so no paper value is drawn" in page
 
 
-def test_paper_values_on_the_negation_and_lexical_figures(reports):
+def test_paper_values_on_the_negation_and_lexical_figures(reports, stores):
     _, doc, page, out = reports["negation"]
     assert sections(doc)["negation"]["figures"][0] == "negation-share.png"
     neg = finding(doc, "negation", "is negative in")
@@ -428,7 +429,18 @@ def test_paper_values_on_the_negation_and_lexical_figures(reports):
     assert neg["paper"].startswith(f"Fig 8: {shelf.text} {shelf.what}; not like-for-like")
     size = finding(doc, "negation", "In 90% of the pairs")
     bound = paper.get("fig8_not_relative_shelf")
-    assert size["paper"].startswith(f"Fig 8: {bound.text} {bound.what}") and "metric: " not in size["paper"]
+    # the paper writes out no denominator: never the same metric as ours, and the other two readings beside it
+    assert size["paper"].startswith(f"Fig 8: {bound.text} {bound.what}") and "denominator not stated" in size["paper"]
+    readings = finding(doc, "negation", "with f(a, b) + 1")
+    neg_sql = run_sql(stores["negation"], "negation.sql").row(0, named=True)
+    assert f"{neg_sql['p90_abs_relative_plus_one']:.3f} with f(a, b) + 1" in readings["text"]
+    assert f"{neg_sql['p90_abs_relative_to_sum']:.3f} with ΣA" in readings["text"]
+    signs = sections(doc)["negation_signs"]
+    first = run_sql(stores["negation"], "negation_signs.sql").row(0, named=True)
+    counted = next(f for f in signs["findings"] if f["text"].startswith("Of the "))
+    assert counted["values"]["n_negative"] == first["n_negative"] and not counted["like_for_like"]
+    assert counted["values"]["ci95"] == pytest.approx([first["ci_low"], first["ci_high"]])
+    assert "signs clear of the completeness error" in counted["paper"]
     _, doc, page, out = reports["two-runs"]
     assert "the paper&#39;s ρ (Fig 10) is written below the axes" in page
 

@@ -415,7 +415,8 @@ def negation_run(root: Path) -> Path:
     for k, (pid, ta, tb, wa, wb, not_cells) in enumerate(NEGATION_PAIRS):
         sents += [sentence(f"{pid}a", wa), sentence(f"{pid}b", wb)]
         pairs.append({"pair_id": pid, "text_a": ta, "text_b": tb, "sentence_id_a": f"{pid}a",
-                      "sentence_id_b": f"{pid}b", "score": 0.5, "attribution_sum": 0.5 + 0.1 * k})  # fmt: skip
+                      "sentence_id_b": f"{pid}b", "score": 0.5, "attribution_sum": 0.5 + 0.1 * k,
+                      "completeness_error": 1e-3 * (k + 1), "steps_a": 16, "steps_b": 16})  # fmt: skip
         side_a = len(wa) > len(wb)
         for u in range(len(wa)):
             for v in range(len(wb)):
@@ -1120,6 +1121,11 @@ def test_duckdb_cli_runs_each_file_as_documented(tmp_path, name):
     for col in py.columns:
         if py[col].dtype.is_float():
             assert np.allclose(cli[col].cast(pl.Float64).to_numpy(), py[col].to_numpy(), equal_nan=True), col
+        elif py[col].dtype.is_nested():  # a list of numbers: the CLI writes it as [1, 2.5]
+            for text, values in zip(cli[col].to_list(), py[col].to_list()):
+                assert (text is None) == (values is None), col
+                if values is not None:
+                    assert np.allclose(json.loads(text), values), col
         else:
             assert cli[col].cast(pl.String).to_list() == py[col].cast(pl.String).to_list(), col
 

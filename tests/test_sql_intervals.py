@@ -12,6 +12,7 @@ from typing import Any
 
 import duckdb
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from scipy import stats
@@ -241,12 +242,12 @@ def test_negation_signs_margin_cluster_and_definition_settings(tmp_path):
     expected = slow_signs(truth, 0.5)
     assert {r["pair_id"]: r["chosen_steps"] for r in loose.iter_rows(named=True)} == {
         p: (w["chosen"] or {}).get("N") for p, w in expected.items()}
-    by_pair = sqlrun.run_file(connect_runs(runs, cluster_by="pair", resamples=20), SQL / "negation_signs.sql")
+    by_pair = sqlrun.run_file(connect_runs(runs, sign_clusters="pair", resamples=20), SQL / "negation_signs.sql")
     assert by_pair["cluster_id"].to_list() == by_pair["pair_id"].to_list()
     words = sqlrun.run_file(connect_runs(runs, definition="word_cells", resamples=20), SQL / "negation_signs.sql")
     assert set(words["definition"]) == {"word_cells"}
-    with pytest.raises(duckdb.Error, match="cluster_by must be source or pair"):
-        sqlrun.run_file(connect_runs(runs, cluster_by="triplet"), SQL / "negation_signs.sql")
+    with pytest.raises(duckdb.Error, match="sign_clusters must be source or pair"):
+        sqlrun.run_file(connect_runs(runs, sign_clusters="triplet"), SQL / "negation_signs.sql")
 
 
 def test_negation_signs_refuse_runs_of_other_settings_or_without_cells(tmp_path):
@@ -277,11 +278,24 @@ def test_negation_signs_of_one_run_count_the_signs_clear_at_its_n(tmp_path):
 
 
 def test_negation_signs_on_the_planted_negation_store(tmp_path):
-    """negation.sql's planted store (no steps recorded, no completeness error): every pair is found and none is
-    clear, so nothing is counted and the share and intervals are null, not an error."""
-    df = run_sql(negation_run(tmp_path), "negation_signs.sql")
+    """negation.sql's planted store (N = 16, errors of a few 1e-3): n6's not-word cells were pruned, its total is 0
+    and no error is below a tenth of it: not counted; the other three are clear, n1 negative."""
+    run = negation_run(tmp_path)
+    df = run_sql(run, "negation_signs.sql", resamples=50)
     assert df["pair_id"].to_list() == ["n1", "n2", "n4", "n6"]
+    assert df["is_clear"].to_list() == [True, True, True, False] and df["chosen_steps"].to_list() == [16, 16, 16, None]
     first = df.row(0, named=True)
+    assert (first["n_clear"], first["n_not_clear"], first["n_negative"]) == (3, 1, 1)
+    neg = records(run_sql(run, "negation.sql"), "pair_id")
+    assert df["not_attribution"].to_list()[:3] == pytest.approx([neg[p]["not_attribution"] for p in ("n1", "n2", "n4")])
+
+    # A store without completeness errors (made before they were recorded): nothing is clear, nothing counted,
+    # the share and its intervals null rather than an error.
+    table = pq.read_table(run / "pairs" / "part-000000.parquet")
+    table = table.set_column(table.schema.get_field_index("completeness_error"), "completeness_error",
+                             pa.nulls(table.num_rows, pa.float64()))  # fmt: skip
+    pq.write_table(table, run / "pairs" / "part-000000.parquet")
+    first = run_sql(run, "negation_signs.sql", resamples=50).row(0, named=True)
     assert (first["n_clear"], first["n_not_clear"]) == (0, 4)
     assert first["share_negative"] is None and first["ci_low"] is None and first["boot_low"] is None
 
@@ -378,7 +392,7 @@ def shared_sentence_run(root: Path) -> Path:
 @pytest.mark.parametrize("cluster_by", ["sentence", "pair"])
 def test_syntactic_relations_pairs_counts_and_intervals_against_a_slow_bootstrap(tmp_path, cluster_by):
     run = shared_sentence_run(tmp_path)
-    df = run_sql(run, "syntactic_relations_pairs.sql", top_share=0.25, cluster_by=cluster_by, resamples=400, seed=3)
+    df = run_sql(run, "syntactic_relations_pairs.sql", top_share=0.25, relation_clusters=cluster_by, resamples=400, seed=3)
     counts = slow_pair_counts(run, 0.25)
     got = records(df, "pair_id")
     assert set(got) == set(counts)
