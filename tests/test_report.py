@@ -11,6 +11,7 @@ import json
 import shutil
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import duckdb
 import numpy as np
@@ -498,11 +499,23 @@ def test_adjectives_the_papers_set_first_the_pooled_templates_as_the_extension()
         for kind, value in (("synonym", syn), ("opposite", opp)):
             rows.append({"pair_id": f"{template}:{kind}", "triplet": "beautiful/pretty/ugly", "kind": kind,
                          "template": template, "attribution": value})
-    found = summarize_adjectives(pl.DataFrame(rows), None)
-    assert found[0].text.startswith("The paper's set (“This house is X.”, two pairs per triplet, 2 pairs)")
+    rows.append({"pair_id": "repeat", "triplet": "ugly/hideous/beautiful", "kind": "opposite",
+                 "template": "This house is X.", "attribution": -0.1, "is_repeat": True})  # q2's sentences swapped
+    rows = [{"is_repeat": False, **r} for r in rows]
+    ctx = SimpleNamespace(facts={"model": "sentence-transformers/all-mpnet-base-v2", "mode": "approx", "layer": 9,
+                                 "n_layers": 12})  # fmt: skip
+    found = summarize_adjectives(pl.DataFrame(rows), ctx)
+    assert found[0].text.startswith("Our set of the paper's (“This house is X.”, two pairs per triplet, 3 pairs; "
+                                    "the template is our assumption)")  # fmt: skip
     assert "+0.400 for synonyms and -0.100 for opposites" in found[0].text
-    assert found[1].text.startswith("Our extension, all 2 templates pooled (4 pairs)")
-    assert "+0.300 for synonyms and +0.100 for opposites" in found[1].text
+    # the repeated opposite pair counts once: 1 of the 1 distinct opposite pairs is negative
+    assert "1 of the 1 distinct opposite sentence pairs are negative" in found[0].text
+    assert found[0].values["paper_set_n_distinct_opposite"] == 1
+    fig9 = paper.get("fig9_opposites_lower")
+    assert found[0].paper.startswith(f"Fig 9: {fig9.text}") and found[0].like_for_like is False
+    assert "template not stated" in found[0].paper
+    assert found[1].text.startswith("Our extension, all 2 templates pooled (5 pairs)")
+    assert "+0.300 for synonyms and +0.033 for opposites (2 and 3 pairs)" in found[1].text  # the repeat counts
 
 
 def test_the_header_says_which_pairs_the_report_covers(stores, tmp_path):

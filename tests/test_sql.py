@@ -513,6 +513,8 @@ def adjectives_run(root: Path) -> Path:
         ("q4", "big/huge/small", "synonym", ["This", "house", "is", "big", "."], ["This", "house", "is", "huge", "."],
          None),  # the adjective cell was pruned
         ("q5", None, None, ["A", "b"], ["A", "c"], {}),  # not an adjective pair
+        ("q6", "ugly/hideous/beautiful", "opposite", ["This", "house", "is", "ugly", "."],
+         ["This", "house", "is", "beautiful", "."], {(3, 3): -0.1}),  # q2's sentences swapped: a repeat
     ]  # fmt: skip
     pairs, sents, word_cells = [], [], []
     for pid, triplet, kind, wa, wb, planted in rows:
@@ -530,11 +532,13 @@ def adjectives_run(root: Path) -> Path:
 def test_adjectives_read_the_adjective_cell(tmp_path):
     df = run_sql(adjectives_run(tmp_path), "adjectives.sql")
     assert df.columns == ["pair_id", "triplet", "kind", "template", "word_a", "word_b", "u", "attribution", "score",
-                          "attribution_sum"]  # fmt: skip
-    got = {r["pair_id"]: (r["kind"], r["word_a"], r["word_b"], r["u"], r["attribution"])
+                          "attribution_sum", "is_repeat"]  # fmt: skip
+    got = {r["pair_id"]: (r["kind"], r["word_a"], r["word_b"], r["u"], r["attribution"], r["is_repeat"])
            for r in df.iter_rows(named=True)}  # fmt: skip
-    assert got == {"q1": ("synonym", "beautiful", "pretty", 3, 0.4), "q2": ("opposite", "beautiful", "ugly", 3, -0.1),
-                   "q3": ("opposite", None, None, None, None), "q4": ("synonym", "big", "huge", 3, None)}  # fmt: skip
+    assert got == {"q1": ("synonym", "beautiful", "pretty", 3, 0.4, False),
+                   "q2": ("opposite", "beautiful", "ugly", 3, -0.1, False),
+                   "q3": ("opposite", None, None, None, None, False), "q4": ("synonym", "big", "huge", 3, None, False),
+                   "q6": ("opposite", "ugly", "beautiful", 3, -0.1, True)}  # the same two sentences as q2  # fmt: skip
     assert set(df["template"].to_list()) == {"This house is X."}
 
 
