@@ -9,7 +9,8 @@ product). Data: STS-B train (labels / 5) with dev evaluation every epoch, from t
 saved folder loads with `SentenceTransformer(path)` (see xsbert_core.shift for the exact variants) and
 holds README.md (the model card: data, variant, hyper-parameters, dev score, command) and
 xsbert_training.json (the same, machine-readable). The folder holds the last epoch; the epoch with the best dev
-score (the paper's choice, App. A) is saved beside it as <name>-best-dev. Model weights are not committed
+score is saved beside it as <name>-best-dev (the paper's App. A states no checkpoint rule: both are kept, and
+best-dev is only our default for the comparisons). Model weights are not committed
 (models/ is ignored).
 """
 
@@ -100,7 +101,8 @@ def model_card(info: dict[str, Any]) -> str:
     best = info.get("best")
     if info.get("checkpoint") == "best-dev":
         checkpoint = (f"the epoch with the best dev score (epoch {best['epoch']:g} of {hp['epochs']:g}, step "
-                      f"{best['step']}; the paper's choice, App. A); the last epoch is `{info['last_epoch_path']}`")
+                      f"{best['step']}; our default checkpoint, the paper's App. A states none); the last epoch is "
+                      f"`{info['last_epoch_path']}`")
     else:
         checkpoint = "the last epoch" + (f" (the best dev epoch, {best['epoch']:g}, is `{info['best_dev_path']}`)"
                                          if info.get("best_dev_path") else "")  # fmt: skip

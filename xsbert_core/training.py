@@ -127,7 +127,7 @@ def fine_tune(
     "steps": optimizer steps, "best": the epoch with the highest dev Spearman (the first of ties) as {"epoch",
     "step", "dev_spearman", "checkpoint": its model folder under `work_dir`}, or None when no epoch was evaluated
     (--max-steps)}. Every epoch is saved under `work_dir` (the trainer's checkpoints, model weights only), so the
-    best-dev checkpoint, the paper's choice (App. A), and the last epoch can both be kept.
+    best-dev checkpoint and the last epoch can both be kept (the paper's App. A states no checkpoint rule).
     """
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 
