@@ -160,10 +160,10 @@ create or replace temp macro negation_pairs(runs) as table
 
     select * from negation_pairs;
 
--- every run this file reads: run, then other_runs
+-- every run this file reads: run and other_runs, each once
 create or replace temp macro negation_sign_runs() as
-    list_concat([getvariable('run')],
-                coalesce(getvariable('other_runs'), []::varchar[]));
+    list_distinct(list_concat([getvariable('run')],
+                              coalesce(getvariable('other_runs'), []::varchar[])));
 
 -- one xor-shift-multiply step of lowbias32 (C. Wellons' 32-bit integer
 -- hash), and the hash: x in [0, 2^32) -> [0, 2^32); the same text in

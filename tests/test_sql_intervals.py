@@ -233,6 +233,10 @@ def test_negation_signs_read_a_run_of_the_unclear_pairs_only(tmp_path):
     for pid, want in expected.items():
         assert got[pid]["n_runs"] == want["n_runs"]
         assert got[pid]["chosen_steps"] == (want["chosen"] or {}).get("N")
+    # a run given twice is read once
+    again = sqlrun.run_file(connect_runs([first_runs[0], *more_runs[1:], first_runs[0]], resamples=50),
+                            SQL / "negation_signs.sql")  # fmt: skip
+    assert again.equals(df)
 
 
 def test_negation_signs_margin_cluster_and_definition_settings(tmp_path):
