@@ -70,7 +70,8 @@
 --           margin      0.1
 --           definition  'paper' | 'word_cells' (as in negation.sql)
 --           sign_clusters  'source' | 'pair'
---           resamples   2000
+--           resamples   2000 (fewer where clusters x 2000 > 40 million: at
+--                       least 100; the resamples column says how many)
 --           seed        0
 -- Run       duckdb -cmd "set variable run = 'runs/<N=32>'" -cmd "set variable other_runs = ['runs/<N=64>', 'runs/<N=128>']" -f sql/negation_signs.sql
 --           xsbert sql --run runs/<N=32> -f negation_signs --var other_runs=runs/<N=64>,runs/<N=128>
@@ -317,7 +318,6 @@ settings as (
         coalesce(getvariable('definition'), 'paper') as definition,
         coalesce(getvariable('margin'), 0.1)::double as margin,
         coalesce(getvariable('sign_clusters'), 'source') as cluster_by,
-        coalesce(getvariable('resamples'), 2000)::bigint as resamples,
         coalesce(getvariable('seed'), 0)::bigint as seed,
 ),
 
@@ -497,12 +497,24 @@ cluster_count as (
     select count(*) as n_clusters from clusters
 ),
 
+-- resamples: the variable, else 2000, fewer on a large run (resamples x
+-- clusters at most 40 million, at least 100 resamples)
+resample_count as (
+    select
+        coalesce(
+            getvariable('resamples'),
+            least(2000, greatest(100, 40000000 // greatest(n_clusters, 1)))
+        )::bigint as resamples,
+    from cluster_count
+),
+
 resample_hashes as (
     select
         range as b,
         xs_resample_hash(settings.seed, range) as resample_hash,
     from range(coalesce(getvariable('resamples'), 2000))
     cross join settings
+    where range < (select resamples from resample_count)
 ),
 
 draws as (
@@ -529,7 +541,7 @@ resampled as (
 bootstrap as (
     select
         (select n_clusters from cluster_count) as n_clusters,
-        (select resamples from settings) as resamples,
+        (select resamples from resample_count) as resamples,
         quantile_cont(share, 0.025) as boot_low,
         quantile_cont(share, 0.975) as boot_high,
     from resampled

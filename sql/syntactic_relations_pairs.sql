@@ -44,7 +44,8 @@
 -- Params    top_share   0.10 (as in syntactic_relations.sql)
 --           parser      (as in syntactic_relations.sql)
 --           relation_clusters  'sentence' | 'pair'
---           resamples   2000
+--           resamples   2000 (fewer where clusters x 2000 > 40 million: at
+--                       least 100; the resamples column says how many)
 --           seed        0
 -- Run       duckdb -cmd "set variable run = 'runs/<id>'" -f sql/syntactic_relations_pairs.sql
 --           xsbert sql --run runs/<id> -f syntactic_relations_pairs --csv > fig6-pairs.csv
@@ -236,7 +237,6 @@ pairs as (
 settings as (
     select
         coalesce(getvariable('relation_clusters'), 'sentence') as cluster_by,
-        coalesce(getvariable('resamples'), 2000)::bigint as resamples,
         coalesce(getvariable('seed'), 0)::bigint as seed,
 ),
 
@@ -348,12 +348,24 @@ cluster_count as (
     select count(*) as n_clusters from clusters
 ),
 
+-- resamples: the variable, else 2000, fewer on a large run (resamples x
+-- clusters at most 40 million, at least 100 resamples)
+resample_count as (
+    select
+        coalesce(
+            getvariable('resamples'),
+            least(2000, greatest(100, 40000000 // greatest(n_clusters, 1)))
+        )::bigint as resamples,
+    from cluster_count
+),
+
 resample_hashes as (
     select
         range as b,
         xs_resample_hash(settings.seed, range) as resample_hash,
     from range(coalesce(getvariable('resamples'), 2000))
     cross join settings
+    where range < (select resamples from resample_count)
 ),
 
 draws as (
@@ -390,7 +402,7 @@ shares as (
     select
         count(*) as n_pairs,
         (select n_clusters from cluster_count) as n_clusters,
-        (select resamples from settings) as resamples,
+        (select resamples from resample_count) as resamples,
         sum(n_nsubj) / nullif(sum(n_top), 0) as nsubj_share,
         sum(n_nsubj) / nullif(sum(n_parsed), 0) as nsubj_share_of_parsed,
         sum(n_same) / nullif(sum(n_top), 0) as same_function_share,
