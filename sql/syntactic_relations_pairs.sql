@@ -14,8 +14,9 @@
 -- Inputs    as syntactic_relations.sql (its syntactic_top_cells macro, the
 --           same text): word_cells, pairs, sentences, parses and
 --           manifest.json of run; pairs again for the sentence ids
--- Clusters  relation_clusters 'sentence' (the default): pairs that share a
---           sentence, directly or through other pairs, are one cluster
+-- Clusters  relation_clusters 'sentence' (the default up to 50,000 pairs,
+--           'pair' above): pairs that share a sentence, directly or
+--           through other pairs, are one cluster
 --           (the connected components of the pairs linked by a shared
 --           sentence id; cluster_id is the smallest pair_id in it), since
 --           their top cells are not independent; 'pair': every pair its
@@ -234,9 +235,18 @@ pairs as (
     from read_parquet(getvariable('run') || '/pairs/*.parquet')
 ),
 
+-- relation_clusters: the variable, else 'sentence' on a run of up to 50,000
+-- pairs and 'pair' above (the components' query grows with the square of a
+-- cluster's size)
 settings as (
     select
-        coalesce(getvariable('relation_clusters'), 'sentence') as cluster_by,
+        coalesce(
+            getvariable('relation_clusters'),
+            case
+                when (select count(*) from pairs) <= 50000 then 'sentence'
+                else 'pair'
+            end
+        ) as cluster_by,
         coalesce(getvariable('seed'), 0)::bigint as seed,
 ),
 

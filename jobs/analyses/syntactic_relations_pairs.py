@@ -38,7 +38,8 @@ def _with_interval(row: dict, share: str) -> str:
 
 
 def _clusters(row: dict, ctx: Context) -> str:
-    kind = ctx.var("relation_clusters", "sentence")
+    default = "sentence" if ctx.facts["n_pairs"] <= 50_000 else "pair"  # the file's default (its header)
+    kind = ctx.var("relation_clusters", default)
     what = "clusters of pairs that share a sentence" if kind == "sentence" else "pairs"
     return f"{row['n_clusters']} {what}, {row['n_pairs']} pairs, {row['resamples']} resamples"
 
