@@ -319,8 +319,8 @@ def test_summary_lines_and_markdown_helpers(stores, tmp_path, capsys):
     code = report.cli(["--run", str(stores["adjectives"]), "--out", str(tmp_path / "o")])
     out = capsys.readouterr().out.splitlines()
     assert code == 0 and out[0].startswith("report: ") and out[0].endswith("approx)")
-    assert any(line.startswith("adjectives: The paper's set (“This house is X.”, two pairs per triplet, 4 pairs)")
-               for line in out)
+    assert any(line.startswith("adjectives: Our set of the paper's (“This house is X.”, two pairs per triplet, 5 pairs; "
+                               "the template is our assumption)") for line in out)  # fmt: skip
     assert any(re.match(r"negation: skipped: no pair differs", line) for line in out)
     # A second report into the same folder, on a run where adjectives do not apply: no stale adjectives files.
     (tmp_path / "o" / "mine.txt").write_text("kept")
