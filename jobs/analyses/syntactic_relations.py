@@ -95,10 +95,11 @@ def plot_syntactic_relations(df: pl.DataFrame, ctx: Context) -> list[tuple[str, 
                      group_colors={"same function": "#1f77b4", "mixed": "#ff7f0e",
                                    "unaligned / unparsed": "#b0b0b0"},
                      note=(f"{int(df['n'].sum())} top cells, {_parser_label(ctx)}. Paper ({nsubj.section}, "
-                           f"{nsubj.model}, stanza): {claim.text}; nsubj–nsubj ≈ {nsubj.text}"))  # fmt: skip
+                           f"mpnet, stanza): {claim.text}; nsubj–nsubj ≈ {nsubj.text}"))  # fmt: skip
     figures = [("syntactic_relations.png", ("The most frequent relation pairs of the top word cells; a single name "
                 "means the same relation on both sides. The paper's Fig 6 (stanza parses) finds same-function pairs "
-                "the most frequent, nsubj–nsubj about 7%, not a large share of all top attributions."))]  # fmt: skip
+                "the top contributors, nsubj–nsubj by far the most frequent at around 7% (its model not stated), "
+                "which it calls not a large share of all top attributions."))]  # fmt: skip
     same, mixed = df["same_function_share"][0], df["mixed_share"][0]
     if same + mixed:
         n_parsed = int(df.filter(~pl.col("relation_a").is_in(["unaligned", "unparsed"]),
