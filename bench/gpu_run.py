@@ -329,7 +329,12 @@ def report(args) -> str:
                          f"{e['overlapped_h']:.2f} | {e['sequential_h']:.2f} | {e['two_gpus_h']:.2f} | "
                          f"{e.get('engine_alone_h', float('nan')):.2f} | {e['limit']} |")  # fmt: skip
         both = sum(e["overlapped_h"] for _, e in rows)
-        lines += ["", f"Both models, one after the other on one GPU: **{both:.2f} h** (overlapped waves)."]
+        s1, s2, prep = (sum(e[k] for _, e in rows) for k in ("stage1_h", "stage2_h", "prepare_h"))
+        lines += ["", f"Both models, one after the other on one GPU: **{both:.2f} h** (overlapped waves); the goal is "
+                  f"1 h." + (f" Between them and 1 h: stage 1 {s1:.2f} h of GPU time (x{s1 / max(1e-9, 1 - prep):.1f} "
+                             f"too slow for one GPU: that many GPUs, or a faster engine), stage 2 and the commits "
+                             f"{s2:.2f} h of CPU and driver time (x{s2 / max(1e-9, 1 - prep):.1f}), prepare "
+                             f"{prep:.2f} h." if both > 1 else "")]  # fmt: skip
     for key in ("mpnet", "minilm"):
         for what in ("sweep", "adaptive"):
             path = res / f"{what}-{key}.json"

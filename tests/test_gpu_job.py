@@ -42,6 +42,7 @@ def py(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_the_prepared_gpu_run_goes_through_on_logical_gpus(tmp_path, tiny):
     # two tiny 10-layer models under the real ones' folder names (the pieces use layers 4, 8 and 9)
     src = tmp_path / "src"
