@@ -138,6 +138,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "job before a wave with a node that does not see it")  # fmt: skip
     r.add_argument("--device", default=None,
                    help="torch device of the factor actors (default: cuda when they get GPUs, else cpu)")  # fmt: skip
+    r.add_argument("--factor-memory", default=None, metavar="SIZE",
+                   help="memory a factor actor may take for its batches beyond its model, e.g. 40GiB: on a GPU the "
+                        "caching allocator's limit, within which batches are planned (default: 85%% of the actor's "
+                        "share of the card, planned, no limit); on a CPU the limit of the tensors one call holds. A "
+                        "batch that runs out is halved and retried, never dropped")  # fmt: skip
     o = p.add_argument_group("output")
     o.add_argument("--out", default=DEFAULT_OUT,
                    help="store root: a local folder, s3://bucket/prefix or gs://bucket/prefix; the run is <out>/<run id>")

@@ -144,6 +144,18 @@ class Execution:
     max_retries: int = DEFAULT_MAX_RETRIES
     cell_writer: str = "auto"
     device: str | None = None
+    factor_memory: str | None = None  # "8GiB": a factor actor's memory for its batches (jobs/attribution/memory.py)
+
+    def factor_memory_bytes(self) -> int | None:
+        """--factor-memory in bytes (None when not given); InputError naming the flag when it is no size."""
+        if self.factor_memory is None:
+            return None
+        from ._offline import BundleError, parse_size
+
+        try:
+            return parse_size(self.factor_memory)
+        except BundleError as exc:
+            raise InputError(f"--factor-memory: {exc}") from None
 
 
 @dataclass(frozen=True)
