@@ -19,6 +19,16 @@ For each model it reports
                     tangents through (B*N*S rows), and / forward of the B*N interpolation points alone
   peak RSS:         a fresh process attributing one 512-token text (max_seq_length raised to 512;
                     layer -1 and N=1 by default: memory is bounded per jvp chunk, time is not the point)
+
+    python bench/engine.py --models "" --families all     # every supported family (xsbert_core.families)
+
+--families: per family, a random model of all-MiniLM-L6-v2's shape (384 hidden, 6 layers, 12 heads, 1536 FFN;
+MiniLM's WordPiece tokenizer for all, the family's own layers, masks and positions; last-token pooling for the
+decoder, mean for the others), loaded with transformers' default attention (SDPA where the family has it): the
+engine says when the kernel cannot take forward-mode AD and falls back to eager, and the table says which ran. It
+reports the engine (riemann N=--steps, --family-pairs STS-B pairs) / a no-grad forward through the same split model
+of the same B*N*S rows, the best of --family-rounds runs of each, alternated, in wall-clock and in this process's CPU
+seconds (less disturbed by other processes on a shared machine).
 """
 
 from __future__ import annotations
@@ -47,7 +57,7 @@ from xsbert_core.reverse import sentence_factor_reverse  # noqa: E402
 
 MODELS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2", "mpnet": "all-mpnet-base-v2"}
 GL_CANDIDATES = (4, 6, 8, 10, 12, 16, 20, 24, 32)
-STSB_PATHS = (ROOT / "jobs" / "data" / "stsb.tsv.gz", ROOT.parent / "shared" / "data" / "stsb" / "stsb.tsv.gz")
+STSB_PATHS = (ROOT / "jobs" / "data" / "stsb.tsv.gz",)  # the bundled STS-B
 
 
 def stsb_test_pairs(n: int, seed: int) -> list[tuple[str, str]]:
@@ -58,10 +68,10 @@ def stsb_test_pairs(n: int, seed: int) -> list[tuple[str, str]]:
     return [(rows[i]["sentence1"], rows[i]["sentence2"]) for i in idx]
 
 
-def timed(fn):
-    t0 = time.perf_counter()
+def timed(fn, clock=time.perf_counter):
+    t0 = clock()
     out = fn()
-    return out, time.perf_counter() - t0
+    return out, clock() - t0
 
 
 def engine_run(model, layer, rule, steps, pairs):
@@ -91,7 +101,7 @@ def reverse_run(ex: Explainer, rule: str, steps: int, pairs):
 
 
 @torch.no_grad()
-def plain_forward(ex: Explainer, texts: list[str], steps: int, expand_tokens: bool) -> float:
+def plain_forward(ex: Explainer, texts: list[str], steps: int, expand_tokens: bool, clock=time.perf_counter) -> float:
     """No-grad forward through the same split model of the interpolation points x(alpha_n)
     (expand_tokens: each repeated once per token, the batch the engine pushes tangents through)."""
     alphas, _ = nodes_and_weights("riemann", steps)
@@ -110,11 +120,11 @@ def plain_forward(ex: Explainer, texts: list[str], steps: int, expand_tokens: bo
         reps = max(sub.lengths) if expand_tokens else 1
         rows = x.shape[0]
         chunk = max(1, 4096 // x.shape[1])
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(reps):
             for r0 in range(0, rows, chunk):
                 ex.split.tail(x[r0 : r0 + chunk], {k2: v[r0 : r0 + chunk] for k2, v in feats.items()}, None)
-        total += time.perf_counter() - t0
+        total += clock() - t0
     return total
 
 
@@ -153,6 +163,110 @@ print(json.dumps(dict(tokens=len(f.tokens), seconds=dt, rss_after_load_mb=base, 
     if out.returncode or not lines:
         raise RuntimeError(f"rss probe failed: {out.stderr[-2000:]}")
     return json.loads(lines[-1])
+
+
+# all-MiniLM-L6-v2's shape: the families are compared at one size.
+FAMILY_SHAPE = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
+
+
+def family_config(model_type: str, vocab_size: int, pad_id: int):
+    """A config of `model_type` in FAMILY_SHAPE, the family's other settings as its embedders have them."""
+    import transformers as tf
+
+    common = dict(vocab_size=vocab_size, pad_token_id=pad_id, max_position_embeddings=514, **FAMILY_SHAPE)
+    if model_type == "distilbert":
+        return tf.DistilBertConfig(vocab_size=vocab_size, pad_token_id=pad_id, dim=384, n_layers=6, n_heads=12,
+                                   hidden_dim=1536)  # fmt: skip
+    if model_type == "deberta-v2":
+        return tf.DebertaV2Config(**common, relative_attention=True, pos_att_type=["p2c", "c2p"],
+                                  position_biased_input=False, position_buckets=256, norm_rel_ebd="layer_norm",
+                                  share_att_key=True, type_vocab_size=0)  # fmt: skip
+    if model_type == "electra":
+        return tf.ElectraConfig(**common, embedding_size=192)
+    if model_type == "modernbert":
+        ids = dict(bos_token_id=101, eos_token_id=102, cls_token_id=101, sep_token_id=102)  # MiniLM's [CLS], [SEP]
+        return tf.ModernBertConfig(**common, local_attention=128, global_attn_every_n_layers=3, **ids)
+    if model_type == "qwen3":
+        common.pop("pad_token_id")
+        return tf.Qwen3Config(**common, num_key_value_heads=4, head_dim=32)
+    if model_type == "nomic_bert":
+        return tf.NomicBertConfig(**common, head_dim=32)
+    cls = {"bert": tf.BertConfig, "mpnet": tf.MPNetConfig, "roberta": tf.RobertaConfig,
+           "xlm-roberta": tf.XLMRobertaConfig, "gte": tf.GteConfig}[model_type]  # fmt: skip
+    return cls(**common)
+
+
+def family_model(model_type: str, folder: Path):
+    """A random SentenceTransformer of the family (FAMILY_SHAPE), saved to and loaded from `folder` with the
+    default attention implementation."""
+    import transformers as tf
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    from xsbert_core import resolve_model
+
+    tok = tf.AutoTokenizer.from_pretrained(resolve_model(MODELS["minilm"]))
+    torch.manual_seed(0)
+    tf.AutoModel.from_config(family_config(model_type, len(tok), tok.pad_token_id)).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    first = Transformer(str(folder), max_seq_length=128)
+    pooling = "lasttoken" if model_type == "qwen3" else "mean"
+    model = SentenceTransformer(modules=[first, Pooling(first.get_embedding_dimension(), pooling_mode=pooling)],
+                                device="cpu")  # fmt: skip
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def bench_family(model_type: str, args) -> dict:
+    import tempfile
+    import warnings
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = family_model(model_type, Path(tmp) / model_type)
+    loaded = model[0].auto_model.config._attn_implementation
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ex = Explainer(model, layer=args.layer, rule="riemann", steps=args.steps)
+    fallback = [str(w.message) for w in caught if "forward-mode AD" in str(w.message)]
+    pairs = stsb_test_pairs(args.family_pairs, args.seed)
+    texts = [t for p in pairs for t in p]
+    engine_run(model, args.layer, "riemann", args.steps, pairs[:1])  # warm-up
+    t_eng, t_fwd, c_eng, c_fwd = [], [], [], []
+    for _ in range(args.family_rounds):  # alternated, so that a burst of load on a shared machine hits both
+        t_eng.append(timed(lambda: ex.explain_pairs(pairs))[1])
+        t_fwd.append(plain_forward(ex, texts, args.steps, expand_tokens=True))
+        c_eng.append(timed(lambda: ex.explain_pairs(pairs), time.process_time)[1])
+        c_fwd.append(plain_forward(ex, texts, args.steps, expand_tokens=True, clock=time.process_time))
+    t_eng, t_fwd, c_eng, c_fwd = min(t_eng), min(t_fwd), min(c_eng), min(c_fwd)
+    return {"family": model_type, "name": ex.split.family.name, "layer": ex.layer, "pairs": len(pairs),
+            "steps": args.steps, "attention_loaded": loaded,
+            "attention_used": model[0].auto_model.config._attn_implementation, "fallback": fallback[:1],
+            "engine_s": t_eng, "forward_same_rows_s": t_fwd, "engine_over_forward_same_rows": t_eng / t_fwd,
+            "engine_cpu_s": c_eng, "forward_same_rows_cpu_s": c_fwd, "cpu_ratio": c_eng / c_fwd}  # fmt: skip
+
+
+def families_markdown(results: list[dict], args) -> str:
+    lines = [
+        f"Engine / plain forward per family ({time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores, torch "
+        f"{torch.__version__}, {torch.get_num_threads()} threads; random models of all-MiniLM-L6-v2's shape, "
+        f"layer {args.layer}, riemann N={args.steps}, {args.family_pairs} STS-B test pairs, seed {args.seed}; best "
+        f"of {args.family_rounds} alternated runs each; load average {os.getloadavg()[0]:.1f} at the end). "
+        f"Command: `python bench/engine.py {' '.join(sys.argv[1:])}`",
+        "",
+        "Wall: the best wall-clock seconds; CPU: the best CPU seconds of this process (time.process_time), which other",
+        "processes' load disturbs less on a shared machine.",
+        "",
+        "| family | attention loaded -> used | engine wall (s) | forward wall (s) | engine / forward, wall | engine / "
+        "forward, CPU |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        used = r["attention_loaded"] + (f" -> {r['attention_used']} (no forward-mode AD)" if r["fallback"] else "")
+        lines.append(f"| {r['name']} [{r['family']}] | {used} | {r['engine_s']:.2f} | {r['forward_same_rows_s']:.2f} "
+                     f"| {r['engine_over_forward_same_rows']:.2f}x | {r['cpu_ratio']:.2f}x |")  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def bench_model(key: str, args) -> dict:
@@ -272,17 +386,39 @@ def main() -> None:
     p.add_argument("--skip-rss", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "engine.md"))
+    p.add_argument("--families", default="", help="comma list of model_types (xsbert_core.families), or all")
+    p.add_argument("--family-pairs", type=int, default=6, help="STS-B pairs per family")
+    p.add_argument("--family-rounds", type=int, default=3, help="engine and forward runs per family, alternated")
+    p.add_argument("--families-out", default=str(ROOT / "bench" / "results" / "engine_families.md"))
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     results = []
-    for key in args.models.split(","):
+    for key in filter(None, (k.strip() for k in args.models.split(","))):
         print(f"== {key}", flush=True)
-        results.append(bench_model(key.strip(), args))
+        results.append(bench_model(key, args))
         print(json.dumps(results[-1], indent=1), flush=True)
-    md = to_markdown(results, args)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(md)
-    Path(args.out).with_suffix(".json").write_text(json.dumps(results, indent=1))
-    print(md)
+    if results:
+        md = to_markdown(results, args)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(md)
+        Path(args.out).with_suffix(".json").write_text(json.dumps(results, indent=1))
+        print(md)
+    if args.families:
+        from xsbert_core.families import FAMILIES
+
+        chosen = list(FAMILIES) if args.families == "all" else [k.strip() for k in args.families.split(",")]
+        fam = []
+        for key in chosen:
+            print(f"== family {key}", flush=True)
+            fam.append(bench_family(key, args))
+            print(json.dumps(fam[-1], indent=1), flush=True)
+        md = families_markdown(fam, args)
+        Path(args.families_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.families_out).write_text(md)
+        Path(args.families_out).with_suffix(".json").write_text(json.dumps(fam, indent=1))
+        print(md)
 
 
 if __name__ == "__main__":

@@ -1,40 +1,46 @@
-"""The paper's own model trained and studied on one GPU machine, writing results, not models.
+"""The paper's trained models on one GPU machine with no network, no Ray and size-limited transfers.
 
-On a machine with a CUDA GPU, this repository's environment and all-mpnet-base-v2's weights (a folder, e.g. the
-reassembled float16 parts, or the PyPI-packaged weights by name), one command trains the paper's Table 1 variants
-with jobs.train (the paper's hyper-parameters: TrainConfig's defaults, batch 16, 5 epochs; float32 throughout -- no
-mixed precision, and TF32 left at torch's default, off for matmuls) and attributes what the paper's figures need
-through jobs.attribute's local executor (no Ray), piece by piece in the order of their value:
+The study is a pipeline config (configs/paper-gpu.yaml: all-mpnet-base-v2's Tuned, Exact and Orig trained by the
+paper's recipe, then Fig 3/4/5/8's runs in the order of their value); this script only carries it there, runs its
+stages piece by piece, and carries the results back:
 
-    1  train tuned, exact (seed 0)                        -> training/<name>.json (the record, not the weights)
-    2  Table 1 (cosine, best-dev and last epoch, ASO)     -> table1.parquet / .csv, table1.json (ASO, models)
-    3  tuned (approx) + exact runs at layers 11 and 8     -> runs/ (the store: pairs, cells, word_cells, ...)
-    4  train orig, Table 1 again
-    5  train tuned, exact with --second-seed, Table 1 again, their runs at layers 11 and 8 (the noise floor)
-    6  layer 9: tuned, exact, tuned', exact' on the STS-B sample (agreement, Fig 5) and shelf (Fig 5/6); exact and
-       shelf on negation (every sentence) and adjectives (every pair): Fig 6, 8, 9
-    7  layers 10 and 7 (all four models): the rest of Fig 3/4's 7-11
-    agreement.parquet (sql/agreement.sql, content tokens and all cells) is rewritten after each layer's runs where
-    DuckDB is installed.
+    here    python bench/paper_gpu.py prepare --into TRANSFER
+            all-mpnet-base-v2 as float16 parts (jobs.bundle), and the wheels of what such a machine lacks for the
+            stages that run there (DEVICE_WHEELS), grouped into TRANSFER/batch-NN folders of at most --batch-mib
+            each, one per transfer
+    there   python3 bench/paper_gpu.py run --transfer TRANSFER --work /tmp/paper-gpu --out OUT [--received N]
+            installs the wheels and the model from the batches (every part checked), then: the train stage
+            (jobs.pipeline's: Tuned, Exact, Orig at once on the GPU, deterministic) -> Table 1's predictions (by
+            encoding: jobs.evaluate.table1_rows) -> the runs (jobs.pipeline's attribute stage, --executor local), one
+            piece at a time. After each piece its new files become a tar in parts of at most --part-mib (the
+            outbox), and OUT gets outbox.json (the pieces, their parts and checksums, the progress) and the first
+            parts not yet received (--received: how many of the outbox's parts, in order, have come back), at most
+            --out-files files of --out-mib together. The same command again resumes: what is trained or done is
+            skipped, an unfinished run resumes from its committed waves, and OUT gets the next parts.
+    here    python bench/paper_gpu.py receive --parts OUT1 OUT2 ... --into RESULTS [--transfer TRANSFER]
+            checks and joins every piece whose parts are all there, extracts it into RESULTS (runs/ in the store's
+            layout, training/, table1.json, progress.json), and says the next --received; with --transfer, the
+            models sent back by `run --send-weights` (float16 differences to the base) rebuilt into RESULTS/models
+            python bench/paper_gpu.py report --results RESULTS --out reports/paper-gpu
+            Table 1 with the almost-stochastic-order test (App. B), and jobs.pipeline's report stage over the runs
+            and comparisons that came back (DuckDB, here), with the paper's figures beside ours where like for like
 
-Each piece is written as soon as it is done (progress.json lists them); a rerun skips what exists: a trained model
-folder is not trained again, Table 1 is remade only when the set of models grew, and jobs.attribute resumes a run
-from its committed waves. The model folders stay under --models, outside --out; --out holds only what comes back:
-Parquet, CSV, JSON. STS-B runs use one seeded sample (--sample, --seed) for every model and layer, so the pairs match
-across runs; `xsbert sql --run OUT/runs/<run id>` and `--run2` read the runs here, and `python -m jobs.parse` adds
-the parses (made on the CPU from the sentences).
-
-    python bench/paper_gpu.py --base /path/to/all-mpnet-base-v2 --out paper-gpu --models models
+A later `run` on a bare machine goes on where an earlier one ended: `run --done RESULTS/progress.json` keeps the
+earlier Table 1, trains only the models of the runs left, and skips each run that came back whose settings are the
+same and whose model, where trained again, has the same weights' sha256 as then (training is deterministic: the same
+recipe on the same GPU and software gives the same weights; a model that differs has its runs done again).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
-import shlex
 import shutil
+import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 from typing import Any
@@ -43,226 +49,565 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
-from jobs import attribute as attribute_job  # noqa: E402
-from jobs import evaluate, train  # noqa: E402
-from xsbert_core import InputError, XsbertError  # noqa: E402
+from jobs._offline import BundleError, check_parts, install, join_parts, split_file  # noqa: E402
 
-MPNET = "sentence-transformers/all-mpnet-base-v2"
-AGREEMENT_FIRST = (11, 8)  # the paper's two named layers of Fig 4 (top-10 Jaccard 0.83 -> 0.60)
-FIG_LAYER = 9  # §4 states layer 9 (Fig 5); Fig 6/8/9 state none: 9 assumed, as jobs/paper.py marks it
-AGREEMENT_REST = (10, 7)
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python bench/paper_gpu.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--base", default=MPNET, help="the shelf model: a folder (reassembled weights) or a name")
-    p.add_argument("--out", type=Path, required=True, help="results folder (what comes back; no model weights)")
-    p.add_argument("--models", type=Path, default=Path("models"), help="where jobs.train writes the model folders")
-    p.add_argument("--second-seed", type=int, default=1, help="seed of the noise floor's second trainings")
-    p.add_argument("--sample", type=int, default=300, help="seeded STS-B test pairs per attribution run")
-    p.add_argument("--seed", type=int, default=0, help="seed of --sample")
-    p.add_argument("--layers-first", default=",".join(map(str, AGREEMENT_FIRST)))
-    p.add_argument("--fig-layer", type=int, default=FIG_LAYER)
-    p.add_argument("--layers-rest", default=",".join(map(str, AGREEMENT_REST)))
-    p.add_argument("--negation-limit", type=int, default=None, help="first N negation pairs (default all)")
-    p.add_argument("--adjectives-limit", type=int, default=None, help="first N adjective pairs (default all)")
-    p.add_argument("--tolerance", type=float, default=1e-3, help="adaptive N per sentence (configs/paper.yaml)")
-    p.add_argument("--steps", type=int, default=None, help="N to start the adaptive N from (jobs.attribute's default)")
-    p.add_argument("--max-steps", type=int, default=256, help="cap of the adaptive N (configs/paper.yaml)")
-    p.add_argument("--device", default=None, help="attribution device (default cuda where torch sees one)")
-    p.add_argument("--aso-iterations", type=int, default=1000)
-    g = p.add_argument_group("training (the paper's by default; the small values are for smoke tests)")
-    g.add_argument("--epochs", type=float, default=None)
-    g.add_argument("--batch-size", type=int, default=None)
-    g.add_argument("--train-limit", type=int, default=None)
-    g.add_argument("--dev-limit", type=int, default=None)
-    g.add_argument("--table1-sample", type=int, default=None, help="seeded test pairs for Table 1 (default all)")
-    p.add_argument("--stop-after", default=None, help="stop after the piece of this name (see progress.json)")
-    p.add_argument("-q", "--quiet", action="store_true")
-    return p.parse_args(argv)
+CONFIG = ROOT / "configs" / "paper-gpu.yaml"
+BASE = "all-mpnet-base-v2"
+# What the stages that run there need beyond torch, transformers, sentence-transformers, pyarrow, pandas, numpy and
+# pyyaml: the study config's validation (pydantic) and the trainer's data (datasets), with what only they need. The
+# versions are this environment's (where the tests ran them).
+DEVICE_WHEELS = ("pydantic", "pydantic-core", "annotated-types", "typing-inspection", "datasets", "dill",
+                 "multiprocess")  # fmt: skip
+WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
+                   "manylinux1_x86_64")  # fmt: skip
+PART_MIB = 15  # largest part of the outbox
+BATCH_MIB = 50  # largest batch folder of `prepare`
+OUT_FILES, OUT_MIB = 8, 60  # what one OUT carries back: files, MiB together (outbox.json included)
+OUTBOX = "outbox.json"
+PROGRESS = "progress.json"
 
 
-def _layers(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
+def say(line: str) -> None:
+    print(f"paper_gpu: {line}", flush=True)
 
 
-class Study:
-    """The pieces in order; each writes its result under out and records itself in progress.json."""
+def write_json(path: Path, value: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(value, indent=1, default=str) + "\n", encoding="utf-8")
+    tmp.replace(path)
 
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.out: Path = args.out
-        self.runs = self.out / "runs"
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.progress_file = self.out / "progress.json"
-        self.progress: dict[str, Any] = (
-            json.loads(self.progress_file.read_text()) if self.progress_file.is_file() else {"pieces": {}}
-        )
-        self.base_name = evaluate.base_name(args.base)
 
-    # ---------------------------------------------------------------- bookkeeping
-    def record(self, piece: str, value: dict[str, Any]) -> None:
-        self.progress["pieces"][piece] = {**value, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        tmp = self.progress_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.progress, indent=1) + "\n", encoding="utf-8")
-        tmp.replace(self.progress_file)
-        print(f"paper_gpu: done {piece}", flush=True)
-        if self.args.stop_after == piece:
-            raise _Stop(piece)
+def read_json(path: Path, default: Any = None) -> Any:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else default
 
-    def model_folder(self, key: str) -> Path:
-        """tuned/exact/orig -> <models>/<base>-<v>; tuned2/exact2 -> <models>/<base>-<v>-seed<K> (jobs.evaluate's
-        names, so its model_paths finds them)."""
-        v, second = key.rstrip("2"), key.endswith("2")
-        suffix = f"-seed{self.args.second_seed}" if second else ""
-        return self.args.models / f"{self.base_name}-{v}{suffix}"
 
-    def attributed_model(self, key: str) -> str:
-        """The model a run attributes: the shelf as given, a trained one at its best dev epoch (App. A)."""
-        if key == "shelf":
-            return str(self.args.base)
-        return evaluate.checkpoint_path(str(self.model_folder(key)), evaluate.PAPER_CHECKPOINT)
+# --------------------------------------------------------------------------- here: what travels there
+def download_wheels(dest: Path, names: tuple[str, ...], python: str = "3.12", pins: tuple[str, ...] = ()) -> list[Path]:
+    """`pip download --no-deps` of each name at this environment's version (or the one `pins` gives), for CPython
+    `python` on x86-64 Linux."""
+    chosen = {p.split("==")[0].lower(): p for p in pins}
+    pins = [chosen.get(n.lower(), f"{n}=={importlib.metadata.version(n)}") for n in names]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet", "--dest", str(dest),
+           "--python-version", python, "--implementation", "cp"]  # fmt: skip
+    for tag in WHEEL_PLATFORMS:
+        cmd += ["--platform", tag]
+    subprocess.run([*cmd, *pins], check=True)
+    return sorted(dest.glob("*.whl"))
 
-    # ---------------------------------------------------------------- pieces
-    def train(self, key: str) -> None:
-        piece = f"train-{key}"
-        folder = self.model_folder(key)
-        if piece in self.progress["pieces"] and evaluate.is_model(folder):
+
+def prepare(into: Path, base: str = BASE, wheels: tuple[str, ...] = DEVICE_WHEELS, part_mib: float = 25,
+            batch_mib: float = BATCH_MIB, pins: tuple[str, ...] = ()) -> list[Path]:  # fmt: skip
+    """The model as float16 parts (jobs.bundle) and the wheels, in batch folders of at most batch_mib each:
+    batch-01 holds the bundle's manifest.json and install.py, and the wheels; the parts fill the batches in order."""
+    from jobs.bundle import bundle
+
+    if into.exists() and any(into.iterdir()):
+        raise BundleError(f"{into} exists and is not empty; choose a new --into")
+    if part_mib > batch_mib:
+        raise BundleError(f"--part-mib {part_mib} is above --batch-mib {batch_mib}: a part would not fit a batch")
+    stage = into / ".stage"
+    bundle(stage / "bundle", int(part_mib * 2**20), models=(base,), float16=True, wheels=False, log=say)
+    files = download_wheels(stage / "wheels", wheels, pins=pins) if wheels else []
+    first = [stage / "bundle" / "manifest.json", stage / "bundle" / "install.py", *files]
+    parts = sorted((stage / "bundle" / "parts").iterdir())
+    batches: list[list[tuple[Path, str]]] = [[(f, f.name if f.suffix != ".whl" else f"wheels/{f.name}") for f in first]]
+    limit = batch_mib * 2**20
+    for part in parts:
+        used = sum(f.stat().st_size for f, _ in batches[-1])
+        if used + part.stat().st_size > limit:
+            batches.append([])
+        batches[-1].append((part, f"parts/{part.name}"))
+    out = []
+    for k, batch in enumerate(batches, 1):
+        folder = into / f"batch-{k:02d}"
+        for src, rel in batch:
+            (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(src), folder / rel)
+        out.append(folder)
+        say(f"{folder}: {len(batch)} files, {sum((folder / r).stat().st_size for _, r in batch) / 2**20:.1f} MiB")
+    shutil.rmtree(stage)
+    return out
+
+
+# --------------------------------------------------------------------------- there: install from the batches
+def gather(transfer: Path, work: Path) -> tuple[Path, list[Path]]:
+    """The bundle as install.py reads it (work/bundle: manifest.json, parts/ linking into the batches) and the wheels."""
+    batches = sorted(p for p in transfer.glob("batch-*") if p.is_dir())
+    manifests = [b / "manifest.json" for b in batches if (b / "manifest.json").is_file()]
+    if not manifests:
+        raise BundleError(f"no batch folder under {transfer} holds the bundle's manifest.json (batch-01)")
+    folder = work / "bundle"
+    shutil.rmtree(folder, ignore_errors=True)
+    (folder / "parts").mkdir(parents=True)
+    shutil.copyfile(manifests[0], folder / "manifest.json")
+    for b in batches:
+        for part in sorted((b / "parts").glob("*")) if (b / "parts").is_dir() else ():
+            (folder / "parts" / part.name).symlink_to(part.resolve())
+    wheels = sorted(w for b in batches for w in (b / "wheels").glob("*.whl")) if batches else []
+    return folder, wheels
+
+
+def install_wheels(wheels: list[Path], site: Path) -> None:
+    """pip install --no-index --no-deps --target site (once), and site on sys.path (the spawned trainings inherit
+    it) and PYTHONPATH."""
+    marker = site / ".installed"
+    if wheels and not marker.is_file():
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--no-compile",
+                        "--upgrade", "--target", str(site), *map(str, wheels)], check=True)  # fmt: skip
+        marker.write_text("\n".join(w.name for w in wheels) + "\n")
+    if site.is_dir():
+        sys.path.insert(0, str(site))
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+
+
+def install_base(transfer: Path, work: Path, wheels: bool = True) -> Path:
+    """The wheels (unless not `wheels`) and the float16 model from the batches; the model folder (float32 weights,
+    rebuilt and checked)."""
+    bundle, files = gather(transfer, work)
+    if wheels:
+        install_wheels(files, work / "site")
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    models = [i for i in manifest["items"] if i["kind"] == "model"]
+    if len(models) != 1:
+        raise BundleError(f"the bundle holds {len(models)} models; this study starts from one")
+    target = work / "xs" / "models" / models[0]["name"]
+    if not (work / "xs" / "bundle.json").is_file():
+        install(bundle, work / "xs", models_only=True, log=say)  # every part checked (sha256) first
+    return target
+
+
+# --------------------------------------------------------------------------- there: the outbox
+class Outbox:
+    """The results folder's new files after each piece, as a tar in parts; OUT gets outbox.json and the next parts."""
+
+    def __init__(self, results: Path, folder: Path, part_mib: float) -> None:
+        self.results, self.folder, self.part_size = results, folder, int(part_mib * 2**20)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.state = read_json(folder / OUTBOX, {"pieces": []})
+        self.packed = read_json(folder / "packed.json", {})
+
+    def parts(self) -> list[dict[str, Any]]:
+        return [p for piece in self.state["pieces"] for p in piece["parts"]]
+
+    def pack(self, piece: str, progress: dict[str, Any]) -> None:
+        """A tar of the results' files that are new or changed since the last pack (none: only progress is kept)."""
+        changed = []
+        for f in sorted(p for p in self.results.rglob("*") if p.is_file() and not p.name.endswith(".tmp")):
+            rel, st = f.relative_to(self.results).as_posix(), f.stat()
+            if self.packed.get(rel) != [st.st_size, st.st_mtime_ns] and not rel.endswith(".lock"):
+                changed.append((f, rel, [st.st_size, st.st_mtime_ns]))
+        if changed:
+            seq = len(self.state["pieces"]) + 1
+            name = f"{seq:03d}-{piece}.tar"
+            tar_path = self.folder / name
+            with tarfile.open(tar_path, "w") as tar:
+                for f, rel, _ in changed:
+                    tar.add(f, arcname=rel)
+            entry = split_file(tar_path, self.folder / "parts", self.part_size, root=self.folder)
+            tar_path.unlink()
+            self.state["pieces"].append({"seq": seq, "piece": piece, "files": len(changed), **entry})
+            self.packed.update({rel: key for _, rel, key in changed})
+            write_json(self.folder / "packed.json", self.packed)
+        self.state["progress"] = progress
+        write_json(self.folder / OUTBOX, self.state)
+
+    def fill(self, out: Path | None, received: int, max_files: int = OUT_FILES, max_mib: float = OUT_MIB) -> None:
+        """outbox.json and the parts after the first `received`, as many as the limits allow, into OUT."""
+        if out is None:
             return
-        if not (evaluate.is_model(folder) and (folder / "xsbert_training.json").is_file()):
-            a = self.args
-            argv = ["--variant", key.rstrip("2"), "--model", str(a.base), "--out", str(a.models), "--name",
-                    folder.name, "--seed", str(a.second_seed if key.endswith("2") else 0), "--overwrite"]  # fmt: skip
-            for flag, value in (("--epochs", a.epochs), ("--batch-size", a.batch_size),
-                                ("--train-limit", a.train_limit), ("--dev-limit", a.dev_limit)):  # fmt: skip
-                if value is not None:
-                    argv += [flag, str(value)]
-            if a.quiet:
-                argv.append("-q")
-            targs = train.parse_args(argv)
-            targs.argv = argv
-            train.main(targs)
-        (self.out / "training").mkdir(exist_ok=True)
-        for f in (folder, Path(f"{folder}{train.BEST_SUFFIX}")):
-            if (f / "xsbert_training.json").is_file():
-                shutil.copyfile(f / "xsbert_training.json", self.out / "training" / f"{f.name}.json")
-        self.record(piece, {"model": str(folder)})
+        out.mkdir(parents=True, exist_ok=True)
+        for old in out.iterdir():
+            if old.is_file() and (old.name == OUTBOX or ".tar." in old.name):
+                old.unlink()
+        shutil.copyfile(self.folder / OUTBOX, out / OUTBOX)
+        budget, files = max_mib * 2**20 - (out / OUTBOX).stat().st_size, 1
+        sent = []
+        for part in self.parts()[received:]:
+            if files >= max_files or part["size"] > budget:
+                break
+            shutil.copyfile(self.folder / part["file"], out / Path(part["file"]).name)
+            budget -= part["size"]
+            files += 1
+            sent.append(Path(part["file"]).name)
+        left = len(self.parts()) - received - len(sent)
+        say(f"OUT: {len(sent)} part(s) after the first {received}" + (f"; {left} more wait for --received "
+                                                                      f"{received + len(sent)}" if left else ""))
 
-    def trained(self) -> dict[str, str]:
-        """shelf and every trained variant so far, as jobs.evaluate.table1 takes them."""
-        paths = {"shelf": str(self.args.base)}
-        for key in ("tuned", "exact", "orig", "tuned2", "exact2"):
-            if evaluate.is_model(self.model_folder(key)):
-                paths[key] = str(self.model_folder(key))
-        return paths
 
-    def table1(self) -> None:
-        paths = self.trained()
-        meta = self.out / "table1.json"
-        if meta.is_file() and json.loads(meta.read_text()).get("models") == sorted(paths):
-            return
-        df, tests = evaluate.table1(paths, "test", self.args.aso_iterations, self.args.table1_sample)
-        df.write_parquet(self.out / "table1.parquet")
-        df.write_csv(self.out / "table1.csv")
-        meta.write_text(json.dumps({"models": sorted(paths), "aso": tests, "split": "test",
-                                    "similarity": "cosine for every model (the paper's §4.1); orig also its own"},
-                                   indent=1) + "\n", encoding="utf-8")  # fmt: skip
-        self.record(f"table1-{'+'.join(sorted(paths))}", {"rows": df.height})
+# --------------------------------------------------------------------------- there: the study, piece by piece
+def device_info() -> dict[str, Any]:
+    import sentence_transformers
+    import torch
+    import transformers
 
-    def run(self, key: str, layer: int, dataset: str = "stsb") -> dict[str, Any]:
-        """One jobs.attribute run (--executor local) into the store; resumes, and is a no-op when complete."""
-        a = self.args
-        argv = ["--dataset", dataset, "--model", self.attributed_model(key), "--layer", str(layer),
-                "--rule", "gauss-legendre", "--tolerance", str(a.tolerance), "--max-steps", str(a.max_steps),
-                "--executor", "local", "--out", str(self.runs)]  # fmt: skip
-        if dataset == "stsb":
-            argv += ["--split", "test", "--sample", str(a.sample), "--seed", str(a.seed)]
-        limit = {"negation": a.negation_limit, "adjectives": a.adjectives_limit}.get(dataset)
-        if limit:
-            argv += ["--limit", str(limit)]
-        if a.steps:
-            argv += ["--steps", str(a.steps)]
-        if a.device:
-            argv += ["--device", a.device]
-        if a.quiet:
-            argv.append("-q")
-        summary = attribute_job.main(attribute_job.parse_args(argv))
-        record = {k: summary[k] for k in ("run_dir", "run_id", "n_in", "n_done", "n_quarantined",
-                                          "mean_abs_completeness_error", "max_abs_completeness_error")}  # fmt: skip
-        # relative to --out, so the results folder reads the same wherever it is copied to
-        record["run_dir"] = os.path.relpath(Path(record["run_dir"]).resolve(), self.out.resolve())
-        record["command"] = "python -m jobs.attribute " + " ".join(shlex.quote(x) for x in argv)
-        return record
-
-    def runs_at(self, layer: int, keys: tuple[str, ...], dataset: str = "stsb") -> None:
-        for key in keys:
-            piece = f"run-{dataset}-{key}-L{layer}"
-            if piece in self.progress["pieces"]:
-                continue
-            if key != "shelf" and not evaluate.is_model(self.attributed_model(key)):
-                raise InputError(f"{self.attributed_model(key)} is not a model folder")
-            record = {"model": key, "layer": layer, "dataset": dataset, **self.run(key, layer, dataset)}
-            if dataset == "stsb":  # the agreement table before the piece counts as done
-                self.progress["pieces"][piece] = record
-                self.agreement()
-            self.record(piece, record)
-
-    def agreement(self) -> None:
-        """agreement.parquet from sql/agreement.sql over every layer's pairs of runs so far (where DuckDB is)."""
-        try:
-            import duckdb  # noqa: F401
-            import polars as pl
-        except ImportError:
-            return
-        runs = {(p["model"], p["layer"]): p for p in self.progress["pieces"].values()
-                if p.get("dataset") == "stsb" and "run_dir" in p}  # fmt: skip
-        frames = []
-        for label, first, second in evaluate.COMPARISONS:
-            for layer in sorted({lay for _, lay in runs}):
-                if (first, layer) in runs and (second, layer) in runs:
-                    pair = [str(self.out / runs[m, layer]["run_dir"]) for m in (first, second)]
-                    for special in (False, True):
-                        df = evaluate.sql_file("agreement", *pair, include_special=special)
-                        frames.append(df.with_columns(pl.lit(layer).alias("layer"),
-                                                      pl.lit(label).alias("comparison")))  # fmt: skip
-        if frames:
-            pl.concat(frames, how="diagonal_relaxed").write_parquet(self.out / "agreement.parquet")
-
-    def all(self) -> None:
-        first, rest, fig = _layers(self.args.layers_first), _layers(self.args.layers_rest), self.args.fig_layer
-        self.train("tuned")
-        self.train("exact")
-        self.table1()
-        for layer in first:
-            self.runs_at(layer, ("tuned", "exact"))
-        self.train("orig")
-        self.table1()
-        self.train("tuned2")
-        self.train("exact2")
-        self.table1()
-        for layer in first:
-            self.runs_at(layer, ("tuned2", "exact2"))
-        self.runs_at(fig, ("exact", "shelf", "tuned", "tuned2", "exact2"))
-        for dataset in ("negation", "adjectives"):
-            self.runs_at(fig, ("exact", "shelf"), dataset)
-        for layer in rest:
-            self.runs_at(layer, ("tuned", "exact", "tuned2", "exact2"))
-        if "all" not in self.progress["pieces"]:
-            self.record("all", {})
+    info: dict[str, Any] = {"torch": torch.__version__, "transformers": transformers.__version__,
+                            "sentence-transformers": sentence_transformers.__version__,
+                            "python": sys.version.split()[0], "cuda": torch.cuda.is_available()}  # fmt: skip
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
 
 
 class _Stop(Exception):
     pass
 
 
+def check(transfer: Path | None, work: Path) -> dict[str, Any]:
+    """Before the weights are all there: the wheels installed, what the stages import imported, the versions and the
+    GPU printed, and which of the bundle's parts have arrived."""
+    found: dict[str, Any] = {}
+    if transfer:
+        bundle, wheels = gather(transfer, work)
+        install_wheels(wheels, work / "site")
+        manifest = json.loads((bundle / "manifest.json").read_text())
+        parts = [p["file"] for i in manifest["items"] for p in i["parts"]]
+        here_now = [f for f in parts if (bundle / f).exists()]
+        found["parts"] = f"{len(here_now)} of {len(parts)}"
+    import datasets  # noqa: F401  the trainer's data
+    import pydantic  # noqa: F401  the study config
+    from sentence_transformers import SentenceTransformerTrainer  # noqa: F401
+
+    from jobs import evaluate, pipeline  # noqa: F401
+
+    for name in ("torch", "transformers", "sentence-transformers", "datasets", "pydantic", "pyarrow", "pandas",
+                 "huggingface-hub", "typing-extensions", "accelerate", "numpy"):  # fmt: skip
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = "missing"
+    found.update(device_info())
+    say("check: " + json.dumps(found))
+    return found
+
+
+def same_run_key(command: list[str], model: str) -> list[str]:
+    """A run's jobs.attribute flags without where its model and store are on this machine (--model becomes the
+    study's model name, --out goes): equal across machines and calls for the same settings; the model's weights are compared by
+    their sha256 beside it."""
+    key, flags = [], iter(command)
+    for flag in flags:
+        if flag in ("--model", "--out"):
+            next(flags, None)
+            key += [flag, model] if flag == "--model" else []
+        else:
+            key.append(flag)
+    return key
+
+
+class Runner:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.t0 = time.perf_counter()
+        self.work: Path = args.work
+        self.results = self.work / "results"
+        self.results.mkdir(parents=True, exist_ok=True)
+        self.progress = read_json(self.results / PROGRESS, {"pieces": {}, "models": {}, "runs": {}})
+        self.outbox = Outbox(self.results, self.work / "outbox", args.part_mib)
+        self.done = read_json(args.done, {}) if args.done else {}
+
+    def finish(self, piece: str, record: dict[str, Any] | None = None, key: str = "pieces") -> None:
+        if record is not None:
+            self.progress[key][piece] = {**record, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        self.progress["wall_s"] = self.progress.get("wall_s_before", 0) + time.perf_counter() - self.t0
+        write_json(self.results / PROGRESS, self.progress)
+        self.outbox.pack(piece, self.progress)
+        self.outbox.fill(self.args.out, self.args.received, self.args.out_files, self.args.out_mib)  # a kill keeps it
+        say(f"done {piece} ({time.perf_counter() - self.t0:.0f} s)")
+        if self.args.stop_after == piece:
+            raise _Stop(piece)
+
+    def time_left(self, piece: str) -> None:
+        if self.args.deadline_s is not None and time.perf_counter() - self.t0 > self.args.deadline_s:
+            raise _Stop(f"the deadline, before {piece}")
+
+    def run(self) -> None:
+        from jobs import evaluate, pipeline
+
+        a = self.args
+        if not (a.transfer or a.base):
+            raise BundleError("run needs --transfer (the batches of `prepare`) or --base (an installed model)")
+        self.progress.setdefault("device", device_info())
+        base = str(install_base(a.transfer, self.work)) if a.transfer else a.base
+        sets = [*a.set, f"models.shelf={base}", f"out={self.results / 'runs'}", f"models_dir={self.work / 'models'}"]
+        study = pipeline.load_config(a.config, sets)
+        only = [n.strip() for n in a.only.split(",")] if a.only else list(study.runs)
+        unknown = [n for n in only if n not in study.runs]
+        if unknown:
+            raise pipeline.InputError(f"--only: no run {', '.join(unknown)} in {a.config}")
+
+        # What this call trains: every model while Table 1 is to be made, else the models of the runs to do (a run
+        # an earlier call sent back needs its model only to be checked, and is skipped if that is not trained)
+        done_runs = {**self.done.get("runs", {}), **self.progress["runs"]}
+        table1_before = "table1" in self.done.get("pieces", {})
+        wanted = set(study.trained()) if not table1_before else {
+            study.runs[n].model for n in only if not done_runs.get(n, {}).get("complete")}  # fmt: skip
+        train_study = study.model_copy(update={"models": {
+            k: v for k, v in study.models.items() if not isinstance(v, pipeline.Train) or k in wanted}})  # fmt: skip
+        self.time_left("train")
+        t = time.perf_counter()
+        models = pipeline.stage_train(train_study)
+        (self.results / "training").mkdir(exist_ok=True)
+        for name, m in models.items():
+            for folder in (Path(m["record"]["path"]), Path(m["record"].get("best_dev_path") or "")):
+                if (folder / "xsbert_training.json").is_file():
+                    suffix = "-best-dev" if folder.name.endswith("-best-dev") else ""
+                    shutil.copyfile(folder / "xsbert_training.json", self.results / "training" / f"{name}{suffix}.json")
+            self.progress["models"][name] = {k: m["record"].get(k) for k in (
+                "model_id", "variant", "weights_sha256", "train_seconds", "dev_spearman", "steps", "device")}
+        trained_now = [n for n, m in models.items() if m["trained"]]
+        if trained_now or "train" not in self.progress["pieces"]:
+            self.finish("train", {"trained": trained_now, "wall_s": time.perf_counter() - t})
+        paths = {name: m["path"] for name, m in models.items()}
+
+        self.time_left("table1")
+        shas = {n: m["weights_sha256"] for n, m in self.progress["models"].items() if n in models}
+        table1 = read_json(self.results / "table1.json", {})
+        if not table1_before and table1.get("weights_sha256") != shas:
+            t = time.perf_counter()
+            # the last epochs' folders: table1_rows finds each one's best-dev epoch beside it
+            by_variant = {"shelf": base} | {study.trained()[n].variant: m["record"]["path"] for n, m in models.items()}
+            rows, _, per_pair = evaluate.table1_rows(by_variant, "test", a.table1_sample)
+            write_json(self.results / "table1.json", {"rows": rows, "per_pair": per_pair, "weights_sha256": shas,
+                                                      "split": "test", "wall_s": time.perf_counter() - t})  # fmt: skip
+            self.finish("table1", {"rows": len(rows), "wall_s": time.perf_counter() - t})
+
+        previous = self.done.get("runs", {})
+        for name in only:
+            run = study.runs[name]
+            trained_here = run.model in paths or run.model not in study.trained()
+            where = paths if trained_here else {**paths, run.model: "(not trained by this call)"}
+            command = pipeline.job_settings(study, name, where).command()
+            settings = same_run_key(command, run.model)
+            sha = shas.get(run.model)  # None: the shelf model (its weights are the bundle's, checked by sha256)
+            old = self.progress["runs"].get(name) or previous.get(name)
+            if old and old.get("settings") == settings and old["complete"] and (
+                    old.get("weights_sha256") == sha or not trained_here):  # fmt: skip
+                continue
+            self.time_left(name)
+            extra = {"command": command, "settings": settings, "model": run.model, "weights_sha256": sha,
+                     "layer": run.layer}  # fmt: skip
+            pipeline.stage_attribute(study, paths, names=[name], on_run=lambda n, s, extra=extra: self.record(n, s, extra))
+        for name in a.send_weights.split(",") if a.send_weights else ():
+            self.send_weights(name, base, models)
+        if "all" not in self.progress["pieces"]:
+            self.finish("all", {})
+
+    def send_weights(self, name: str, base: str, models: dict[str, dict[str, Any]]) -> None:
+        """A trained model's last epoch as float16 differences to the base (bench/gpu_train.py pack), into the outbox:
+        the weights themselves, where retraining elsewhere would not give them bit for bit."""
+        from xsbert_core import resolve_model
+
+        if name not in models:
+            raise BundleError(f"--send-weights: {name!r} is not a trained model of the study ({', '.join(models)})")
+        piece, record = f"weights-{name}", models[name]["record"]
+        if self.progress["pieces"].get(piece, {}).get("weights_sha256") == record["weights_sha256"]:
+            return
+        self.time_left(piece)
+        folder = Path(record["path"])
+        info = gpu_train().pack(Path(resolve_model(base)), folder.parent, self.results / "weights", folder.name,
+                                self.args.part_mib)  # fmt: skip
+        self.finish(piece, {"folder": folder.name, "weights_sha256": record["weights_sha256"],
+                            "max_abs_rebuild_error": info["max_abs_rebuild_error"]})  # fmt: skip
+
+    def record(self, name: str, s: dict[str, Any], extra: dict[str, Any]) -> None:
+        """A run's piece: its summary's counts and errors, where it is, and what makes it the same run again."""
+        rec = {k: s.get(k) for k in ("run_id", "n_in", "n_done", "n_quarantined", "computed_pairs",
+                                     "mean_abs_completeness_error", "max_abs_completeness_error", "wall_s")}
+        rec.update(extra, run_dir=os.path.relpath(s["run_dir"], self.results),
+                   complete=s["n_in"] == s["n_done"] + s["n_quarantined"])  # fmt: skip
+        self.finish(name, rec, key="runs")
+
+
+def gpu_train():
+    """bench/gpu_train.py (trained weights as float16 differences to their base, in parts)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_train", ROOT / "bench" / "gpu_train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# --------------------------------------------------------------------------- here: receive, report
+def rebuild_weights(into: Path, transfer: Path) -> list[Path]:
+    """The trained models that came back as float16 differences, rebuilt into <into>/models/ against the base the
+    machine had (the same float16 parts, reassembled here: the same bytes, checked by sha256)."""
+    packs = sorted((into / "weights").glob("*.meta.tgz")) if (into / "weights").is_dir() else []
+    todo = [p.name.removesuffix(".meta.tgz") for p in packs if not (into / "models" / p.name.removesuffix(".meta.tgz")
+                                                                      / "modules.json").is_file()]  # fmt: skip
+    if not todo:
+        return []
+    base = install_base(transfer, transfer / ".base", wheels=False)  # beside the batches, not in the results
+    module = gpu_train()
+    for name in todo:
+        shutil.rmtree(into / "models" / name, ignore_errors=True)
+        module.unpack(base, into / "weights", into / "models", name)
+        say(f"weights: {into / 'models' / name} rebuilt (float16 differences to {base.name})")
+    return [into / "models" / n for n in todo]
+
+
+def receive(parts_dirs: list[Path], into: Path, transfer: Path | None = None) -> dict[str, Any]:
+    """Join and extract every piece whose parts are all in `parts_dirs` (the newest outbox.json among them lists
+    them), in order, once; returns {"received": parts in order from the first, "pieces": extracted ones}."""
+    boxes = [read_json(d / OUTBOX) for d in parts_dirs if (d / OUTBOX).is_file()]
+    if not boxes:
+        raise BundleError(f"no {OUTBOX} in {', '.join(map(str, parts_dirs))}")
+    box = max(boxes, key=lambda b: len(b["pieces"]))
+    into.mkdir(parents=True, exist_ok=True)
+    stage = into / ".outbox"
+    (stage / "parts").mkdir(parents=True, exist_ok=True)
+    for d in parts_dirs:
+        for f in d.glob("*.tar.*"):
+            if not (stage / "parts" / f.name).is_file():
+                shutil.copyfile(f, stage / "parts" / f.name)
+    done = read_json(into / ".received.json", [])
+    received = 0
+    for piece in box["pieces"]:
+        if not all((stage / p["file"]).is_file() for p in piece["parts"]):
+            break
+        received += len(piece["parts"])
+        if piece["seq"] in done:
+            continue
+        check_parts(stage, [piece])
+        tar_path = join_parts(stage, piece, stage / piece["file"])
+        with tarfile.open(tar_path) as tar:
+            tar.extractall(into, filter="data")
+        tar_path.unlink()
+        done.append(piece["seq"])
+        write_json(into / ".received.json", done)
+    total = sum(len(p["parts"]) for p in box["pieces"])
+    say(f"{into}: {len(done)} of {len(box['pieces'])} pieces, parts 1-{received} of {total}"
+        + (f"; next: run ... --received {received}" if received < total else ""))  # fmt: skip
+    rebuilt = rebuild_weights(into, transfer) if transfer else []
+    return {"received": received, "total": total, "pieces": done, "progress": box.get("progress"), "models": rebuilt}
+
+
+def table1_report(results: Path, aso_iterations: int) -> dict[str, Any]:
+    """Table 1's rows as the machine computed them, and the ASO test here (deepsig) from the per-pair predictions."""
+    import numpy as np
+
+    from jobs import evaluate
+
+    t1 = read_json(results / "table1.json")
+    if not t1:
+        return {}
+    gold = np.asarray(t1["per_pair"]["label"]) / evaluate.LABEL_MAX
+    errors = {}
+    for key, pred in t1["per_pair"]["predictions"].items():
+        model, checkpoint, sim = key.split("/")
+        if sim == "cos":
+            errors[model, checkpoint] = (np.asarray(pred) - gold) ** 2
+    out = {"rows": t1["rows"], "aso": evaluate.aso_tests(errors, aso_iterations), "weights_sha256": t1["weights_sha256"]}
+    write_json(results / "table1-aso.json", out)
+    return out
+
+
+def report(results: Path, config: Path, out: str, sets: list[str], aso_iterations: int) -> dict[str, Any]:
+    """Table 1 + ASO, then jobs.pipeline's report stage over the runs and comparisons that came back."""
+    from jobs import pipeline
+
+    t1 = table1_report(results, aso_iterations)
+    for row in t1.get("rows", []):
+        paper = f" (paper {row['paper_spearman_x100']})" if row.get("paper_spearman_x100") is not None else ""
+        say(f"table1 {row['model']} {row['checkpoint']} {row['similarity']}: {row['spearman_x100']:.2f}{paper}")
+    for checkpoint, test in t1.get("aso", {}).items():
+        say(f"ASO {checkpoint}: eps_min tuned better {test['eps_min_tuned_better']:.3f}, exact better "
+            f"{test['eps_min_exact_better']:.3f} (the paper's threshold 0.3)")  # fmt: skip
+    progress = read_json(results / PROGRESS, {})
+    study = pipeline.load_config(config, [*sets, f"report.out={out}"])
+    run_dirs = {n: str(results / r["run_dir"]) for n, r in progress.get("runs", {}).items() if n in study.runs}
+    compare = {n: c for n, c in study.compare.items() if c.run in run_dirs and c.run2 in run_dirs}
+    sub = study.model_copy(update={"runs": {n: r for n, r in study.runs.items() if n in run_dirs}, "compare": compare})
+    if not sub.runs:
+        return {"table1": t1, "reports": []}
+    target, reports = pipeline.stage_report(sub, run_dirs)
+    families = {n: sub.base_of(r.model) for n, r in sub.runs.items()}
+    families |= {n: sub.base_of(sub.runs[c.run].model) for n, c in compare.items()}
+    index = pipeline.write_index(target, sub, reports, families)
+    for r in reports:
+        for line in pipeline.finding_lines(r["findings"], pipeline.like_for_like(families[r["name"]])):
+            say(f"{r['name']}: {line}")
+    say(f"report: {index}")
+    return {"table1": t1, "reports": reports, "index": index}
+
+
+# --------------------------------------------------------------------------- the command line
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python bench/paper_gpu.py", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="verb", required=True)
+    s = sub.add_parser("prepare", help="here: the model's float16 parts and the wheels, in batch folders")
+    s.add_argument("--into", type=Path, required=True, help="a new folder: batch-01, batch-02, ...")
+    s.add_argument("--base", default=BASE, help="the shelf model (a name or folder)")
+    s.add_argument("--part-mib", type=float, default=25, help="largest part of the model (MiB)")
+    s.add_argument("--batch-mib", type=float, default=BATCH_MIB, help="largest batch folder (MiB): one transfer")
+    s.add_argument("--no-wheels", action="store_true", help="the machine has pydantic and datasets")
+    s.add_argument("--pin", action="append", default=[], metavar="NAME==VERSION",
+                   help="another version of one of the wheels (e.g. one the machine's pyarrow takes)")
+    r = sub.add_parser("run", help="there: install, train, Table 1, the runs; results into OUT in parts")
+    r.add_argument("--config", type=Path, default=CONFIG)
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="as jobs.pipeline's --set")
+    src = r.add_mutually_exclusive_group()
+    src.add_argument("--transfer", type=Path, help="the folder holding the batch-NN folders of `prepare`")
+    src.add_argument("--base", help="the shelf model as a folder or name, where it is installed already")
+    r.add_argument("--work", type=Path, required=True, help="a folder that lasts while the machine does")
+    r.add_argument("--out", type=Path, default=None, help="the folder whose files come back")
+    r.add_argument("--received", type=int, default=0, help="how many of the outbox's parts have come back")
+    r.add_argument("--fetch", action="store_true", help="only fill OUT with the next parts (after --received)")
+    r.add_argument("--check", action="store_true",
+                   help="only install the wheels, import what the stages need, print the versions, the GPU and the "
+                        "parts that have arrived")  # fmt: skip
+    r.add_argument("--done", type=Path, default=None, help="an earlier call's progress.json: its runs are skipped")
+    r.add_argument("--only", default=None, help="comma-separated run names, in this order (default: the config's)")
+    r.add_argument("--deadline-s", type=float, default=None, help="start no piece after this many seconds")
+    r.add_argument("--stop-after", default=None, help="stop after the piece of this name")
+    r.add_argument("--table1-sample", type=int, default=None, help="seeded test pairs for Table 1 (default all)")
+    r.add_argument("--send-weights", default=None, metavar="M1,M2",
+                   help="after the runs: these trained models' weights as float16 differences to the base")
+    r.add_argument("--part-mib", type=float, default=PART_MIB)
+    r.add_argument("--out-files", type=int, default=OUT_FILES)
+    r.add_argument("--out-mib", type=float, default=OUT_MIB)
+    c = sub.add_parser("receive", help="here: join and extract the pieces whose parts came back")
+    c.add_argument("--parts", type=Path, nargs="+", required=True, help="folders of parts (and outbox.json)")
+    c.add_argument("--into", type=Path, required=True, help="the results folder")
+    c.add_argument("--transfer", type=Path, default=None,
+                   help="the batches of `prepare`: rebuild the weights that came back (<into>/models/)")
+    t = sub.add_parser("report", help="here: Table 1 + ASO, the reports of the runs that came back")
+    t.add_argument("--results", type=Path, required=True)
+    t.add_argument("--config", type=Path, default=CONFIG)
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    t.add_argument("--out", default="reports/paper-gpu")
+    t.add_argument("--aso-iterations", type=int, default=1000, help="bootstrap iterations (deepsig's default)")
+    return p.parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from xsbert_core import XsbertError
+
     args = parse_args(argv)
-    attribute_job.quiet_console()
     try:
-        Study(args).all()
-    except _Stop as stop:
-        print(f"paper_gpu: stopped after {stop}", flush=True)
-    except XsbertError as exc:
+        if args.verb == "prepare":
+            prepare(args.into, args.base, () if args.no_wheels else DEVICE_WHEELS, args.part_mib, args.batch_mib,
+                    tuple(args.pin))  # fmt: skip
+        elif args.verb == "run" and args.check:
+            check(args.transfer, args.work)
+        elif args.verb == "run":
+            from jobs.console import quiet_console
+
+            quiet_console()
+            runner = Runner(args)
+            try:
+                if not args.fetch:
+                    runner.run()
+            except _Stop as stop:
+                say(f"stopped after {stop}")
+            finally:
+                if (runner.outbox.folder / OUTBOX).is_file():
+                    runner.outbox.fill(args.out, args.received, args.out_files, args.out_mib)
+        elif args.verb == "receive":
+            receive(args.parts, args.into, args.transfer)
+        else:
+            report(args.results, args.config, args.out, args.set, args.aso_iterations)
+    except (XsbertError, BundleError) as exc:
         print(f"paper_gpu: error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -43,6 +43,7 @@ from .config import (
     CELL_WRITERS,
     DEFAULT_ADAPTIVE_TOLERANCE,
     DEFAULT_DATASET,
+    DEFAULT_MAX_CHARS,
     DEFAULT_MAX_RETRIES,
     DEFAULT_OUT,
     DEFAULT_SAMPLE,
@@ -68,7 +69,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "a hub name such as glue/qqp or sentence-transformers/stsb")  # fmt: skip
     d.add_argument("--split", default=None, help="split (stsb: train|dev|test, default test; qqp: train)")
     d.add_argument("--config", default=None, help="hub dataset config (glue/qqp needs none)")
-    d.add_argument("--qqp-path", default=None, help="the QQP subset file (default: $XSBERT_QQP, ../shared/data/qqp)")
+    d.add_argument("--qqp-path", default=None,
+                   help="a QQP subset file of the train split, GLUE's TSV layout (default: $XSBERT_QQP; without "
+                        "either, --dataset qqp is the hub's GLUE QQP)")  # fmt: skip
     d.add_argument("--limit", type=int, default=None, help="the first N rows (after --sample)")
     d.add_argument("--sample", type=int, default=None, help="a seeded random sample of N rows")
     d.add_argument("--seed", type=int, default=0, help="seed of --sample")
@@ -100,7 +103,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     m.add_argument("--truncation", choices=TRUNCATION_CHOICES, default="quarantine",
                    help="texts over max_seq_length: quarantine the pair (default), warn (truncate and flag), "
                         "or error (stop before computing)")  # fmt: skip
+    m.add_argument("--max-chars", type=int, default=DEFAULT_MAX_CHARS,
+                   help=f"texts longer than this many characters are quarantined (too_long) before they are "
+                        f"tokenized, whatever --truncation says (default {DEFAULT_MAX_CHARS:,}); not in the run id")  # fmt: skip
     m.add_argument("--min-abs", type=float, default=0.0, help="store only cells with |value| >= this (sums unchanged)")
+    m.add_argument("--prompt", default=None, metavar="TEXT",
+                   help="instruction prefix read before every sentence (default: the model's default prompt, if "
+                        "any; '' for none); its tokens are attributed like any other")
+    m.add_argument("--prompt-name", default=None, metavar="NAME", help="the model's prompt of this name (`prompts`)")
+    m.add_argument("--exclude-prompt", action="store_true",
+                   help="the prompt's tokens get no attribution and are not stored (approx mode)")  # fmt: skip
     m.add_argument("--cells", choices=CELL_CHOICES, default="all",
                    help="which cells to store: all (default), same-token (token_a = token_b, word_a = word_b: what "
                         "sql/lexical_ranks.sql reads: ~4%% of QQP's) or none; part of the run id; the pairs' sums, "
@@ -126,6 +138,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "job before a wave with a node that does not see it")  # fmt: skip
     r.add_argument("--device", default=None,
                    help="torch device of the factor actors (default: cuda when they get GPUs, else cpu)")  # fmt: skip
+    r.add_argument("--factor-memory", default=None, metavar="SIZE",
+                   help="memory a factor actor may take for its batches beyond its model, e.g. 40GiB: on a GPU the "
+                        "caching allocator's limit, within which batches are planned (default: 85%% of the actor's "
+                        "share of the card, planned, no limit); on a CPU the limit of the tensors one call holds. A "
+                        "batch that runs out is halved and retried, never dropped")  # fmt: skip
     o = p.add_argument_group("output")
     o.add_argument("--out", default=DEFAULT_OUT,
                    help="store root: a local folder, s3://bucket/prefix or gs://bucket/prefix; the run is <out>/<run id>")
@@ -196,6 +213,10 @@ def cli(argv: list[str] | None = None) -> int:
     except XsbertError as exc:
         print(f"jobs.attribute: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("jobs.attribute: interrupted: the committed waves stay, the wave in progress was removed; the same "
+              "command resumes", file=sys.stderr)  # fmt: skip
+        return 130
     return 0
 
 

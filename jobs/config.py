@@ -52,6 +52,11 @@ DEFAULT_WAVE_SIZE_GPU = 16384
 # A batch whose actor dies is retried on a restarted actor; bounded so a poisonous batch fails the run
 # (Ray Data's own default is unbounded); the actors themselves restart as often as needed over a run.
 DEFAULT_MAX_RETRIES = 3  # --max-retries: retries of a factor batch on a restarted actor (and of a cell task)
+# Characters a text may have before it is tokenized: a longer one is quarantined (too_long_a / too_long_b) at once,
+# in every --truncation mode, without being tokenized (a 50 MB field took minutes of CPU and 3 GB in the tokenizer).
+# Far above any model's max_seq_length (512 tokens are a few thousand characters); not in the run id: it decides
+# which rows are attributed, not the numbers of one.
+DEFAULT_MAX_CHARS = 100_000
 MODES = ("auto", "approx", "exact")
 TRUNCATION_CHOICES = ("quarantine", "warn", "error")
 CELL_WRITERS = ("auto", "workers", "driver")
@@ -104,8 +109,12 @@ class Attribution:
     max_steps: int = DEFAULT_MAX_STEPS
     precision: str = DEFAULT_PRECISION
     truncation: str = "quarantine"
+    max_chars: int = DEFAULT_MAX_CHARS  # not in the run id (RunConfig): it selects rows, as --limit does
     min_abs: float = 0.0
     cells: str = "all"
+    prompt: str | None = None  # instruction prefix of every sentence (None: the model's default prompt, if any)
+    prompt_name: str | None = None  # the model's prompt of this name
+    exclude_prompt: bool = False
 
     @staticmethod
     def steps_and_tolerance(steps: int | None, tolerance: float | None) -> tuple[int, float | None]:
@@ -135,6 +144,18 @@ class Execution:
     max_retries: int = DEFAULT_MAX_RETRIES
     cell_writer: str = "auto"
     device: str | None = None
+    factor_memory: str | None = None  # "8GiB": a factor actor's memory for its batches (jobs/attribution/memory.py)
+
+    def factor_memory_bytes(self) -> int | None:
+        """--factor-memory in bytes (None when not given); InputError naming the flag when it is no size."""
+        if self.factor_memory is None:
+            return None
+        from ._offline import BundleError, parse_size
+
+        try:
+            return parse_size(self.factor_memory)
+        except BundleError as exc:
+            raise InputError(f"--factor-memory: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -193,7 +214,7 @@ class RunConfig:
 
     A field with `omitted_at` in its metadata is left out of the hash while it has that value: the run ids of
     stores made before it was a setting stay what they were (`cells`: stores of every cell; `precision`:
-    float32 runs)."""
+    float32 runs; `prompt`, `exclude_prompt`: runs without a prompt)."""
 
     store_version: int
     code_version: str
@@ -212,6 +233,8 @@ class RunConfig:
     dataset: dict[str, Any]  # name, config, split, columns
     cells: str = field(default="all", metadata={"omitted_at": "all"})
     precision: str = field(default=DEFAULT_PRECISION, metadata={"omitted_at": DEFAULT_PRECISION})
+    prompt: str = field(default="", metadata={"omitted_at": ""})  # the resolved prompt string
+    exclude_prompt: bool = field(default=False, metadata={"omitted_at": False})
 
     def as_dict(self) -> dict[str, Any]:
         """The config as the manifest records it and the run id hashes it."""

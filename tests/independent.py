@@ -1,15 +1,19 @@
-"""An independent implementation of the attribution method (DESIGN section 1), for tests only.
+"""An independent implementation of the attribution method (docs/DESIGN.md §1), for tests only.
 
-It shares no code with xsbert_core's engine (split, factors, references, pairs, reverse, quadrature,
+It shares no code with xsbert_core's engine (split, families, factors, references, pairs, reverse, quadrature,
 explainer): it reads the plain HF model (`model[0].auto_model`), its tokenizer and the pooling mode of
 the sentence-transformers pipeline, and writes every step out, one sentence at a time:
 
-    ids     tokenizer(text), specials included
-    r       the first and the last attended token kept (the specials the tokenizer adds), every other
-            position the tokenizer's pad id; same length, attention over all positions
+    ids     tokenizer(prompt + text), specials included
+    r       the tokens the tokenizer adds kept (those of tokenizer(text) that tokenizer(text, add_special_tokens=
+            False) lacks at either end: [CLS]/[SEP], <s>/</s>, a decoder's <|endoftext|>), every other position the
+            tokenizer's pad id (with exclude_prompt the prompt's tokens kept too); same length, attention over all
     h(.)    HF hidden_states[L] of x and of r
-    e(.)    encoder layers L..n-1 called one by one (additive extended mask; MPNet: + its relative
-            position bias), then pooling (mean / cls / max, own code); exact mode pools T(.) - T(r)
+    e(.)    BERT-like families (ARCHITECTURES): encoder layers L..n-1 called one by one (additive extended mask;
+            MPNet: + its relative position bias). The others (HOOKED): the model's own full forward, unmodified,
+            with the input of layer L replaced by a forward pre-hook (layers before L run and are overwritten).
+            Then pooling (every sentence-transformers mode, own code, the prompt left out when the Pooling says
+            include_prompt=False); exact mode pools T(.) - T(r)
     P[k,s]  sum_n w_n sum_h de_k/dx[s, h](x(alpha_n)) * Delta[s, h], x(alpha) = h(r) + alpha Delta:
             reverse mode, one backward pass per embedding dimension at each node
     A       P_a^T P_b / (|e(a)| |e(b)|)  (dot: no division)
@@ -26,7 +30,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-ARCHITECTURES = ("bert", "roberta", "xlm-roberta", "mpnet", "distilbert")  # layer calls written out below
+ARCHITECTURES = ("bert", "roberta", "xlm-roberta", "mpnet", "distilbert", "electra")  # layer calls written out below
+# The other families: where the layer list lives; e(.) is the full forward with layer L's input replaced.
+HOOKED = {"deberta-v2": "encoder.layer", "modernbert": "layers", "gte": "layers", "nomic_bert": "layers",
+          "qwen3": "layers"}  # fmt: skip
+POOLINGS = ("mean", "cls", "max", "lasttoken", "weightedmean", "mean_sqrt_len_tokens")
 
 
 def nodes(rule: str, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -40,30 +48,52 @@ def nodes(rule: str, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def pooling_mode(model) -> str:
-    """The pipeline's pooling (mean, cls or max); after it only a Normalize may follow (dropped)."""
+    """The pipeline's pooling (one of POOLINGS); after it only a Normalize may follow (dropped)."""
     pool = model[1]
     mode = getattr(pool, "pooling_mode", None)
-    assert mode in ("mean", "cls", "max"), mode
+    assert mode in POOLINGS, mode
     assert all(type(model[k]).__name__ == "Normalize" for k in range(2, len(model))), "only Normalize after pooling"
     return mode
 
 
-def pool(tokens: Tensor, mask: Tensor, mode: str) -> Tensor:
-    """(B, S, H) token embeddings -> (B, H) sentence embeddings, padding excluded."""
-    m = mask.to(tokens.dtype).unsqueeze(-1)
+def pooled_prompt_length(model, prompt: str) -> int:
+    """How many leading tokens the Pooling leaves out when it says include_prompt=False (0 otherwise): the prompt
+    tokenized alone, less a trailing special token (sentence-transformers' definition)."""
+    if not prompt or getattr(model[1], "include_prompt", True):
+        return 0
+    tok = model[0].tokenizer
+    ids = tok(prompt)["input_ids"]
+    return len(ids) - (1 if ids[-1] in tok.all_special_ids else 0)
+
+
+def pool(tokens: Tensor, mask: Tensor, mode: str, skip: int = 0) -> Tensor:
+    """(B, S, H) token embeddings -> (B, H) sentence embeddings, right padding and the first `skip` tokens excluded.
+
+    weightedmean: token s (0-based) weighs s + 1; lasttoken: the last attended token, whatever `skip`."""
+    n = mask.sum(1)
+    if mode == "lasttoken":
+        return tokens[torch.arange(tokens.shape[0]), n - 1]
+    m = mask.to(tokens.dtype).clone()
+    m[:, :skip] = 0
+    m = m.unsqueeze(-1)
     if mode == "mean":
         return (tokens * m).sum(1) / m.sum(1).clamp_min(1e-9)
+    if mode == "mean_sqrt_len_tokens":
+        return (tokens * m).sum(1) / m.sum(1).clamp_min(1e-9).sqrt()
+    if mode == "weightedmean":
+        w = m * torch.arange(1, tokens.shape[1] + 1, dtype=tokens.dtype)[None, :, None]
+        return (tokens * w).sum(1) / w.sum(1).clamp_min(1e-9)
     if mode == "cls":
-        return tokens[:, 0]
+        return tokens[:, skip]
     if mode == "max":
         return torch.where(m.bool(), tokens, torch.full_like(tokens, torch.finfo(tokens.dtype).min)).max(1).values
     raise ValueError(mode)
 
 
-def tokenize(model, text: str, pad_to: int | None = None) -> dict[str, Tensor]:
-    """The model's features of one text (input_ids, attention_mask[, token_type_ids]), right-padded to pad_to."""
+def tokenize(model, text: str, pad_to: int | None = None, prompt: str = "") -> dict[str, Tensor]:
+    """The model's features of prompt + text (input_ids, attention_mask[, token_type_ids]), right-padded to pad_to."""
     tok = model[0].tokenizer
-    enc = tok(text, return_tensors="pt", truncation=True, max_length=model[0].max_seq_length)
+    enc = tok(prompt + text, return_tensors="pt", truncation=True, max_length=model[0].max_seq_length)
     feats = {k: enc[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc}
     if pad_to is not None and pad_to > feats["input_ids"].shape[1]:
         extra = pad_to - feats["input_ids"].shape[1]
@@ -72,20 +102,66 @@ def tokenize(model, text: str, pad_to: int | None = None) -> dict[str, Tensor]:
     return feats
 
 
-def reference_features(model, feats: dict[str, Tensor]) -> dict[str, Tensor]:
-    """r: keep the first and last attended token, every other position = the pad id; same mask."""
+def added_ends(model, text: str) -> tuple[int, int]:
+    """(head, tail): how many tokens the tokenizer adds before and after the text's own tokens."""
+    tok = model[0].tokenizer
+    full, bare = tok(text)["input_ids"], tok(text, add_special_tokens=False)["input_ids"]
+    head = next(k for k in range(len(full) - len(bare) + 1) if full[k : k + len(bare)] == bare)
+    return head, len(full) - len(bare) - head
+
+
+def prompt_positions(model, text: str, prompt: str) -> list[int]:
+    """Positions of the prompt's tokens in tokenizer(prompt + text): after the added head, up to the first token
+    whose characters reach into the text."""
+    tok = model[0].tokenizer
+    enc = tok(prompt + text, return_offsets_mapping=True)
+    head, tail = added_ends(model, prompt + text)
+    spans = enc["offset_mapping"][head : len(enc["input_ids"]) - tail]
+    return [head + k for k, (_, end) in enumerate(spans) if end <= len(prompt)]
+
+
+def reference_features(
+    model, feats: dict[str, Tensor], text: str, prompt: str = "", keep_prompt: bool = False
+) -> dict[str, Tensor]:
+    """r: the tokens the tokenizer added kept (and the prompt's, keep_prompt), every other position the pad id."""
     pad = model[0].tokenizer.pad_token_id
     assert pad is not None
     ids = feats["input_ids"].clone()
     n = int(feats["attention_mask"][0].sum())
-    ids[0, 1 : n - 1] = pad
-    ids[0, n:] = pad
+    head, tail = added_ends(model, prompt + text)
+    keep = set(range(head)) | set(range(n - tail, n))
+    if keep_prompt:
+        keep |= set(prompt_positions(model, text, prompt))
+    for s in range(ids.shape[1]):
+        if s not in keep:
+            ids[0, s] = pad
     return {**feats, "input_ids": ids}
 
 
 def _extended_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
     """(B, S) 0/1 -> (B, 1, 1, S) additive: 0 where attended, the dtype's minimum elsewhere."""
     return (1.0 - mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
+
+
+def run_hooked(model, hidden: Tensor, feats: dict[str, Tensor], layer: int) -> Tensor:
+    """The last hidden state of the HF model's own forward with the input of layer `layer` replaced by `hidden`."""
+    auto = model[0].auto_model
+    owner = auto
+    *path, attr = HOOKED[auto.config.model_type].split(".")
+    for name in path:
+        owner = getattr(owner, name)
+    target = getattr(owner, attr)[layer]
+
+    def swap(module, args, kwargs):
+        if "hidden_states" in kwargs:
+            return args, {**kwargs, "hidden_states": hidden}
+        return (hidden, *args[1:]), kwargs
+
+    handle = target.register_forward_pre_hook(swap, with_kwargs=True)
+    try:
+        return auto(**feats).last_hidden_state
+    finally:
+        handle.remove()
 
 
 def run_layers(model, hidden: Tensor, mask: Tensor, start: int, stop: int | None = None) -> Tensor:
@@ -107,9 +183,16 @@ def run_layers(model, hidden: Tensor, mask: Tensor, start: int, stop: int | None
 
 
 def encoder_layers(model) -> list:
-    """The HF encoder's layer list: `transformer.layer` for DistilBERT, `encoder.layer` for the others."""
+    """The HF model's layer list: `transformer.layer` for DistilBERT, HOOKED's path, `encoder.layer` for the others."""
     auto = model[0].auto_model
-    owner = auto.transformer if auto.config.model_type == "distilbert" else auto.encoder
+    kind = auto.config.model_type
+    if kind in HOOKED:
+        owner = auto
+        *path, attr = HOOKED[kind].split(".")
+        for name in path:
+            owner = getattr(owner, name)
+        return list(getattr(owner, attr))
+    owner = auto.transformer if kind == "distilbert" else auto.encoder
     return list(owner.layer)
 
 
@@ -131,26 +214,46 @@ class Sentence:
     e_r: np.ndarray
 
 
-def sentence(model, text: str, layer: int, mode: str, rule: str, steps: int, pad_to: int | None = None) -> Sentence:
-    """The independent factor of `text` at layer `layer` (negative: from the top)."""
+def sentence(
+    model,
+    text: str,
+    layer: int,
+    mode: str,
+    rule: str,
+    steps: int,
+    pad_to: int | None = None,
+    prompt: str = "",
+    exclude_prompt: bool = False,
+) -> Sentence:
+    """The independent factor of `text` at layer `layer` (negative: from the top).
+
+    prompt: read before the text (its tokens are columns of the factor); exclude_prompt: the reference keeps the
+    prompt's tokens, the path holds them at h(x), and their (zero) columns are dropped from the factor."""
     n_layers = len(encoder_layers(model))
     layer = layer + n_layers if layer < 0 else layer
     how = pooling_mode(model)
-    x = tokenize(model, text, pad_to)
-    r = reference_features(model, x)
+    skip = pooled_prompt_length(model, prompt)
+    x = tokenize(model, text, pad_to, prompt)
+    r = reference_features(model, x, text, prompt)
     mask = x["attention_mask"]
     n = int(mask[0].sum())
     hx_all, _ = hf_states(model, x)
     hr_all, t_r = hf_states(model, r)
     h_x, h_r = hx_all[layer], hr_all[layer]
+    held = prompt_positions(model, text, prompt) if (prompt and exclude_prompt) else []
+    if held:
+        assert mode == "approx"
+        h_r = hf_states(model, reference_features(model, x, text, prompt, keep_prompt=True))[0][layer].clone()
+        h_r[0, held] = h_x[0, held]
     shift = t_r if mode == "exact" else None
     delta = (h_x - h_r) * mask[..., None].to(h_x.dtype)
+    hooked = model[0].auto_model.config.model_type in HOOKED
 
     def e_of(h: Tensor) -> Tensor:
-        t = run_layers(model, h, mask, layer)
+        t = run_hooked(model, h, x, layer) if hooked else run_layers(model, h, mask, layer)
         if shift is not None:
             t = t - shift
-        return pool(t, mask, how)[0]
+        return pool(t, mask, how, skip)[0]
 
     with torch.no_grad():
         e_x, e_r = e_of(h_x), e_of(h_r)
@@ -164,10 +267,12 @@ def sentence(model, text: str, layer: int, mode: str, rule: str, steps: int, pad
             for k in range(dim):
                 (grad,) = torch.autograd.grad(e[k], point, retain_graph=k < dim - 1)
                 factor[k] += weight * (grad[0] * delta[0]).sum(-1).double().numpy()
+    columns = [s for s in range(n) if s not in held]
+    assert not np.any(factor[:, held])
     return Sentence(
-        ids=x["input_ids"][0, :n].tolist(),
+        ids=[x["input_ids"][0, s].item() for s in columns],
         reference_ids=r["input_ids"][0, :n].tolist(),
-        factor=factor[:, :n],
+        factor=factor[:, columns],
         e_x=e_x.double().numpy(),
         e_r=e_r.double().numpy(),
     )
@@ -205,9 +310,9 @@ def pipeline_embedding(model, feats: dict[str, Tensor]) -> Tensor:
 
 
 @torch.no_grad()
-def exact_embedding(model, feats: dict[str, Tensor]) -> Tensor:
+def exact_embedding(model, feats: dict[str, Tensor], text: str) -> Tensor:
     """Exact mode's e(x) = pool(T(x) - T(r)), with the pipeline's own Transformer and Pooling modules."""
-    ref = reference_features(model, feats)
+    ref = reference_features(model, feats, text)
     t_x = model[0]({k: v.clone() for k, v in feats.items()})["token_embeddings"]
     t_r = model[0]({k: v.clone() for k, v in ref.items()})["token_embeddings"]
     shifted = {"token_embeddings": t_x - t_r, "attention_mask": feats["attention_mask"]}

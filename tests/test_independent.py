@@ -123,7 +123,7 @@ def test_approx_reference_embedding_is_the_models_embedding_of_the_reference_ids
     model = tiny.get(arch, n_layers=3)
     _, fs = _engine_batch(model, 1, "approx")
     for text, f in zip((A, B), fs):
-        ref = ind.reference_features(model, ind.tokenize(model, text))
+        ref = ind.reference_features(model, ind.tokenize(model, text), text)
         own = ind.pipeline_embedding(model, ref)[0]
         assert rel(as_np(f.reference_embedding), as_np(own)) <= TOL
 
@@ -133,7 +133,7 @@ def test_exact_embedding_is_pool_of_shifted_token_embeddings(tiny, arch):
     model = tiny.get(arch, n_layers=3)
     _, fs = _engine_batch(model, 1, "exact")
     for text, f in zip((A, B), fs):
-        own = ind.exact_embedding(model, ind.tokenize(model, text))[0]
+        own = ind.exact_embedding(model, ind.tokenize(model, text), text)[0]
         assert rel(as_np(f.embedding), as_np(own)) <= TOL
         assert not torch.any(f.reference_embedding)
         # and it is not the unshifted embedding
@@ -146,11 +146,11 @@ def test_minilm_endpoints_against_the_pipeline(minilm):
     _, exact = _engine_batch(minilm, -3, "exact")
     for text, fa, fe in zip((A, B), approx, exact):
         feats = ind.tokenize(minilm, text)
-        ref = ind.reference_features(minilm, feats)
+        ref = ind.reference_features(minilm, feats, text)
         assert minilm[0].tokenizer.convert_ids_to_tokens(ref["input_ids"][0].tolist())[:2] == ["[CLS]", "[PAD]"]
         assert rel(as_np(fa.reference_embedding), as_np(ind.pipeline_embedding(minilm, ref)[0])) <= TOL
         assert rel(as_np(fa.embedding), as_np(ind.pipeline_embedding(minilm, feats)[0])) <= TOL
-        assert rel(as_np(fe.embedding), as_np(ind.exact_embedding(minilm, feats)[0])) <= TOL
+        assert rel(as_np(fe.embedding), as_np(ind.exact_embedding(minilm, feats, text)[0])) <= TOL
 
 
 @pytest.mark.slow

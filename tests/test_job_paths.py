@@ -129,7 +129,7 @@ def test_sentences_table_columns(bad, minilm):
         assert len(e) == len(ref) == 384 and norm == pytest.approx(np.linalg.norm(e), rel=1e-6)
         # e(x): the model's own embedding without Normalize; e(r): its embedding of [CLS] PAD .. PAD [SEP]
         own = ind.pipeline_embedding(minilm, feats)[0].double().numpy()
-        own_ref = ind.pipeline_embedding(minilm, ind.reference_features(minilm, feats))[0].double().numpy()
+        own_ref = ind.pipeline_embedding(minilm, ind.reference_features(minilm, feats, text))[0].double().numpy()
         assert np.linalg.norm(e - own) <= 1e-5 * np.linalg.norm(own)
         assert np.linalg.norm(np.asarray(ref) - own_ref) <= 1e-5 * np.linalg.norm(own_ref)
     # pairs point at their sentences; factor errors and steps agree; score = cos of the stored embeddings
@@ -274,7 +274,7 @@ def test_exact_mode_and_dot_similarity(exact, short_minilm):
 
     model = load_model(str(short_minilm))
     for text, emb in q(run_dir, "select text, embedding from {sentences} order by sentence_id limit 2"):
-        own = ind.exact_embedding(model, ind.tokenize(model, text))[0].double().numpy()
+        own = ind.exact_embedding(model, ind.tokenize(model, text), text)[0].double().numpy()
         assert np.linalg.norm(np.asarray(emb) - own) <= 1e-5 * np.linalg.norm(own)
 
 

@@ -1,99 +1,166 @@
-"""bench/paper_gpu.py end to end on the CPU: a tiny random model of mpnet's architecture as the shelf, every piece
-(five trainings of one short epoch on 8 pairs, Table 1 on 40 STS-B test pairs, attributions without Ray on 4 STS-B
-test pairs, 3 negation and 3 adjective pairs), then a rerun that skips everything.
-
-The results folder must hold no model weights, read with `xsbert sql` and the SQL files as the store's runs do, and
-stay small (under 64 MiB here: results meant to travel back from a GPU machine)."""
+"""bench/paper_gpu.py end to end on the CPU with a tiny random model of mpnet's architecture (12 layers, so that
+configs/paper-gpu.yaml's layers exist): prepare here (the model's float16 parts in batch folders), run "there" in a
+process where what the GPU machine lacks cannot be imported (Ray, DuckDB, polars, spaCy, stanza, deepsig, the object
+storage clients), stopped after a piece and resumed, its results fetched in parts of a small size over several calls,
+received and reported here; then a second call on a bare work folder (a fresh machine) that retrains (the same
+weights: training is deterministic) and skips every run the first one sent back."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
-import polars as pl
-
-from jobs import evaluate
+import pytest
+from test_local_executor import HIDE  # the sitecustomize that hides packages from a subprocess
 
 ROOT = Path(__file__).resolve().parents[1]
-SAMPLE = 4
-# Run the script and report whether Ray was imported on the way (the local executor must not need it).
-RUNNER = ("import runpy, sys; sys.argv = ['paper_gpu.py', *sys.argv[1:]]; code = 0\n"
-          "try:\n    runpy.run_path({script!r}, run_name='__main__')\n"
-          "except SystemExit as e:\n    code = e.code or 0\n"
-          "print('RAY_IMPORTED', 'ray' in sys.modules); sys.exit(code)")  # fmt: skip
+SCRIPT = ROOT / "bench" / "paper_gpu.py"
+# What the GPU machine lacks and the run there must never import (the wheels it gets, pydantic and datasets, are here).
+MISSING_THERE = ("ray", "duckdb", "polars", "spacy", "stanza", "deepsig", "boto3", "botocore", "google", "moto")
+RUNS = "exact-L11,tuned-L11,exact-L9,shelf-L9,negation-exact-L9"
+SMALL = ["--set", "datasets.stsb-test.limit=3", "--set", "datasets.negation.limit=2", "--set", "defaults.steps=2",
+         "--set", "defaults.tolerance=null"]  # fmt: skip
+for _m in ("tuned", "exact", "orig"):
+    SMALL += ["--set", f"models.{_m}.train.recipe={{epochs: 1, batch_size: 4}}", "--set",
+              f"models.{_m}.train.train_limit=8", "--set", f"models.{_m}.train.dev_limit=6"]  # fmt: skip
 
 
-def run_script(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    code = RUNNER.format(script=str(ROOT / "bench" / "paper_gpu.py"))
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+def there(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    hide = tmp_path / "hide"
+    hide.mkdir(exist_ok=True)
+    (hide / "sitecustomize.py").write_text(HIDE.format(hidden=sorted(MISSING_THERE)), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), str(ROOT)])}
+    return subprocess.run([sys.executable, str(SCRIPT), "run", *args], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=900)  # fmt: skip
 
 
-def parquet_state(out: Path) -> dict[str, int]:
-    return {str(p.relative_to(out)): p.stat().st_mtime_ns for p in sorted(out.rglob("*.parquet"))}
+def here(*args: str) -> int:
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import paper_gpu
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    return paper_gpu.main(list(args))
 
 
-def test_paper_gpu_end_to_end_with_a_tiny_mpnet_and_a_rerun_that_skips(tiny, tmp_path):
-    shelf = tiny.folder("mpnet", 3)
-    out, models = tmp_path / "results", tmp_path / "models"
-    args = ["--base", str(shelf), "--out", str(out), "--models", str(models), "--sample", str(SAMPLE),
-            "--layers-first", "2", "--fig-layer", "1", "--layers-rest", "", "--negation-limit", "3",
-            "--adjectives-limit", "3", "--tolerance", "1e-2", "--steps", "4", "--max-steps", "8",
-            "--aso-iterations", "20", "--epochs", "1", "--batch-size", "4", "--train-limit", "8", "--dev-limit", "6",
-            "--table1-sample", "40", "--device", "cpu", "-q"]  # fmt: skip
-    first = run_script(args, tmp_path)
+def parquet_state(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in sorted(root.rglob("*.parquet"))}
+
+
+def test_check_there_imports_what_the_stages_need_and_counts_the_parts(tiny, tmp_path):
+    """`run --check` (the first call, before the weights are all there): the stages' imports work where Ray, DuckDB,
+    polars, ... cannot be imported (and they cannot: the probe), and it says how many parts have arrived."""
+    transfer = tmp_path / "transfer"
+    assert here("prepare", "--into", str(transfer), "--base", str(tiny.folder("mpnet", 1)), "--part-mib", "0.5",
+                "--batch-mib", "1", "--no-wheels") == 0  # fmt: skip
+    last = sorted(transfer.glob("batch-*"))[-1]
+    last.rename(tmp_path / "later")  # the last batch has not come yet
+    done = there(tmp_path, "--check", "--transfer", str(transfer), "--work", str(tmp_path / "work"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout.split("paper_gpu: check: ", 1)[1].splitlines()[0])
+    n_later = len(list((tmp_path / "later" / "parts").iterdir()))
+    have, total = (int(x) for x in found["parts"].split(" of "))
+    assert total - have == n_later > 0 and found["pydantic"] != "missing" and found["cuda"] is False
+    hide = tmp_path / "hide"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), str(ROOT)])}
+    probe = subprocess.run([sys.executable, "-c", "import duckdb"], env=env, capture_output=True, text=True)
+    assert probe.returncode != 0 and "No module named 'duckdb'" in probe.stderr
+
+
+@pytest.mark.slow
+def test_prepare_run_resume_fetch_receive_report_and_a_second_session(tiny, tmp_path, capsys):
+    base = tiny.folder("mpnet", 12)
+    transfer = tmp_path / "transfer"
+    # here: the model's float16 parts in batch folders of at most 1 MiB (this environment has pydantic and datasets)
+    assert here("prepare", "--into", str(transfer), "--base", str(base), "--part-mib", "0.5", "--batch-mib", "1",
+                "--no-wheels") == 0  # fmt: skip
+    batches = sorted(transfer.glob("batch-*"))
+    assert len(batches) >= 2 and (batches[0] / "manifest.json").is_file()
+    assert all(sum(f.stat().st_size for f in b.rglob("*") if f.is_file()) <= 2**20 for b in batches)
+
+    work = tmp_path / "work"
+    common = ["--transfer", str(transfer), "--work", str(work), "--only", RUNS, "--table1-sample", "20",
+              "--part-mib", "0.2", "--out-files", "4", "--out-mib", "1", *SMALL]  # fmt: skip
+    # there, first call: install, train the three, Table 1, two runs; stopped after the second
+    first = there(tmp_path, *common, "--out", str(tmp_path / "out-1"), "--stop-after", "tuned-L11")
     assert first.returncode == 0, first.stderr[-3000:]
-    assert "RAY_IMPORTED False" in first.stdout
+    assert "stopped after tuned-L11" in first.stdout
+    progress = json.loads((work / "results" / "progress.json").read_text())
+    assert set(progress["models"]) == {"tuned", "exact", "orig"} and list(progress["runs"]) == ["exact-L11", "tuned-L11"]
+    assert progress["device"]["cuda"] is False and all(m["weights_sha256"] for m in progress["models"].values())
+    out1 = sorted(p.name for p in (tmp_path / "out-1").iterdir())
+    assert "outbox.json" in out1 and len(out1) <= 4
+    assert sum(p.stat().st_size for p in (tmp_path / "out-1").iterdir()) <= 2**20
 
-    pieces = json.loads((out / "progress.json").read_text())["pieces"]
-    order = list(pieces)
-    # The order of value: tuned + exact, Table 1, their runs at the first layers, orig, second seeds, figures.
-    assert order[:3] == ["train-tuned", "train-exact", "table1-exact+shelf+tuned"]
-    assert order.index("run-stsb-exact-L2") < order.index("train-orig") < order.index("train-tuned2")
-    assert order[-1] == "all"
-    runs = {k: v for k, v in pieces.items() if k.startswith("run-")}
-    assert set(runs) == {"run-stsb-tuned-L2", "run-stsb-exact-L2", "run-stsb-tuned2-L2", "run-stsb-exact2-L2",
-                         *(f"run-stsb-{m}-L1" for m in ("exact", "shelf", "tuned", "tuned2", "exact2")),
-                         "run-negation-exact-L1", "run-negation-shelf-L1", "run-adjectives-exact-L1",
-                         "run-adjectives-shelf-L1"}  # fmt: skip
-    for name, rec in runs.items():  # counts in = counts out + quarantined, every run complete
-        expected = 3 if "negation" in name or "adjectives" in name else SAMPLE
-        assert rec["n_in"] == expected == rec["n_done"] + rec["n_quarantined"], name
-        assert (out / rec["run_dir"] / "pairs").is_dir()
-
-    # Table 1: every model, both checkpoints of the trained ones, cosine for all and orig's dot beside it; ASO.
-    t1 = pl.read_parquet(out / "table1.parquet")
-    assert set(t1["model"]) == {"shelf", "tuned", "exact", "orig", "tuned2", "exact2"}
-    assert t1.filter(pl.col("model") == "orig")["similarity"].to_list().count("dot") == 2
-    assert set(t1["n_pairs"]) == {40}
-    meta = json.loads((out / "table1.json").read_text())
-    assert set(meta["aso"]) == {"best-dev", "last-epoch"}
-    assert sorted(p.name for p in (out / "training").iterdir()) == sorted(
-        f"{shelf.name}-{m}{c}.json" for m in ("tuned", "exact", "orig", "tuned-seed1", "exact-seed1")
-        for c in ("", "-best-dev"))  # fmt: skip
-
-    # The same pairs in every STS-B run: the agreement's SQL reads two runs here, as jobs.evaluate does.
-    ex, tu = (str(out / runs[f"run-stsb-{m}-L2"]["run_dir"]) for m in ("exact", "tuned"))
-    pairs = evaluate.sql_file("agreement", ex, tu)
-    assert pairs.filter(pl.col("score_bin") == "all")["n_pairs"].to_list() == [SAMPLE]
-    agreement = pl.read_parquet(out / "agreement.parquet")
-    assert set(agreement["comparison"]) == {"exact vs tuned", "tuned vs tuned'", "exact vs exact'"}
-    assert set(agreement["layer"]) == {1, 2}
-    sql = subprocess.run([sys.executable, "-m", "jobs.cli", "sql", "--run", ex, "--csv",
-                          "select count(*) as n, count(distinct pair_id) as p from pairs"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert sql.returncode == 0, sql.stderr
-    assert sql.stdout.split()[-1] == f"{SAMPLE},{SAMPLE}"
-
-    # Results, not models; small.
-    files = [p for p in out.rglob("*") if p.is_file()]
-    assert not [p for p in files if p.suffix in (".safetensors", ".bin", ".pt")]
-    assert sum(p.stat().st_size for p in files) < 64 * 2**20
-
-    # A rerun trains nothing, remakes no table and recomputes no pair.
-    before = parquet_state(out)
-    second = run_script(args, tmp_path)
+    # there, second call: resumes (nothing trained or attributed again) and finishes; OUT gets the next parts
+    before = parquet_state(work / "results" / "runs")
+    received = len(out1) - 1
+    second = there(tmp_path, *common, "--out", str(tmp_path / "out-2"), "--received", str(received),
+                   "--send-weights", "exact")  # fmt: skip
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "training " not in second.stdout and "paper_gpu: done" not in second.stdout
-    assert parquet_state(out) == before
+    assert "training " not in second.stdout and "done all" in second.stdout
+    after = parquet_state(work / "results" / "runs")
+    assert all(after[k] == v for k, v in before.items())
+    outs = [tmp_path / "out-1", tmp_path / "out-2"]
+    box = json.loads((tmp_path / "out-2" / "outbox.json").read_text())
+    total = sum(len(p["parts"]) for p in box["pieces"])
+    received += len(list((tmp_path / "out-2").glob("*.tar.*")))
+    k = 3
+    while received < total:  # fetch calls: only the next parts
+        out = tmp_path / f"out-{k}"
+        fetch = there(tmp_path, "--work", str(work), "--out", str(out), "--fetch", "--received", str(received),
+                      "--out-files", "4", "--out-mib", "1")  # fmt: skip
+        assert fetch.returncode == 0, fetch.stderr[-2000:]
+        got = len(list(out.glob("*.tar.*")))
+        assert 0 < got <= 3
+        received, k = received + got, k + 1
+        outs.append(out)
+
+    # here: receive every piece; the results are the machine's, byte for byte
+    results = tmp_path / "results"
+    assert here("receive", "--parts", *map(str, outs), "--into", str(results), "--transfer", str(transfer)) == 0
+    for f in (work / "results").rglob("*.parquet"):
+        assert (results / f.relative_to(work / "results")).read_bytes() == f.read_bytes()
+    # Exact's weights came back as float16 differences to the base, rebuilt here against the same float16 base
+    from safetensors.torch import load_file
+
+    trained = Path(json.loads((work / "results" / "training" / "exact.json").read_text())["path"])
+    rebuilt = load_file(results / "models" / trained.name / "model.safetensors")
+    weights = load_file(trained / "model.safetensors")
+    assert rebuilt.keys() == weights.keys()
+    assert max((rebuilt[k] - weights[k]).abs().max().item() for k in weights) < 1e-4
+    progress = json.loads((results / "progress.json").read_text())
+    assert set(progress["runs"]) == set(RUNS.split(",")) and all(r["complete"] for r in progress["runs"].values())
+    t1 = json.loads((results / "table1.json").read_text())
+    assert {(r["model"], r["checkpoint"]) for r in t1["rows"]} >= {("shelf", "-"), ("tuned", "last-epoch"),
+                                                                   ("exact", "last-epoch"), ("orig", "last-epoch")}
+    # results, not models: the only weights here are the ones asked for, rebuilt from their differences
+    assert not [p for p in (work / "results").rglob("*") if p.suffix in (".safetensors", ".bin", ".pt")]
+    assert [p.parent.name for p in results.rglob("*.safetensors")] == [trained.name]
+
+    # here: Table 1 with ASO, and the report stage over what came back
+    capsys.readouterr()
+    assert here("report", "--results", str(results), "--out", str(tmp_path / "reports"), "--aso-iterations", "20",
+                *SMALL) == 0  # fmt: skip
+    said = capsys.readouterr().out
+    aso = json.loads((results / "table1-aso.json").read_text())["aso"]
+    assert set(aso) == {"last-epoch", "best-dev"} and "ASO last-epoch: eps_min" in said
+    assert "table1 exact last-epoch cos:" in said
+    for name in (*RUNS.split(","), "agreement-L11"):
+        assert (tmp_path / "reports" / name / "index.html").is_file(), name
+    assert not (tmp_path / "reports" / "agreement-L9").exists()  # tuned-L9 was not run
+
+    # a second call on a bare machine, given the first one's progress: Table 1 and every run that came back are
+    # skipped; it trains only the model of the run left (tuned-L9), and gets the same weights (deterministic)
+    work2 = tmp_path / "work-2"
+    session2 = [x if x != str(work) else str(work2) for x in common]
+    session2[session2.index("--only") + 1] = f"{RUNS},tuned-L9"
+    again = there(tmp_path, *session2, "--out", str(tmp_path / "out-b"), "--done", str(results / "progress.json"))
+    assert again.returncode == 0, again.stderr[-3000:]
+    progress2 = json.loads((work2 / "results" / "progress.json").read_text())
+    assert set(progress2["models"]) == {"tuned"}
+    assert progress2["models"]["tuned"]["weights_sha256"] == progress["models"]["tuned"]["weights_sha256"]
+    assert list(progress2["runs"]) == ["tuned-L9"] and "table1" not in progress2["pieces"]

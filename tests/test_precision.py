@@ -73,15 +73,17 @@ def test_tf32_flags_are_on_during_the_jvps_only_and_restored(tiny_bert):
     try:
         for start in [(False, True), (True, False)]:
             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = start
-            seen.clear()
-            tf = Explainer(tiny_bert, layer=1, steps=2, precision="tf32").factors(TEXTS[:1])[0]
+            ex = Explainer(tiny_bert, layer=1, steps=2, precision="tf32")
+            seen.clear()  # after the split model's own check at construction (TF32 off too)
+            tf = ex.factors(TEXTS[:1])[0]
             assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == start  # restored
             # endpoints (h and e of the input and the reference: 4 calls) with TF32 off; then the JVPs with it on
             assert seen[:4] == [(False, False)] * 4 and len(seen) > 4
             assert set(seen[4:]) == {(True, True)}
             # fp32 turns a process-wide TF32 off for its JVPs (and restores it)
+            ex = Explainer(tiny_bert, layer=1, steps=2, precision="fp32")
             seen.clear()
-            fp = Explainer(tiny_bert, layer=1, steps=2, precision="fp32").factors(TEXTS[:1])[0]
+            fp = ex.factors(TEXTS[:1])[0]
             assert set(seen) == {(False, False)}
             assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == start
             assert torch.equal(tf.factor, fp.factor)  # on a CPU, TF32 changes no number

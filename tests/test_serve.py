@@ -9,9 +9,14 @@ words and quarantine rows; every number a page shows is checked against the rows
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
+import socket
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -49,9 +54,11 @@ def sentence_row(sid: str, words: list[str]) -> dict[str, Any]:
 
 
 def make_store(root: Path, name: str, n_pairs: int = 40, seed: int = 0, scale: float = 1.0, waves: int = 2,
-               manifest: bool = True) -> tuple[Path, dict[str, list[dict[str, Any]]]]:  # fmt: skip
+               manifest: bool = True, shift: float = 0.0, words: dict[int, tuple[list[str], list[str]]] | None = None,
+               text_b: dict[int, str] | None = None) -> tuple[Path, dict[str, list[dict[str, Any]]]]:  # fmt: skip
     """A run of `n_pairs` random pairs over WORDS (hostile strings among them) in `waves` waves, plus quarantine rows;
-    values drawn from `seed` (the same texts for every seed) and multiplied by `scale`."""
+    values drawn from `seed` (the same texts for every seed), plus `shift`, multiplied by `scale`; `words` sets the
+    words of some pairs (by number), `text_b` the stored text b of some."""
     texts = np.random.default_rng(0)
     rng = np.random.default_rng(seed)
     run = root / name
@@ -64,13 +71,15 @@ def make_store(root: Path, name: str, n_pairs: int = 40, seed: int = 0, scale: f
             wb = [str(w) for w in texts.choice(WORDS, int(texts.integers(2, 7)))]
             if p == 0:
                 wa = ["the", "cat", "is", "not", "big"]
+            if words and p in words:
+                wa, wb = list(words[p][0]), list(words[p][1])
             sa, sb = sentence_row(f"s{p}a", wa), sentence_row(f"s{p}b", wb)
             rows["sentences"] += [sa, sb]
             pid = f"p{p:02d}" if p != 3 else f"p03{HOSTILE[0]}"
             cells = []
             for i, ta in enumerate(sa["tokens"]):
                 for j, tb in enumerate(sb["tokens"]):
-                    value = scale * (round(float(rng.normal(0, 0.1)), 3) + (0.3 if ta == tb else 0.0))
+                    value = scale * (round(float(rng.normal(0, 0.1)), 3) + (0.3 if ta == tb else 0.0) + shift)
                     cells.append({"pair_id": pid, "i": i, "j": j, "token_a": ta, "token_b": tb, "value": value})
             rows["cells"] += cells
             for u, x in enumerate(wa):
@@ -81,7 +90,8 @@ def make_store(root: Path, name: str, n_pairs: int = 40, seed: int = 0, scale: f
             total = float(sum(values))
             text_a = sa["text"] + (f" {HOSTILE[0]}" if p % 5 == 0 else "")
             rows["pairs"].append({
-                "pair_id": pid, "row": p, "split": "test", "label": float(p % 6), "text_a": text_a, "text_b": sb["text"],
+                "pair_id": pid, "row": p, "split": "test", "label": float(p % 6), "text_a": text_a,
+                "text_b": (text_b or {}).get(p, sb["text"]),
                 "sentence_id_a": sa["sentence_id"], "sentence_id_b": sb["sentence_id"],
                 "n_tokens_a": len(sa["tokens"]), "n_tokens_b": len(sb["tokens"]),
                 "score": round(total + float(rng.normal(0, 0.05)), 4), "attribution_sum": total,
@@ -206,6 +216,114 @@ def test_pages_and_status_codes(served, stores):
     assert status == 200 and body == "" and int(headers["Content-Length"]) > 1000
 
 
+def test_huge_whole_numbers_are_a_400_never_a_500(served):
+    """A page or count past int64 (DuckDB's OFFSET overflowed: a 500) is a 400 that names the bound; the largest
+    allowed page is past the end, a 404 that says how many pages there are."""
+    huge = "9223372036854775807"
+    for path in (f"/pairs?page={huge}", f"/pairs?reason=any&page={huge}", f"/tokens?page={huge}",
+                 f"/token?t=big&page={huge}", f"/tokens?min_count={huge}", f"/pairs?page={huge}0000",
+                 "/pairs?page=" + "9" * 5000):  # fmt: skip
+        status, page, _ = served.get(path)
+        assert status == 400 and "is outside 1..1,000,000,000,000" in page, (path, status, page[-600:])
+    status, page, _ = served.get(f"/pairs?page={10**12}")
+    assert status == 404 and "there are 4 pages" in page, page[-600:]
+
+
+def raw(url: str, request: bytes, timeout: float = 30) -> tuple[int, bytes]:
+    """Send `request` as it is (any Host, or none) to the server at `url`; (status, whole response)."""
+    host, port = urllib.parse.urlsplit(url).hostname, urllib.parse.urlsplit(url).port
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    return int(data.split(b" ", 2)[1]), data
+
+
+def test_only_requests_for_this_server_are_answered(served, stores):
+    """DNS rebinding: a page on evil.example whose name now resolves to 127.0.0.1 makes the browser send
+    `Host: evil.example`. Only the address the server listens on, loopback addresses and localhost, with its port,
+    are answered; another host (in Host or in an absolute URI) is a 403, no Host at all a 400 (HTTP/1.0 too: every
+    browser and HTTP client sends one); no run data in either."""
+    port = served.server.server_address[1]
+    secret = stores["data"]["pairs"][1]["text_b"].encode()
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"LOCALHOST:{port}", f"127.0.0.2:{port}"):
+        status, body = raw(served.url, f"GET /pairs?q=&sort=row HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        assert status == 200, (host, body[-300:])
+    status, _ = raw(served.url, f"GET http://127.0.0.1:{port}/pairs HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+    assert status == 200
+    for request, want in (
+        (f"GET /pairs HTTP/1.1\r\nHost: evil.example:{port}\r\n\r\n", 403),
+        ("GET /pairs HTTP/1.1\r\nHost: evil.example\r\n\r\n", 403),
+        (f"GET /pairs HTTP/1.1\r\nHost: 127.0.0.1.evil.example:{port}\r\n\r\n", 403),
+        (f"GET /pairs HTTP/1.1\r\nHost: 127.0.0.1:{port + 1}\r\n\r\n", 403),
+        ("GET /pairs HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 403),
+        (f"GET http://evil.example/pairs HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n", 403),
+        (f"GET http://evil.example:{port}/pairs HTTP/1.1\r\nHost: evil.example:{port}\r\n\r\n", 403),
+        (f"HEAD /pairs HTTP/1.1\r\nHost: evil.example:{port}\r\n\r\n", 403),
+        ("GET /pairs HTTP/1.1\r\n\r\n", 400),
+        ("GET /pairs HTTP/1.0\r\n\r\n", 400),
+        ("GET /pairs HTTP/1.1\r\nHost: \r\n\r\n", 400),
+    ):  # fmt: skip
+        status, body = raw(served.url, request.encode())
+        assert status == want, (request, body[-300:])
+        assert secret not in body and b"Traceback" not in body
+
+
+def test_host_check_by_listen_address():
+    from jobs.browse.http import host_allowed
+
+    me = socket.gethostname()
+    assert host_allowed("localhost:8000", "127.0.0.1", 8000) and host_allowed("[::1]:8000", "127.0.0.1", 8000)
+    assert host_allowed("10.1.2.3:8000", "10.1.2.3", 8000) and not host_allowed("10.1.2.4:8000", "10.1.2.3", 8000)
+    assert host_allowed("node7:8000", "node7", 8000) and host_allowed("localhost", "127.0.0.1", 80)
+    assert not host_allowed("localhost", "127.0.0.1", 8000) and not host_allowed("example.org:80", "127.0.0.1", 80)
+    # every address: any IP address (a rebinding page has a name, never an address) and this machine's name
+    assert host_allowed("10.9.8.7:8000", "0.0.0.0", 8000) and host_allowed(f"{me}:8000", "0.0.0.0", 8000)
+    assert host_allowed("[fe80::1]:8000", "::", 8000) and not host_allowed("evil.example:8000", "0.0.0.0", 8000)
+    for bad in (None, "", ":8000", "[::1:8000", "[::1]x", "localhost:80x", "localhost:8000:1"):
+        assert not host_allowed(bad, "127.0.0.1", 8000), bad
+
+
+def test_many_concurrent_requests_are_answered_or_told_to_retry(stores):
+    """Bounded work: 2 workers and 2 waiting. While 4 stalled clients hold every slot, 50 concurrent requests are
+    each answered at once with 503 and Retry-After (before: a thread per request, a silent queue); once the
+    stalled clients go, 50 concurrent requests are all answered, 200 or 503, none left hanging, and every 503
+    carries Retry-After."""
+    s = Served(stores["run"])
+    s.server.server_close()
+    s.server.shutdown()
+    s.server = serve.make_server(s.app, "127.0.0.1", 0, workers=2, waiting=2)
+    s.url = f"http://127.0.0.1:{s.server.server_address[1]}"
+    threading.Thread(target=s.server.serve_forever, daemon=True).start()
+    port = s.server.server_address[1]
+    pid = stores["data"]["pairs"][0]["pair_id"]
+    request = f"GET /pair?id={q(pid)} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+    try:
+        stalled = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
+        for sock in stalled:
+            sock.sendall(b"GET /pairs HTTP/1.1\r\n")  # and nothing more: each holds a slot
+        time.sleep(0.5)
+        with ThreadPoolExecutor(50) as pool:
+            t0 = time.monotonic()
+            answers = list(pool.map(lambda _: raw(s.url, request, timeout=20), range(50)))
+            took = time.monotonic() - t0
+        assert [a[0] for a in answers] == [503] * 50 and took < 15, took
+        assert all(b"\r\nRetry-After: 1\r\n" in a[1] for a in answers)
+        for sock in stalled:
+            sock.close()
+        time.sleep(0.5)
+        with ThreadPoolExecutor(50) as pool:
+            answers = list(pool.map(lambda _: raw(s.url, request, timeout=60), range(50)))
+        statuses = [a[0] for a in answers]
+        assert set(statuses) <= {200, 503} and statuses.count(200) >= 4, statuses
+        assert all(b"\r\nRetry-After: 1\r\n" in body for status, body in answers if status == 503)
+        status, body = raw(s.url, request)
+        assert status == 200 and pid.encode() in body
+    finally:
+        s.close()
+
+
 def test_hostile_strings_are_escaped_everywhere(served, stores):
     """Texts, tokens, words, pair ids, quarantine rows and echoed parameters are text, never markup."""
     hostile_id = f"p03{HOSTILE[0]}"
@@ -281,6 +399,75 @@ def test_quarantine_rows_by_reason(served, stores):
     assert count(served.get("/pairs?reason=any")[1]) == 3
 
 
+# --------------------------------------------------------------------------- the rows of a list page as CSV
+def csv_rows(text: str) -> list[dict[str, str]]:
+    return list(csv.DictReader(io.StringIO(text)))
+
+
+def csv_link(page: str) -> str:
+    return unescape(re.search(r"<a class='csv' id='csv' href='([^']*)'", page).group(1))
+
+
+def test_each_list_page_downloads_all_its_rows_as_csv_with_its_filters(served, stores):
+    data = stores["data"]
+    by_id = {p["pair_id"]: p for p in data["pairs"]}
+    for path in ("/pairs", "/pairs?q=CAT&sort=label&order=asc", "/pairs?min_score=0&max_score=1.5&sort=positive",
+                 "/pairs?token=not&sort=tokens"):  # fmt: skip
+        _, page, _ = served.get(f"{path}{'&' if '?' in path else '?'}page=2&size=7")
+        link = csv_link(page)
+        assert link.startswith("/pairs.csv?") and "page=" not in link and "size=" not in link, link
+        status, text, headers = served.get(link)
+        assert status == 200 and headers["Content-Type"] == "text/csv; charset=utf-8"
+        assert headers["Content-Disposition"] == 'attachment; filename="pairs.csv"'
+        rows = csv_rows(text)
+        assert [r["pair_id"] for r in rows] == every_page(served, path), path  # every row, in the page's order
+        for r in rows:
+            want = by_id[r["pair_id"]]
+            assert float(r["score"]) == pytest.approx(want["score"]) and r["text_b"] == want["text_b"]
+            assert float(r["negative_sum"]) == pytest.approx(want["negative_sum"])
+    # the quarantined rows of a reason
+    rows = csv_rows(served.get(csv_link(served.get("/pairs?reason=empty_text_b")[1]))[1])
+    assert [r["row"] for r in rows] == ["1000", "1001"] and {r["reason"] for r in rows} == {"empty_text_b"}
+    # the tokens, and one token's cells
+    _, page, _ = served.get("/tokens?min_count=3&include_special=0&sort=mean")
+    want = sqlrun.run_file(sqlrun.connect(stores["run"], variables={"min_count": 3, "include_special": False}),
+                           "lexical_ranks")  # fmt: skip
+    rows = csv_rows(served.get(csv_link(page))[1])
+    assert [(int(r["rank"]), r["token"]) for r in rows] == list(zip(want["rank"].to_list(), want["token"].to_list()))
+    cells = sorted(((c["value"], c["pair_id"]) for c in data["cells"] if c["token_a"] == c["token_b"] == "big"),
+                   key=lambda x: (x[0], x[1]))  # fmt: skip
+    _, page, _ = served.get("/token?t=big&order=asc")
+    rows = csv_rows(served.get(csv_link(page))[1])
+    assert [r["pair_id"] for r in rows] == [pid for _, pid in cells]
+    np.testing.assert_allclose([float(r["value"]) for r in rows], [v for v, _ in cells])
+    # bad parameters are the page's errors
+    assert served.get("/pairs.csv?min_score=abc")[0] == 400 and served.get("/token.csv")[0] == 400
+
+
+FORMULAS = {1: '=HYPERLINK("http://evil.example","click")', 2: "+1+cmd|' /C calc'!A0", 3: "-2+3+cmd", 4: "@SUM(A1:A9)",
+            5: "\t=1+1", 6: "\r=1+1"}
+
+
+def test_csv_cells_that_a_spreadsheet_would_run_are_text(tmp_path):
+    run, data = make_store(tmp_path, "formulas", n_pairs=8, waves=1, text_b=FORMULAS,
+                           words={7: (["=cmd", "the"], ["=cmd", "cat"])})  # fmt: skip
+    s = Served(run)
+    try:
+        rows = {r["pair_id"]: r for r in csv_rows(s.get("/pairs.csv?sort=pair_id&order=asc")[1])}
+        for p, text in FORMULAS.items():
+            assert rows[data["pairs"][p]["pair_id"]]["text_b"] == "'" + text  # shown as text by a spreadsheet
+        assert rows["p00"]["text_b"] == data["pairs"][0]["text_b"]  # plain text unchanged
+        negative = [r["negative_sum"] for r in rows.values()]
+        assert all(v.startswith("-") and float(v) < 0 for v in negative)  # numbers stay numbers
+        tokens = [r["token"] for r in csv_rows(s.get("/tokens.csv?min_count=1")[1])]
+        assert "'=cmd" in tokens and "=cmd" not in tokens
+        cells = csv_rows(s.get("/token.csv?t=%3Dcmd")[1])
+        assert [r["pair_id"] for r in cells] == ["p07"] and float(cells[0]["value"]) == pytest.approx(
+            next(c["value"] for c in data["cells"] if c["pair_id"] == "p07" and c["token_a"] == c["token_b"] == "=cmd"))
+    finally:
+        s.close()
+
+
 # --------------------------------------------------------------------------- a pair
 def heatmap_values(page: str, side: str) -> list[float]:
     block = page.split(f"id='side-{side}'", 1)[1].split("<table class='data top'>", 1)[0]
@@ -325,6 +512,40 @@ def test_pair_page_heatmaps_top_cells_and_difference(served, stores):
     # pair facts
     row = next(p for p in stores["data"]["pairs"] if p["pair_id"] == pid)
     assert f"{row['score']:+.6f}" in page and f"{row['attribution_sum']:+.6f}" in page
+
+
+def test_an_empty_top_table_says_none(tmp_path):
+    run, data = make_store(tmp_path, "positive", n_pairs=2, waves=1, shift=1.0)  # every cell > 0
+    assert all(c["value"] > 0 for c in data["cells"])
+    s = Served(run)
+    try:
+        _, page, _ = s.get("/pair?id=p01")
+        top = page.split("id='side-run'", 1)[1].split("<table class='data top'>", 1)[1].split("</table>", 1)[0]
+        rows = top.split("<tbody>", 1)[1].split("</tr>")
+        assert "<td colspan='2' class='none'>none</td>" in rows[0]  # top negative: none
+        assert "class='num pos'" in rows[0] and top.count("class='none'") == 1  # the positive side is listed
+    finally:
+        s.close()
+
+
+def test_heatmap_cells_are_sized_to_a_readable_minimum_and_can_be_resized(tmp_path):
+    from jobs.browse.heatmap import MAX_AUTO_PX, MIN_CELL_PX, cell_size
+
+    assert cell_size(13) == MAX_AUTO_PX and cell_size(40) >= MIN_CELL_PX and cell_size(500) == MIN_CELL_PX
+    long = [f"w{k}" for k in range(38)]
+    run, data = make_store(tmp_path, "long", n_pairs=2, waves=1, words={0: (long, long[::-1])})
+    s = Served(run)
+    try:
+        _, page, _ = s.get("/pair?id=p00&specials=1")  # 40 x 40 tokens
+        assert len(heatmap_values(page, "run")) == 1600
+        sizes = set(re.findall(r"<rect class='c' x='\d+' y='\d+' width='(\d+)' height='\1'", page))
+        assert len(sizes) == 1 and int(sizes.pop()) == cell_size(40) >= MIN_CELL_PX
+        _, page, _ = s.get("/pair?id=p00&cell=40")
+        assert set(re.findall(r"<rect class='c' [^>]*width='(\d+)'", page)) == {"40"}
+        assert "?id=p00&amp;cell=26'>smaller" in page and "?id=p00&amp;cell=60'>larger" in page
+        assert s.get("/pair?id=p00&cell=1000")[0] == 400
+    finally:
+        s.close()
 
 
 def test_pair_page_reads_its_wave_and_its_sql_runs_in_xsbert_sql(served, stores, capsys):
@@ -392,7 +613,7 @@ def test_missing_and_half_written_runs_are_one_line(tmp_path, capsys):
     torn, _ = make_store(tmp_path, "torn", n_pairs=4, waves=1)
     part = next((torn / "cells").glob("*.parquet"))
     part.write_bytes(part.read_bytes()[:100])
-    cases["torn part"] = (torn, "a table cannot be read (Invalid Input Error: No magic bytes found at end of file")
+    cases["torn part"] = (torn, "its cells table cannot be read (Invalid Input Error: No magic bytes found at end of file")
     short, _ = make_store(tmp_path, "short", n_pairs=4, waves=2)
     next((short / "pairs").glob("part-000001*.parquet")).unlink()
     cases["parts missing"] = (short, "manifest.json lists 4 pairs but pairs/ holds 2")
@@ -519,3 +740,26 @@ def pid_matrix_label(data, pid: str) -> str:
     pair = next(p for p in data["pairs"] if p["pair_id"] == pid)
     sent = next(s for s in data["sentences"] if s["sentence_id"] == pair["sentence_id_b"])
     return sent["tokens"][1]
+
+
+@pytest.mark.skipif(find_chromium() is None, reason="no chromium binary: Debian's `chromium` package (.ci/run installs it)")
+def test_in_chromium_a_40_by_40_heatmap_is_readable_and_scrolls_in_its_box(tmp_path):
+    long = [f"word{k}" for k in range(38)]
+    run, _ = make_store(tmp_path, "long", n_pairs=2, waves=1, words={0: (long, long[::-1])})
+    s = Served(run)
+    try:
+        with Chromium(900, 900) as browser:
+            browser.goto(s.url + "/pair?id=p00&specials=1")
+            boxes = browser.eval("""[...document.querySelectorAll('#side-run svg rect.c')].map(r => {
+                const b = r.getBoundingClientRect(); return [b.width, b.height]; })""")
+            assert len(boxes) == 1600 and min(min(b) for b in boxes) >= 20  # drawn at least 20 px a side
+            labels = browser.eval("""[...document.querySelectorAll('#side-run svg g text[text-anchor=end]')].map(t => {
+                const b = t.getBoundingClientRect(); return [b.top, b.bottom]; })""")
+            assert len(labels) == 40
+            assert all(b[0] >= a[1] - 0.5 for a, b in zip(labels, labels[1:]))  # row labels do not overlap
+            # the map scrolls inside its box; the page itself does not scroll sideways
+            box = browser.eval("(e => [e.scrollWidth, e.clientWidth])(document.querySelector('#side-run .heatmap'))")
+            assert box[0] > box[1]
+            assert browser.eval("document.documentElement.scrollWidth <= window.innerWidth + 1")
+    finally:
+        s.close()

@@ -195,6 +195,17 @@ def test_train_job_keeps_the_last_epoch_and_the_best_dev_epoch(tmp_path, tiny):
     assert best["dev_spearman"] == pytest.approx(max(scores), abs=1e-12)
     assert last["best_dev_path"] == str(out / "m-best-dev") and best["last_epoch_path"] == str(out / "m")
     assert "best dev score (epoch" in (out / "m-best-dev" / "README.md").read_text()
+    # the last epoch is the model (App. A states no rule); the best-dev epoch is ours, never called the paper's
+    assert "the last epoch (App. A states no checkpoint rule)" in (out / "m" / "README.md").read_text()
+    assert "our option, not the paper's" in (out / "m-best-dev" / "README.md").read_text()
+    for folder in ("m", "m-best-dev"):
+        card = (out / folder / "README.md").read_text()
+        assert "the paper's choice" not in card
+        info = json.loads((out / folder / "xsbert_training.json").read_text())
+        import hashlib
+
+        assert info["weights_sha256"] == hashlib.sha256((out / folder / "model.safetensors").read_bytes()).hexdigest()
+        assert info["weights_sha256"] in card
     # each folder's own dev score, recomputed from its weights, is the one recorded for its epoch
     from jobs.train import _stsb_pairs
 
@@ -211,6 +222,42 @@ def test_train_job_keeps_the_last_epoch_and_the_best_dev_epoch(tmp_path, tiny):
     # a second training into the same folders is refused without --overwrite, for either folder
     (out / "m").rename(tmp_path / "moved")
     assert cli(argv) == 2
+
+
+def test_deterministic_training_sets_and_restores_torchs_settings():
+    """TrainConfig.deterministic (the default): PyTorch's deterministic algorithms (warn-only), cuDNN's deterministic
+    mode and cuBLAS's fixed workspace while the trainer runs, as they were after."""
+    import os
+
+    from xsbert_core.training import CUBLAS_DETERMINISTIC, deterministic_algorithms
+
+    assert TrainConfig().deterministic
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+              os.environ.get("CUBLAS_WORKSPACE_CONFIG"))  # fmt: skip
+    with deterministic_algorithms(True):
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == CUBLAS_DETERMINISTIC
+    assert (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+            os.environ.get("CUBLAS_WORKSPACE_CONFIG")) == before  # fmt: skip
+    with deterministic_algorithms(False):
+        assert torch.are_deterministic_algorithms_enabled() == before[0]
+
+
+def test_one_recipe_trained_twice_gives_the_same_weights(tmp_path, tiny):
+    """The same command on the same machine and software: the same weights, bit for bit (the checksum the training
+    record keeps)."""
+    from jobs.train import cli
+
+    argv = ["--variant", "exact", "--model", str(tiny.folder("bert", 1)), "--train-limit", "8", "--dev-limit", "4",
+            "--max-steps", "2", "--batch-size", "4", "--lr", "1e-3", "-q"]  # fmt: skip
+    shas = []
+    for name in ("a", "b"):
+        assert cli([*argv, "--out", str(tmp_path), "--name", name]) == 0
+        shas.append(json.loads((tmp_path / name / "xsbert_training.json").read_text())["weights_sha256"])
+    assert shas[0] == shas[1]
+    assert cli([*argv, "--out", str(tmp_path), "--name", "c", "--seed", "1"]) == 0  # another seed: other weights
+    assert json.loads((tmp_path / "c" / "xsbert_training.json").read_text())["weights_sha256"] != shas[0]
 
 
 def test_train_job_bad_inputs_fail_before_training(tmp_path, tiny, capsys):

@@ -68,6 +68,16 @@ def add_explain_parser(sub: argparse._SubParsersAction) -> None:
                    help="arithmetic of the Jacobian-vector products: fp32, tf32 (CUDA matmuls), bf16 or fp16 "
                         "(reduced-precision JVPs; sums, checks and A stay float32/float64)")  # fmt: skip
     e.add_argument("--truncation", choices=("warn", "error"), default="warn", help="texts over max_seq_length")
+    e.add_argument("--prompt", default=None, metavar="TEXT",
+                   help="instruction prefix read before both texts, as encode(prompt=...) (default: the model's "
+                        "default prompt, if any; '' for none)")
+    e.add_argument("--prompt-name", default=None, metavar="NAME",
+                   help="the model's prompt of this name (its `prompts`), before both texts")
+    e.add_argument("--prompt-b", default=None, metavar="TEXT", help="text b's own prompt (a document prompt)")
+    e.add_argument("--prompt-name-b", default=None, metavar="NAME", help="text b's own prompt, by name")
+    e.add_argument("--exclude-prompt", action="store_true",
+                   help="give the prompt's tokens no attribution and leave them out (approx mode; default: "
+                        "attributed like any token)")  # fmt: skip
     e.add_argument("--words", action="store_true", help="also aggregate to words (mean over tokens)")
     e.add_argument("--top", type=int, default=5, help="how many top cells to print")
     e.add_argument("--json", dest="json_out", metavar="OUT", help="write the full result as JSON")
@@ -115,6 +125,8 @@ def format_view(res, a: str, b: str, top: int) -> str:
             f"{s.get('similarity')}  {s.get('rule')} N={s.get('steps')}")  # fmt: skip
     if s.get("precision", DEFAULT_PRECISION) != DEFAULT_PRECISION:
         head += f"  {s['precision']}"
+    if s.get("prompt"):
+        head += f"  prompt {s['prompt']!r}" + (" (excluded)" if s.get("exclude_prompt") else "")
     return f"{head}\na: {a}\nb: {b}\n{_summary(res, top)}"
 
 
@@ -134,8 +146,14 @@ def explain(args: argparse.Namespace) -> int:
         truncation=args.truncation,
         device=args.device,
         precision=args.precision,
+        prompt=args.prompt,
+        prompt_name=args.prompt_name,
+        exclude_prompt=args.exclude_prompt,
     )
-    res = ex.explain(a, b, words=args.words)
+    prompt_b = None
+    if args.prompt_b is not None or args.prompt_name_b is not None:
+        prompt_b = ex.resolve_prompt(args.prompt_b, args.prompt_name_b)
+    res = ex.explain(a, b, words=args.words, prompt_b=prompt_b)
     if not args.quiet:
         print(format_view(res, a, b, args.top))
     if args.json_out:

@@ -55,13 +55,19 @@ class Endpoints:
 
 @torch.no_grad()
 def endpoints(split: SplitModel, batch: TokenBatch) -> Endpoints:
-    """Run the model on inputs and references: hidden states at L and embeddings at both ends."""
+    """Run the model on inputs and references: hidden states at L and embeddings at both ends.
+
+    With an excluded prompt (batch.exclude_prompt) the path starts at h(r) with the prompt's positions held at
+    h(x): h_r[prompt] = h_x[prompt], so Delta is 0 there (split.py).
+    """
     h_x, _ = split.hidden(batch.features)
     ref_features = batch.reference_features()
     h_r, t_r = split.hidden(ref_features)
+    if batch.exclude_prompt and batch.prompt_mask is not None:
+        h_r = torch.where(batch.prompt_mask.unsqueeze(-1), h_x, h_r)
     shift = t_r if split.mode == "exact" else None
-    e_x = split.tail(h_x, batch.features, shift)
-    e_r = split.tail(h_r, batch.features, shift)
+    e_x = split.tail(h_x, batch.features, shift, batch.prompt_length)
+    e_r = split.tail(h_r, batch.features, shift, batch.prompt_length)
     return Endpoints(batch, h_x, h_r, shift, e_x, e_r)
 
 
@@ -77,25 +83,27 @@ def chunk_elements(device: torch.device) -> int:
     return DEFAULT_CHUNK_ELEMENTS
 
 
-def default_internal_batch_size(split: SplitModel, seq_len: int) -> int:
-    """Sequences per jvp call so the largest activation (FFN or attention scores) stays within chunk_elements."""
+def default_internal_batch_size(split: SplitModel, seq_len: int, chunk: int | None = None) -> int:
+    """Sequences per jvp call so the largest activation (FFN or attention scores) stays within `chunk` elements
+    (default: chunk_elements of the model's device)."""
     config = split.auto_model.config
     inter = int(getattr(config, "intermediate_size", 4 * split.hidden_size) or 4 * split.hidden_size)
     heads = int(getattr(config, "num_attention_heads", 12) or 12)
     per_seq = max(seq_len * inter, heads * seq_len * seq_len)
-    return max(1, chunk_elements(split.device) // per_seq)
+    return max(1, (chunk or chunk_elements(split.device)) // per_seq)
 
 
-def jvp_chunks(split: SplitModel, seq_len: int, internal_batch_size: int | None = None) -> tuple[int, int]:
+def jvp_chunks(split: SplitModel, seq_len: int, internal_batch_size: int | None = None,
+               chunk: int | None = None) -> tuple[int, int]:  # fmt: skip
     """(token tangents, (sentence, node) rows) per jvp call: internal_batch_size sequences (default: sized from the
-    text and the device), tokens first."""
-    ibs = internal_batch_size or default_internal_batch_size(split, seq_len)
+    text and `chunk`, default the device's), tokens first."""
+    ibs = internal_batch_size or default_internal_batch_size(split, seq_len, chunk)
     tok_chunk = max(1, min(seq_len, ibs))
     return tok_chunk, max(1, ibs // tok_chunk)
 
 
-def row_chunks(split: SplitModel, lengths: list[int], internal_batch_size: int | None = None) -> Iterator[
-        tuple[int, int, int]]:  # fmt: skip
+def row_chunks(split: SplitModel, lengths: list[int], internal_batch_size: int | None = None,
+               chunk: int | None = None) -> Iterator[tuple[int, int, int]]:  # fmt: skip
     """(first row, row after the last, longest length) of each jvp call over the rows of `lengths` (tokens per
     (sentence, node) row): consecutive rows, as many as jvp_chunks allows for the longest of them. Sized by the rows'
     own length, not the batch's padded one, so a batch with one long text does not pad every short one to it."""
@@ -104,7 +112,7 @@ def row_chunks(split: SplitModel, lengths: list[int], internal_batch_size: int |
         longest, r1 = lengths[r0], r0 + 1
         while r1 < len(lengths):
             grown = max(longest, lengths[r1])
-            if r1 + 1 - r0 > jvp_chunks(split, grown, internal_batch_size)[1]:
+            if r1 + 1 - r0 > jvp_chunks(split, grown, internal_batch_size, chunk)[1]:
                 break
             longest, r1 = grown, r1 + 1
         yield r0, r1, longest
@@ -120,6 +128,7 @@ def integrate(
     internal_batch_size: int | None = None,
     precision: Precision = DEFAULT_PRECISION,
     jvp_split: SplitModel | None = None,
+    chunk: int | None = None,
 ) -> Tensor:
     """Sentence factors of the batch, shape (B, D, S), float32; columns past a sentence's length are 0.
 
@@ -153,16 +162,18 @@ def integrate(
     factors = torch.zeros(bsz, dim, seq_len, dtype=dtype, device=device)
 
     with tf32_matmuls(precision == "tf32"):
-        for r0, r1, longest in row_chunks(split, row_len.tolist(), internal_batch_size):
-            tok_chunk = jvp_chunks(split, longest, internal_batch_size)[0]
+        for r0, r1, longest in row_chunks(split, row_len.tolist(), internal_batch_size, chunk):
+            tok_chunk = jvp_chunks(split, longest, internal_batch_size, chunk)[0]
             # The rows' own length: the positions past it are padding in every row of the call (masked out of
-            # attention and pooling), so cutting them changes no number, only the work.
-            x = row_x[r0:r1, :longest]
+            # attention and pooling), so cutting them changes no number, only the work. A copy, not a view: forward
+            # AD gives a view's tangent the size of its base (all B*N rows, per token tangent), which made each call
+            # zero-fill J x B*N*S*H values and ran a 128-sentence batch at N = 128 out of an 80 GB card.
+            x = row_x[r0:r1, :longest].clone()
             f = {k: v[r0:r1, :longest] for k, v in row_feats.items()}
             sh = row_shift[r0:r1, :longest] if row_shift is not None else None
 
             def e_of(h: Tensor, f=f, sh=sh) -> Tensor:
-                return tail_split.tail(h, f, sh)
+                return tail_split.tail(h, f, sh, ends.batch.prompt_length)
 
             def push(t: Tensor, x=x, e_of=e_of) -> Tensor:
                 return jvp(e_of, (x,), (t,))[1]

@@ -3,6 +3,12 @@
 For an input of S tokens the reference is  [CLS/BOS] PAD ... PAD [SEP/EOS]  (length S, attention
 over all S positions): every special token the tokenizer added stays, every other token becomes the
 tokenizer's pad token. Ids come from the tokenizer, never hard-coded.
+
+Decoders: the same rule. A tokenizer that adds BOS and EOS gives BOS PAD ... PAD EOS; Qwen3-Embedding's adds no BOS
+and appends <|endoftext|> (also its pad token), so r = <|endoftext|> x S. Same length, so the same positions
+(rotary phases) and the same causal structure; the pooled last token is the same token in x and r, so at layer 0
+its Delta is 0 and the attribution reaches it only through attention to the text, as [CLS] under CLS pooling
+(docs/MODELS.md, "The reference of a decoder").
 """
 
 from __future__ import annotations

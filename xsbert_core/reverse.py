@@ -17,9 +17,11 @@ from .quadrature import nodes_and_weights
 from .split import SplitModel
 
 
-def sentence_factor_reverse(split: SplitModel, text: str, rule: str, n_steps: int) -> Tensor:
-    """The (D, S) factor of one text, by D backward passes per quadrature node."""
-    batch = split.tokenize([text])
+def sentence_factor_reverse(
+    split: SplitModel, text: str, rule: str, n_steps: int, prompt: str | None = None, exclude_prompt: bool = False
+) -> Tensor:
+    """The (D, S) factor of one text (prompt tokens included, as columns), by D backward passes per quadrature node."""
+    batch = split.tokenize([text], prompt=prompt, exclude_prompt=exclude_prompt)
     ends = endpoints(split, batch)
     delta = ends.delta
     alphas, weights = nodes_and_weights(rule, n_steps)
@@ -28,7 +30,7 @@ def sentence_factor_reverse(split: SplitModel, text: str, rule: str, n_steps: in
     with torch.enable_grad():
         for alpha, weight in zip(alphas, weights):
             x = (ends.h_r + float(alpha) * delta).detach().requires_grad_(True)
-            e = split.tail(x, batch.features, ends.shift)[0]
+            e = split.tail(x, batch.features, ends.shift, batch.prompt_length)[0]
             for k in range(dim):
                 (grad,) = torch.autograd.grad(e[k], x, retain_graph=k < dim - 1)
                 factor[k] += float(weight) * (grad[0] * delta[0]).sum(-1).double().cpu()

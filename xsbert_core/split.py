@@ -1,17 +1,24 @@
-"""A sentence-transformers model split at encoder layer L.
+"""A sentence-transformers model split at layer L.
 
-    h(x) = hidden_states[L](x)             the S x H states entering encoder layer L
+    h(x) = hidden_states[L](x)             the S x H states entering layer L
     e(x) = tail(h(x))                      layers L..n-1, then pooling (+ Dense), no Normalize
     exact mode:  e(x) = pool(T(x) - T(r))  token embeddings of the reference subtracted, so e(r) = 0
                                            (a ShiftedTransformer model computes the same in its forward)
 
-`tail` re-enters the HF model with its embeddings output replaced by `h` and its layer list sliced
-to L..n-1, so masks, position bias (MPNet) and layer signatures stay the model's own.
+`tail` re-enters the HF model at layer L (xsbert_core.families: the layer list sliced to L..n-1, the input of
+layer L replaced by `h`), so masks (padding, causal, sliding-window), position terms (absolute, relative, rotary)
+and layer signatures stay the model's own. Any pooling sentence-transformers has (mean, cls, max, lasttoken,
+weightedmean, mean_sqrt_len_tokens, and their concatenations) is the model's own Pooling module.
+
+Prompts (instruction prefixes, `prompt + text` as sentence-transformers encodes them) are part of the input. By
+default their tokens are attributed like any other: the reference replaces them with the pad token. With
+`exclude_prompt` the reference keeps them (as it keeps [CLS]/[SEP]) and the path holds them at their own hidden
+states, h(start)[prompt] = h(x)[prompt], so Delta is 0 there and they receive no attribution: their columns of P are
+exactly 0 and are dropped.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import warnings
 from dataclasses import dataclass
@@ -19,9 +26,11 @@ from typing import Literal
 
 import torch
 from sentence_transformers import SentenceTransformer
-from torch import Tensor, nn
+from torch import Tensor
 
 from .errors import InputError, TruncationError, UnsupportedModelError
+from .families import Family, entered_at, family_of, layer_list
+from .precision import tf32_matmuls
 from .references import pad_token_id, reference_ids
 from .shift import is_shifted, outer_reference_ids
 
@@ -32,21 +41,11 @@ Truncation = Literal["warn", "error"]
 MODES: tuple[str, ...] = ("approx", "exact")
 TRUNCATION_POLICIES: tuple[str, ...] = ("warn", "error")
 
-# Where the encoder layers live, by architecture family.
-_LAYER_PATHS = ("encoder.layer", "transformer.layer", "encoder.layers")
-
-
-def _find_layers(auto_model: nn.Module) -> tuple[nn.Module, str, nn.ModuleList]:
-    for path in _LAYER_PATHS:
-        owner_path, attr = path.rsplit(".", 1)
-        owner = getattr(auto_model, owner_path, None)
-        layers = getattr(owner, attr, None) if owner is not None else None
-        if isinstance(layers, nn.ModuleList) and len(layers) > 0:
-            return owner, attr, layers
-    raise UnsupportedModelError(
-        f"{type(auto_model).__name__} has no encoder layer list ({', '.join(_LAYER_PATHS)}): supported are "
-        "BERT-like encoders (BERT/MiniLM, MPNet, RoBERTa/XLM-R, DistilBERT)"
-    )
+# A text that checks, when a split model is made, that entering the model at layer L reproduces its own embedding
+# (long enough for ModernBERT's and Qwen3's sliding windows to matter).
+PROBE_TEXT = "The probe checks that the split model computes the same embedding as the model itself, token by token."
+# Relative difference allowed between the split model's e(x) and the model's own (float32; a few ulps of the sums).
+PROBE_RTOL = 1e-4
 
 
 def control_token_ids(tokenizer) -> frozenset[int]:
@@ -67,7 +66,12 @@ def content_count(text: str, ids, offsets, control: frozenset[int]) -> int:
 
 @dataclass
 class TokenBatch:
-    """A padded batch of tokenized texts and their references, all (B, S)."""
+    """A padded batch of tokenized texts and their references, all (B, S), padded on the right.
+
+    `texts` are what the model reads: `prompt + text` when a prompt is given. `prompt_mask` marks the prompt's tokens
+    (all False without a prompt); `prompt_length` is what sentence-transformers' Pooling takes to leave a prompt out
+    of the pooling (its `include_prompt=False`): the prompt's own token count less a trailing special token.
+    """
 
     texts: list[str]
     features: dict[str, Tensor]  # input_ids, attention_mask[, token_type_ids]: what the HF model takes
@@ -77,6 +81,10 @@ class TokenBatch:
     tokens: list[list[str]]
     word_ids: list[list[int | None]]
     offsets: list[list[tuple[int, int]]]
+    prompt_mask: Tensor | None = None  # (B, S) bool
+    prompt: str = ""
+    prompt_length: int | None = None
+    exclude_prompt: bool = False
 
     def reference_features(self) -> dict[str, Tensor]:
         return {**self.features, "input_ids": self.reference_ids}
@@ -93,13 +101,17 @@ class TokenBatch:
             tokens=[self.tokens[i] for i in rows],
             word_ids=[self.word_ids[i] for i in rows],
             offsets=[self.offsets[i] for i in rows],
+            prompt_mask=self.prompt_mask[idx.to(self.prompt_mask.device), :s] if self.prompt_mask is not None else None,
+            prompt=self.prompt,
+            prompt_length=self.prompt_length,
+            exclude_prompt=self.exclude_prompt,
         )
 
 
 class SplitModel:
     """`model` split at layer `layer` (negative counts from the top: -1 is the last layer's input)."""
 
-    def __init__(self, model: SentenceTransformer, layer: int, mode: Mode = "approx") -> None:
+    def __init__(self, model: SentenceTransformer, layer: int, mode: Mode = "approx", check: bool = True) -> None:
         if mode not in MODES:
             raise InputError(f"Unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
         self.shifted = is_shifted(model)
@@ -120,23 +132,15 @@ class SplitModel:
         self.tokenizer = first.tokenizer
         if not getattr(self.tokenizer, "is_fast", False):
             raise UnsupportedModelError("A fast (Rust) tokenizer is needed for word ids and offsets")
-        self._owner, self._attr, self._layers = _find_layers(auto_model)
-        if not isinstance(getattr(auto_model, "embeddings", None), nn.Module):
-            raise UnsupportedModelError(f"{type(auto_model).__name__} has no `embeddings` module to split after")
-        impl = getattr(auto_model.config, "_attn_implementation", "eager")
-        if impl not in (None, "eager"):
-            warnings.warn(
-                f"attention implementation {impl!r}: forward-mode AD needs 'eager'; load the model with "
-                "xsbert_core.load_model or model_kwargs={'attn_implementation': 'eager'}",
-                stacklevel=2,
-            )
+        self.family: Family = family_of(auto_model)
+        _, _, self._layers = layer_list(auto_model, self.family)
         self.n_layers = len(self._layers)
         if isinstance(layer, bool) or not isinstance(layer, int):
             raise InputError(f"layer must be an integer, got {layer!r}")
         resolved = layer + self.n_layers if layer < 0 else layer
         if not 0 <= resolved < self.n_layers:
             raise InputError(
-                f"layer {layer} is out of range for a model with {self.n_layers} encoder layers "
+                f"layer {layer} is out of range for a model with {self.n_layers} layers "
                 f"(valid: 0..{self.n_layers - 1}, or -{self.n_layers}..-1 from the top)"
             )
         self.layer = resolved
@@ -152,6 +156,91 @@ class SplitModel:
         self._model_inputs = [
             k for k in ("input_ids", "attention_mask", "token_type_ids") if k in self.tokenizer.model_input_names
         ]
+        if mode == "exact":
+            self._check_zero_reference()
+        self._ensure_forward_ad()
+        if check:
+            self._check_entering()
+
+    # ------------------------------------------------------------------ checks
+    def _check_zero_reference(self) -> None:
+        """Exact mode's e(r) = post(pool(T(r) - T(r))) must be 0: every module after the transformer maps zero token
+        embeddings to a zero embedding (pooling does; a Dense layer with a bias or a non-odd activation does not)."""
+        zeros = torch.zeros(1, 3, self.hidden_size, dtype=self.dtype, device=self.device)
+        mask = torch.ones(1, 3, dtype=torch.long, device=self.device)
+        out: dict = {"token_embeddings": zeros, "attention_mask": mask}
+        for module in self.post:
+            with torch.no_grad():
+                out = module(dict(out))
+            value = out.get("sentence_embedding", out.get("token_embeddings"))
+            if value is not None and torch.any(value != 0):
+                raise UnsupportedModelError(
+                    f"exact mode needs e(r) = 0 (the shifted token embeddings of the reference are 0), but the "
+                    f"model's {type(module).__name__} module maps zero to a nonzero embedding (a bias or a non-odd "
+                    "activation): use mode 'approx'"
+                )
+
+    def _ensure_forward_ad(self) -> None:
+        """Forward-mode AD through the model's attention kernel, else the eager kernel (saying so).
+
+        Fused kernels (SDPA, flash attention) have no forward-mode rule in torch: one JVP through layer L on a tiny
+        input tells; on NotImplementedError the model is switched to eager attention in place (the same numbers; a
+        slower forward) and a warning names the kernel.
+        """
+        impl = getattr(self.auto_model.config, "_attn_implementation", None) or "eager"
+        if impl == "eager":
+            return
+        feats = self._features(self.tokenizer(["forward mode"], return_tensors="pt"))
+        try:
+            with torch.no_grad():
+                h, _ = self.hidden(feats)
+                torch.func.jvp(lambda x: self.tail(x, feats), (h,), (torch.ones_like(h),))
+            return
+        except (NotImplementedError, RuntimeError) as exc:
+            reason = str(exc).splitlines()[0][:160]
+        set_impl = getattr(self.auto_model, "set_attn_implementation", None)
+        if set_impl is None:
+            raise UnsupportedModelError(
+                f"attention implementation {impl!r} has no forward-mode AD ({reason}); load the model with "
+                "model_kwargs={'attn_implementation': 'eager'}"
+            )
+        set_impl("eager")
+        warnings.warn(
+            f"{self.family.name}: attention implementation {impl!r} cannot take forward-mode AD ({reason}); "
+            "switched the model to 'eager' attention",
+            stacklevel=3,
+        )
+
+    def _check_entering(self) -> None:
+        """tail(h_L(x)) equals the model's own embedding of x (approx mode's e): entering at layer L changed nothing.
+
+        Catches a family whose forward depends on where its layer loop starts in a way xsbert_core.families does
+        not handle (for instance after a transformers upgrade): a clear error instead of wrong attributions.
+        """
+        if self.dtype != torch.float32:
+            return
+        enc = self.tokenizer([PROBE_TEXT], truncation=True, max_length=self.max_seq_length, return_tensors="pt")
+        feats = self._features(enc)
+        with torch.no_grad(), tf32_matmuls(False):
+            h, _ = self.hidden(feats)
+            split = self.tail(h, feats)
+            out = self.auto_model(**feats).last_hidden_state
+            own = {"token_embeddings": out, "attention_mask": feats["attention_mask"]}
+            for module in self.post:
+                own = module(own)
+            own_e = own["sentence_embedding"]
+        if not (torch.isfinite(own_e).all() and torch.isfinite(split).all()):
+            return  # a model that makes NaN/Inf: the attributions say so (NumericalError), not this check
+        err = float((split - own_e).norm() / own_e.norm().clamp_min(1e-30))
+        if not err <= PROBE_RTOL:
+            raise UnsupportedModelError(
+                f"{type(self.auto_model).__name__} split at layer {self.layer} does not reproduce the model's own "
+                f"embedding (relative difference {err:.1e}): its forward depends on where the layer loop starts in "
+                f"a way the engine does not handle for {self.family.name}"
+            )
+
+    def _features(self, enc) -> dict[str, Tensor]:
+        return {k: enc[k].to(self.device) for k in self._model_inputs if k in enc}
 
     @property
     def device(self) -> torch.device:
@@ -172,16 +261,43 @@ class SplitModel:
         return SplitModel(copy.deepcopy(self.model).to(dtype), self.layer, self.mode)
 
     # -------------------------------------------------------------- tokenization
-    def tokenize(self, texts: list[str], truncation: Truncation = "warn") -> TokenBatch:
-        """Tokenize like the model does, flag (or reject) texts over max_seq_length, build references."""
+    def prompt_length(self, prompt: str) -> int:
+        """sentence-transformers' prompt length: the prompt's own tokens, less a trailing special token."""
+        ids = self.tokenizer([prompt], truncation=True, max_length=self.max_seq_length)["input_ids"][0]
+        return len(ids) - (1 if ids and ids[-1] in self.tokenizer.all_special_ids else 0)
+
+    def tokenize(
+        self,
+        texts: list[str],
+        truncation: Truncation = "warn",
+        prompt: str | None = None,
+        exclude_prompt: bool = False,
+    ) -> TokenBatch:
+        """Tokenize like the model does, flag (or reject) texts over max_seq_length, build references.
+
+        With a prompt the model reads `prompt + text` (as sentence-transformers' encode(prompt=...)); the prompt's
+        tokens are the non-special tokens that end within the prompt's characters. Padding is on the right whatever
+        the tokenizer's side (a decoder's left padding gives the same embeddings: the masks hide the pads, rotary
+        attention depends on position differences only).
+        """
         if truncation not in TRUNCATION_POLICIES:
             raise InputError(f"Unknown truncation policy {truncation!r}; valid: {', '.join(TRUNCATION_POLICIES)}")
+        if prompt is not None and not isinstance(prompt, str):
+            raise InputError(f"A prompt must be a string, got {type(prompt).__name__}")
+        prompt = prompt or ""
+        if exclude_prompt and self.mode == "exact" and prompt:
+            raise InputError(
+                "exclude_prompt holds the prompt's hidden states fixed along the path, so the path starts at a point "
+                "whose embedding is not 0: exact mode's e(r) = 0 (sum A -> f(a, b)) cannot hold. Use mode 'approx', "
+                "or attribute the prompt"
+            )
         for text in texts:
             if not isinstance(text, str):
                 raise InputError(f"Texts must be strings, got {type(text).__name__}")
             if not text.strip():
                 raise InputError("Empty or whitespace-only text cannot be attributed")
-        full_lengths = [len(ids) for ids in self.tokenizer(texts, truncation=False)["input_ids"]]
+        inputs = [prompt + text for text in texts]
+        full_lengths = [len(ids) for ids in self.tokenizer(inputs, truncation=False)["input_ids"]]
         truncated = [n > self.max_seq_length for n in full_lengths]
         for text, n, cut in zip(texts, full_lengths, truncated):
             if cut and truncation == "error":
@@ -191,27 +307,34 @@ class SplitModel:
             if cut:
                 logger.warning("Truncating a text of %d tokens to max_seq_length=%d", n, self.max_seq_length)
         enc = self.tokenizer(
-            texts,
+            inputs,
             padding=True,
+            padding_side="right",
             truncation=True,
             max_length=self.max_seq_length,
             return_tensors="pt",
             return_special_tokens_mask=True,
             return_offsets_mapping=True,
         )
+        mask = enc["attention_mask"]
+        special = enc["special_tokens_mask"].bool() & mask.bool()
+        ends = enc["offset_mapping"][..., 1]
+        prompt_mask = mask.bool() & ~special & (ends <= len(prompt)) if prompt else torch.zeros_like(special)
         # No content: only zero-width or control characters, or only special-token strings ("[CLS] [SEP]",
         # "<s></s>") and whitespace. Then e(x) = e(r) up to the specials' positions: nothing to attribute.
-        for b, (text, n) in enumerate(zip(texts, enc["attention_mask"].sum(-1).tolist())):
-            ids, offsets = enc["input_ids"][b, :n].tolist(), enc["offset_mapping"][b, :n].tolist()
+        for b, (text, n) in enumerate(zip(inputs, mask.sum(-1).tolist())):
+            keep = (~prompt_mask[b, :n]).tolist()
+            ids = [i for i, k in zip(enc["input_ids"][b, :n].tolist(), keep) if k]
+            offsets = [o for o, k in zip(enc["offset_mapping"][b, :n].tolist(), keep) if k]
             if content_count(text, ids, offsets, self.control_ids) == 0:
                 raise InputError(
-                    f"Text {text[:60]!r} has no tokens but special ones (or whitespace) after tokenization "
-                    f"({' '.join(self.tokenizer.convert_ids_to_tokens(ids))}): nothing to attribute"
+                    f"Text {text[len(prompt):][:60]!r} has no tokens but special ones (or whitespace) after "
+                    f"tokenization ({' '.join(self.tokenizer.convert_ids_to_tokens(ids))}): nothing to attribute"
                 )
-        features = {k: enc[k].to(self.device) for k in self._model_inputs if k in enc}
-        mask = enc["attention_mask"]
+        features = self._features(enc)
         lengths = mask.sum(-1).tolist()
-        ref = reference_ids(enc["input_ids"], enc["special_tokens_mask"], mask, self.pad_id)
+        kept = enc["special_tokens_mask"] | (prompt_mask.long() if exclude_prompt else 0)
+        ref = reference_ids(enc["input_ids"], kept, mask, self.pad_id)
         if self.shifted and not torch.equal(ref, outer_reference_ids(enc["input_ids"], mask, self.pad_id)):
             # The model's own shift keeps the first and last token; the engine keeps the added specials.
             raise UnsupportedModelError(
@@ -220,7 +343,7 @@ class SplitModel:
             )
         ref = ref.to(self.device)
         return TokenBatch(
-            texts=list(texts),
+            texts=inputs,
             features=features,
             reference_ids=ref,
             lengths=lengths,
@@ -228,50 +351,51 @@ class SplitModel:
             tokens=[self.tokenizer.convert_ids_to_tokens(enc["input_ids"][b, :n]) for b, n in enumerate(lengths)],
             word_ids=[enc.word_ids(b)[:n] for b, n in enumerate(lengths)],
             offsets=[[tuple(o) for o in enc["offset_mapping"][b, :n].tolist()] for b, n in enumerate(lengths)],
+            prompt_mask=prompt_mask.to(self.device),
+            prompt=prompt,
+            prompt_length=self.prompt_length(prompt) if prompt else None,
+            exclude_prompt=bool(exclude_prompt and prompt),
         )
 
-    def content_counts(self, texts: list[str]) -> list[int]:
+    def content_counts(self, texts: list[str], prompt: str = "") -> list[int]:
         """Content tokens per text, untruncated (`content_count`): 0 is a text `tokenize` rejects as no content."""
-        return self.token_counts(texts)[1]
+        return self.token_counts(texts, prompt)[1]
 
-    def token_counts(self, texts: list[str]) -> tuple[list[int], list[int]]:
-        """(tokens, content tokens) per text, untruncated, from one tokenizer call: tokens count the special ones
-        (what max_seq_length bounds), content tokens are `content_count`'s."""
-        enc = self.tokenizer(list(texts), truncation=False, return_offsets_mapping=True)
+    def token_counts(self, texts: list[str], prompt: str = "") -> tuple[list[int], list[int]]:
+        """(tokens, content tokens) per text, untruncated, from one tokenizer call: tokens count the special ones and
+        the prompt's (what max_seq_length bounds), content tokens are `content_count`'s of the text's own tokens."""
+        inputs = [prompt + text for text in texts]
+        enc = self.tokenizer(inputs, truncation=False, return_offsets_mapping=True)
         ids_all, offsets_all = enc["input_ids"], enc["offset_mapping"]
-        return [len(ids) for ids in ids_all], [
-            content_count(text, ids, offsets, self.control_ids)
-            for text, ids, offsets in zip(texts, ids_all, offsets_all)
-        ]
+        cut = len(prompt)
+        counts = []
+        for text, ids, offsets in zip(inputs, ids_all, offsets_all):
+            own = [(i, o) for i, o in zip(ids, offsets) if not prompt or o[1] > cut]
+            counts.append(content_count(text, [i for i, _ in own], [o for _, o in own], self.control_ids))
+        return [len(ids) for ids in ids_all], counts
 
     # ------------------------------------------------------------------ forward
-    @contextlib.contextmanager
-    def _entering_at_layer(self, hidden: Tensor):
-        """Within: the HF model's embeddings output is `hidden` and its layers are L..n-1."""
-        handle = self.auto_model.embeddings.register_forward_hook(lambda module, inputs, output: hidden)
-        setattr(self._owner, self._attr, nn.ModuleList(list(self._layers)[self.layer :]))
-        try:
-            yield
-        finally:
-            setattr(self._owner, self._attr, self._layers)
-            handle.remove()
-
     @torch.no_grad()
     def hidden(self, features: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """(h, T): hidden states entering layer L and the last layer's token embeddings, (B, S, H)."""
         out = self.auto_model(**features, output_hidden_states=True)
         return out.hidden_states[self.layer], out.last_hidden_state
 
-    def tail(self, hidden: Tensor, features: dict[str, Tensor], shift: Tensor | None = None) -> Tensor:
+    def tail(
+        self, hidden: Tensor, features: dict[str, Tensor], shift: Tensor | None = None, prompt_length: int | None = None
+    ) -> Tensor:
         """e = pool(T_L(hidden) - shift), shape (B, D); differentiable in `hidden`.
 
-        `shift` is the reference's last-layer token embeddings in exact mode, None in approx mode.
+        `shift` is the reference's last-layer token embeddings in exact mode, None in approx mode. `prompt_length`
+        goes to the pooling (which leaves the prompt out when the model's Pooling says include_prompt=False).
         """
-        with self._entering_at_layer(hidden):
+        with entered_at(self.auto_model, self.family, self.layer, hidden):
             token_embeddings = self.auto_model(**features).last_hidden_state
         if shift is not None:
             token_embeddings = token_embeddings - shift
         out = {"token_embeddings": token_embeddings, "attention_mask": features["attention_mask"]}
+        if prompt_length:
+            out["prompt_length"] = prompt_length
         for module in self.post:
             out = module(out)
         return out["sentence_embedding"]

@@ -5,13 +5,19 @@
     orig   embedding shift + dot product   f = e(a) . e(b)          DotProductMSELoss      e(r) = 0
 
 Labels are similarities in [0, 1] (STS-B scores / 5). The hyper-parameters default to the paper's
-(App. A): batch 16, 5 epochs, AdamW, weight decay 0.1, lr 2e-5, 10% linear warm-up.
+(App. A): batch 16, 5 epochs, AdamW, weight decay 0.1, lr 2e-5, linear warm-up over 10% of the training steps
+(App. A: "taking 10% of the data for linear warm-up"; the authors' public train.py, lucasmllr/xsbert, warms up over
+ceil(steps per epoch x epochs x 0.1) steps: 180 of STS-B's 1,800), MSE loss (App. B: CosineSimilarityLoss, the MSE
+of the cosine against label / 5). App. A states no checkpoint rule: the saved model is the last epoch
+(CHECKPOINTS[0]); the epoch with the best dev score is kept beside it as our option, not the paper's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,11 +34,19 @@ logger = logging.getLogger(__name__)
 
 VARIANTS: tuple[str, ...] = ("tuned", "exact", "orig")
 VARIANT_SIMILARITY = {"tuned": "cosine", "exact": "cosine", "orig": "dot"}
+# Which epoch a trained model is: the last (App. A states no rule, so the recipe's training as it ends), or the one with
+# the best dev score (ours: an option, not the paper's).
+CHECKPOINTS: tuple[str, ...] = ("last-epoch", "best-dev")
+# cuBLAS's setting for reproducible results (PyTorch's notes on randomness); read when a process first uses cuBLAS.
+CUBLAS_DETERMINISTIC = ":4096:8"
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
-    """The paper's hyper-parameters (App. A), and the seed; `max_steps` > 0 caps training (tests)."""
+    """The paper's hyper-parameters (App. A), the seed, and whether the run is deterministic; `max_steps` > 0 caps
+    training (tests). `deterministic`: PyTorch's deterministic algorithms (warn-only where an op has none) and
+    cuBLAS's fixed workspace, so that the same recipe on the same hardware and software gives the same weights
+    bit for bit; not the paper's setting (it changes no expected value, only the summation order)."""
 
     epochs: float = 5
     batch_size: int = 16
@@ -41,9 +55,40 @@ class TrainConfig:
     warmup_ratio: float = 0.1
     seed: int = 0
     max_steps: int = -1
+    deterministic: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "optimizer": "AdamW", "scheduler": "linear warm-up, then linear decay"}
+
+
+# Named recipes (a study config's `recipe: paper`); each is the TrainConfig it names.
+RECIPES: dict[str, TrainConfig] = {"paper": TrainConfig()}
+
+
+@contextlib.contextmanager
+def deterministic_algorithms(enabled: bool = True):
+    """PyTorch's deterministic algorithms (warn-only), cuDNN's deterministic mode and cuBLAS's fixed workspace while
+    the block runs, restored after. transformers' enable_full_determinism does the same but also sets
+    CUDA_LAUNCH_BLOCKING, which makes every kernel launch synchronous (a launch-bound training several times
+    slower). CUBLAS_WORKSPACE_CONFIG counts only in a process whose cuBLAS starts after it is set."""
+    if not enabled:
+        yield
+        return
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+              os.environ.get("CUBLAS_WORKSPACE_CONFIG"))  # fmt: skip
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_DETERMINISTIC
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[2], before[3]
+        if before[4] is None:
+            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+        else:
+            os.environ["CUBLAS_WORKSPACE_CONFIG"] = before[4]
 
 
 class DotProductMSELoss(nn.Module):
@@ -127,7 +172,7 @@ def fine_tune(
     "steps": optimizer steps, "best": the epoch with the highest dev Spearman (the first of ties) as {"epoch",
     "step", "dev_spearman", "checkpoint": its model folder under `work_dir`}, or None when no epoch was evaluated
     (--max-steps)}. Every epoch is saved under `work_dir` (the trainer's checkpoints, model weights only), so the
-    best-dev checkpoint, the paper's choice (App. A), and the last epoch can both be kept.
+    last epoch (the model) and the best-dev epoch (our option; App. A states no rule) can both be kept.
     """
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 
@@ -156,10 +201,11 @@ def fine_tune(
         use_cpu=not torch.cuda.is_available(),
         dataloader_drop_last=False,
     )
-    trainer = SentenceTransformerTrainer(
-        model=model, args=args, train_dataset=train, loss=variant_loss(model, variant), evaluator=evaluator
-    )
-    output = trainer.train()
+    with deterministic_algorithms(config.deterministic):
+        trainer = SentenceTransformerTrainer(
+            model=model, args=args, train_dataset=train, loss=variant_loss(model, variant), evaluator=evaluator
+        )
+        output = trainer.train()
     final = evaluator(model)
     key = evaluator.primary_metric
     history = [

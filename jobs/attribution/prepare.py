@@ -55,6 +55,8 @@ def run_config(attribution: Attribution, explainer: Explainer, fingerprint: str,
         weights_sha256=fingerprint,
         **{k: s[k] for k in ENGINE_SETTINGS},
         precision=s.get("precision", DEFAULT_PRECISION),
+        prompt=s.get("prompt", ""),
+        exclude_prompt=bool(s.get("exclude_prompt", False)),
         truncation=attribution.truncation,
         min_abs=float(attribution.min_abs),
         cells=attribution.cells,
@@ -99,6 +101,8 @@ def _prepare(job: JobSettings, chunk_rows: int) -> Prepared:
     sel, a = job.selection, job.attribution
     if job.execution.max_retries < 0:
         raise InputError(f"--max-retries must be >= 0, got {job.execution.max_retries}")
+    if a.max_chars < 1:
+        raise InputError(f"--max-chars must be >= 1, got {a.max_chars}")
     stream = stream_pairs(
         sel.dataset, split=sel.split, config=sel.config, qqp=sel.qqp_path,
         text_a=sel.text_a_column, text_b=sel.text_b_column, label=sel.label_column, ids=sel.id_column,
@@ -109,7 +113,7 @@ def _prepare(job: JobSettings, chunk_rows: int) -> Prepared:
     explainer = Explainer(
         a.model, layer=a.layer, mode=a.mode, similarity=a.similarity, rule=a.rule,
         steps=a.steps, tolerance=a.tolerance, max_steps=a.max_steps, truncation=a.engine_truncation,
-        precision=a.precision,
+        precision=a.precision, prompt=a.prompt, prompt_name=a.prompt_name, exclude_prompt=a.exclude_prompt,
     )  # fmt: skip
     max_tokens = explainer.split.max_seq_length
 
@@ -127,7 +131,7 @@ def _prepare(job: JobSettings, chunk_rows: int) -> Prepared:
             n_in += len(rows)
             good, quarantine = validate(
                 rows, pairs.label_kind, pairs.label_range, None, max_tokens, a.truncation == "quarantine",
-                count_both=explainer.split.token_counts, stored=stored, seen=seen,
+                count_both=explainer.token_counts, stored=stored, seen=seen, max_chars=a.max_chars,
             )  # fmt: skip
             del rows
             if a.truncation == "error":

@@ -118,6 +118,7 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
             factor_bytes = 4 * int(pc.sum(pc.multiply(meta.column("dim"), meta.column("n_tokens"))).as_py() or 0)
             timings.update(cell_timings,
                            attribution_s=float(pc.sum(meta.column("compute_s")).as_py() or 0.0),  # actor-seconds
+                           oom_retries=int(pc.sum(meta.column("oom_retries")).as_py() or 0),
                            sentences=stream.sizes[w], factor_bytes=factor_bytes,
                            factor_bytes_per_sentence=factor_bytes / max(1, stream.sizes[w]))  # fmt: skip
             # The wave's tables and their Parquet encoding are the driver's largest step (the sentences table with
@@ -249,7 +250,11 @@ def attribute(prep: Prepared, on_wave: Callable[[str], None] | None = print) -> 
     """Stages 1-2 into the store, then the summary; a rerun of the same selection computes and writes nothing."""
     out = prep.settings.output
     with open_store(out.out, prep.run_id, prep.pairs.columns.keep, retry_s=out.store_retry_s) as store:
-        progress = compute(store, prep, on_wave)
+        try:
+            progress = compute(store, prep, on_wave)
+        except BaseException:  # a full disk, a store that stopped answering, a failed batch, Ctrl-C
+            store.abandon()  # the failed wave's parts go now (readers never read them: committed parts only)
+            raise
         progress.wrote += store.commit_missing_tables()
         summary = summarize(store, prep, progress)
         update_manifest(store, prep, progress, summary)

@@ -63,6 +63,7 @@ def resources(ex: Execution, ray) -> dict[str, Any]:
         "batch_size": ex.batch_size or (DEFAULT_BATCH_SIZE_GPU if gpus_per_actor > 0 else DEFAULT_BATCH_SIZE_CPU),
         # CPU: one call in flight per actor, so that an idle actor takes the next batch (longest first).
         "tasks_in_flight": 2 if gpus_per_actor > 0 else 1,
+        "factor_memory": ex.factor_memory_bytes(),
     }
 
 
@@ -93,8 +94,9 @@ def actor_kwargs(attribution: Attribution, explainer: Explainer, res: dict[str, 
     e = explainer
     return dict(model=attribution.model, layer=e.layer, mode=e.mode, similarity=e.similarity, rule=e.rule,
                 steps=e.steps, tolerance=e.tolerance, max_steps=e.max_steps, truncation=e.truncation,
-                precision=e.precision, device=res["device"], threads=res["threads"], batch_size=res["batch_size"],
-                **hooks)  # fmt: skip
+                precision=e.precision, prompt=e.prompt, exclude_prompt=e.exclude_prompt, device=res["device"],
+                threads=res["threads"], batch_size=res["batch_size"], memory_limit=res.get("factor_memory"),
+                gpu_share=res.get("gpus_per_actor"), **hooks)  # fmt: skip
 
 
 class FactorStream:

@@ -178,6 +178,7 @@ def validate(
     stored: np.ndarray | None = None,
     count_both: Callable[[list[str]], tuple[list[int], list[int]]] | None = None,
     seen: SeenIds | None = None,
+    max_chars: int | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Split normalised rows into (good, quarantine); each row lands in exactly one.
 
@@ -194,6 +195,8 @@ def validate(
                    run on every row.
     seen:          the ids of the selection's earlier chunks (validate adds this chunk's): a later row with one of
                    them is a duplicate_pair_id, as within one call. None: this call's rows are the whole selection.
+    max_chars:     a text longer than this (characters) is too_long_a/_b before any tokenizer sees it, whatever
+                   `quarantine_long` says (--max-chars). None: no cap.
 
     good:       row, pair_id, text_a, text_b, label (float, NaN when none), n_tokens_a, n_tokens_b, and the
                 keep:<name> pass-through columns
@@ -226,6 +229,14 @@ def validate(
                 break
         if reasons[k]:
             continue
+        if max_chars is not None:
+            for side, text in (("a", r.text_a), ("b", r.text_b)):
+                if len(text) > max_chars:
+                    reasons[k] = (f"too_long_{side}", f"{len(text):,} characters > --max-chars {max_chars:,} "
+                                                      "(not tokenized)")  # fmt: skip
+                    break
+            if reasons[k]:
+                continue
         for side, text in (("a", r.text_a), ("b", r.text_b)):
             if undecodable(text):
                 reasons[k] = (f"undecodable_text_{side}", "invalid UTF-8, lone surrogate, U+FFFD or NUL")

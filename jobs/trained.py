@@ -1,0 +1,237 @@
+"""Trained models of a study (jobs.pipeline's train stage): fine-tuned once per recipe, then reused.
+
+A study declares a model to fine-tune by its base, its variant (tuned, exact, orig: xsbert_core.training) and its
+recipe (`paper`: App. A's hyper-parameters, xsbert_core.training.RECIPES). Its model id is the hash of everything that
+changes its weights (`model_config`: the base's weights, the variant, every hyper-parameter and the seed, the data,
+the code version), as a run id is of what changes a run's numbers. It is trained once per id into
+
+    <models_dir>/<model id>/<base name>-<variant>            the last epoch (App. A states no checkpoint rule)
+    <models_dir>/<model id>/<base name>-<variant>-best-dev   the epoch with the best dev score (ours, an option)
+
+and reused while the id is the same: an unchanged recipe trains nothing, a changed one trains a new model beside the
+old. A training writes into a temporary folder beside them and renames it into place when both checkpoints are saved,
+so a killed training leaves nothing that passes for a model.
+
+Where it trains: with the local executor each training runs in a fresh process of this machine (`per_gpu` at once
+per GPU: small models leave most of a GPU idle); with Ray each is a task with 1/per_gpu of a GPU where the cluster
+has GPUs (one CPU where it has none), in a fresh worker, writing into models_dir, which the driver and every node
+must see (a local folder on one machine, a shared folder on several).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import xsbert_core
+from xsbert_core import InputError, XsbertError
+from xsbert_core.training import CHECKPOINTS, TrainConfig
+
+from .store import canonical_json
+
+# The training record in a model folder (jobs.train writes it); its model_id marks a folder trained here.
+RECORD = "xsbert_training.json"
+BEST_SUFFIX = "-best-dev"  # jobs.train's sibling folder of the best-dev epoch
+EXECUTORS = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """One model to fine-tune: `base` as load_model takes it, the variant, the recipe (its name for the card and its
+    hyper-parameters), the data, and which saved epoch the study's runs use (not part of the id: both are saved)."""
+
+    base: str
+    variant: str
+    recipe: TrainConfig
+    recipe_name: str = "paper"
+    dataset: str = "stsb"
+    train_split: str = "train"
+    dev_split: str = "dev"
+    train_limit: int | None = None
+    dev_limit: int | None = None
+    checkpoint: str = CHECKPOINTS[0]
+
+
+def base_name(base: str) -> str:
+    return Path(str(base).rstrip("/")).name or str(base)
+
+
+def data_fingerprint(dataset: str) -> str:
+    """A built-in dataset by its name (its rows are the code version's); a file by its bytes' sha256."""
+    path = Path(dataset).expanduser()
+    if not path.is_file():
+        return dataset
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            h.update(block)
+    return f"sha256:{h.hexdigest()}"
+
+
+def model_config(spec: TrainSpec, base_weights_sha256: str) -> dict[str, Any]:
+    """What changes the trained weights, each once; model_id hashes it. Not the checkpoint (both epochs are kept),
+    not the base's name or path (its weights are), not the device or library versions (recorded in the card)."""
+    return {
+        "code_version": xsbert_core.__version__,
+        "base_weights_sha256": base_weights_sha256,
+        "variant": spec.variant,
+        "recipe": asdict(spec.recipe),
+        "data": {"dataset": data_fingerprint(spec.dataset), "train_split": spec.train_split,
+                 "dev_split": spec.dev_split, "train_limit": spec.train_limit, "dev_limit": spec.dev_limit},
+    }  # fmt: skip
+
+
+def model_id(config: dict[str, Any]) -> str:
+    return hashlib.sha256(canonical_json(config).encode()).hexdigest()[:16]
+
+
+def model_folder(root: str | Path, spec: TrainSpec, mid: str, checkpoint: str | None = None) -> Path:
+    """<root>/<id>/<base name>-<variant>[-best-dev]: the folder name ends in the variant (or -best-dev after it), as
+    the reports read a model's variant from it (jobs/analyses/facts.py)."""
+    folder = Path(root) / mid / f"{base_name(spec.base)}-{spec.variant}"
+    return folder.with_name(folder.name + BEST_SUFFIX) if (checkpoint or spec.checkpoint) == "best-dev" else folder
+
+
+def trained_record(folder: Path, mid: str) -> dict[str, Any] | None:
+    """The training record of a model folder trained for `mid`, else None (no folder, another id, no weights)."""
+    try:
+        record = json.loads((folder / RECORD).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    if record.get("model_id") != mid or not (folder / "modules.json").is_file():
+        return None
+    return record
+
+
+def fingerprint(base: str) -> str:
+    """The base model's weights fingerprint (xsbert_core.weights_fingerprint: the run ids' too), loaded on the CPU."""
+    from xsbert_core import load_model, weights_fingerprint
+
+    return weights_fingerprint(load_model(base, device="cpu"))
+
+
+def train_into(spec: TrainSpec, mid: str, config: dict[str, Any], root: str) -> dict[str, Any]:
+    """Train `spec` into <root>/<mid>/ (a fresh process runs this: the local pool's or a Ray task's). Returns the last
+    epoch's training record, or {"error": one line} for a bad input (so that it crosses a process boundary as text)."""
+    from .train import train_model, write_card
+
+    final = Path(root) / mid
+    work = Path(root) / f".{mid}.partial-{os.getpid()}"
+    try:
+        if work.exists():
+            shutil.rmtree(work)
+        target = work / model_folder(root, spec, mid, "last-epoch").name
+        record = {"model_id": mid, "recipe": spec.recipe_name, "model_config": config}
+        command = f"python -m jobs.pipeline (train stage: {spec.variant} of {spec.base}, recipe {spec.recipe_name})"
+        train_model(spec.base, spec.variant, spec.recipe, target, dataset=spec.dataset, train_split=spec.train_split,
+                    dev_split=spec.dev_split, train_limit=spec.train_limit, dev_limit=spec.dev_limit,
+                    command=command, quiet=True, record=record)  # fmt: skip
+        try:
+            work.rename(final)
+        except OSError:  # another study trained the same id meanwhile: theirs stands
+            if trained_record(model_folder(root, spec, mid, "last-epoch"), mid) is None:
+                raise
+            shutil.rmtree(work, ignore_errors=True)
+            return {**json.loads((model_folder(root, spec, mid, "last-epoch") / RECORD).read_text()), "reused": True}
+        # the records name the folders they are in now
+        for checkpoint in CHECKPOINTS:
+            folder = model_folder(root, spec, mid, checkpoint)
+            if (folder / RECORD).is_file():
+                info = json.loads((folder / RECORD).read_text(encoding="utf-8"))
+                last, best = model_folder(root, spec, mid, "last-epoch"), model_folder(root, spec, mid, "best-dev")
+                info.update(path=str(folder), last_epoch_path=str(last),
+                            best_dev_path=str(best) if info.get("best_dev_path") else None)  # fmt: skip
+                write_card(folder, info)
+        return json.loads((model_folder(root, spec, mid, "last-epoch") / RECORD).read_text(encoding="utf-8"))
+    except XsbertError as exc:
+        shutil.rmtree(work, ignore_errors=True)
+        return {"error": str(exc)}
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+
+
+def _local(todo: list[tuple[TrainSpec, str, dict[str, Any]]], root: str, per_gpu: int) -> list[dict[str, Any]]:
+    """Each training in a fresh process (spawned: a CUDA context and cuBLAS of its own, so the deterministic settings
+    hold from its start), per_gpu at once per GPU, one at a time without a GPU."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    import torch
+
+    workers = max(1, min(len(todo), per_gpu * torch.cuda.device_count())) if torch.cuda.is_available() else 1
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(train_into, spec, mid, config, root) for spec, mid, config in todo]
+        return [f.result() for f in futures]
+
+
+def _ray(todo: list[tuple[TrainSpec, str, dict[str, Any]]], root: str, per_gpu: int,
+         address: str | None) -> list[dict[str, Any]]:  # fmt: skip
+    """Each training a Ray task in a fresh worker (max_calls=1), 1/per_gpu of a GPU where the cluster has GPUs."""
+    from .raycluster import init_ray
+
+    ray = init_ray(address)
+    resources = {"num_gpus": 1 / per_gpu} if ray.cluster_resources().get("GPU", 0) > 0 else {"num_cpus": 1}
+    task = ray.remote(max_calls=1, max_retries=0, **resources)(train_into)
+    return ray.get([task.remote(spec, mid, config, root) for spec, mid, config in todo])
+
+
+def ensure_trained(specs: dict[str, TrainSpec], root: str, executor: str = "ray", per_gpu: int = 1,
+                   address: str | None = None, say: Callable[[str], None] = print) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """Every model of `specs` trained (what its id already has is reused); {name: {"path": the folder of its checkpoint,
+    "model_id", "trained": whether this call trained it, "seconds", "record": the last epoch's training record}}.
+    InputError (one line naming the model) when a training cannot start."""
+    if executor not in EXECUTORS:
+        raise InputError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+    if not specs:
+        return {}
+    root_path = Path(root).expanduser().resolve()
+    fingerprints: dict[str, str] = {}
+    plans: dict[str, tuple[TrainSpec, str, dict[str, Any]]] = {}
+    for name, spec in specs.items():
+        if spec.base not in fingerprints:
+            fingerprints[spec.base] = fingerprint(spec.base)
+        config = model_config(spec, fingerprints[spec.base])
+        plans[name] = (spec, model_id(config), config)
+    todo: dict[str, tuple[TrainSpec, str, dict[str, Any]]] = {}
+    for name, (spec, mid, config) in plans.items():
+        if trained_record(model_folder(root_path, spec, mid, "last-epoch"), mid) is None:
+            todo.setdefault(mid, (spec, mid, config))  # two names, one recipe: trained once
+    results: dict[str, dict[str, Any]] = {}
+    if todo:
+        root_path.mkdir(parents=True, exist_ok=True)
+        for spec, mid, _ in todo.values():
+            say(f"train {', '.join(n for n, p in plans.items() if p[1] == mid)}: training {spec.variant} of "
+                f"{spec.base}, recipe {spec.recipe_name} (model {mid}) ...")  # fmt: skip
+        t0 = time.perf_counter()
+        jobs = list(todo.values())
+        out = _local(jobs, str(root_path), per_gpu) if executor == "local" else _ray(jobs, str(root_path), per_gpu,
+                                                                                    address)  # fmt: skip
+        for (spec, mid, _), record in zip(jobs, out):
+            if "error" in record:
+                names = ", ".join(n for n, p in plans.items() if p[1] == mid)
+                raise InputError(f"models.{names}: training failed: {record['error']}")
+            results[mid] = {**record, "wall_s": time.perf_counter() - t0}
+    summary: dict[str, dict[str, Any]] = {}
+    for name, (spec, mid, _) in plans.items():
+        folder = model_folder(root_path, spec, mid)
+        record = trained_record(model_folder(root_path, spec, mid, "last-epoch"), mid)
+        if record is None or not (folder / "modules.json").is_file():
+            raise InputError(f"models.{name}: {folder} holds no {spec.checkpoint} model after training (the "
+                             f"{spec.checkpoint} epoch is saved only where epochs are evaluated: no max_steps)")
+        trained = mid in results and not results[mid].get("reused")
+        summary[name] = {"path": str(folder), "model_id": mid, "trained": trained, "record": record,
+                         "seconds": float(record.get("train_seconds", 0.0))}  # fmt: skip
+        if trained:
+            say(f"train {name}: trained in {record.get('train_seconds', 0):.0f} s, dev Spearman "
+                f"{record.get('dev_spearman', float('nan')):.4f} (last epoch; {folder})")  # fmt: skip
+        else:
+            say(f"train {name}: up to date (model {mid}, {folder})")
+    return summary

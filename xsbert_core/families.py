@@ -1,0 +1,123 @@
+"""The model families the engine splits at a layer: where each keeps its layer list, how to enter it at layer L.
+
+    e(x) = tail(h(x)),  h(x) = hidden_states[L](x)   (docs/DESIGN.md §1)
+
+`tail` runs the Hugging Face model's own forward with its layer list sliced to L..n-1 and the hidden states entering
+layer L replaced by `h` (a forward pre-hook on layer L), so masks (padding, causal, sliding-window), rotary and
+relative position terms and the layers' signatures stay the model's own. Three things in some families depend on
+where the loop starts, and are set for the slice while inside it:
+
+    config.layer_types        a per-layer list (ModernBERT's alternating local/global attention, Qwen3's
+                              full/sliding layers) that some models index by the loop counter: sliced to [L:]
+    encoder.conv              DeBERTa-v2's convolution after the first layer, over the embedding output: off for L > 0
+    embeddings_project        ELECTRA's projection between embeddings and layer 0: the pre-hook on layer L is
+                              after it, so nothing to do
+
+Families are recognised by `config.model_type`; any other raises UnsupportedModelError naming the supported ones.
+docs/MODELS.md lists them with what was tested for each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from torch import Tensor, nn
+
+from .errors import UnsupportedModelError
+
+
+@dataclass(frozen=True)
+class Family:
+    """One architecture family: its HF model_type, the name users know it by, where its layers live."""
+
+    model_type: str
+    name: str
+    layers: str  # attribute path of the nn.ModuleList of layers, from the HF base model
+    causal: bool = False  # decoder: causal attention (last-token pooling is the usual choice)
+
+
+FAMILIES: dict[str, Family] = {
+    f.model_type: f
+    for f in (
+        Family("bert", "BERT (MiniLM, BGE, E5)", "encoder.layer"),
+        Family("mpnet", "MPNet", "encoder.layer"),
+        Family("roberta", "RoBERTa", "encoder.layer"),
+        Family("xlm-roberta", "XLM-RoBERTa (multilingual E5, BGE-M3)", "encoder.layer"),
+        Family("distilbert", "DistilBERT", "transformer.layer"),
+        Family("deberta-v2", "DeBERTa-v2/v3", "encoder.layer"),
+        Family("electra", "ELECTRA", "encoder.layer"),
+        Family("modernbert", "ModernBERT (gte-modernbert, modernbert-embed)", "layers"),
+        Family("gte", "GTE v1.5 / mGTE", "layers"),
+        Family("nomic_bert", "Nomic BERT (nomic-embed-text)", "layers"),
+        Family("qwen3", "Qwen3 (Qwen3-Embedding)", "layers", causal=True),
+    )
+}
+
+
+def supported_families() -> str:
+    """The supported families for an error message: 'BERT (MiniLM, BGE, E5) [bert], MPNet [mpnet], ...'."""
+    return ", ".join(f"{f.name} [{f.model_type}]" for f in FAMILIES.values())
+
+
+def family_of(auto_model: nn.Module) -> Family:
+    """The family of a Hugging Face base model, by its config's model_type; UnsupportedModelError if not supported."""
+    config = getattr(auto_model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    family = FAMILIES.get(str(model_type))
+    if family is None:
+        raise UnsupportedModelError(
+            f"{type(auto_model).__name__} (model_type {model_type!r}) is not a supported architecture; "
+            f"supported are: {supported_families()}"
+        )
+    return family
+
+
+def layer_list(auto_model: nn.Module, family: Family) -> tuple[nn.Module, str, nn.ModuleList]:
+    """(owner, attribute, layers): the module holding the layer list, its attribute name, the list itself."""
+    owner: nn.Module | None = auto_model
+    *path, attr = family.layers.split(".")
+    for name in path:
+        owner = getattr(owner, name, None)
+    layers = getattr(owner, attr, None) if owner is not None else None
+    if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
+        raise UnsupportedModelError(
+            f"{type(auto_model).__name__} has no layer list at `{family.layers}` (its family, {family.name}, keeps "
+            "it there): a model of this family from remote code or another transformers version is laid out "
+            "differently"
+        )
+    return owner, attr, layers  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def entered_at(auto_model: nn.Module, family: Family, layer: int, hidden: Tensor) -> Iterator[None]:
+    """Within: a forward of `auto_model` runs layers layer..n-1 only, the first of them on `hidden` (B, S, H)."""
+    owner, attr, layers = layer_list(auto_model, family)
+    first = layers[layer]
+
+    def replace_input(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if "hidden_states" in kwargs:
+            return args, {**kwargs, "hidden_states": hidden}
+        return (hidden, *args[1:]), kwargs
+
+    config = auto_model.config
+    layer_types = getattr(config, "layer_types", None)
+    slice_types = layer > 0 and isinstance(layer_types, list) and len(layer_types) == len(layers)
+    encoder = getattr(auto_model, "encoder", None)
+    conv = getattr(encoder, "conv", None) if layer > 0 else None
+    handle = first.register_forward_pre_hook(replace_input, with_kwargs=True)
+    setattr(owner, attr, nn.ModuleList(list(layers)[layer:]))
+    if slice_types:
+        config.layer_types = layer_types[layer:]
+    if conv is not None:
+        encoder.conv = None
+    try:
+        yield
+    finally:
+        if conv is not None:
+            encoder.conv = conv
+        if slice_types:
+            config.layer_types = layer_types
+        setattr(owner, attr, layers)
+        handle.remove()
