@@ -79,7 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _stsb_pairs(dataset: str, split: str, limit: int | None) -> tuple[list[str], list[str], list[float]]:
     pairs = load_pairs(dataset, split=split, limit=limit)
-    good, quarantine = validate(pairs.rows, pairs.label_kind, pairs.label_range, None, None, False)
+    good, quarantine = validate(pairs.rows, pairs.label_kind, pairs.label_range)
     if len(quarantine):
         logger.warning("%d %s rows left out: %s", len(quarantine), split, quarantine.reason.value_counts().to_dict())
     if good.label.isna().any():

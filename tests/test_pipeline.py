@@ -141,13 +141,13 @@ def test_set_overrides_by_dotted_key(tmp_path):
 
 def test_run_settings_become_the_jobs_flags(tmp_path):
     """A run's own settings win over `defaults`; what neither sets is left to jobs.attribute."""
-    from jobs import attribute
+    from jobs import attribute, config
 
     study = pipeline.load_config(write_config(tmp_path / "s.yaml", base_config(tmp_path)), ["ray.num_actors=1"])
     job = pipeline.job_settings(study, "n3")
     a = job.attribution
     assert (a.steps, a.layer, job.execution.num_actors, job.output.quiet) == (3, -1, 1, True)
-    assert job.attribution.rule == attribute.DEFAULT_RULE and job.selection.sample is None
+    assert job.attribution.rule == config.DEFAULT_RULE and job.selection.sample is None
     assert job.output.out == str(tmp_path / "runs")
     assert pipeline.job_settings(study, "n2").attribution.steps == 2
     # the same settings as the command line the summary records

@@ -1265,7 +1265,7 @@ def test_keep_columns_flag_passes_columns_through_and_changes_the_run_id(tmp_pat
     path.write_text("id\tsentence1\tsentence2\ttopic\tsource\tTarget\nx\tA b.\tC d.\tsport\tweb\t1\n"
                     "y\tE f.\tG h.\t\tnews\t2\n")
     pairs = _validate.load_pairs(str(path), keep="topic,source")
-    good, _ = _validate.validate(pairs.rows, pairs.label_kind, pairs.label_range, None, None, False)
+    good, _ = _validate.validate(pairs.rows, pairs.label_kind, pairs.label_range)
     assert good["keep:topic"].tolist() == ["sport", ""] and good["keep:source"].tolist() == ["web", "news"]
 
     class FakeExplainer:
