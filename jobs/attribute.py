@@ -107,6 +107,10 @@ def cli(argv: list[str] | None = None, hooks: Hooks | None = None) -> int:
     except XsbertError as exc:
         print(f"jobs.attribute: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("jobs.attribute: interrupted: the committed waves stay, the wave in progress was removed; the same "
+              "command resumes", file=sys.stderr)  # fmt: skip
+        return 130
     return 0
 
 

@@ -48,20 +48,26 @@ def _add_sql_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def sql(args: argparse.Namespace) -> int:
+    from jobs.raycluster import filter_stderr
     from jobs.sqlrun import cli as sql_cli  # lazily: DuckDB and polars only for this command
 
+    filter_stderr()  # pyarrow's own S3 retry notices (jobs/raycluster.py)
     return sql_cli(args)
 
 
 def serve(args: argparse.Namespace) -> int:
+    from jobs.raycluster import filter_stderr
     from jobs.serve import serve as serve_run
 
+    filter_stderr()
     return serve_run(args)
 
 
 def show(args: argparse.Namespace) -> int:
+    from jobs.raycluster import filter_stderr
     from jobs.serve import show as show_pair
 
+    filter_stderr()
     return show_pair(args)
 
 

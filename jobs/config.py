@@ -69,6 +69,11 @@ DEFAULT_WAVE_SIZE_GPU = 16384
 # A batch whose actor dies is retried on a restarted actor; bounded so a poisonous batch fails the run
 # (Ray Data's own default is unbounded); the actors themselves restart as often as needed over a run.
 DEFAULT_MAX_RETRIES = 3  # --max-retries: retries of a factor batch on a restarted actor (and of a cell task)
+# Characters a text may have before it is tokenized: a longer one is quarantined (too_long_a / too_long_b) at once,
+# in every --truncation mode, without being tokenized (a 50 MB field took minutes of CPU and 3 GB in the tokenizer).
+# Far above any model's max_seq_length (512 tokens are a few thousand characters); not in the run id: it decides
+# which rows are attributed, not the numbers of one.
+DEFAULT_MAX_CHARS = 100_000
 TRUNCATION_CHOICES = ("quarantine", "warn", "error")
 # Which cells a run stores (--cells; docs/STORE.md): every cell, the same-token cells (token_a = token_b; word cells:
 # word_a = word_b), or none. The pair's numbers, ranks and top cells are over all cells whatever is stored.
@@ -134,6 +139,10 @@ class Attribution(EngineSettings):
     truncation: str = setting("quarantine", choices=TRUNCATION_CHOICES,
                               help="texts over max_seq_length: quarantine the pair (default), warn (truncate and "
                                    "flag), or error (stop before computing)")  # fmt: skip
+    max_chars: int = setting(DEFAULT_MAX_CHARS, ge=1,
+                             help="texts longer than this many characters are quarantined (too_long) before they are "
+                                  f"tokenized, whatever --truncation says (default {DEFAULT_MAX_CHARS:,}); not in the "
+                                  "run id")  # fmt: skip
     min_abs: float = setting(0.0, ge=0, help="store only cells with |value| >= this (sums unchanged)")
     cells: str = setting("all", choices=CELL_CHOICES,
                          help="which cells to store: all (default), same-token (token_a = token_b, word_a = word_b: "

@@ -57,12 +57,16 @@ from xsbert_core.training import CHECKPOINTS, RECIPES, VARIANTS, TrainConfig
 
 from . import config, paper
 from .attribution.inputs import BUILTINS, resolve_source
+from .attribution.hooks import Hooks
 from .config import JobSettings
-from .store import DERIVED_TABLES, TABLES, canonical_json, is_remote
+from .store import DERIVED_TABLES, TABLES, canonical_json, committed_parts, committed_waves, disk_failure, is_remote
 from .store.files import is_file, join, location_fs, read_text, upload
 from .trained import TrainSpec
 
 PROG = "python -m jobs.pipeline"
+# What a Ctrl-C (SIGINT) leaves: every stage commits whole units (a run's waves, a parse's parts, a report's folder).
+INTERRUPTED = ("interrupted: what was committed stays (whole waves, whole parts, whole reports) and nothing else; "
+               "the same command resumes")  # fmt: skip
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STATE_FILE = "pipeline.json"
 # The report root's lock: pipeline.json is saved under it (State.save), one study at a time.
@@ -466,13 +470,15 @@ def run_state(run: str) -> dict[str, list[list[Any]]]:
     import pyarrow.fs as pafs
 
     fs, base = location_fs(run)
+    infos = {table: {i.base_name: i for i in fs.get_file_info(pafs.FileSelector(f"{base}/{table}", allow_not_found=True))
+                     if i.type == pafs.FileType.File}
+             for table in TABLES + DERIVED_TABLES}  # fmt: skip
+    waves = committed_waves(infos["pairs"])
     state = {}
     for table in TABLES + DERIVED_TABLES:
-        infos = fs.get_file_info(pafs.FileSelector(f"{base}/{table}", allow_not_found=True))
-        parts = sorted((i for i in infos if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")),
-                       key=lambda i: i.base_name)  # fmt: skip
+        parts = committed_parts(table, infos[table], waves)  # what readers read: a wave in progress is not a change
         if parts:
-            state[table] = [[i.base_name, i.size, i.mtime_ns] for i in parts]
+            state[table] = [[name, infos[table][name].size, infos[table][name].mtime_ns] for name in parts]
     return state
 
 
@@ -569,6 +575,12 @@ class State:
     def save(self) -> None:
         """Merge the reports put since loading into pipeline.json as it is now (another study may have saved
         since), under the root's lock; write a temporary file of this process's own and rename it into place."""
+        try:
+            self._save()
+        except OSError as exc:  # a full or read-only report disk
+            raise disk_failure(exc.filename or self.path, exc) from None
+
+    def _save(self) -> None:
         import fcntl
         import tempfile
 
@@ -612,9 +624,10 @@ def stage_train(study: Study) -> dict[str, dict[str, Any]]:
 
 
 def stage_attribute(study: Study, paths: dict[str, str] | None = None, names: list[str] | None = None,
-                    on_run: Any = None) -> dict[str, dict[str, Any]]:  # fmt: skip
+                    on_run: Any = None, hooks: Hooks | None = None) -> dict[str, dict[str, Any]]:  # fmt: skip
     """Every run of the study (or those of `names`, in that order) through jobs.attribute's stages; {run name: its
-    summary}. `paths`: the trained models' folders (stage_train's); `on_run(name, summary)` after each run."""
+    summary}. `paths`: the trained models' folders (stage_train's); `on_run(name, summary)` after each run; `hooks`:
+    faults to inject (tests only, jobs/attribution/hooks.py)."""
     from .attribution.prepare import prepare
     from .attribution.run import attribute
 
@@ -623,7 +636,7 @@ def stage_attribute(study: Study, paths: dict[str, str] | None = None, names: li
         job = job_settings(study, name, paths)
         t0 = time.perf_counter()
         prep = prepare(job)
-        s = attribute(prep, on_wave=lambda line, n=name: say(f"attribute {n}: {line}"))
+        s = attribute(prep, on_wave=lambda line, n=name: say(f"attribute {n}: {line}"), hooks=hooks)
         s["command"] = "python -m jobs.attribute " + shlex.join(job.command())
         summaries[name] = s
         counts = f"{s['n_in']} pairs = {s['n_done']} done + {s['n_quarantined']} quarantined"
@@ -733,17 +746,20 @@ def write_index(target: Reports, study: Study, reports: list[dict[str, Any]], mo
     from .pages import environment
 
     root = target.local
-    root.mkdir(parents=True, exist_ok=True)
     items = [{"name": r["name"], "href": f"{r['name']}/index.html",
               "runs": r["run"] + (f" vs {r['run2']}" if r["run2"] else ""),
               "lines": finding_lines(r["findings"], like_for_like(models.get(r["name"], "")))} for r in reports]  # fmt: skip
     page = environment().get_template("study.html").render(study=study.study, reports=items)
-    (root / "index.html").write_text(page, encoding="utf-8")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "index.html").write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise disk_failure(exc.filename or root / "index.html", exc) from None
     target.publish("index.html")
     return f"{target.root}/index.html"
 
 
-def main(args: argparse.Namespace) -> dict[str, Any]:
+def main(args: argparse.Namespace, hooks: Hooks | None = None) -> dict[str, Any]:
     """Validate, then train -> attribute -> parse -> report; returns {'models', 'runs', 'parse', 'reports', 'index'}."""
     t0 = time.perf_counter()
     study = load_config(args.config, args.set)
@@ -751,7 +767,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     say(f"study {study.study}: {len(study.runs)} run(s), {len(study.compare)} comparison(s), store {study.out}"
         + (f", {len(trained)} model(s) to train into {study.models_dir}" if trained else ""))  # fmt: skip
     models = stage_train(study)
-    summaries = stage_attribute(study, {name: m["path"] for name, m in models.items()})
+    summaries = stage_attribute(study, {name: m["path"] for name, m in models.items()}, hooks=hooks)
     run_dirs = {name: str(s["run_dir"]) for name, s in summaries.items()}
     parsed = stage_parse(study, run_dirs)
     result: dict[str, Any] = {"models": models, "runs": summaries, "parse": parsed, "reports": [], "index": None}
@@ -790,7 +806,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def cli(argv: list[str] | None = None) -> int:
+def cli(argv: list[str] | None = None, hooks: Hooks | None = None) -> int:
     from .console import quiet_console
 
     args = parse_args(argv)
@@ -801,10 +817,13 @@ def cli(argv: list[str] | None = None) -> int:
                   f"{len(study.compare)} comparison(s))")  # fmt: skip
             return 0
         quiet_console()
-        main(args)
+        main(args, hooks)
     except XsbertError as exc:
         print(f"jobs.pipeline: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"jobs.pipeline: {INTERRUPTED}", file=sys.stderr)
+        return 130
     return 0
 
 

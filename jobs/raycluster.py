@@ -23,6 +23,9 @@ What a plain local run printed before (non-TTY, Ray 2.60), and where it goes now
   _map_transformer_ref) and the operator holds that ref for the pool's life, so the restart it warns
   about works (tests/test_job_faults.py kills actors and checks the resumed values). The command-line
   entry points drop exactly this line from the process's stderr (`filter_stderr`), nothing else.
+- pyarrow's S3 client retrying a request itself ("arrow/filesystem/s3fs.cc:817: CompletedMultipartUpload got error
+  embedded in a 200 OK response: SlowDown ..., retry = 1"): dropped the same way (the store's own retries say a
+  failure for good in one line).
 
 Two traps of `ray job submit` against a head with token authentication (Ray's default for a head started where
 `~/.ray/auth_token` exists, e.g. after any local `ray.init()`), each caught here with one line instead of a traceback:
@@ -52,6 +55,10 @@ DROPPED_STDERR = (
     re.compile(r"has constructor arguments in the object store and max_restarts > 0"),
     # Ray's GCS client, when a head refuses this process's token: init_ray says it in one line (RayJoinError).
     re.compile(r"gcs_client\.cc:\d+: Failed to get cluster ID from GCS server: Unauthenticated"),
+    # pyarrow's S3 client retrying a request itself ("s3fs.cc:817: CompletedMultipartUpload got error embedded in a
+    # 200 OK response: SlowDown (...), retry = 1"): the store retries its calls too, and says a failure for good in
+    # one line (jobs/store/retry.py); a loaded store is not news on the console.
+    re.compile(r"arrow/filesystem/s3fs\.cc:\d+: .*\bretry = \d+"),
 )
 # Log records dropped from the console (the log files keep them).
 DROPPED_RECORDS = (

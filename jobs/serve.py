@@ -28,7 +28,10 @@ The machinery is in jobs/browse/: run.py (opening a run, the in-memory copies, e
 (one stored pair and its heatmaps), pages.py (each page's parameters and queries), http.py (rendering, the server).
 
 Read-only: the server answers GET and HEAD only, DuckDB holds the run's tables as views over its files, and
-nothing is written anywhere. It listens on 127.0.0.1 unless --host says otherwise. Pages carry a Content
+nothing is written anywhere. It listens on 127.0.0.1 unless --host says otherwise, and answers only requests
+addressed to it (Host: that address, a loopback address or localhost, with its port: a page whose DNS name was
+rebound to 127.0.0.1 gets 403). At most --workers requests are answered at once, a few more wait, and beyond those
+a request gets 503 with Retry-After (jobs/browse/http.py). Pages carry a Content
 Security Policy that allows no script at all, so a dataset string could not run even if escaping failed.
 """
 
@@ -45,7 +48,10 @@ from .browse.http import make_server
 from .browse.run import (
     DEFAULT_HOST,
     DEFAULT_PORT,
+    DEFAULT_WORKERS,
     MAX_PAGE_SIZE,
+    RETRY_AFTER_S,
+    WAITING_PER_WORKER,
     PAGE_SIZE,
     App,
     Page,
@@ -68,6 +74,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                         "read the run)")  # fmt: skip
     s.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: a free one)")
     s.add_argument("--page-size", type=int, default=PAGE_SIZE, help=f"rows per page of a list (default {PAGE_SIZE})")
+    s.add_argument("--workers", type=int, default=DEFAULT_WORKERS,
+                   help=f"requests answered at once (default {DEFAULT_WORKERS}); {WAITING_PER_WORKER} more per worker "
+                        f"wait, beyond that a request gets 503 with Retry-After: {RETRY_AFTER_S}")  # fmt: skip
     s.add_argument("-q", "--quiet", action="store_true", help="do not log each request")
 
     w = sub.add_parser(
@@ -88,9 +97,11 @@ def serve(args: argparse.Namespace) -> int:
         raise InputError(f"--port {args.port}: not a port (0..65535)")
     if args.page_size < 1 or args.page_size > MAX_PAGE_SIZE:
         raise InputError(f"--page-size {args.page_size}: use 1..{MAX_PAGE_SIZE}")
+    if not 1 <= args.workers <= 256:
+        raise InputError(f"--workers {args.workers}: use 1..256")
     app = App(args.run, args.run2, args.page_size)
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
-    server = make_server(app, args.host, args.port, log)
+    server = make_server(app, args.host, args.port, log, args.workers)
     host, port = server.server_address[:2]
     shown = f"[{host}]" if ":" in str(host) else host
     for info in app.runs():

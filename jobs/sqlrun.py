@@ -7,7 +7,9 @@
 The connection has one view per table of the run (pairs, cells, word_cells, sentences, quarantine,
 and parses once `python -m jobs.parse` wrote it), those of run2 suffixed `_2`, and the DuckDB
 variables `run`, `run2` and `variables` set, so a sql/ file (which reads
-`getvariable('run') || '/<table>/*.parquet'`) runs unchanged here and in the duckdb CLI.
+`getvariable('run') || '/<table>/*.parquet'`) runs unchanged here and in the duckdb CLI. Here every view and
+every such read takes the run's committed parts as listed once at connect (`committed`, `committed_sql`;
+docs/STORE.md, "Reading"), never a part of a wave that did not commit.
 
 A run is a local directory (a Path) or an object-store URI (a str: s3://bucket/prefix/<id>, gs://...). The
 Python duckdb cannot load httpfs offline, so object storage goes through pyarrow's filesystems (S3 and GCS are
@@ -36,7 +38,20 @@ import pyarrow.fs as pafs
 
 from xsbert_core import InputError
 
-from .store import CREDENTIALS, REMOTE_SCHEMES, endpoint_name, filesystem, uri_scheme  # scheme -> family; DuckDB: all
+from .store import (  # scheme -> family; DuckDB: all
+    CREDENTIALS,
+    REMOTE_SCHEMES,
+    GaveUp,
+    committed_parts,
+    committed_waves,
+    endpoint_name,
+    filesystem,
+    retried,
+    retried_fsspec,
+    store_retry_s,
+    transient,
+    uri_scheme,
+)
 
 # Variables that name a run directory (`pairs_of`: reference_terms.sql and pos_neg_sums.sql keep the pairs that run
 # holds too): checked as --run is, and an object-store one's filesystem registered beside the runs'.
@@ -52,6 +67,13 @@ _INPUT_RE = re.compile(r"getvariable\('(run2?)'\)\s*\|\|\s*'/([A-Za-z_]+)(/\*\.p
 # the file names (the macro is called with getvariable('run') and getvariable('run2')).
 _MACRO_INPUT_RE = re.compile(r"(?<![)\w])(?!getvariable\b)[A-Za-z_]\w*\s*\|\|\s*'/([A-Za-z_]+)(/\*\.parquet|\.json)'")
 _RUN_VARIABLE_RE = re.compile(r"getvariable\('(run2?)'\)")
+# The committed parts of each table of the connection's runs (connect): a DuckDB variable (a map from the glob a sql/
+# file writes, `<run>/<table>/*.parquet`, to the parts) and the macro that reads it (committed_sql puts it in).
+PARTS_VARIABLE = "committed_parts"
+PARTS_MACRO = ("create or replace temp macro committed_parts(pattern) as "
+               f"coalesce(getvariable('{PARTS_VARIABLE}')[pattern], [pattern])")  # fmt: skip
+_READ_PARQUET_RE = re.compile(r"read_parquet\s*\(", re.IGNORECASE)
+_TABLE_GLOB_RE = re.compile(r"'/(?:" + "|".join(TABLES) + r")/\*\.parquet'\s*\)*\s*$")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # `xsbert sql` prints at most this many rows as a table (all of them with --csv).
 DEFAULT_MAX_ROWS = 100
@@ -159,16 +181,27 @@ def _object_store(location: str, flag: str | None = None) -> tuple[pafs.FileSyst
     return _FILESYSTEMS[key], rest
 
 
+def _remote(location: str, flag: str | None, fn):
+    """fn(), a call to the object store, retried as the store's calls are (jobs/store/retry.py: 5xx, 429, no answer,
+    with backoff, for up to XSBERT_STORE_RETRY_S seconds); a failure for good is one InputError line."""
+    try:
+        return retried(fn, store_retry_s())
+    except GaveUp as g:
+        error = _store_error(g.error, location, flag)
+        if transient(g.error):
+            n = g.tries
+            error = InputError(f"{error}, given up after {n} tr{'y' if n == 1 else 'ies'} in {g.waited:.0f} s "
+                               "(XSBERT_STORE_RETRY_S)")  # fmt: skip
+        raise error from g.error
+
+
 def _info(location: str | os.PathLike, flag: str | None = None) -> pafs.FileInfo:
     """What is at a local path or object-store URI (type NotFound when nothing)."""
     location = as_run(location)
     if isinstance(location, Path):
         return pafs.LocalFileSystem().get_file_info(str(location))
     fs, path = _object_store(location, flag)
-    try:
-        return fs.get_file_info(path)
-    except OSError as exc:
-        raise _store_error(exc, location, flag) from exc
+    return _remote(location, flag, lambda: fs.get_file_info(path))
 
 
 def _list(location: str | os.PathLike, flag: str | None = None) -> list[pafs.FileInfo]:
@@ -177,10 +210,7 @@ def _list(location: str | os.PathLike, flag: str | None = None) -> list[pafs.Fil
     if isinstance(location, Path):
         return list(pafs.LocalFileSystem().get_file_info(pafs.FileSelector(str(location), allow_not_found=True)))
     fs, path = _object_store(location, flag)
-    try:
-        return list(fs.get_file_info(pafs.FileSelector(path, allow_not_found=True)))
-    except OSError as exc:
-        raise _store_error(exc, location, flag) from exc
+    return _remote(location, flag, lambda: list(fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))))
 
 
 def is_file(location: str | os.PathLike) -> bool:
@@ -194,24 +224,36 @@ def read_text(location: str | os.PathLike) -> str | None:
     if isinstance(location, Path):
         return location.read_text(encoding="utf-8") if location.is_file() else None
     fs, path = _object_store(location)
-    try:
-        with fs.open_input_stream(path) as fh:
-            return fh.read().decode("utf-8")
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if _info(location).type == pafs.FileType.NotFound:
+
+    def read() -> bytes | None:
+        if fs.get_file_info(path).type == pafs.FileType.NotFound:
             return None
-        raise _store_error(exc, location) from exc
+        with fs.open_input_stream(path) as fh:
+            return fh.read()
+
+    body = _remote(location, None, read)
+    return None if body is None else body.decode("utf-8")
+
+
+def _part_names(run: Run, table: str, flag: str | None = None) -> list[str]:
+    """The names of the files in the run's `table` folder ([] when there is none)."""
+    return [e.base_name for e in _list(join(run, table), flag) if e.type == pafs.FileType.File]
+
+
+def committed(run: str | os.PathLike, flag: str | None = None, tables: tuple[str, ...] = TABLES) -> dict[str, list[str]]:
+    """The run's committed parts, table -> their paths or URIs (sorted; tables without one left out): what its
+    commits made visible (jobs.store.committed_parts), never a part of a wave that is being written or that a job
+    stopped part-way left behind. Read as a whole once: the connection's snapshot of the run."""
+    run = as_run(run)
+    names = {t: _part_names(run, t, flag) for t in dict.fromkeys(("pairs", *tables))}
+    waves = committed_waves(names["pairs"])
+    out = {t: [str(join(run, t, n)) for n in committed_parts(t, names[t], waves)] for t in tables}
+    return {t: parts for t, parts in out.items() if parts}
 
 
 def has_table(run: str | os.PathLike, table: str) -> bool:
-    """The run has at least one Parquet part of `table` (a local directory or an object-store URI)."""
-    run = as_run(run)
-    if isinstance(run, Path):
-        folder = run / table
-        return folder.is_dir() and any(p.suffix == ".parquet" for p in folder.iterdir())
-    return any(e.type == pafs.FileType.File and e.path.endswith(".parquet") for e in _list(join(run, table)))
+    """The run has at least one committed Parquet part of `table` (a local directory or an object-store URI)."""
+    return table in committed(run, tables=(table,))
 
 
 def check_run(run: str | os.PathLike, flag: str = "--run") -> Run:
@@ -262,15 +304,11 @@ def missing_table_message(run: str | os.PathLike, table: str) -> str:
 
 def _duckdb_filesystem(location: str):
     """The pyarrow filesystem of an object-store URI as an fsspec filesystem for DuckDB
-    (`con.register_filesystem`), under every URI scheme of its family (s3:// and s3a://, gs:// and gcs://)."""
-    from fsspec.implementations.arrow import ArrowFSWrapper
-
+    (`con.register_filesystem`), under every URI scheme of its family (s3:// and s3a://, gs:// and gcs://); its
+    calls retried as the store's are (jobs/store/reading.py)."""
     family = REMOTE_SCHEMES[scheme(location) or ""]
-
-    class Wrapper(ArrowFSWrapper):
-        protocol = tuple(s for s, f in REMOTE_SCHEMES.items() if f == family)  # DuckDB routes these to it
-
-    return Wrapper(_object_store(location)[0], skip_instance_cache=True)
+    protocols = tuple(s for s, f in REMOTE_SCHEMES.items() if f == family)  # DuckDB routes these to it
+    return retried_fsspec(location, _object_store(location)[0], protocols)
 
 
 def connect(
@@ -296,18 +334,118 @@ def connect(
             families.setdefault(REMOTE_SCHEMES[scheme(path) or ""], path)
     for location in families.values():
         con.register_filesystem(_duckdb_filesystem(location))
+    # The runs' committed parts, once: every view and every sql/ file of this connection reads exactly these files
+    # (a snapshot, as a Delta reader reads the files its log lists), never a part a commit did not make visible.
+    snapshot: dict[str, list[str]] = {}  # `<run>/<table>/*.parquet` as the sql/ files write it -> the parts
+    for path in dict.fromkeys(p for p in runs if p is not None):
+        for table, parts in committed(path).items():
+            snapshot[f"{glob_escape(str(path))}/{table}/*.parquet"] = [glob_escape(p) for p in parts]
+    keys = "[" + ", ".join(map(_literal, snapshot)) + "]::varchar[]"
+    values = "[" + ", ".join(_list_literal(v) for v in snapshot.values()) + "]::varchar[][]"
+    con.execute(f"set variable {PARTS_VARIABLE} = map({keys}, {values})")
+    con.execute(PARTS_MACRO)
     for path, suffix in ((first, ""), (second, "_2")):
         if path is None:
             continue
         for table in TABLES:
-            if has_table(path, table):
-                glob = _literal(glob_escape(str(join(path, table))) + "/*.parquet")
-                con.execute(f"create view {table}{suffix} as select * from read_parquet({glob})")
+            parts = snapshot.get(f"{glob_escape(str(path))}/{table}/*.parquet")
+            if parts:
+                try:
+                    con.execute(f"create view {table}{suffix} as select * from read_parquet({_list_literal(parts)})")
+                except duckdb.Error as exc:  # its first part's footer cannot be read
+                    raise InputError(f"{'--run2' if suffix else '--run'} {path}: its {table} table cannot be read "
+                                     f"({one_line(exc)}): a damaged or half-copied run") from None  # fmt: skip
     for name, value in settings.items():
         if not _NAME_RE.match(name):
             raise InputError(f"variable name {name!r}: use letters, digits and _")
         con.execute(f"set variable {name} = {_literal(value)}")
     return con
+
+
+def _list_literal(values: list[str]) -> str:
+    return "[" + ", ".join(map(_literal, values)) + "]"
+
+
+def snapshot(con: duckdb.DuckDBPyConnection, run: str | os.PathLike) -> dict[str, list[str]]:
+    """The committed parts of `run`'s tables that the connection reads (connect's snapshot): table -> parts, as
+    read_parquet takes them (glob-escaped)."""
+    prefix = f"{glob_escape(str(as_run(run)))}/"
+    found = con.execute(f"select unnest(map_keys(m)), unnest(map_values(m)) from "
+                        f"(select getvariable('{PARTS_VARIABLE}') as m)").fetchall()  # fmt: skip
+    return {key[len(prefix) : -len("/*.parquet")]: list(parts) for key, parts in found
+            if key.startswith(prefix) and key.endswith("/*.parquet") and "/" not in key[len(prefix) : -len("/*.parquet")]}  # fmt: skip
+
+
+def committed_sql(sql: str) -> str:
+    """`sql` with each `read_parquet(<run> || '/<table>/*.parquet', ...)` reading the committed parts of that table
+    instead of what the glob matches (`committed_parts(<run> || '/<table>/*.parquet')`: the connection's snapshot,
+    else the glob itself): the sql/ files, written for the duckdb CLI, read exactly what the runs' commits made
+    visible here. Text in strings and comments is left alone."""
+    out, k, n = [], 0, len(sql)
+    while k < n:
+        c = sql[k]
+        if c == "'":  # a string: up to its closing quote ('' inside is a quote)
+            end = k + 1
+            while end < n and not (sql[end] == "'" and sql[end + 1 : end + 2] != "'"):
+                end += 2 if sql[end : end + 2] == "''" else 1
+            out.append(sql[k : end + 1])
+            k = end + 1
+        elif sql.startswith("--", k):
+            end = sql.find("\n", k)
+            end = n if end < 0 else end
+            out.append(sql[k:end])
+            k = end
+        elif sql.startswith("/*", k):
+            end = sql.find("*/", k + 2)
+            end = n if end < 0 else end + 2
+            out.append(sql[k:end])
+            k = end
+        elif (m := _READ_PARQUET_RE.match(sql, k)) and (k == 0 or not (sql[k - 1].isalnum() or sql[k - 1] == "_")):
+            first_end = _first_argument_end(sql, m.end())
+            argument = sql[m.end() : first_end]
+            if _TABLE_GLOB_RE.search(argument):
+                out.append(f"{m.group(0)}committed_parts({committed_sql(argument)})")
+                k = first_end
+            else:
+                out.append(m.group(0))
+                k = m.end()
+        else:
+            out.append(c)
+            k += 1
+    return "".join(out)
+
+
+def _first_argument_end(sql: str, start: int) -> int:
+    """Where the first argument of a call whose arguments begin at `start` ends (its comma or closing parenthesis
+    at depth 0; strings skipped)."""
+    depth, k = 0, start
+    while k < len(sql):
+        c = sql[k]
+        if c == "'":
+            k += 1
+            while k < len(sql) and not (sql[k] == "'" and sql[k + 1 : k + 2] != "'"):
+                k += 2 if sql[k : k + 2] == "''" else 1
+        elif c in "([":
+            depth += 1
+        elif c in ")]":
+            if depth == 0:
+                return k
+            depth -= 1
+        elif c == "," and depth == 0:
+            return k
+        k += 1
+    return len(sql)
+
+
+def one_line(exc: BaseException) -> str:
+    """A DuckDB error (or any) as one line. An error raised in Python under DuckDB (a store read through the
+    registered filesystem) carries its whole traceback in the text: its last line is the error itself."""
+    text = str(exc).strip()
+    if "Traceback (most recent call last)" in text:
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        last = next((ln for ln in reversed(lines) if re.match(r"^[\w.]+(Error|Exception|Interrupt)\b", ln)), lines[-1])
+        return re.sub(r"^jobs\.store\.StoreError: ", "", last)
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _variable(con: duckdb.DuckDBPyConnection, name: str) -> str | None:
@@ -346,7 +484,7 @@ def query(con: duckdb.DuckDBPyConnection, sql: str) -> pl.DataFrame:
     """Run SQL (one statement; of several, the last one's result); a polars DataFrame (empty when the statement
     returns nothing). DuckDB errors propagate (duckdb.Error)."""
     check_inputs(con, sql)
-    relation = con.sql(sql)
+    relation = con.sql(committed_sql(sql))
     return pl.DataFrame() if relation is None else relation.pl()
 
 
@@ -386,7 +524,7 @@ def parse_vars(items: list[str]) -> dict[str, Any]:
 
 def error_line(exc: duckdb.Error, con: duckdb.DuckDBPyConnection) -> str:
     """A DuckDB error as one line; a missing view of a table the run lacks says what makes it."""
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    first = one_line(exc)
     match = re.search(r"Table with name (\w+) does not exist", first)
     if match:
         name = match.group(1)

@@ -8,6 +8,7 @@
 --           30 and more times; we read that as 30 same-token cells
 --           (min_count), not 30 occurrences of the word.
 -- Inputs    cells     of run: the same-token cells, over all pairs
+--           pairs     of run: the pair ids (cells of stored pairs only)
 --           sentences of run: the special tokens are the tokens without a
 --                             word id ([CLS], [SEP], <s>, </s>, ...)
 --           manifest.json of run: config.cells; every cell or the
@@ -43,6 +44,11 @@ create or replace temp macro lexical_token_ranks(run) as table
             value,
         from read_parquet(run || '/cells/*.parquet')
         where token_a = token_b
+            -- the cells of stored pairs only: a wave's cells are written
+            -- before its pairs part commits it (docs/STORE.md)
+            and pair_id in (
+                select pair_id from read_parquet(run || '/pairs/*.parquet')
+            )
     ),
     special_tokens as (
         select distinct

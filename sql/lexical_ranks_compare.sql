@@ -7,7 +7,8 @@
 --           between Exact and Shelf at level 8 on QQP (148,315 pairs,
 --           N = 100), words appearing 30 and more times. We read that as
 --           30 same-token cells (min_count), not 30 occurrences.
--- Inputs    cells, sentences of run and of run2 (as in lexical_ranks.sql)
+-- Inputs    cells, pairs, sentences of run and of run2 (as in
+--           lexical_ranks.sql)
 --           manifest.json of run and run2: config.cells (every cell or
 --           the same-token ones; --cells none is an error)
 -- Grain     one row per token that has at least min_count same-token cells
@@ -50,6 +51,11 @@ create or replace temp macro lexical_token_ranks(run) as table
             value,
         from read_parquet(run || '/cells/*.parquet')
         where token_a = token_b
+            -- the cells of stored pairs only: a wave's cells are written
+            -- before its pairs part commits it (docs/STORE.md)
+            and pair_id in (
+                select pair_id from read_parquet(run || '/pairs/*.parquet')
+            )
     ),
     special_tokens as (
         select distinct

@@ -91,11 +91,16 @@ def run_job(out: Path, *flags: str, hooks: Any = None) -> dict:
     return main(parse_args([*FAST, *flags, "--out", str(out), "--quiet"]), hooks=hooks)
 
 
-def hooked_attribute(*argv: str, **hooks: Any) -> list[str]:
-    """The command of a jobs.attribute run in a subprocess with test hooks (tests/hooked.py): hooks as Hooks' fields,
-    e.g. hold_after_wave=1 (the driver sleeps after its first commit, for kill_after_first_commit)."""
-    return [sys.executable, str(Path(__file__).resolve().parent / "hooked.py"),
+def hooked(module: str, *argv: str, **hooks: Any) -> list[str]:
+    """The command of a job (jobs.attribute, jobs.pipeline) in a subprocess with test hooks (tests/hooked.py): hooks
+    as Hooks' fields, e.g. hold_after_wave=1 (the driver sleeps after its first commit, for kill_after_first_commit)."""
+    return [sys.executable, str(Path(__file__).resolve().parent / "hooked.py"), module,
             *(f"{k}={v}" for k, v in hooks.items()), "--", *argv]  # fmt: skip
+
+
+def hooked_attribute(*argv: str, **hooks: Any) -> list[str]:
+    """hooked("jobs.attribute", ...)."""
+    return hooked("jobs.attribute", *argv, **hooks)
 
 
 def download(uri: str, dest: Path) -> Path:

@@ -102,6 +102,35 @@ def test_disk_full_is_one_line_and_the_rerun_after_freeing_space_is_identical(ra
 
 
 @pytest.mark.slow
+def test_disk_full_at_the_start_with_ray_is_one_line_and_leaves_no_marker(ray_cluster, data, clean, tmp_path, capsys):
+    """Not a byte free from the start, with the default Ray executor: the node check's marker cannot be written.
+    One line naming it and errno 28, exit 2 (before: a traceback, exit 1), and no `.node-check-*` file left; a
+    marker a killed job left behind is removed by the next run, which then finishes as the clean run."""
+    from jobs.store import MARKER_PREFIX
+
+    with tmpfs(tmp_path / "full", 4 * pages(clean) + 64 * PAGE) as mnt:
+        out = mnt / "runs"
+        run = out / clean.name
+        run.mkdir(parents=True)
+        ballast = mnt / "ballast"
+        with open(ballast, "wb", buffering=0) as fh:  # every page of the disk
+            with contextlib.suppress(OSError):
+                while True:
+                    fh.write(b"\0" * PAGE)
+        code, err, _ = cli(out, data, capsys)
+        assert code == 2 and not any("Traceback" in line for line in err), err[-5:]
+        assert err[-1].startswith("jobs.attribute: error: ") and "[Errno 28] No space left on device" in err[-1]
+        assert MARKER_PREFIX in err[-1] and str(run) in err[-1], err[-1]
+        assert not list(run.glob(f"{MARKER_PREFIX}*"))
+        ballast.unlink()
+        (run / f"{MARKER_PREFIX}0123abcd").write_text("0123abcd\n")  # a killed job's marker
+        s = run_job(out, "--dataset", str(data), *FLAGS)
+        assert (s["n_in"], s["n_done"]) == (N_PAIRS, N_PAIRS)
+        assert_same_rows(run, clean)
+        assert not list(run.glob(f"{MARKER_PREFIX}*"))
+
+
+@pytest.mark.slow
 def test_read_only_store_answers_a_rerun_and_refuses_a_write_in_one_line(ray_cluster, data, clean, tmp_path, capsys):
     pairs = write_tsv(tmp_path / "pairs.tsv", stsb_rows(N_PAIRS, start=40))
     with tmpfs(tmp_path / "ro", 8 * pages(clean) + 64 * PAGE) as mnt:

@@ -406,3 +406,64 @@ def test_undecodable_is_the_per_character_definition():
     texts = [f"a{chr(p)}b" for p in points] + ["", "plain", "Caf\udce9 au lait.", "\ud83d\ude00", "x\x00"]
     assert [undecodable(t) for t in texts] == [slow(t) for t in texts]
     assert sum(map(undecodable, texts)) == 0x800 + 2 + 3  # each surrogate, NUL and U+FFFD, three of the examples
+
+
+# --------------------------------------------------------------------------------- a huge field
+_PREPARE = """
+import json, resource, sys, time
+from jobs.attribute import settings
+from jobs.attribution.prepare import prepare
+t0 = time.perf_counter()
+prep = prepare(settings(sys.argv[1:]))
+q = prep.quarantine
+print(json.dumps({"seconds": time.perf_counter() - t0, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "good": prep.work.num_rows, "quarantine": dict(zip(q.pair_id, q.reason)),
+                  "detail": dict(zip(q.pair_id, q.detail)), "text": {p: len(t) for p, t in zip(q.pair_id, q.text_a)}}))
+"""
+
+
+def _prepare_in_a_child(tmp_path, rows: list[str], *flags: str) -> dict:
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    data = tmp_path / "pairs.tsv"
+    data.write_text("id\tsentence1\tsentence2\tscore\n" + "".join(rows), encoding="utf-8")
+    done = subprocess.run([sys.executable, "-c", _PREPARE, "--dataset", str(data), "--layer", "-1", "--steps", "2",
+                           "--out", str(tmp_path / "runs"), *flags], cwd=Path(__file__).resolve().parents[1],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_50_mb_field_is_quarantined_before_the_tokenizer_sees_it(tmp_path):
+    """One text of 50 MB (10M words): too_long_a at once, never tokenized (before: minutes of CPU and 3.1 GB in the
+    tokenizer). The job's peak memory stays within 600 MB of the same selection without it; the row's stored text is
+    cut as every quarantined text is; --max-chars moves the cap."""
+    fine = ["ok1\tA man plays the guitar.\tSomeone plays music.\t4.0\n", "ok2\tA dog runs.\tA cat sleeps.\t1.0\n"]
+    huge = "big\t" + "word " * 10_000_000 + "\tShort.\t2.0\n"
+    base = _prepare_in_a_child(tmp_path / "base", fine)
+    got = _prepare_in_a_child(tmp_path / "huge", [fine[0], huge, fine[1]])
+    assert got["good"] == base["good"] == 2 and got["quarantine"] == {"big": "too_long_a"}, got["quarantine"]
+    assert "50,000,000 characters > --max-chars 100,000 (not tokenized)" in got["detail"]["big"], got["detail"]
+    assert got["text"]["big"] <= 2000
+    assert got["seconds"] < 60 and got["rss_mb"] < base["rss_mb"] + 600, (got["seconds"], got["rss_mb"], base["rss_mb"])
+    # the cap is --max-chars: a small one quarantines a short text too, on either side, before anything else reads it
+    import pandas as pd
+
+    from jobs.attribution.validate import validate
+
+    frame = pd.DataFrame({"row": pd.Series([0, 1, 2], dtype="int64"), "pair_id": ["a", "b", "c"],
+                          "text_a": ["x" * 21, "fine", "fine"], "text_b": ["y", "z" * 21, "ok"],
+                          "label_raw": [None] * 3, "malformed": [False] * 3})  # fmt: skip
+
+    def no_tokenizer(texts):
+        assert all(len(t) <= 20 for t in texts), texts
+        return [3] * len(texts), [1] * len(texts)
+
+    good, quarantine = validate(frame, "none", None, count=no_tokenizer, max_tokens=48, quarantine_long=True,
+                                max_chars=20)  # fmt: skip
+    assert good.pair_id.tolist() == ["c"] and dict(zip(quarantine.pair_id, quarantine.reason)) == {
+        "a": "too_long_a", "b": "too_long_b"}  # fmt: skip

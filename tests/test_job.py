@@ -168,6 +168,48 @@ def test_column_recognition_and_flags(tmp_path):
         load_pairs(str(bad))
 
 
+@pytest.mark.parametrize("fmt", ["tsv", "csv", "parquet", "jsonl"])
+def test_duplicate_column_names_are_one_clear_error(tmp_path, fmt):
+    """Two columns of one name (or of names that differ only in case: columns are matched ignoring case) are one
+    InputError naming it and both positions; before, the last one won silently."""
+    path = tmp_path / f"dup.{fmt}"
+    names = ["id", "sentence1", "sentence2", "Score", "score"]
+    row = ["a", "One.", "Two.", "1", "5"]
+    if fmt == "tsv":
+        path.write_text("\t".join(names) + "\n" + "\t".join(row) + "\n", encoding="utf-8")
+    elif fmt == "csv":
+        path.write_text(",".join(names) + "\n" + ",".join(row) + "\n", encoding="utf-8")
+    elif fmt == "parquet":
+        pq.write_table(pa.table([pa.array([v]) for v in row], names=names), path)
+    else:
+        path.write_text('{"id": "a", "sentence1": "One.", "sentence2": "Two.", "score": 1, "score": 5}\n',
+                        encoding="utf-8")  # fmt: skip
+    with pytest.raises(InputError) as info:
+        load_pairs(str(path))
+    message = str(info.value)
+    assert "\n" not in message and "'score' appears" in message and str(path) in message, message
+    assert ("columns 4 and 5" in message) if fmt != "jsonl" else ("line 1" in message and "columns 4 and 5" in message)
+
+
+def test_a_dataset_path_that_is_not_a_file_says_what_it_is(tmp_path):
+    """A FIFO, a device or a loop of symbolic links exists: the error says what it is, not 'no such file or
+    folder' (before); a link to nothing says that."""
+    fifo = tmp_path / "pairs.tsv"
+    os.mkfifo(fifo)
+    loop = tmp_path / "loop.tsv"
+    loop.symlink_to(tmp_path / "loop2.tsv")
+    (tmp_path / "loop2.tsv").symlink_to(loop)
+    dangling = tmp_path / "gone.tsv"
+    dangling.symlink_to(tmp_path / "never-there.tsv")
+    for path, want in ((fifo, "a named pipe (FIFO), not a file"), ("/dev/zero", "a character device, not a file"),
+                       (loop, "a loop of symbolic links"), (dangling, "a symbolic link to nothing")):  # fmt: skip
+        with pytest.raises(InputError) as info:
+            resolve_source(str(path))
+        assert want in str(info.value) and "no such file" not in str(info.value), str(info.value)
+    with pytest.raises(InputError, match="no such file or folder"):
+        resolve_source(str(tmp_path / "missing.tsv"))
+
+
 def test_sample_is_seeded_and_limit_takes_the_first(tmp_path):
     a = load_pairs("stsb", sample=50, seed=1).rows
     b = load_pairs("stsb", sample=50, seed=1).rows

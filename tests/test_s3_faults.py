@@ -128,6 +128,55 @@ def test_unfinished_multipart_upload_is_aborted(proxy, s3):
         store.close()
 
 
+def test_lost_answer_to_an_abort_is_done_not_retried_until_the_deadline(proxy, s3):
+    """An unfinished multipart upload is aborted, but the abort's answer is lost: the client's own retry finds no
+    such upload (404 NoSuchUpload), which means the abort is done. Before, NoSuchUpload counted as transient: the
+    abort was retried until the deadline, then given up (and every later upload of the listing skipped)."""
+    from jobs.store.clients import abort_uploads
+
+    key = "abort-lost/r/cells/part-000000-0000000.parquet"
+    s3.client().create_multipart_upload(Bucket=s3.bucket, Key=key)
+    assert uploads(s3, "abort-lost/") == [key]
+    proxy.set(rate=1.0, kinds=("lost",), match=r"^DELETE .*uploadId=", limit=1)
+    t0 = time.monotonic()
+    aborted = abort_uploads(s3.uri("abort-lost"), f"{s3.bucket}/abort-lost/r", deadline_s=30)
+    assert proxy.faults["lost"] == 1
+    assert aborted == [f"{s3.bucket}/{key}"] and time.monotonic() - t0 < 10
+    assert not uploads(s3, "abort-lost/")
+
+
+_COMMIT_ONE = """
+import sys
+if sys.argv[2] == "entry-point":
+    from jobs.console import quiet_console
+    quiet_console()  # what jobs.attribute, jobs.parse, jobs.pipeline and xsbert sql/serve/show do first
+import pyarrow as pa
+from jobs import store as jstore
+store = jstore.open_store(sys.argv[1], "r", retry_s=30).open()
+store.commit(0, {"pairs": pa.Table.from_pylist([{"pair_id": "a"}], schema=jstore.SCHEMAS["pairs"])})
+store.close()
+print("committed")
+"""
+
+
+def test_pyarrows_own_s3_retry_notices_stay_off_the_console(proxy, s3):
+    """A SlowDown answer to completing an upload: pyarrow's S3 client retries it itself and prints
+    `s3fs.cc:NNN: CompletedMultipartUpload got error embedded in a 200 OK response: SlowDown ..., retry = 1` on fd 2.
+    The write succeeds either way; the command-line entry points keep the line off the console (before: it reached
+    the job's output), and nothing else of stderr is dropped."""
+    env = {**os.environ, **s3.env, "AWS_ENDPOINT_URL": proxy.url, "PYTHONPATH": str(ROOT)}
+    seen = {}
+    for mode in ("bare", "entry-point"):
+        proxy.set(rate=1.0, kinds=("503",), match=r"^POST .*pairs/part-000000\.parquet\?uploadId=", limit=1)
+        done = subprocess.run([sys.executable, "-c", _COMMIT_ONE, s3.uri(f"notices-{mode}"), mode], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 0 and "committed" in done.stdout, done.stderr[-2000:]
+        assert proxy.faults["503"] >= 1
+        seen[mode] = done.stderr
+    assert "s3fs.cc" in seen["bare"] and "SlowDown" in seen["bare"], seen["bare"]  # the fault makes the notice
+    assert "s3fs.cc" not in seen["entry-point"] and "SlowDown" not in seen["entry-point"], seen["entry-point"]
+
+
 def test_denied_is_the_only_failure_with_a_credentials_hint(proxy, s3):
     """403 (moto checking signatures): access denied, with where a cluster gets credentials; never runtime_env."""
     with s3.auth_enforced():
@@ -229,3 +278,32 @@ def test_failed_manifest_write_is_one_line_and_the_rerun_rewrites_it(s3_ray, pro
     assert done.returncode == 0 and "computed now        0 pairs" in done.stdout, done.stdout + done.stderr[-2000:]
     manifest = jstore.open_store(out, rid).read_manifest()
     assert manifest["tables"]["pairs"]["rows"] == N_PAIRS and manifest["tables"]["pairs"]["parts"] == 2
+
+
+def test_a_job_that_dies_mid_wave_on_s3_leaves_readers_the_committed_waves(proxy, s3, data, capsys):
+    """Wave 2's `pairs` part cannot be written (every try answered 500) and, after the job stopped in one line, its
+    other parts cannot be deleted either: they stay on S3. `xsbert sql` reads the committed wave only (4 pairs and
+    their cells; before: the cells of 8 pairs against 4 in `pairs`); the rerun removes them and completes the run."""
+    from jobs.attribute import cli as attribute_cli
+    from jobs.cli import main as xsbert
+
+    out = s3.uri("mid-wave")
+    argv = ["--dataset", str(data), *FAST, *FLAGS, "--executor", "local", "--cpus-per-actor", "1", "--out", out, "-q"]
+    proxy.set(rate=1.0, kinds=("500",), match=r"^((PUT|POST) \S*/pairs/part-000001\.parquet|DELETE \S*/part-000001)")
+    code = attribute_cli([*argv, "--store-retry-s", "2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    proxy.set(rate=0.0)
+    assert code == 2 and err[-1].startswith("jobs.attribute: error: ") and "pairs/part-000001.parquet" in err[-1], err
+    left = keys(s3, "mid-wave/")
+    assert [k for k in left if "/cells/part-000001" in k] and not [k for k in left if "/pairs/part-000001" in k], left
+    run = next(k for k in left if "/pairs/part-000000" in k).split("/pairs/")[0]
+    uri = f"s3://{s3.bucket}/{run}"
+    counts = "select (select count(*) from pairs), (select count(distinct pair_id) from cells), " \
+             "(select count(distinct pair_id) from word_cells)"  # fmt: skip
+    assert xsbert(["sql", "--run", uri, counts, "--csv"]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == "4,4,4"
+    assert attribute_cli(argv) == 0
+    capsys.readouterr()
+    assert xsbert(["sql", "--run", uri, counts, "--csv"]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == f"{N_PAIRS},{N_PAIRS},{N_PAIRS}"
+

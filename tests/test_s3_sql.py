@@ -291,9 +291,9 @@ def report_cli_error(argv: list[str], capsys) -> tuple[int, str, str]:
 def test_unreachable_endpoint_is_one_line_exit_2(hand, s3, capsys):
     _, _, uri, _ = hand["table1.sql"]
     closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    with s3.environ(AWS_ENDPOINT_URL=closed):
+    with s3.environ(AWS_ENDPOINT_URL=closed, XSBERT_STORE_RETRY_S="2"):  # retried as every store call, 2 s here
         err = one_line_error(capsys, ["--run", uri, "select count(*) from pairs"])
-    assert f"--run {uri}: cannot reach the object store at {closed}" in err
+    assert f"--run {uri}: cannot reach the object store at {closed}" in err and "XSBERT_STORE_RETRY_S" in err
 
 
 def test_denied_credentials_are_one_line_exit_2(hand, s3, capsys):
@@ -308,6 +308,75 @@ def test_denied_credentials_are_one_line_exit_2(hand, s3, capsys):
     for err in (unknown, wrong):
         assert f"--run {uri}: access denied by the object store at {s3.endpoint_url}" in err and secret not in err
     assert code == 0 and out.split() == ["n", "20"], err
+
+
+# --------------------------------------------------------------------------- a flaky store (tests/faultproxy.py)
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_xsbert_sql_through_20_percent_faults_answers_as_without(hand, s3, capsys, seed):
+    """Every request of `xsbert sql` (the run's listings, the views, the sql/ files' reads through DuckDB) fails with
+    probability 0.2 (503s, 500s, resets, lost answers; seeded): each is retried as the store's calls are, and every
+    answer equals the local run's (before: 1 run in 3 died in a traceback while creating the views)."""
+    from faultproxy import FaultProxy
+
+    names = ("table1.sql", "lexical_ranks.sql")  # the pairs and the manifest; the cells and sentences in a macro
+    local = {name: xsbert_sql(capsys, *sql_args(hand[name][0], hand[name][1], name)) for name in names}
+    with FaultProxy(s3.endpoint_url, seed=seed, rate=0.2) as proxy:
+        with s3.environ(AWS_ENDPOINT_URL=proxy.url, XSBERT_STORE_RETRY_S="60"):
+            for name in names:
+                _, _, uri, uri2 = hand[name]
+                code, out, err = xsbert_sql(capsys, *sql_args(uri, uri2, name))
+                assert code == 0 and not err, (name, err)
+                assert same_csv(out, local[name][1]), name
+            code, out, err = xsbert_sql(capsys, "--run", hand["table1.sql"][2], "select count(*) as n from cells", "--csv")
+            assert code == 0 and out.split()[1] == str(sqlrun.connect(hand["table1.sql"][0]).sql(
+                "select count(*) from cells").fetchall()[0][0])  # fmt: skip
+        assert sum(proxy.faults.values()) >= 3, proxy.faults  # the faults really happened
+
+
+def test_xsbert_sql_on_a_store_that_stops_answering_is_one_line(hand, s3, capsys):
+    """A store that answers every read with 500 past XSBERT_STORE_RETRY_S: one line that says what could not be
+    read, what came back and after how many tries; exit 2, no traceback."""
+    from faultproxy import FaultProxy
+
+    _, _, uri, _ = hand["table1.sql"]
+    with FaultProxy(s3.endpoint_url, seed=1) as proxy, s3.environ(AWS_ENDPOINT_URL=proxy.url, XSBERT_STORE_RETRY_S="2"):
+        proxy.set(rate=1.0, kinds=("500",), match=r"^GET \S*/cells/part-")
+        err = one_line_error(capsys, ["--run", uri, "select count(*) from cells"])
+    assert "cells/part-" in err and "HTTP 500" in err and "given up after" in err and "Traceback" not in err, err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2])
+def test_serve_through_20_percent_faults_answers_every_page(s3, tmp_path, seed):
+    """`xsbert serve` over S3 with 20% of its requests failing: it opens, and every page is a 200 with the rows and
+    heatmaps of the same run served from disk (before: 2 pages in 18 were 500s whose body was a traceback)."""
+    from faultproxy import FaultProxy
+    from test_serve import Served, heatmap_values, listed_ids, make_store, q
+
+    run, data = make_store(tmp_path, f"flaky-{seed}", n_pairs=12, seed=seed)
+    uri = s3.upload(run, f"serve-flaky-{seed}")
+    paths = ["/pairs?sort=label&order=asc", "/tokens?min_count=1", f"/token?t={q('[CLS]')}",
+             f"/pair?id={q(data['pairs'][1]['pair_id'])}"]  # fmt: skip
+    local = Served(run)
+    try:
+        want = {path: local.get(path) for path in paths}
+    finally:
+        local.close()
+    with FaultProxy(s3.endpoint_url, seed=seed, rate=0.2) as proxy:
+        with s3.environ(AWS_ENDPOINT_URL=proxy.url, XSBERT_STORE_RETRY_S="60"):
+            remote = Served(uri)
+            try:
+                for path in paths:
+                    status, page, _ = remote.get(path)
+                    assert status == want[path][0] == 200 and "Traceback" not in page, (path, status, page[-500:])
+                    if path.startswith("/pair?"):
+                        np.testing.assert_allclose(heatmap_values(page, "run"), heatmap_values(want[path][1], "run"))
+                    else:
+                        assert listed_ids(page) == listed_ids(want[path][1]), path
+            finally:
+                remote.close()
+        assert sum(proxy.faults.values()) >= 3, proxy.faults
 
 
 # --------------------------------------------------------------------------- small real runs (all-MiniLM-L6-v2)

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -206,6 +209,114 @@ def test_pages_and_status_codes(served, stores):
     assert status == 200 and body == "" and int(headers["Content-Length"]) > 1000
 
 
+def test_huge_whole_numbers_are_a_400_never_a_500(served):
+    """A page or count past int64 (DuckDB's OFFSET overflowed: a 500) is a 400 that names the bound; the largest
+    allowed page is past the end, a 404 that says how many pages there are."""
+    huge = "9223372036854775807"
+    for path in (f"/pairs?page={huge}", f"/pairs?reason=any&page={huge}", f"/tokens?page={huge}",
+                 f"/token?t=big&page={huge}", f"/tokens?min_count={huge}", f"/pairs?page={huge}0000",
+                 "/pairs?page=" + "9" * 5000):  # fmt: skip
+        status, page, _ = served.get(path)
+        assert status == 400 and "is outside 1..1,000,000,000,000" in page, (path, status, page[-600:])
+    status, page, _ = served.get(f"/pairs?page={10**12}")
+    assert status == 404 and "there are 4 pages" in page, page[-600:]
+
+
+def raw(url: str, request: bytes, timeout: float = 30) -> tuple[int, bytes]:
+    """Send `request` as it is (any Host, or none) to the server at `url`; (status, whole response)."""
+    host, port = urllib.parse.urlsplit(url).hostname, urllib.parse.urlsplit(url).port
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    return int(data.split(b" ", 2)[1]), data
+
+
+def test_only_requests_for_this_server_are_answered(served, stores):
+    """DNS rebinding: a page on evil.example whose name now resolves to 127.0.0.1 makes the browser send
+    `Host: evil.example`. Only the address the server listens on, loopback addresses and localhost, with its port,
+    are answered; another host (in Host or in an absolute URI) is a 403, no Host at all a 400 (HTTP/1.0 too: every
+    browser and HTTP client sends one); no run data in either."""
+    port = served.server.server_address[1]
+    secret = stores["data"]["pairs"][1]["text_b"].encode()
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"LOCALHOST:{port}", f"127.0.0.2:{port}"):
+        status, body = raw(served.url, f"GET /pairs?q=&sort=row HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        assert status == 200, (host, body[-300:])
+    status, _ = raw(served.url, f"GET http://127.0.0.1:{port}/pairs HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+    assert status == 200
+    for request, want in (
+        (f"GET /pairs HTTP/1.1\r\nHost: evil.example:{port}\r\n\r\n", 403),
+        ("GET /pairs HTTP/1.1\r\nHost: evil.example\r\n\r\n", 403),
+        (f"GET /pairs HTTP/1.1\r\nHost: 127.0.0.1.evil.example:{port}\r\n\r\n", 403),
+        (f"GET /pairs HTTP/1.1\r\nHost: 127.0.0.1:{port + 1}\r\n\r\n", 403),
+        ("GET /pairs HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 403),
+        (f"GET http://evil.example/pairs HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n", 403),
+        (f"GET http://evil.example:{port}/pairs HTTP/1.1\r\nHost: evil.example:{port}\r\n\r\n", 403),
+        (f"HEAD /pairs HTTP/1.1\r\nHost: evil.example:{port}\r\n\r\n", 403),
+        ("GET /pairs HTTP/1.1\r\n\r\n", 400),
+        ("GET /pairs HTTP/1.0\r\n\r\n", 400),
+        ("GET /pairs HTTP/1.1\r\nHost: \r\n\r\n", 400),
+    ):  # fmt: skip
+        status, body = raw(served.url, request.encode())
+        assert status == want, (request, body[-300:])
+        assert secret not in body and b"Traceback" not in body
+
+
+def test_host_check_by_listen_address():
+    from jobs.browse.http import host_allowed
+
+    me = socket.gethostname()
+    assert host_allowed("localhost:8000", "127.0.0.1", 8000) and host_allowed("[::1]:8000", "127.0.0.1", 8000)
+    assert host_allowed("10.1.2.3:8000", "10.1.2.3", 8000) and not host_allowed("10.1.2.4:8000", "10.1.2.3", 8000)
+    assert host_allowed("node7:8000", "node7", 8000) and host_allowed("localhost", "127.0.0.1", 80)
+    assert not host_allowed("localhost", "127.0.0.1", 8000) and not host_allowed("example.org:80", "127.0.0.1", 80)
+    # every address: any IP address (a rebinding page has a name, never an address) and this machine's name
+    assert host_allowed("10.9.8.7:8000", "0.0.0.0", 8000) and host_allowed(f"{me}:8000", "0.0.0.0", 8000)
+    assert host_allowed("[fe80::1]:8000", "::", 8000) and not host_allowed("evil.example:8000", "0.0.0.0", 8000)
+    for bad in (None, "", ":8000", "[::1:8000", "[::1]x", "localhost:80x", "localhost:8000:1"):
+        assert not host_allowed(bad, "127.0.0.1", 8000), bad
+
+
+def test_many_concurrent_requests_are_answered_or_told_to_retry(stores):
+    """Bounded work: 2 workers and 2 waiting. While 4 stalled clients hold every slot, 50 concurrent requests are
+    each answered at once with 503 and Retry-After (before: a thread per request, a silent queue); once the
+    stalled clients go, 50 concurrent requests are all answered, 200 or 503, none left hanging, and every 503
+    carries Retry-After."""
+    s = Served(stores["run"])
+    s.server.server_close()
+    s.server.shutdown()
+    s.server = serve.make_server(s.app, "127.0.0.1", 0, workers=2, waiting=2)
+    s.url = f"http://127.0.0.1:{s.server.server_address[1]}"
+    threading.Thread(target=s.server.serve_forever, daemon=True).start()
+    port = s.server.server_address[1]
+    pid = stores["data"]["pairs"][0]["pair_id"]
+    request = f"GET /pair?id={q(pid)} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+    try:
+        stalled = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
+        for sock in stalled:
+            sock.sendall(b"GET /pairs HTTP/1.1\r\n")  # and nothing more: each holds a slot
+        time.sleep(0.5)
+        with ThreadPoolExecutor(50) as pool:
+            t0 = time.monotonic()
+            answers = list(pool.map(lambda _: raw(s.url, request, timeout=20), range(50)))
+            took = time.monotonic() - t0
+        assert [a[0] for a in answers] == [503] * 50 and took < 15, took
+        assert all(b"\r\nRetry-After: 1\r\n" in a[1] for a in answers)
+        for sock in stalled:
+            sock.close()
+        time.sleep(0.5)
+        with ThreadPoolExecutor(50) as pool:
+            answers = list(pool.map(lambda _: raw(s.url, request, timeout=60), range(50)))
+        statuses = [a[0] for a in answers]
+        assert set(statuses) <= {200, 503} and statuses.count(200) >= 4, statuses
+        assert all(b"\r\nRetry-After: 1\r\n" in body for status, body in answers if status == 503)
+        status, body = raw(s.url, request)
+        assert status == 200 and pid.encode() in body
+    finally:
+        s.close()
+
+
 def test_hostile_strings_are_escaped_everywhere(served, stores):
     """Texts, tokens, words, pair ids, quarantine rows and echoed parameters are text, never markup."""
     hostile_id = f"p03{HOSTILE[0]}"
@@ -392,7 +503,7 @@ def test_missing_and_half_written_runs_are_one_line(tmp_path, capsys):
     torn, _ = make_store(tmp_path, "torn", n_pairs=4, waves=1)
     part = next((torn / "cells").glob("*.parquet"))
     part.write_bytes(part.read_bytes()[:100])
-    cases["torn part"] = (torn, "a table cannot be read (Invalid Input Error: No magic bytes found at end of file")
+    cases["torn part"] = (torn, "its cells table cannot be read (Invalid Input Error: No magic bytes found at end of file")
     short, _ = make_store(tmp_path, "short", n_pairs=4, waves=2)
     next((short / "pairs").glob("part-000001*.parquet")).unlink()
     cases["parts missing"] = (short, "manifest.json lists 4 pairs but pairs/ holds 2")

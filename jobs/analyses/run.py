@@ -3,6 +3,9 @@ its figures; then the examples, the page and report.json."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +15,7 @@ import polars as pl
 from xsbert_core import InputError
 
 from .. import sqlrun
+from ..store import StoreError, disk_failure
 from .base import SERVE_URL, Analysis, Context, Finding, Section
 from .examples import plot_examples
 from .facts import run_facts
@@ -110,8 +114,35 @@ def open_context(
         facts = run_facts(con, first)
         facts2 = run_facts(con, second, "_2") if second is not None else None
     except duckdb.Error as exc:  # a table that is not readable Parquet, or lacks a column every run has
-        raise InputError(f"cannot read the run: {str(exc).strip().splitlines()[0]}") from exc
+        raise InputError(f"cannot read the run: {sqlrun.one_line(exc)}") from exc
     return Context(con, first, second, folder, facts, facts2, note=note)
+
+
+# A report folder's lock: one report written into it at a time (two pipelines of one study, two jobs.report).
+REPORT_LOCK = ".report.lock"
+
+
+@contextlib.contextmanager
+def writing(out: Path) -> Iterator[None]:
+    """The report folder `out` held for writing: a second writer fails at once in one line rather than mix its files
+    with this one's (an exclusive flock on <out>/.report.lock, released when the block ends, also by a kill); a write
+    that fails (a full disk) is one line that names the file and the errno."""
+    try:
+        lock = open(out / REPORT_LOCK, "a")
+    except OSError as exc:
+        raise disk_failure(out / REPORT_LOCK, exc) from None
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise StoreError(f"another report is being written into {out} (its lock {REPORT_LOCK} is held): try "
+                             "again when it has finished, or give this one another folder") from None  # fmt: skip
+        try:
+            yield
+        except OSError as exc:  # a full or read-only disk, while writing a table, a figure or the page
+            raise disk_failure(exc.filename or out, exc) from None
+    finally:
+        lock.close()
 
 
 def clear_previous(out: Path) -> None:
@@ -141,13 +172,14 @@ def write_report(
     ctx.serve_url = None if serve_url in (None, "", "none") else serve_url.rstrip("/")
     out, facts = ctx.out, ctx.facts
 
-    clear_previous(out)
-    sections = [run_analysis(spec, ctx) for spec in ANALYSES]
-    known = {spec.name for spec in ANALYSES}
-    sections += [run_extra_file(p, ctx) for p in sorted(sqlrun.SQL_DIR.glob("*.sql")) if p.stem not in known]
-    sections.append(plot_examples(ctx))
-    write_page(sections, ctx, command)
-    write_json(sections, ctx, command)
+    with writing(out):
+        clear_previous(out)
+        sections = [run_analysis(spec, ctx) for spec in ANALYSES]
+        known = {spec.name for spec in ANALYSES}
+        sections += [run_extra_file(p, ctx) for p in sorted(sqlrun.SQL_DIR.glob("*.sql")) if p.stem not in known]
+        sections.append(plot_examples(ctx))
+        write_page(sections, ctx, command)
+        write_json(sections, ctx, command)
 
     summary = [(f"report: {out / 'index.html'} ({facts['n_pairs']} pairs, {facts['model']}, layer {facts['layer']}, "
                f"{facts['mode']})")]  # fmt: skip

@@ -17,9 +17,11 @@ as a string (several id columns are joined with ':'), else `str(row)`.
 from __future__ import annotations
 
 import csv
+import errno
 import gzip
 import json
 import os
+import stat
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -68,7 +70,8 @@ REASONS: tuple[str, ...] = (
     "bad_label",  # not a number, not finite, outside the label range, not 0/1 for is_duplicate
     "no_content_a",  # no token but special ones ([CLS] [SEP], <s> </s>, ...) or whitespace under the model's tokenizer
     "no_content_b",
-    "too_long_a",  # more tokens than the model's max_seq_length (--truncation quarantine)
+    "too_long_a",  # more tokens than the model's max_seq_length (--truncation quarantine); more than --max-chars
+    # characters in any mode, checked right after the empty texts, before any tokenizer sees the text
     "too_long_b",
     "attribution_error",  # the engine failed on the pair (NaN/Inf); retried on every rerun
     "not_converged",  # adaptive N: a sentence's factor error still above --tolerance at --max-steps
@@ -162,11 +165,14 @@ def resolve_source(
         # The full QQP (or another split) comes from the hub.
         return Source(kind="hub", location="glue", identity="glue/qqp", config="qqp", split=split or "train")
     path = Path(key).expanduser()
-    if path.is_file():
+    kind = _path_kind(path)
+    if kind == "file":
         return Source(kind="file", location=str(path), identity=os.path.normpath(key), split=split)
-    if path.is_dir():
+    if kind == "folder":
         return Source(kind="hub-folder", location=str(path), identity=os.path.normpath(key), split=split,
                       config=config)  # fmt: skip
+    if kind is not None:
+        raise InputError(f"--dataset {key!r}: {kind}")
     if os.sep in key and (key.startswith((".", os.sep, "~")) or Path(key).suffix):
         raise InputError(f"--dataset {key!r}: no such file or folder")
     name, cfg = key, config
@@ -176,6 +182,43 @@ def resolve_source(
         name, cfg = key.split("/")  # glue/qqp -> load_dataset("glue", "qqp")
     return Source(kind="hub", location=name, identity=key if config is None else f"{key}:{config}",
                   config=cfg, split=split)  # fmt: skip
+
+
+def _path_kind(path: Path) -> str | None:
+    """'file' (a regular file, or a link to one), 'folder', None when nothing is there; else what is there instead,
+    as the error says it: a named pipe, a device, a socket, a link loop, a link to nothing, or why it cannot be
+    looked at (a dataset is read more than once: first its columns, then its rows, so it must be a regular file)."""
+    try:
+        st = path.stat()
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a loop of symbolic links (too many levels of symbolic links), not a file"
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return "a symbolic link to nothing (its target does not exist)" if path.is_symlink() else None
+        return f"cannot look at it: [Errno {exc.errno}] {os.strerror(exc.errno) if exc.errno else exc}"
+    if stat.S_ISREG(st.st_mode):
+        return "file"
+    if stat.S_ISDIR(st.st_mode):
+        return "folder"
+    what = ("a named pipe (FIFO)" if stat.S_ISFIFO(st.st_mode) else "a character device" if stat.S_ISCHR(st.st_mode)
+            else "a block device" if stat.S_ISBLK(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
+            else "not a regular file")  # fmt: skip
+    return f"{what}, not a file: the job reads a dataset more than once (its columns, then its rows); give a file"
+
+
+def _unique_columns(path: str, names: Sequence[Any]) -> list[Any]:
+    """`names`, or one InputError when two of them are the same name (columns are recognised case-insensitively, so
+    `Score` and `score` are the same): which of them the job read would be a guess."""
+    seen: dict[str, int] = {}
+    for k, name in enumerate(names):
+        low = str(name).strip().lower()
+        if low in seen:
+            first = names[seen[low]]
+            same = "twice" if str(first) == str(name) else f"as {first!r} and {name!r} (columns are matched ignoring case)"
+            raise InputError(f"{path}: the column name {str(name)!r} appears {same}, columns {seen[low] + 1} and "
+                             f"{k + 1}: rename one of them")  # fmt: skip
+        seen[low] = k
+    return list(names)
 
 
 # --------------------------------------------------------------------------- reading
@@ -227,7 +270,7 @@ def _read_delimited(path: str, fmt: str, chunk_rows: int) -> Iterator[pd.DataFra
         header = next(reader, None)
         if header is None:
             raise InputError(f"{path} is empty")
-        header = [h.lstrip("\ufeff").strip() for h in header]
+        header = _unique_columns(path, [h.lstrip("\ufeff").strip() for h in header])
         first = 0
         for records in _batched(reader, chunk_rows):
             yield _frame(header, records, first)
@@ -237,15 +280,23 @@ def _read_delimited(path: str, fmt: str, chunk_rows: int) -> Iterator[pd.DataFra
 def _jsonl_records(path: str) -> Iterator[dict[str, Any]]:
     opener = gzip.open if path.lower().endswith(".gz") else open
     with opener(path, "rb") as fh:
-        for line in fh:
+        for number, line in enumerate(fh, 1):
             text = line.decode("utf-8", errors="surrogateescape").strip()
             if not text:
                 continue
             try:
-                obj = json.loads(text)
+                obj = json.loads(text, object_pairs_hook=lambda pairs: _object(path, number, pairs))
+            except InputError:  # a key twice: said, not taken for a malformed row
+                raise
             except ValueError:
                 obj = None
             yield obj if isinstance(obj, dict) else {"__malformed__": text[:200]}
+
+
+def _object(path: str, line: int, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object; one InputError when it has a key twice (json.loads would keep the last one silently)."""
+    _unique_columns(f"{path} line {line}", [k for k, _ in pairs])
+    return dict(pairs)
 
 
 def _read_jsonl(path: str, chunk_rows: int) -> Iterator[pd.DataFrame]:
@@ -262,7 +313,7 @@ def _read_parquet(path: str, chunk_rows: int) -> Iterator[pd.DataFrame]:
 
     # Streamed through a 1 MiB buffer: a row group is not read whole (404k rows in one group: ~55 MB at once).
     file = pq.ParquetFile(path, buffer_size=1 << 20, pre_buffer=False)
-    names = file.schema_arrow.names
+    names = _unique_columns(path, file.schema_arrow.names)
     first = 0
     for batch in file.iter_batches(batch_size=chunk_rows):
         yield _frame(names, list(zip(*(c.to_pylist() for c in batch.columns))), first)

@@ -15,11 +15,13 @@ driver wrote there with a random token. Then, for a local `--out`:
 
 A node can still join between the check and the wave's tasks: each stage-2 task of a local run looks for the marker
 itself before writing (`NodeCheckedSink.here`) and sends its cells back to the driver where it is missing, so a
-task never writes to a disk the driver does not read. The marker is removed when the job ends.
+task never writes to a disk the driver does not read. The marker is removed when the job ends (a killed job's, by
+the next writer's open: RunStore.recover).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -27,11 +29,10 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from ..store import RunStore, StoreError, is_remote
+from ..store import MARKER_PREFIX, RunStore, StoreError, disk_failure, is_remote
 
 logger = logging.getLogger(__name__)
 
-MARKER_PREFIX = ".node-check-"
 CHECK_TIMEOUT_S = 120.0  # a node's check task waits for a worker process to start there (seconds on a busy node)
 
 
@@ -118,7 +119,12 @@ class Placement:
         if not new:
             return
         if not self._written:
-            Path(self.marker).write_text(self.token + "\n", encoding="utf-8")
+            try:
+                Path(self.marker).write_text(self.token + "\n", encoding="utf-8")
+            except OSError as exc:  # a full or read-only disk: one line, and no empty marker left behind
+                with contextlib.suppress(OSError):
+                    os.unlink(self.marker)
+                raise disk_failure(self.marker, exc) from None
             self._written = True
         task = self.ray.remote(_check)
         refs = {n["NodeID"]: task.options(num_cpus=0, max_retries=0,

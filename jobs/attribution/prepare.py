@@ -96,6 +96,8 @@ def _prepare(job: JobSettings, chunk_rows: int) -> Prepared:
     sel, a = job.selection, job.attribution
     if job.execution.max_retries < 0:
         raise InputError(f"--max-retries must be >= 0, got {job.execution.max_retries}")
+    if a.max_chars < 1:
+        raise InputError(f"--max-chars must be >= 1, got {a.max_chars}")
     stream = stream_pairs(
         sel.dataset, split=sel.split, config=sel.config, qqp=sel.qqp_path,
         text_a=sel.text_a_column, text_b=sel.text_b_column, label=sel.label_column, ids=sel.id_column,
@@ -120,7 +122,7 @@ def _prepare(job: JobSettings, chunk_rows: int) -> Prepared:
             n_in += len(rows)
             good, quarantine = validate(rows, pairs.label_kind, pairs.label_range, count=explainer.token_counts,
                                         max_tokens=max_tokens, quarantine_long=a.truncation == "quarantine",
-                                        stored=stored, seen=seen)  # fmt: skip
+                                        max_chars=a.max_chars, stored=stored, seen=seen)  # fmt: skip
             del rows
             if a.truncation == "error":
                 long = good.pair_id[(good.n_tokens_a > max_tokens) | (good.n_tokens_b > max_tokens)]

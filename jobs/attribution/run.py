@@ -213,7 +213,11 @@ def attribute(prep: Prepared, on_wave: Callable[[str], None] | None = print,
     `hooks`: faults to inject (tests only; hooks.py)."""
     out = prep.settings.output
     with open_store(out.out, prep.run_id, prep.pairs.columns.keep, retry_s=out.store_retry_s) as store:
-        progress = compute(store, prep, on_wave, hooks)
+        try:
+            progress = compute(store, prep, on_wave, hooks)
+        except BaseException:  # a full disk, a store that stopped answering, a failed batch, Ctrl-C
+            store.abandon()  # the failed wave's parts go now (readers never read them: committed parts only)
+            raise
         progress.wrote += store.commit_missing_tables()
         summary = summarize(store, prep, progress)
         update_manifest(store, prep, progress, summary)

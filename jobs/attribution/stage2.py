@@ -92,12 +92,15 @@ def compute_cells(
                                             scheduling_strategy="SPREAD")  # fmt: skip
     kwargs = dict(factor_refs=factor_refs, similarity=cells.similarity, min_abs=cells.min_abs, sink=sink, seq=seq,
                   cells=cells.cells, hooks=cells.hooks)  # fmt: skip
+    refs: list[Any] = []
     try:
         refs = [task.remote(pair_in.slice(k, PAIR_BATCH), **kwargs) for k in range(0, len(wave), PAIR_BATCH)]
         out, duplicates = exactly_once(pa.concat_tables(ray.get(refs)))
-    except JobFailedError:
-        raise
-    except Exception as exc:  # a task that could not write its parts: say so in one line
+    except BaseException as exc:
+        if sink is not None:  # the wave's other tasks stop before the job removes what they wrote (run.attribute)
+            _stop(ray, refs)
+        if isinstance(exc, JobFailedError) or not isinstance(exc, Exception):
+            raise
         why = _write_failure(exc) if sink is not None else None
         if why is None:
             raise
@@ -107,6 +110,21 @@ def compute_cells(
                     "profile, or a Kubernetes Secret or service account")  # fmt: skip
         raise StoreError(f"a stage-2 task could not write its part of the store ({why}){hint}") from None
     return out, {"cells_s": time.perf_counter() - t0, "duplicates_dropped": duplicates}
+
+
+def _stop(ray, refs: list[Any], wait_s: float = 30.0) -> None:
+    """Cancel the tasks of a failed wave that are still running and wait (up to `wait_s`) until they have ended, so
+    that no part is written after the job removed the wave's parts. Best effort."""
+    if not refs:
+        return
+    try:
+        _, running = ray.wait(refs, num_returns=len(refs), timeout=0)
+        for ref in running:
+            ray.cancel(ref)
+        if running:
+            ray.wait(running, num_returns=len(running), timeout=wait_s)
+    except Exception:  # noqa: BLE001 - a task that writes later leaves a part readers never read (not committed)
+        pass
 
 
 def pair_input(wave: pd.DataFrame) -> pa.Table:

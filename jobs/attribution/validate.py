@@ -175,6 +175,7 @@ def validate(
     count: Callable[[list[str]], tuple[list[int], list[int]]] | None = None,
     max_tokens: int | None = None,
     quarantine_long: bool = False,
+    max_chars: int | None = None,
     stored: np.ndarray | None = None,
     seen: SeenIds | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -192,6 +193,8 @@ def validate(
                    run on every row.
     seen:          the ids of the selection's earlier chunks (validate adds this chunk's): a later row with one of
                    them is a duplicate_pair_id, as within one call. None: this call's rows are the whole selection.
+    max_chars:     a text longer than this (characters) is too_long_a/_b before any tokenizer sees it, whatever
+                   `quarantine_long` says (--max-chars). None: no cap.
 
     good:       row, pair_id, text_a, text_b, label (float, NaN when none), n_tokens_a, n_tokens_b, and the
                 keep:<name> pass-through columns
@@ -224,6 +227,14 @@ def validate(
                 break
         if reasons[k]:
             continue
+        if max_chars is not None:
+            for side, text in (("a", r.text_a), ("b", r.text_b)):
+                if len(text) > max_chars:
+                    reasons[k] = (f"too_long_{side}", f"{len(text):,} characters > --max-chars {max_chars:,} "
+                                                      "(not tokenized)")  # fmt: skip
+                    break
+            if reasons[k]:
+                continue
         for side, text in (("a", r.text_a), ("b", r.text_b)):
             if undecodable(text):
                 reasons[k] = (f"undecodable_text_{side}", "invalid UTF-8, lone surrogate, U+FFFD or NUL")

@@ -116,7 +116,7 @@ def load_pair(page: Page, run: RunInfo, pair_id: str) -> StoredPair | None:
     found = page.run(
         f"the pair ({run.flag[2:]})",
         f"select {cols}, filename from read_parquet($pairs_parts, filename = true) where pair_id = $id",
-        {"pairs_parts": run.glob("pairs"), "id": pair_id},
+        {"pairs_parts": run.parts_of("pairs"), "id": pair_id},
         view_sql=f"select {cols} from pairs{run.suffix} where pair_id = $id", run2=two)  # fmt: skip
     if not found:
         return None
@@ -125,9 +125,9 @@ def load_pair(page: Page, run: RunInfo, pair_id: str) -> StoredPair | None:
 
     def narrowed(title: str, table: str, select: str, where: str, params: dict[str, Any], expect: int) -> list[tuple]:
         view = f"select {select} from {table}{run.suffix} where {where}"
-        if wave is not None:
+        if wave is not None and run.parts_of(table, wave):
             rows = page.run(title, f"select {select} from read_parquet($parts) where {where}",
-                            {**params, "parts": run.glob(table, wave)}, view_sql=view, run2=two,
+                            {**params, "parts": run.parts_of(table, wave)}, view_sql=view, run2=two,
                             note=f"read from the parts of wave {wave} ({table}/part-{wave:06d}*.parquet)")  # fmt: skip
             if len(rows) >= expect:
                 return rows

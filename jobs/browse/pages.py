@@ -14,6 +14,7 @@ from .run import (
     COLUMN_NAMES,
     COLUMNS,
     LIST_FIELDS,
+    MAX_INTEGER,
     MAX_PAGE_SIZE,
     PAIR_FIELDS,
     SEARCH_SEPARATOR,
@@ -51,16 +52,18 @@ class Params:
             raise BadRequest(f"{name}: not a finite number: {value!r}")
         return x
 
-    def integer(self, name: str, default: int, low: int, high: int | None = None) -> int:
+    def integer(self, name: str, default: int, low: int, high: int = MAX_INTEGER) -> int:
         value = self.raw.get(name, "").strip()
         if not value:
             return default
+        if len(value) > 20:
+            raise BadRequest(f"{name}: {value[:20]!r}... is outside {low}..{high:,}")
         try:
             x = int(value)
         except ValueError:
             raise BadRequest(f"{name}: not a whole number: {value!r}") from None
-        if x < low or (high is not None and x > high):
-            raise BadRequest(f"{name}: {x} is outside {low}..{high if high is not None else '∞'}")
+        if x < low or x > high:
+            raise BadRequest(f"{name}: {x} is outside {low}..{high:,}")
         return x
 
     def choice(self, name: str, options: Any, default: str) -> str:

@@ -9,7 +9,7 @@ import shlex
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
@@ -17,6 +17,7 @@ import duckdb
 from xsbert_core import InputError, XsbertError
 
 from .. import sqlrun
+from ..store import part_seq
 
 DEFAULT_HOST = "127.0.0.1"
 
@@ -24,10 +25,26 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 
 
+# Requests answered at once (a thread each; DuckDB does the work); WAITING_PER_WORKER more per worker wait for a free
+# one, and beyond those a request is answered 503 with Retry-After at once (never a silent queue that times out).
+DEFAULT_WORKERS = 8
+WAITING_PER_WORKER = 2
+RETRY_AFTER_S = 1
+# Connections the kernel holds before they are accepted (the listen backlog).
+LISTEN_BACKLOG = 128
+# A request whose client sends nothing for this long frees its worker (a stalled or slow client holds none).
+REQUEST_TIMEOUT_S = 30
+
+
 PAGE_SIZE = 50  # rows per page of a list
 
 
 MAX_PAGE_SIZE = 500
+
+
+# The largest whole number a page takes (page, min_count, ...): with a page of MAX_PAGE_SIZE rows, DuckDB's OFFSET
+# (page - 1) * size stays far inside int64; a larger value is a 400, never an overflow in the query (a 500).
+MAX_INTEGER = 10**12
 
 
 TOP_CELLS = 10  # top positive and top negative cells on a pair page
@@ -100,6 +117,7 @@ class RunInfo:
     counts: dict[str, int]
     columns: set[str]  # of `pairs`
     note: str | None = None
+    parts: dict[str, list[str]] = field(default_factory=dict)  # table -> its committed parts the connection reads
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -113,9 +131,12 @@ class RunInfo:
         s = self.settings
         return f"{s.get('model')} · layer {s.get('layer')} · {s.get('mode')} · {s.get('similarity')}"
 
-    def glob(self, table: str, wave: int | None = None) -> str:
-        name = "*.parquet" if wave is None else f"part-{wave:06d}*.parquet"
-        return str(sqlrun.join(self.path, table, name))
+    def parts_of(self, table: str, wave: int | None = None) -> list[str]:
+        """The committed parts of `table` that the views read (of wave `wave` only: part-<wave>*.parquet)."""
+        parts = self.parts.get(table, [])
+        if wave is None:
+            return parts
+        return [p for p in parts if part_seq(sqlrun.glob_unescape(p).rsplit("/", 1)[-1]) == wave]
 
 
 def open_run(con: duckdb.DuckDBPyConnection, run: str, flag: str, suffix: str) -> RunInfo:
@@ -138,7 +159,7 @@ def open_run(con: duckdb.DuckDBPyConnection, run: str, flag: str, suffix: str) -
         try:
             counts[table] = con.execute(f"select count(*) from {table}{suffix}").fetchone()[0]
         except duckdb.Error as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            first = sqlrun.one_line(exc)
             raise InputError(f"{flag} {run}: its {table} table cannot be read ({first}): a damaged or half-copied "
                              "run") from exc
     stated = ((manifest.get("tables") or {}).get("pairs") or {}).get("rows")
@@ -150,7 +171,7 @@ def open_run(con: duckdb.DuckDBPyConnection, run: str, flag: str, suffix: str) -
         note = (f"pairs/ holds {counts['pairs']:,} pairs, {counts['pairs'] - stated:,} more than manifest.json lists: "
                 "a rerun is adding pairs to this run; pages show the committed waves")  # fmt: skip
     columns = {r[0] for r in con.execute(f"describe pairs{suffix}").fetchall()}
-    return RunInfo(path, flag, suffix, manifest, counts, columns, note)
+    return RunInfo(path, flag, suffix, manifest, counts, columns, note, sqlrun.snapshot(con, path))
 
 
 @dataclass
@@ -215,7 +236,7 @@ class App:
         try:
             self.con = sqlrun.connect(con_run, con_run2)
         except duckdb.Error as exc:  # a view over a part that is not Parquet (cut short, half-copied)
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            first = sqlrun.one_line(exc)
             raise InputError(f"--run {run}{f' / --run2 {run2}' if run2 is not None else ''}: a table cannot be read "
                              f"({first}): a damaged or half-copied run") from exc
         self.run = open_run(self.con, str(run), "--run", "")
@@ -268,7 +289,7 @@ class App:
             con.execute(_dedent(self.TOKEN_STATS_SQL))
             con.execute(_dedent(self.SENTENCE_TOKENS_SQL))
         except duckdb.Error as exc:
-            self.same_tokens_error = str(exc).strip().splitlines()[0]
+            self.same_tokens_error = sqlrun.one_line(exc)
         finally:
             con.close()
             self.same_tokens_seconds = time.perf_counter() - t

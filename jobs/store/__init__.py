@@ -7,6 +7,7 @@ what each backend needs, is decided here.
 - lock, retry, clients: the object store's writer lock, retried calls and one-line failures, its own clients
 - sink: where a stage-2 task writes its parts
 - files: plain files at a location of either kind (the pipeline's report root and run listings)
+- reading: an object store for DuckDB's readers, every call retried (xsbert sql, serve, jobs.report)
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from .layout import (
     DERIVED_TABLES,
+    MARKER_PREFIX,
     PARQUET_OPTIONS,
     PART_RE,
     SCHEMAS,
@@ -24,6 +26,8 @@ from .layout import (
     TABLES,
     WAVE_TABLES,
     canonical_json,
+    committed_parts,
+    committed_waves,
     disk_failure,
     fsync_dir,
     pair_keys,
@@ -38,6 +42,7 @@ from .layout import (
 from .local import RunStore
 from .lock import LOCK_NAME, LOCK_TTL_S, LockObject
 from .object import ObjectRunStore
+from .reading import retried_fsspec
 from .retry import STORE_RETRY_S, GaveUp, retried, store_failure, store_retry_s, transient
 from .sink import PartSink
 from .uri import (
@@ -59,6 +64,7 @@ __all__ = [
     "DERIVED_TABLES",
     "LOCK_NAME",
     "LOCK_TTL_S",
+    "MARKER_PREFIX",
     "PARQUET_OPTIONS",
     "PART_RE",
     "REMOTE_SCHEMES",
@@ -75,6 +81,8 @@ __all__ = [
     "RunStore",
     "StoreError",
     "canonical_json",
+    "committed_parts",
+    "committed_waves",
     "disk_failure",
     "endpoint_name",
     "filesystem",
@@ -90,6 +98,7 @@ __all__ = [
     "redact",
     "resolve",
     "retried",
+    "retried_fsspec",
     "run_at",
     "run_id",
     "store_failure",

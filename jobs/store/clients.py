@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .retry import GaveUp, retried
+from .retry import GaveUp, no_such_upload, retried
 from .uri import REMOTE_SCHEMES, fs_settings
 
 logger = logging.getLogger("jobs.store")
@@ -43,9 +43,18 @@ def abort_uploads(root: str, key: str, deadline_s: float, exact: bool = False) -
         for upload in listing.get("Uploads", []):
             if exact and upload["Key"] != prefix:
                 continue
-            retried(lambda u=upload: client.abort_multipart_upload(Bucket=bucket, Key=u["Key"],
-                                                                   UploadId=u["UploadId"]), deadline_s)  # fmt: skip
+            retried(lambda u=upload: _abort(client, bucket, u["Key"], u["UploadId"]), deadline_s)
             aborted.append(f"{bucket}/{upload['Key']}")
     except GaveUp as g:
         logger.warning("could not abort unfinished uploads under %s/%s: %s", bucket, prefix, g.error)
     return aborted
+
+
+def _abort(client, bucket: str, key: str, upload_id: str) -> None:
+    """Abort one multipart upload. NoSuchUpload means it is gone already: done (an earlier try's abort landed and its
+    answer was lost, or another writer aborted it), never a failure to retry."""
+    try:
+        client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+    except Exception as exc:
+        if not no_such_upload(exc):
+            raise

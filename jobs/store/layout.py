@@ -9,8 +9,9 @@ sample maps to the same run and only its new pairs are computed.
 
 Writes are atomic: a wave's part files are written and fsynced under `_staging/`, then moved into
 the table folders with os.replace, `pairs` last: a pairs part is the commit point of its wave.
-Readers globbing `<table>/*.parquet` never see a half-written file. On open, the staging folder and
-any cells/word_cells/sentences part without its pairs part (a commit cut short) are removed.
+Readers read only committed parts (committed_parts: a wave table's parts once their wave's pairs part
+is there), never a half-written file. On open, the staging folder and any cells/word_cells/sentences
+part without its pairs part (a commit cut short) are removed.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,9 @@ DERIVED_TABLES: tuple[str, ...] = ("parses",)
 # written by the stage-2 task that computed them, named by the first pair of its batch).
 PART_RE = re.compile(r"^part-(\d{6})(?:-(\d{7}))?\.parquet$")
 STAGING = "_staging"
+# A local run's marker of the per-wave node check (jobs/attribution/placement.py): `.node-check-<token>` in the run
+# folder while a Ray job runs; a killed job's is removed by the next writer's open (RunStore.recover).
+MARKER_PREFIX = ".node-check-"
 
 _str, _i32, _i64, _f32, _f64, _bool = pa.string(), pa.int32(), pa.int64(), pa.float32(), pa.float64(), pa.bool_()
 _ij = pa.list_(pa.struct([("i", _i32), ("j", _i32)]))  # cells by row and column
@@ -115,6 +120,29 @@ def part_seq(name: str) -> int | None:
     """The wave (commit sequence number) a part file belongs to; None for a name that is not a part."""
     m = PART_RE.match(name)
     return int(m.group(1)) if m else None
+
+
+def committed_waves(pair_parts: Iterable[str]) -> set[int]:
+    """The waves (commit sequence numbers) that committed: those with their `pairs` part, the commit point."""
+    return {seq for seq in map(part_seq, pair_parts) if seq is not None}
+
+
+def committed_parts(table: str, names: Iterable[str], waves: set[int]) -> list[str]:
+    """Of the Parquet file names `names` in the folder of `table`, those a reader may read (sorted), as Delta and
+    Iceberg readers read only what their log lists: a part of a wave table (cells, word_cells, sentences) only when
+    its wave committed (`waves`: committed_waves of the `pairs` parts; a task writes its cells before the commit,
+    and a job that stops part-way leaves them behind until the next writer's open removes them); a part of any
+    other table (pairs, quarantine, parses: each part its own atomic commit) always. A `.parquet` file not named as
+    a part (a store laid out by other means) is read as it is; anything else (an unfinished `.tmp`) never."""
+    out = []
+    for name in names:
+        seq = part_seq(name)
+        if seq is None:
+            if name.endswith(".parquet") and not name.startswith("."):
+                out.append(name)
+        elif table not in WAVE_TABLES or seq in waves:
+            out.append(name)
+    return sorted(out)
 
 
 def part_name(seq: int, first: int | None = None) -> str:

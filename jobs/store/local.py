@@ -6,6 +6,7 @@ import contextlib
 import errno
 import fcntl
 import json
+import logging
 import os
 import shutil
 from collections.abc import Iterable, Iterator
@@ -18,11 +19,14 @@ import pyarrow.parquet as pq
 
 from .layout import (
     DERIVED_TABLES,
+    MARKER_PREFIX,
     PART_RE,
     SCHEMAS,
     STAGING,
     TABLES,
     WAVE_TABLES,
+    committed_parts,
+    committed_waves,
     disk_failure,
     fsync_dir,
     pair_keys,
@@ -33,6 +37,8 @@ from .layout import (
 )
 from .sink import PartSink
 from .uri import StoreError
+
+logger = logging.getLogger("jobs.store")
 
 
 class RunStore:
@@ -102,17 +108,21 @@ class RunStore:
         self.close()
 
     def recover(self) -> list[Path]:
-        """Remove the staging folder and wave parts whose pairs part never landed; return what was removed."""
+        """Remove the staging folder, wave parts whose pairs part never landed and the node-check markers of jobs
+        that did not end; return what was removed."""
         removed: list[Path] = []
+        for marker in sorted(self.path.glob(f"{MARKER_PREFIX}*")):  # one writer at a time: no live job's marker
+            with contextlib.suppress(OSError):  # (not data: a read-only store keeps it, and opens as before)
+                marker.unlink()
+                removed.append(marker)
         staging = self.path / STAGING
         if staging.exists():
             removed.append(staging)
-        committed = {part_seq(p.name) for p in self.parts("pairs")}
         for table in WAVE_TABLES:
-            removed += [part for part in self.parts(table) if part_seq(part.name) not in committed]
+            removed += self.uncommitted(table)
             folder = self.path / table
             removed += sorted(folder.glob(".part-*.tmp")) if folder.exists() else []  # a worker's write cut short
-        if removed:
+        if any(not p.name.startswith(MARKER_PREFIX) for p in removed):
             self.check_writable()  # a read-only store with a commit cut short: say so rather than read around it
         try:
             for path in removed:
@@ -121,12 +131,37 @@ class RunStore:
             raise disk_failure(exc.filename or self.path, exc, "cannot clean up") from None
         return removed
 
+    def abandon(self) -> None:
+        """After a job failed part-way: remove what its failed wave left (parts of a wave without its pairs part, the
+        staging folder), at once rather than at the next open. Best effort: readers never read such parts anyway
+        (committed), so a failure here is logged, never raised over the error that stopped the job."""
+        try:
+            self.recover()
+        except Exception as exc:  # noqa: BLE001 - the next writer's open removes them
+            logger.info("could not remove the parts of the failed wave in %s now (the next run does): %s", self.path,
+                        " ".join(str(exc).split())[:300])  # fmt: skip
+
     # ------------------------------------------------------------------ reading
     def parts(self, table: str) -> list[Path]:
+        """Every part file of `table`, committed or not (what the writer works with; readers: `committed`)."""
         folder = self.path / table
         if not folder.exists():
             return []
         return sorted(p for p in folder.iterdir() if PART_RE.match(p.name))
+
+    def committed(self, table: str) -> list[Any]:
+        """The parts of `table` a reader reads (layout.committed_parts): of a wave table only the parts whose wave's
+        pairs part is there, never what a wave in progress or a job that stopped part-way left."""
+        parts = self.parts(table)
+        if table not in WAVE_TABLES:
+            return parts
+        keep = set(committed_parts(table, [p.name for p in parts], committed_waves(p.name for p in self.parts("pairs"))))
+        return [p for p in parts if p.name in keep]
+
+    def uncommitted(self, table: str) -> list[Any]:
+        """The parts of `table` whose wave never committed (what recover() removes)."""
+        keep = {p.name for p in self.committed(table)}
+        return [p for p in self.parts(table) if p.name not in keep]
 
     def read_schema(self, part: Any) -> pa.Schema:
         """The columns of one part (its footer only)."""
@@ -142,7 +177,7 @@ class RunStore:
         self._require_columns(table, columns, "a run directory")
 
     def _require_columns(self, table: str, columns: tuple[str, ...] | list[str], what: str) -> None:
-        parts = self.parts(table)
+        parts = self.committed(table)
         if not parts:
             raise StoreError(f"{self.path} has no {table} table ({self.path}/{table}/*.parquet): pass {what} "
                              "written by jobs.attribute")  # fmt: skip
@@ -153,12 +188,12 @@ class RunStore:
 
     def read_column(self, table: str, column: str) -> list[Any]:
         values: list[Any] = []
-        for part in self.parts(table):
+        for part in self.committed(table):
             values.extend(pq.read_table(part, columns=[column]).column(column).to_pylist())
         return values
 
     def read_table(self, table: str, columns: list[str] | None = None) -> pa.Table | None:
-        parts = self.parts(table)
+        parts = self.committed(table)
         if not parts:
             return None
         return pa.concat_tables([pq.read_table(p, columns=columns) for p in parts])
@@ -169,7 +204,7 @@ class RunStore:
     def column(self, table: str, column: str) -> pa.ChunkedArray:
         """One column of every part, as Arrow (no Python object per value)."""
         type_ = SCHEMAS[table].field(column).type
-        chunks = [c.cast(type_) for part in self.parts(table) for c in self._read(part, [column]).column(column).chunks]
+        chunks = [c.cast(type_) for part in self.committed(table) for c in self._read(part, [column]).column(column).chunks]
         return pa.chunked_array(chunks, type_)
 
     def done_pair_ids(self) -> set[str]:
@@ -288,7 +323,7 @@ class RunStore:
         """Give every table without a part an empty one, so that `read_parquet('<table>/*.parquet')` works
         on any run (no quarantined row, or every pair quarantined). A wave table's empty part comes with
         an empty `pairs` part of the same name, its commit point."""
-        missing = [t for t in TABLES if not self.parts(t)]
+        missing = [t for t in TABLES if not self.committed(t)]
         if not missing:
             return []
         if any(t in WAVE_TABLES for t in missing) and "pairs" not in missing:
@@ -311,7 +346,7 @@ class RunStore:
 
     def counts(self) -> dict[str, int]:
         """Rows per table (from the Parquet footers, no data read)."""
-        return {t: sum(pq.ParquetFile(p).metadata.num_rows for p in self.parts(t)) for t in TABLES}
+        return {t: sum(pq.ParquetFile(p).metadata.num_rows for p in self.committed(t)) for t in TABLES}
 
     def files(self) -> Iterator[Path]:
         yield from sorted(p for p in self.path.rglob("*") if p.is_file() and p.name != ".lock")

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .clients import abort_uploads
-from .layout import DERIVED_TABLES, PART_RE, TABLES, WAVE_TABLES, canonical_json, part_name, part_seq, write_parquet
+from .layout import DERIVED_TABLES, PART_RE, TABLES, WAVE_TABLES, canonical_json, part_name, write_parquet
 from .local import RunStore
 from .lock import LOCK_NAME, LOCK_TTL_S, LockObject, lock_expiry
 from .retry import GaveUp, retried, store_failure, store_retry_s
@@ -243,34 +243,44 @@ class ObjectRunStore(RunStore):
 
     def read_column(self, table: str, column: str) -> list[Any]:
         values: list[Any] = []
-        for part in self.parts(table):
+        for part in self.committed(table):
             values.extend(self._read(part, [column]).column(column).to_pylist())
         return values
 
     def read_table(self, table: str, columns: list[str] | None = None) -> pa.Table | None:
-        parts = self.parts(table)
+        parts = self.committed(table)
         if not parts:
             return None
         return pa.concat_tables([self._read(p, columns) for p in parts])
 
     def recover(self) -> list[PurePosixPath]:  # type: ignore[override]
         """Delete wave parts whose pairs part never landed (a commit cut short) and abort unfinished uploads."""
-        committed = {part_seq(p.name) for p in self.parts("pairs")}
         removed = []
         for table in WAVE_TABLES:
-            for part in self.parts(table):
-                if part_seq(part.name) not in committed:
-                    self._call("cannot delete", self._rel(part), lambda p=part: self.fs.delete_file(str(p)))
-                    removed.append(part)
+            for part in self.uncommitted(table):
+                self._call("cannot delete", self._rel(part), lambda p=part: self.fs.delete_file(str(p)))
+                removed.append(part)
         removed += [PurePosixPath(k) for k in abort_uploads(self.root, self._key(), self.retry_s)]
         return removed
+
+    def abandon(self) -> None:
+        """After a job failed part-way: the failed wave's parts deleted now, best effort with a short deadline (a
+        store that stopped answering is what stopped the job: the next writer's open deletes them instead)."""
+        saved, self.retry_s = self.retry_s, min(self.retry_s, 10.0)
+        try:
+            self.recover()
+        except Exception as exc:  # noqa: BLE001 - readers never read them (committed); the next open removes them
+            logger.info("could not delete the parts of the failed wave under %s now (the next run does): %s",
+                        self.path, " ".join(str(exc).split())[:300])  # fmt: skip
+        finally:
+            self.retry_s = saved
 
     def counts(self) -> dict[str, int]:
         def rows(part: PurePosixPath) -> int:
             return self._call("cannot read", self._rel(part),
                               lambda: pq.ParquetFile(self.fs.open_input_file(str(part))).metadata.num_rows)  # fmt: skip
 
-        return {t: sum(rows(p) for p in self.parts(t)) for t in TABLES}
+        return {t: sum(rows(p) for p in self.committed(t)) for t in TABLES}
 
     def files(self) -> Iterator[PurePosixPath]:  # type: ignore[override]
         import pyarrow.fs as pafs

@@ -61,13 +61,19 @@ def http_status(exc: BaseException) -> int | None:
     return None
 
 
+def no_such_upload(exc: BaseException) -> bool:
+    """The store knows no such multipart upload (404 NoSuchUpload): completed, aborted, or never begun."""
+    low = str(exc).lower()
+    return "nosuchupload" in low or "no_such_upload" in low
+
+
 def transient(exc: BaseException) -> bool:
     """A failure worth retrying: 5xx, 408, 429, or no answer at all (reset, refused, timed out)."""
     if isinstance(exc, StoreError):
         return False
     low = str(exc).lower()
-    if "nosuchupload" in low or "no_such_upload" in low:  # a multipart upload whose completion's answer was lost:
-        return True  # the whole upload is tried again (same name, same bytes)
+    if no_such_upload(exc):  # a multipart upload whose completion's answer was lost: the whole upload is tried again
+        return True  # (same name, same bytes); an abort treats it as done instead (clients.abort_uploads)
     status = http_status(exc)
     if status is not None:
         return status >= 500 or status in (408, 429)
