@@ -45,7 +45,7 @@ from .parsing import (
     realigned,
 )
 from .config import ParseSettings
-from .store import RunStore, is_remote, resolve, run_at
+from .store import RunStore, resolve, run_at
 
 logger = logging.getLogger("jobs.parse")
 
@@ -121,7 +121,7 @@ def main(job: ParseSettings | argparse.Namespace, echo: bool = True) -> dict[str
         print(f"parser: {spec.name} {spec.version}, model {spec.model} ({spec.why})", flush=True)
     if args.cache:
         cache_root = Path(args.cache).expanduser()
-    elif is_remote(paths[0]):  # a run on object storage: the parser cache stays on this machine
+    elif isinstance(paths[0], str):  # a run on object storage (resolve: a URI): the parser cache stays here
         cache_root = cache_dir() / "parses"
     else:
         cache_root = paths[0].parent / CACHE_DIRNAME  # type: ignore[union-attr]

@@ -59,8 +59,8 @@ from . import config, paper
 from .attribution.inputs import BUILTINS, resolve_source
 from .attribution.hooks import Hooks
 from .config import JobSettings
-from .store import DERIVED_TABLES, TABLES, canonical_json, committed_parts, committed_waves, disk_failure, is_remote
-from .store.files import is_file, join, location_fs, read_text, upload
+from .store import DERIVED_TABLES, TABLES, Location, canonical_json, committed_parts, committed_waves, disk_failure
+from .store.files import is_file, location_fs, read_text, upload
 from .trained import TrainSpec
 
 PROG = "python -m jobs.pipeline"
@@ -307,7 +307,7 @@ class Study(Strict):
     @field_validator("models_dir")
     @classmethod
     def _local_models_dir(cls, value: str) -> str:
-        if is_remote(value):
+        if Location.parse(value).is_remote:
             raise ValueError(f"trained models are written to a folder, not to object storage ({value!r})")
         return value
 
@@ -527,14 +527,15 @@ class Reports:
         import tempfile
 
         self.root = root
-        self.remote = is_remote(root)
+        self.location = Location.parse(root)
+        self.remote = self.location.is_remote
         self.local = Path(tempfile.mkdtemp(prefix="xsbert-reports-")) if self.remote else Path(root)
 
     def where(self, name: str) -> str:
         return f"{self.root}/{name}/index.html"
 
-    def _at(self, relative: str) -> str | Path:
-        return join(self.root, relative) if self.remote else self.local / relative
+    def _at(self, relative: str) -> Location:
+        return self.location.join(relative) if self.remote else Location.parse(self.local / relative)
 
     def exists(self, relative: str) -> bool:
         return is_file(self._at(relative))
@@ -545,7 +546,7 @@ class Reports:
     def publish(self, relative: str) -> None:
         """Upload local/<relative> (a file or a report folder) over what the root had there."""
         if self.remote:
-            upload(self.local / relative, str(self._at(relative)))
+            upload(self.local / relative, self._at(relative))
 
 
 class State:
