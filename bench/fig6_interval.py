@@ -24,10 +24,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from jobs import sqlrun  # noqa: E402
+from jobs import sqlfiles, sqlrun  # noqa: E402
 from jobs.attribution.inputs import sample_positions  # noqa: E402
 
-SQL = ROOT / "sql" / "syntactic_relations.sql"
+SQL = sqlfiles.SQL_DIR / "syntactic_relations.sql"
 # The file's `labelled` step, and the same step keeping the pair (the only change to the file's logic).
 LABELLED = "        coalesce(parses_a.relation, 'unparsed') as relation_of_a,\n"
 LABELLED_WITH_PAIR = "        top_cells.pair_id,\n" + LABELLED
@@ -52,7 +52,7 @@ select * from per_pair order by pair_id
 
 
 def per_pair_sql() -> str:
-    text = SQL.read_text(encoding="utf-8")
+    text = sqlfiles.text(SQL)  # with the macros of sql/lib/ it reads
     if text.count(LABELLED) != 1 or "relation_pairs as (" not in text:
         raise SystemExit(f"{SQL}: its `labelled` step changed; update {Path(__file__).name}")
     head = text.replace(LABELLED, LABELLED_WITH_PAIR).split("relation_pairs as (")[0].rstrip().rstrip(",")

@@ -38,6 +38,8 @@ import pyarrow.fs as pafs
 
 from xsbert_core import InputError
 
+from . import sqlfiles
+from .sqlfiles import SQL_DIR
 from .store import (  # scheme -> family; DuckDB: all
     CREDENTIALS,
     REMOTE_SCHEMES,
@@ -58,7 +60,6 @@ from .store import (  # scheme -> family; DuckDB: all
 RUN_VARIABLES = frozenset({"pairs_of"})
 
 TABLES: tuple[str, ...] = ("pairs", "cells", "word_cells", "sentences", "quarantine", "parses")
-SQL_DIR = Path(__file__).resolve().parents[1] / "sql"
 # What to run when a table is missing (the attribution job writes every other table).
 MAKES = {"parses": "python -m jobs.parse --run {run}"}
 # `getvariable('run') || '/cells/*.parquet'` or `... || '/manifest.json'` in a sql/ file.
@@ -479,8 +480,8 @@ def query(con: duckdb.DuckDBPyConnection, sql: str) -> pl.DataFrame:
 
 
 def run_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike) -> pl.DataFrame:
-    """Run a sql/ file (one statement) on the connection's run(s)."""
-    return query(con, resolve_file(path).read_text(encoding="utf-8"))
+    """Run a sql/ file (one statement, after the macros it `.read`s: jobs/sqlfiles.py) on the connection's run(s)."""
+    return query(con, sqlfiles.text(resolve_file(path)))
 
 
 # --------------------------------------------------------------------------- `xsbert sql`
@@ -561,7 +562,7 @@ def cli(args: argparse.Namespace, out=None) -> int:
     if args.max_rows < 1:
         raise InputError(f"--max-rows must be >= 1, got {args.max_rows}")
     con = connect(args.run, args.run2, parse_vars(args.var))
-    sql = resolve_file(args.file).read_text(encoding="utf-8") if args.file else args.query
+    sql = sqlfiles.text(resolve_file(args.file)) if args.file else args.query
     if not sql.strip():
         raise InputError("the query is empty")
     try:

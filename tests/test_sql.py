@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 import pytest
 from scipy import stats
 
-from jobs import sqlrun
+from jobs import sqlfiles, sqlrun
 from jobs.store import SCHEMAS
 from jobs.attribution import datasets as _datasets
 from jobs.attribution import inputs as _inputs
@@ -151,9 +151,9 @@ def no_nan(df: pl.DataFrame) -> bool:
 def test_each_file_is_one_documented_lowercase_statement(name):
     """One query per file, after the macros that write its per-run logic once (`create or replace temp macro`) and
     at most a `set variable` that decides how it runs (agreement.sql's plan)."""
-    text = (SQL / name).read_text(encoding="utf-8")
     import duckdb
 
+    text = sqlfiles.text(SQL / name)  # with the macros of sql/lib/ it reads
     *before, query = duckdb.extract_statements(text)
     assert query.type == duckdb.StatementType.SELECT
     macros = [s for s in before if s.type == duckdb.StatementType.CREATE]
@@ -180,11 +180,20 @@ def _macro(name: str, macro: str) -> str:
     return found.group(0)
 
 
-def test_lexical_ranks_per_run_logic_is_one_macro_in_both_files():
-    """lexical_ranks.sql and lexical_ranks_compare.sql rank a run's tokens with the same macro text (the compare
-    file calls it for run and run2): the two copies cannot drift apart."""
-    one = _macro("lexical_ranks.sql", "lexical_token_ranks")
-    assert one == _macro("lexical_ranks_compare.sql", "lexical_token_ranks")
+def test_the_shared_macros_are_written_once_in_sql_lib():
+    """lexical_ranks.sql and lexical_ranks_compare.sql rank a run's tokens with one macro, and every analysis that
+    needs cells a run may not store guards with one macro: both in sql/lib/, which each file reads with the duckdb
+    CLI's `.read` (jobs.sqlfiles.text does the same for the Python side), never a copy."""
+    assert _macro("lib/lexical_token_ranks.sql", "lexical_token_ranks") and _macro("lib/cells_guard.sql", "cells_guard")
+    for path in sorted(SQL.glob("*.sql")):
+        text = path.read_text(encoding="utf-8")
+        assert "temp macro lexical_token_ranks" not in text and "temp macro cells_guard" not in text, path.name
+        assert "from read_text(" not in text.split("cells_guard as (", 1)[-1].split("),", 1)[0], path.name
+        for name in ("lexical_token_ranks", "cells_guard"):
+            if f"{name}(" in text:
+                assert f".read sql/lib/{name}.sql" in text.splitlines(), (path.name, name)
+                assert f"temp macro {name}(" in sqlfiles.text(path), (path.name, name)
+    assert sum("cells_guard(" in p.read_text(encoding="utf-8") for p in SQL.glob("*.sql")) >= 6
     compare = (SQL / "lexical_ranks_compare.sql").read_text(encoding="utf-8")
     assert "lexical_token_ranks(getvariable('run'))" in compare and "lexical_token_ranks(getvariable('run2'))" in compare
     agreement = (SQL / "agreement.sql").read_text(encoding="utf-8")
@@ -772,7 +781,7 @@ def agreement_path(run1: Path, run2: Path, **variables: Any) -> tuple[pl.DataFra
     con = sqlrun.connect(run1, run2, variables)
     df = sqlrun.run_file(con, SQL / "agreement.sql")
     stored = con.execute("select getvariable('agreement_stored_ranks')").fetchall()[0][0]
-    query = duckdb.extract_statements((SQL / "agreement.sql").read_text())[-1].query
+    query = duckdb.extract_statements(sqlfiles.text(SQL / "agreement.sql"))[-1].query
     plan = "\n".join(row[1] for row in con.execute("explain " + query).fetchall())
     return df, stored, plan
 
