@@ -482,16 +482,51 @@ def run_state(run: str) -> dict[str, list[list[Any]]]:
     return state
 
 
-def code_state() -> str:
-    """Hash of what a report is made from besides the runs: the sql/ files (with sql/report/), the report code
-    (jobs/report.py, jobs/analyses/), its templates and the paper's values."""
-    from . import sqlrun  # DuckDB: needed by the report stage only (the local executor's machine may lack it)
+def imported_files(module: str) -> list[Path]:
+    """The source files of `module` and of every module of jobs/ it imports, at any depth (imports inside functions
+    too), with the xsbert_core modules they name (not what those import in turn): found by reading the imports,
+    without importing anything."""
+    import ast
 
-    files = sorted(sqlrun.SQL_DIR.glob("*.sql")) + sorted((sqlrun.SQL_DIR / "report").glob("*.sql"))
-    files += [REPO_ROOT / "jobs" / n for n in ("report.py", "sqlrun.py", "paper.py", "pages.py")]
-    files += sorted((REPO_ROOT / "jobs" / "analyses").glob("*.py"))
+    def path_of(name: str) -> Path | None:
+        base = REPO_ROOT.joinpath(*name.split("."))
+        return next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None)
+
+    found: dict[str, Path] = {}
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        path = path_of(name)
+        if name in found or path is None:
+            continue
+        found[name] = path
+        if not name.startswith("jobs"):
+            continue
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = package
+                for _ in range(max(0, node.level - 1)):
+                    base = base.rsplit(".", 1)[0]
+                target = (f"{base}.{node.module}" if node.module else base) if node.level else (node.module or "")
+                targets = [target] + [f"{target}.{alias.name}" for alias in node.names]
+            for target in targets:
+                parts = target.split(".")
+                if parts[0] in ("jobs", "xsbert_core"):
+                    todo += [".".join(parts[:k]) for k in range(1, len(parts) + 1)]
+    return sorted(found.values())
+
+
+def code_state() -> str:
+    """Hash of what a report is made from besides the runs: the sql/ files it reads (with sql/report/, sql/lib/),
+    the code of jobs.report and of what it imports (imported_files), its templates."""
+    from . import sqlfiles
+
+    files = sqlfiles.sources() + imported_files("jobs.report")
     files += sorted((REPO_ROOT / "jobs" / "templates").glob("*"))
-    files += [REPO_ROOT / "xsbert_core" / "plots.py"]
     digest = hashlib.sha256()
     for f in files:
         if f.is_file():

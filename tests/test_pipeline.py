@@ -258,3 +258,18 @@ def test_pipeline_help_lists_the_options(capsys):
     text = capsys.readouterr().out
     assert "--config" in text and "--set" in text and "--check" in text
     assert os.path.basename(pipeline.PROG.split()[-1]) == "jobs.pipeline"
+
+
+def test_the_report_fingerprint_covers_the_code_the_report_imports():
+    """pipeline.code_state hashes what jobs.report reads: its sql/ files (sql/lib/ among them) and the modules it
+    imports, found from the imports (no list kept by hand): the analyses, the pages, sqlrun, the store's readers."""
+    from jobs import sqlfiles
+
+    files = {p.relative_to(pipeline.REPO_ROOT).as_posix() for p in pipeline.imported_files("jobs.report")}
+    analyses = (pipeline.REPO_ROOT / "jobs" / "analyses").glob("*.py")
+    assert {p.relative_to(pipeline.REPO_ROOT).as_posix() for p in analyses} <= files
+    assert {"jobs/report.py", "jobs/sqlrun.py", "jobs/pages.py", "jobs/paper.py", "jobs/store/reading.py",
+            "xsbert_core/plots.py"} <= files  # fmt: skip
+    assert not any(f.startswith(("jobs/attribution/", "jobs/parsing/")) for f in files)
+    sources = {p.relative_to(pipeline.REPO_ROOT).as_posix() for p in sqlfiles.sources()}
+    assert {"sql/lib/cells_guard.sql", "sql/report/agreement_check.sql", "sql/table1.sql"} <= sources
