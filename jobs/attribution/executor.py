@@ -2,7 +2,7 @@
 or in the driver's own process without Ray (local.py, `--executor local`). run.compute drives either the same way,
 wave by wave:
 
-    executor = open_executor(job, store, engine, hooks)
+    executor = open_executor(job, store, engine, hooks)    # run.py
     stream = executor.stream_factors(waves)          # stage 1, over every wave
     for w, wave in enumerate(waves):
         factors, meta, timings = stream.wave(w)      # wave w's sentence factors (object refs, or the tables)
@@ -21,12 +21,6 @@ from typing import Any, Protocol
 
 import pandas as pd
 import pyarrow as pa
-
-from xsbert_core import EngineSettings
-
-from ..config import JobSettings
-from ..store import RunStore
-from .hooks import Hooks
 
 
 class FactorStream(Protocol):
@@ -63,14 +57,3 @@ class Executor(ABC):
 
     def close(self) -> None:
         """Stop what is still running (a stream, a marker file)."""
-
-
-def open_executor(job: JobSettings, store: RunStore, engine: EngineSettings, hooks: Hooks) -> Executor:
-    """The executor of `job` (--executor) for a run into `store` with the engine settings `engine` (resolved)."""
-    if job.execution.executor == "local":  # without Ray: `import ray` never runs on this path
-        from .local import LocalExecutor
-
-        return LocalExecutor(job, store, engine, hooks)
-    from .on_ray import RayExecutor
-
-    return RayExecutor(job, store, engine, hooks)

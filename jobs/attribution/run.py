@@ -14,9 +14,11 @@ import numpy as np
 import pandas as pd
 import pyarrow.compute as pc
 
-from ..config import DEFAULT_WAVE_SIZE_CPU, DEFAULT_WAVE_SIZE_GPU
+from xsbert_core import EngineSettings
+
+from ..config import DEFAULT_WAVE_SIZE_CPU, DEFAULT_WAVE_SIZE_GPU, JobSettings
 from ..store import STORE_VERSION, TABLES, RunStore, open_store, pair_keys
-from .executor import open_executor
+from .executor import Executor
 from .hooks import Hooks
 from .memory import driver_memory_mb, release_memory, system_memory_pool
 from .prepare import Prepared
@@ -33,6 +35,18 @@ class Progress:
     failures: list[pd.DataFrame] = field(default_factory=list)
     resources: dict[str, Any] = field(default_factory=dict)
     ray: dict[str, Any] = field(default_factory=dict)
+
+
+def open_executor(job: JobSettings, store: RunStore, engine: EngineSettings, hooks: Hooks) -> Executor:
+    """The executor of `job` (--executor, executor.py) for a run into `store` with the engine settings `engine`
+    (resolved)."""
+    if job.execution.executor == "local":  # without Ray: `import ray` never runs on this path
+        from .local import LocalExecutor
+
+        return LocalExecutor(job, store, engine, hooks)
+    from .on_ray import RayExecutor
+
+    return RayExecutor(job, store, engine, hooks)
 
 
 def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | None = print,
