@@ -42,8 +42,10 @@ from xsbert_core.settings import (
 
 from .store.retry import STORE_RETRY_S
 
-__all__ = ["DEFAULT_LAYER", "DEFAULT_MAX_STEPS", "DEFAULT_RULE", "DEFAULT_STEPS", "GROUPS", "Attribution",
-           "Execution", "JobSettings", "Output", "ParseSettings", "ReportSettings", "RunConfig", "Selection"]  # fmt: skip
+__all__ = [
+    "DEFAULT_LAYER", "DEFAULT_MAX_STEPS", "DEFAULT_RULE", "DEFAULT_STEPS", "GROUPS", "Attribution", "Execution",
+    "JobSettings", "Output", "ParseSettings", "ReportSettings", "RunConfig", "Selection",
+]  # fmt: skip
 
 # The embedded default (no --dataset): bundled STS-B test, a seeded sample that finishes in a few
 # minutes on 2 CPU cores with all-MiniLM-L6-v2 at the engine's default layer and N (measured: ~0.6 s

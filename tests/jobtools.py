@@ -164,9 +164,9 @@ def check_pipeline_on_store(root: str, listing, capsys, tmp_path: Path) -> None:
 
 def kill_after_first_commit(cmd: Sequence[str], env: dict[str, str], committed: Callable[[], bool], timeout: float,
                             poll: float = 0.1) -> None:
-    """Run `cmd` (a jobs.attribute command that holds after its first commit: hooked_attribute(..., hold_after_wave=1)) in
-    its own process group until `committed()` says the first wave is in the store, then SIGKILL the group. Fails if
-    the run ended before it could be killed."""
+    """Run `cmd` (a jobs.attribute command that holds after its first commit: hooked_attribute(...,
+    hold_after_wave=1)) in its own process group until `committed()` says the first wave is in the store, then
+    SIGKILL the group. Fails if the run ended before it could be killed."""
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)  # fmt: skip
     deadline = time.monotonic() + timeout

@@ -18,7 +18,17 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from jobtools import FAST, TABLES, hooked_attribute, kill_after_first_commit, parquet_hashes, rows, run_job, stsb_rows, write_tsv
+from jobtools import (
+    FAST,
+    TABLES,
+    hooked_attribute,
+    kill_after_first_commit,
+    parquet_hashes,
+    rows,
+    run_job,
+    stsb_rows,
+    write_tsv,
+)
 
 from jobs import store as jstore
 
