@@ -57,7 +57,7 @@ from xsbert_core.reverse import sentence_factor_reverse  # noqa: E402
 
 MODELS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2", "mpnet": "all-mpnet-base-v2"}
 GL_CANDIDATES = (4, 6, 8, 10, 12, 16, 20, 24, 32)
-STSB_PATHS = (ROOT / "jobs" / "data" / "stsb.tsv.gz", ROOT.parent / "shared" / "data" / "stsb" / "stsb.tsv.gz")
+STSB_PATHS = (ROOT / "jobs" / "data" / "stsb.tsv.gz",)  # the bundled STS-B
 
 
 def stsb_test_pairs(n: int, seed: int) -> list[tuple[str, str]]:

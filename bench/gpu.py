@@ -12,7 +12,7 @@ data there): `pack` gathers what `run` measures into one small folder to copy ov
 
 `pack` writes all-MiniLM-L6-v2 with its real weights stored as float16 (45 MB; `run` computes in float32 from
 them), all-mpnet-base-v2's folder without its weights (`run` builds random weights from its config: cost does
-not depend on weight values) and the unique questions of the bundled QQP pairs (../shared/data).
+not depend on weight values) and the unique questions of a QQP subset file ($XSBERT_QQP).
 
 `run` measures in one process on one GPU:
   numerics  MiniLM (real weights): the engine's factors on the GPU against reverse mode on the GPU (one backward
@@ -43,6 +43,7 @@ import csv
 import gzip
 import json
 import math
+import os
 import platform
 import shutil
 import sys
@@ -61,7 +62,8 @@ from xsbert_core.quadrature import nodes_and_weights  # noqa: E402
 from xsbert_core.reverse import sentence_factor_reverse  # noqa: E402
 
 PACK = ROOT / "bench" / ".cache" / "gpu"
-QQP = ROOT.parent / "shared" / "data" / "qqp" / "qqp_glue_train_subset.tsv.gz"
+# A QQP subset file (GLUE's TSV layout; not in the repository): $XSBERT_QQP.
+QQP = os.environ.get("XSBERT_QQP")
 RESULTS = ROOT / "bench" / "results" / "gpu.md"
 BATCH = 128  # (--batch) the job's sentences per factor-actor call on a GPU (jobs/config.py DEFAULT_BATCH_SIZE_GPU)
 QQP_QUESTIONS = 537_933  # unique questions of GLUE QQP train (404,290 pairs), as in bench/results/scale.md
@@ -72,7 +74,7 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "tf_model.h5", "flax_m
 # The job's cost per pair besides attribution at full-QQP scale: 1.20 ms (bench/results/scale.md, 404,290 pairs in
 # waves of 16,384, code 05d6b85, 2 CPU cores: process wall minus engine time per actor). `sweep --overhead-ms`.
 JOB_OVERHEAD_MS_PER_PAIR = 1.20
-GOAL_HOURS = 1.0  # issue 41: both models, full QQP, end to end, on one H100
+GOAL_HOURS = 1.0  # the goal: both models over full QQP, end to end, within an hour on one H100-class GPU
 
 
 # --------------------------------------------------------------------------- pack (here)
@@ -88,6 +90,8 @@ def pack() -> None:
     dst = PACK / "mpnet-config"
     shutil.rmtree(dst, ignore_errors=True)
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns(*WEIGHT_FILES, "onnx", "openvino", "*.onnx"))
+    if not QQP:
+        raise SystemExit("bench/gpu.py: error: pack takes the questions of a QQP subset: set $XSBERT_QQP to its file")
     with gzip.open(QQP, "rt", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh, delimiter="\t", quoting=csv.QUOTE_NONE))
     questions = sorted({r[k] for r in rows for k in ("question1", "question2") if r[k].strip()})

@@ -1,26 +1,29 @@
 """The real attribution job with GPU actors, beside the engine alone on the same questions, in one process.
 
-On a machine with a CUDA GPU and the offline bundle installed (docs/OFFLINE.md), with that environment's Python:
+On a machine with a CUDA GPU and the offline bundle installed (docs/OFFLINE.md; bench/gpu_run.py does both), with
+that environment's Python:
 
-    python bench/gpu_job.py run --qqp-path DIR/data/qqp_glue_train_subset.tsv.gz --out gpu-job   # there
-    python bench/gpu_job.py compare gpu-job                  # here: the 50 stored pairs against a CPU run of them
-    python bench/gpu_job.py report gpu-job/gpu-job.json      # here: bench/results/gpu-job.md
+    python bench/gpu_job.py run --model DIR/models/all-mpnet-base-v2 --layer 8 --qqp-path DIR/data/qqp.tsv.gz \
+        --cpu-rows bench/results/gpu-job-cpu/mpnet --out OUT/job-mpnet                                   # there
+    python bench/gpu_job.py cpu-rows --model ... --layer 8 --qqp-path ... --out bench/results/gpu-job-cpu/mpnet  # here
 
-`run` measures, writing gpu-job/gpu-job.json again after every step (a run cut short still tells what it measured)
-and one line per second of samples to gpu-job/samples.jsonl:
+`run` measures, writing OUT/gpu-job.json again after every step (a run cut short still tells what it measured) and
+one line per second of samples to OUT/samples.jsonl:
 
-  job      `jobs.attribute` in this process (prepare -> attribute, as `python -m jobs.attribute` runs it) on the
-           first --pairs QQP pairs (20,000) with all-MiniLM-L6-v2 at layer 4, Gauss-Legendre N=10 (the full-QQP
-           settings of bench/gpu.py), on a local Ray with one factor actor per GPU (the job's GPU defaults: batch
-           128, waves of 16,384 pairs): pairs/s and sentences/s end to end; the share of the wall time in each stage
-           (prepare: read, tokenise, load; stage 1: waiting for factors; stage 2: pair cells; commit); per wave, GPU
-           utilisation and memory (nvidia-smi, each second), the driver's memory (the job's own per-wave record) and
-           the Ray workers' (psutil, each second)
-  engine   the engine alone (Explainer.factors, what a factor actor calls) on the same unique questions, longest
-           first in batches of 128, on the same GPU after the job's Ray is shut down: sentences/s, torch.cuda's
-           peak memory; the job's rate over the engine's is the job's overhead on a GPU node
-  subset   the first --compare (50) pairs' stored rows (pairs and cells) written to gpu-job/subset-*.parquet, for
-           `compare` to set beside a CPU run of the same pairs
+  job      `jobs.attribute` in this process (settings -> prepare -> attribute, as `python -m jobs.attribute` runs it)
+           on the first --pairs QQP pairs (2,000) at the job's defaults on a GPU (adaptive N from 16 to a factor
+           error of 1e-3, Gauss-Legendre, float32; one factor actor per GPU, batches of 128, waves of 16,384 pairs),
+           on a local Ray: pairs/s and sentences/s end to end; the share of the wall time in each stage (prepare:
+           read, tokenise, load; stage 1: waiting for factors; stage 2: pair cells; commit); per wave, GPU
+           utilisation and memory (nvidia-smi, each second), the driver's memory (the job's own per-wave record)
+           and the Ray workers' (psutil, each second), the factor batches that ran out of memory and were halved
+  engine   the engine alone (Explainer.factors, what a factor actor calls, with the actor's settings and memory
+           budget) on the same unique questions (a seeded sample of --engine-sentences of them), longest first in
+           batches of 128, on the same GPU after the job's Ray is shut down: sentences/s, torch.cuda's peak memory;
+           the job's rate over the engine's is the job's overhead on a GPU node
+  subset   the first --compare (20) pairs' stored rows (pairs and cells) written to OUT/subset-*.parquet, and with
+           --cpu-rows set beside the same pairs attributed on a CPU beforehand (`cpu-rows`, the same model folder):
+           per pair, max |A_gpu - A_cpu| against the pair's completeness errors
 
 Without a GPU, `run --allow-cpu --logical-gpus 2 --device cpu` runs the same path with Ray told of GPUs it does not
 have (tests/test_gpu_job.py, with a tiny model).
@@ -45,9 +48,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if (ROOT / "jobs").is_dir() and str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-RESULTS = ROOT / "bench" / "results" / "gpu-job.md"
-MODEL, LAYER, STEPS, RULE = "sentence-transformers/all-MiniLM-L6-v2", 4, 10, "gauss-legendre"  # as bench/gpu.py
+MODEL, LAYER = "sentence-transformers/all-MiniLM-L6-v2", 4  # MiniLM's layer 4 of 6: mpnet's 8 of 12
 BATCH = 128  # jobs.attribute DEFAULT_BATCH_SIZE_GPU
+PAIRS, COMPARE, ENGINE_SENTENCES = 2_000, 20, 0  # 0: the engine on every unique question of the job
 QQP_PAIRS, QQP_QUESTIONS = 404_290, 537_933  # full GLUE QQP train, as bench/gpu.py
 
 
@@ -169,7 +172,9 @@ def environment(device: str) -> dict[str, Any]:
 
 def job_args(a: argparse.Namespace, out_runs: Path, limit: int) -> list[str]:
     argv = ["--dataset", a.dataset, "--limit", str(limit), "--model", a.model, "--layer", str(a.layer),
-            "--rule", a.rule, "--steps", str(a.steps), "--out", str(out_runs), "--quiet"]  # fmt: skip
+            "--out", str(out_runs), "--quiet"]  # fmt: skip
+    if a.steps:  # else the job's default: adaptive N
+        argv += ["--steps", str(a.steps)]
     if a.qqp_path:
         argv += ["--qqp-path", a.qqp_path]
     if a.device:
@@ -238,14 +243,24 @@ def unique_questions(run_dir: Path) -> list[str]:
 
 
 def run_engine(a: argparse.Namespace, texts: list[str], rec: Recorder, sampler: Sampler) -> dict[str, Any]:
-    """Explainer.factors alone on `texts`, longest first in batches of BATCH, on the job's device."""
+    """Explainer.factors alone on `texts` (a seeded sample of --engine-sentences of them), with the factor actor's
+    engine settings and memory budget, longest first in batches of BATCH, on the job's device."""
+    import random
+
     import torch
 
+    from jobs.attribute import settings
+    from jobs.attribution.memory import actor_memory
     from xsbert_core import Explainer
 
+    if a.engine_sentences and a.engine_sentences < len(texts):
+        texts = sorted(random.Random(0).sample(texts, a.engine_sentences))
+    at = settings(job_args(a, Path("runs"), a.pairs)).attribution
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     sampler.phase = "engine"
-    ex = Explainer(a.model, layer=a.layer, rule=a.rule, steps=a.steps, device=device)
+    ex = Explainer(a.model, layer=at.layer, mode=at.mode, similarity=at.similarity, rule=at.rule, steps=at.steps,
+                   tolerance=at.tolerance, max_steps=at.max_steps, precision=at.precision, device=device)  # fmt: skip
+    ex.memory.budget, _ = actor_memory(ex, None, 1.0)  # the budget a factor actor with the whole GPU plans in
     lengths = [len(i) for i in ex.split.tokenizer(texts, truncation=False)["input_ids"]]
     order = sorted(range(len(texts)), key=lambda i: (-lengths[i], texts[i]))
     ordered = [texts[i] for i in order]
@@ -256,18 +271,23 @@ def run_engine(a: argparse.Namespace, texts: list[str], rec: Recorder, sampler: 
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     t0 = time.time()
+    steps: list[int] = []
     for b in batches:
-        ex.factors(b, batch_size=BATCH)
+        steps += [sf.n_steps for sf in ex.factors(b, batch_size=BATCH)]
     if cuda:
         torch.cuda.synchronize()
     t1 = time.time()
-    eng = {"sentences": len(texts), "tokens": sum(lengths), "seconds": t1 - t0,
-           "sentences_per_s": len(texts) / (t1 - t0), "device": device, "batch": BATCH,
-           "whole": sampler.window(t0, t1)}  # fmt: skip
+    eng = {"sentences": len(texts), "of_unique": a.engine_sentences or None, "tokens": sum(lengths),
+           "seconds": t1 - t0, "sentences_per_s": len(texts) / (t1 - t0), "device": device, "batch": BATCH,
+           "steps_hist": {str(n): steps.count(n) for n in sorted(set(steps))},
+           "out_of_memory": ex.memory.out_of_memory, "whole": sampler.window(t0, t1)}  # fmt: skip
     if cuda:
         eng["torch_cuda_peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
         eng["torch_cuda_peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
     rec.update(engine=eng)
+    del ex
+    if cuda:
+        torch.cuda.empty_cache()
     return eng
 
 
@@ -298,9 +318,9 @@ def run(a: argparse.Namespace) -> int:
     out = Path(a.out)
     rec = Recorder(out)
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    rec.update(environment=environment(device), settings={"model": a.model, "layer": a.layer, "rule": a.rule,
-               "steps": a.steps, "pairs": a.pairs, "dataset": a.dataset, "compare": a.compare,
-               "logical_gpus": a.logical_gpus}, status="running")  # fmt: skip
+    rec.update(environment=environment(device), settings={"model": a.model, "layer": a.layer, "steps": a.steps,
+               "pairs": a.pairs, "dataset": a.dataset, "compare": a.compare, "logical_gpus": a.logical_gpus,
+               "engine_sentences": a.engine_sentences}, status="running")  # fmt: skip
     sampler = Sampler(out / "samples.jsonl")
     sampler.start()
     try:
@@ -308,140 +328,175 @@ def run(a: argparse.Namespace) -> int:
         import ray
 
         ray.shutdown()  # the actors leave the GPU before the engine runs alone
-        texts = unique_questions(Path(job["run_dir"]))
-        eng = run_engine(a, texts, rec, sampler)
+        run_dir = Path(job["run_dir"])
+        write_subset(run_dir, out, a.compare, rec)
+        if a.cpu_rows and (Path(a.cpu_rows) / "weights.json").is_file():
+            rec.update(compare_cpu=compare_rows(out, Path(a.cpu_rows), job["weights_sha256"]))
+        elif a.cpu_rows:
+            rec.update(compare_cpu={"error": f"no CPU rows in {a.cpu_rows}"})
+        eng = run_engine(a, unique_questions(run_dir), rec, sampler)
         rec.update(ratio={"job_over_engine_sentences_per_s": job["sentences_per_s"] / eng["sentences_per_s"]})
-        write_subset(Path(job["run_dir"]), out, a.compare, rec)
         rec.update(status="done")
     finally:
         sampler.stop.set()
         sampler.join(timeout=5)
-    print(json.dumps({k: rec.data.get(k) for k in ("job", "engine", "ratio", "subset")}, indent=1, default=str))
+    print(json.dumps({k: rec.data.get(k) for k in ("job", "engine", "ratio", "subset", "compare_cpu")}, indent=1,
+                     default=str))  # fmt: skip
     return 0
 
 
-# --------------------------------------------------------------------------- compare (here)
-def compare(a: argparse.Namespace) -> int:
-    """The stored subset against the same pairs attributed here, on the CPU, with the same settings."""
-    import numpy as np
+# --------------------------------------------------------------------------- the same pairs on a CPU
+def cpu_rows(a: argparse.Namespace) -> int:
+    """The first --compare pairs attributed here, on the CPU, with the job's settings (--executor local): their pairs
+    rows and cells into --out (pairs.parquet, cells.parquet, weights.json), for `run --cpu-rows` to compare with."""
     import pyarrow.parquet as pq
 
     from jobs.attribute import main as job_main
     from jobs.attribute import parse_args
 
-    out = Path(a.result)
-    res = json.loads((out / "gpu-job.json").read_text())
-    s = res["settings"]
-    argv = ["--dataset", s["dataset"], "--limit", str(s["compare"]), "--model", a.model or s["model"],
-            "--layer", str(s["layer"]), "--rule", s["rule"], "--steps", str(s["steps"]), "--device", "cpu",
-            "--gpus-per-actor", "0", "--out", str(out / "cpu-runs"), "--quiet"]  # fmt: skip
-    if a.qqp_path:
-        argv += ["--qqp-path", a.qqp_path]
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    argv = ["--dataset", a.dataset, "--limit", str(a.compare), "--model", a.model, "--layer", str(a.layer),
+            "--device", "cpu", "--executor", "local", "--out", str(Path(a.runs)), "--quiet"]  # fmt: skip
+    argv += ["--qqp-path", a.qqp_path] if a.qqp_path else []
+    argv += ["--steps", str(a.steps)] if a.steps else []
     summary = job_main(parse_args(argv))
-    cpu_dir = Path(summary["run_dir"])
-    gp = pq.read_table(out / "subset-pairs.parquet").to_pandas().set_index("pair_id")
-    cp = pq.read_table(cpu_dir / "pairs").to_pandas().set_index("pair_id").loc[gp.index]
-    gc_ = pq.read_table(out / "subset-cells.parquet").to_pandas().set_index(["pair_id", "i", "j"]).sort_index()
-    cc = pq.read_table(cpu_dir / "cells").to_pandas().set_index(["pair_id", "i", "j"]).sort_index()
-    cc = cc.loc[cc.index.get_level_values(0).isin(gp.index)]
-    if len(gc_) != len(cc) or not gc_.index.equals(cc.index):
-        print(f"compare: the two runs store different cells ({len(gc_)} vs {len(cc)})", file=sys.stderr)
-        return 2
-    scale = float(np.abs(cc.value).max())
-    cmp = {"pairs": len(gp), "cells": len(cc), "cpu_run_dir": str(cpu_dir),
-           "cells_max_abs_diff": float(np.abs(gc_.value - cc.value).max()), "cells_max_abs": scale,
-           "cells_max_rel_diff": float(np.abs(gc_.value - cc.value).max() / scale),
-           "sum_max_abs_diff": float(np.abs(gp.attribution_sum - cp.attribution_sum).max()),
-           "score_max_abs_diff": float(np.abs(gp.score - cp.score).max()),
-           "same_weights": json.loads((cpu_dir / "manifest.json").read_text())["config"]["weights_sha256"]
-           == res.get("job", {}).get("weights_sha256")}  # fmt: skip
-    res["compare_cpu"] = cmp
-    (out / "gpu-job.json").write_text(json.dumps(res, indent=1, default=str))
-    print(json.dumps(cmp, indent=1))
+    run_dir = Path(summary["run_dir"])
+    pq.write_table(pq.read_table(run_dir / "pairs"), out / "pairs.parquet")
+    pq.write_table(pq.read_table(run_dir / "cells"), out / "cells.parquet")
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    computed = [r for r in manifest["runs"] if r["counts"]["computed_pairs"]]  # the runs that attributed them
+    (out / "weights.json").write_text(json.dumps({"weights_sha256": manifest["config"]["weights_sha256"],
+                                                  "config": manifest["config"], "argv": argv,
+                                                  "attribution_wall_s": sum(r["wall_s"] for r in computed),
+                                                  "threads": [r["resources"]["threads"] for r in computed]},
+                                                 indent=1))  # fmt: skip
+    print(f"cpu-rows: {summary['n_done']} pairs -> {out}")
     return 0
+
+
+def compare_rows(out: Path, cpu: Path, weights_sha256: str) -> dict[str, Any]:
+    """The stored subset against the CPU's rows of the same pairs: per pair, max |A_gpu - A_cpu| over its cells and
+    |sum A_gpu - sum A_cpu|, beside the two runs' completeness errors; a pair agrees when its sums differ by no more
+    than its two completeness errors together (each sum is within its error of the same target)."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    gp = pq.read_table(out / "subset-pairs.parquet").to_pandas().set_index("pair_id")
+    cp = pq.read_table(cpu / "pairs.parquet").to_pandas().set_index("pair_id")
+    common = [p for p in gp.index if p in cp.index]
+    gc_ = pq.read_table(out / "subset-cells.parquet").to_pandas().set_index(["pair_id", "i", "j"]).sort_index()
+    cc = pq.read_table(cpu / "cells.parquet").to_pandas().set_index(["pair_id", "i", "j"]).sort_index()
+    per_pair = []
+    for pid in common:
+        g, c = gc_.loc[pid].value, cc.loc[pid].value
+        if len(g) != len(c) or not g.index.equals(c.index):
+            per_pair.append({"pair_id": pid, "error": f"cells differ: {len(g)} vs {len(c)}"})
+            continue
+        d_sum = abs(float(gp.attribution_sum[pid] - cp.attribution_sum[pid]))
+        bound = abs(float(gp.completeness_error[pid])) + abs(float(cp.completeness_error[pid]))
+        per_pair.append({"pair_id": pid, "cells_max_abs_diff": float(np.abs(g.values - c.values).max()),
+                         "max_abs_a": float(np.abs(c.values).max()), "sum_abs_diff": d_sum,
+                         "completeness_error_gpu": float(gp.completeness_error[pid]),
+                         "completeness_error_cpu": float(cp.completeness_error[pid]),
+                         "steps_gpu": [int(gp.steps_a[pid]), int(gp.steps_b[pid])],
+                         "steps_cpu": [int(cp.steps_a[pid]), int(cp.steps_b[pid])],
+                         "agrees": bool(d_sum <= bound + 1e-9)})  # fmt: skip
+    ok = [p for p in per_pair if "error" not in p]
+    cpu_weights = json.loads((cpu / "weights.json").read_text())["weights_sha256"]
+    return {"pairs": len(common), "compared": len(ok), "agree": sum(p["agrees"] for p in ok),
+            "same_weights": cpu_weights == weights_sha256,
+            "cells_max_abs_diff": max((p["cells_max_abs_diff"] for p in ok), default=None),
+            "cells_max_rel_diff": max((p["cells_max_abs_diff"] / p["max_abs_a"] for p in ok), default=None),
+            "sum_max_abs_diff": max((p["sum_abs_diff"] for p in ok), default=None),
+            "same_steps": sum(p["steps_gpu"] == p["steps_cpu"] for p in ok), "per_pair": per_pair}  # fmt: skip
 
 
 # --------------------------------------------------------------------------- report (here)
 def report(path: str) -> str:
+    """The markdown of one `run`'s gpu-job.json (bench/gpu_run.py report puts one per model into gpu-job.md)."""
     r = json.loads(Path(path).read_text())
-    env, job = r["environment"], r.get("job")
-    lines = [f"## {env.get('gpu', env['device'])}: the job with GPU actors ({env['stamp']}, "
-             f"commit {env.get('commit')})",
-             "", f"torch {env['torch']}, ray {env.get('ray')}, Python {env['python']}, {env['cpus']} CPUs; "
-             f"status {r.get('status')}.", ""]  # fmt: skip
-    s = r["settings"]
-    lines += [f"Settings: {s['model']}, layer {s['layer']}, {s['rule']} N={s['steps']}, the first {s['pairs']:,} pairs "
-              f"of {s['dataset']}.", ""]  # fmt: skip
+    env, job, s = r["environment"], r.get("job"), r["settings"]
+    n = f"N={s['steps']}" if s.get("steps") else "adaptive N (the job's default)"
+    lines = [f"### {Path(s['model']).name}, layer {s['layer']}: the first {s['pairs']:,} pairs of {s['dataset']}", "",
+             f"{env.get('gpu', env['device'])}, torch {env['torch']}, ray {env.get('ray')}, Python {env['python']}, "
+             f"{env['cpus']} CPUs; {env['stamp']}, commit {env.get('commit')}; {n}; status {r.get('status')}.",
+             ""]  # fmt: skip
     if job:
         eng = r.get("engine")
         lines += ["| | pairs | sentences | wall s | pairs/s | sentences/s |", "|---|---|---|---|---|---|",
                   f"| job (end to end) | {job['pairs']:,} | {job['sentences']:,} | {job['wall_s']:.1f} | "
                   f"{job['pairs_per_s']:.1f} | {job['sentences_per_s']:.1f} |"]  # fmt: skip
         if eng:
-            lines.append(f"| engine alone | | {eng['sentences']:,} | {eng['seconds']:.1f} | | "
+            of = f" (a seeded sample of the {job['sentences']:,})" if eng.get("of_unique") else ""
+            lines.append(f"| engine alone{of} | | {eng['sentences']:,} | {eng['seconds']:.1f} | | "
                          f"{eng['sentences_per_s']:.1f} |")  # fmt: skip
+        if r.get("ratio"):
             lines += ["", f"Job / engine (sentences/s): **{r['ratio']['job_over_engine_sentences_per_s']:.2f}**."]
-            q = QQP_QUESTIONS / eng["sentences_per_s"] / 3600
-            lines.append(f"Full QQP ({QQP_PAIRS:,} pairs, {QQP_QUESTIONS:,} questions) at these rates: job "
-                         f"{QQP_QUESTIONS / job['sentences_per_s'] / 3600:.2f} h, engine alone {q:.2f} h.")
         lines += ["", "Shares of the job's wall time: " + ", ".join(f"{k[:-2]} {v:.0%}" for k, v in
-                                                                    job["shares"].items()), ""]  # fmt: skip
+                                                                    job["shares"].items()) + ".", ""]  # fmt: skip
         lines += ["| wave | pairs | sentences | s | factors s | cells s | commit s | GPU util % mean / max | "
-                  "GPU mem MiB max | driver private MB | workers RSS MB max |", "|" + "---|" * 11]  # fmt: skip
+                  "GPU mem MiB max | driver private MB | workers RSS MB max | batches out of memory |",
+                  "|" + "---|" * 12]  # fmt: skip
         for k, w in enumerate(r.get("job_waves", []), 1):
             util = (f"{w['gpu_util_pct_mean']:.0f} / {w['gpu_util_pct_max']:.0f}" if "gpu_util_pct_mean" in w
                     else "n/a")  # fmt: skip
             lines.append(f"| {k} | {w.get('pairs', '')} | {w.get('sentences', '')} | {w['seconds']:.1f} | "
                          f"{w.get('factors_s', 0):.1f} | {w.get('cells_s', 0):.1f} | {w.get('commit_s', 0):.1f} | "
                          f"{util} | {w.get('gpu_mem_used_mib_max', 'n/a')} | {w.get('driver_private_mb', 0):.0f} | "
-                         f"{w.get('workers_rss_mb_max', 0):.0f} |")  # fmt: skip
-        if eng and "torch_cuda_peak_allocated_gib" in eng:
-            lines += ["", f"Engine alone: torch.cuda peak {eng['torch_cuda_peak_allocated_gib']:.1f} GiB allocated, "
-                      f"{eng['torch_cuda_peak_reserved_gib']:.1f} GiB reserved."]  # fmt: skip
-    if "compare_cpu" in r:
+                         f"{w.get('workers_rss_mb_max', 0):.0f} | {w.get('oom_retries', 0)} |")  # fmt: skip
+        if eng:
+            peak = (f"torch.cuda peak {eng['torch_cuda_peak_allocated_gib']:.1f} GiB allocated, "
+                    f"{eng['torch_cuda_peak_reserved_gib']:.1f} reserved; " if "torch_cuda_peak_allocated_gib" in eng
+                    else "")  # fmt: skip
+            lines += ["", f"Engine alone: {peak}N per sentence {eng.get('steps_hist')}."]
+    if "compare_cpu" in r and "error" in r["compare_cpu"]:
+        lines += ["", f"No comparison with a CPU run: {r['compare_cpu']['error']}."]
+    elif "compare_cpu" in r:
         c = r["compare_cpu"]
-        lines += ["", f"The first {c['pairs']} pairs' stored cells against a CPU run of them (same weights: "
-                  f"{c['same_weights']}): max |diff| {c['cells_max_abs_diff']:.2e} of max |A| {c['cells_max_abs']:.3f} "
-                  f"(relative {c['cells_max_rel_diff']:.2e}); sums {c['sum_max_abs_diff']:.2e}, scores "
-                  f"{c['score_max_abs_diff']:.2e}."]  # fmt: skip
+        lines += ["", f"The first {c['pairs']} pairs' stored rows against a CPU run of the same pairs (same weights: "
+                  f"{c['same_weights']}): {c['agree']} of {c['compared']} agree within their completeness errors "
+                  f"(|sum A_gpu - sum A_cpu| <= |error_gpu| + |error_cpu|); cells max |diff| "
+                  f"{c['cells_max_abs_diff']:.2e} (relative to the pair's max |A|: {c['cells_max_rel_diff']:.2e}); "
+                  f"the same N for both sentences in {c['same_steps']} pairs."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="measure (on the GPU machine)")
-    r.add_argument("--out", required=True, help="folder for gpu-job.json, samples.jsonl, the runs, the subset")
-    r.add_argument("--pairs", type=int, default=20_000)
-    r.add_argument("--dataset", default="qqp")
-    r.add_argument("--qqp-path", default=None, help="the bundled QQP subset (DIR/data/...), else as jobs.attribute")
-    r.add_argument("--model", default=MODEL)
-    r.add_argument("--layer", type=int, default=LAYER)
-    r.add_argument("--rule", default=RULE)
-    r.add_argument("--steps", type=int, default=STEPS)
-    r.add_argument("--compare", type=int, default=50, help="pairs whose stored values are kept for `compare`")
+    for name, text in (("run", "measure (on the GPU machine)"), ("cpu-rows", "the same pairs on this CPU (here)")):
+        r = sub.add_parser(name, help=text)
+        r.add_argument("--out", required=True, help="run: gpu-job.json, samples.jsonl, the runs, the subset; "
+                                                    "cpu-rows: pairs.parquet, cells.parquet, weights.json")
+        r.add_argument("--pairs", type=int, default=PAIRS)
+        r.add_argument("--dataset", default="qqp")
+        r.add_argument("--qqp-path", default=None, help="the bundled QQP subset (DIR/data/...), else as jobs.attribute")
+        r.add_argument("--model", default=MODEL)
+        r.add_argument("--layer", type=int, default=LAYER)
+        r.add_argument("--steps", type=int, default=None, help="a fixed N (default: the job's adaptive N)")
+        r.add_argument("--compare", type=int, default=COMPARE, help="pairs whose stored rows are compared")
+    r = sub.choices["run"]
+    r.add_argument("--cpu-rows", default=None, help="a `cpu-rows` folder of the same pairs and model")
+    r.add_argument("--engine-sentences", type=int, default=ENGINE_SENTENCES,
+                   help="the engine alone on a seeded sample of this many of the job's questions (0: all)")
     r.add_argument("--device", default=None, help="the actors' and the engine's device (default cuda when there)")
     r.add_argument("--allow-cpu", action="store_true", help="run without a GPU (a dry run of the path)")
     r.add_argument("--logical-gpus", type=int, default=0, help="start Ray with this many GPUs it does not have")
     r.add_argument("--job-arg", action="append",
                    help="one more jobs.attribute argument (repeat), e.g. --job-arg=--wave-size=4096")
-    c = sub.add_parser("compare", help="the stored subset against a CPU run of the same pairs (here)")
-    c.add_argument("result", help="the run's --out folder")
-    c.add_argument("--qqp-path", default=None)
-    c.add_argument("--model", default=None, help="the same model here (default: the run's --model)")
-    rep = sub.add_parser("report", help="write bench/results/gpu-job.md from gpu-job.json (here)")
+    sub.choices["cpu-rows"].add_argument("--runs", default=str(ROOT / "bench" / ".cache" / "gpu-cpu-runs"),
+                                         help="the CPU run's store root")  # fmt: skip
+    rep = sub.add_parser("report", help="the markdown of one run's gpu-job.json")
     rep.add_argument("result")
-    rep.add_argument("--results", default=str(RESULTS))
     a = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if a.cmd == "run":
         return run(a)
-    if a.cmd == "compare":
-        return compare(a)
-    text = report(a.result)
-    Path(a.results).write_text("# The job with GPU actors on one GPU (bench/gpu_job.py)\n\n" + text)
-    print(text)
+    if a.cmd == "cpu-rows":
+        return cpu_rows(a)
+    print(report(a.result))
     return 0
 
 

@@ -6,7 +6,7 @@
                                                  # to the full QQP (404,290 pairs). Exits 0 without a GPU.
 
 It runs the real job in a subprocess (a local Ray started by the job's own `ray.init()`) on the
-first --pairs rows of the QQP subset in shared/data, into a fresh output directory (a reused one
+first --pairs rows of a QQP subset file (--qqp-path or $XSBERT_QQP), into a fresh output directory (a reused one
 would recompute nothing: the run id is idempotent), then reads the store with DuckDB:
 
   pairs/s, sentences/s   computed pairs (unique sentences) per second, over three time bases:
@@ -36,7 +36,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-QQP = ROOT.parent / "shared" / "data" / "qqp" / "qqp_glue_train_subset.tsv.gz"
 RESULTS = ROOT / "bench" / "results" / "job.md"
 
 # The full Quora release (= GLUE QQP train + dev): pairs, and distinct questions among them.
@@ -53,7 +52,9 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--gpu", action="store_true", help="all-mpnet-base-v2 layer 8 on one GPU actor")
     p.add_argument("--pairs", type=int, default=None, help="QQP pairs (default 1000 CPU, 5000 GPU)")
-    p.add_argument("--dataset", default="qqp", help="--dataset of the job (default qqp: the subset in shared/data)")
+    p.add_argument("--dataset", default="qqp", help="--dataset of the job (default qqp: the subset of --qqp-path)")
+    p.add_argument("--qqp-path", default=os.environ.get("XSBERT_QQP"),
+                   help="the QQP subset file for --dataset qqp (default: $XSBERT_QQP)")
     p.add_argument("--model", default=None)
     p.add_argument("--layer", type=int, default=None, help="default: the job's (CPU), 8 (GPU)")
     p.add_argument("--steps", type=int, default=None, help="quadrature nodes (default: the job's)")
@@ -68,8 +69,10 @@ def parse_args() -> argparse.Namespace:
 # --------------------------------------------------------------------------- running the job
 def job_command(args: argparse.Namespace, out: Path) -> list[str]:
     cmd = [sys.executable, "-m", "jobs.attribute", "--dataset", args.dataset, "--limit", str(args.pairs)]
-    if args.dataset == "qqp" and QQP.exists():
-        cmd += ["--qqp-path", str(QQP)]
+    if args.dataset == "qqp":
+        if not args.qqp_path:
+            raise SystemExit("bench/job.py: error: --dataset qqp needs a QQP subset file: --qqp-path FILE or $XSBERT_QQP")
+        cmd += ["--qqp-path", args.qqp_path]
     cmd += ["--model", args.model, "--out", str(out), "--quiet"]
     for flag, value in (
         ("--layer", args.layer),

@@ -25,7 +25,7 @@ stages piece by piece, and carries the results back:
             Table 1 with the almost-stochastic-order test (App. B), and jobs.pipeline's report stage over the runs
             and comparisons that came back (DuckDB, here), with the paper's figures beside ours where like for like
 
-A later session (a bare machine) goes on where an earlier one stopped: `run --done RESULTS/progress.json` keeps the
+A later `run` on a bare machine goes on where an earlier one ended: `run --done RESULTS/progress.json` keeps the
 earlier Table 1, trains only the models of the runs left, and skips each run that came back whose settings are the
 same and whose model, where trained again, has the same weights' sha256 as then (training is deterministic: the same
 recipe on the same GPU and software gives the same weights; a model that differs has its runs done again).
@@ -282,7 +282,7 @@ def check(transfer: Path | None, work: Path) -> dict[str, Any]:
 
 def same_run_key(command: list[str], model: str) -> list[str]:
     """A run's jobs.attribute flags without where its model and store are on this machine (--model becomes the
-    study's model name, --out goes): equal across sessions for the same settings; the model's weights are compared by
+    study's model name, --out goes): equal across machines and calls for the same settings; the model's weights are compared by
     their sha256 beside it."""
     key, flags = [], iter(command)
     for flag in flags:
@@ -335,8 +335,8 @@ class Runner:
         if unknown:
             raise pipeline.InputError(f"--only: no run {', '.join(unknown)} in {a.config}")
 
-        # What this session trains: every model while Table 1 is to be made, else the models of the runs to do (a
-        # run an earlier session sent back needs its model only to be checked, and is skipped if that is not trained)
+        # What this call trains: every model while Table 1 is to be made, else the models of the runs to do (a run
+        # an earlier call sent back needs its model only to be checked, and is skipped if that is not trained)
         done_runs = {**self.done.get("runs", {}), **self.progress["runs"]}
         table1_before = "table1" in self.done.get("pieces", {})
         wanted = set(study.trained()) if not table1_before else {
@@ -375,7 +375,7 @@ class Runner:
         for name in only:
             run = study.runs[name]
             trained_here = run.model in paths or run.model not in study.trained()
-            where = paths if trained_here else {**paths, run.model: "(not trained in this session)"}
+            where = paths if trained_here else {**paths, run.model: "(not trained by this call)"}
             command = pipeline.job_settings(study, name, where).command()
             settings = same_run_key(command, run.model)
             sha = shas.get(run.model)  # None: the shelf model (its weights are the bundle's, checked by sha256)
@@ -556,7 +556,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     r.add_argument("--check", action="store_true",
                    help="only install the wheels, import what the stages need, print the versions, the GPU and the "
                         "parts that have arrived")  # fmt: skip
-    r.add_argument("--done", type=Path, default=None, help="an earlier session's progress.json: its runs are skipped")
+    r.add_argument("--done", type=Path, default=None, help="an earlier call's progress.json: its runs are skipped")
     r.add_argument("--only", default=None, help="comma-separated run names, in this order (default: the config's)")
     r.add_argument("--deadline-s", type=float, default=None, help="start no piece after this many seconds")
     r.add_argument("--stop-after", default=None, help="stop after the piece of this name")

@@ -6,7 +6,7 @@
 For each precision the same pairs go through `Explainer(..., precision=P).explain_pairs` (each unique sentence
 integrated once); everything is compared with the float32 run of the same invocation:
   factor error      per sentence ||sum_s P[:, s] - (e(x) - e(r))|| / ||e(x) - e(r)||: mean, median, max, and the
-                    mean against float32's (the issue's criterion for a CUDA default: within 2x)
+                    mean against float32's (the rule for a CUDA default: within 2x)
   completeness      per pair |sum A - target|: mean, max
   cells             max |A_P - A_fp32| over all cells of all pairs, and relative to the largest |A_fp32|
   time              engine seconds, and float32's seconds / this precision's (same run, same pairs)
@@ -114,7 +114,7 @@ def markdown(r: dict) -> str:
             f"{x['completeness_abs_max']:.2e} | {x['cell_max_abs_diff']:.2e} | {x['cell_max_rel_diff']:.2e} | "
             f"{x['score_max_abs_diff']:.1e} | {x['seconds']:.1f} | {x['speed_vs_fp32']:.2f}x |"
         )
-    lines += ["", "The issue's rule for the CUDA default (the fastest precision whose mean completeness error stays "
+    lines += ["", "The rule for the CUDA default (the fastest precision whose mean completeness error stays "
               "within 2x float32's) needs this table from a GPU (`--device cuda`, with tf32): on a CPU bf16 and "
               "fp16 run without tensor cores, so their speed here says nothing about a GPU's.", ""]  # fmt: skip
     return "\n".join(lines)

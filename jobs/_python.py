@@ -38,9 +38,9 @@ def dependency_advice(missing: list[str], python: str = sys.executable, environ=
     if RAY_JOB_ENV in environ:
         return (f"{what}: `ray job submit` runs the `python` first on the PATH of the process that started the Ray "
                 "head, and that is not the project's venv. Stop the head and start it from the activated venv: "
-                "`source .venv/bin/activate && RAY_AUTH_MODE=token ray start --head` (README, 'Running on a "
-                "cluster'); on a cluster, every node needs the project installed (cluster.yaml's setup_commands, "
-                "deploy/kuberay/Dockerfile)")  # fmt: skip
+                "`source .venv/bin/activate && RAY_AUTH_MODE=token ray start --head` (README, 'On a cluster, on a "
+                "schedule, offline'); on a cluster, every node needs the project installed (cluster.yaml's "
+                "setup_commands, deploy/kuberay/Dockerfile)")  # fmt: skip
     return f"{what}: run the jobs with the project's venv, `.venv/bin/python -m jobs.<name>` (`make setup` makes it)"
 
 

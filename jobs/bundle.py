@@ -11,7 +11,9 @@ What it writes (docs/OFFLINE.md): the wheels of the project's dependencies for t
 resolved and downloaded by pip itself (`pip install --dry-run --report`, then `pip download`), less what the target
 has already (--exclude NAME: that distribution and whatever only it needs; --have FILE: every distribution a
 `pip freeze` of the target lists, whose versions also pin the resolution; --target-python PY: resolve against that
-interpreter's environment, as `pip install` there would); the project as a wheel; model folders (--float16: their
+interpreter's environment, as `pip install` there would), or only what some of the project's requirements need
+(--only ray[data]: the job with Ray on a node that has the rest, the project wheel then installed --no-deps);
+the project as a wheel; model folders (--float16: their
 float32 weights stored as float16, half the bytes, the max rounding error in the manifest); dataset files -- every
 file cut into parts of at most --part-size, their sha256 in manifest.json, and install.py (jobs/_offline.py), which
 checks every part, reassembles and installs with `pip --no-index`.
@@ -129,17 +131,48 @@ def needed(report: dict[str, Any], roots: list[str], exclude: set[str], env: dic
     return seen
 
 
-def read_freeze(path: Path) -> dict[str, str]:
+_BARE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def read_freeze(path: Path) -> dict[str, str | None]:
     """A `pip freeze` / `pip list --format=freeze` file: {canonical name: version} (local versions dropped: a
-    target's torch 2.5.1+cu124 pins 2.5.1; editable and URL lines skipped)."""
-    pins: dict[str, str] = {}
+    target's torch 2.5.1+cu124 pins 2.5.1; editable and URL lines skipped). A line with a bare name (a package list
+    without versions) says the target has it, in a version not known here: None, left out but not pinned."""
+    pins: dict[str, str | None] = {}
     for line in path.read_text().splitlines():
         line = line.split("#", 1)[0].strip()
-        if "==" not in line or line.startswith("-"):
+        if line.startswith("-") or not line:
             continue
-        name, version = (s.strip() for s in line.split("==", 1))
-        pins[canonical(name)] = version.split("+", 1)[0]
+        if "==" in line:
+            name, version = (s.strip() for s in line.split("==", 1))
+            pins[canonical(name)] = version.split("+", 1)[0]
+        elif _BARE_NAME.match(line):
+            pins.setdefault(canonical(line), None)
     return pins
+
+
+def only_requirements(wheel: Path, only: tuple[str, ...]) -> list[str]:
+    """The project's own requirements (its wheel's Requires-Dist) of the distributions named in `only`, each with the
+    project's version specifier and marker; `ray[data]` keeps ray's specifier with the extras given instead of the
+    project's."""
+    import zipfile
+
+    from packaging.requirements import Requirement
+
+    with zipfile.ZipFile(wheel) as zf:
+        meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = zf.read(meta).decode().splitlines()
+    project = {canonical(Requirement(line.split(":", 1)[1]).name): Requirement(line.split(":", 1)[1])
+               for line in lines if line.startswith("Requires-Dist:")}  # fmt: skip
+    out = []
+    for text in only:
+        want = Requirement(text)
+        req = project.get(canonical(want.name))
+        if req is None or (req.marker is not None and "extra" in str(req.marker)):
+            raise BundleError(f"--only {text}: not one of the project's requirements ({', '.join(sorted(project))})")
+        req.extras = set(want.extras) if want.extras else req.extras
+        out.append(str(req))
+    return out
 
 
 def _run(cmd: list[str], what: str) -> str:
@@ -184,9 +217,10 @@ def target_flags(python: str | None, platform_tag: str | None) -> list[str]:
     return flags
 
 
-def resolve(wheel: Path, work: Path, python: str | None, platform_tag: str | None, have: dict[str, str],
-            target_python: str | None) -> dict[str, Any]:  # fmt: skip
-    """pip's installation report for the project wheel on the target: every distribution with its version."""
+def resolve(wheel: Path, work: Path, python: str | None, platform_tag: str | None, have: dict[str, str | None],
+            target_python: str | None, requirements: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """pip's installation report for the project wheel on the target (or, given, for `requirements` alone): every
+    distribution with its version."""
     report = work / "report.json"
     cmd = [sys.executable, "-m", "pip"]
     if target_python:  # pip run against that interpreter's environment: what is there already stays out
@@ -196,9 +230,11 @@ def resolve(wheel: Path, work: Path, python: str | None, platform_tag: str | Non
     cmd += ["--only-binary", ":all:", "--quiet", "--report", str(report)]
     if have:
         constraints = work / "have-constraints.txt"
-        constraints.write_text("".join(f"{n}=={v}\n" for n, v in sorted(have.items()) if n != "xsbert-scale"))
+        constraints.write_text("".join(f"{n}=={v}\n" for n, v in sorted(have.items())
+                                       if n != "xsbert-scale" and v is not None))  # fmt: skip
         cmd += ["--constraint", str(constraints)]
-    _run([*cmd, str(wheel)], "resolving the project's dependencies for the target (pip install --dry-run)")
+    _run([*cmd, *(requirements or [str(wheel)])],
+         "resolving the project's dependencies for the target (pip install --dry-run)")
     return json.loads(report.read_text())
 
 
@@ -245,7 +281,7 @@ def model_archive(name: str, work: Path, float16: bool) -> tuple[Path, dict[str,
 
 
 def dataset_file(name: str) -> Path:
-    """`qqp` (the bundled QQP subset, as jobs.attribute finds it), or a file."""
+    """`qqp` (the QQP subset file of --qqp-path / $XSBERT_QQP, as jobs.attribute finds it), or a file."""
     from .attribution.inputs import qqp_path
 
     if name == "qqp":
@@ -263,7 +299,7 @@ def dataset_file(name: str) -> Path:
 def bundle(out: Path, part_size: int, python: str | None = None, platform_tag: str | None = None,
            exclude: tuple[str, ...] = (), have: Path | None = None, target_python: str | None = None,
            models: tuple[str, ...] = (), float16: bool = False, datasets: tuple[str, ...] = (),
-           wheels: bool = True, log=print) -> dict[str, Any]:  # fmt: skip
+           wheels: bool = True, only: tuple[str, ...] = (), log=print) -> dict[str, Any]:  # fmt: skip
     """Write the bundle into `out` (see the module's docstring); returns its manifest."""
     if out.exists() and any(out.iterdir()):
         raise BundleError(f"{out} exists and is not empty; choose a new --out")
@@ -274,7 +310,7 @@ def bundle(out: Path, part_size: int, python: str | None = None, platform_tag: s
     out.mkdir(parents=True, exist_ok=True)
     try:
         return _write(out, part_size, python, platform_tag, exclude, have, target_python, models, float16, datasets,
-                      wheels, log, t0)  # fmt: skip
+                      wheels, only, log, t0)  # fmt: skip
     except BaseException:
         # no half-written bundle left behind to be mistaken for a whole one (out was new or empty)
         shutil.rmtree(out, ignore_errors=True)
@@ -285,7 +321,9 @@ def bundle(out: Path, part_size: int, python: str | None = None, platform_tag: s
 
 def _write(out: Path, part_size: int, python: str | None, platform_tag: str | None, exclude: tuple[str, ...],
            have: Path | None, target_python: str | None, models: tuple[str, ...], float16: bool,
-           datasets: tuple[str, ...], wheels: bool, log, t0: float) -> dict[str, Any]:  # fmt: skip
+           datasets: tuple[str, ...], wheels: bool, only: tuple[str, ...], log, t0: float) -> dict[str, Any]:  # fmt: skip
+    from packaging.requirements import Requirement
+
     parts_dir = out / PARTS
     items: list[dict[str, Any]] = []
     manifest: dict[str, Any] = {
@@ -293,7 +331,7 @@ def _write(out: Path, part_size: int, python: str | None, platform_tag: str | No
         "part_size": part_size, "target": {"python": python or platform.python_version(),
                                             "platform": platform_tag or "this machine's",
                                             "target_python": target_python},
-        "left_out": [], "items": items,
+        "left_out": [], "items": items, **({"only": list(only)} if only else {}),
     }  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="xsbert-bundle-") as tmp:
         work = Path(tmp)
@@ -301,12 +339,15 @@ def _write(out: Path, part_size: int, python: str | None, platform_tag: str | No
             log("bundle: building the project wheel")
             wheel = project_wheel(work / "project")
             pins = read_freeze(have) if have else {}
-            log("bundle: resolving its dependencies for the target (pip)")
-            report = resolve(wheel, work, python, platform_tag, pins, target_python)
+            requirements = only_requirements(wheel, only) if only else None
+            log("bundle: resolving " + (", ".join(requirements) if requirements else "its dependencies")
+                + " for the target (pip)")  # fmt: skip
+            report = resolve(wheel, work, python, platform_tag, pins, target_python, requirements)
             env = marker_environment(python, platform_tag)
             excluded = {canonical(n) for n in exclude} | set(pins)
             excluded.discard("xsbert-scale")
-            keep = needed(report, ["xsbert-scale"], excluded, env)
+            roots = [canonical(Requirement(r).name) for r in requirements] if requirements else ["xsbert-scale"]
+            keep = needed(report, roots, excluded, env)
             resolved = {canonical(i["metadata"]["name"]): i["metadata"]["version"] for i in report["install"]}
             manifest["left_out"] = sorted(f"{n}=={v}" for n, v in resolved.items() if n not in keep)
             manifest["resolved"] = sorted(f"{n}=={v}" for n, v in resolved.items())
@@ -319,7 +360,8 @@ def _write(out: Path, part_size: int, python: str | None, platform_tag: str | No
                 raise BundleError(f"pip download brought no wheel for {', '.join(missing)}")
             for f in [wheel, *files]:
                 entry = split_file(f, parts_dir, part_size)
-                items.append({"kind": "wheel", **({"project": True} if f == wheel else {}), **entry})
+                mark = ({"project": True, **({"no_deps": True} if only else {})} if f == wheel else {})
+                items.append({"kind": "wheel", **mark, **entry})
         for name in models:
             log(f"bundle: model {name}{' (float16 weights)' if float16 else ''}")
             archive, info = model_archive(name, work, float16)
@@ -346,6 +388,11 @@ def _names(text: str | None) -> tuple[str, ...]:
     return tuple(s.strip() for s in (text or "").split(",") if s.strip())
 
 
+def _requirements(text: str | None) -> tuple[str, ...]:
+    """'ray[data,default],pyarrow' -> ('ray[data,default]', 'pyarrow'): commas inside brackets stay."""
+    return tuple(s.strip() for s in re.split(r",(?![^\[]*\])", text or "") if s.strip())
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m jobs.bundle", description=__doc__.split("\n\n")[0],
                                 epilog="docs/OFFLINE.md has the whole story.")  # fmt: skip
@@ -363,6 +410,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="a `pip freeze` of the target: its distributions are left out and pin the resolution")
     w.add_argument("--target-python", default=None, metavar="PY",
                    help="resolve against this interpreter's environment (what it has stays out)")
+    w.add_argument("--only", default=None, metavar="REQ,REQ",
+                   help="carry only these of the project's requirements (and what they need), e.g. 'ray[data]'; "
+                        "the project itself is then installed --no-deps")  # fmt: skip
     w.add_argument("--no-wheels", action="store_true", help="models and datasets only")
     m = p.add_argument_group("models and data")
     m.add_argument("--models", default=None, metavar="M1,M2", help="model names or folders (as --model takes them)")
@@ -378,7 +428,8 @@ def cli(argv: list[str] | None = None) -> int:
         if args.no_wheels and not (args.models or args.datasets):
             raise BundleError("--no-wheels with no --models and no --datasets: nothing to bundle")
         bundle(args.out, part_size, args.python, args.platform, _names(args.exclude), args.have, args.target_python,
-               _names(args.models), args.float16, _names(args.datasets), wheels=not args.no_wheels)  # fmt: skip
+               _names(args.models), args.float16, _names(args.datasets), wheels=not args.no_wheels,
+               only=_requirements(args.only))  # fmt: skip
     except BundleError as exc:
         print(f"jobs.bundle: error: {exc}", file=sys.stderr)
         return 2

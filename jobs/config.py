@@ -95,7 +95,8 @@ class Selection:
                                 "a hub name such as glue/qqp or sentence-transformers/stsb")  # fmt: skip
     split: str | None = setting(None, help="split (stsb: train|dev|test, default test; qqp: train)")
     config: str | None = setting(None, help="hub dataset config (glue/qqp needs none)")
-    qqp_path: str | None = setting(None, help="the QQP subset file (default: $XSBERT_QQP, ../shared/data/qqp)")
+    qqp_path: str | None = setting(None, help="a QQP subset file of the train split, GLUE's TSV layout (default: "
+                                              "$XSBERT_QQP; without either, --dataset qqp is the hub's GLUE QQP)")
     limit: int | None = setting(None, ge=1, help="the first N rows (after --sample)")
     sample: int | None = setting(None, ge=1, help="a seeded random sample of N rows")
     seed: int = setting(0, help="seed of --sample")
@@ -207,6 +208,23 @@ class Execution:
                                     "see it")  # fmt: skip
     device: str | None = setting(None, help="torch device of the factor actors (default: cuda when they get GPUs, "
                                             "else cpu)")  # fmt: skip
+    factor_memory: str | None = setting(None, metavar="SIZE",
+                                        help="memory a factor actor may take for its batches beyond its model, e.g. "
+                                             "40GiB: on a GPU the caching allocator's limit, within which batches are "
+                                             "planned (default: 85%% of the actor's share of the card, planned, no "
+                                             "limit); on a CPU the limit of the tensors one call holds. A batch that "
+                                             "runs out is halved and retried, never dropped")  # fmt: skip
+
+    def factor_memory_bytes(self) -> int | None:
+        """--factor-memory in bytes (None when not given); InputError naming the flag when it is no size."""
+        if self.factor_memory is None:
+            return None
+        from ._offline import BundleError, parse_size
+
+        try:
+            return parse_size(self.factor_memory)
+        except BundleError as exc:
+            raise InputError(f"--factor-memory: {exc}") from None
 
 
 @dataclass(frozen=True)

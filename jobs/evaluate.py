@@ -11,7 +11,7 @@ Stages:
   table1     Spearman x 100 of each model's predicted similarity vs gold on STS-B test (all pairs), for
              shelf (the base model), tuned, exact, orig, each trained model at its last epoch (App. A states no
              checkpoint rule) and at its best-dev epoch (ours; jobs.train saves both), every model scored with
-             cosine as the paper does (§4.1)
+             cosine as the paper does (§4.2)
              and orig also with its own dot product; the almost-stochastic-order test (Dror et al. 2019,
              deepsig) on squared errors (prediction - label/5)^2 between tuned and exact, both directions,
              per checkpoint.
@@ -69,9 +69,10 @@ PAPER_TABLE1 = {v: paper.get(f"table1_{v}").value for v in ("shelf", *VARIANTS)}
 _FIG3, _FIG4_L11, _FIG4_L8 = (paper.get(k) for k in ("fig3_spearman_top", "fig4_jaccard_top10_l11",
                                                      "fig4_jaccard_top10_l8"))  # fmt: skip
 _FIG2_NEAR, _FIG2_BELOW = paper.get("fig2_ref_sim_near_zero"), paper.get("fig2_ref_term_below")
-PAPER_FIG3 = {f"paper (§4.4): mpnet exact vs tuned, L11 (its last), s>0.75: {_FIG3.value:.2f}": (0, _FIG3.value)}
-PAPER_FIG4 = {f"paper (§4.4): mpnet, L11 (its last), top-10, s>0.5: {_FIG4_L11.value:.2f}": (0, _FIG4_L11.value),
-              f"paper (§4.4): mpnet, L8 (3 below its last), top-10, s>0.5: {_FIG4_L8.value:.2f}": (3, _FIG4_L8.value)}
+PAPER_FIG3 = {f"paper (§4.4): mpnet exact vs tuned, L11 (\"layer eleven\"), s>0.75: {_FIG3.value:.2f}":
+              (0, _FIG3.value)}
+PAPER_FIG4 = {f"paper (§4.4): mpnet, L11, top-10, s>0.5: {_FIG4_L11.value:.2f}": (0, _FIG4_L11.value),
+              f"paper (§4.4): mpnet, L8 (3 below L11), top-10, s>0.5: {_FIG4_L8.value:.2f}": (3, _FIG4_L8.value)}
 # The paper's Fig 4 values are for pairs of mean score s > 0.5: ours are drawn on the same subset.
 FIG4_SCORE_ABOVE = 0.5
 DEFAULT_STEPS_GRID = (4, 8, 16, 32, 64, 128)
@@ -241,7 +242,7 @@ def aso_tests(errors: dict[tuple[str, str], np.ndarray], aso_iterations: int = 1
 def table1(paths: dict[str, str], split: str, aso_iterations: int = 1000,
            sample: int | None = None) -> tuple[pl.DataFrame, dict[str, Any]]:  # fmt: skip
     """One row per model, checkpoint and similarity: Spearman x 100 (and Pearson) of prediction vs gold, cosine
-    for every model (the paper's protocol, §4.1) and the model's own similarity beside it where that differs; a
+    for every model (the paper's protocol, §4.2) and the model's own similarity beside it where that differs; a
     trained model at its last epoch and, where jobs.train saved it, its best dev epoch (ours). ASO on squared errors
     of tuned vs exact per checkpoint. `paper_spearman_x100` only on rows of cosine at the last epoch (App. A states
     no checkpoint rule; the last epoch is the recipe's model); the paper's model is all-mpnet-base-v2 whatever ours

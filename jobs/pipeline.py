@@ -15,7 +15,8 @@ Stages, each skipped when its output is up to date for the same config:
     report     jobs.report per run and per comparison; redone only when a run's tables, the sql/ files,
                the report code or its variables changed (their fingerprint is kept in <report>/pipeline.json)
 
-Then <report>/index.html links the reports, and the findings are printed one line each.
+Then <report>/index.html shows the reports' key figures, their headline numbers beside the paper's and their findings
+(jobs/analyses/study.py), and the findings are printed one line each.
 
 The config is validated (pydantic, extra keys forbidden) before anything is computed; every problem is one
 line `jobs.pipeline: error: ...` and exit 2. The schema is `Study` below; configs/*.yaml are examples.
@@ -163,6 +164,9 @@ class Report(Strict):
     enabled: bool = True
     out: str | None = Field(None, description="report folder (default reports/<study>)")
     vars: dict[str, str | int | float | bool] = {}
+    serve_url: str | None = Field(None, description="where `xsbert serve` answers: the study page links the pairs "
+                                  "behind each finding there when it serves that run (default http://127.0.0.1:8000; "
+                                  "'none': never)")  # fmt: skip
 
 
 class Recipe(Strict):
@@ -383,7 +387,8 @@ def dataset_problem(ds: Dataset) -> str | None:
         source = resolve_source(ds.source, ds.split, ds.config, ds.qqp_path)
     except InputError as exc:
         return str(exc)
-    if source.kind == "hub" and "/" not in ds.source and ":" not in ds.source and not ds.hub:
+    builtin = ds.source.strip().lower() in BUILTINS  # `qqp` without a subset file is GLUE's QQP on the hub
+    if source.kind == "hub" and "/" not in ds.source and ":" not in ds.source and not ds.hub and not builtin:
         return (f"unknown dataset {ds.source!r}: not a built-in ({', '.join(BUILTINS)}), no such file or folder; "
                 "a hub dataset is owner/name (or set hub: true)")  # fmt: skip
     return None
@@ -778,14 +783,23 @@ def finding_lines(found: list[dict[str, Any]], paper_ok: bool) -> list[str]:
 
 
 def write_index(target: Reports, study: Study, reports: list[dict[str, Any]], models: dict[str, str]) -> str:
-    """The study's index page (jobs/templates/study.html, autoescaped): a link to each report and its findings."""
-    from .pages import environment
+    """The study's index page (jobs/analyses/study.py, from each report's report.json): key figures, headline
+    numbers, findings."""
+    from .analyses.base import SERVE_URL
+    from .analyses.study import StudyReport, study_page
 
     root = target.local
-    items = [{"name": r["name"], "href": f"{r['name']}/index.html",
-              "runs": r["run"] + (f" vs {r['run2']}" if r["run2"] else ""),
-              "lines": finding_lines(r["findings"], like_for_like(models.get(r["name"], "")))} for r in reports]  # fmt: skip
-    page = environment().get_template("study.html").render(study=study.study, reports=items)
+    items = []
+    for r in reports:
+        try:
+            text = target.read_text(f"{r['name']}/report.json")
+            doc = json.loads(text) if text else None
+        except (OSError, json.JSONDecodeError):
+            doc = None
+        items.append(StudyReport(r["name"], r["run"] + (f" vs {r['run2']}" if r["run2"] else ""), doc,
+                                 like_for_like(models.get(r["name"], "")), r["findings"]))  # fmt: skip
+    serve_url = study.report.serve_url or SERVE_URL
+    page = study_page(study.study, items, None if serve_url == "none" else serve_url)
     try:
         root.mkdir(parents=True, exist_ok=True)
         (root / "index.html").write_text(page, encoding="utf-8")

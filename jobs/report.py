@@ -7,7 +7,7 @@ For each analysis of sql/ (docs/ANALYSES.md) the report decides from the data wh
 all, gold labels, an approximate run, a `parses` table, pairs that differ by a standalone *not*, adjective
 triplets, a second run with the same tokenizer and shared pairs), runs it through jobs.sqlrun, writes
 `<name>.csv` and `<name>.md`, draws its figures (xsbert_core.plots) and states each finding in one plain
-sentence, beside the paper's number where DESIGN.md §4 has one. An analysis that does not apply is skipped
+sentence, beside the paper's number where jobs/paper.py has one. An analysis that does not apply is skipped
 with the reason. Then a few example heatmaps of real pairs, `index.html` (self-contained: relative links,
 inline CSS, no script), `report.json` (the same findings with their numbers) and a short summary on stdout.
 No Ray: DuckDB over the run's Parquet and matplotlib. The analyses themselves live in jobs/analyses/ (one module

@@ -58,6 +58,9 @@ from .store import (  # scheme -> family; DuckDB: all
 # Variables that name a run directory (`pairs_of`: reference_terms.sql and pos_neg_sums.sql keep the pairs that run
 # holds too): checked as --run is, and an object-store one's filesystem registered beside the runs'.
 RUN_VARIABLES = frozenset({"pairs_of"})
+# Variables that name a list of run directories (`other_runs`: negation_signs.sql reads the same pairs at other N):
+# a list, or one string of them comma-separated (`--var other_runs=runs/a,runs/b`); each checked as --run is.
+RUN_LIST_VARIABLES = frozenset({"other_runs"})
 
 TABLES: tuple[str, ...] = ("pairs", "cells", "word_cells", "sentences", "quarantine", "parses")
 # What to run when a table is missing (the attribution job writes every other table).
@@ -71,8 +74,13 @@ _RUN_VARIABLE_RE = re.compile(r"getvariable\('(run2?)'\)")
 # The committed parts of each table of the connection's runs (connect): a DuckDB variable (a map from the glob a sql/
 # file writes, `<run>/<table>/*.parquet`, to the parts) and the macro that reads it (committed_sql puts it in).
 PARTS_VARIABLE = "committed_parts"
+# A list of globs (`read_parquet(list_transform(runs, lambda r: r || '/pairs/*.parquet'))`, as negation_signs.sql
+# reads several runs) takes the committed parts of each, flattened (committed_parts_list).
 PARTS_MACRO = ("create or replace temp macro committed_parts(pattern) as "
                f"coalesce(getvariable('{PARTS_VARIABLE}')[pattern], [pattern])")  # fmt: skip
+PARTS_LIST_MACRO = ("create or replace temp macro committed_parts_list(patterns) as "
+                    f"flatten(list_transform(patterns, lambda p: coalesce(getvariable('{PARTS_VARIABLE}')[p], [p])))")  # fmt: skip
+_LIST_ARGUMENT_RE = re.compile(r"\s*(list_transform\s*\(|\[)", re.IGNORECASE)
 _READ_PARQUET_RE = re.compile(r"read_parquet\s*\(", re.IGNORECASE)
 _TABLE_GLOB_RE = re.compile(r"'/(?:" + "|".join(TABLES) + r")/\*\.parquet'\s*\)*\s*$")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -100,6 +108,8 @@ def _literal(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_literal(v) for v in value) + "]::varchar[]" if value else "[]::varchar[]"
     return "'" + str(value).replace("'", "''") + "'"
 
 
@@ -317,6 +327,11 @@ def connect(
         if name in RUN_VARIABLES and value is not None:  # a run directory too: checked and reachable as --run is
             runs.append(check_run(value, f"--var {name}"))
             value = glob_escape(str(runs[-1]))
+        if name in RUN_LIST_VARIABLES and value is not None:  # run directories, each checked as --run is
+            items = [v.strip() for v in value.split(",")] if isinstance(value, str) else list(value)
+            checked = [check_run(v, f"--var {name}") for v in items if str(v)]
+            runs += checked
+            value = [glob_escape(str(v)) for v in checked]
         settings[name] = value
     con = duckdb.connect()
     families: dict[str, str] = {}  # one registered filesystem per scheme family (s3, gcs) the runs use
@@ -335,6 +350,7 @@ def connect(
     values = "[" + ", ".join(_list_literal(v) for v in snapshot.values()) + "]::varchar[][]"
     con.execute(f"set variable {PARTS_VARIABLE} = map({keys}, {values})")
     con.execute(PARTS_MACRO)
+    con.execute(PARTS_LIST_MACRO)
     for path, suffix in ((first, ""), (second, "_2")):
         if path is None:
             continue
@@ -395,7 +411,8 @@ def committed_sql(sql: str) -> str:
             first_end = _first_argument_end(sql, m.end())
             argument = sql[m.end() : first_end]
             if _TABLE_GLOB_RE.search(argument):
-                out.append(f"{m.group(0)}committed_parts({committed_sql(argument)})")
+                macro = "committed_parts_list" if _LIST_ARGUMENT_RE.match(argument) else "committed_parts"
+                out.append(f"{m.group(0)}{macro}({committed_sql(argument)})")
                 k = first_end
             else:
                 out.append(m.group(0))

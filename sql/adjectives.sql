@@ -5,10 +5,15 @@
 --           "... ugly."), what attribution does the adjective pair's
 --           word cell get, for synonyms vs opposites?
 -- Paper     Table 2 (the 23 triplets), Fig 9 (§5.3: attributions of
---           synonym vs opposite adjective pairs; two pairs per triplet from
---           one template, "This house is X.", 46 pairs). The built-in
+--           synonym vs opposite adjective pairs, two sentence pairs per
+--           triplet "built from the same sentence template"); the paper
+--           finds that opposite pairs "generally, do receive lower, but only
+--           rarely negative attributions". Which template it used is not
+--           stated (App. C's example: "This house is beautiful." / "This
+--           house is pretty."): our set of the paper's, "This house is X."
+--           for every triplet (46 pairs), is an assumption. The built-in
 --           dataset adds three templates (184 pairs): the report gives the
---           paper's 46 first, the pooled set as our extension.
+--           46 first, the pooled set as our extension.
 -- Inputs    pairs of run, with the pass-through columns triplet, kind,
 --           template of the built-in dataset (python -m jobs.attribute
 --           --dataset adjectives); pairs without a triplet are left out
@@ -24,7 +29,11 @@
 --           | 'opposite'), template (with X for the adjective), word_a
 --           (the anchor), word_b, u, attribution (the word cell's value:
 --           mean over the two adjectives' tokens; null when pruned by
---           --min-abs), score, attribution_sum
+--           --min-abs), score, attribution_sum,
+--           is_repeat (the same two adjectives, template and kind as a
+--           pair earlier in triplet order: in Table 2 four opposite pairs
+--           come twice, beautiful/ugly, small/big, young/old, dirty/clean;
+--           leave these out to count distinct sentence pairs)
 -- Params    none
 -- Run       duckdb -cmd "set variable run = 'runs/<id>'" -f sql/adjectives.sql
 --           xsbert sql --run runs/<id> --file sql/adjectives.sql
@@ -133,7 +142,24 @@ adjectives as (
     left join word_cells
         on adjective_pairs.pair_id = word_cells.pair_id
         and adjective_pairs.u = word_cells.u
+),
+
+-- the same two adjectives in the same template and kind as a pair earlier in
+-- triplet order (beautiful/pretty/ugly and ugly/hideous/beautiful share
+-- their opposite pair): one sentence pair counted twice
+flagged as (
+    select
+        *,
+        word_a is not null and row_number() over (
+            partition by
+                template,
+                kind,
+                least(lower(word_a), lower(word_b)),
+                greatest(lower(word_a), lower(word_b))
+            order by triplet, pair_id
+        ) > 1 as is_repeat,
+    from adjectives
 )
 
-select * from adjectives
+select * from flagged
 order by triplet, template, kind;

@@ -3,11 +3,12 @@
 -- Question  For the same pairs attributed twice (exact vs approximate
 --           mode, two layers, two quadratures, two seeds), how well do the
 --           matrices agree, per pair, by the pair's score?
--- Paper     Fig 3/4 (§4.4): Exact vs Tuned (approximate), layer 11:
+-- Paper     Fig 3/4 (§4.4): Exact vs Tuned (approximate), "layer eleven":
 --           Spearman 0.81 +- 0.07 for s > 0.75 (the (0.75, 1.0] bin);
---           for s > 0.5: top-3 Jaccard 0.88 (layer 11), top-10 Jaccard
---           0.83 (layer 11) to 0.60 (layer 8). Content tokens and top-k
---           by |value| are our choices: the paper states neither.
+--           for s > 0.5: top-3 Jaccard 0.88 +- 0.17 (layer 11), top-10
+--           Jaccard 0.83 +- 0.10 (layer 11) to 0.60 +- 0.14 (layer 8).
+--           Content tokens and top-k by |value| are our choices: the
+--           paper states neither.
 -- Inputs    cells of run and run2 (level 'word': word_cells), joined on
 --           (pair_id, i, j): the cells stored in both (all of them without
 --           --min-abs; runs of different tokenizers do not match); by

@@ -5,9 +5,14 @@
 --           negation), how much does the not-word contribute to the
 --           similarity, and how often negatively?
 -- Paper     Fig 8 (§5.2): the total attribution to the 'not' token is
---           negative in 16% (off-the-shelf) and 9% (exact) of the cases;
---           in 90% of the cases it is under 8% (off-the-shelf) and 14%
---           (exact) of the prediction f(a, b).
+--           negative in approximately 16% (off-the-shelf) and 9% (exact)
+--           of the cases; in 90% of the cases the relative attribution is
+--           under 8% (off-the-shelf) and 14% (exact) "of the prediction".
+--           The paper writes out no denominator: relative reads it as
+--           f(a, b); relative_plus_one and relative_to_sum are the two
+--           other readings, f(a, b) + 1 (Eq. 4's sum) and sum(A).
+--           Signs clear of the completeness error, with intervals:
+--           negation_signs.sql.
 -- Inputs    pairs of run: pair ids, sentence ids, score, attribution_sum
 --           sentences of run: words (the tokenizer's words, as in
 --           word_cells.u / v) and word_ids (token -> word)
@@ -44,17 +49,108 @@
 --           relative         not_total / score ('paper') or
 --                            not_word_attribution / word_attribution_sum
 --                            ('word_cells'); null when the denominator is 0
+--           relative_plus_one  not_total / (score + 1)
+--           relative_to_sum  not_total / attribution_sum (the paper's
+--                            relative size under its other two readings,
+--                            whatever the definition)
 --           is_negative      not_attribution < 0
---           share_negative, p90_abs_relative  over all rows: share of
---                            is_negative and the 90th percentile of
---                            |relative| (linear interpolation, numpy's
---                            default); the same on every row
+--           share_negative, p90_abs_relative, p90_abs_relative_plus_one,
+--           p90_abs_relative_to_sum  over all rows: share of is_negative
+--                            and the 90th percentiles of |relative|,
+--                            |relative_plus_one|, |relative_to_sum|
+--                            (linear interpolation, numpy's default);
+--                            the same on every row
 -- Params    definition ('paper')
 -- Run       duckdb -cmd "set variable run = 'runs/<id>'" -f sql/negation.sql
 --           xsbert sql --run runs/<id> --file sql/negation.sql
 --           xsbert sql --run runs/<id> -f negation --var definition=word_cells
 
 .read sql/lib/cells_guard.sql
+
+-- the pairs of some runs (a list of run directories: the same pairs may be in
+-- several) whose two texts differ by one standalone "not" (the Detection
+-- above), with the not-word's index and token positions: the same text in
+-- negation.sql and negation_signs.sql (a test keeps it so)
+create or replace temp macro negation_pairs(runs) as table
+    with
+
+    -- one row per pair id (its texts and sentences are the same in every
+    -- run that holds it; score and attribution_sum are the first run's)
+    pairs as (
+        select
+            pair_id,
+            first(text_a) as text_a,
+            first(text_b) as text_b,
+            first(sentence_id_a) as sentence_id_a,
+            first(sentence_id_b) as sentence_id_b,
+            first(score) as score,
+            first(attribution_sum) as attribution_sum,
+        from read_parquet(list_transform(runs, lambda r: r || '/pairs/*.parquet'),
+                          union_by_name = true)
+        group by pair_id
+    ),
+
+    sentences as (
+        select
+            sentence_id,
+            list_transform(first(words), lambda w: lower(w)) as words,
+            first(word_ids) as word_ids,
+        from read_parquet(list_transform(runs, lambda r: r || '/sentences/*.parquet'),
+                          union_by_name = true)
+        group by sentence_id
+    ),
+
+    pair_words as (
+        select
+            pairs.*,
+            sentences_a.words as words_a,
+            sentences_b.words as words_b,
+            sentences_a.word_ids as word_ids_a,
+            sentences_b.word_ids as word_ids_b,
+        from pairs
+        inner join sentences as sentences_a
+            on pairs.sentence_id_a = sentences_a.sentence_id
+        inner join sentences as sentences_b
+            on pairs.sentence_id_b = sentences_b.sentence_id
+        where abs(len(sentences_a.words) - len(sentences_b.words)) = 1
+    ),
+
+    -- the 1-based positions k of a 'not' whose removal gives the other side
+    not_positions as (
+        select
+            * exclude (words_a, words_b, word_ids_a, word_ids_b),
+            word_ids_a,
+            word_ids_b,
+            list_filter(
+                range(1, len(words_a) + 1),
+                lambda k: words_a[k] = 'not'
+                    and list_concat(words_a[1:k - 1], words_a[k + 1:]) = words_b
+            ) as positions_a,
+            list_filter(
+                range(1, len(words_b) + 1),
+                lambda k: words_b[k] = 'not'
+                    and list_concat(words_b[1:k - 1], words_b[k + 1:]) = words_a
+            ) as positions_b,
+        from pair_words
+    ),
+
+    negation_pairs as (
+        select
+            * exclude (positions_a, positions_b, word_ids_a, word_ids_b),
+            case when len(positions_a) > 0 then 'a' else 'b' end as not_side,
+            coalesce(positions_a[1], positions_b[1]) - 1 as not_index,
+            -- the 0-based token positions of the not-word (cells.i for a, .j for b)
+            case when len(positions_a) > 0
+                then list_filter(range(len(word_ids_a)),
+                                 lambda t: word_ids_a[t + 1] = positions_a[1] - 1)
+                else list_filter(range(len(word_ids_b)),
+                                 lambda t: word_ids_b[t + 1] = positions_b[1] - 1)
+            end as not_tokens,
+        from not_positions
+        where len(positions_a) > 0 or len(positions_b) > 0
+    )
+
+    select * from negation_pairs;
 
 with
 
@@ -68,24 +164,9 @@ cells_guard as (
                      'all')
 ),
 
-pairs as (
-    select
-        pair_id,
-        text_a,
-        text_b,
-        sentence_id_a,
-        sentence_id_b,
-        score,
-        attribution_sum,
-    from read_parquet(getvariable('run') || '/pairs/*.parquet')
-),
-
-sentences as (
-    select
-        sentence_id,
-        list_transform(words, lambda w: lower(w)) as words,
-        word_ids,
-    from read_parquet(getvariable('run') || '/sentences/*.parquet')
+-- the pairs that differ by one "not" (the macro above)
+negation_pairs as (
+    select * from negation_pairs([getvariable('run')])
 ),
 
 cells as (
@@ -106,58 +187,6 @@ word_cells as (
         value,
     from read_parquet(getvariable('run') || '/word_cells/*.parquet')
     where (select ok from cells_guard)
-),
-
----------- logic: the pairs that differ by one "not"
-
-pair_words as (
-    select
-        pairs.*,
-        sentences_a.words as words_a,
-        sentences_b.words as words_b,
-        sentences_a.word_ids as word_ids_a,
-        sentences_b.word_ids as word_ids_b,
-    from pairs
-    inner join sentences as sentences_a
-        on pairs.sentence_id_a = sentences_a.sentence_id
-    inner join sentences as sentences_b
-        on pairs.sentence_id_b = sentences_b.sentence_id
-    where abs(len(sentences_a.words) - len(sentences_b.words)) = 1
-),
-
--- the 1-based positions k of a 'not' whose removal gives the other side
-not_positions as (
-    select
-        * exclude (words_a, words_b, word_ids_a, word_ids_b),
-        word_ids_a,
-        word_ids_b,
-        list_filter(
-            range(1, len(words_a) + 1),
-            lambda k: words_a[k] = 'not'
-                and list_concat(words_a[1:k - 1], words_a[k + 1:]) = words_b
-        ) as positions_a,
-        list_filter(
-            range(1, len(words_b) + 1),
-            lambda k: words_b[k] = 'not'
-                and list_concat(words_b[1:k - 1], words_b[k + 1:]) = words_a
-        ) as positions_b,
-    from pair_words
-),
-
-negation_pairs as (
-    select
-        * exclude (positions_a, positions_b, word_ids_a, word_ids_b),
-        case when len(positions_a) > 0 then 'a' else 'b' end as not_side,
-        coalesce(positions_a[1], positions_b[1]) - 1 as not_index,
-        -- the 0-based token positions of the not-word (cells.i for a, .j for b)
-        case when len(positions_a) > 0
-            then list_filter(range(len(word_ids_a)),
-                             lambda t: word_ids_a[t + 1] = positions_a[1] - 1)
-            else list_filter(range(len(word_ids_b)),
-                             lambda t: word_ids_b[t + 1] = positions_b[1] - 1)
-        end as not_tokens,
-    from not_positions
-    where len(positions_a) > 0 or len(positions_b) > 0
 ),
 
 ---------- logic: the not-word's attribution
@@ -232,6 +261,9 @@ negation as (
             when 'paper' then not_total / nullif(score, 0)
             else not_word_attribution / nullif(word_attribution_sum, 0)
         end as relative,
+        -- the paper's relative size under its two other readings
+        not_total / nullif(score + 1, 0) as relative_plus_one,
+        not_total / nullif(attribution_sum, 0) as relative_to_sum,
     from measured
 ),
 
@@ -247,6 +279,10 @@ summarised as (
         *,
         avg(is_negative::double) over () as share_negative,
         quantile_cont(abs(relative), 0.9) over () as p90_abs_relative,
+        quantile_cont(abs(relative_plus_one), 0.9) over ()
+            as p90_abs_relative_plus_one,
+        quantile_cont(abs(relative_to_sum), 0.9) over ()
+            as p90_abs_relative_to_sum,
     from flagged
 )
 

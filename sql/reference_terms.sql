@@ -2,10 +2,10 @@
 -- approximate attributions from zero?
 --
 -- Question  In approximate mode sum(A) converges to f(a,b) - f(a,r_b)
---           - f(b,r_a) + f(r_a,r_b) (cos; DESIGN.md section 1). How are
+--           - f(b,r_a) + f(r_a,r_b) (cos; docs/DESIGN.md §1). How are
 --           the reference similarities f(a,r_b), f(b,r_a) and the
 --           reference term f(r_a,r_b) distributed?
--- Paper     Fig 2 (§4): 85.8% of reference similarities within +-0.1 of
+-- Paper     Fig 2 (§4.3): 85.8% of reference similarities within +-0.1 of
 --           0; 6.7% of reference terms below 0.9 (all-mpnet-base-v2 shelf;
 --           forward quantities of the whole model: no layer).
 -- Inputs    pairs of run: ref_sim_a = f(a,r_b), ref_sim_b = f(b,r_a),

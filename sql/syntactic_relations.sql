@@ -5,14 +5,16 @@
 --           (the largest positive attributions). Which pairs of
 --           dependency relations do their two words have, and how often
 --           do the two words have the same function (nsubj ~ nsubj)?
--- Paper     Fig 6 (§5.1): relations of the top 10% word pairs per pair
---           (labels inside multi-word expressions and coordinations
---           replaced by the nearest non-phrase-internal ancestor's:
---           parses.deprel); stanza parses. Same-function pairs are the
---           most frequent relation pairs (nsubj-nsubj about 7%), not a
---           large share of all top attributions; the models regard a wide
---           range of relations. Our parses may be spaCy's (UD labels
---           mapped), not stanza's: a difference wherever Fig 6 is compared.
+-- Paper     Fig 6 (§5.1): relations of the top 10% word pairs per pair,
+--           all STS test pairs (labels inside multi-word expressions and
+--           coordinations replaced by the nearest non-phrase-internal
+--           ancestor's: parses.deprel); stanza parses. Top-contributing
+--           pairs join words of identical function; nsubj-nsubj, around
+--           7% of the top attributions, is by far the most frequent and
+--           "not a large share of all top attributions"; the models
+--           "regard a wide range of relations". Our parses may be spaCy's
+--           (UD labels mapped), not stanza's: a difference wherever Fig 6
+--           is compared. Intervals over pairs: syntactic_relations_pairs.sql.
 -- Inputs    word_cells of run (u, v index sentences.words of a and b)
 --           pairs, sentences of run: sentence ids, number of words
 --           manifest.json of run: config.cells; a run of --cells
@@ -48,6 +50,143 @@
 
 .read sql/lib/cells_guard.sql
 
+-- the relations of the top word cells of a run's pairs: one row per top
+-- cell (pair_id, relation_of_a, relation_of_b), from word_cells only
+-- where `ok` (the cells guard); the same text in syntactic_relations.sql
+-- and syntactic_relations_pairs.sql (a test keeps it so)
+create or replace temp macro syntactic_top_cells(run, ok) as table
+    with
+
+    word_cells as (
+        select
+            pair_id,
+            u,
+            v,
+            value,
+        from read_parquet(run || '/word_cells/*.parquet')
+        where ok
+    ),
+
+    pairs as (
+        select
+            pair_id,
+            sentence_id_a,
+            sentence_id_b,
+        from read_parquet(run || '/pairs/*.parquet')
+    ),
+
+    sentences as (
+        select
+            sentence_id,
+            n_words,
+        from read_parquet(run || '/sentences/*.parquet')
+    ),
+
+    parses as (
+        select
+            sentence_id,
+            u,
+            deprel,
+            parser,
+        from read_parquet(run || '/parses/*.parquet')
+    ),
+
+    parsers as (
+        select distinct
+            parser,
+        from read_parquet(run || '/parses/*.parquet')
+    ),
+
+    ---------- logic: the top cells of each pair
+
+    pair_sizes as (
+        select
+            pairs.pair_id,
+            pairs.sentence_id_a,
+            pairs.sentence_id_b,
+            greatest(
+                1,
+                ceil(
+                    coalesce(getvariable('top_share'), 0.10)
+                    * sentences_a.n_words * sentences_b.n_words
+                )
+            )::bigint as k,
+        from pairs
+        inner join sentences as sentences_a
+            on pairs.sentence_id_a = sentences_a.sentence_id
+        inner join sentences as sentences_b
+            on pairs.sentence_id_b = sentences_b.sentence_id
+    ),
+
+    -- max_by keeps, per pair, the k cells of largest (value, -cell) where
+    -- cell = u * 65536 + v: a bounded top-k aggregate, no sort of all word cells
+    top_cell_lists as (
+        select
+            word_cells.pair_id,
+            pair_sizes.sentence_id_a,
+            pair_sizes.sentence_id_b,
+            max_by(
+                word_cells.u::bigint * 65536 + word_cells.v,
+                (word_cells.value, -(word_cells.u::bigint * 65536 + word_cells.v)),
+                pair_sizes.k
+            ) as top_cells,
+        from word_cells
+        inner join pair_sizes on word_cells.pair_id = pair_sizes.pair_id
+        group by all
+    ),
+
+    top_cells as (
+        select
+            pair_id,
+            sentence_id_a,
+            sentence_id_b,
+            cell // 65536 as u,
+            cell % 65536 as v,
+        from (
+            select
+                *,
+                unnest(top_cells) as cell,
+            from top_cell_lists
+        )
+    ),
+
+    ---------- logic: their relations
+
+    chosen_parses as (
+        select
+            sentence_id,
+            u,
+            coalesce(deprel, 'unaligned') as relation,
+        from parses
+        where parser = (
+            select
+                coalesce(
+                    getvariable('parser'),
+                    case
+                        when bool_or(parser = 'stanza') then 'stanza'
+                        else min(parser)
+                    end
+                )
+            from parsers
+        )
+    ),
+
+    labelled as (
+        select
+            top_cells.pair_id,
+            coalesce(parses_a.relation, 'unparsed') as relation_of_a,
+            coalesce(parses_b.relation, 'unparsed') as relation_of_b,
+        from top_cells
+        left join chosen_parses as parses_a
+            on top_cells.sentence_id_a = parses_a.sentence_id
+            and top_cells.u = parses_a.u
+        left join chosen_parses as parses_b
+            on top_cells.sentence_id_b = parses_b.sentence_id
+            and top_cells.v = parses_b.u
+    )
+
+    select * from labelled;
+
 with
 
 ---------- imports
@@ -60,131 +199,13 @@ cells_guard as (
                      'all')
 ),
 
-word_cells as (
-    select
-        pair_id,
-        u,
-        v,
-        value,
-    from read_parquet(getvariable('run') || '/word_cells/*.parquet')
-    where (select ok from cells_guard)
-),
-
-pairs as (
-    select
-        pair_id,
-        sentence_id_a,
-        sentence_id_b,
-    from read_parquet(getvariable('run') || '/pairs/*.parquet')
-),
-
-sentences as (
-    select
-        sentence_id,
-        n_words,
-    from read_parquet(getvariable('run') || '/sentences/*.parquet')
-),
-
-parses as (
-    select
-        sentence_id,
-        u,
-        deprel,
-        parser,
-    from read_parquet(getvariable('run') || '/parses/*.parquet')
-),
-
-parsers as (
-    select distinct
-        parser,
-    from read_parquet(getvariable('run') || '/parses/*.parquet')
-),
-
----------- logic: the top cells of each pair
-
-pair_sizes as (
-    select
-        pairs.pair_id,
-        pairs.sentence_id_a,
-        pairs.sentence_id_b,
-        greatest(
-            1,
-            ceil(
-                coalesce(getvariable('top_share'), 0.10)
-                * sentences_a.n_words * sentences_b.n_words
-            )
-        )::bigint as k,
-    from pairs
-    inner join sentences as sentences_a
-        on pairs.sentence_id_a = sentences_a.sentence_id
-    inner join sentences as sentences_b
-        on pairs.sentence_id_b = sentences_b.sentence_id
-),
-
--- max_by keeps, per pair, the k cells of largest (value, -cell) where
--- cell = u * 65536 + v: a bounded top-k aggregate, no sort of all word cells
-top_cell_lists as (
-    select
-        word_cells.pair_id,
-        pair_sizes.sentence_id_a,
-        pair_sizes.sentence_id_b,
-        max_by(
-            word_cells.u::bigint * 65536 + word_cells.v,
-            (word_cells.value, -(word_cells.u::bigint * 65536 + word_cells.v)),
-            pair_sizes.k
-        ) as top_cells,
-    from word_cells
-    inner join pair_sizes on word_cells.pair_id = pair_sizes.pair_id
-    group by all
-),
-
-top_cells as (
-    select
-        pair_id,
-        sentence_id_a,
-        sentence_id_b,
-        cell // 65536 as u,
-        cell % 65536 as v,
-    from (
-        select
-            *,
-            unnest(top_cells) as cell,
-        from top_cell_lists
-    )
-),
-
----------- logic: their relations
-
-chosen_parses as (
-    select
-        sentence_id,
-        u,
-        coalesce(deprel, 'unaligned') as relation,
-    from parses
-    where parser = (
-        select
-            coalesce(
-                getvariable('parser'),
-                case
-                    when bool_or(parser = 'stanza') then 'stanza'
-                    else min(parser)
-                end
-            )
-        from parsers
-    )
-),
+---------- logic: the relations of each pair's top cells (the macro above)
 
 labelled as (
     select
-        coalesce(parses_a.relation, 'unparsed') as relation_of_a,
-        coalesce(parses_b.relation, 'unparsed') as relation_of_b,
-    from top_cells
-    left join chosen_parses as parses_a
-        on top_cells.sentence_id_a = parses_a.sentence_id
-        and top_cells.u = parses_a.u
-    left join chosen_parses as parses_b
-        on top_cells.sentence_id_b = parses_b.sentence_id
-        and top_cells.v = parses_b.u
+        relation_of_a,
+        relation_of_b,
+    from syntactic_top_cells(getvariable('run'), (select ok from cells_guard))
 ),
 
 relation_pairs as (

@@ -5,7 +5,7 @@
 --           Table 1 (STS-B test; one row per model there, one per run here).
 -- Paper     Table 1: Shelf 83.4, Tuned 87.8, Exact 87.5, Orig 86.0
 --           (all-mpnet-base-v2, STS-B test, every model scored with
---           cosine, Orig included: paper section 4.1; jobs/paper.py).
+--           cosine, Orig included: paper §4.2; jobs/paper.py).
 -- Inputs    pairs of run: score, label (pairs without a label are left out)
 --           manifest.json of run: model, mode, similarity, layer
 -- Grain     one row (the run).

@@ -1,4 +1,4 @@
-"""An independent implementation of the attribution method (DESIGN section 1), for tests only.
+"""An independent implementation of the attribution method (docs/DESIGN.md §1), for tests only.
 
 It shares no code with xsbert_core's engine (split, families, factors, references, pairs, reverse, quadrature,
 explainer): it reads the plain HF model (`model[0].auto_model`), its tokenizer and the pooling mode of

@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from jobs import _offline
-from jobs.bundle import needed, platform_tags, read_freeze
+from jobs.bundle import _requirements, needed, only_requirements, platform_tags, read_freeze
 
 LEFT_FOR_THE_BUNDLE = ("xsbert-scale", "pyyaml", "tqdm")  # what the test target lacks
 
@@ -67,6 +67,25 @@ def test_read_freeze_pins_without_local_versions(tmp_path):
     f = tmp_path / "freeze.txt"
     f.write_text("torch==2.5.1+cu124\nPyYAML==6.0.2\n-e git+https://x/y#egg=z\nfoo @ file:///x\n# c\n")
     assert read_freeze(f) == {"torch": "2.5.1", "pyyaml": "6.0.2"}
+    # a package list without versions (a machine's image as documented): there, in a version not known here
+    f.write_text("# an image's packages\nnumpy==2.5.2\nsentence_transformers\nPyArrow  # pinned nowhere\n")
+    assert read_freeze(f) == {"numpy": "2.5.2", "sentence-transformers": None, "pyarrow": None}
+
+
+def test_only_takes_the_projects_own_requirement_with_the_extras_asked_for(tmp_path):
+    import zipfile
+
+    wheel = tmp_path / "xsbert_scale-0.1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("xsbert_scale-0.1.0.dist-info/METADATA", "Metadata-Version: 2.4\nName: xsbert-scale\n"
+                    "Requires-Dist: ray[data,default]<2.64,>=2.40\nRequires-Dist: tqdm>=4.60\n"
+                    "Requires-Dist: pytest>=8; extra == \"test\"\n")  # fmt: skip
+    assert _requirements("ray[data,default],tqdm") == ("ray[data,default]", "tqdm")
+    assert only_requirements(wheel, ("ray[data]", "tqdm")) == ["ray[data]<2.64,>=2.40", "tqdm>=4.60"]
+    assert only_requirements(wheel, ("ray",)) == ["ray[data,default]<2.64,>=2.40"]  # the project's extras
+    for bad in ("duckdb", "pytest"):  # not a requirement; only an extra's
+        with pytest.raises(_offline.BundleError, match="not one of the project's requirements"):
+            only_requirements(wheel, (bad,))
 
 
 def test_parts_join_to_the_file_and_sizes_parse(tmp_path):

@@ -121,6 +121,8 @@ def test_analyses_that_need_other_cells_stop_with_one_line(stores, capsys):
     cases = [
         (["--run", same, "--file", "negation"], f"negation.sql needs every cell; run {same} stores --cells "
                                                 "same-token (attribute it with --cells all)"),
+        (["--run", full, "--file", "negation_signs", "--var", f"other_runs={same}"],
+         f"negation_signs.sql needs every cell; run {same} stores --cells same-token"),
         (["--run", full, "--run2", same, "--file", "agreement"], f"agreement.sql needs every cell of both runs; run "
                                                                  f"{same} stores --cells same-token"),
         (["--run", none, "--file", "lexical_ranks"], f"lexical_ranks.sql needs the same-token cells; run {none} "
@@ -140,6 +142,7 @@ def test_analyses_that_need_other_cells_stop_with_one_line(stores, capsys):
     assert shown.returncode != 0 and "negation.sql needs every cell" in shown.stderr + shown.stdout
     # The full store answers them all (no guard fires on a run of every cell).
     assert sqlrun.run_file(sqlrun.connect(full), "negation").height == 0  # STS-B: no pair differs by one 'not'
+    assert sqlrun.run_file(sqlrun.connect(full), "negation_signs").height == 0
     assert sqlrun.run_file(sqlrun.connect(full, full), "agreement").height > 0
 
 
@@ -162,7 +165,7 @@ def test_guards_of_the_word_cell_files_on_runs_they_otherwise_fit(stores, tmp_pa
         parses = jstore.SCHEMAS["parses"].empty_table()
         (run / "parses").mkdir()
         pq.write_table(parses, run / "parses" / "part-000000.parquet")
-        for name in ("adjectives", "syntactic_relations"):
+        for name in ("adjectives", "syntactic_relations", "syntactic_relations_pairs"):
             con = sqlrun.connect(run)
             if choice == "all":
                 sqlrun.run_file(con, name)
@@ -178,7 +181,8 @@ def test_the_report_of_a_same_token_run_ranks_tokens_and_skips_the_rest(stores, 
                                              "--var", "min_count=2", "-q"]))  # fmt: skip
     sections = {s.name: s for s in summary["sections"]}
     assert sections["lexical_ranks"].status == "ok" and sections["table1"].status == "ok"
-    for name in ("negation", "adjectives", "syntactic_relations", "examples"):
+    for name in ("negation", "negation_signs", "adjectives", "syntactic_relations", "syntactic_relations_pairs",
+                 "examples"):
         assert sections[name].status == "skipped" and "--cells same-token" in sections[name].reason, name
 
 

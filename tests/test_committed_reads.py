@@ -108,6 +108,18 @@ def test_xsbert_sql_views_and_every_sql_file_read_the_committed_waves(runs, caps
         assert (not out and not out_ref) or same_csv(out, out_ref), name
 
 
+
+def test_a_list_of_runs_reads_the_committed_parts_of_each(runs):
+    """read_parquet over a list of runs' globs (negation_signs.sql reads run and other_runs so) reads the committed
+    parts of every run in the list: `leftover` among them counts its 8 committed pairs' cells, not 12."""
+    leftover, reference = runs["leftover"], runs["reference"]
+    query = ("select count(distinct pair_id), count(*) from read_parquet(list_transform(getvariable('other_runs'), "
+             "lambda r: r || '/cells/*.parquet'))")  # fmt: skip
+    assert "committed_parts_list(list_transform(" in sqlrun.committed_sql(query)
+    got = sqlrun.connect(reference, variables={"other_runs": [str(leftover)]}).sql(sqlrun.committed_sql(query)).fetchall()
+    want = sqlrun.connect(reference).sql("select count(distinct pair_id), count(*) from cells").fetchall()
+    assert got == want and got[0][0] == 8, (got, want)
+
 def test_duckdb_cli_gives_the_committed_answers_too(runs):
     """The documented `duckdb -cmd "set variable run = ..." -f sql/<file>`: its globs see the leftover parts, and
     each file still answers as on `reference` (every wave table is read through the pairs it belongs to)."""

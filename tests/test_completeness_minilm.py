@@ -1,4 +1,4 @@
-"""Completeness on the real all-MiniLM-L6-v2 (DESIGN section 1).
+"""Completeness on the real all-MiniLM-L6-v2 (docs/DESIGN.md §1).
 
 Exact mode: sum A -> f(a, b) as N grows. Approximate mode: sum A -> the bracket / c (`res.target`),
 which is not the score. The engine's e(x) is the pipeline without its trailing Normalize.

@@ -234,7 +234,7 @@ def test_plot_by_layer_clips_bands_to_the_metric_range(tmp_path, monkeypatch):
     np.testing.assert_allclose(raw_high, [0.5, 0.9, 1.2])
 
 
-# --------------------------------------------------------------------------- issue 40: the figures' subsets
+# --------------------------------------------------------------------------- the figures' subsets
 ROOT = Path(__file__).resolve().parents[1]
 NOISE_FLOOR = ROOT / "docs" / "results" / "all-MiniLM-L6-v2" / "noise-floor"
 

@@ -1,11 +1,15 @@
-"""bench/gpu_job.py on the CPU: the job with GPU actors on Ray's logical GPUs and a tiny model, the engine alone on
-the same questions, the stored subset, then `compare` against a CPU run of the same pairs and `report`.
+"""The prepared GPU run on a CPU (bench/gpu_run.py, bench/gpu_job.py, bench/gpu_settings.py), with tiny models and
+Ray's logical GPUs, end to end as it goes there: the bundle written with --only and a freeze of the target (--have),
+cut into parts, packed into calls; each call's command as the plan prints it (its parts copied out of the checkout);
+the last one checks the parts, installs the wheels (pip --target), the models and the data, and runs every piece; the
+report; a second start that resumes.
 
-Subprocesses: the benchmark starts its own Ray (with GPUs it does not have), which the shared test Ray must not be.
+Subprocesses: the pieces start their own Ray (with GPUs it does not have), which the shared test Ray must not be.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -13,49 +17,116 @@ import sys
 from pathlib import Path
 
 import pytest
-from jobtools import stsb_rows, write_tsv
+from jobtools import stsb_rows
 
 ROOT = Path(__file__).resolve().parents[1]
+# `python3` in the calls' commands is this interpreter, as it is the machine's own Python there
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
+       "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}  # fmt: skip
+
+
+def qqp_file(path: Path, n: int) -> Path:
+    """n STS-B test pairs in the QQP subset's format (what `--dataset qqp --qqp-path` reads)."""
+    df = stsb_rows(n, start=40)
+    lines = ["id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate"]
+    lines += [f"{k}\t{2 * k}\t{2 * k + 1}\t{a}\t{b}\t{k % 2}" for k, (a, b) in enumerate(zip(df.sentence1, df.sentence2))]
+    with gzip.open(path, "wt", encoding="utf-8") as fh:
+        fh.write("\n".join(lines) + "\n")
+    return path
+
+
+def py(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=timeout)
+    assert proc.returncode == 0, (args, proc.stdout[-3000:], proc.stderr[-3000:])
+    return proc
+
+
+# One piece of each kind (each starts its own Python, torch and, for a job, Ray): the job with GPU actors, the
+# precision sweep, the factor batch under a memory limit. The others are these with other models and settings
+# (bench/gpu_run.py's PIECES); `python bench/gpu_run.py device --dry-run` runs them all on a CPU.
+PIECES = ("job-minilm", "sweep-mpnet", "memory-minilm")
 
 
 @pytest.mark.slow
-def test_gpu_job_bench_runs_on_logical_gpus(tmp_path, tiny):
-    model = tmp_path / "tiny-st"
-    tiny.build("bert").save(str(model))
-    data = write_tsv(tmp_path / "pairs.tsv", stsb_rows(8, start=40))
-    out = tmp_path / "gpu-job"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
-    common = ["--model", str(model)]
-    run = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_job.py"), "run", "--out", str(out), "--allow-cpu",
-                          "--logical-gpus", "2", "--device", "cpu", "--dataset", str(data), "--pairs", "8",
-                          "--layer", "1", "--steps", "2", "--compare", "5", "--job-arg=--wave-size=4", *common],
-                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)  # fmt: skip
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-    r = json.loads((out / "gpu-job.json").read_text())
-    assert r["status"] == "done"
-    job = r["job"]
-    assert (job["n_in"], job["n_done"], job["pairs"]) == (8, 8, 8)
-    res = job["resources"]
-    assert (res["cluster_gpus"], res["gpus_per_actor"], res["device"]) == (2.0, 1.0, "cpu")  # GPU actors, CPU compute
-    assert len(r["job_waves"]) == 2 and all(w["pairs"] == 4 for w in r["job_waves"])  # waves of 4 pairs
-    assert all("driver_private_mb" in w and w["samples"] >= 0 for w in r["job_waves"])
-    assert sum(job["shares"].values()) == pytest.approx(1.0)
-    assert all(v >= 0 for k, v in job["stages"].items() if k != "other_s")
-    assert r["engine"]["sentences"] == job["sentences"] and r["engine"]["sentences_per_s"] > 0
-    assert r["ratio"]["job_over_engine_sentences_per_s"] > 0
-    assert r["subset"]["pairs"] == 5 and r["subset"]["cells"] > 0
-    assert (out / "samples.jsonl").read_text().count("\n") >= 1
+@pytest.mark.timeout(1800)
+def test_the_prepared_gpu_run_goes_through_on_logical_gpus(tmp_path, tiny):
+    # two tiny 10-layer models under the real ones' folder names (the pieces use layers 4, 8 and 9)
+    src = tmp_path / "src"
+    for k, name in enumerate(("all-MiniLM-L6-v2", "all-mpnet-base-v2")):
+        tiny.build("bert", n_layers=10, seed=k).save(str(src / name))
+    data = qqp_file(tmp_path / "qqp_glue_train_subset.tsv.gz", 12)
+    have = tmp_path / "freeze.txt"  # the target has everything here but tqdm (and the project)
+    freeze = py("-m", "pip", "freeze").stdout.splitlines()
+    have.write_text("\n".join(line for line in freeze if not line.lower().startswith(("tqdm", "-e", "xsbert"))))
+    bundle = tmp_path / "bundle"
+    py("-m", "jobs.bundle", "--out", str(bundle), "--only", "tqdm", "--have", str(have), "--models",
+       f"{src / 'all-MiniLM-L6-v2'},{src / 'all-mpnet-base-v2'}", "--float16", "--datasets", str(data),
+       "--part-size", "96KiB")  # fmt: skip
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    wheels = sorted(i["file"].split("-")[0].lower() for i in manifest["items"] if i["kind"] == "wheel")
+    assert wheels == ["tqdm", "xsbert_scale"], wheels
+    assert [i.get("no_deps") for i in manifest["items"] if i.get("project")] == [True]
 
-    cmp = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_job.py"), "compare", str(out)],
-                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)  # fmt: skip
-    assert cmp.returncode == 0, cmp.stdout[-2000:] + cmp.stderr[-3000:]
-    c = json.loads((out / "gpu-job.json").read_text())["compare_cpu"]
-    # both runs computed on this CPU with the same weights: the same numbers, to float32 rounding
-    assert c["pairs"] == 5 and c["same_weights"] and c["cells_max_rel_diff"] < 1e-5
+    # here, beforehand: the same pairs on the CPU, from the models as the bundle rebuilds them
+    here = tmp_path / "here"
+    py(str(bundle / "install.py"), "--models-only", "--into", str(here))
+    cpu_rows = tmp_path / "cpu-rows"
+    for key, layer in (("minilm", 4), ("mpnet", 8)):
+        folder = here / "models" / ("all-MiniLM-L6-v2" if key == "minilm" else "all-mpnet-base-v2")
+        py("bench/gpu_job.py", "cpu-rows", "--model", str(folder), "--layer", str(layer), "--steps", "2",
+           "--compare", "4", "--qqp-path", str(data), "--out", str(cpu_rows / key), "--runs", str(tmp_path / "cpu"))
 
+    calls, there, out = tmp_path / "calls", tmp_path / "xb", tmp_path / "out"
+    py("bench/gpu_run.py", "plan", "--bundle", str(bundle), "--calls", str(calls), "--carry-mib", "0.5",
+       "--there-bundle", str(there), "--there-work", str(tmp_path / "xw"), "--deadline-s", "1500",
+       "--device-args", f"--dry-run --cpu-rows {cpu_rows} --only {','.join(PIECES)}")  # fmt: skip
+    plan = json.loads((calls / "plan.json").read_text())
+    assert len(plan["calls"]) >= 3 and all(c["carry_mib"] <= 0.5 for c in plan["calls"][1:])
+    assert sum(len(list((calls / f"c{c['call']}" / "parts").iterdir())) for c in plan["calls"]) == plan["parts"]
+    out.mkdir()
+    for c in plan["calls"]:  # as the device tool runs them: in the checkout, $OUT set
+        proc = subprocess.run(["bash", "-c", c["command"]], capture_output=True, text=True, cwd=ROOT, timeout=1800,
+                              env={**ENV, "OUT": str(out)})  # fmt: skip
+        assert proc.returncode == 0, (c["command"], proc.stdout[-3000:], proc.stderr[-3000:])
+
+    prog = json.loads((out / "progress.json").read_text())
+    pieces = prog["pieces"]
+    assert pieces["install"]["rc"] == 0 and pieces["install"]["unmet"] == []
+    ran = [k for k in pieces if k != "install"]
+    assert ran == list(PIECES), ran
+    assert all(pieces[k]["rc"] == 0 for k in ran), {k: pieces[k].get("tail") for k in ran}
+    assert sorted(p.name for p in out.iterdir()) == ["pip-freeze.txt", "progress.json", "results.tgz", "run.log"]
+
+    # what came back holds every figure of the report
     md = tmp_path / "gpu-job.md"
-    rep = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_job.py"), "report", str(out / "gpu-job.json"),
-                          "--results", str(md)], capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
-    assert rep.returncode == 0, rep.stderr[-2000:]
-    text = md.read_text()
-    assert "Job / engine" in text and "| 2 | 4 |" in text and "CPU run of them" in text
+    md.write_text("# plan\n\n<!-- measured: written by `python bench/gpu_run.py report` -->\nold\n")
+    text = py("bench/gpu_run.py", "report", str(out / "results.tgz"), "--into", str(tmp_path / "rep"),
+              "--results-md", str(md)).stdout  # fmt: skip
+    res = tmp_path / "rep" / "results"
+    job = json.loads((res / "job-minilm" / "gpu-job.json").read_text())
+    assert job["status"] == "done" and (job["job"]["n_in"], job["job"]["n_done"]) == (8, 8)
+    res_gpu = job["job"]["resources"]
+    assert (res_gpu["cluster_gpus"], res_gpu["gpus_per_actor"], res_gpu["device"]) == (2.0, 1.0, "cpu")
+    assert sum(job["job"]["shares"].values()) == pytest.approx(1.0)
+    assert [w["pairs"] for w in job["job_waves"]] == [4, 4]  # waves of 4 pairs
+    assert job["engine"]["sentences"] == job["job"]["sentences"] and job["ratio"]["job_over_engine_sentences_per_s"] > 0
+    c = job["compare_cpu"]
+    # both on this CPU from the same rebuilt weights: every pair agrees, to float32 rounding
+    assert (c["pairs"], c["agree"], c["same_weights"]) == (4, 4, True) and c["cells_max_rel_diff"] < 1e-5
+    sweep = json.loads((res / "sweep-mpnet.json").read_text())
+    assert {"fp32", "bf16"} <= {v["precision"] for v in sweep["cells"].values()}
+    assert all("cells_max_diff_over_max_abs" in v for k, v in sweep["cells"].items() if not k.startswith("fp32-b16-"))
+    mem = json.loads((res / "memory-minilm.json").read_text())["cells"]
+    assert any(v["out_of_memory"] >= 1 for k, v in mem.items() if k.endswith("limited"))  # halved under the limit
+    assert all(v["groups"] >= 2 for k, v in mem.items() if k.endswith("planned"))  # planned into smaller groups
+    assert all(v["max_abs_diff_vs_whole"] < 1e-5 for v in mem.values())
+    assert "Full QQP" in text and "### sweep mpnet" in text and md.read_text().startswith("# plan\n")
+    assert "old" not in md.read_text()
+
+    # a second start resumes: nothing is measured again
+    last = plan["calls"][-1]["command"]
+    proc = subprocess.run(["bash", "-c", last], capture_output=True, text=True, cwd=ROOT, timeout=600,
+                          env={**ENV, "OUT": str(out)})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    again = json.loads((out / "progress.json").read_text())
+    assert len(again["starts"]) == 2 and again["pieces"] == pieces

@@ -103,6 +103,17 @@ def test_qqp_without_the_subset_goes_to_the_hub_and_says_how_to_get_it(monkeypat
         load_pairs("qqp", split="validation")
 
 
+def test_qqp_with_neither_path_nor_variable_is_the_hubs_glue_qqp(monkeypatch):
+    """No default location outside the repository: without --qqp-path and $XSBERT_QQP, `qqp` is GLUE's QQP."""
+    monkeypatch.delenv("XSBERT_QQP", raising=False)
+    source = resolve_source("qqp")
+    assert (source.kind, source.location, source.config, source.split) == ("hub", "glue", "qqp", "train")
+    from jobs.attribution.inputs import require_qqp
+
+    with pytest.raises(InputError, match=r"bench/x.py needs a QQP subset file .*--qqp-path FILE or set \$XSBERT_QQP"):
+        require_qqp(None, "bench/x.py")
+
+
 def test_hub_names_and_configs_resolve():
     assert (resolve_source("glue/qqp").location, resolve_source("glue/qqp").config) == ("glue", "qqp")
     s = resolve_source("sentence-transformers/stsb", split="test")

@@ -4,6 +4,12 @@
 `--device cpu` the factor actors are placed exactly as on a GPU cluster (one GPU each, GPU batch and
 wave sizes, two calls in flight per actor) and compute on the CPU: the GPU actor path runs end to end
 on a machine without a GPU. Its own module: a Ray's resources are fixed when it starts.
+
+A factor actor that runs out of memory here runs out of its --factor-memory: on a CPU the tensors one call holds are
+counted as torch makes them (xsbert_core.memory.TensorBudget) and the op that passes the limit fails with
+torch.OutOfMemoryError, as an allocation fails on a GPU under its caching allocator's limit
+(torch.cuda.set_per_process_memory_fraction, what the flag sets there). tests/test_memory.py has the engine run out
+of a process limit the kernel enforces (RLIMIT_DATA), which a Ray worker cannot take: it refuses the worker's threads.
 """
 
 from __future__ import annotations
@@ -65,3 +71,31 @@ def test_factor_actors_run_on_logical_gpus(gpu_ray, tmp_path):
     actors = [a for a in listed if "FactorActor" in a.class_name and a.job_id == ctx.get_job_id()]
     assert len(actors) == 2, [a.class_name for a in actors]
     assert all(a.required_resources.get("GPU") == 1.0 for a in actors), [a.required_resources for a in actors]
+
+
+@pytest.mark.slow
+def test_an_actor_that_runs_out_of_memory_halves_its_batch_and_loses_no_pair(gpu_ray, tmp_path, tiny):
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    model = tmp_path / "tiny-st"
+    tiny.build("bert").save(str(model))
+    data = write_tsv(tmp_path / "pairs.tsv", stsb_rows(8, start=40))
+    flags = ["--dataset", str(data), "--model", str(model), "--layer", "1", "--steps", "16", "--device", "cpu",
+             "--batch-size", "16"]  # fmt: skip
+    free = run_job(tmp_path / "free", *flags)
+    # one batch of the 16 sentences at N = 16 holds ~40-80 MB of tensors at once (tiny BERT, CPU chunk); 24 MiB
+    # holds a quarter or a half of it
+    tight = run_job(tmp_path / "tight", *flags, "--factor-memory", "24MiB")
+    assert (tight["n_in"], tight["n_done"], tight["n_quarantined"]) == (8, 8, 0)
+    run = json.loads((Path(tight["run_dir"]) / "manifest.json").read_text())["runs"][-1]
+    assert run["resources"]["factor_memory"] == 24 * 2**20
+    assert sum(w["oom_retries"] for w in run["waves"]) >= 1  # it ran out, halved, and went on
+    assert json.loads((Path(free["run_dir"]) / "manifest.json").read_text())["runs"][-1]["waves"][0]["oom_retries"] == 0
+
+    def cells(s):
+        t = pq.read_table(Path(s["run_dir"]) / "cells").to_pandas()
+        return t.sort_values(["pair_id", "i", "j"]).value.to_numpy()
+
+    a, b = cells(free), cells(tight)
+    assert len(a) == len(b) and np.abs(a - b).max() <= 1e-5 * np.abs(a).max()

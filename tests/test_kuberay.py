@@ -344,7 +344,7 @@ def test_crd_schema_alone_does_not_forbid_unknown_fields():
     assert _errors(manifest, closed=True)
 
 
-# --- what the issue requires ----------------------------------------------------------------------
+# --- what every manifest must hold ---------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", MANIFESTS)

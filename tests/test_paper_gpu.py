@@ -2,8 +2,8 @@
 configs/paper-gpu.yaml's layers exist): prepare here (the model's float16 parts in batch folders), run "there" in a
 process where what the GPU machine lacks cannot be imported (Ray, DuckDB, polars, spaCy, stanza, deepsig, the object
 storage clients), stopped after a piece and resumed, its results fetched in parts of a small size over several calls,
-received and reported here; then a second session on a bare work folder that retrains (the same weights: training is
-deterministic) and skips every run the first one sent back."""
+received and reported here; then a second call on a bare work folder (a fresh machine) that retrains (the same
+weights: training is deterministic) and skips every run the first one sent back."""
 
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ def test_prepare_run_resume_fetch_receive_report_and_a_second_session(tiny, tmp_
         assert (tmp_path / "reports" / name / "index.html").is_file(), name
     assert not (tmp_path / "reports" / "agreement-L9").exists()  # tuned-L9 was not run
 
-    # a second session on a bare machine, given the first one's progress: Table 1 and every run that came back are
+    # a second call on a bare machine, given the first one's progress: Table 1 and every run that came back are
     # skipped; it trains only the model of the run left (tuned-L9), and gets the same weights (deterministic)
     work2 = tmp_path / "work-2"
     session2 = [x if x != str(work) else str(work2) for x in common]

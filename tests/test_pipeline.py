@@ -216,11 +216,12 @@ def test_tiny_study_end_to_end_rerun_and_growth(tmp_path, ray_cluster, capsys):
         report = json.loads((reports / name / "report.json").read_text(encoding="utf-8"))
         assert report and (reports / name / "index.html").is_file()
     index = (reports / "index.html").read_text(encoding="utf-8")
-    assert all(f'href="{n}/index.html"' in index for n in ("n2", "n3", "n2-vs-n3"))
+    assert all(f"href='{n}/index.html'" in index for n in ("n2", "n3", "n2-vs-n3"))
+    assert all(f"<img src='{n}/example-1.png'" in index for n in ("n2", "n3"))  # each run's key figures
     from markupsafe import escape
 
-    lines = [line for r in first["reports"] for line in pipeline.finding_lines(r["findings"], False)]
-    assert lines and all(str(escape(line)) in index for line in lines)  # every finding, escaped, on the index
+    texts = [f["text"] for r in first["reports"] for f in r["findings"]]
+    assert texts and all(str(escape(text)) in index for text in texts)  # every finding, escaped, on the index
     assert "attribute n2: computed 4 pairs" in out and f"report: {reports / 'index.html'}" in out
     assert "agreement" in out  # the comparison's findings are printed
     assert "(paper:" not in out  # MiniLM: not the paper's model, so no paper number beside a finding

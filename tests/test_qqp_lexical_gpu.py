@@ -1,8 +1,10 @@
-"""bench/qqp_lexical_gpu.py on CPU: a tiny random model of mpnet's architecture, a handful of real QQP pairs, in a
-process where Ray and DuckDB cannot be imported (tests/test_local_executor.py's hiding)."""
+"""bench/qqp_lexical_gpu.py on CPU: a tiny random model of mpnet's architecture, a handful of pairs in QQP's file
+layout (STS-B test sentences: no QQP text ships with the repository), given by --qqp-path, in a process where Ray and
+DuckDB cannot be imported (tests/test_local_executor.py's hiding)."""
 
 from __future__ import annotations
 
+import csv
 import gzip
 import json
 import subprocess
@@ -10,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
-import pytest
 from test_local_executor import without_ray
 
 from jobs.attribution import inputs as _inputs
@@ -19,11 +20,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_gpu_script_runs_longest_first_same_token_cells_and_resumes(tiny, tmp_path):
-    qqp = _inputs.qqp_path()
-    if qqp is None:
-        pytest.skip("the bundled QQP subset is not there")
-    with gzip.open(qqp, "rt", encoding="utf-8") as fh:
-        lines = [next(fh) for _ in range(7)]  # the header and 6 real pairs
+    with gzip.open(_inputs.BUNDLED_STSB, "rt", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh, delimiter="\t", quoting=csv.QUOTE_NONE))
+    test = [r for r in rows if r["split"] == "test"][:6]
+    lines = ["id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n"] + [
+        f"{k}\t{2 * k}\t{2 * k + 1}\t{r['sentence1']}\t{r['sentence2']}\t{int(float(r['score']) >= 4)}\n"
+        for k, r in enumerate(test)]  # the header and 6 pairs, as GLUE's QQP files have them
     small = tmp_path / "qqp.tsv"
     small.write_text("".join(lines), encoding="utf-8")
     model = tiny.folder("mpnet")

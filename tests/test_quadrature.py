@@ -1,4 +1,4 @@
-"""Quadrature rules over alpha in [0, 1] (DESIGN section 1)."""
+"""Quadrature rules over alpha in [0, 1] (docs/DESIGN.md §1)."""
 
 from __future__ import annotations
 

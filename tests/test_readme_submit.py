@@ -18,7 +18,7 @@ to this venv), in a new shell's environment:
 Two edits, both for a shared machine: the `ray start --head` line gets free ports and `--num-cpus 2`, and the block's
 last line, `ray stop` (which stops every Ray instance of the machine), is not run: the test stops the head it
 started, by its process group (the block runs in a session of its own) and by its RAY_TMPDIR. Everything else runs
-as the README has it. Against the README before issue 46 the submit failed: `AuthenticationError: ...
+as the README has it. Against an earlier README's commands the submit failed: `AuthenticationError: ...
 InvalidAuthToken` (no token sent), and with the token, `ModuleNotFoundError: No module named 'torch'` (the system
 Python, from a head started as `.venv/bin/ray start --head` outside the activated venv).
 """

@@ -11,6 +11,7 @@ import json
 import shutil
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import duckdb
 import numpy as np
@@ -37,7 +38,8 @@ from jobs.analyses.agreement import check_agreement
 from jobs.analyses.reference_terms import check_reference_terms
 from jobs.analyses.run import open_context
 
-SECTIONS = ("table1", "reference_terms", "agreement", "pos_neg_sums", "syntactic_relations", "negation", "adjectives",
+SECTIONS = ("table1", "reference_terms", "agreement", "pos_neg_sums", "syntactic_relations", "syntactic_relations_pairs",
+            "negation", "negation_signs", "adjectives",
             "lexical_ranks", "lexical_ranks_compare")  # fmt: skip
 
 
@@ -317,8 +319,8 @@ def test_summary_lines_and_markdown_helpers(stores, tmp_path, capsys):
     code = report.cli(["--run", str(stores["adjectives"]), "--out", str(tmp_path / "o")])
     out = capsys.readouterr().out.splitlines()
     assert code == 0 and out[0].startswith("report: ") and out[0].endswith("approx)")
-    assert any(line.startswith("adjectives: The paper's set (“This house is X.”, two pairs per triplet, 4 pairs)")
-               for line in out)
+    assert any(line.startswith("adjectives: Our set of the paper's (“This house is X.”, two pairs per triplet, 5 pairs; "
+                               "the template is our assumption)") for line in out)  # fmt: skip
     assert any(re.match(r"negation: skipped: no pair differs", line) for line in out)
     # A second report into the same folder, on a run where adjectives do not apply: no stale adjectives files.
     (tmp_path / "o" / "mine.txt").write_text("kept")
@@ -330,7 +332,7 @@ def test_summary_lines_and_markdown_helpers(stores, tmp_path, capsys):
     assert (fmt.pct(0.1234), fmt.num(None), fmt.signed(-0.04567)) == ("12.3%", "n/a", "-0.046")
 
 
-# --------------------------------------------------------------------------- issue 17, item 8
+# --------------------------------------------------------------------------- the paper's subsets and bounds
 def finding(doc: dict, section: str, contains: str) -> dict:
     return next(f for f in sections(doc)[section]["findings"] if contains in f["text"])
 
@@ -412,7 +414,7 @@ def test_fig6_split_and_the_papers_claim(reports, stores):
     claim = paper.get("fig6_same_function")
     assert top["paper"].startswith(f"Fig 6: {claim.text} {claim.what}") and not top["like_for_like"]
     assert "most top word pairs" not in page and "50%" not in top["paper"]
-    assert "parses, the paper's STS test" in top["paper"] and "(assumed" in top["paper"]
+    assert "parses, the paper's STS-B test (1,379 pairs), stanza parses" in top["paper"] and "(assumed" in top["paper"]
     nsubj = finding(doc, "syntactic_relations", "nsubj–nsubj holds")
     assert nsubj["paper"].startswith(f"Fig 6: {paper.get('fig6_nsubj_share').text} ")
     assert "syntactic_relations-split.png" in sections(doc)["syntactic_relations"]["figures"]
@@ -420,7 +422,7 @@ def test_fig6_split_and_the_papers_claim(reports, stores):
     assert "so no paper value is drawn" in page
 
 
-def test_paper_values_on_the_negation_and_lexical_figures(reports):
+def test_paper_values_on_the_negation_and_lexical_figures(reports, stores):
     _, doc, page, out = reports["negation"]
     assert sections(doc)["negation"]["figures"][0] == "negation-share.png"
     neg = finding(doc, "negation", "is negative in")
@@ -428,7 +430,18 @@ def test_paper_values_on_the_negation_and_lexical_figures(reports):
     assert neg["paper"].startswith(f"Fig 8: {shelf.text} {shelf.what}; not like-for-like")
     size = finding(doc, "negation", "In 90% of the pairs")
     bound = paper.get("fig8_not_relative_shelf")
-    assert size["paper"].startswith(f"Fig 8: {bound.text} {bound.what}") and "metric: " not in size["paper"]
+    # the paper writes out no denominator: never the same metric as ours, and the other two readings beside it
+    assert size["paper"].startswith(f"Fig 8: {bound.text} {bound.what}") and "denominator not stated" in size["paper"]
+    readings = finding(doc, "negation", "with f(a, b) + 1")
+    neg_sql = run_sql(stores["negation"], "negation.sql").row(0, named=True)
+    assert f"{neg_sql['p90_abs_relative_plus_one']:.3f} with f(a, b) + 1" in readings["text"]
+    assert f"{neg_sql['p90_abs_relative_to_sum']:.3f} with ΣA" in readings["text"]
+    signs = sections(doc)["negation_signs"]
+    first = run_sql(stores["negation"], "negation_signs.sql").row(0, named=True)
+    counted = next(f for f in signs["findings"] if f["text"].startswith("Of the "))
+    assert counted["values"]["n_negative"] == first["n_negative"] and not counted["like_for_like"]
+    assert counted["values"]["ci95"] == pytest.approx([first["ci_low"], first["ci_high"]])
+    assert "signs clear of the completeness error" in counted["paper"]
     _, doc, page, out = reports["two-runs"]
     assert "the paper&#39;s ρ (Fig 10) is written below the axes" in page
 
@@ -486,11 +499,23 @@ def test_adjectives_the_papers_set_first_the_pooled_templates_as_the_extension()
         for kind, value in (("synonym", syn), ("opposite", opp)):
             rows.append({"pair_id": f"{template}:{kind}", "triplet": "beautiful/pretty/ugly", "kind": kind,
                          "template": template, "attribution": value})
-    found = summarize_adjectives(pl.DataFrame(rows), None)
-    assert found[0].text.startswith("The paper's set (“This house is X.”, two pairs per triplet, 2 pairs)")
+    rows.append({"pair_id": "repeat", "triplet": "ugly/hideous/beautiful", "kind": "opposite",
+                 "template": "This house is X.", "attribution": -0.1, "is_repeat": True})  # q2's sentences swapped
+    rows = [{"is_repeat": False, **r} for r in rows]
+    ctx = SimpleNamespace(facts={"model": "sentence-transformers/all-mpnet-base-v2", "mode": "approx", "layer": 9,
+                                 "n_layers": 12})  # fmt: skip
+    found = summarize_adjectives(pl.DataFrame(rows), ctx)
+    assert found[0].text.startswith("Our set of the paper's (“This house is X.”, two pairs per triplet, 3 pairs; "
+                                    "the template is our assumption)")  # fmt: skip
     assert "+0.400 for synonyms and -0.100 for opposites" in found[0].text
-    assert found[1].text.startswith("Our extension, all 2 templates pooled (4 pairs)")
-    assert "+0.300 for synonyms and +0.100 for opposites" in found[1].text
+    # the repeated opposite pair counts once: 1 of the 1 distinct opposite pairs is negative
+    assert "1 of the 1 distinct opposite sentence pairs are negative" in found[0].text
+    assert found[0].values["paper_set_n_distinct_opposite"] == 1
+    fig9 = paper.get("fig9_opposites_lower")
+    assert found[0].paper.startswith(f"Fig 9: {fig9.text}") and found[0].like_for_like is False
+    assert "template not stated" in found[0].paper
+    assert found[1].text.startswith("Our extension, all 2 templates pooled (5 pairs)")
+    assert "+0.300 for synonyms and +0.033 for opposites (2 and 3 pairs)" in found[1].text  # the repeat counts
 
 
 def test_the_header_says_which_pairs_the_report_covers(stores, tmp_path):

@@ -9,6 +9,8 @@ words and quarantine rows; every number a page shows is checked against the rows
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
 import socket
@@ -52,9 +54,11 @@ def sentence_row(sid: str, words: list[str]) -> dict[str, Any]:
 
 
 def make_store(root: Path, name: str, n_pairs: int = 40, seed: int = 0, scale: float = 1.0, waves: int = 2,
-               manifest: bool = True) -> tuple[Path, dict[str, list[dict[str, Any]]]]:  # fmt: skip
+               manifest: bool = True, shift: float = 0.0, words: dict[int, tuple[list[str], list[str]]] | None = None,
+               text_b: dict[int, str] | None = None) -> tuple[Path, dict[str, list[dict[str, Any]]]]:  # fmt: skip
     """A run of `n_pairs` random pairs over WORDS (hostile strings among them) in `waves` waves, plus quarantine rows;
-    values drawn from `seed` (the same texts for every seed) and multiplied by `scale`."""
+    values drawn from `seed` (the same texts for every seed), plus `shift`, multiplied by `scale`; `words` sets the
+    words of some pairs (by number), `text_b` the stored text b of some."""
     texts = np.random.default_rng(0)
     rng = np.random.default_rng(seed)
     run = root / name
@@ -67,13 +71,15 @@ def make_store(root: Path, name: str, n_pairs: int = 40, seed: int = 0, scale: f
             wb = [str(w) for w in texts.choice(WORDS, int(texts.integers(2, 7)))]
             if p == 0:
                 wa = ["the", "cat", "is", "not", "big"]
+            if words and p in words:
+                wa, wb = list(words[p][0]), list(words[p][1])
             sa, sb = sentence_row(f"s{p}a", wa), sentence_row(f"s{p}b", wb)
             rows["sentences"] += [sa, sb]
             pid = f"p{p:02d}" if p != 3 else f"p03{HOSTILE[0]}"
             cells = []
             for i, ta in enumerate(sa["tokens"]):
                 for j, tb in enumerate(sb["tokens"]):
-                    value = scale * (round(float(rng.normal(0, 0.1)), 3) + (0.3 if ta == tb else 0.0))
+                    value = scale * (round(float(rng.normal(0, 0.1)), 3) + (0.3 if ta == tb else 0.0) + shift)
                     cells.append({"pair_id": pid, "i": i, "j": j, "token_a": ta, "token_b": tb, "value": value})
             rows["cells"] += cells
             for u, x in enumerate(wa):
@@ -84,7 +90,8 @@ def make_store(root: Path, name: str, n_pairs: int = 40, seed: int = 0, scale: f
             total = float(sum(values))
             text_a = sa["text"] + (f" {HOSTILE[0]}" if p % 5 == 0 else "")
             rows["pairs"].append({
-                "pair_id": pid, "row": p, "split": "test", "label": float(p % 6), "text_a": text_a, "text_b": sb["text"],
+                "pair_id": pid, "row": p, "split": "test", "label": float(p % 6), "text_a": text_a,
+                "text_b": (text_b or {}).get(p, sb["text"]),
                 "sentence_id_a": sa["sentence_id"], "sentence_id_b": sb["sentence_id"],
                 "n_tokens_a": len(sa["tokens"]), "n_tokens_b": len(sb["tokens"]),
                 "score": round(total + float(rng.normal(0, 0.05)), 4), "attribution_sum": total,
@@ -392,6 +399,75 @@ def test_quarantine_rows_by_reason(served, stores):
     assert count(served.get("/pairs?reason=any")[1]) == 3
 
 
+# --------------------------------------------------------------------------- the rows of a list page as CSV
+def csv_rows(text: str) -> list[dict[str, str]]:
+    return list(csv.DictReader(io.StringIO(text)))
+
+
+def csv_link(page: str) -> str:
+    return unescape(re.search(r"<a class='csv' id='csv' href='([^']*)'", page).group(1))
+
+
+def test_each_list_page_downloads_all_its_rows_as_csv_with_its_filters(served, stores):
+    data = stores["data"]
+    by_id = {p["pair_id"]: p for p in data["pairs"]}
+    for path in ("/pairs", "/pairs?q=CAT&sort=label&order=asc", "/pairs?min_score=0&max_score=1.5&sort=positive",
+                 "/pairs?token=not&sort=tokens"):  # fmt: skip
+        _, page, _ = served.get(f"{path}{'&' if '?' in path else '?'}page=2&size=7")
+        link = csv_link(page)
+        assert link.startswith("/pairs.csv?") and "page=" not in link and "size=" not in link, link
+        status, text, headers = served.get(link)
+        assert status == 200 and headers["Content-Type"] == "text/csv; charset=utf-8"
+        assert headers["Content-Disposition"] == 'attachment; filename="pairs.csv"'
+        rows = csv_rows(text)
+        assert [r["pair_id"] for r in rows] == every_page(served, path), path  # every row, in the page's order
+        for r in rows:
+            want = by_id[r["pair_id"]]
+            assert float(r["score"]) == pytest.approx(want["score"]) and r["text_b"] == want["text_b"]
+            assert float(r["negative_sum"]) == pytest.approx(want["negative_sum"])
+    # the quarantined rows of a reason
+    rows = csv_rows(served.get(csv_link(served.get("/pairs?reason=empty_text_b")[1]))[1])
+    assert [r["row"] for r in rows] == ["1000", "1001"] and {r["reason"] for r in rows} == {"empty_text_b"}
+    # the tokens, and one token's cells
+    _, page, _ = served.get("/tokens?min_count=3&include_special=0&sort=mean")
+    want = sqlrun.run_file(sqlrun.connect(stores["run"], variables={"min_count": 3, "include_special": False}),
+                           "lexical_ranks")  # fmt: skip
+    rows = csv_rows(served.get(csv_link(page))[1])
+    assert [(int(r["rank"]), r["token"]) for r in rows] == list(zip(want["rank"].to_list(), want["token"].to_list()))
+    cells = sorted(((c["value"], c["pair_id"]) for c in data["cells"] if c["token_a"] == c["token_b"] == "big"),
+                   key=lambda x: (x[0], x[1]))  # fmt: skip
+    _, page, _ = served.get("/token?t=big&order=asc")
+    rows = csv_rows(served.get(csv_link(page))[1])
+    assert [r["pair_id"] for r in rows] == [pid for _, pid in cells]
+    np.testing.assert_allclose([float(r["value"]) for r in rows], [v for v, _ in cells])
+    # bad parameters are the page's errors
+    assert served.get("/pairs.csv?min_score=abc")[0] == 400 and served.get("/token.csv")[0] == 400
+
+
+FORMULAS = {1: '=HYPERLINK("http://evil.example","click")', 2: "+1+cmd|' /C calc'!A0", 3: "-2+3+cmd", 4: "@SUM(A1:A9)",
+            5: "\t=1+1", 6: "\r=1+1"}
+
+
+def test_csv_cells_that_a_spreadsheet_would_run_are_text(tmp_path):
+    run, data = make_store(tmp_path, "formulas", n_pairs=8, waves=1, text_b=FORMULAS,
+                           words={7: (["=cmd", "the"], ["=cmd", "cat"])})  # fmt: skip
+    s = Served(run)
+    try:
+        rows = {r["pair_id"]: r for r in csv_rows(s.get("/pairs.csv?sort=pair_id&order=asc")[1])}
+        for p, text in FORMULAS.items():
+            assert rows[data["pairs"][p]["pair_id"]]["text_b"] == "'" + text  # shown as text by a spreadsheet
+        assert rows["p00"]["text_b"] == data["pairs"][0]["text_b"]  # plain text unchanged
+        negative = [r["negative_sum"] for r in rows.values()]
+        assert all(v.startswith("-") and float(v) < 0 for v in negative)  # numbers stay numbers
+        tokens = [r["token"] for r in csv_rows(s.get("/tokens.csv?min_count=1")[1])]
+        assert "'=cmd" in tokens and "=cmd" not in tokens
+        cells = csv_rows(s.get("/token.csv?t=%3Dcmd")[1])
+        assert [r["pair_id"] for r in cells] == ["p07"] and float(cells[0]["value"]) == pytest.approx(
+            next(c["value"] for c in data["cells"] if c["pair_id"] == "p07" and c["token_a"] == c["token_b"] == "=cmd"))
+    finally:
+        s.close()
+
+
 # --------------------------------------------------------------------------- a pair
 def heatmap_values(page: str, side: str) -> list[float]:
     block = page.split(f"id='side-{side}'", 1)[1].split("<table class='data top'>", 1)[0]
@@ -436,6 +512,40 @@ def test_pair_page_heatmaps_top_cells_and_difference(served, stores):
     # pair facts
     row = next(p for p in stores["data"]["pairs"] if p["pair_id"] == pid)
     assert f"{row['score']:+.6f}" in page and f"{row['attribution_sum']:+.6f}" in page
+
+
+def test_an_empty_top_table_says_none(tmp_path):
+    run, data = make_store(tmp_path, "positive", n_pairs=2, waves=1, shift=1.0)  # every cell > 0
+    assert all(c["value"] > 0 for c in data["cells"])
+    s = Served(run)
+    try:
+        _, page, _ = s.get("/pair?id=p01")
+        top = page.split("id='side-run'", 1)[1].split("<table class='data top'>", 1)[1].split("</table>", 1)[0]
+        rows = top.split("<tbody>", 1)[1].split("</tr>")
+        assert "<td colspan='2' class='none'>none</td>" in rows[0]  # top negative: none
+        assert "class='num pos'" in rows[0] and top.count("class='none'") == 1  # the positive side is listed
+    finally:
+        s.close()
+
+
+def test_heatmap_cells_are_sized_to_a_readable_minimum_and_can_be_resized(tmp_path):
+    from jobs.browse.heatmap import MAX_AUTO_PX, MIN_CELL_PX, cell_size
+
+    assert cell_size(13) == MAX_AUTO_PX and cell_size(40) >= MIN_CELL_PX and cell_size(500) == MIN_CELL_PX
+    long = [f"w{k}" for k in range(38)]
+    run, data = make_store(tmp_path, "long", n_pairs=2, waves=1, words={0: (long, long[::-1])})
+    s = Served(run)
+    try:
+        _, page, _ = s.get("/pair?id=p00&specials=1")  # 40 x 40 tokens
+        assert len(heatmap_values(page, "run")) == 1600
+        sizes = set(re.findall(r"<rect class='c' x='\d+' y='\d+' width='(\d+)' height='\1'", page))
+        assert len(sizes) == 1 and int(sizes.pop()) == cell_size(40) >= MIN_CELL_PX
+        _, page, _ = s.get("/pair?id=p00&cell=40")
+        assert set(re.findall(r"<rect class='c' [^>]*width='(\d+)'", page)) == {"40"}
+        assert "?id=p00&amp;cell=26'>smaller" in page and "?id=p00&amp;cell=60'>larger" in page
+        assert s.get("/pair?id=p00&cell=1000")[0] == 400
+    finally:
+        s.close()
 
 
 def test_pair_page_reads_its_wave_and_its_sql_runs_in_xsbert_sql(served, stores, capsys):
@@ -630,3 +740,26 @@ def pid_matrix_label(data, pid: str) -> str:
     pair = next(p for p in data["pairs"] if p["pair_id"] == pid)
     sent = next(s for s in data["sentences"] if s["sentence_id"] == pair["sentence_id_b"])
     return sent["tokens"][1]
+
+
+@pytest.mark.skipif(find_chromium() is None, reason="no chromium binary: Debian's `chromium` package (.ci/run installs it)")
+def test_in_chromium_a_40_by_40_heatmap_is_readable_and_scrolls_in_its_box(tmp_path):
+    long = [f"word{k}" for k in range(38)]
+    run, _ = make_store(tmp_path, "long", n_pairs=2, waves=1, words={0: (long, long[::-1])})
+    s = Served(run)
+    try:
+        with Chromium(900, 900) as browser:
+            browser.goto(s.url + "/pair?id=p00&specials=1")
+            boxes = browser.eval("""[...document.querySelectorAll('#side-run svg rect.c')].map(r => {
+                const b = r.getBoundingClientRect(); return [b.width, b.height]; })""")
+            assert len(boxes) == 1600 and min(min(b) for b in boxes) >= 20  # drawn at least 20 px a side
+            labels = browser.eval("""[...document.querySelectorAll('#side-run svg g text[text-anchor=end]')].map(t => {
+                const b = t.getBoundingClientRect(); return [b.top, b.bottom]; })""")
+            assert len(labels) == 40
+            assert all(b[0] >= a[1] - 0.5 for a, b in zip(labels, labels[1:]))  # row labels do not overlap
+            # the map scrolls inside its box; the page itself does not scroll sideways
+            box = browser.eval("(e => [e.scrollWidth, e.clientWidth])(document.querySelector('#side-run .heatmap'))")
+            assert box[0] > box[1]
+            assert browser.eval("document.documentElement.scrollWidth <= window.innerWidth + 1")
+    finally:
+        s.close()

@@ -424,7 +424,8 @@ def negation_run(root: Path) -> Path:
     for k, (pid, ta, tb, wa, wb, not_cells) in enumerate(NEGATION_PAIRS):
         sents += [sentence(f"{pid}a", wa), sentence(f"{pid}b", wb)]
         pairs.append({"pair_id": pid, "text_a": ta, "text_b": tb, "sentence_id_a": f"{pid}a",
-                      "sentence_id_b": f"{pid}b", "score": 0.5, "attribution_sum": 0.5 + 0.1 * k})  # fmt: skip
+                      "sentence_id_b": f"{pid}b", "score": 0.5, "attribution_sum": 0.5 + 0.1 * k,
+                      "completeness_error": 1e-3 * (k + 1), "steps_a": 16, "steps_b": 16})  # fmt: skip
         side_a = len(wa) > len(wb)
         for u in range(len(wa)):
             for v in range(len(wb)):
@@ -458,7 +459,9 @@ def test_negation_the_papers_definition_is_the_default(tmp_path):
     df = run_sql(negation_run(tmp_path), "negation.sql")
     assert df.columns == ["pair_id", "text_a", "text_b", "score", "attribution_sum", "not_side", "not_index",
                           "not_total", "not_word_attribution", "word_attribution_sum", "definition",
-                          "not_attribution", "relative", "is_negative", "share_negative", "p90_abs_relative"]
+                          "not_attribution", "relative", "relative_plus_one", "relative_to_sum", "is_negative",
+                          "share_negative", "p90_abs_relative", "p90_abs_relative_plus_one",
+                          "p90_abs_relative_to_sum"]
     assert df["pair_id"].to_list() == ["n1", "n2", "n4", "n6"] and set(df["definition"]) == {"paper"}
     got = records(df, "pair_id")
     planted = {pid: sum(cells or []) for pid, _, _, _, _, cells in NEGATION_PAIRS}
@@ -469,8 +472,15 @@ def test_negation_the_papers_definition_is_the_default(tmp_path):
         assert row["not_total"] == pytest.approx(total) and row["not_attribution"] == pytest.approx(total)
         assert row["not_word_attribution"] == pytest.approx(planted[pid])
         assert row["relative"] == pytest.approx(total / row["score"]) and row["is_negative"] == (total < 0)
+        # the two other readings of the paper's "of the prediction": f(a, b) + 1 (Eq. 4's sum) and sum(A)
+        assert row["relative_plus_one"] == pytest.approx(total / (row["score"] + 1))
+        assert row["relative_to_sum"] == pytest.approx(total / row["attribution_sum"])
     relative = [total / 0.5 for total in expected.values()]
     assert df["p90_abs_relative"][0] == pytest.approx(np.percentile(np.abs(relative), 90))
+    for column, over in (("relative_plus_one", lambda pid: 1.5),
+                         ("relative_to_sum", lambda pid: got[pid]["attribution_sum"])):
+        shares = [total / over(pid) for pid, total in expected.items()]
+        assert df[f"p90_abs_{column}"][0] == pytest.approx(np.percentile(np.abs(shares), 90))
     assert set(df["share_negative"]) == {0.25}
     with pytest.raises(duckdb.Error, match="definition must be paper or word_cells"):
         run_sql(negation_run(tmp_path / "x"), "negation.sql", definition="ours")
@@ -512,6 +522,8 @@ def adjectives_run(root: Path) -> Path:
         ("q4", "big/huge/small", "synonym", ["This", "house", "is", "big", "."], ["This", "house", "is", "huge", "."],
          None),  # the adjective cell was pruned
         ("q5", None, None, ["A", "b"], ["A", "c"], {}),  # not an adjective pair
+        ("q6", "ugly/hideous/beautiful", "opposite", ["This", "house", "is", "ugly", "."],
+         ["This", "house", "is", "beautiful", "."], {(3, 3): -0.1}),  # q2's sentences swapped: a repeat
     ]  # fmt: skip
     pairs, sents, word_cells = [], [], []
     for pid, triplet, kind, wa, wb, planted in rows:
@@ -529,11 +541,13 @@ def adjectives_run(root: Path) -> Path:
 def test_adjectives_read_the_adjective_cell(tmp_path):
     df = run_sql(adjectives_run(tmp_path), "adjectives.sql")
     assert df.columns == ["pair_id", "triplet", "kind", "template", "word_a", "word_b", "u", "attribution", "score",
-                          "attribution_sum"]  # fmt: skip
-    got = {r["pair_id"]: (r["kind"], r["word_a"], r["word_b"], r["u"], r["attribution"])
+                          "attribution_sum", "is_repeat"]  # fmt: skip
+    got = {r["pair_id"]: (r["kind"], r["word_a"], r["word_b"], r["u"], r["attribution"], r["is_repeat"])
            for r in df.iter_rows(named=True)}  # fmt: skip
-    assert got == {"q1": ("synonym", "beautiful", "pretty", 3, 0.4), "q2": ("opposite", "beautiful", "ugly", 3, -0.1),
-                   "q3": ("opposite", None, None, None, None), "q4": ("synonym", "big", "huge", 3, None)}  # fmt: skip
+    assert got == {"q1": ("synonym", "beautiful", "pretty", 3, 0.4, False),
+                   "q2": ("opposite", "beautiful", "ugly", 3, -0.1, False),
+                   "q3": ("opposite", None, None, None, None, False), "q4": ("synonym", "big", "huge", 3, None, False),
+                   "q6": ("opposite", "ugly", "beautiful", 3, -0.1, True)}  # the same two sentences as q2  # fmt: skip
     assert set(df["template"].to_list()) == {"This house is X."}
 
 
@@ -1085,11 +1099,11 @@ def test_close_tells_nan_from_null():
 # --------------------------------------------------------------------------- the duckdb CLI, as documented
 def store_for(name: str, root: Path) -> tuple[Path, Path | None]:
     """A hand-built run (and second run) on which `name` returns rows."""
-    if name == "negation.sql":
+    if name in ("negation.sql", "negation_signs.sql"):
         return negation_run(root), None
     if name == "adjectives.sql":
         return adjectives_run(root), None
-    if name == "syntactic_relations.sql":
+    if name in ("syntactic_relations.sql", "syntactic_relations_pairs.sql"):
         return relations_run(root), None
     run, data = random_run(root, "r", np.random.default_rng(8), n_pairs=20)
     if name not in TWO_RUN_FILES:
@@ -1120,6 +1134,11 @@ def test_duckdb_cli_runs_each_file_as_documented(tmp_path, name):
     for col in py.columns:
         if py[col].dtype.is_float():
             assert np.allclose(cli[col].cast(pl.Float64).to_numpy(), py[col].to_numpy(), equal_nan=True), col
+        elif py[col].dtype.is_nested():  # a list of numbers: the CLI writes it as [1, 2.5]
+            for text, values in zip(cli[col].to_list(), py[col].to_list()):
+                assert (text is None) == (values is None), col
+                if values is not None:
+                    assert np.allclose(json.loads(text), values), col
         else:
             assert cli[col].cast(pl.String).to_list() == py[col].cast(pl.String).to_list(), col
 

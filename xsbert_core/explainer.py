@@ -2,7 +2,7 @@
 
     ex = Explainer("sentence-transformers/all-MiniLM-L6-v2", layer=-3, mode="approx")
     res = ex.explain("A man plays guitar.", "Someone plays an instrument.")
-    res.matrix          # (S_a, S_b) token-pair attributions, sum -> DESIGN section 1 target
+    res.matrix          # (S_a, S_b) token-pair attributions, sum -> docs/DESIGN.md §1 target
     fs = ex.factors(["text 1", "text 2", ...])    # one SentenceFactors per text, each P is (D, S)
     ex.pair(fs[0], fs[1])                         # PairAttribution from precomputed factors
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -26,7 +26,8 @@ from sentence_transformers import SentenceTransformer
 from torch import Tensor
 
 from .errors import InputError, NumericalError
-from .factors import endpoints, factor_errors, integrate
+from .factors import chunk_elements, default_internal_batch_size, endpoints, factor_errors, integrate
+from .memory import FactorMemory, Shape, is_out_of_memory, release_cached
 from .models import DEFAULT_MODEL, load_model
 from .precision import DEFAULT_PRECISION, Precision, canonical_precision, jvp_dtype, tf32_matmuls
 from .pairs import (
@@ -163,6 +164,11 @@ class Explainer:
     prompt, prompt_name: an instruction prefix read before every text (a literal, or a name of the model's
                 `prompts`); neither: the model's default prompt, if it has one
     exclude_prompt: the prompt's tokens receive no attribution and are left out of the factors (approx mode)
+    jvp_chunk:  elements of the largest activation of one jvp call (default: xsbert_core.factors.chunk_elements of the
+                device), when internal_batch_size is not given
+    memory_budget: bytes one factor batch may take beyond the model (xsbert_core.memory): each batch is cut into
+                groups that fit (smaller as N doubles); None: whole batches. Either way a group that runs out of
+                memory is halved and retried at the same N, and later groups keep below it (`memory`)
 
     The same settings as one object: `Explainer.from_settings(EngineSettings(...))`; an explainer's own, resolved,
     are `engine` (what a process that loads the engine again needs to compute the same numbers).
@@ -185,6 +191,8 @@ class Explainer:
         prompt: str | None = None,
         prompt_name: str | None = None,
         exclude_prompt: bool = False,
+        memory_budget: int | None = None,
+        jvp_chunk: int | None = None,
     ) -> None:
         try:
             self.rule = canonical_rule(rule)
@@ -203,6 +211,10 @@ class Explainer:
             raise InputError(f"max_steps ({max_steps}) must be >= steps ({steps})")
         if internal_batch_size is not None and internal_batch_size < 1:
             raise InputError(f"internal_batch_size must be >= 1, got {internal_batch_size!r}")
+        if jvp_chunk is not None and (isinstance(jvp_chunk, bool) or jvp_chunk < 1):
+            raise InputError(f"jvp_chunk must be a positive number of elements, got {jvp_chunk!r}")
+        if memory_budget is not None and (isinstance(memory_budget, bool) or memory_budget < 1):
+            raise InputError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
         if truncation not in TRUNCATION_POLICIES:
             raise InputError(f"Unknown truncation policy {truncation!r}; valid: {', '.join(TRUNCATION_POLICIES)}")
         self._model_given = model if isinstance(model, str) else None
@@ -220,6 +232,7 @@ class Explainer:
         self.max_steps = max_steps
         self.truncation: Truncation = truncation
         self.internal_batch_size = internal_batch_size
+        self.jvp_chunk = jvp_chunk
         self._jvp_split: SplitModel | None = None
         self.exclude_prompt = bool(exclude_prompt)
         self.prompt = self.resolve_prompt(prompt, prompt_name, default=self._model_default_prompt())
@@ -229,6 +242,15 @@ class Explainer:
                 "whose embedding is not 0: exact mode's e(r) = 0 (sum A -> f(a, b)) cannot hold. Use mode 'approx', "
                 "or attribute the prompt"
             )
+
+        config = self.split.auto_model.config
+        shape = Shape(hidden=self.split.hidden_size,
+                      intermediate=int(getattr(config, "intermediate_size", 0) or 4 * self.split.hidden_size),
+                      heads=int(getattr(config, "num_attention_heads", 12) or 12),
+                      dim=int(self.model.get_embedding_dimension() or self.split.hidden_size),
+                      chunk_elements=jvp_chunk or chunk_elements(self.split.device),
+                      sequences_per_call=internal_batch_size)  # fmt: skip
+        self.memory = FactorMemory(shape, memory_budget, self.precision, exact=self.mode == "exact")
 
     @classmethod
     def from_settings(cls, settings: EngineSettings, device: str | None = None,
@@ -344,57 +366,92 @@ class Explainer:
         return [done[t] for t in texts]
 
     def _factor_batch(self, batch) -> list[SentenceFactors]:
+        """The factors of a batch: every sentence at N = steps; with a tolerance, the sentences above it again at 2N,
+        4N, ... (max_steps). At each N the sentences go in groups that fit the memory budget (`_groups`)."""
         results: dict[int, SentenceFactors] = {}
         pending = list(range(len(batch.texts)))
         n_steps = self.steps
-        sub = batch
-        while True:
+        while pending:
+            retry: list[int] = []
+            for rows in self._groups(batch, pending, n_steps):
+                for row, sf in self._integrate_rows(batch, rows, n_steps):
+                    stop = self.tolerance is None or sf.error <= self.tolerance or n_steps * 2 > self.max_steps
+                    if not stop:
+                        retry.append(row)
+                        continue
+                    if not sf.converged:
+                        logger.warning("factor error %.2e > tolerance at max_steps=%d", sf.error, n_steps)
+                    results[row] = sf
+            pending = retry
+            n_steps *= 2
+        return [results[i] for i in range(len(batch.texts))]
+
+    def _groups(self, batch, rows: list[int], n_steps: int) -> list[list[int]]:
+        """`rows` (of similar length) in consecutive groups of the largest size that fits at n_steps
+        (FactorMemory.batch_size at the rows' longest length)."""
+        seq_len = max(batch.lengths[r] for r in rows)
+        size = self.memory.batch_size(n_steps, seq_len, len(rows))
+        return [rows[k : k + size] for k in range(0, len(rows), size)]
+
+    def _integrate_rows(self, batch, rows: list[int], n_steps: int) -> list[tuple[int, SentenceFactors]]:
+        """(row, SentenceFactors at n_steps) for the batch's `rows`; a group that runs out of memory is halved (and
+        the memory model learns it), down to one sentence, whose own failure is raised."""
+        sub = batch.select(rows)
+        ran_out = False
+        try:
             with tf32_matmuls(False):  # the endpoints in float32 whatever the precision of the JVPs
                 ends = endpoints(self.split, sub)
             p = integrate(self.split, ends, self.rule, n_steps, self.internal_batch_size, self.precision,
-                          self.jvp_split)  # fmt: skip
-            errs = factor_errors(p, ends)
-            if not (torch.isfinite(p).all() and torch.isfinite(ends.e_x).all() and torch.isfinite(ends.e_r).all()):
-                raise NumericalError(f"NaN/Inf in attributions of {[t[:40] for t in sub.texts]}")
-            retry = []
-            for k, row in enumerate(pending):
-                stop = self.tolerance is None or errs[k] <= self.tolerance or n_steps * 2 > self.max_steps
-                if not stop:
-                    retry.append(k)
-                    continue
-                converged = bool(self.tolerance is None or errs[k] <= self.tolerance)
-                if not converged:
-                    logger.warning("factor error %.2e > tolerance at max_steps=%d", errs[k], n_steps)
-                n = sub.lengths[k]
-                keep = list(range(n))
-                text, offsets, word_ids = sub.texts[k], sub.offsets[k], sub.word_ids[k]
-                if sub.exclude_prompt:  # the prompt's columns are exactly 0 (Delta = 0 there): dropped
-                    cut = len(sub.prompt)
-                    keep = [i for i in keep if not bool(sub.prompt_mask[k, i])]
-                    text = text[cut:]
-                    offsets = [(max(0, s - cut), max(0, e - cut)) for s, e in offsets]
-                    renumber = {w: u for u, w in enumerate(sorted({word_ids[i] for i in keep} - {None}))}
-                    word_ids = [None if w is None else renumber.get(w) for w in word_ids]
-                results[row] = SentenceFactors(
-                    text=text,
-                    tokens=[sub.tokens[k][i] for i in keep],
-                    word_ids=[word_ids[i] for i in keep],
-                    offsets=[offsets[i] for i in keep],
-                    factor=p[k, :, keep].detach().cpu(),
-                    embedding=ends.e_x[k].detach().cpu(),
-                    reference_embedding=ends.e_r[k].detach().cpu(),
-                    n_steps=n_steps,
-                    error=float(errs[k]),
-                    truncated=sub.truncated[k],
-                    converged=converged,
-                    prompt=sub.prompt,
-                    prompt_excluded=sub.exclude_prompt,
-                )
-            if not retry:
-                return [results[i] for i in range(len(batch.texts))]
-            pending = [pending[k] for k in retry]
-            sub = sub.select(retry)
-            n_steps *= 2
+                          self.jvp_split, self.jvp_chunk)  # fmt: skip
+        except Exception as exc:  # only running out of memory is handled here
+            per_call = self.internal_batch_size or default_internal_batch_size(self.split, max(sub.lengths),
+                                                                               self.jvp_chunk)  # fmt: skip
+            if not is_out_of_memory(exc) or (len(rows) == 1 and per_call == 1):
+                raise
+            ran_out = True  # halved below, once the exception (and the frames holding the batch's tensors) is gone
+        if ran_out:
+            self.memory.ran_out(len(rows), n_steps, max(sub.lengths))
+            release_cached(self.split.device)
+            if len(rows) == 1:  # one sentence: fewer sequences per jvp call from now on
+                self.internal_batch_size = max(1, per_call // 2)
+                self.memory.shape = replace(self.memory.shape, sequences_per_call=self.internal_batch_size)
+                logger.warning("one sentence at N=%d ran out of memory; jvp calls of %d sequences from now on",
+                               n_steps, self.internal_batch_size)  # fmt: skip
+                return self._integrate_rows(batch, rows, n_steps)
+            logger.warning("a factor batch of %d sentences at N=%d ran out of memory; halving it", len(rows), n_steps)
+            half = len(rows) // 2
+            return self._integrate_rows(batch, rows[:half], n_steps) + self._integrate_rows(batch, rows[half:], n_steps)
+        errs = factor_errors(p, ends)
+        if not (torch.isfinite(p).all() and torch.isfinite(ends.e_x).all() and torch.isfinite(ends.e_r).all()):
+            raise NumericalError(f"NaN/Inf in attributions of {[t[:40] for t in sub.texts]}")
+        out = []
+        for k, row in enumerate(rows):
+            n = sub.lengths[k]
+            keep = list(range(n))
+            text, offsets, word_ids = sub.texts[k], sub.offsets[k], sub.word_ids[k]
+            if sub.exclude_prompt:  # the prompt's columns are exactly 0 (Delta = 0 there): dropped
+                cut = len(sub.prompt)
+                keep = [i for i in keep if not bool(sub.prompt_mask[k, i])]
+                text = text[cut:]
+                offsets = [(max(0, s - cut), max(0, e - cut)) for s, e in offsets]
+                renumber = {w: u for u, w in enumerate(sorted({word_ids[i] for i in keep} - {None}))}
+                word_ids = [None if w is None else renumber.get(w) for w in word_ids]
+            out.append((row, SentenceFactors(
+                text=text,
+                tokens=[sub.tokens[k][i] for i in keep],
+                word_ids=[word_ids[i] for i in keep],
+                offsets=[offsets[i] for i in keep],
+                factor=p[k, :, keep].detach().cpu(),
+                embedding=ends.e_x[k].detach().cpu(),
+                reference_embedding=ends.e_r[k].detach().cpu(),
+                n_steps=n_steps,
+                error=float(errs[k]),
+                truncated=sub.truncated[k],
+                converged=bool(self.tolerance is None or errs[k] <= self.tolerance),
+                prompt=sub.prompt,
+                prompt_excluded=sub.exclude_prompt,
+            )))  # fmt: skip
+        return out
 
     # --------------------------------------------------------------------- pairs
     def pair(self, fa: SentenceFactors, fb: SentenceFactors, words: bool = False) -> PairAttribution:

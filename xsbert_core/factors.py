@@ -82,19 +82,21 @@ def chunk_elements(device: torch.device) -> int:
     return DEFAULT_CHUNK_ELEMENTS
 
 
-def default_internal_batch_size(split: SplitModel, seq_len: int) -> int:
-    """Sequences per jvp call so the largest activation (FFN or attention scores) stays within chunk_elements."""
+def default_internal_batch_size(split: SplitModel, seq_len: int, chunk: int | None = None) -> int:
+    """Sequences per jvp call so the largest activation (FFN or attention scores) stays within `chunk` elements
+    (default: chunk_elements of the model's device)."""
     config = split.auto_model.config
     inter = int(getattr(config, "intermediate_size", 4 * split.hidden_size) or 4 * split.hidden_size)
     heads = int(getattr(config, "num_attention_heads", 12) or 12)
     per_seq = max(seq_len * inter, heads * seq_len * seq_len)
-    return max(1, chunk_elements(split.device) // per_seq)
+    return max(1, (chunk or chunk_elements(split.device)) // per_seq)
 
 
-def jvp_chunks(split: SplitModel, seq_len: int, internal_batch_size: int | None = None) -> tuple[int, int]:
+def jvp_chunks(split: SplitModel, seq_len: int, internal_batch_size: int | None = None,
+               chunk: int | None = None) -> tuple[int, int]:  # fmt: skip
     """(token tangents, (sentence, node) rows) per jvp call: internal_batch_size sequences (default: sized from the
-    text and the device), tokens first."""
-    ibs = internal_batch_size or default_internal_batch_size(split, seq_len)
+    text and `chunk`, default the device's), tokens first."""
+    ibs = internal_batch_size or default_internal_batch_size(split, seq_len, chunk)
     tok_chunk = max(1, min(seq_len, ibs))
     return tok_chunk, max(1, ibs // tok_chunk)
 
@@ -108,6 +110,7 @@ def integrate(
     internal_batch_size: int | None = None,
     precision: Precision = DEFAULT_PRECISION,
     jvp_split: SplitModel | None = None,
+    chunk: int | None = None,
 ) -> Tensor:
     """Sentence factors of the batch, shape (B, D, S), float32; columns past a sentence's length are 0.
 
@@ -137,14 +140,17 @@ def integrate(
     row_shift = ends.shift.repeat_interleave(n, 0).to(low) if ends.shift is not None else None
     row_len = torch.as_tensor(ends.batch.lengths, device=device).repeat_interleave(n)
 
-    tok_chunk, row_chunk = jvp_chunks(split, seq_len, internal_batch_size)
+    tok_chunk, row_chunk = jvp_chunks(split, seq_len, internal_batch_size, chunk)
     dim = ends.e_x.shape[-1]
     factors = torch.zeros(bsz, dim, seq_len, dtype=dtype, device=device)
 
     with tf32_matmuls(precision == "tf32"):
         for r0 in range(0, bsz * n, row_chunk):
             r1 = min(r0 + row_chunk, bsz * n)
-            x = row_x[r0:r1]
+            # A copy, not a view: forward AD gives a view's tangent the size of its base (all B*N rows, per token
+            # tangent), which made each call zero-fill J x B*N*S*H values and ran a 128-sentence batch at N = 128 out of
+            # an 80 GB card.
+            x = row_x[r0:r1].clone()
             f = {k: v[r0:r1] for k, v in row_feats.items()}
             sh = row_shift[r0:r1] if row_shift is not None else None
 

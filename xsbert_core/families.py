@@ -1,6 +1,6 @@
 """The model families the engine splits at a layer: where each keeps its layer list, how to enter it at layer L.
 
-    e(x) = tail(h(x)),  h(x) = hidden_states[L](x)   (DESIGN section 1)
+    e(x) = tail(h(x)),  h(x) = hidden_states[L](x)   (docs/DESIGN.md §1)
 
 `tail` runs the Hugging Face model's own forward with its layer list sliced to L..n-1 and the hidden states entering
 layer L replaced by `h` (a forward pre-hook on layer L), so masks (padding, causal, sliding-window), rotary and

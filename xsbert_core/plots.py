@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -62,6 +63,7 @@ def plot_histograms(
     finite = np.concatenate([v[np.isfinite(v)] for v in values]) if values else np.zeros(0)
     lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
     edges = np.linspace(lo, hi if hi > lo else lo + 1.0, bins + 1)
+    note = _wrapped(note)
     n_note = note.count("\n") + 1 if note else 0
     fig, ax = plt.subplots(figsize=(6.4, 3.8 + 0.22 * n_note))
     for name, v in zip(series, values):
@@ -135,9 +137,21 @@ def plot_by_layer(
 
 
 # --------------------------------------------------------------------------- report figures (jobs.report)
+# Characters per line of a note under a figure: a longer line would widen the saved figure beyond its axes.
+NOTE_WIDTH = 100
+
+
+def _wrapped(note: str | None) -> str | None:
+    """The note with each line wrapped at NOTE_WIDTH characters."""
+    if not note:
+        return note
+    return "\n".join(textwrap.fill(line, NOTE_WIDTH) or line for line in note.split("\n"))
+
+
 def _finish(fig, path: str | Path, note: str | None = None) -> Path:
-    """Tight layout, an optional note below the axes, save at 150 dpi, close."""
+    """Tight layout, an optional note below the axes (wrapped), save at 150 dpi, close."""
     fig.tight_layout()
+    note = _wrapped(note)
     if note:
         n_lines = note.count("\n") + 1
         fig.subplots_adjust(bottom=fig.subplotpars.bottom + 0.05 * n_lines)

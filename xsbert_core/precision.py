@@ -22,8 +22,8 @@ import torch
 
 Precision = Literal["fp32", "tf32", "bf16", "fp16"]
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16")
-# The default on every device. On CUDA the issue's rule picks the fastest precision whose mean completeness error
-# on STS-B test pairs stays within 2x float32's; that needs bench/gpu.py's precision sweep on a GPU, which has not
+# The default on every device. The rule for a CUDA default: the fastest precision whose mean completeness error on
+# STS-B test pairs stays within 2x float32's. Applying it needs bench/gpu.py's precision sweep on a GPU, which has not
 # run yet, so CUDA keeps float32 too (bench/precision.py measures the precisions on the CPU).
 DEFAULT_PRECISION: Precision = "fp32"
 

@@ -3,7 +3,7 @@
     T'(x) = T(x) - T(r)          token embeddings minus the reference's, before pooling
     e(x)  = pool(T'(x))          so e(r) = pool(T(r) - T(r)) = 0 exactly, and sum A -> f(a, b)
 
-r is the reference of x: `[CLS/BOS] PAD ... PAD [SEP/EOS]` of the same length (DESIGN section 1).
+r is the reference of x: `[CLS/BOS] PAD ... PAD [SEP/EOS]` of the same length (docs/DESIGN.md §1).
 `ShiftedTransformer` is a sentence-transformers `Transformer` with that shift built into its forward,
 so a fine-tuned exact model is an ordinary sentence-transformers model folder: `model.encode`,
 training and saving work as usual, and the engine recognises it (`is_shifted`) and attributes it in

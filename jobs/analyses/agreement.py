@@ -8,7 +8,7 @@ from typing import Any
 import polars as pl
 
 from .. import sqlrun, paper
-from .base import REPORT_SQL, TOP_SCORE, Analysis, Context, Finding, needs_cells, needs_two_runs
+from .base import REPORT_SQL, TOP_SCORE, Analysis, Context, Finding, Headline, needs_cells, needs_two_runs
 from .facts import (
     cite,
     layer_label,
@@ -136,6 +136,8 @@ def agreement(df: pl.DataFrame, ctx: Context) -> list[Finding]:
         f"{num(row['spearman_mean'])}{spread}, Pearson {num(row['pearson_mean'])}{over}, and their "
         f"top-10 cells overlap with Jaccard {num(row['jaccard_top10_mean'])} (top-3: {num(row['jaccard_top3_mean'])}).",
         {k: row[k] for k in keys},
+        headline=Headline(f"Spearman of the two runs' {cells}, mean per pair, all {row['n_pairs']} pairs",
+                          f"{num(row['spearman_mean'])}{spread}"),
     )]  # fmt: skip
     if level == "token" and tokens == "content tokens":
         every = every_cell_agreement(ctx)
@@ -163,12 +165,18 @@ def agreement(df: pl.DataFrame, ctx: Context) -> list[Finding]:
             text = (f"Among the {plural(part['n_pairs'], 'pair')} with mean score above {low:g} the top-10 cells "
                     f"overlap with Jaccard {num(part['jaccard_top10_mean'])} "
                     f"(top-3: {num(part['jaccard_top3_mean'])}).")
+            headline = Headline(f"top-10 Jaccard, pairs of mean score above {low:g}", num(part["jaccard_top10_mean"]))
         else:
             spread = "" if missing(part["spearman_std"]) else f" ± {num(part['spearman_std'])}"
             metric = f"Spearman per pair, {tokens}"
             text = (f"Among the {plural(part['n_pairs'], 'pair')} with mean score above {low:g} the Spearman agreement "
                     f"is {num(part['spearman_mean'])}{spread}{_correlated(part)}.")
-        out.append(Finding(text, values, **({} if unlike else cite(key, model, layer, subset, metric))))
+            headline = Headline(f"Spearman per pair, pairs of mean score above {low:g}",
+                                f"{num(part['spearman_mean'])}{spread}")
+        # another kind of comparison than the paper's: its number is named, not set beside ours (the study table)
+        other = {"paper_key": key, "differs": [f"comparison: {unlike}"], "like_for_like": False}
+        out.append(Finding(text, values, **(other if unlike else cite(key, model, layer, subset, metric)),
+                           headline=headline))
     if unlike:
         out.append(Finding(
             f"The paper's Fig 3/4 numbers ({paper.get('fig3_spearman_top').model}, one layer at a time) are not set "
@@ -208,4 +216,4 @@ def plot_agreement(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
 
 ANALYSIS = Analysis("agreement", "Agreement of two runs", "Fig 3/4", check_agreement, agreement, plot_agreement,
                     empty_agreement,
-                    serve_page="/pairs?sort=score")
+                    serve_page="/pairs?sort=score", key_figure="agreement.png")

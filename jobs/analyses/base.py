@@ -24,15 +24,28 @@ REPORT_SQL = sqlrun.SQL_DIR / "report"
 TOP_SCORE = 0.75
 
 
+@dataclass(frozen=True)
+class Headline:
+    """A finding's number as the study page's headline table shows it: what is measured, and our value."""
+
+    what: str  # "Spearman × 100, score vs gold label"
+    ours: str  # "77.9"
+
+
 @dataclass
 class Finding:
     """One plain sentence; `values` are its numbers (report.json); `paper` the paper's number with its setting, if
-    any (jobs.paper.beside: 'like-for-like', or the settings that differ); `like_for_like` whether they are equal."""
+    any (jobs.paper.beside: 'like-for-like', or the settings that differ); `like_for_like` whether they are equal;
+    `paper_key` the jobs.paper value and `differs` the settings that differ from its ('' when like for like);
+    `headline` the number the study page's table shows for the analysis (None: the finding is not a headline)."""
 
     text: str
     values: dict[str, Any] = field(default_factory=dict)
     paper: str | None = None
     like_for_like: bool | None = None
+    paper_key: str | None = None
+    differs: list[str] = field(default_factory=list)
+    headline: Headline | None = None
 
 
 @dataclass
@@ -46,6 +59,7 @@ class Section:
     figures: list[tuple[str, str]] = field(default_factory=list)  # (file name, caption)
     files: list[str] = field(default_factory=list)
     frame: pl.DataFrame | None = None
+    key_figure: str | None = None  # the figure of `figures` the study page shows
 
 
 @dataclass
@@ -104,6 +118,7 @@ class Analysis:
     plot: Callable[[pl.DataFrame, Context], list[tuple[str, str]]]
     empty: Callable[[pl.DataFrame, Context], str | None] | None = None
     serve_page: str | None = None  # the `xsbert serve` page (path and query) that shows the pairs behind it
+    key_figure: str | None = None  # the figure (file name) the study page shows for it
 
 
 def quote(text: str) -> str:

@@ -13,8 +13,9 @@ EXAMPLE_MAX_TOKENS = 24
 
 
 def _example_pairs(ctx: Context) -> list[tuple[str, str]]:
-    """(pair_id, why) of a few interesting pairs: highest and lowest score, the most negative cell, a negation
-    pair, an adjective synonym and opposite pair; short pairs (readable labels) first."""
+    """(pair_id, why) of a few pairs: a typical one (the median score: the study page shows it), the highest and
+    lowest score, the most negative cell, a negation pair, an adjective synonym and opposite pair; short pairs
+    (readable labels) first."""
     picked: list[tuple[str, str]] = []
 
     def add(pid: str | None, why: str) -> None:
@@ -23,6 +24,13 @@ def _example_pairs(ctx: Context) -> list[tuple[str, str]]:
 
     stored = "coalesce(n_cells, 1) > 0"  # pairs whose cells were all pruned (--min-abs) show nothing
     short = f"coalesce(greatest(n_tokens_a, n_tokens_b), 0) <= {EXAMPLE_MAX_TOKENS + 2} and {stored}"
+    for where in (short, stored):  # the pair whose score is nearest the run's median
+        pid = ctx.scalar(f"""
+            select pair_id from pairs where {where} and score is not null
+            order by abs(score - (select median(score) from pairs where {where})), pair_id limit 1""")  # fmt: skip
+        if pid is not None:
+            add(pid, "a typical pair (the median score)")
+            break
     for order, why in (("desc", "highest score"), ("asc", "lowest score")):
         pid = ctx.scalar(f"select pair_id from pairs where {short} order by score {order}, pair_id limit 1")
         add(pid or ctx.scalar(f"select pair_id from pairs where {stored} order by score {order}, pair_id limit 1"), why)
@@ -77,6 +85,7 @@ def plot_examples(ctx: Context) -> Section:
     from xsbert_core.plots import plot_attributions
 
     section = Section("examples", "Example pairs", "Fig 1 (heatmaps)")
+    section.key_figure = "example-1.png"
     if not ctx.facts["n_pairs"]:
         section.status, section.reason = "skipped", "the run has no pairs"
         return section

@@ -220,10 +220,12 @@ def subset_label(facts: dict[str, Any], n_pairs: int | None = None, scores: str 
 
 def cite(key: str, model: str, layer: str, subset: str, metric: str) -> dict[str, Any]:
     """Finding fields for the paper's value `key` beside ours (our model, layer, subset and metric, spelled as
-    jobs.paper spells the paper's): {'paper': text, 'like_for_like': bool}."""
+    jobs.paper spells the paper's): {'paper': text, 'like_for_like': bool, 'paper_key': key, 'differs': [the
+    settings that differ]}."""
     value = paper.get(key)
     ours = {"model": model, "layer": layer, "subset": subset, "metric": metric}
-    return {"paper": paper.beside(value, ours), "like_for_like": not paper.differences(value, ours)}
+    differs = paper.differences(value, ours)
+    return {"paper": paper.beside(value, ours), "like_for_like": not differs, "paper_key": key, "differs": differs}
 
 
 def two_layers(ctx: Context) -> str:

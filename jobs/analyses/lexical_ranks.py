@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from .base import TOP_K, Analysis, Context, Finding, needs_cells, needs_pairs
+from .base import TOP_K, Analysis, Context, Finding, Headline, needs_cells, needs_pairs
 from .format import signed
 
 
@@ -33,13 +33,16 @@ def lexical_ranks(df: pl.DataFrame, ctx: Context) -> list[Finding]:
         f"{signed(first['mean'])}) and '{last['token']}' least ({signed(last['mean'])}).",
         {"n_tokens": k, "min_count": m, "top": first["token"], "top_mean": first["mean"], "bottom": last["token"],
          "bottom_mean": last["mean"]},
+        headline=Headline(f"the token attributing most to itself (of {k})",
+                          f"'{first['token']}' {signed(first['mean'])}"),
     )]  # fmt: skip
     nots = df.filter(pl.col("token").str.to_lowercase().str.strip_chars_start("Ġ▁") == "not")
     if nots.height:
         r = nots.row(0, named=True)
         out.append(Finding(
             f"'{r['token']}' ranks {r['rank']} of {k} tokens (mean {signed(r['mean'])}), {_placement(r['rank'], k)}.",
-            {"token": r["token"], "rank": r["rank"], "n_tokens": k, "mean": r["mean"]}))  # fmt: skip
+            {"token": r["token"], "rank": r["rank"], "n_tokens": k, "mean": r["mean"]},
+            headline=Headline(f"rank of '{r['token']}' by self-attribution", f"{r['rank']} of {k}")))  # fmt: skip
     return out
 
 
@@ -60,4 +63,4 @@ def plot_lexical_ranks(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
 
 ANALYSIS = Analysis("lexical_ranks", "Lexical ranks", "Fig 10, Tables 3–4", check_lexical_ranks, lexical_ranks,
                     plot_lexical_ranks, empty_lexical,
-                    serve_page="/tokens")
+                    serve_page="/tokens", key_figure="lexical_ranks.png")

@@ -6,7 +6,7 @@ import numpy as np
 import polars as pl
 
 from .. import paper
-from .base import Analysis, Context, Finding, needs_cells, needs_two_runs
+from .base import Analysis, Context, Finding, Headline, needs_cells, needs_two_runs
 from .facts import (
     cite,
     layer_label,
@@ -42,8 +42,10 @@ def lexical_ranks_compare(df: pl.DataFrame, ctx: Context) -> list[Finding]:
         f"tokens; '{moved['token']}' "
         f"moves most (shared rank {num(moved['shared_rank_1'], 1)} vs {num(moved['shared_rank_2'], 1)}).",
         {"spearman": rho, "n_shared": n, "most_moved": moved["token"]},
-        **({} if unlike else cite("fig10_rank_spearman", pair_model_label(ctx.facts, ctx.facts2), two_layers(ctx),
-                                  subset_label(ctx.facts), _lexical_metric(ctx))),
+        **({"paper_key": "fig10_rank_spearman", "differs": [f"comparison: {unlike}"], "like_for_like": False}
+           if unlike else cite("fig10_rank_spearman", pair_model_label(ctx.facts, ctx.facts2), two_layers(ctx),
+                               subset_label(ctx.facts), _lexical_metric(ctx))),
+        headline=Headline(f"Spearman ρ of the two runs' lexical ranks ({n} shared tokens)", num(rho)),
     )]  # fmt: skip
     if unlike:
         fig10 = paper.get("fig10_rank_spearman")
@@ -93,4 +95,4 @@ def _lexical_like(ctx: Context) -> bool:
 ANALYSIS = Analysis("lexical_ranks_compare", "Lexical ranks of two runs", "Fig 10, Tables 3–4",
                     check_lexical_ranks_compare, lexical_ranks_compare, plot_lexical_ranks_compare,
                     empty_lexical_compare,
-                    serve_page="/tokens")
+                    serve_page="/tokens", key_figure="lexical_ranks_compare.png")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shlex
@@ -78,13 +79,19 @@ def _jsonable(value: Any) -> Any:
 
 
 def write_json(sections: list[Section], ctx: Context, command: str) -> Path:
-    """report.json: the runs' facts and every section's status, reason, findings (with numbers) and files."""
+    """report.json: the runs' facts and every section's status, reason, findings (with numbers, headline and the
+    paper's value), files and figures (the study page's is `key_figure`), and its `xsbert serve` page."""
+    pages = {**serve_pages(), "examples": "/pairs"}
     doc = {
         "command": command, "run": ctx.facts, "run2": ctx.facts2,
         "sections": [{"name": s.name, "title": s.title, "paper": s.paper, "status": s.status, "reason": s.reason,
                       "findings": [{"text": f.text, "paper": f.paper, "like_for_like": f.like_for_like,
+                                    "paper_key": f.paper_key, "differs": f.differs,
+                                    "headline": dataclasses.asdict(f.headline) if f.headline else None,
                                     "values": {k: _jsonable(v) for k, v in f.values.items()}} for f in s.findings],
-                      "files": s.files, "figures": [name for name, _ in s.figures]} for s in sections],
+                      "files": s.files, "figures": [name for name, _ in s.figures],
+                      "captions": [caption for _, caption in s.figures], "key_figure": s.key_figure,
+                      "serve_page": pages.get(s.name)} for s in sections],
     }  # fmt: skip
     path = ctx.out / "report.json"
     path.write_text(json.dumps(doc, indent=1, default=str), encoding="utf-8")

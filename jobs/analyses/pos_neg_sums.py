@@ -8,12 +8,12 @@ import numpy as np
 import polars as pl
 
 from .. import sqlrun
-from .base import REPORT_SQL, Analysis, Context, Finding, needs_pairs
+from .base import REPORT_SQL, Analysis, Context, Finding, Headline, needs_pairs
 from .facts import (
     layer_label,
     model_label,
 )
-from .format import missing, num, pct
+from .format import missing, num, pct, signed
 
 
 def check_pos_neg_sums(ctx: Context) -> str | None:
@@ -30,16 +30,20 @@ def pos_neg_sums(df: pl.DataFrame, ctx: Context) -> list[Finding]:
                                   "mean_negative_sum", "mean_attribution_sum")}  # fmt: skip
     sums = (f"mean positive sum {num(row['mean_positive_sum'])}, mean negative sum {num(row['mean_negative_sum'])}, "
             f"mean total {num(row['mean_attribution_sum'])}")  # fmt: skip
+    mean_sums = f"{signed(row['mean_positive_sum'])} / {signed(row['mean_negative_sum'])}"
     if row["max_score"] is None:
         return [Finding(f"Dot-product scores have no maximum, so no share is given (set --var max_score=X); {sums}.",
-                        values)]  # fmt: skip
+                        values, headline=Headline("mean positive / negative sum", mean_sums))]  # fmt: skip
     broken = reference_norms(ctx, row["max_score"]) if row["mode"] == "approx" else []
     if broken:  # the bound is shown not to hold: a share of sums above it says nothing
-        return [Finding(f"Over {row['n_pairs']} pairs: {sums}.", values), *broken]
+        return [Finding(f"Over {row['n_pairs']} pairs: {sums}.", values,
+                        headline=Headline("mean positive / negative sum", mean_sums)), *broken]
     bound = "f(a, b) ≤ 1" if row["mode"] == "exact" else "f(a, b) + 1 with ideal references"
     return [Finding(
         f"The positive attributions alone exceed {num(row['max_score'], 0)} (the largest total, {bound}) in "
-        f"{pct(row['share_positive_exceeds'])} of {row['n_pairs']} pairs ({sums}).", values)]  # fmt: skip
+        f"{pct(row['share_positive_exceeds'])} of {row['n_pairs']} pairs ({sums}).", values,
+        headline=Headline(f"pairs whose positive sum exceeds {num(row['max_score'], 0)}",
+                          pct(row["share_positive_exceeds"])))]  # fmt: skip
 
 
 def reference_norms(ctx: Context, max_score: float) -> list[Finding]:
@@ -62,7 +66,9 @@ def reference_norms(ctx: Context, max_score: float) -> list[Finding]:
         f"{num(max_score, 0)} of approximate mode does not hold for this model and layer, so the share of positive "
         f"sums above {num(max_score, 0)} is not given.",
         {"mean_target": target, "mean_score": score, "mean_embedding_norm": row["mean_embedding_norm"],
-         "mean_reference_norm": row["mean_reference_norm"], "is_bound_exceeded": True})]  # fmt: skip
+         "mean_reference_norm": row["mean_reference_norm"], "is_bound_exceeded": True},
+        headline=Headline("ΣA converges to, on average (against the mean score)",
+                          f"{num(target)} ({num(score)})"))]  # fmt: skip
 
 
 def plot_pos_neg_sums(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
@@ -102,4 +108,4 @@ def plot_pos_neg_sums(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
 
 ANALYSIS = Analysis("pos_neg_sums", "Positive and negative sums", "Fig 5", check_pos_neg_sums, pos_neg_sums,
                     plot_pos_neg_sums,
-                    serve_page="/pairs?sort=positive")
+                    serve_page="/pairs?sort=positive", key_figure="pos_neg_sums-scatter.png")

@@ -6,7 +6,7 @@ import numpy as np
 import polars as pl
 
 from .. import paper
-from .base import Analysis, Context, Finding, needs_pairs
+from .base import Analysis, Context, Finding, Headline, needs_pairs
 from .facts import (
     cite,
     model_label,
@@ -35,12 +35,16 @@ def reference_terms(df: pl.DataFrame, ctx: Context) -> list[Finding]:
         Finding(f"{pct(sim['share_near_zero'])} of the reference similarities f(a, r_b), f(b, r_a) lie within "
                 f"±{num(sim['near_zero'])} of 0 (median {num(sim['median'], 3)}, n = {sim['n']}).",
                 {"share_near_zero": sim["share_near_zero"], "near_zero": sim["near_zero"], "n": sim["n"]},
-                **cite("fig2_ref_sim_near_zero", *setting, f"share with |f| ≤ {sim['near_zero']:g}")),
+                **cite("fig2_ref_sim_near_zero", *setting, f"share with |f| ≤ {sim['near_zero']:g}"),
+                headline=Headline(f"reference similarities within ±{num(sim['near_zero'])} of 0",
+                                  pct(sim["share_near_zero"]))),
         Finding(f"{pct(term['share_below_threshold'])} of the reference terms f(r_a, r_b) are below "
                 f"{num(term['term_threshold'])} (median {num(term['median'], 3)}).",
                 {"share_below_threshold": term["share_below_threshold"], "term_threshold": term["term_threshold"],
                  "n": term["n"]},
-                **cite("fig2_ref_term_below", *setting, f"share with f < {term['term_threshold']:g}")),
+                **cite("fig2_ref_term_below", *setting, f"share with f < {term['term_threshold']:g}"),
+                headline=Headline(f"reference terms below {num(term['term_threshold'])}",
+                                  pct(term["share_below_threshold"]))),
     ]  # fmt: skip
 
 
@@ -68,4 +72,4 @@ def plot_reference_terms(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]
 
 ANALYSIS = Analysis("reference_terms", "Reference terms", "Fig 2", check_reference_terms, reference_terms,
                     plot_reference_terms,
-                    serve_page="/pairs?sort=error")
+                    serve_page="/pairs?sort=error", key_figure="reference_terms-similarities.png")

@@ -1,4 +1,4 @@
-"""The analyses jobs.report runs, in the paper's order (DESIGN.md §4): one module per sql/ file, each with its
+"""The analyses jobs.report runs, in the paper's order (docs/DESIGN.md §4): one module per sql/ file, each with its
 `ANALYSIS` (jobs.analyses.base.Analysis). A sql/ file without a module here still gets a section (its table)."""
 
 from __future__ import annotations
@@ -9,9 +9,11 @@ from . import (
                lexical_ranks,
                lexical_ranks_compare,
                negation,
+               negation_signs,
                pos_neg_sums,
                reference_terms,
                syntactic_relations,
+               syntactic_relations_pairs,
                table1,
 )
 from .base import Analysis
@@ -22,7 +24,9 @@ ANALYSES: tuple[Analysis, ...] = (
     agreement.ANALYSIS,
     pos_neg_sums.ANALYSIS,
     syntactic_relations.ANALYSIS,
+    syntactic_relations_pairs.ANALYSIS,
     negation.ANALYSIS,
+    negation_signs.ANALYSIS,
     adjectives.ANALYSIS,
     lexical_ranks.ANALYSIS,
     lexical_ranks_compare.ANALYSIS,

@@ -55,6 +55,7 @@ def run_analysis(spec: Analysis, ctx: Context) -> Section:
     _write_tables(section, df, ctx)
     try:
         section.figures = spec.plot(df, ctx)
+        section.key_figure = spec.key_figure if spec.key_figure in [name for name, _ in section.figures] else None
     except Exception as exc:  # noqa: BLE001 - a figure that cannot be drawn must not cost the other sections
         section.status, section.reason = "failed", f"its figure failed: {type(exc).__name__}: {exc}"
     return section

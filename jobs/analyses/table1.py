@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from .base import Analysis, Context, Finding, needs_pairs
+from .base import Analysis, Context, Finding, Headline, needs_pairs
 from .facts import (
     cite,
     model_label,
@@ -39,6 +39,7 @@ def table1(df: pl.DataFrame, ctx: Context) -> list[Finding]:
         f"{row['n_pairs']} labelled pairs (Pearson {num(row['pearson'])}).",
         values, **cite(_table1_key(ctx), model_label(ctx.facts), "-", subset_label(ctx.facts, row["n_pairs"]),
                        f"Spearman × 100, {ctx.facts['similarity']}"),
+        headline=Headline("Spearman × 100 of the scores against the gold labels", num(row["spearman_x100"], 1)),
     )]  # fmt: skip
 
 
@@ -54,4 +55,4 @@ def plot_table1(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
 
 
 ANALYSIS = Analysis("table1", "Scores vs gold labels", "Table 1", check_table1, table1, plot_table1,
-                    serve_page="/pairs?sort=score")
+                    serve_page="/pairs?sort=score", key_figure="table1.png")

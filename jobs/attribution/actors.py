@@ -19,8 +19,10 @@ sentence per node) and needs polars plus CPU-holding aggregator actors.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
 import time
 import warnings
 from typing import Any
@@ -31,6 +33,7 @@ import pyarrow.compute as pc
 import torch
 
 from xsbert_core import EngineSettings, Explainer, SentenceFactors
+from xsbert_core.memory import TensorBudget
 from xsbert_core.metrics import grouped_rank_bounds, grouped_top_k
 from xsbert_core.pairs import completeness_target, pair_matrix, similarity_score
 from xsbert_core.words import averaging_matrix
@@ -38,6 +41,7 @@ from xsbert_core.words import averaging_matrix
 from ..config import CELL_CHOICES
 from ..store import SCHEMAS
 from .hooks import Hooks
+from .memory import actor_memory, device_lost
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +64,9 @@ FACTOR_SCHEMA = pa.schema(
         ("words", pa.list_(pa.string())),  # the sentence's words (xsbert_core.words), for the `sentences` table
         ("failure", pa.string()),  # null, or why the engine could not attribute this sentence
         ("compute_s", pa.float64()),  # the actor's seconds in the engine for this sentence's batch / batch size
+        # Groups of the call that ran out of memory and were halved (xsbert_core.memory), on the call's first row
+        # (0 on the others: a wave's sum counts each call once).
+        ("oom_retries", pa.int32()),
     ]
 )
 
@@ -142,10 +149,11 @@ def factor_rows(ids: list[str], texts: list[str], results: list[SentenceFactors 
         # what the tokens' offsets index: with an attributed prompt the model read prompt + text
         cols["text"].append(text if isinstance(res, str) else res.text)
         if isinstance(res, str):
-            for name in FACTOR_SCHEMA.names[2:-2]:
+            for name in FACTOR_SCHEMA.names[2:-3]:
                 cols[name].append(None)
             cols["failure"].append(res)
             cols["compute_s"].append(None)
+            cols["oom_retries"].append(0)
             continue
         p = res.factor.detach().to("cpu", torch.float32).contiguous().numpy()
         cols["n_tokens"].append(p.shape[1])
@@ -163,6 +171,7 @@ def factor_rows(ids: list[str], texts: list[str], results: list[SentenceFactors 
         cols["words"].append([w.text for w in res.words])
         cols["failure"].append(None)
         cols["compute_s"].append(None)
+        cols["oom_retries"].append(0)
     return pa.table(cols, schema=FACTOR_SCHEMA)
 
 
@@ -184,6 +193,7 @@ class FactorActor:
     per engine call. `hooks`: faults a test injects (hooks.py)."""
 
     def __init__(self, engine: EngineSettings, device: str = "cpu", threads: int | None = None, batch_size: int = 32,
+                 memory_limit: int | None = None, gpu_share: float | None = None,
                  hooks: Hooks | None = None) -> None:  # fmt: skip
         self.hooks = hooks or Hooks()
         self.hooks.actor_started()
@@ -196,11 +206,33 @@ class FactorActor:
         except ImportError:  # pragma: no cover
             pass
         self.explainer = Explainer.from_settings(engine, device=device)
+        # The factor batch's memory: planned within a budget on a GPU, and a limit where one is asked for
+        # (jobs/attribution/memory.py: the caching allocator's on CUDA, each call's tensors' on a CPU).
+        self.explainer.memory.budget, self.tensor_limit = actor_memory(self.explainer, memory_limit, gpu_share)
         self.batch_size = batch_size
 
     def _factors(self, texts: list[str]) -> list[SentenceFactors]:
         self.hooks.engine_call(texts)
         return self.explainer.factors(texts, batch_size=self.batch_size)
+
+    def _results(self, texts: list[str]) -> list[SentenceFactors | str]:
+        """Each text's factors, or why it has none: a batch that fails is cut in halves and each half tried again
+        (a batch that runs out of memory is halved inside the engine first: Explainer, xsbert_core.memory), so one
+        bad sentence costs log2(batch) retries and fails alone, with its error as the reason its pairs are
+        quarantined. An error that leaves the GPU unusable (a device-side assert, an illegal address) ends this
+        process instead: Ray restarts the actor and retries the batch (--max-retries)."""
+        try:
+            return list(self._factors(texts))
+        except Exception as exc:  # noqa: BLE001 - one bad text must not sink its batch
+            reason = f"{type(exc).__name__}: {exc}"[:500]
+        if device_lost(self.explainer.split.device):
+            logger.error("the GPU is unusable after %s; ending this actor so that Ray restarts it", reason)
+            os._exit(70)
+        if len(texts) == 1:
+            return [reason]
+        logger.warning("factor batch of %d sentences failed (%s); retrying it in halves", len(texts), reason[:200])
+        half = len(texts) // 2
+        return self._results(texts[:half]) + self._results(texts[half:])
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         batch = one_row_per_sentence(batch)
@@ -208,20 +240,15 @@ class FactorActor:
         texts = batch.column("text").to_pylist()
         self.hooks.before_factors(texts)
         t0 = time.perf_counter()
-        try:
-            results: list[SentenceFactors | str] = list(self._factors(texts))
-        except Exception as exc:  # noqa: BLE001 - one bad text (or OOM) must not sink its batch: one by one
-            logger.warning("factor batch failed (%s: %s); retrying its %d sentences one by one",
-                           type(exc).__name__, exc, len(texts))  # fmt: skip
-            results = []
-            for text in texts:
-                try:
-                    results.append(self._factors([text])[0])
-                except Exception as one:  # noqa: BLE001
-                    results.append(f"{type(one).__name__}: {one}"[:500])
+        ooms = self.explainer.memory.out_of_memory
+        with TensorBudget(self.tensor_limit) if self.tensor_limit else contextlib.nullcontext():
+            results = self._results(texts)
         rows = factor_rows(ids, texts, results, self.explainer.tolerance)
         share = (time.perf_counter() - t0) / max(1, len(texts))
         rows = rows.set_column(rows.schema.get_field_index("compute_s"), "compute_s", pa.array([share] * len(texts)))
+        ooms = self.explainer.memory.out_of_memory - ooms
+        rows = rows.set_column(rows.schema.get_field_index("oom_retries"), "oom_retries",
+                               pa.array([ooms] + [0] * (len(texts) - 1), pa.int32()))  # fmt: skip
         for name in batch.column_names:  # the job's own columns (its `wave`) pass through
             if name not in rows.column_names:
                 rows = rows.append_column(batch.schema.field(name), batch.column(name))

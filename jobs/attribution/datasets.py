@@ -18,7 +18,7 @@ import re
 
 import pandas as pd
 
-# Paper Table 2 (DESIGN.md section 4): anchor, synonym, opposite.
+# Paper Table 2 (docs/DESIGN.md §4): anchor, synonym, opposite.
 TRIPLETS: tuple[tuple[str, str, str], ...] = (
     ("beautiful", "pretty", "ugly"), ("ugly", "hideous", "beautiful"), ("small", "little", "big"),
     ("big", "huge", "small"), ("gigantic", "enormous", "tiny"), ("tiny", "minuscule", "enormous"),

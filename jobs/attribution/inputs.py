@@ -36,10 +36,10 @@ from xsbert_core import InputError
 from ..store import SCHEMAS
 from . import datasets as _datasets
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 BUNDLED_STSB = Path(__file__).resolve().parents[1] / "data" / "stsb.tsv.gz"
-# The QQP subset (23,497 GLUE-train pairs) lives next to the repository, not in it (Quora's terms).
-DEFAULT_QQP_PATH = REPO_ROOT.parent / "shared" / "data" / "qqp" / "qqp_glue_train_subset.tsv.gz"
+# A QQP subset of GLUE's train split, in its TSV layout (id, qid1, qid2, question1, question2, is_duplicate), is not
+# shipped (Quora's terms): `--dataset qqp` reads the file of --qqp-path or of this variable, else the hub's GLUE QQP.
+QQP_ENV = "XSBERT_QQP"
 
 BUILTINS: tuple[str, ...] = ("stsb", "qqp", "negation", "adjectives")
 # Generated from code (jobs/attribution/datasets.py): name -> its pass-through columns.
@@ -124,14 +124,22 @@ class Pairs:
 
 # --------------------------------------------------------------------------- resolving --dataset
 def qqp_path(explicit: str | None = None) -> Path | None:
-    """The QQP subset: --qqp-path, else $XSBERT_QQP, else ../shared/data/qqp/... next to the repo."""
-    for candidate in (explicit, os.environ.get("XSBERT_QQP")):
+    """The QQP subset file: --qqp-path, else $XSBERT_QQP; None without either (`qqp` is then the hub's GLUE QQP)."""
+    for candidate in (explicit, os.environ.get(QQP_ENV)):
         if candidate:
             path = Path(candidate).expanduser()
             if not path.exists():
-                raise InputError(f"QQP file {path} does not exist (from --qqp-path / $XSBERT_QQP)")
+                raise InputError(f"QQP file {path} does not exist (from --qqp-path / ${QQP_ENV})")
             return path
-    return DEFAULT_QQP_PATH if DEFAULT_QQP_PATH.exists() else None
+    return None
+
+
+def require_qqp(explicit: str | None = None, who: str = "this") -> Path:
+    """The QQP subset file for what cannot do without one (the benchmarks); InputError naming both ways to give it."""
+    path = qqp_path(explicit)
+    if path is None:
+        raise InputError(f"{who} needs a QQP subset file (GLUE's TSV layout): pass --qqp-path FILE or set ${QQP_ENV}")
+    return path
 
 
 def resolve_source(
@@ -331,8 +339,8 @@ def _read_datasets(source: Source, chunk_rows: int) -> Iterator[pd.DataFrame]:
         ds = datasets.load_dataset(source.location, source.config, split=source.split)
     except Exception as exc:  # noqa: BLE001 - offline, unknown name, unknown split: one clear message
         hint = (
-            "The built-in `qqp` reads the bundled subset (../shared/data/qqp, $XSBERT_QQP or --qqp-path) for the "
-            "train split; the full QQP needs the Hugging Face hub (network), or a local copy passed as a file."
+            "The built-in `qqp` reads a local subset file of the train split (--qqp-path or $XSBERT_QQP); without one "
+            "it is the hub's GLUE QQP, which needs the Hugging Face hub (network), or a local copy passed as a file."
             if source.identity == "glue/qqp"
             else "Pass a local file (TSV/CSV/Parquet/JSONL) or run where the Hugging Face hub is reachable."
         )

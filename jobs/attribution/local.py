@@ -51,6 +51,7 @@ def resources(ex: Execution) -> dict[str, Any]:
         "device": device,
         "threads": threads,
         "batch_size": ex.batch_size or (DEFAULT_BATCH_SIZE_GPU if gpu else DEFAULT_BATCH_SIZE_CPU),
+        "factor_memory": ex.factor_memory_bytes(),
     }
 
 

@@ -1,5 +1,7 @@
 """The driver's memory: Arrow's allocator for a block (`system_memory_pool`), giving freed memory back to the OS
-(`release_memory`, glibc's malloc_trim), and what the driver holds (`malloc_in_use`, `driver_memory_mb`)."""
+(`release_memory`, glibc's malloc_trim), and what the driver holds (`malloc_in_use`, `driver_memory_mb`); a factor
+actor's: its limit and the budget its batches are planned in (`actor_memory`), and whether an error took its GPU
+down (`device_lost`)."""
 
 from __future__ import annotations
 
@@ -85,3 +87,48 @@ def driver_memory_mb() -> dict[str, float]:
     if (live := malloc_in_use()) is not None:
         out["driver_malloc_mb"] = live / 2**20
     return out
+
+
+# --------------------------------------------------------------------------- a factor actor's memory
+# Of a GPU actor's share of its card (--gpus-per-actor), what its factor batches are planned in when no
+# --factor-memory is given; the rest is for the model, the caching allocator's rounding and cuBLAS's workspaces.
+GPU_PLAN_SHARE = 0.85
+
+
+def actor_memory(explainer, limit: int | None, gpu_share: float | None) -> tuple[int | None, int | None]:
+    """A factor actor's memory: (the budget its batches are planned in, Explainer.memory.budget; the limit of the
+    tensors one call may hold on a CPU, xsbert_core.memory.TensorBudget, or None).
+
+    On CUDA: with a limit, the caching allocator may hold what it holds now (the model) plus `limit`
+    (torch.cuda.set_per_process_memory_fraction, set here: an allocation beyond it fails as on a full card), and
+    batches are planned within `limit`; without one, within GPU_PLAN_SHARE of the actor's share of the card
+    (`gpu_share`), less what the model holds. On a CPU: with a limit, each call's tensors are held to it
+    (TensorBudget) and batches are not planned (the model's constants were read on a GPU): a batch that runs out is
+    halved (Explainer). A process limit (RLIMIT_DATA) would do it for real too, but it also refuses the Ray worker's
+    own threads and buffers. Without a limit, nothing is set or planned on a CPU."""
+    import torch
+
+    device = explainer.split.device
+    if device.type != "cuda":
+        return None, limit
+    total = torch.cuda.get_device_properties(device).total_memory
+    held = torch.cuda.memory_allocated(device)
+    if limit is not None:
+        torch.cuda.set_per_process_memory_fraction(min(1.0, (held + limit) / total), device)
+        return int(limit), None
+    return max(1, int(GPU_PLAN_SHARE * total * min(1.0, gpu_share or 1.0)) - held), None
+
+
+def device_lost(device) -> bool:
+    """After an error: is this process's CUDA context unusable (a sticky error: a device-side assert, an illegal
+    address)? False on a CPU."""
+    if getattr(device, "type", "cpu") != "cuda":
+        return False
+    import torch
+
+    try:
+        torch.cuda.synchronize(device)
+        torch.ones(1, device=device).add_(1).item()
+    except Exception:  # noqa: BLE001 - any failure here means the context is gone
+        return True
+    return False

@@ -97,6 +97,7 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
             factor_bytes = 4 * int(pc.sum(pc.multiply(meta.column("dim"), meta.column("n_tokens"))).as_py() or 0)
             timings.update(cell_timings,
                            attribution_s=float(pc.sum(meta.column("compute_s")).as_py() or 0.0),  # actor-seconds
+                           oom_retries=int(pc.sum(meta.column("oom_retries")).as_py() or 0),
                            sentences=stream.sizes[w], factor_bytes=factor_bytes,
                            factor_bytes_per_sentence=factor_bytes / max(1, stream.sizes[w]))  # fmt: skip
             # The wave's tables and their Parquet encoding are the driver's largest step (the sentences table with

@@ -63,6 +63,7 @@ def resources(ex: Execution, ray) -> dict[str, Any]:
         "batch_size": ex.batch_size or (DEFAULT_BATCH_SIZE_GPU if gpus_per_actor > 0 else DEFAULT_BATCH_SIZE_CPU),
         # CPU: one call in flight per actor, so that an idle actor takes the next batch (longest first).
         "tasks_in_flight": 2 if gpus_per_actor > 0 else 1,
+        "factor_memory": ex.factor_memory_bytes(),
     }
 
 
@@ -86,9 +87,11 @@ def factor_blocks(waves: Iterable[pd.DataFrame], batch_size: int) -> Iterator[tu
 
 
 def actor_args(engine: EngineSettings, res: dict[str, Any], hooks: Hooks) -> dict[str, Any]:
-    """FactorActor's arguments: the run's engine settings (resolved, those of the run id), the device, threads and
-    batch size of `res`, the hooks. Used by both executors, so that a Ray run and a local one load the same engine."""
-    return dict(engine=engine, device=res["device"], threads=res["threads"], batch_size=res["batch_size"], hooks=hooks)
+    """FactorActor's arguments: the run's engine settings (resolved, those of the run id), the device, threads, batch
+    size and factor memory of `res`, the hooks. Used by both executors, so that a Ray run and a local one load the
+    same engine."""
+    return dict(engine=engine, device=res["device"], threads=res["threads"], batch_size=res["batch_size"],
+                memory_limit=res.get("factor_memory"), gpu_share=res.get("gpus_per_actor"), hooks=hooks)  # fmt: skip
 
 
 class FactorStream:

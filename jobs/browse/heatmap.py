@@ -32,23 +32,42 @@ def colour(value: float, bound: float) -> str:
     return "#%02x%02x%02x" % _STOPS[-1][1]
 
 
+# Cell sizes in px: a map is drawn about AUTO_PX wide, its cells never smaller than MIN_CELL_PX (its 11 px token
+# labels stay readable; a wider map scrolls in its box) nor larger than MAX_AUTO_PX; `cell=` on the pair page asks for
+# a size from MIN_ASKED_PX to MAX_CELL_PX.
+AUTO_PX = 880
+MIN_CELL_PX = 20
+MAX_AUTO_PX = 32
+MIN_ASKED_PX = 6
+MAX_CELL_PX = 64
+
+
+def cell_size(n: int, asked: int | None = None) -> int:
+    """The side of a cell in px for a map of n rows or columns (the larger): `asked` when given (clamped), else
+    AUTO_PX / n within MIN_CELL_PX..MAX_AUTO_PX."""
+    if asked:
+        return max(MIN_ASKED_PX, min(MAX_CELL_PX, asked))
+    return max(MIN_CELL_PX, min(MAX_AUTO_PX, AUTO_PX // max(n, 1)))
+
+
 @dataclass
 class Heatmap:
-    """A matrix drawn as SVG rects: labels, per cell (value, fill), the colour bound (max |value|)."""
+    """A matrix drawn as SVG rects: labels, per cell (value, fill), the colour bound (max |value|), the cell size
+    (px; `asked` from the page, else sized to the matrix)."""
 
     title: str
     rows: list[str]
     cols: list[str]
     values: np.ndarray
     kind: str = "attribution"  # or "difference"
+    asked: int | None = None
     bound: float = field(init=False)
     cell: int = field(init=False)
 
     def __post_init__(self) -> None:
         finite = self.values[np.isfinite(self.values)]
         self.bound = float(np.abs(finite).max()) if finite.size else 0.0
-        n = max(len(self.rows), len(self.cols), 1)
-        self.cell = max(6, min(24, 720 // n))
+        self.cell = cell_size(max(len(self.rows), len(self.cols)), self.asked)
 
     @property
     def label_width(self) -> int:
@@ -56,7 +75,7 @@ class Heatmap:
 
     @property
     def label_height(self) -> int:
-        return 8 + int(5.2 * max((len(c) for c in self.cols), default=1))
+        return 10 + int(6.2 * max((len(c) for c in self.cols), default=1))  # rotated 60°: ~6.6 px a character
 
     def cells(self):
         """(x, y, value, fill, row label, column label) per cell."""

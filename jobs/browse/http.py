@@ -24,6 +24,7 @@ from xsbert_core import InputError
 
 from ..sqlrun import one_line
 
+from .download import DOWNLOADS
 from .pages import (
     HEADERS,
     ROUTES,
@@ -150,12 +151,45 @@ def make_handler(app: App, renderer: Renderer, log: Callable[[str], None] | None
                                    message=message)  # fmt: skip
             self._send(int(status), body, head=head)
 
+        def _download(self, url: urllib.parse.SplitResult, head: bool) -> None:
+            """A list page's rows as CSV, streamed (one request per connection: the end of the answer is the end
+            of the connection); an error before the first row is an error page."""
+            try:
+                download = DOWNLOADS[url.path](app, Params(url.query))
+                chunks = download.chunks(app.con)
+                first = next(chunks)
+            except BadRequest as exc:
+                return self._error(HTTPStatus.BAD_REQUEST, str(exc), head)
+            except Busy as exc:
+                return self._error(HTTPStatus.SERVICE_UNAVAILABLE, str(exc), head)
+            except Exception as exc:  # noqa: BLE001 - one line to the browser, the traceback to the log
+                if log is not None:
+                    log(traceback.format_exc())
+                return self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(exc).__name__}: {one_line(exc)}", head)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/csv; charset=utf-8")
+            self.send_header("Content-Disposition", f'attachment; filename="{download.filename}"')
+            for k, v in HEADERS.items():
+                self.send_header(k, v)
+            self.end_headers()
+            if head:
+                chunks.close()
+                return
+            try:
+                self.wfile.write(first.encode("utf-8"))
+                for chunk in chunks:
+                    self.wfile.write(chunk.encode("utf-8"))
+            finally:
+                chunks.close()
+
         def _get(self, head: bool) -> None:
             url = urllib.parse.urlsplit(self.path)
+            if url.path in DOWNLOADS:
+                return self._download(url, head)
             route = ROUTES.get(url.path)
             if route is None:
                 return self._error(HTTPStatus.NOT_FOUND, f"no page {url.path} (pages: /pairs, /pair, /tokens, "
-                                   "/token)", head)  # fmt: skip
+                                   "/token; their rows as CSV: /pairs.csv, /tokens.csv, /token.csv)", head)  # fmt: skip
             template, fn = route
             page = Page(app.con, app.command)
             try:

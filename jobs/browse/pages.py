@@ -9,7 +9,7 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
-from .heatmap import Heatmap, load_pair, top_cells, views
+from .heatmap import MAX_CELL_PX, MIN_ASKED_PX, Heatmap, load_pair, top_cells, views
 from .run import (
     COLUMN_NAMES,
     COLUMNS,
@@ -111,6 +111,34 @@ def _where_pairs(p: Params, args: dict[str, Any]) -> tuple[list[str], list[str]]
     return terms, ctes
 
 
+def _quarantine_where(app: App, p: Params, reason: str, args: dict[str, Any]) -> str:
+    """The WHERE clause of the quarantined rows of `reason` ('any': every reason) and the text search; `args` gets
+    the bound values."""
+    if reason != "any" and reason not in {r for r, _ in app.reasons}:
+        raise BadRequest(f"reason: {reason!r} is not a quarantine reason of this run")
+    terms = [] if reason == "any" else ["reason = $reason"]
+    args["reason"] = reason
+    q = p.text("q").strip()
+    if q:
+        args["q"], args["q_id"] = q.lower(), q
+        terms.append("(contains(lower(text_a), $q) or contains(lower(text_b), $q) or pair_id = $q_id)")
+    return f"where {' and '.join(terms)}" if terms else ""
+
+
+QUARANTINE_FIELDS = ("row", "pair_id", "reason", "detail", "text_a", "text_b", "label")
+
+
+def pairs_filter(app: App, p: Params, args: dict[str, Any]) -> tuple[list[str], str, str]:
+    """The pairs list's filters: (terms, `where ...`, `with ...` of the CTEs they need); Busy while the token index
+    that a token filter reads is built."""
+    terms, ctes = _where_pairs(p, args)
+    where = f"where {' and '.join(terms)}" if terms else ""
+    with_ = f"with {', '.join(ctes)}\n" if ctes else ""
+    if "with_token" in with_ and _wait_same_tokens(app):
+        raise Busy("the token index is being built (once per start of the server): reload in a moment")
+    return terms, where, with_
+
+
 def page_pairs(app: App, page: Page, p: Params) -> dict[str, Any]:
     size = p.integer("size", app.page_size, 1, MAX_PAGE_SIZE)
     number = p.integer("page", 1, 1)
@@ -119,31 +147,17 @@ def page_pairs(app: App, page: Page, p: Params) -> dict[str, Any]:
     order = p.choice("order", ("asc", "desc"), "desc")
     args: dict[str, Any] = {"limit": size, "offset": (number - 1) * size}
     if reason:
-        if reason != "any" and reason not in {r for r, _ in app.reasons}:
-            raise BadRequest(f"reason: {reason!r} is not a quarantine reason of this run")
-        terms = [] if reason == "any" else ["reason = $reason"]
-        args["reason"] = reason
-        q = p.text("q").strip()
-        if q:
-            args["q"], args["q_id"] = q.lower(), q
-            terms.append("(contains(lower(text_a), $q) or contains(lower(text_b), $q) or pair_id = $q_id)")
-        where = f"where {' and '.join(terms)}" if terms else ""
+        where = _quarantine_where(app, p, reason, args)
         total = page.run("how many rows match", f"select count(*) from quarantine {where}", args)[0][0]
         rows = page.run("the page of quarantined rows", f"""
-            select row, pair_id, reason, detail, text_a, text_b, label
+            select {", ".join(QUARANTINE_FIELDS)}
             from quarantine {where}
             order by row
             limit $limit offset $offset""", args)  # fmt: skip
-        items = [dict(zip(("row", "pair_id", "reason", "detail", "text_a", "text_b", "label"), r)) for r in rows]
+        items = [dict(zip(QUARANTINE_FIELDS, r)) for r in rows]
         kind = "quarantine"
     else:
-        terms, ctes = _where_pairs(p, args)
-        where = f"where {' and '.join(terms)}" if terms else ""
-        with_ = f"with {', '.join(ctes)}\n" if ctes else ""
-        if "with_token" in with_:
-            building = _wait_same_tokens(app)
-            if building:
-                raise Busy("the token index is being built (once per start of the server): reload in a moment")
+        terms, where, with_ = pairs_filter(app, p, args)
         view_with = with_.replace("select sentence_id from sentence_tokens where token in (select unnest($token_forms))",
                                   "select sentence_id from sentences where list_has_any(tokens, $token_forms)")
         view_where = where.replace("contains(search_text, $q)", "contains(lower(text_a), $q) or contains(lower(text_b), $q)")
@@ -183,6 +197,7 @@ def page_pair(app: App, page: Page, p: Params) -> dict[str, Any]:
         raise BadRequest("id: which pair? (/pair?id=PAIR_ID)")
     level = p.choice("level", ("token", "word"), "token")
     specials = p.flag("specials", False)
+    asked = p.integer("cell", 0, 0, MAX_CELL_PX) or None
     first = load_pair(page, app.run, pair_id)
     second = load_pair(page, app.run2, pair_id) if app.run2 is not None else None
     if first is None and second is None:
@@ -196,22 +211,26 @@ def page_pair(app: App, page: Page, p: Params) -> dict[str, Any]:
             sides.append(None)
             continue
         values, rows, cols = views(pair, level, specials)
-        sides.append({"pair": pair, "run": pair.run, "heatmap": Heatmap(pair.run.flag[2:], rows, cols, values),
+        sides.append({"pair": pair, "run": pair.run, "heatmap": Heatmap(pair.run.flag[2:], rows, cols, values,
+                                                                         asked=asked),
                       "top": top_cells(values, rows, cols)})  # fmt: skip
     difference, why_not = None, None
     if first is not None and second is not None:
         (v1, r1, c1), (v2, r2, c2) = views(first, level, specials), views(second, level, specials)
         if (r1, c1) == (r2, c2):
             diff = v2 - v1
-            difference = {"heatmap": Heatmap("run2 − run", r1, c1, diff, "difference"), "top": top_cells(diff, r1, c1)}
+            difference = {"heatmap": Heatmap("run2 − run", r1, c1, diff, "difference", asked),
+                          "top": top_cells(diff, r1, c1)}
         else:
             why_not = ("the two runs split the texts into different tokens (different tokenizers): their cells do not "
                        "correspond, so there is no difference matrix")  # fmt: skip
     elif app.run2 is not None:
         why_not = f"the pair is only in {'run' if second is None else 'run2'}"
     main = first or second
+    shown = next(s["heatmap"] for s in sides if s)
     return {"pair_id": pair_id, "sides": sides, "difference": difference, "why_not": why_not, "level": level,
-            "specials": specials, "pair": main.row, "fields": PAIR_FIELDS}  # fmt: skip
+            "specials": specials, "pair": main.row, "fields": PAIR_FIELDS, "cell": shown.cell,
+            "cells": [max(MIN_ASKED_PX, shown.cell * 2 // 3), min(MAX_CELL_PX, shown.cell * 3 // 2)]}  # fmt: skip
 
 
 def _wait_same_tokens(app: App) -> dict[str, Any] | None:
@@ -222,6 +241,16 @@ def _wait_same_tokens(app: App) -> dict[str, Any] | None:
     if app.same_tokens_error:
         raise RuntimeError(f"the same-token cells could not be read: {app.same_tokens_error}")
     return None
+
+
+# The tokens list: the ranks over token_stats of the tokens kept ($min_count, $include_special), then the search $q.
+TOKENS_RANKED = """
+    with kept as (
+        select token, n, mean, std from token_stats
+        where ($include_special or not is_special) and n >= $min_count
+    ),
+    ranked as (select *, rank() over (order by mean desc) as rank from kept)"""
+TOKENS_FILTER = "where $q = '' or contains(lower(token), $q)"
 
 
 def page_tokens(app: App, page: Page, p: Params) -> dict[str, Any]:
@@ -239,13 +268,7 @@ def page_tokens(app: App, page: Page, p: Params) -> dict[str, Any]:
         return {**out, **building, "items": [], "total": 0, "pages": 1}
     args = {"min_count": min_count, "include_special": include_special, "q": q.lower(), "limit": size,
             "offset": (number - 1) * size}  # fmt: skip
-    ranked = """
-        with kept as (
-            select token, n, mean, std from token_stats
-            where ($include_special or not is_special) and n >= $min_count
-        ),
-        ranked as (select *, rank() over (order by mean desc) as rank from kept)"""
-    filt = "where $q = '' or contains(lower(token), $q)"
+    ranked, filt = TOKENS_RANKED, TOKENS_FILTER
     total = page.run("how many tokens", f"{ranked}\nselect count(*) from ranked {filt}", args,
                      view_sql=f"-- xsbert sql --run {shlex.quote(str(app.run.path))} -f lexical_ranks "
                               f"--var min_count={min_count} --var include_special={str(include_special).lower()}",

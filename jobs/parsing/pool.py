@@ -18,7 +18,7 @@ from .choice import ParserSpec
 
 
 def pool(args: ParseSettings, ray, n_blocks: int) -> tuple[int, float]:
-    """(actors, CPUs per actor): one CPU stays free for Ray Data's other operators (DESIGN section 5)."""
+    """(actors, CPUs per actor): one CPU stays free for Ray Data's other operators (docs/DESIGN.md §5)."""
     cpus = float(ray.cluster_resources().get("CPU", 1))
     budget = max(0.5, cpus - 1)
     n = max(1, min(args.num_actors or max(1, int(budget)), n_blocks))

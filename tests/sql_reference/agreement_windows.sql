@@ -1,6 +1,6 @@
 -- tests/sql_reference/agreement_windows.sql: the reference for sql/agreement.sql
 --
--- sql/agreement.sql as it was until issue 19 (window functions over every
+-- sql/agreement.sql as it was before store version 3 (window functions over every
 -- matched cell, string pair ids), kept unchanged below this note as the
 -- reference that tests/test_sql.py compares the current file with: the
 -- same answers on the same runs, ties, degenerate pairs and pruned cells
