@@ -11,8 +11,8 @@
 --           whether of all top cells or of those between two parsed words
 --           is not stated: both are given (nsubj_share,
 --           nsubj_share_of_parsed).
--- Inputs    as syntactic_relations.sql (its syntactic_top_cells macro, the
---           same text): word_cells, pairs, sentences, parses and
+-- Inputs    as syntactic_relations.sql (the same syntactic_top_cells macro,
+--           sql/lib/): word_cells, pairs, sentences, parses and
 --           manifest.json of run; pairs again for the sentence ids
 -- Clusters  relation_clusters 'sentence' (the default up to 50,000 pairs,
 --           'pair' above): pairs that share a sentence, directly or
@@ -25,7 +25,7 @@
 --           interpolation) of the share in `resamples` resamples of the
 --           clusters, each drawing as many clusters as there are, with
 --           replacement, by the xs_hash macros (a seeded 32-bit integer
---           hash, the same text as in negation_signs.sql): the same
+--           hash, sql/lib/resample.sql, as negation_signs.sql): the same
 --           interval on every run of the file.
 -- Grain     one row per pair with at least one top cell, by pair_id.
 -- Columns   pair_id, cluster_id,
@@ -51,180 +51,20 @@
 -- Run       duckdb -cmd "set variable run = 'runs/<id>'" -f sql/syntactic_relations_pairs.sql
 --           xsbert sql --run runs/<id> -f syntactic_relations_pairs --csv > fig6-pairs.csv
 
--- the relations of the top word cells of a run's pairs: one row per top
--- cell (pair_id, relation_of_a, relation_of_b), from word_cells only
--- where `ok` (the cells guard); the same text in syntactic_relations.sql
--- and syntactic_relations_pairs.sql (a test keeps it so)
-create or replace temp macro syntactic_top_cells(run, ok) as table
-    with
-
-    word_cells as (
-        select
-            pair_id,
-            u,
-            v,
-            value,
-        from read_parquet(run || '/word_cells/*.parquet')
-        where ok
-    ),
-
-    pairs as (
-        select
-            pair_id,
-            sentence_id_a,
-            sentence_id_b,
-        from read_parquet(run || '/pairs/*.parquet')
-    ),
-
-    sentences as (
-        select
-            sentence_id,
-            n_words,
-        from read_parquet(run || '/sentences/*.parquet')
-    ),
-
-    parses as (
-        select
-            sentence_id,
-            u,
-            deprel,
-            parser,
-        from read_parquet(run || '/parses/*.parquet')
-    ),
-
-    parsers as (
-        select distinct
-            parser,
-        from read_parquet(run || '/parses/*.parquet')
-    ),
-
-    ---------- logic: the top cells of each pair
-
-    pair_sizes as (
-        select
-            pairs.pair_id,
-            pairs.sentence_id_a,
-            pairs.sentence_id_b,
-            greatest(
-                1,
-                ceil(
-                    coalesce(getvariable('top_share'), 0.10)
-                    * sentences_a.n_words * sentences_b.n_words
-                )
-            )::bigint as k,
-        from pairs
-        inner join sentences as sentences_a
-            on pairs.sentence_id_a = sentences_a.sentence_id
-        inner join sentences as sentences_b
-            on pairs.sentence_id_b = sentences_b.sentence_id
-    ),
-
-    -- max_by keeps, per pair, the k cells of largest (value, -cell) where
-    -- cell = u * 65536 + v: a bounded top-k aggregate, no sort of all word cells
-    top_cell_lists as (
-        select
-            word_cells.pair_id,
-            pair_sizes.sentence_id_a,
-            pair_sizes.sentence_id_b,
-            max_by(
-                word_cells.u::bigint * 65536 + word_cells.v,
-                (word_cells.value, -(word_cells.u::bigint * 65536 + word_cells.v)),
-                pair_sizes.k
-            ) as top_cells,
-        from word_cells
-        inner join pair_sizes on word_cells.pair_id = pair_sizes.pair_id
-        group by all
-    ),
-
-    top_cells as (
-        select
-            pair_id,
-            sentence_id_a,
-            sentence_id_b,
-            cell // 65536 as u,
-            cell % 65536 as v,
-        from (
-            select
-                *,
-                unnest(top_cells) as cell,
-            from top_cell_lists
-        )
-    ),
-
-    ---------- logic: their relations
-
-    chosen_parses as (
-        select
-            sentence_id,
-            u,
-            coalesce(deprel, 'unaligned') as relation,
-        from parses
-        where parser = (
-            select
-                coalesce(
-                    getvariable('parser'),
-                    case
-                        when bool_or(parser = 'stanza') then 'stanza'
-                        else min(parser)
-                    end
-                )
-            from parsers
-        )
-    ),
-
-    labelled as (
-        select
-            top_cells.pair_id,
-            coalesce(parses_a.relation, 'unparsed') as relation_of_a,
-            coalesce(parses_b.relation, 'unparsed') as relation_of_b,
-        from top_cells
-        left join chosen_parses as parses_a
-            on top_cells.sentence_id_a = parses_a.sentence_id
-            and top_cells.u = parses_a.u
-        left join chosen_parses as parses_b
-            on top_cells.sentence_id_b = parses_b.sentence_id
-            and top_cells.v = parses_b.u
-    )
-
-    select * from labelled;
-
--- one xor-shift-multiply step of lowbias32 (C. Wellons' 32-bit integer
--- hash), and the hash: x in [0, 2^32) -> [0, 2^32); the same text in
--- negation_signs.sql and syntactic_relations_pairs.sql
-create or replace temp macro xs_hash_step(x, shift, factor) as
-    (xor(x, x >> shift) * factor) % 4294967296;
-
-create or replace temp macro xs_hash(x) as
-    xs_hash_step(xs_hash_step(xs_hash_step(x::ubigint, 16, 2146121005),
-                              15, 2221713035), 16, 1);
-
--- the bootstrap's draws: resample b's hash from the seed, then the d-th
--- draw's index in [0, n) from it
-create or replace temp macro xs_resample_hash(seed, b) as
-    xs_hash((seed * 2654435769 + b) % 4294967296);
-
-create or replace temp macro xs_draw(resample_hash, d, n) as
-    (xs_hash((resample_hash + d) % 4294967296) * n) >> 32;
+.read sql/lib/cells_guard.sql
+.read sql/lib/syntactic_top_cells.sql
+.read sql/lib/resample.sql
 
 with recursive
 
 ---------- imports
 
--- which cells the run stores (jobs.attribute --cells, in manifest.json; runs
--- before the option, and a run without manifest.json (a glob that matches
--- nothing: no row), store every cell); a run without the cells this file
--- needs stops here
+-- which cells the run stores: a run without the cells this file needs stops
+-- here (sql/lib/cells_guard.sql)
 cells_guard as (
-    select
-        coalesce(bool_and(case
-            when coalesce(json_extract_string(content, '$.config.cells'), 'all')
-                = 'all' then true
-            else error('syntactic_relations_pairs.sql needs every word cell; run ' || getvariable('run')
-                       || ' stores --cells '
-                       || json_extract_string(content, '$.config.cells')
-                       || ' (attribute it with --cells all)')
-        end), true) as ok,
-    from read_text(getvariable('run') || '/manifest.jso[n]')
+    from cells_guard([getvariable('run')], ['all'],
+                     'syntactic_relations_pairs.sql needs every word cell',
+                     'all')
 ),
 
 pairs as (
