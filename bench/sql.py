@@ -81,12 +81,12 @@ sys.path.insert(0, str(ROOT))
 from jobs.store import SCHEMAS, STORE_VERSION, run_id, write_parquet  # noqa: E402
 from jobs.attribution.actors import top_cell_lists  # noqa: E402
 from jobs.config import RunConfig  # noqa: E402
+from jobs.sqlfiles import SQL_DIR  # noqa: E402
 from xsbert_core.metrics import grouped_average_ranks  # noqa: E402
 from xsbert_core.syntax import ALIGNMENTS  # noqa: E402
 
 # A QQP subset file (GLUE's TSV layout; not in the repository): $XSBERT_QQP.
 QQP = os.environ.get("XSBERT_QQP")
-SQL_DIR = ROOT / "sql"
 RESULTS = ROOT / "bench" / "results" / "sql.md"
 RUN_RESULTS = ROOT / "bench" / "results" / "sql-run.md"  # --run: an existing job store
 NOTES_MARKER = "<!-- notes: kept when bench/sql.py rewrites this file -->"
@@ -1161,12 +1161,13 @@ def duckdb_run(
     process's RSS (the child starts as its copy). Without /usr/bin/time, or when the run is killed,
     the VmHWM of the process tree is polled instead.
     """
-    spill = Path(args.store) / "_spill"
+    # absolute: the CLI runs from the repository root (below), wherever the store was named from
+    spill = Path(args.store).resolve() / "_spill"
     spill.mkdir(exist_ok=True)
+    run, run2 = (Path(desc[k]).resolve() for k in ("run", "run2"))
     settings = [
         f"set threads = {args.threads}", f"set memory_limit = '{args.memory_limit}'",
-        f"set temp_directory = '{spill}'", f"set variable run = '{desc['run']}'",
-        f"set variable run2 = '{desc['run2']}'",
+        f"set temp_directory = '{spill}'", f"set variable run = '{run}'", f"set variable run2 = '{run2}'",
     ]  # fmt: skip
     for item in args.var:
         name, value = item.split("=", 1)
@@ -1185,7 +1186,8 @@ def duckdb_run(
     polled: list[int] = []
     with open(out_csv, "w") as out, open(err_path, "w") as err:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=spill, start_new_session=True)
+        # from the repository root: a sql/ file `.read`s sql/lib/ from there (jobs/sqlfiles.py)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=ROOT, start_new_session=True)
         stop = threading.Event()
         poller = threading.Thread(target=peak_rss_poll, args=(proc.pid, stop, polled), daemon=True)
         poller.start()

@@ -25,10 +25,11 @@ from pathlib import Path
 
 from xsbert_core import InputError
 
-SQL_DIR = Path(__file__).resolve().parents[1] / "sql"
+from .sqlfiles import INIT_DIR, SQL_DIR
+
 # Read first (-cmd ".read sql/init/s3.sql") for runs on S3; not an analysis (sql/*.sql are, sql/init/ is not).
 # Not -init: the CLI runs that before the launcher's -cmd that adds the extension directory.
-S3_INIT = SQL_DIR / "init" / "s3.sql"
+S3_INIT = INIT_DIR / "s3.sql"
 HTTPFS_PACKAGE = "duckdb-extension-httpfs"
 HTTPFS_MODULE = "duckdb_extension_httpfs"
 EXTENSION = "httpfs.duckdb_extension"

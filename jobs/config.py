@@ -1,32 +1,51 @@
-"""The settings of an attribution job, typed: built by `jobs.attribute`'s argument parser (`JobSettings.from_args`)
-and by `jobs.pipeline` from a study config (`JobSettings.of`); the stages take these objects, never argv or an
-argparse.Namespace.
+"""The settings of the jobs, each declared once: a field of a dataclass here carries its name, type, default,
+choices and help (xsbert_core/settings.py's `setting`). The command lines of jobs.attribute, jobs.parse and
+jobs.report are made from these fields (`add_arguments`), and so is the study config schema of jobs.pipeline
+(`jobs.pipeline.schema_of`); the stages take these objects, never argv or an argparse.Namespace.
 
-    JobSettings
+    JobSettings    jobs.attribute's settings
       selection    Selection     which pairs: dataset, split, columns, sample / limit
-      attribution  Attribution   how they are attributed: the engine's settings, truncation, min_abs, cells
+      attribution  Attribution   how they are attributed: the engine's settings (xsbert_core.EngineSettings, as in
+                                 `xsbert explain`; `engine` gives them to the actors), truncation, min_abs, cells
       execution    Execution     where and how: executor, Ray, actors, batches, waves, retries, device
       output       Output        the store root, object-storage retries, progress bars
+    ParseSettings  jobs.parse's; ReportSettings  jobs.report's
 
     RunConfig      what changes the stored numbers, one field each; the run id is the hash of its canonical JSON
                    (jobs.store.run_id over `RunConfig.as_dict()`)
 
-Each field of the four groups is the destination of the jobs.attribute flag of the same name (`--max-steps` ->
-max_steps); tests/test_config.py checks that every flag has exactly one field. Plain dataclasses, not pydantic:
-`--executor local` runs where pydantic is not installed (tests/test_local_executor.py); jobs.pipeline validates its
-YAML with pydantic and builds these from it.
+Each field is the destination of the flag of the same name (`--max-steps` -> max_steps); tests/test_config.py checks
+that every flag has exactly one field. A field's metadata `key` is its name in a study config where that differs
+(`address` for ray_address), `study: False` leaves it out of the study config. Plain dataclasses, not pydantic:
+`--executor local` runs where pydantic is not installed (tests/test_local_executor.py).
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from xsbert_core import InputError
-from xsbert_core.explainer import DEFAULT_LAYER, DEFAULT_MAX_STEPS, DEFAULT_RULE, DEFAULT_STEPS
-from xsbert_core.models import DEFAULT_MODEL
 from xsbert_core.precision import DEFAULT_PRECISION
+from xsbert_core.settings import (
+    DEFAULT_LAYER,
+    DEFAULT_MAX_STEPS,
+    DEFAULT_RULE,
+    DEFAULT_STEPS,
+    EngineSettings,
+    add_arguments,
+    from_namespace,
+    setting,
+    to_flags,
+)
+
+from .store.retry import STORE_RETRY_S
+
+__all__ = [
+    "DEFAULT_LAYER", "DEFAULT_MAX_STEPS", "DEFAULT_RULE", "DEFAULT_STEPS", "GROUPS", "Attribution", "Execution",
+    "JobSettings", "Output", "ParseSettings", "ReportSettings", "RunConfig", "Selection",
+]  # fmt: skip
 
 # The embedded default (no --dataset): bundled STS-B test, a seeded sample that finishes in a few
 # minutes on 2 CPU cores with all-MiniLM-L6-v2 at the engine's default layer and N (measured: ~0.6 s
@@ -57,8 +76,10 @@ DEFAULT_MAX_RETRIES = 3  # --max-retries: retries of a factor batch on a restart
 # Far above any model's max_seq_length (512 tokens are a few thousand characters); not in the run id: it decides
 # which rows are attributed, not the numbers of one.
 DEFAULT_MAX_CHARS = 100_000
-MODES = ("auto", "approx", "exact")
 TRUNCATION_CHOICES = ("quarantine", "warn", "error")
+# Which cells a run stores (--cells; docs/STORE.md): every cell, the same-token cells (token_a = token_b; word cells:
+# word_a = word_b), or none. The pair's numbers, ranks and top cells are over all cells whatever is stored.
+CELL_CHOICES: tuple[str, ...] = ("all", "same-token", "none")
 CELL_WRITERS = ("auto", "workers", "driver")
 EXECUTORS = ("ray", "local")
 
@@ -68,19 +89,27 @@ class Selection:
     """Which pairs a run attributes (jobs.attribute's data flags). sample/limit/seed select rows and change no
     row's numbers: they are not in the run id."""
 
-    dataset: str
-    split: str | None = None
-    config: str | None = None  # a hub dataset's config
-    qqp_path: str | None = None
-    limit: int | None = None
-    sample: int | None = None
-    seed: int = 0
-    text_a_column: str | None = None
-    text_b_column: str | None = None
-    label_column: str | None = None
-    id_column: str | None = None
-    label_range: str | None = None  # "LO:HI"
-    keep_columns: str | None = None  # "A,B"
+    dataset: str = setting(key="source", required=False,
+                           help="stsb | qqp (bundled) | negation | adjectives (generated, docs/ANALYSES.md) | "
+                                "a TSV/CSV/Parquet/JSONL file (.gz ok) | a `datasets` folder | "
+                                "a hub name such as glue/qqp or sentence-transformers/stsb")  # fmt: skip
+    split: str | None = setting(None, help="split (stsb: train|dev|test, default test; qqp: train)")
+    config: str | None = setting(None, help="hub dataset config (glue/qqp needs none)")
+    qqp_path: str | None = setting(None, help="a QQP subset file of the train split, GLUE's TSV layout (default: "
+                                              "$XSBERT_QQP; without either, --dataset qqp is the hub's GLUE QQP)")
+    limit: int | None = setting(None, ge=1, help="the first N rows (after --sample)")
+    sample: int | None = setting(None, ge=1, help="a seeded random sample of N rows")
+    seed: int = setting(0, help="seed of --sample")
+    text_a_column: str | None = setting(None, key="text_a", help="the first text's column")
+    text_b_column: str | None = setting(None, key="text_b", help="the second text's column")
+    label_column: str | None = setting(None, key="label", help="the label's column; 'none' for no labels")
+    id_column: str | None = setting(None, key="id", help="id column(s), comma-separated; 'none' for row numbers")
+    label_range: str | None = setting(None, metavar="LO:HI", pattern=r"^-?[0-9.]+:-?[0-9.]+$",
+                                      help="labels outside are quarantined")  # fmt: skip
+    # A study config lists them (keep: [a, b]); the command line joins them with commas.
+    keep_columns: str | None = setting(None, metavar="A,B", key="keep", study_list=True,
+                                       help="dataset columns copied as strings into the pairs table (part of the "
+                                            "run config)")  # fmt: skip
 
     def label_bounds(self) -> tuple[float, float] | None:
         """--label-range as (lo, hi); InputError when it is not LO:HI."""
@@ -94,57 +123,97 @@ class Selection:
 
 
 @dataclass(frozen=True)
-class Attribution:
-    """How the pairs are attributed: the engine's settings (as in `xsbert explain`) and what the store keeps of them.
-    Resolved: `steps` is always set; `tolerance` None is a fixed N (`Attribution.adaptive_default` gives the
-    dataset default, adaptive N)."""
+class Attribution(EngineSettings):
+    """How the pairs are attributed: the engine's settings (xsbert_core.EngineSettings, as in `xsbert explain`) with
+    the job's defaults, and what the store keeps of them.
 
-    model: str = DEFAULT_MODEL
-    layer: int = DEFAULT_LAYER
-    mode: str = "auto"
-    similarity: str = "auto"
-    rule: str = DEFAULT_RULE
-    steps: int = DEFAULT_STEPS
-    tolerance: float | None = DEFAULT_ADAPTIVE_TOLERANCE
-    max_steps: int = DEFAULT_MAX_STEPS
-    precision: str = DEFAULT_PRECISION
-    truncation: str = "quarantine"
-    max_chars: int = DEFAULT_MAX_CHARS  # not in the run id (RunConfig): it selects rows, as --limit does
-    min_abs: float = 0.0
-    cells: str = "all"
-    prompt: str | None = None  # instruction prefix of every sentence (None: the model's default prompt, if any)
-    prompt_name: str | None = None  # the model's prompt of this name
-    exclude_prompt: bool = False
+    N: adaptive by default. Neither steps nor tolerance: N starts at DEFAULT_STEPS and doubles per sentence until
+    DEFAULT_ADAPTIVE_TOLERANCE; a tolerance alone: from DEFAULT_STEPS to it; steps alone: that fixed N (tolerance
+    None). The rule is applied here, once, so that `Attribution(steps=8)` and `--steps 8` are the same fixed N;
+    after construction `steps` is always set."""
 
-    @staticmethod
-    def steps_and_tolerance(steps: int | None, tolerance: float | None) -> tuple[int, float | None]:
-        """Adaptive N by default: no steps -> DEFAULT_STEPS, and DEFAULT_ADAPTIVE_TOLERANCE unless a tolerance is
-        given; steps alone -> that fixed N."""
-        if steps is None:
-            return DEFAULT_STEPS, DEFAULT_ADAPTIVE_TOLERANCE if tolerance is None else tolerance
-        return steps, tolerance
+    steps: int | None = setting(None, ge=1, help=f"quadrature nodes N: a fixed N when given without --tolerance; else "
+                                                 f"where adaptive N starts (default {DEFAULT_STEPS})")  # fmt: skip
+    tolerance: float | None = setting(None, gt=0,
+                                      help="adaptive N: N doubles per sentence until its factor error <= this "
+                                           f"(default {DEFAULT_ADAPTIVE_TOLERANCE:g} unless --steps is given); a "
+                                           "sentence still above it at --max-steps quarantines its pairs "
+                                           "(not_converged)")  # fmt: skip
+    truncation: str = setting("quarantine", choices=TRUNCATION_CHOICES,
+                              help="texts over max_seq_length: quarantine the pair (default), warn (truncate and "
+                                   "flag), or error (stop before computing)")  # fmt: skip
+    max_chars: int = setting(DEFAULT_MAX_CHARS, ge=1,
+                             help="texts longer than this many characters are quarantined (too_long) before they are "
+                                  f"tokenized, whatever --truncation says (default {DEFAULT_MAX_CHARS:,}); not in the "
+                                  "run id")  # fmt: skip
+    min_abs: float = setting(0.0, ge=0, help="store only cells with |value| >= this (sums unchanged)")
+    cells: str = setting("all", choices=CELL_CHOICES,
+                         help="which cells to store: all (default), same-token (token_a = token_b, word_a = word_b: "
+                              "what sql/lexical_ranks.sql reads: ~4%% of QQP's) or none; part of the run id; the "
+                              "pairs' sums, ranks and top cells stay over every cell")  # fmt: skip
+
+    def __post_init__(self) -> None:
+        steps, tolerance = self.steps, self.tolerance
+        if steps is None:  # adaptive N: from DEFAULT_STEPS to the tolerance given, else the default one
+            steps, tolerance = DEFAULT_STEPS, DEFAULT_ADAPTIVE_TOLERANCE if tolerance is None else tolerance
+        object.__setattr__(self, "steps", steps)
+        object.__setattr__(self, "tolerance", tolerance)
+
+    @property
+    def adaptive_default(self) -> bool:
+        """N is the job's default (adaptive from DEFAULT_STEPS to DEFAULT_ADAPTIVE_TOLERANCE)."""
+        return (self.steps, self.tolerance) == (DEFAULT_STEPS, DEFAULT_ADAPTIVE_TOLERANCE)
 
     @property
     def engine_truncation(self) -> str:
         """The engine's truncation: it stops on `error`, and flags (warn) otherwise; the job quarantines."""
         return "error" if self.truncation == "error" else "warn"
 
+    @property
+    def engine(self) -> EngineSettings:
+        """The engine's settings of these (the engine's truncation: `engine_truncation`)."""
+        given = {f.name: getattr(self, f.name) for f in fields(EngineSettings)}
+        return EngineSettings(**{**given, "truncation": self.engine_truncation})
+
 
 @dataclass(frozen=True)
 class Execution:
     """Where and how the pairs are computed; none of it changes a number (not in the run id)."""
 
-    executor: str = "ray"
-    ray_address: str | None = None
-    num_actors: int | None = None
-    gpus_per_actor: float | None = None
-    cpus_per_actor: float | None = None
-    batch_size: int | None = None
-    wave_size: int | None = None
-    max_retries: int = DEFAULT_MAX_RETRIES
-    cell_writer: str = "auto"
-    device: str | None = None
-    factor_memory: str | None = None  # "8GiB": a factor actor's memory for its batches (jobs/attribution/memory.py)
+    executor: str = setting("ray", choices=EXECUTORS,
+                            help="ray (default): stages 1-2 on a Ray cluster; local: in this process, without Ray "
+                                 "(Ray need not be installed; same store, same run id): one model on --device, e.g. "
+                                 "one GPU. In a study: the train, attribute and parse stages (jobs.parse --executor "
+                                 "local)")  # fmt: skip
+    ray_address: str | None = setting(None, key="address",
+                                      help="join this cluster (default: $RAY_ADDRESS, else start one)")
+    num_actors: int | None = setting(None, ge=1,
+                                     help="factor actors (default: one per GPU, else per CPU; --executor local: one)")
+    gpus_per_actor: float | None = setting(None, ge=0, help="default 1 when the cluster has GPUs, else 0")
+    cpus_per_actor: float | None = setting(None, gt=0,
+                                           help="CPUs (and torch threads) per factor actor (default 1; --executor "
+                                                "local: torch's own default)")  # fmt: skip
+    batch_size: int | None = setting(None, ge=1, help=f"sentences per actor batch (default {DEFAULT_BATCH_SIZE_CPU} "
+                                                      f"CPU / {DEFAULT_BATCH_SIZE_GPU} GPU)")  # fmt: skip
+    wave_size: int | None = setting(None, ge=1, help=f"pairs per atomic commit (default {DEFAULT_WAVE_SIZE_CPU} CPU / "
+                                                     f"{DEFAULT_WAVE_SIZE_GPU} GPU)")  # fmt: skip
+    max_retries: int = setting(DEFAULT_MAX_RETRIES, ge=0,
+                               help="a batch whose worker died is retried this often (on a restarted actor), then the "
+                                    "run fails")  # fmt: skip
+    cell_writer: str = setting("auto", choices=CELL_WRITERS,
+                               help="who writes the cells and word cells: the stage-2 tasks (workers; the driver "
+                                    "only commits) or the driver. auto, decided before each wave: workers on object "
+                                    "storage or where every node sees the local --out (nodes that join are asked), "
+                                    "else the driver; workers stops the job before a wave with a node that does not "
+                                    "see it")  # fmt: skip
+    device: str | None = setting(None, help="torch device of the factor actors (default: cuda when they get GPUs, "
+                                            "else cpu)")  # fmt: skip
+    factor_memory: str | None = setting(None, metavar="SIZE",
+                                        help="memory a factor actor may take for its batches beyond its model, e.g. "
+                                             "40GiB: on a GPU the caching allocator's limit, within which batches are "
+                                             "planned (default: 85%% of the actor's share of the card, planned, no "
+                                             "limit); on a CPU the limit of the tensors one call holds. A batch that "
+                                             "runs out is halved and retried, never dropped")  # fmt: skip
 
     def factor_memory_bytes(self) -> int | None:
         """--factor-memory in bytes (None when not given); InputError naming the flag when it is no size."""
@@ -162,12 +231,20 @@ class Execution:
 class Output:
     """Where the run goes and how the job talks."""
 
-    out: str = DEFAULT_OUT
-    store_retry_s: float | None = None
-    quiet: bool = False
+    out: str = setting(DEFAULT_OUT, help="store root: a local folder, s3://bucket/prefix or gs://bucket/prefix; the "
+                                         "run is <out>/<run id>")  # fmt: skip
+    store_retry_s: float | None = setting(None, metavar="S", study=False,
+                                          help="how long one call to object storage is retried when the store "
+                                               "answers 5xx/429 or the connection fails, with backoff and jitter, "
+                                               "before the job stops (exit 2; the same command resumes); default "
+                                               f"$XSBERT_STORE_RETRY_S, else {STORE_RETRY_S:.0f} s")  # fmt: skip
+    quiet: bool = setting(False, flags=("-q",), help="no Ray Data progress bars")
 
 
 GROUPS = {"selection": Selection, "attribution": Attribution, "execution": Execution, "output": Output}
+# jobs.attribute's flag groups, as its --help shows them
+GROUP_TITLES = {"selection": "data", "attribution": "attribution (as in `xsbert explain`)",
+                "execution": "execution", "output": "output"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -179,28 +256,26 @@ class JobSettings:
     execution: Execution = field(default_factory=Execution)
     output: Output = field(default_factory=Output)
 
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        """jobs.attribute's flags: one per field of the four groups, in groups of its --help (--dataset defaults
+        to None: jobs.attribute fills in the embedded default)."""
+        for name, group in GROUPS.items():
+            add_arguments(parser.add_argument_group(GROUP_TITLES[name]), group)
+
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> JobSettings:
         """From jobs.attribute's parsed flags (each flag's destination is its field's name)."""
-        return cls(**{name: group(**{f.name: getattr(args, f.name) for f in fields(group)})
-                      for name, group in GROUPS.items()})  # fmt: skip
+        return cls(**{name: group(**from_namespace(args, group)) for name, group in GROUPS.items()})
 
     def command(self) -> list[str]:
         """The jobs.attribute flags that give these settings (what is not a default), for a summary's `command`:
         `python -m jobs.attribute` + these runs the same job."""
         argv: list[str] = ["--dataset", self.selection.dataset]
-        for name, group in GROUPS.items():
-            value, default = getattr(self, name), group(**({"dataset": ""} if group is Selection else {}))
-            for f in fields(group):
-                v = getattr(value, f.name)
-                if f.name in ("dataset", "steps", "tolerance"):
-                    continue  # below: the pair decides fixed or adaptive N
-                if v == getattr(default, f.name):
-                    continue
-                flag = "--" + f.name.replace("_", "-")
-                argv += [flag] if v is True else [flag, str(v)]
+        for name in GROUPS:
+            argv += to_flags(getattr(self, name), skip=("dataset", "steps", "tolerance"))
         a = self.attribution
-        if (a.steps, a.tolerance) != Attribution.steps_and_tolerance(None, None):
+        if not a.adaptive_default:  # the pair decides fixed or adaptive N
             argv += ["--steps", str(a.steps)] + (["--tolerance", str(a.tolerance)] if a.tolerance is not None else [])
         return argv
 
@@ -209,8 +284,8 @@ class JobSettings:
 class RunConfig:
     """Everything that changes the stored numbers, listed once; its hash is the run id (the manifest's `config`).
     Not --limit/--sample: they select rows, they change no row's numbers (a larger selection later computes only
-    what is new). The engine's own settings are its resolved ones (Explainer.settings: `auto` mode and similarity,
-    a negative layer, made definite).
+    what is new). A field with `engine` in its metadata is the engine's resolved setting of that name
+    (Explainer.settings: `auto` mode and similarity, a negative layer, made definite).
 
     A field with `omitted_at` in its metadata is left out of the hash while it has that value: the run ids of
     stores made before it was a setting stay what they were (`cells`: stores of every cell; `precision`:
@@ -218,23 +293,30 @@ class RunConfig:
 
     store_version: int
     code_version: str
-    model: str
+    model: str = field(metadata={"engine": True})
     weights_sha256: str
-    mode: str
-    similarity: str
-    layer: int
-    n_layers: int
-    rule: str
-    steps: int
-    tolerance: float | None
-    max_steps: int | None
-    truncation: str
+    mode: str = field(metadata={"engine": True})
+    similarity: str = field(metadata={"engine": True})
+    layer: int = field(metadata={"engine": True})
+    n_layers: int = field(metadata={"engine": True})
+    rule: str = field(metadata={"engine": True})
+    steps: int = field(metadata={"engine": True})
+    tolerance: float | None = field(metadata={"engine": True})
+    max_steps: int | None = field(metadata={"engine": True})  # None for a fixed N
+    truncation: str  # the job's (quarantine | warn | error), not the engine's
     min_abs: float
     dataset: dict[str, Any]  # name, config, split, columns
     cells: str = field(default="all", metadata={"omitted_at": "all"})
-    precision: str = field(default=DEFAULT_PRECISION, metadata={"omitted_at": DEFAULT_PRECISION})
-    prompt: str = field(default="", metadata={"omitted_at": ""})  # the resolved prompt string
-    exclude_prompt: bool = field(default=False, metadata={"omitted_at": False})
+    precision: str = field(default=DEFAULT_PRECISION, metadata={"omitted_at": DEFAULT_PRECISION, "engine": True})
+    prompt: str = field(default="", metadata={"omitted_at": "", "engine": True})  # the resolved prompt string
+    exclude_prompt: bool = field(default=False, metadata={"omitted_at": False, "engine": True})
+
+    @staticmethod
+    def engine_fields(settings: dict[str, Any]) -> dict[str, Any]:
+        """The fields that are the engine's, from its resolved settings (Explainer.settings; a field with a default
+        takes it where the settings lack it)."""
+        return {f.name: settings[f.name] if f.default is MISSING else settings.get(f.name, f.default)
+                for f in fields(RunConfig) if f.metadata.get("engine")}  # fmt: skip
 
     def as_dict(self) -> dict[str, Any]:
         """The config as the manifest records it and the run id hashes it."""
@@ -247,36 +329,53 @@ class RunConfig:
         return out
 
 
-# RunConfig's fields that are the engine's resolved settings (Explainer.settings; precision apart, for its default).
-ENGINE_SETTINGS = ("model", "mode", "similarity", "layer", "n_layers", "rule", "steps", "tolerance", "max_steps")
-
-
 # --------------------------------------------------------------------------- jobs.parse and jobs.report
 PARSE_BATCH_SIZE = 64  # texts per parser-actor call
-PARSE_COMMIT_EVERY = 20_000  # texts per part of the parser cache
+# Texts per part of the parser cache: ~1-2 min of spaCy on 2 cores, ~1 MB of Parquet; QQP's 537k questions make ~27.
+PARSE_COMMIT_EVERY = 20_000
+PARSERS = ("auto", "stanza", "spacy")
+CACHE_DIRNAME = "_parses"  # the parser cache's folder beside the runs, without --cache
+# Where `xsbert serve --run RUN` answers by default: the report links its sections and examples there.
+SERVE_URL = "http://127.0.0.1:8000"
 
 
 @dataclass(frozen=True)
 class ParseSettings:
-    """jobs.parse's settings, one field per flag (`python -m jobs.parse --help` says what each does); built from its
-    arguments (`from_args`) or by jobs.pipeline's parse stage."""
+    """jobs.parse's settings, one field per flag; built from its arguments (`from_args`) or by jobs.pipeline's parse
+    stage."""
 
-    runs: tuple[str, ...]
-    parser: str = "auto"
-    stanza_dir: str | None = None
-    stanza_download: bool = False
-    cache: str | None = None
-    replace: bool = False
-    num_actors: int | None = None  # None: one per CPU, leaving one for Ray Data's other operators
-    batch_size: int = PARSE_BATCH_SIZE
-    commit_every: int = PARSE_COMMIT_EVERY
-    executor: str = "ray"
-    ray_address: str | None = None
-    quiet: bool = False
+    runs: tuple[str, ...] = setting(flag="--run", nargs="+", metavar="DIR",
+                                    help="run directories written by jobs.attribute")
+    parser: str = setting("auto", choices=PARSERS,
+                          help="stanza (the paper's; needs its English models), spacy (en_core_web_sm from PyPI, "
+                               "labels converted to UD), or auto: stanza when its models are found, else spacy "
+                               "(default)")  # fmt: skip
+    stanza_dir: str | None = setting(None, help="stanza resources folder (default: $STANZA_RESOURCES_DIR, then "
+                                                "stanza's default folder)")  # fmt: skip
+    stanza_download: bool = setting(False, help="with --parser stanza: download the English models into the stanza "
+                                                "folder when missing (needs the hub)")  # fmt: skip
+    cache: str | None = setting(None, help=f"parser-output cache root; parses live in <cache>/<parser-version-model>/ "
+                                           f"(default: the folder {CACHE_DIRNAME} beside the first --run, e.g. "
+                                           f"runs/{CACHE_DIRNAME} for runs/<id>)")  # fmt: skip
+    replace: bool = setting(False, help="rewrite each run's parses with this parser (needed when a run was parsed by "
+                                        "another one)")  # fmt: skip
+    num_actors: int | None = setting(None, help="parser actors (default: one per CPU, leaving one CPU for Ray Data's "
+                                                "other operators)")  # fmt: skip
+    batch_size: int = setting(PARSE_BATCH_SIZE, help="texts per actor call")
+    commit_every: int = setting(PARSE_COMMIT_EVERY,
+                                help="texts per part of the parser cache, written as they are parsed: a stopped run "
+                                     "keeps what it parsed and the same command parses only the rest (default "
+                                     f"{PARSE_COMMIT_EVERY:,})")  # fmt: skip
+    executor: str = setting("ray", choices=EXECUTORS,
+                            help="ray: an actor pool on Ray (default); local: one parser in this process, without Ray "
+                                 "(the same parses, for a few hundred texts where starting Ray and its actors costs "
+                                 "more than parsing)")  # fmt: skip
+    ray_address: str | None = setting(None, help="join this cluster (default: $RAY_ADDRESS, else start one)")
+    quiet: bool = setting(False, flags=("-q",), help="no Ray Data progress bars (the summary is printed)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ParseSettings:
-        return cls(**{f.name: (tuple(args.run) if f.name == "runs" else getattr(args, f.name)) for f in fields(cls)})
+        return cls(**from_namespace(args, cls))
 
 
 @dataclass(frozen=True)
@@ -284,24 +383,23 @@ class ReportSettings:
     """jobs.report's settings, one field per flag; `command` is the command line the page shows (the pipeline passes
     the equivalent jobs.report command)."""
 
-    run: str
-    out: str
-    run2: str | None = None
-    vars: tuple[str, ...] = ()  # NAME=VALUE, as --var
-    note: str | None = None
-    serve_url: str | None = None  # None: jobs.analyses.base.SERVE_URL
-    quiet: bool = False
-    command: str | None = None
+    run: str = setting(help="a run directory (<out>/<run id> of python -m jobs.attribute), local or s3://... / "
+                            "gs://...")  # fmt: skip
+    out: str = setting(help="folder for the report (created; files in it are overwritten)")
+    run2: str | None = setting(None, help="a second run, for the two-run analyses (agreement, lexical ranks)")
+    vars: tuple[str, ...] = setting((), flag="--var", action="append", metavar="NAME=VALUE",
+                                    help="a DuckDB variable for the analyses, e.g. min_count=10, top_share=0.05 "
+                                         "(repeatable)")  # fmt: skip
+    note: str | None = setting(None, help="text shown at the top of the page (e.g. the commands that made the runs)")
+    serve_url: str = setting(SERVE_URL, help=f"where `xsbert serve --run RUN` answers: the page links sections and "
+                                             f"examples there (default {SERVE_URL}; 'none': no links)")  # fmt: skip
+    quiet: bool = setting(False, flags=("-q",), help="print nothing but errors")
+    command: str | None = setting(None, cli=False)
 
     def flags(self) -> list[str]:
         """The jobs.report command line of these settings (what the page shows when `command` is not given)."""
-        out = ["--run", str(self.run), "--out", str(self.out)] + (["--run2", str(self.run2)] if self.run2 else [])
-        out += [a for v in self.vars for a in ("--var", v)]
-        out += ["--note", self.note] if self.note else []
-        out += ["--serve-url", self.serve_url] if self.serve_url else []
-        return out + (["-q"] if self.quiet else [])
+        return ["--run", str(self.run), "--out", str(self.out)] + to_flags(self, skip=("run", "out"), short=True)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, command: str | None) -> ReportSettings:
-        return cls(run=args.run, out=args.out, run2=args.run2, vars=tuple(args.var), note=args.note,
-                   serve_url=args.serve_url, quiet=args.quiet, command=command)  # fmt: skip
+        return cls(**from_namespace(args, cls), command=command)

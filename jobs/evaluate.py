@@ -174,7 +174,7 @@ def require_models(paths: dict[str, str], needed: tuple[str, ...],
 
 def stsb(split: str, sample: int | None = None, seed: int = 0) -> tuple[list[str], list[str], np.ndarray, list[str]]:
     pairs = load_pairs("stsb", split=split, sample=sample, seed=seed)
-    good, _ = validate(pairs.rows, pairs.label_kind, pairs.label_range, None, None, False)
+    good, _ = validate(pairs.rows, pairs.label_kind, pairs.label_range)
     return good.text_a.tolist(), good.text_b.tolist(), good.label.to_numpy(), good.pair_id.tolist()
 
 

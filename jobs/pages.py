@@ -1,18 +1,37 @@
-"""The jinja2 environment of the HTML pages (jobs/templates/): the report, the study index and `xsbert serve`."""
+"""The jinja2 environment of the HTML pages (jobs/templates/): the report, the study index and `xsbert serve`; the
+formatting its templates use (`plural`, `cell`: jobs.analyses.format writes the report's text with them too)."""
 
 from __future__ import annotations
 
+import json
+import math
+from typing import Any
+
 import jinja2
+
+
+def plural(n: int, word: str) -> str:
+    """'1 pair', '3 pairs'."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def cell(value: Any) -> str:
+    """A table cell's text: floats to 4 significant digits, lists and dicts as JSON, None empty."""
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return "NaN" if math.isnan(value) else f"{value:.4g}"
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, default=str)
+    return str(value)
 
 
 def environment() -> jinja2.Environment:
     """The page's templates (jobs/templates/): autoescaping on, so every text (dataset sentences, tokens, reasons)
     is escaped; the formatting in filters."""
-    from .analyses.format import cell, plural
-
     env = jinja2.Environment(loader=jinja2.PackageLoader("jobs", "templates"),
                              autoescape=jinja2.select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True,
                              undefined=jinja2.StrictUndefined)  # fmt: skip
-    env.filters["plural"] = lambda n, word: plural(n, word)
+    env.filters["plural"] = plural
     env.filters["cell"] = cell
     return env

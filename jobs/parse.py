@@ -34,12 +34,11 @@ import polars as pl
 
 from xsbert_core import InputError, XsbertError
 from xsbert_core.models import cache_dir
+from xsbert_core.settings import add_arguments
 from xsbert_core.syntax import ALIGNMENTS
 
 from .parsing import (
     CACHE_DIRNAME,
-    DEFAULT_BATCH_SIZE,
-    PARSERS,
     ParseCache,
     ParserSpec,
     alignment_counts,
@@ -48,14 +47,13 @@ from .parsing import (
     parse_on_ray,
     realigned,
 )
-from .config import EXECUTORS, PARSE_COMMIT_EVERY, ParseSettings
-from .store import RunStore, is_remote, resolve, run_at
+from .config import ParseSettings
+from .store import RunStore, resolve, run_at
 
 logger = logging.getLogger("jobs.parse")
 
-# Texts per cache part: ~1-2 min of spaCy on 2 cores, ~1 MB of Parquet; QQP's 537k questions make ~27 parts.
-DEFAULT_COMMIT_EVERY = PARSE_COMMIT_EVERY
 REQUIRED_SENTENCE_COLUMNS = ("sentence_id", "text", "word_ids", "token_start", "token_end", "words")
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
@@ -63,54 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="UD parses of every sentence of the given runs (one parse per unique text, on Ray), "
         "aligned to each run's tokenizer words, into <run>/parses/*.parquet.",
     )
-    p.add_argument("--run", nargs="+", required=True, metavar="DIR", help="run directories written by jobs.attribute")
-    p.add_argument(
-        "--parser",
-        choices=PARSERS,
-        default="auto",
-        help="stanza (the paper's; needs its English models), spacy (en_core_web_sm from PyPI, labels converted "
-        "to UD), or auto: stanza when its models are found, else spacy (default)",
-    )
-    p.add_argument(
-        "--stanza-dir",
-        default=None,
-        help="stanza resources folder (default: $STANZA_RESOURCES_DIR, then stanza's default folder)",
-    )
-    p.add_argument(
-        "--stanza-download",
-        action="store_true",
-        help="with --parser stanza: download the English models into the stanza folder when missing (needs the hub)",
-    )
-    p.add_argument(
-        "--cache",
-        default=None,
-        help=f"parser-output cache root; parses live in <cache>/<parser-version-model>/ (default: the folder "
-        f"{CACHE_DIRNAME} beside the first --run, e.g. runs/{CACHE_DIRNAME} for runs/<id>)",
-    )
-    p.add_argument(
-        "--replace",
-        action="store_true",
-        help="rewrite each run's parses with this parser (needed when a run was parsed by another one)",
-    )
-    p.add_argument(
-        "--num-actors",
-        type=int,
-        default=None,
-        help="parser actors (default: one per CPU, leaving one CPU for Ray Data's other operators)",
-    )
-    p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="texts per actor call")
-    p.add_argument(
-        "--commit-every",
-        type=int,
-        default=DEFAULT_COMMIT_EVERY,
-        help=f"texts per part of the parser cache, written as they are parsed: a stopped run keeps what it "
-        f"parsed and the same command parses only the rest (default {DEFAULT_COMMIT_EVERY:,})",
-    )
-    p.add_argument("--executor", choices=EXECUTORS, default="ray",
-                   help="ray: an actor pool on Ray (default); local: one parser in this process, without Ray (the same "
-                        "parses, for a few hundred texts where starting Ray and its actors costs more than parsing)")
-    p.add_argument("--ray-address", default=None, help="join this cluster (default: $RAY_ADDRESS, else start one)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no Ray Data progress bars (the summary is printed)")
+    add_arguments(p, ParseSettings)  # one flag per field (jobs/config.py)
     return p.parse_args(argv)
 
 
@@ -173,7 +124,7 @@ def main(job: ParseSettings | argparse.Namespace, echo: bool = True) -> dict[str
         print(f"parser: {spec.name} {spec.version}, model {spec.model} ({spec.why})", flush=True)
     if args.cache:
         cache_root = Path(args.cache).expanduser()
-    elif is_remote(paths[0]):  # a run on object storage: the parser cache stays on this machine
+    elif isinstance(paths[0], str):  # a run on object storage (resolve: a URI): the parser cache stays here
         cache_root = cache_dir() / "parses"
     else:
         cache_root = paths[0].parent / CACHE_DIRNAME  # type: ignore[union-attr]

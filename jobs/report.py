@@ -22,11 +22,11 @@ import sys
 from typing import Any
 
 from xsbert_core import XsbertError
+from xsbert_core.settings import add_arguments
 
 from . import sqlrun
 from .analyses import write_report
-from .analyses.base import SERVE_URL
-from .config import ReportSettings
+from .config import SERVE_URL, ReportSettings
 
 PROG = "python -m jobs.report"
 
@@ -37,17 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Run every applicable analysis of sql/ on a run (and a second run), write CSV, Markdown, "
         "figures and index.html into --out, and print the findings.",
     )
-    p.add_argument("--run", required=True,
-                   help="a run directory (<out>/<run id> of python -m jobs.attribute), local or s3://... / gs://...")
-    p.add_argument("--run2", default=None, help="a second run, for the two-run analyses (agreement, lexical ranks)")
-    p.add_argument("--out", required=True, help="folder for the report (created; files in it are overwritten)")
-    p.add_argument("--var", action="append", default=[], metavar="NAME=VALUE",
-                   help="a DuckDB variable for the analyses, e.g. min_count=10, top_share=0.05 (repeatable)")
-    p.add_argument("--note", default=None, help="text shown at the top of the page (e.g. the commands that made the runs)")
-    p.add_argument("--serve-url", default=SERVE_URL,
-                   help=f"where `xsbert serve --run RUN` answers: the page links sections and examples there (default "
-                        f"{SERVE_URL}; 'none': no links)")  # fmt: skip
-    p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    add_arguments(p, ReportSettings)  # one flag per field (jobs/config.py)
     return p.parse_args(argv)
 
 

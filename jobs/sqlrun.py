@@ -38,10 +38,13 @@ import pyarrow.fs as pafs
 
 from xsbert_core import InputError
 
+from . import sqlfiles
+from .sqlfiles import SQL_DIR
 from .store import (  # scheme -> family; DuckDB: all
     CREDENTIALS,
     REMOTE_SCHEMES,
     GaveUp,
+    Location,
     committed_parts,
     committed_waves,
     endpoint_name,
@@ -50,7 +53,6 @@ from .store import (  # scheme -> family; DuckDB: all
     retried_fsspec,
     store_retry_s,
     transient,
-    uri_scheme,
 )
 
 # Variables that name a run directory (`pairs_of`: reference_terms.sql and pos_neg_sums.sql keep the pairs that run
@@ -61,7 +63,6 @@ RUN_VARIABLES = frozenset({"pairs_of"})
 RUN_LIST_VARIABLES = frozenset({"other_runs"})
 
 TABLES: tuple[str, ...] = ("pairs", "cells", "word_cells", "sentences", "quarantine", "parses")
-SQL_DIR = Path(__file__).resolve().parents[1] / "sql"
 # What to run when a table is missing (the attribution job writes every other table).
 MAKES = {"parses": "python -m jobs.parse --run {run}"}
 # `getvariable('run') || '/cells/*.parquet'` or `... || '/manifest.json'` in a sql/ file.
@@ -113,26 +114,16 @@ def _literal(value: Any) -> str:
 
 
 # --------------------------------------------------------------------------- runs: local or on object storage
-def scheme(location: str | os.PathLike) -> str | None:
-    """The URI scheme of an object-store location ('s3', 'gs', ...), None for a local path. InputError for
-    another scheme (http://, file://, ...)."""
-    name = uri_scheme(location, InputError)
-    if name is None:
-        return None
-    if "@" in str(location).split("://", 1)[1].split("/", 1)[0]:  # s3://KEY:SECRET@bucket/...
-        raise InputError(f"{name}:// URI with credentials in it: not accepted (they would show in logs and reports); "
-                         "give them the standard way (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, a profile, a role)")  # fmt: skip
-    return name
-
-
-def is_remote(location: str | os.PathLike | None) -> bool:
-    """An object-store URI (s3://, gs://), not a local path."""
-    return location is not None and scheme(location) is not None
+def run_location(place: str | os.PathLike | Location) -> Location:
+    """A run (or a file in one) parsed by the store's one parser (jobs.store.Location), its errors as InputError: a
+    scheme without a backend (http://, file://, ...), a URI with credentials in it."""
+    return Location.parse(place, InputError)
 
 
 def as_run(run: str | os.PathLike) -> Run:
     """A run (or a file in one) as given: an object-store URI as a str without a trailing slash, else a Path."""
-    return str(run).rstrip("/") if is_remote(run) else Path(run)
+    loc = run_location(run)
+    return loc.uri if loc.is_remote else Path(run)
 
 
 def join(run: str | os.PathLike, *parts: str) -> Run:
@@ -162,10 +153,10 @@ def _store_error(exc: Exception, location: str, flag: str | None = None) -> Inpu
                  r"SIGNATURE_DOES_NOT_MATCH|ExpiredToken|EXPIRED_TOKEN|Forbidden|\b403\b|"
                  r"[Uu]nable to (?:load|find) credentials|[Nn]o credentials|Could not find default credentials|"
                  r"PERMISSION_DENIED|UNAUTHENTICATED", text):  # fmt: skip
-        how = CREDENTIALS[REMOTE_SCHEMES[scheme(location) or ""]]
+        how = CREDENTIALS[run_location(location).family or ""]
         return InputError(f"{where}: access denied by the object store at {endpoint} (check the credentials: {how})")
     if re.search(r"NoSuchBucket|NO_SUCH_BUCKET|[Bb]ucket .* (?:not found|does not exist)", text):
-        return InputError(f"{where}: no such bucket {location.split('://', 1)[1].split('/', 1)[0]!r}")
+        return InputError(f"{where}: no such bucket {Location.parse(location).bucket!r}")
     return InputError(f"{where}: {text[:300] or type(exc).__name__}")
 
 
@@ -175,17 +166,17 @@ _FILESYSTEMS: dict[tuple, pafs.FileSystem] = {}
 def _object_store(location: str, flag: str | None = None) -> tuple[pafs.FileSystem, str]:
     """pyarrow's filesystem for an object-store URI and the path in it ('bucket/prefix/...'). One filesystem per
     (scheme family, bucket) as long as the environment's settings stay the same."""
-    family = REMOTE_SCHEMES[scheme(location) or ""]
-    rest = str(location).split("://", 1)[1].strip("/")
+    loc = run_location(location)
+    family, rest = loc.family, loc.path.strip("/")
     if not rest:
         raise InputError(f"{flag + ' ' if flag else ''}{location}: no bucket")
-    bucket = rest.split("/", 1)[0]
+    bucket = loc.bucket
     # The settings that make a different filesystem; hashed, so that no secret is kept in the key.
     env = hash(tuple((k, v) for k, v in sorted(os.environ.items()) if k.startswith(("AWS_", "GOOGLE_", "GCE_", "STORAGE_EMULATOR_HOST"))))
     key = (family, bucket, env)
     if key not in _FILESYSTEMS:
         try:  # the store's own constructor: one way to reach object storage (endpoint, region from AWS_*)
-            _FILESYSTEMS[key] = filesystem(f"{'s3' if family == 's3' else 'gs'}://{bucket}")[0]
+            _FILESYSTEMS[key] = filesystem(Location(loc.scheme, bucket))[0]
         except (OSError, ValueError, pa.ArrowException) as exc:
             raise _store_error(exc, str(location), flag) from exc
     return _FILESYSTEMS[key], rest
@@ -270,10 +261,10 @@ def check_run(run: str | os.PathLike, flag: str = "--run") -> Run:
     """The run directory (a Path, or an s3:// / gs:// URI), or an InputError saying what is wrong with it
     (missing, a store root, a missing bucket, an object store that cannot be reached or denies access, ...)."""
     try:
-        remote = is_remote(run)
+        loc = run_location(run)
     except InputError as exc:
         raise InputError(f"{flag} {exc}") from None
-    if not remote:
+    if not loc.is_remote:
         path = Path(run)
         if not path.exists():
             raise InputError(f"{flag} {run}: no such directory")
@@ -283,11 +274,11 @@ def check_run(run: str | os.PathLike, flag: str = "--run") -> Run:
             inner = sorted(p.name for p in path.iterdir() if p.is_dir() and has_table(p, "pairs"))
             raise InputError(f"{flag} {run}: not a run directory (no pairs/*.parquet){_runs_hint(inner)}")
         return path
-    uri = str(as_run(run))
+    uri = loc.uri
     info = _info(uri, flag)
     if info.type == pafs.FileType.NotFound:
-        bucket = uri.split("://", 1)[1].split("/", 1)[0]
-        root = f"{uri.split('://', 1)[0]}://{bucket}"
+        bucket = loc.bucket
+        root = Location(loc.scheme, bucket).uri
         if uri == root or _info(root, flag).type == pafs.FileType.NotFound:
             raise InputError(f"{flag} {run}: no such bucket {bucket!r}")
         raise InputError(f"{flag} {run}: no such directory")
@@ -316,7 +307,7 @@ def _duckdb_filesystem(location: str):
     """The pyarrow filesystem of an object-store URI as an fsspec filesystem for DuckDB
     (`con.register_filesystem`), under every URI scheme of its family (s3:// and s3a://, gs:// and gcs://); its
     calls retried as the store's are (jobs/store/reading.py)."""
-    family = REMOTE_SCHEMES[scheme(location) or ""]
+    family = run_location(location).family
     protocols = tuple(s for s, f in REMOTE_SCHEMES.items() if f == family)  # DuckDB routes these to it
     return retried_fsspec(location, _object_store(location)[0], protocols)
 
@@ -346,7 +337,7 @@ def connect(
     families: dict[str, str] = {}  # one registered filesystem per scheme family (s3, gcs) the runs use
     for path in runs:
         if isinstance(path, str):
-            families.setdefault(REMOTE_SCHEMES[scheme(path) or ""], path)
+            families.setdefault(run_location(path).family, path)
     for location in families.values():
         con.register_filesystem(_duckdb_filesystem(location))
     # The runs' committed parts, once: every view and every sql/ file of this connection reads exactly these files
@@ -506,8 +497,8 @@ def query(con: duckdb.DuckDBPyConnection, sql: str) -> pl.DataFrame:
 
 
 def run_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike) -> pl.DataFrame:
-    """Run a sql/ file (one statement) on the connection's run(s)."""
-    return query(con, resolve_file(path).read_text(encoding="utf-8"))
+    """Run a sql/ file (one statement, after the macros it `.read`s: jobs/sqlfiles.py) on the connection's run(s)."""
+    return query(con, sqlfiles.text(resolve_file(path)))
 
 
 # --------------------------------------------------------------------------- `xsbert sql`
@@ -588,7 +579,7 @@ def cli(args: argparse.Namespace, out=None) -> int:
     if args.max_rows < 1:
         raise InputError(f"--max-rows must be >= 1, got {args.max_rows}")
     con = connect(args.run, args.run2, parse_vars(args.var))
-    sql = resolve_file(args.file).read_text(encoding="utf-8") if args.file else args.query
+    sql = sqlfiles.text(resolve_file(args.file)) if args.file else args.query
     if not sql.strip():
         raise InputError("the query is empty")
     try:

@@ -79,7 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _stsb_pairs(dataset: str, split: str, limit: int | None) -> tuple[list[str], list[str], list[float]]:
     pairs = load_pairs(dataset, split=split, limit=limit)
-    good, quarantine = validate(pairs.rows, pairs.label_kind, pairs.label_range, None, None, False)
+    good, quarantine = validate(pairs.rows, pairs.label_kind, pairs.label_range)
     if len(quarantine):
         logger.warning("%d %s rows left out: %s", len(quarantine), split, quarantine.reason.value_counts().to_dict())
     if good.label.isna().any():
@@ -199,8 +199,9 @@ def config_of(args: argparse.Namespace) -> TrainConfig:
                        max_steps=args.max_steps, deterministic=not args.nondeterministic)  # fmt: skip
 
 
-def main(args: argparse.Namespace) -> dict[str, Any]:
-    """Train, save, return the training record (also written to xsbert_training.json)."""
+def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, Any]:
+    """Train, save, return the training record (also written to xsbert_training.json); `argv`: the command line,
+    for the model card (`python -m jobs.train ...`)."""
     config = config_of(args)
     base_name = Path(str(args.model)).name or str(args.model)
     name = args.name or f"{base_name}-{args.variant}"
@@ -208,7 +209,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     for folder in (target, target.with_name(f"{name}{BEST_SUFFIX}")):
         if folder.exists() and any(folder.iterdir()) and not args.overwrite:
             raise InputError(f"{folder} exists; pass --overwrite to replace it, or --name for another folder")
-    command = "python -m jobs.train " + " ".join(shlex.quote(a) for a in (getattr(args, "argv", None) or []))
+    command = "python -m jobs.train " + " ".join(shlex.quote(a) for a in (argv or []))
     return train_model(str(args.model), args.variant, config, target, dataset=args.dataset,
                        train_split=args.train_split, dev_split=args.dev_split, train_limit=args.train_limit,
                        dev_limit=args.dev_limit, command=command, quiet=args.quiet)  # fmt: skip
@@ -305,9 +306,8 @@ def cli(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    args.argv = argv
     try:
-        main(args)
+        main(args, argv)
     except XsbertError as exc:
         print(f"jobs.train: error: {exc}", file=sys.stderr)
         return 2

@@ -38,25 +38,18 @@
 -- Run       duckdb -cmd "set variable run = 'runs/<id>'" -f sql/adjectives.sql
 --           xsbert sql --run runs/<id> --file sql/adjectives.sql
 
+.read sql/lib/cells_guard.sql
+
 with
 
 ---------- imports
 
--- which cells the run stores (jobs.attribute --cells, in manifest.json; runs
--- before the option, and a run without manifest.json (a glob that matches
--- nothing: no row), store every cell); a run without the cells this file
--- needs stops here
+-- which cells the run stores: a run without the cells this file needs stops
+-- here (sql/lib/cells_guard.sql)
 cells_guard as (
-    select
-        coalesce(bool_and(case
-            when coalesce(json_extract_string(content, '$.config.cells'), 'all')
-                = 'all' then true
-            else error('adjectives.sql needs every word cell; run ' || getvariable('run')
-                       || ' stores --cells '
-                       || json_extract_string(content, '$.config.cells')
-                       || ' (attribute it with --cells all)')
-        end), true) as ok,
-    from read_text(getvariable('run') || '/manifest.jso[n]')
+    from cells_guard([getvariable('run')], ['all'],
+                     'adjectives.sql needs every word cell',
+                     'all')
 ),
 
 pairs as (

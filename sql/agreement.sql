@@ -85,6 +85,8 @@
 --           xsbert sql --run runs/<exact> --run2 runs/<approx> \
 --                  --file sql/agreement.sql --var include_special=true
 
+.read sql/lib/cells_guard.sql
+
 -- One run's inputs, written once for run and run2 (table macros, called below
 -- with getvariable('run') and getvariable('run2')):
 -- its token cells (level 'token') or word cells (level 'word', u and v read
@@ -196,24 +198,13 @@ with
 
 ---------- imports
 
--- which cells the runs store (jobs.attribute --cells, in manifest.json; runs
--- before the option, and runs without manifest.json (a glob that matches
--- nothing: no row), store every cell); runs without the cells this file
--- needs stop here
+-- which cells the runs store: runs without the cells this file needs stop
+-- here (sql/lib/cells_guard.sql)
 -- (checked on pairs_1, read whatever the level)
 cells_guard as (
-    select
-        coalesce(bool_and(case
-            when coalesce(json_extract_string(content, '$.config.cells'), 'all')
-                = 'all' then true
-            else error('agreement.sql needs every cell of both runs; run '
-                       || regexp_replace(filename, '/manifest[.]json$', '')
-                       || ' stores --cells '
-                       || json_extract_string(content, '$.config.cells')
-                       || ' (attribute it with --cells all)')
-        end), true) as ok,
-    from read_text([getvariable('run') || '/manifest.jso[n]',
-                    getvariable('run2') || '/manifest.jso[n]'])
+    from cells_guard([getvariable('run'), getvariable('run2')], ['all'],
+                     'agreement.sql needs every cell of both runs',
+                     'all')
 ),
 
 -- each run's cells and pairs (the macros above)

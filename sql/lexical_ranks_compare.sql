@@ -37,76 +37,24 @@
 --           xsbert sql --run runs/<id1> --run2 runs/<id2> \
 --                  --file sql/lexical_ranks_compare.sql
 
--- One run's lexical ranks (a table macro: the same text in lexical_ranks.sql
--- and lexical_ranks_compare.sql, which calls it for run and run2; a test
--- keeps the two copies equal): its same-token cells, without the special
--- tokens' (the tokens without a word id) unless include_special, per token
--- with at least min_count cells; rank 1 = highest mean, ties share the
--- smaller rank (rank())
-create or replace temp macro lexical_token_ranks(run) as table
-    with
-    same_token_cells as (
-        select
-            token_a as token,
-            value,
-        from read_parquet(run || '/cells/*.parquet')
-        where token_a = token_b
-            -- the cells of stored pairs only: a wave's cells are written
-            -- before its pairs part commits it (docs/STORE.md)
-            and pair_id in (
-                select pair_id from read_parquet(run || '/pairs/*.parquet')
-            )
-    ),
-    special_tokens as (
-        select distinct
-            unnest([t for t, k in tokens if word_ids[k] is null]) as token,
-        from read_parquet(run || '/sentences/*.parquet')
-    ),
-    token_stats as (
-        select
-            token,
-            count(*) as n,
-            avg(value) as mean,
-            stddev_samp(value) as std,
-        from same_token_cells
-        where coalesce(getvariable('include_special'), true)
-            or token not in (select token from special_tokens)
-        group by 1
-        having count(*) >= coalesce(getvariable('min_count'), 30)
-    )
-    select
-        token,
-        n,
-        mean,
-        std,
-        rank() over (order by mean desc) as rank,
-    from token_stats;
+.read sql/lib/lexical_token_ranks.sql
+.read sql/lib/cells_guard.sql
 
 with
 
 ---------- imports
 
--- which cells the runs store (jobs.attribute --cells, in manifest.json; runs
--- before the option, and runs without manifest.json (a glob that matches
--- nothing: no row), store every cell); runs without the cells this file
--- needs stop here
+-- which cells the runs store: runs without the cells this file needs stop
+-- here (sql/lib/cells_guard.sql)
 cells_guard as (
-    select
-        coalesce(bool_and(case
-            when coalesce(json_extract_string(content, '$.config.cells'), 'all')
-                <> 'none' then true
-            else error('lexical_ranks_compare.sql needs the same-token cells; run '
-                       || regexp_replace(filename, '/manifest[.]json$', '')
-                       || ' stores --cells '
-                       || json_extract_string(content, '$.config.cells')
-                       || ' (attribute it with --cells same-token or all)')
-        end), true) as ok,
-    from read_text([getvariable('run') || '/manifest.jso[n]',
-                    getvariable('run2') || '/manifest.jso[n]'])
+    from cells_guard([getvariable('run'), getvariable('run2')],
+                     ['all', 'same-token'],
+                     'lexical_ranks_compare.sql needs the same-token cells',
+                     'same-token or all')
 ),
 
----------- logic: each run's lexical ranks (the macro above, as in
----------- lexical_ranks.sql), once the guard holds
+---------- logic: each run's lexical ranks (sql/lib/lexical_token_ranks.sql,
+---------- as in lexical_ranks.sql), once the guard holds
 
 ranks_1 as (
     from lexical_token_ranks(getvariable('run'))

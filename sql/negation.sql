@@ -65,110 +65,19 @@
 --           xsbert sql --run runs/<id> --file sql/negation.sql
 --           xsbert sql --run runs/<id> -f negation --var definition=word_cells
 
--- the pairs of some runs (a list of run directories: the same pairs may be in
--- several) whose two texts differ by one standalone "not" (the Detection
--- above), with the not-word's index and token positions: the same text in
--- negation.sql and negation_signs.sql (a test keeps it so)
-create or replace temp macro negation_pairs(runs) as table
-    with
-
-    -- one row per pair id (its texts and sentences are the same in every
-    -- run that holds it; score and attribution_sum are the first run's)
-    pairs as (
-        select
-            pair_id,
-            first(text_a) as text_a,
-            first(text_b) as text_b,
-            first(sentence_id_a) as sentence_id_a,
-            first(sentence_id_b) as sentence_id_b,
-            first(score) as score,
-            first(attribution_sum) as attribution_sum,
-        from read_parquet(list_transform(runs, lambda r: r || '/pairs/*.parquet'),
-                          union_by_name = true)
-        group by pair_id
-    ),
-
-    sentences as (
-        select
-            sentence_id,
-            list_transform(first(words), lambda w: lower(w)) as words,
-            first(word_ids) as word_ids,
-        from read_parquet(list_transform(runs, lambda r: r || '/sentences/*.parquet'),
-                          union_by_name = true)
-        group by sentence_id
-    ),
-
-    pair_words as (
-        select
-            pairs.*,
-            sentences_a.words as words_a,
-            sentences_b.words as words_b,
-            sentences_a.word_ids as word_ids_a,
-            sentences_b.word_ids as word_ids_b,
-        from pairs
-        inner join sentences as sentences_a
-            on pairs.sentence_id_a = sentences_a.sentence_id
-        inner join sentences as sentences_b
-            on pairs.sentence_id_b = sentences_b.sentence_id
-        where abs(len(sentences_a.words) - len(sentences_b.words)) = 1
-    ),
-
-    -- the 1-based positions k of a 'not' whose removal gives the other side
-    not_positions as (
-        select
-            * exclude (words_a, words_b, word_ids_a, word_ids_b),
-            word_ids_a,
-            word_ids_b,
-            list_filter(
-                range(1, len(words_a) + 1),
-                lambda k: words_a[k] = 'not'
-                    and list_concat(words_a[1:k - 1], words_a[k + 1:]) = words_b
-            ) as positions_a,
-            list_filter(
-                range(1, len(words_b) + 1),
-                lambda k: words_b[k] = 'not'
-                    and list_concat(words_b[1:k - 1], words_b[k + 1:]) = words_a
-            ) as positions_b,
-        from pair_words
-    ),
-
-    negation_pairs as (
-        select
-            * exclude (positions_a, positions_b, word_ids_a, word_ids_b),
-            case when len(positions_a) > 0 then 'a' else 'b' end as not_side,
-            coalesce(positions_a[1], positions_b[1]) - 1 as not_index,
-            -- the 0-based token positions of the not-word (cells.i for a, .j for b)
-            case when len(positions_a) > 0
-                then list_filter(range(len(word_ids_a)),
-                                 lambda t: word_ids_a[t + 1] = positions_a[1] - 1)
-                else list_filter(range(len(word_ids_b)),
-                                 lambda t: word_ids_b[t + 1] = positions_b[1] - 1)
-            end as not_tokens,
-        from not_positions
-        where len(positions_a) > 0 or len(positions_b) > 0
-    )
-
-    select * from negation_pairs;
+.read sql/lib/cells_guard.sql
+.read sql/lib/negation_pairs.sql
 
 with
 
 ---------- imports
 
--- which cells the run stores (jobs.attribute --cells, in manifest.json; runs
--- before the option, and a run without manifest.json (a glob that matches
--- nothing: no row), store every cell); a run without the cells this file
--- needs stops here
+-- which cells the run stores: a run without the cells this file needs stops
+-- here (sql/lib/cells_guard.sql)
 cells_guard as (
-    select
-        coalesce(bool_and(case
-            when coalesce(json_extract_string(content, '$.config.cells'), 'all')
-                = 'all' then true
-            else error('negation.sql needs every cell; run ' || getvariable('run')
-                       || ' stores --cells '
-                       || json_extract_string(content, '$.config.cells')
-                       || ' (attribute it with --cells all)')
-        end), true) as ok,
-    from read_text(getvariable('run') || '/manifest.jso[n]')
+    from cells_guard([getvariable('run')], ['all'],
+                     'negation.sql needs every cell',
+                     'all')
 ),
 
 -- the pairs that differ by one "not" (the macro above)

@@ -13,7 +13,7 @@
 --           the not-token); the paper says nothing of the completeness
 --           error. negation.sql gives the run's values at its own N.
 -- Inputs    sentences of each run: words, word_ids (which pairs differ by
---           one "not": negation.sql's negation_pairs macro, the same text)
+--           one "not": sql/lib/negation_pairs.sql, as negation.sql)
 --           pairs of run and of each of other_runs: score,
 --           attribution_sum, completeness_error, steps_a, steps_b
 --           cells (definition 'paper') or word_cells ('word_cells') of
@@ -44,7 +44,7 @@
 --           a clear pair, each drawing as many clusters as there are with
 --           replacement; the draws come from xs_hash, a seeded 32-bit
 --           integer hash, so the interval is the same on every run of the
---           file (the same macros in syntactic_relations_pairs.sql).
+--           file (sql/lib/resample.sql, as syntactic_relations_pairs.sql).
 -- Grain     one row per negation pair of the runs (a pair in any of them),
 --           by pair_id.
 -- Columns   pair_id, cluster_id, text_a, text_b,
@@ -76,113 +76,14 @@
 -- Run       duckdb -cmd "set variable run = 'runs/<N=32>'" -cmd "set variable other_runs = ['runs/<N=64>', 'runs/<N=128>']" -f sql/negation_signs.sql
 --           xsbert sql --run runs/<N=32> -f negation_signs --var other_runs=runs/<N=64>,runs/<N=128>
 
--- the pairs of some runs (a list of run directories: the same pairs may be in
--- several) whose two texts differ by one standalone "not" (the Detection
--- above), with the not-word's index and token positions: the same text in
--- negation.sql and negation_signs.sql (a test keeps it so)
-create or replace temp macro negation_pairs(runs) as table
-    with
-
-    -- one row per pair id (its texts and sentences are the same in every
-    -- run that holds it; score and attribution_sum are the first run's)
-    pairs as (
-        select
-            pair_id,
-            first(text_a) as text_a,
-            first(text_b) as text_b,
-            first(sentence_id_a) as sentence_id_a,
-            first(sentence_id_b) as sentence_id_b,
-            first(score) as score,
-            first(attribution_sum) as attribution_sum,
-        from read_parquet(list_transform(runs, lambda r: r || '/pairs/*.parquet'),
-                          union_by_name = true)
-        group by pair_id
-    ),
-
-    sentences as (
-        select
-            sentence_id,
-            list_transform(first(words), lambda w: lower(w)) as words,
-            first(word_ids) as word_ids,
-        from read_parquet(list_transform(runs, lambda r: r || '/sentences/*.parquet'),
-                          union_by_name = true)
-        group by sentence_id
-    ),
-
-    pair_words as (
-        select
-            pairs.*,
-            sentences_a.words as words_a,
-            sentences_b.words as words_b,
-            sentences_a.word_ids as word_ids_a,
-            sentences_b.word_ids as word_ids_b,
-        from pairs
-        inner join sentences as sentences_a
-            on pairs.sentence_id_a = sentences_a.sentence_id
-        inner join sentences as sentences_b
-            on pairs.sentence_id_b = sentences_b.sentence_id
-        where abs(len(sentences_a.words) - len(sentences_b.words)) = 1
-    ),
-
-    -- the 1-based positions k of a 'not' whose removal gives the other side
-    not_positions as (
-        select
-            * exclude (words_a, words_b, word_ids_a, word_ids_b),
-            word_ids_a,
-            word_ids_b,
-            list_filter(
-                range(1, len(words_a) + 1),
-                lambda k: words_a[k] = 'not'
-                    and list_concat(words_a[1:k - 1], words_a[k + 1:]) = words_b
-            ) as positions_a,
-            list_filter(
-                range(1, len(words_b) + 1),
-                lambda k: words_b[k] = 'not'
-                    and list_concat(words_b[1:k - 1], words_b[k + 1:]) = words_a
-            ) as positions_b,
-        from pair_words
-    ),
-
-    negation_pairs as (
-        select
-            * exclude (positions_a, positions_b, word_ids_a, word_ids_b),
-            case when len(positions_a) > 0 then 'a' else 'b' end as not_side,
-            coalesce(positions_a[1], positions_b[1]) - 1 as not_index,
-            -- the 0-based token positions of the not-word (cells.i for a, .j for b)
-            case when len(positions_a) > 0
-                then list_filter(range(len(word_ids_a)),
-                                 lambda t: word_ids_a[t + 1] = positions_a[1] - 1)
-                else list_filter(range(len(word_ids_b)),
-                                 lambda t: word_ids_b[t + 1] = positions_b[1] - 1)
-            end as not_tokens,
-        from not_positions
-        where len(positions_a) > 0 or len(positions_b) > 0
-    )
-
-    select * from negation_pairs;
+.read sql/lib/negation_pairs.sql
 
 -- every run this file reads: run and other_runs, each once
 create or replace temp macro negation_sign_runs() as
     list_distinct(list_concat([getvariable('run')],
                               coalesce(getvariable('other_runs'), []::varchar[])));
 
--- one xor-shift-multiply step of lowbias32 (C. Wellons' 32-bit integer
--- hash), and the hash: x in [0, 2^32) -> [0, 2^32); the same text in
--- negation_signs.sql and syntactic_relations_pairs.sql
-create or replace temp macro xs_hash_step(x, shift, factor) as
-    (xor(x, x >> shift) * factor) % 4294967296;
-
-create or replace temp macro xs_hash(x) as
-    xs_hash_step(xs_hash_step(xs_hash_step(x::ubigint, 16, 2146121005),
-                              15, 2221713035), 16, 1);
-
--- the bootstrap's draws: resample b's hash from the seed, then the d-th
--- draw's index in [0, n) from it
-create or replace temp macro xs_resample_hash(seed, b) as
-    xs_hash((seed * 2654435769 + b) % 4294967296);
-
-create or replace temp macro xs_draw(resample_hash, d, n) as
-    (xs_hash((resample_hash + d) % 4294967296) * n) >> 32;
+.read sql/lib/resample.sql
 
 -- P(X >= k) for X ~ Binomial(n, p), 0 < p < 1
 create or replace temp macro xs_binomial_tail(k, n, p) as

@@ -11,8 +11,8 @@
 --           whether of all top cells or of those between two parsed words
 --           is not stated: both are given (nsubj_share,
 --           nsubj_share_of_parsed).
--- Inputs    as syntactic_relations.sql (its syntactic_top_cells macro, the
---           same text): word_cells, pairs, sentences, parses and
+-- Inputs    as syntactic_relations.sql (the same syntactic_top_cells macro,
+--           sql/lib/): word_cells, pairs, sentences, parses and
 --           manifest.json of run; pairs again for the sentence ids
 -- Clusters  relation_clusters 'sentence' (the default up to 50,000 pairs,
 --           'pair' above): pairs that share a sentence, directly or
@@ -25,7 +25,7 @@
 --           interpolation) of the share in `resamples` resamples of the
 --           clusters, each drawing as many clusters as there are, with
 --           replacement, by the xs_hash macros (a seeded 32-bit integer
---           hash, the same text as in negation_signs.sql): the same
+--           hash, sql/lib/resample.sql, as negation_signs.sql): the same
 --           interval on every run of the file.
 -- Grain     one row per pair with at least one top cell, by pair_id.
 -- Columns   pair_id, cluster_id,
@@ -51,201 +51,20 @@
 -- Run       duckdb -cmd "set variable run = 'runs/<id>'" -f sql/syntactic_relations_pairs.sql
 --           xsbert sql --run runs/<id> -f syntactic_relations_pairs --csv > fig6-pairs.csv
 
--- the relations of the top word cells of a run's pairs: one row per top
--- cell (pair_id, relation_of_a, relation_of_b), from word_cells only
--- where `ok` (the cells guard); the same text in syntactic_relations.sql
--- and syntactic_relations_pairs.sql (a test keeps it so)
-create or replace temp macro syntactic_top_cells(run, ok) as table
-    with
-
-    word_cells as (
-        select
-            pair_id,
-            u,
-            v,
-            value,
-            value_rank,
-        from (
-            from read_parquet(run || '/word_cells/*.parquet')
-            -- stores before version 3 have no value_rank: null
-            union all by name
-            select null::float as value_rank,
-            where false
-        )
-        where ok
-    ),
-
-    pairs as (
-        select
-            pair_id,
-            sentence_id_a,
-            sentence_id_b,
-        from read_parquet(run || '/pairs/*.parquet')
-    ),
-
-    sentences as (
-        select
-            sentence_id,
-            n_words,
-        from read_parquet(run || '/sentences/*.parquet')
-    ),
-
-    parses as (
-        select
-            sentence_id,
-            u,
-            deprel,
-            parser,
-        from read_parquet(run || '/parses/*.parquet')
-    ),
-
-    parsers as (
-        select distinct
-            parser,
-        from read_parquet(run || '/parses/*.parquet')
-    ),
-
-    ---------- logic: the top cells of each pair
-
-    pair_sizes as (
-        select
-            pairs.pair_id,
-            greatest(
-                1,
-                ceil(
-                    coalesce(getvariable('top_share'), 0.10)
-                    * sentences_a.n_words * sentences_b.n_words
-                )
-            )::bigint as k,
-        from pairs
-        inner join sentences as sentences_a
-            on pairs.sentence_id_a = sentences_a.sentence_id
-        inner join sentences as sentences_b
-            on pairs.sentence_id_b = sentences_b.sentence_id
-    ),
-
-    -- per pair, the k largest keys, a bounded top-k aggregate (max / max_by
-    -- keep the k largest), no sort of all word cells; cell = u * 65536 + v.
-    -- Where the cells carry value_rank (store version 3: ascending, ties
-    -- share their average rank, so it orders the cells as value does and
-    -- equal values have equal ranks) the key is one integer,
-    -- 2 * rank * 2^32 + (2^32 - 1 - cell): larger for a larger value, then
-    -- for a smaller cell; otherwise (older stores) it is (value, -cell). A
-    -- pair's cells are one commit: all ranked or none
-    top_cell_lists as (
-        select
-            word_cells.pair_id,
-            max(
-                (2 * word_cells.value_rank)::bigint * 4294967296
-                    + (4294967295 - (word_cells.u::bigint * 65536 + word_cells.v)),
-                pair_sizes.k
-            ) as top_keys_by_rank,
-            max_by(
-                word_cells.u::bigint * 65536 + word_cells.v,
-                (word_cells.value, -(word_cells.u::bigint * 65536 + word_cells.v)),
-                pair_sizes.k
-            ) filter (where word_cells.value_rank is null) as top_cells_by_value,
-        from word_cells
-        inner join pair_sizes on word_cells.pair_id = pair_sizes.pair_id
-        group by word_cells.pair_id
-    ),
-
-    top_cells as (
-        select
-            pair_id,
-            coalesce(
-                [4294967295 - key % 4294967296 for key in top_keys_by_rank],
-                top_cells_by_value
-            ) as cells,
-        from top_cell_lists
-    ),
-
-    ---------- logic: their relations
-
-    chosen_parses as (
-        select
-            sentence_id,
-            u,
-            coalesce(deprel, 'unaligned') as relation,
-        from parses
-        where parser = (
-            select
-                coalesce(
-                    getvariable('parser'),
-                    case
-                        when bool_or(parser = 'stanza') then 'stanza'
-                        else min(parser)
-                    end
-                )
-            from parsers
-        )
-    ),
-
-    -- each parsed sentence's relation of word u: looked up per pair, not
-    -- joined per top cell
-    sentence_relations as (
-        select
-            sentence_id,
-            map(list(u::bigint), list(relation)) as relation_of,
-        from chosen_parses
-        group by sentence_id
-    ),
-
-    -- a word without a parse row: 'unparsed'
-    labelled as (
-        select
-            top_cells.pair_id,
-            unnest([coalesce(relations_a.relation_of[cell // 65536], 'unparsed')
-                    for cell in top_cells.cells]) as relation_of_a,
-            unnest([coalesce(relations_b.relation_of[cell % 65536], 'unparsed')
-                    for cell in top_cells.cells]) as relation_of_b,
-        from top_cells
-        inner join pairs on top_cells.pair_id = pairs.pair_id
-        left join sentence_relations as relations_a
-            on pairs.sentence_id_a = relations_a.sentence_id
-        left join sentence_relations as relations_b
-            on pairs.sentence_id_b = relations_b.sentence_id
-    )
-
-    select * from labelled;
-
--- one xor-shift-multiply step of lowbias32 (C. Wellons' 32-bit integer
--- hash), and the hash: x in [0, 2^32) -> [0, 2^32); the same text in
--- negation_signs.sql and syntactic_relations_pairs.sql
-create or replace temp macro xs_hash_step(x, shift, factor) as
-    (xor(x, x >> shift) * factor) % 4294967296;
-
-create or replace temp macro xs_hash(x) as
-    xs_hash_step(xs_hash_step(xs_hash_step(x::ubigint, 16, 2146121005),
-                              15, 2221713035), 16, 1);
-
--- the bootstrap's draws: resample b's hash from the seed, then the d-th
--- draw's index in [0, n) from it
-create or replace temp macro xs_resample_hash(seed, b) as
-    xs_hash((seed * 2654435769 + b) % 4294967296);
-
-create or replace temp macro xs_draw(resample_hash, d, n) as
-    (xs_hash((resample_hash + d) % 4294967296) * n) >> 32;
+.read sql/lib/cells_guard.sql
+.read sql/lib/syntactic_top_cells.sql
+.read sql/lib/resample.sql
 
 with recursive
 
 ---------- imports
 
--- which cells the run stores (jobs.attribute --cells, in manifest.json; runs
--- before the option, and a run without manifest.json (a glob that matches
--- nothing: no row), store every cell); a run without the cells this file
--- needs stops here
+-- which cells the run stores: a run without the cells this file needs stops
+-- here (sql/lib/cells_guard.sql)
 cells_guard as (
-    select
-        coalesce(bool_and(case
-            when coalesce(json_extract_string(content, '$.config.cells'), 'all')
-                = 'all' then true
-            else error('syntactic_relations_pairs.sql needs every word cell; run ' || getvariable('run')
-                       || ' stores --cells '
-                       || json_extract_string(content, '$.config.cells')
-                       || ' (attribute it with --cells all)')
-        end), true) as ok,
-    from read_text(getvariable('run') || '/manifest.jso[n]')
+    from cells_guard([getvariable('run')], ['all'],
+                     'syntactic_relations_pairs.sql needs every word cell',
+                     'all')
 ),
 
 pairs as (

@@ -6,10 +6,11 @@ import hashlib
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import pandas as pd
 
@@ -82,11 +83,24 @@ def row_groups(path: Path) -> list[int]:
     return [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
 
 
-def run_job(out: Path, *flags: str) -> dict:
-    """`python -m jobs.attribute` in-process with the FAST settings (flags after FAST win)."""
+def run_job(out: Path, *flags: str, hooks: Any = None) -> dict:
+    """`python -m jobs.attribute` in-process with the FAST settings (flags after FAST win); `hooks`: faults to inject
+    (jobs.attribution.hooks.Hooks)."""
     from jobs.attribute import main, parse_args
 
-    return main(parse_args([*FAST, *flags, "--out", str(out), "--quiet"]))
+    return main(parse_args([*FAST, *flags, "--out", str(out), "--quiet"]), hooks=hooks)
+
+
+def hooked(module: str, *argv: str, **hooks: Any) -> list[str]:
+    """The command of a job (jobs.attribute, jobs.pipeline) in a subprocess with test hooks (tests/hooked.py): hooks
+    as Hooks' fields, e.g. hold_after_wave=1 (the driver sleeps after its first commit, for kill_after_first_commit)."""
+    return [sys.executable, str(Path(__file__).resolve().parent / "hooked.py"), module,
+            *(f"{k}={v}" for k, v in hooks.items()), "--", *argv]  # fmt: skip
+
+
+def hooked_attribute(*argv: str, **hooks: Any) -> list[str]:
+    """hooked("jobs.attribute", ...)."""
+    return hooked("jobs.attribute", *argv, **hooks)
 
 
 def download(uri: str, dest: Path) -> Path:
@@ -150,9 +164,9 @@ def check_pipeline_on_store(root: str, listing, capsys, tmp_path: Path) -> None:
 
 def kill_after_first_commit(cmd: Sequence[str], env: dict[str, str], committed: Callable[[], bool], timeout: float,
                             poll: float = 0.1) -> None:
-    """Run `cmd` (a jobs.attribute command that XSBERT_TEST_HOLD_AFTER_WAVE=1 in `env` holds after each commit) in
-    its own process group until `committed()` says the first wave is in the store, then SIGKILL the group. Fails if
-    the run ended before it could be killed."""
+    """Run `cmd` (a jobs.attribute command that holds after its first commit: hooked_attribute(...,
+    hold_after_wave=1)) in its own process group until `committed()` says the first wave is in the store, then
+    SIGKILL the group. Fails if the run ended before it could be killed."""
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)  # fmt: skip
     deadline = time.monotonic() + timeout

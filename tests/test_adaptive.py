@@ -92,17 +92,20 @@ def test_sentence_factors_say_whether_they_converged(minilm):
 
 # --------------------------------------------------------------------------- the dataset default (jobs.attribute)
 def test_adaptive_n_is_the_dataset_default_and_steps_alone_is_fixed():
-    from jobs.attribute import parse_args
+    from jobs.attribute import settings
     from jobs.config import DEFAULT_ADAPTIVE_TOLERANCE
     from xsbert_core.explainer import DEFAULT_MAX_STEPS, DEFAULT_STEPS
 
-    default = parse_args([])
+    def attribution(*argv: str):
+        return settings(list(argv)).attribution
+
+    default = attribution()
     assert (default.steps, default.tolerance, default.max_steps) == (DEFAULT_STEPS, DEFAULT_ADAPTIVE_TOLERANCE,
                                                                      DEFAULT_MAX_STEPS)  # fmt: skip
-    assert (parse_args(["--steps", "12"]).steps, parse_args(["--steps", "12"]).tolerance) == (12, None)
-    both = parse_args(["--steps", "4", "--tolerance", "1e-2"])
+    assert (attribution("--steps", "12").steps, attribution("--steps", "12").tolerance) == (12, None)
+    both = attribution("--steps", "4", "--tolerance", "1e-2")
     assert (both.steps, both.tolerance) == (4, 1e-2)
-    assert (parse_args(["--tolerance", "1e-2"]).steps, parse_args(["--tolerance", "1e-2"]).tolerance) == (
+    assert (attribution("--tolerance", "1e-2").steps, attribution("--tolerance", "1e-2").tolerance) == (
         DEFAULT_STEPS, 1e-2)  # fmt: skip
 
 
@@ -121,10 +124,11 @@ def test_the_default_study_keeps_its_fixed_n_and_run_settings():
 
 def test_a_sentence_above_the_tolerance_at_max_steps_is_a_not_converged_failure(minilm_folder):
     from jobs.attribution.actors import NOT_CONVERGED, FactorActor
+    from xsbert_core import EngineSettings
     from jobs.attribution.stage2 import failure_reason
 
-    actor = FactorActor(str(minilm_folder), layer=-1, mode="approx", similarity="cos", rule="gauss-legendre",
-                        steps=2, tolerance=1e-12, max_steps=4, truncation="warn")  # fmt: skip
+    actor = FactorActor(EngineSettings(str(minilm_folder), layer=-1, mode="approx", similarity="cos", steps=2,
+                                       tolerance=1e-12, max_steps=4))  # fmt: skip
     import pyarrow as pa
 
     rows = actor(pa.table({"sentence_id": ["a", "b"], "text": [EASY, HARD]})).to_pylist()

@@ -50,7 +50,34 @@ def test_adaptive_n_is_the_default_and_steps_alone_a_fixed_n():
     assert (settings([]).attribution.steps, settings([]).attribution.tolerance) == (
         config.DEFAULT_STEPS, config.DEFAULT_ADAPTIVE_TOLERANCE)  # fmt: skip
     assert (settings(["--steps", "8"]).attribution.steps, settings(["--steps", "8"]).attribution.tolerance) == (8, None)
-    assert Attribution.steps_and_tolerance(None, 0.1) == (config.DEFAULT_STEPS, 0.1)
+    assert (Attribution(tolerance=0.1).steps, Attribution(tolerance=0.1).tolerance) == (config.DEFAULT_STEPS, 0.1)
+
+
+@pytest.mark.parametrize("argv,given", [
+    ([], {}),
+    (["--steps", "8"], {"steps": 8}),
+    (["--tolerance", "0.01"], {"tolerance": 0.01}),
+    (["--steps", "4", "--tolerance", "0.01"], {"steps": 4, "tolerance": 0.01}),
+])  # fmt: skip
+def test_the_constructor_and_the_command_line_agree_on_n(argv, given):
+    """The steps/tolerance rule lives in Attribution: `Attribution(steps=8)` is `--steps 8`, a fixed N (before, the
+    constructor kept the default tolerance: adaptive from 8)."""
+    from jobs.attribute import settings
+
+    assert Attribution(**given) == settings(["--dataset", "stsb", *argv]).attribution
+
+
+def test_the_engine_settings_of_the_job_are_xsbert_explains():
+    """The job's attribution flags are the engine's (xsbert_core.EngineSettings, `xsbert explain`'s) and its own; the
+    engine gets the job's settings as one object, with the engine's truncation."""
+    from xsbert_core import EngineSettings
+
+    engine = {f.name for f in dataclasses.fields(EngineSettings)}
+    assert engine < {f.name for f in dataclasses.fields(Attribution)}
+    a = Attribution(model="m", layer=2, steps=4, truncation="quarantine", prompt="q: ", exclude_prompt=True)
+    assert a.engine == EngineSettings(model="m", layer=2, steps=4, tolerance=None, truncation="warn", prompt="q: ",
+                                      exclude_prompt=True)  # fmt: skip
+    assert Attribution(truncation="error").engine.truncation == "error"
 
 
 def test_run_config_leaves_out_the_settings_older_stores_lacked():
@@ -78,13 +105,64 @@ def test_bench_sql_run_ids_are_unchanged():
     assert run_id(bench_sql.run_config(3, 1000, 0)) == BENCH_SQL_RUN_ID
 
 
-def test_the_pipeline_config_names_the_jobs_fields():
+def test_the_pipeline_config_is_made_from_the_jobs_fields():
+    """The study config's blocks are the settings' fields (their name or `key`), with their choices, bounds and help:
+    declared once, in jobs/config.py."""
     from jobs import pipeline
 
-    attribution = {f.name for f in dataclasses.fields(Attribution)}
-    assert set(pipeline.Attribution.model_fields) <= attribution
-    execution = {f.name for f in dataclasses.fields(config.Execution)}
-    assert {"ray_address" if f == "address" else f for f in pipeline.Ray.model_fields} <= execution
+    def keys(cls, skip=()):
+        return {f.metadata.get("key", f.name) for f in dataclasses.fields(cls)
+                if f.metadata.get("study", True) and f.name not in skip}  # fmt: skip
+
+    assert set(pipeline.Attribution.model_fields) == keys(Attribution, skip=("model",))
+    assert set(pipeline.Ray.model_fields) == keys(config.Execution)
+    assert set(pipeline.Dataset.model_fields) == keys(config.Selection) | {"hub"}
+    assert "address" in pipeline.Ray.model_fields and "source" in pipeline.Dataset.model_fields
+    for cls, block in ((Attribution, pipeline.Attribution), (config.Execution, pipeline.Ray)):
+        for f in dataclasses.fields(cls):
+            if f.name in block.model_fields:
+                assert block.model_fields[f.name].description == f.metadata["help"], f.name
+    with pytest.raises(pipeline.ValidationError, match="Input should be 'all', 'same-token' or 'none'"):
+        pipeline.Attribution(cells="some")
+    with pytest.raises(pipeline.ValidationError, match="greater than or equal to 1"):
+        pipeline.Ray(wave_size=0)
+
+
+def test_a_study_and_a_command_line_give_the_same_settings(tmp_path):
+    from jobs import pipeline
+    from jobs.attribute import settings
+
+    path = tmp_path / "s.yaml"
+    path.write_text("study: s\nout: o\ndatasets:\n  d: {source: owner/pairs, text_a: q1, keep: [a, b], sample: 3}\n"
+                    "models:\n  m: some/model\ndefaults: {steps: 8, cells: same-token}\n"
+                    "runs:\n  r: {dataset: d, model: m, layer: 2, tolerance: 0.01}\n"
+                    "ray: {executor: local, address: auto, wave_size: 4}\n")  # fmt: skip
+    job = pipeline.job_settings(pipeline.load_config(path), "r")
+    argv = ["--dataset", "owner/pairs", "--text-a-column", "q1", "--keep-columns", "a,b", "--sample", "3", "--model",
+            "some/model", "--steps", "8", "--cells", "same-token", "--layer", "2", "--tolerance", "0.01",
+            "--executor", "local", "--ray-address", "auto", "--wave-size", "4", "--out", "o"]  # fmt: skip
+    assert job == settings(argv)
+
+
+# Run ids of the embedded default study (configs/default.yaml), recorded from the code of 702d563: what the
+# pipeline's settings give, the same as the command lines of its summaries.
+DEFAULT_STUDY_RUN_IDS = {"stsb": "9a0cb5e52af890e8", "negation": "dddf9a50c113f6bb", "adjectives": "37ef5df30de3b792"}
+
+
+@pytest.mark.slow
+def test_the_default_studys_run_ids_are_unchanged(tmp_path):
+    from jobs import pipeline
+    from jobs.attribute import settings
+    from jobs.attribution.prepare import prepare
+
+    study = pipeline.load_config(ROOT / "configs" / "default.yaml")
+    for name, want in DEFAULT_STUDY_RUN_IDS.items():
+        job = pipeline.job_settings(study, name)
+        job = dataclasses.replace(job, output=dataclasses.replace(job.output, out=str(tmp_path / "peek")))
+        prep = prepare(job)
+        prep.work.discard()
+        assert prep.run_id == want, name
+        assert settings(job.command()) == job
 
 
 def _namespace_users(path: Path) -> list[str]:

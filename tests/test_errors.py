@@ -160,10 +160,11 @@ def test_job_quarantines_texts_without_content_as_the_engine_rejects_them(tiny, 
         "label_raw": pd.Series([None] * len(rows), dtype=object),
         "malformed": pd.Series([False] * len(rows), dtype=bool),
     })  # fmt: skip
-    good, quarantine = validate(
-        frame, "none", None, lambda texts: [len(x) for x in tok(texts, truncation=False)["input_ids"]],
-        ex.split.max_seq_length, True, count_content=ex.split.content_counts,
-    )  # fmt: skip
+    def two_passes(texts):  # the counts from the tokenizer and the engine's content counts, apart
+        return [len(x) for x in tok(texts, truncation=False)["input_ids"]], ex.split.content_counts(texts)
+
+    good, quarantine = validate(frame, "none", None, count=two_passes, max_tokens=ex.split.max_seq_length,
+                                quarantine_long=True)  # fmt: skip
     assert len(frame) == len(good) + len(quarantine)  # counts in = out + quarantined
     assert good.pair_id.tolist() == [r[0] for r in rows if r[3] is None]
     assert dict(zip(quarantine.pair_id, quarantine.reason)) == {r[0]: r[3] for r in rows if r[3]}
@@ -176,12 +177,12 @@ def test_job_quarantines_texts_without_content_as_the_engine_rejects_them(tiny, 
         with pytest.raises(InputError, match="no tokens but special ones"):
             ex.factors([text])
     # The job's way: one tokenizer pass for both counts (SplitModel.token_counts), the same frames.
-    good_both, quarantine_both = validate(frame, "none", None, None, ex.split.max_seq_length, True,
-                                          count_both=ex.split.token_counts)  # fmt: skip
+    good_both, quarantine_both = validate(frame, "none", None, count=ex.split.token_counts,
+                                          max_tokens=ex.split.max_seq_length, quarantine_long=True)  # fmt: skip
     pd.testing.assert_frame_equal(good_both, good)
     pd.testing.assert_frame_equal(quarantine_both, quarantine)
-    # Without count_content (the callers before it), such a row is not quarantined.
-    good_without, _ = validate(frame.iloc[:4], "none", None, None, None, False)
+    # Without a tokenizer (jobs.train, jobs.evaluate), such a row is not quarantined.
+    good_without, _ = validate(frame.iloc[:4], "none", None)
     assert good_without.pair_id.tolist() == ["g1", "g2", "g3", "n1"]
     # A rerun: pairs already in the store are not tokenised again (their rows stay good, n_tokens 0); every other
     # row is checked as before, and the checks without a tokenizer still see the stored ones.
@@ -196,11 +197,8 @@ def test_job_quarantines_texts_without_content_as_the_engine_rejects_them(tiny, 
 
     stored = {"g1", "g2"}  # given to validate as the job does: their 64-bit keys (RunStore.done_pair_keys)
     dup = pd.concat([frame, frame.iloc[[0]].assign(row=len(frame))], ignore_index=True)  # g1 again: a duplicate id
-    good_re, quarantine_re = validate(
-        dup, "none", None, counting(lambda texts: [len(x) for x in tok(texts, truncation=False)["input_ids"]]),
-        ex.split.max_seq_length, True, count_content=counting(ex.split.content_counts),
-        stored=np.unique(pair_keys(sorted(stored))),
-    )  # fmt: skip
+    good_re, quarantine_re = validate(dup, "none", None, count=counting(two_passes), max_tokens=ex.split.max_seq_length,
+                                      quarantine_long=True, stored=np.unique(pair_keys(sorted(stored))))  # fmt: skip
     assert good_re.pair_id.tolist() == good.pair_id.tolist() and len(dup) == len(good_re) + len(quarantine_re)
     assert dict(zip(quarantine_re.pair_id, quarantine_re.reason)) == {
         **{r[0]: r[3] for r in rows if r[3]}, "g1": "duplicate_pair_id"}  # fmt: skip
@@ -465,6 +463,7 @@ def test_a_50_mb_field_is_quarantined_before_the_tokenizer_sees_it(tmp_path):
         assert all(len(t) <= 20 for t in texts), texts
         return [3] * len(texts), [1] * len(texts)
 
-    good, quarantine = validate(frame, "none", None, None, 48, True, count_both=no_tokenizer, max_chars=20)
+    good, quarantine = validate(frame, "none", None, count=no_tokenizer, max_tokens=48, quarantine_long=True,
+                                max_chars=20)  # fmt: skip
     assert good.pair_id.tolist() == ["c"] and dict(zip(quarantine.pair_id, quarantine.reason)) == {
         "a": "too_long_a", "b": "too_long_b"}  # fmt: skip

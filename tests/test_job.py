@@ -27,7 +27,7 @@ from jobs import store as jstore
 from jobs.attribution import inputs as _inputs
 from jobs.attribution.inputs import resolve_source
 from jobs.attribution.validate import load_pairs, validate
-from xsbert_core import InputError
+from xsbert_core import EngineSettings, InputError
 
 FAST = ["--layer", "-1", "--steps", "2"]  # attribution settings of every Ray test run
 TABLES = ("pairs", "cells", "word_cells", "sentences", "quarantine")
@@ -60,7 +60,7 @@ def test_builtin_stsb_is_bundled_with_unique_ids():
     assert len(pairs.rows) == 1379
     assert pairs.rows.pair_id.is_unique  # sid alone repeats; source_file:year:sid does not
     assert pairs.rows.pair_id.iat[0] == "MSRvid:2012test:0024"
-    good, quarantine = validate(pairs.rows, pairs.label_kind, pairs.label_range, None, None, False)
+    good, quarantine = validate(pairs.rows, pairs.label_kind, pairs.label_range)
     assert len(good) == 1379 and quarantine.empty
     assert good.label.between(0, 5).all()
     assert len(load_pairs("stsb", split="validation").rows) == 1500  # alias of dev
@@ -80,7 +80,7 @@ def test_builtin_qqp_from_a_path(tmp_path, monkeypatch):
     assert pairs.source.identity == "qqp" and pairs.columns.ids == ("id",)
     assert pairs.rows.pair_id.tolist() == ["133273", "18", "19"]
     assert pairs.rows.text_a.iat[0] == 'How do I "learn" Python?'  # no quoting in TSV
-    good, quarantine = validate(pairs.rows, pairs.label_kind, pairs.label_range, None, None, False)
+    good, quarantine = validate(pairs.rows, pairs.label_kind, pairs.label_range)
     assert good.label.tolist() == [1.0, 0.0]
     assert quarantine.reason.tolist() == ["bad_label"]  # is_duplicate must be 0 or 1
     # --qqp-path wins over the environment
@@ -159,7 +159,7 @@ def test_every_file_format_reads_the_same_rows(tmp_path, fmt):
     assert pairs.columns.as_dict() == {"text_a": "text_a", "text_b": "text_b", "label": "label", "id": ["pair_id"]}
     assert pairs.rows.pair_id.tolist() == ["a", "b", "c"]
     assert pairs.rows.text_a.tolist() == df.text_a.tolist()
-    good, _ = validate(pairs.rows, pairs.label_kind, pairs.label_range, None, None, False)
+    good, _ = validate(pairs.rows, pairs.label_kind, pairs.label_range)
     assert good.label.tolist() == [1.0, 0.5, 0.0]
 
 
@@ -256,10 +256,12 @@ def write_bad_file(path: Path) -> Path:
 def test_validation_gives_every_bad_row_its_reason(tmp_path, minilm):
     pairs = load_pairs(str(write_bad_file(tmp_path / "bad.tsv")), label_range=(0.0, 5.0))
     tok = minilm[0].tokenizer
-    good, quarantine = validate(
-        pairs.rows, pairs.label_kind, pairs.label_range,
-        lambda texts: [len(x) for x in tok(texts, truncation=False)["input_ids"]], 256, True,
-    )  # fmt: skip
+    def count(texts):  # tokens per text (and as content tokens: no row here lacks content)
+        n = [len(x) for x in tok(texts, truncation=False)["input_ids"]]
+        return n, n
+
+    good, quarantine = validate(pairs.rows, pairs.label_kind, pairs.label_range, count=count, max_tokens=256,
+                                quarantine_long=True)  # fmt: skip
     expected = {k: r[4] for k, r in enumerate(BAD_ROWS) if r[4]}
     assert dict(zip(quarantine.row, quarantine.reason)) == expected
     assert good.pair_id.tolist() == ["g1", "g2", "g3"]
@@ -273,7 +275,7 @@ def test_malformed_jsonl_line_is_quarantined(tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text('{"id": "1", "sentence1": "A.", "sentence2": "B."}\nnot json\n[1, 2]\n', encoding="utf-8")
     pairs = load_pairs(str(path))
-    good, quarantine = validate(pairs.rows, pairs.label_kind, pairs.label_range, None, None, False)
+    good, quarantine = validate(pairs.rows, pairs.label_kind, pairs.label_range)
     assert good.pair_id.tolist() == ["1"]
     assert quarantine.reason.tolist() == ["malformed_row", "malformed_row"]
 
@@ -289,7 +291,7 @@ def test_float_nan_and_inf_labels_are_bad_labels_null_is_no_label(tmp_path, fmt)
     else:
         pq.write_table(pa.Table.from_pylist(rows), path)
     pairs = load_pairs(str(path))
-    good, quarantine = validate(pairs.rows, pairs.label_kind, pairs.label_range, None, None, False)
+    good, quarantine = validate(pairs.rows, pairs.label_kind, pairs.label_range)
     assert good.pair_id.tolist() == ["0", "3"] and np.isnan(good.label.iat[1])  # 3: no label, computed
     assert quarantine.pair_id.tolist() == ["1", "2"] and set(quarantine.reason) == {"bad_label"}
     assert quarantine.label.tolist() == ["nan", "inf"] and all("not finite" in d for d in quarantine.detail)
@@ -421,8 +423,7 @@ def small_factors(minilm):
     from xsbert_core import Explainer
 
     texts = ["A man is playing a guitar.", "Someone plays an instrument on stage.", "The cat sat."]
-    actor = FactorActor(minilm_model_name(), layer=-1, mode="approx", similarity="cos", rule="gauss-legendre",
-                        steps=2, tolerance=None, max_steps=256, truncation="warn")  # fmt: skip
+    actor = FactorActor(EngineSettings(minilm_model_name(), layer=-1, mode="approx", similarity="cos", steps=2))
     table = actor(pa.table({"sentence_id": ["s0", "s1", "s2"], "text": texts}))
     ex = Explainer(minilm, layer=-1, steps=2)
     return texts, table, ex
@@ -445,8 +446,7 @@ def test_stage2_equals_the_independent_computation(tiny, tmp_path):
     model = tiny.get("bert", n_layers=3)
     model.save(str(folder))
     texts = ["A man is playing a guitar.", "Someone plays an unbelievably loud instrument on stage.", "The cat sat."]
-    actor = FactorActor(str(folder), layer=1, mode="approx", similarity="cos", rule="gauss-legendre", steps=3,
-                        tolerance=None, max_steps=256, truncation="warn")  # fmt: skip
+    actor = FactorActor(EngineSettings(str(folder), layer=1, mode="approx", similarity="cos", steps=3))
     table = actor(pa.table({"sentence_id": ["s0", "s1", "s2"], "text": texts}))
     assert table.column("failure").null_count == table.num_rows
     out = PairCells([table], "cos")(pa.table({"ord": [0, 1], "pair_id": ["p0", "p1"], "sentence_id_a": ["s0", "s2"],
@@ -775,8 +775,9 @@ def _eager_work_frame(args):
                        ids=args.id_column, label_range=bounds, sample=args.sample,
                        seed=args.seed, limit=args.limit, keep=args.keep_columns)  # fmt: skip
     split = Explainer(args.model, layer=args.layer).split
-    good, quarantine = validate(pairs.rows, pairs.label_kind, pairs.label_range, None, split.max_seq_length,
-                                args.truncation == "quarantine", count_both=split.token_counts)  # fmt: skip
+    good, quarantine = validate(pairs.rows, pairs.label_kind, pairs.label_range, count=split.token_counts,
+                                max_tokens=split.max_seq_length,
+                                quarantine_long=args.truncation == "quarantine")  # fmt: skip
     frame = good.iloc[wave_order(good.text_a.to_numpy(), good.text_b.to_numpy())].reset_index(drop=True)
     return with_sentence_ids(compact(frame)), quarantine, pairs
 

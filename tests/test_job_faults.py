@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +28,7 @@ from jobtools import (
     FAST,
     TABLES,
     download,
+    hooked_attribute,
     kill_after_first_commit,
     parquet_hashes,
     q,
@@ -39,6 +39,7 @@ from jobtools import (
 )
 
 from jobs import store as jstore
+from jobs.attribution.hooks import Hooks
 
 ROOT = Path(__file__).resolve().parents[1]
 N_PAIRS = 8
@@ -74,10 +75,9 @@ def clean(s3_ray, data, tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-def test_same_config_into_a_fresh_directory_is_byte_identical(clean, data, tmp_path, monkeypatch):
+def test_same_config_into_a_fresh_directory_is_byte_identical(clean, data, tmp_path):
     starts = tmp_path / "actor-starts.log"
-    monkeypatch.setenv("XSBERT_TEST_START_LOG", str(starts))
-    s = run_job(tmp_path, "--dataset", str(data), *FLAGS)
+    s = run_job(tmp_path, "--dataset", str(data), *FLAGS, hooks=Hooks(start_log=str(starts)))
     assert s["waves"] == 2 and len(starts.read_text().splitlines()) == 1  # one actor pool (of one) for both waves
     fresh = Path(s["run_dir"])
     assert fresh.name == clean.name and fresh != clean
@@ -98,20 +98,18 @@ def test_stage1_in_groups_of_waves_gives_the_same_store(clean, data, tmp_path, m
     from jobs.attribution import stage1
 
     starts = tmp_path / "actor-starts.log"
-    monkeypatch.setenv("XSBERT_TEST_START_LOG", str(starts))
     monkeypatch.setattr(stage1, "STAGE1_GROUP_BLOCKS", group_blocks)
-    s = run_job(tmp_path, "--dataset", str(data), *FLAGS)
+    s = run_job(tmp_path, "--dataset", str(data), *FLAGS, hooks=Hooks(start_log=str(starts)))
     assert s["waves"] == 2 and len(starts.read_text().splitlines()) == 2  # a pool for each group
     assert parquet_hashes(Path(s["run_dir"])) == parquet_hashes(clean)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["local", "s3"])
-def test_killed_factor_actor_and_cell_task_give_the_same_store(kind, s3, clean, data, tmp_path, monkeypatch):
+def test_killed_factor_actor_and_cell_task_give_the_same_store(kind, s3, clean, data, tmp_path):
     actor_marker, cells_marker = tmp_path / "actor-killed", tmp_path / "cells-killed"
-    monkeypatch.setenv("XSBERT_TEST_KILL_ONCE", str(actor_marker))
-    monkeypatch.setenv("XSBERT_TEST_KILL_CELLS_ONCE", str(cells_marker))
-    s = run_job(out_root(kind, s3, tmp_path), "--dataset", str(data), *FLAGS)  # type: ignore[arg-type]
+    hooks = Hooks(kill_once=str(actor_marker), kill_cells_once=str(cells_marker))
+    s = run_job(out_root(kind, s3, tmp_path), "--dataset", str(data), *FLAGS, hooks=hooks)  # type: ignore[arg-type]
     assert actor_marker.read_text().startswith("killed pid")  # a factor actor really died mid-batch
     assert cells_marker.read_text().startswith("killed pid")  # and a stage-2 task
     assert s["computed_pairs"] == N_PAIRS
@@ -124,9 +122,9 @@ def test_killed_factor_actor_and_cell_task_give_the_same_store(kind, s3, clean, 
 @pytest.mark.slow
 def test_killed_driver_resumes_to_the_same_store(s3_ray, clean, data, tmp_path):
     out = tmp_path / "runs"
-    cmd = [sys.executable, "-m", "jobs.attribute", "--dataset", str(data), *FAST, *FLAGS, "--out", str(out),
-           "--quiet", "--ray-address", s3_ray.get_runtime_context().gcs_address]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "XSBERT_TEST_HOLD_AFTER_WAVE": "1"}  # kill it between the waves
+    cmd = hooked_attribute("--dataset", str(data), *FAST, *FLAGS, "--out", str(out), "--quiet", "--ray-address",
+                           s3_ray.get_runtime_context().gcs_address, hold_after_wave=1)  # killed between the waves
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     kill_after_first_commit(cmd, env, lambda: bool(list(out.glob("*/pairs/part-*.parquet"))), timeout=240)
     run_dir = out / clean.name
     assert 4 <= len(jstore.RunStore(out, clean.name).done_pair_ids()) < N_PAIRS  # killed between waves
@@ -140,15 +138,13 @@ def test_killed_driver_resumes_to_the_same_store(s3_ray, clean, data, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["local", "s3"])
-def test_a_batch_that_kills_every_actor_fails_the_run_clearly(kind, s3, clean, data, tmp_path, monkeypatch, capsys):
+def test_a_batch_that_kills_every_actor_fails_the_run_clearly(kind, s3, clean, data, tmp_path, capsys):
     from jobs.attribute import cli
 
     out, log = out_root(kind, s3, tmp_path), tmp_path / "deaths.log"
     poison = stsb_rows(N_PAIRS, start=40).sentence1.iat[6]  # a sentence of the second wave
-    monkeypatch.setenv("XSBERT_TEST_KILL_TEXT", poison)
-    monkeypatch.setenv("XSBERT_TEST_KILL_LOG", str(log))
     argv = ["--dataset", str(data), *FAST, *FLAGS, "--max-retries", "1", "--out", str(out), "-q"]
-    assert cli(argv) == 2
+    assert cli(argv, hooks=Hooks(kill_text=poison, kill_log=str(log))) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("jobs.attribute: error: wave 2/2 failed: a batch killed its worker 2 times "
                               "(--max-retries 1"), err[-3:]  # fmt: skip
@@ -166,8 +162,7 @@ def test_a_batch_that_kills_every_actor_fails_the_run_clearly(kind, s3, clean, d
         assert sorted(p.name for p in (run_dir / "cells").iterdir()) == [p.name for p in store.parts("cells")]
     assert len(store.done_pair_ids()) == 4
 
-    monkeypatch.delenv("XSBERT_TEST_KILL_TEXT")  # the cause is gone: the same command resumes
-    s = run_job(out, "--dataset", str(data), *FLAGS)  # type: ignore[arg-type]
+    s = run_job(out, "--dataset", str(data), *FLAGS)  # type: ignore[arg-type]  # the cause gone: the same command resumes
     assert s["computed_pairs"] == N_PAIRS - 4
     assert_same_store(s["run_dir"], clean, tmp_path)
 

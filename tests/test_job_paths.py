@@ -29,10 +29,11 @@ import pytest
 from jobtools import FAST, q, run_job, stsb_rows, write_tsv
 
 from jobs import store as jstore
+from jobs.attribution.hooks import Hooks
 from xsbert_core import Explainer, weights_fingerprint
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
-FAIL = "zqxv"  # a pair whose text holds this fails in its factor actor (XSBERT_TEST_FAIL_TEXT)
+FAIL = "zqxv"  # a pair whose text holds this fails in its factor actor (Hooks.fail_text)
 LONG = " ".join(["word"] * 300)  # 302 tokens > 256
 
 
@@ -73,11 +74,7 @@ def bad(ray_cluster, tmp_path_factory):
     root = tmp_path_factory.mktemp("bad")
     data = root / "pairs.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r, _ in BAD_ROWS), encoding="utf-8")  # \ud800, NaN as escapes
-    os.environ["XSBERT_TEST_FAIL_TEXT"] = FAIL
-    try:
-        s = run_job(root / "runs", "--dataset", str(data))
-    finally:
-        del os.environ["XSBERT_TEST_FAIL_TEXT"]
+    s = run_job(root / "runs", "--dataset", str(data), hooks=Hooks(fail_text=FAIL))
     return s, Path(s["run_dir"]), data
 
 

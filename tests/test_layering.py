@@ -62,3 +62,53 @@ def test_xsbert_command_is_jobs_cli_with_its_subcommands():
         assert any(row.startswith(line) for row in done.stdout.splitlines()), (line, done.stdout)
     library = subprocess.run([sys.executable, "-m", "xsbert_core", "--help"], cwd=ROOT, capture_output=True, text=True)
     assert library.returncode == 0 and "{explain}" in library.stdout, library.stderr
+
+
+def _jobs_import_graph() -> dict[str, set[str]]:
+    """jobs' modules -> the jobs modules each imports, at any depth (lazy imports too); importing a.b.c imports the
+    packages a and a.b as well (their __init__ runs)."""
+    files = {}
+    for path in sorted((ROOT / "jobs").rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for mod, path in files.items():
+        package = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = package
+                for _ in range(max(0, node.level - 1)):
+                    base = base.rsplit(".", 1)[0]
+                target = (f"{base}.{node.module}" if node.module else base) if node.level else (node.module or "")
+                targets = [target] + [f"{target}.{alias.name}" for alias in node.names]
+            for target in targets:
+                parts = target.split(".")
+                deps |= {q for k in range(1, len(parts) + 1) if (q := ".".join(parts[:k])) in files
+                         and q != mod and not mod.startswith(q + ".")}  # fmt: skip
+        graph[mod] = deps
+    return graph
+
+
+def test_jobs_modules_import_each_other_without_a_cycle():
+    """No module of jobs/ imports, through any chain of imports (those inside functions too), one that imports it
+    back: each concern builds on the ones below it (a cycle hidden in a function import breaks when the import
+    moves)."""
+    graph = _jobs_import_graph()
+    assert "jobs.pages" in graph["jobs.analyses.page"] and "jobs.store" in graph["jobs.attribution.run"]
+    done: set[str] = set()
+
+    def visit(mod: str, path: list[str]) -> None:
+        if mod in path:
+            raise AssertionError("import cycle: " + " -> ".join(path[path.index(mod):] + [mod]))
+        if mod in done:
+            return
+        for dep in sorted(graph[mod]):
+            visit(dep, path + [mod])
+        done.add(mod)
+
+    for mod in sorted(graph):
+        visit(mod, [])

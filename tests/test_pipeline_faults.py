@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from jobtools import q, stsb_rows, write_tsv
+from jobtools import hooked, q, stsb_rows, write_tsv
 from test_committed_reads import tmpfs
 from test_pipeline import base_config, write_config
 from test_sql import random_run
@@ -104,9 +104,8 @@ def test_ctrl_c_during_a_study_is_one_line_and_the_same_command_resumes(ray_clus
     the first wave kept, nothing of the second; the same command computes the second wave only. Then the report
     folder on a full disk: the study's report stage stops in one line, exit 2, and writes it once there is space."""
     config = study(tmp_path)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address,
-           "XSBERT_TEST_HOLD_AFTER_WAVE": "1"}  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-m", "jobs.pipeline", "--config", str(config)], cwd=ROOT, env=env,
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address}
+    proc = subprocess.Popen(hooked("jobs.pipeline", "--config", str(config), hold_after_wave=1), cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
     seen: list[str] = []
     held = threading.Event()
@@ -134,7 +133,6 @@ def test_ctrl_c_during_a_study_is_one_line_and_the_same_command_resumes(ray_clus
     assert q(run, "select count(*) from {pairs}") == [(4,)]
     assert [p.name for p in (run / "cells").glob("*.parquet")] == ["part-000000-0000000.parquet"]
 
-    del env["XSBERT_TEST_HOLD_AFTER_WAVE"]
     again = pipeline(config, env)
     assert again.returncode == 0 and "attribute n2: computed 4 pairs" in again.stdout, again.stderr[-3000:]
     assert q(run, "select count(*), sum(n_cells) from {pairs}") == q(run, "select count(distinct pair_id), count(*) "

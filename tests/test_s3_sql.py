@@ -111,7 +111,8 @@ def test_connect_on_s3_views_variables_and_checks(hand, s3):
 
 
 def test_locations_local_or_object_store():
-    assert [sqlrun.scheme(x) for x in ("runs/a", "/abs/runs/a", "s3://b/p", "S3A://b/p", "gs://b/p", "gcs://b")] == [
+    locations = ("runs/a", "/abs/runs/a", "s3://b/p", "S3A://b/p", "gs://b/p", "gcs://b")
+    assert [sqlrun.run_location(x).scheme for x in locations] == [
         None, None, "s3", "s3a", "gs", "gcs"]  # fmt: skip
     assert sqlrun.as_run("s3://b/p/run/") == "s3://b/p/run" and sqlrun.as_run("runs/x") == Path("runs/x")
     assert sqlrun.join("s3://b/p/run/", "cells", "*.parquet") == "s3://b/p/run/cells/*.parquet"
@@ -119,7 +120,7 @@ def test_locations_local_or_object_store():
     assert sqlrun.run_name("gs://b/p/abc123/") == "abc123" and sqlrun.run_name("runs/abc123") == "abc123"
     for bad in ("http://host/x", "file:///tmp/x", "s3://key:secret@bucket/x"):
         with pytest.raises(sqlrun.InputError) as info:
-            sqlrun.scheme(bad)
+            sqlrun.run_location(bad)
         assert "secret" not in str(info.value)
 
 

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 import pytest
 from scipy import stats
 
-from jobs import sqlrun
+from jobs import sqlfiles, sqlrun
 from jobs.store import SCHEMAS
 from jobs.attribution import datasets as _datasets
 from jobs.attribution import inputs as _inputs
@@ -152,9 +152,9 @@ def no_nan(df: pl.DataFrame) -> bool:
 def test_each_file_is_one_documented_lowercase_statement(name):
     """One query per file, after the macros that write its per-run logic once (`create or replace temp macro`) and
     at most a `set variable` that decides how it runs (agreement.sql's plan)."""
-    text = (SQL / name).read_text(encoding="utf-8")
     import duckdb
 
+    text = sqlfiles.text(SQL / name)  # with the macros of sql/lib/ it reads
     *before, query = duckdb.extract_statements(text)
     assert query.type == duckdb.StatementType.SELECT
     macros = [s for s in before if s.type == duckdb.StatementType.CREATE]
@@ -181,11 +181,27 @@ def _macro(name: str, macro: str) -> str:
     return found.group(0)
 
 
-def test_lexical_ranks_per_run_logic_is_one_macro_in_both_files():
-    """lexical_ranks.sql and lexical_ranks_compare.sql rank a run's tokens with the same macro text (the compare
-    file calls it for run and run2): the two copies cannot drift apart."""
-    one = _macro("lexical_ranks.sql", "lexical_token_ranks")
-    assert one == _macro("lexical_ranks_compare.sql", "lexical_token_ranks")
+def test_the_shared_macros_are_written_once_in_sql_lib():
+    """What several files use is one macro in sql/lib/ (a run's lexical ranks, the cells guard, the negation pairs,
+    the top cells' relations, the bootstrap's draws), which each file reads with the duckdb CLI's `.read`
+    (jobs.sqlfiles.text does the same for the Python side), never a copy."""
+    shared = {m: lib.stem for lib in sorted((SQL / "lib").glob("*.sql"))
+              for m in re.findall(r"^create or replace temp macro (\w+)\(", lib.read_text(encoding="utf-8"), re.M)}
+    assert {"lexical_token_ranks": "lexical_token_ranks", "cells_guard": "cells_guard",
+            "negation_pairs": "negation_pairs", "syntactic_top_cells": "syntactic_top_cells", "xs_hash": "resample",
+            "xs_draw": "resample"}.items() <= shared.items()  # fmt: skip
+    users = {name: 0 for name in shared}
+    for path in sorted(SQL.glob("*.sql")):
+        text = path.read_text(encoding="utf-8")
+        assert "from read_text(" not in text.split("cells_guard as (", 1)[-1].split("),", 1)[0], path.name
+        for name, lib in shared.items():
+            assert f"temp macro {name}(" not in text, (path.name, name)
+            if re.search(rf"\b{name}\(", text):
+                users[name] += 1
+                assert f".read sql/lib/{lib}.sql" in text.splitlines(), (path.name, name)
+                assert f"temp macro {name}(" in sqlfiles.text(path), (path.name, name)
+    assert users["cells_guard"] >= 7 and users["lexical_token_ranks"] == 2 and users["negation_pairs"] == 2
+    assert users["syntactic_top_cells"] == 2 and users["xs_draw"] == 2
     compare = (SQL / "lexical_ranks_compare.sql").read_text(encoding="utf-8")
     assert "lexical_token_ranks(getvariable('run'))" in compare and "lexical_token_ranks(getvariable('run2'))" in compare
     agreement = (SQL / "agreement.sql").read_text(encoding="utf-8")
@@ -836,7 +852,7 @@ def agreement_path(run1: Path, run2: Path, **variables: Any) -> tuple[pl.DataFra
     con = sqlrun.connect(run1, run2, variables)
     df = sqlrun.run_file(con, SQL / "agreement.sql")
     stored = con.execute("select getvariable('agreement_stored_ranks')").fetchall()[0][0]
-    query = duckdb.extract_statements((SQL / "agreement.sql").read_text())[-1].query
+    query = duckdb.extract_statements(sqlfiles.text(SQL / "agreement.sql"))[-1].query
     plan = "\n".join(row[1] for row in con.execute("explain " + query).fetchall())
     return df, stored, plan
 
@@ -1334,7 +1350,7 @@ def test_keep_columns_flag_passes_columns_through_and_changes_the_run_id(tmp_pat
     path.write_text("id\tsentence1\tsentence2\ttopic\tsource\tTarget\nx\tA b.\tC d.\tsport\tweb\t1\n"
                     "y\tE f.\tG h.\t\tnews\t2\n")
     pairs = _validate.load_pairs(str(path), keep="topic,source")
-    good, _ = _validate.validate(pairs.rows, pairs.label_kind, pairs.label_range, None, None, False)
+    good, _ = _validate.validate(pairs.rows, pairs.label_kind, pairs.label_range)
     assert good["keep:topic"].tolist() == ["sport", ""] and good["keep:source"].tolist() == ["web", "news"]
 
     class FakeExplainer:

@@ -26,6 +26,7 @@ from jobtools import (
     check_pipeline_on_store,
     commit_large_rows,
     download,
+    hooked_attribute,
     kill_after_first_commit,
     row_groups,
     run_job,
@@ -155,8 +156,9 @@ def test_driver_killed_mid_run_resumes_to_the_same_store(backend, data, local_cl
     it over, recomputes only the second wave, and the store equals the uninterrupted local run. (A local run's
     killed driver: tests/test_job_faults.py.)"""
     out = backend.uri("killed/runs")
-    env = {**backend.subprocess_env(), "PYTHONPATH": str(ROOT), "XSBERT_TEST_HOLD_AFTER_WAVE": "1"}  # kill it between the waves
-    cmd = [sys.executable, "-m", "jobs.attribute", "--dataset", str(data), *FAST, *FLAGS, "--out", out, "-q"]
+    env = {**backend.subprocess_env(), "PYTHONPATH": str(ROOT)}
+    cmd = hooked_attribute("--dataset", str(data), *FAST, *FLAGS, "--out", out, "-q",
+                           hold_after_wave=1)  # the driver holds after its first commit: killed between the waves
     kill_after_first_commit(cmd, env, lambda: bool(backend.listing(f"killed/runs/{local_clean.name}/pairs/")),
                             timeout=240, poll=0.2)  # fmt: skip
     assert f"killed/runs/{local_clean.name}/_lock.json" in backend.listing("killed/runs/")  # the killed writer's

@@ -1,6 +1,6 @@
-"""One parser of store locations (jobs.store.uri_scheme): a URI whose scheme has no backend (az://, http://, ...)
+"""One parser of store locations (jobs.store.Location.parse): a URI whose scheme has no backend (az://, http://, ...)
 given as a run or a store root is one clear error, exit 2, at every entry point -- never a local folder named
-`az:`. Before, jobs.store.is_remote and jobs.sqlrun.is_remote had different rules: `--out az://b/x` made a local
+`az:`. Before, the store and jobs.sqlrun each had an is_remote, with different rules: `--out az://b/x` made a local
 folder `az:/b/x` and wrote a run there."""
 
 from __future__ import annotations
@@ -20,13 +20,36 @@ URI = "az://container/runs"
 def test_one_rule_for_store_and_sql():
     for location, want in (("s3://b/x", "s3"), ("S3A://b/x", "s3a"), ("gs://b/x", "gs"), ("gcs://b", "gcs"),
                            ("runs/x", None), ("/abs/runs", None)):  # fmt: skip
-        assert jstore.uri_scheme(location) == want and sqlrun.scheme(location) == want
-        assert jstore.is_remote(location) == sqlrun.is_remote(location) == (want is not None)
+        assert jstore.Location.parse(location).scheme == want and sqlrun.run_location(location).scheme == want
+        assert jstore.Location.parse(location).is_remote == (want is not None)
     for location in (URI, "http://host/x", "file:///tmp/x"):
         with pytest.raises(jstore.StoreError, match="unsupported location"):
-            jstore.is_remote(location)
+            jstore.Location.parse(location)
         with pytest.raises(sqlrun.InputError, match="unsupported location"):
-            sqlrun.is_remote(location)
+            sqlrun.run_location(location)
+
+
+def test_a_location_is_parsed_once_into_scheme_path_and_filesystem(tmp_path):
+    """The value the store takes: scheme, path in its filesystem, the filesystem itself; joins and parents keep the
+    scheme; the store's classes and sinks are made from it (one kind per backend, no flag)."""
+    import pyarrow.fs as pafs
+
+    loc = jstore.Location.parse("s3://bucket/runs/")
+    assert (loc.scheme, loc.path, loc.family, loc.bucket, loc.uri) == ("s3", "bucket/runs", "s3", "bucket",
+                                                                        "s3://bucket/runs")  # fmt: skip
+    assert loc.join("abc", "pairs").uri == "s3://bucket/runs/abc/pairs" and loc.join("abc").parent == loc
+    assert jstore.Location.parse(loc) is loc and jstore.Location.parse("gcs://b/x").family == "gcs"
+    local = jstore.Location.parse(tmp_path / "runs")
+    fs, path = local.filesystem()
+    assert not local.is_remote and isinstance(fs, pafs.LocalFileSystem) and path == str((tmp_path / "runs").resolve())
+    assert local.join("abc").name == "abc"
+    store = jstore.open_store(tmp_path / "runs", "abc")
+    assert type(store) is jstore.RunStore and store.location == local.join("abc")
+    assert type(jstore.open_store("s3://bucket/runs", "abc")) is jstore.ObjectRunStore
+    assert isinstance(store.open().sink(), jstore.LocalPartSink)
+    store.close()
+    with pytest.raises(jstore.StoreError, match="credentials in it"):
+        jstore.Location.parse("s3://key:secret@bucket/x")
 
 
 def _attribute(tmp_path: Path) -> list[str]:

@@ -11,6 +11,7 @@ from .errors import (
     XsbertError,
 )
 from .explainer import Explainer, PairAttribution, SentenceFactors
+from .settings import EngineSettings
 from .models import DEFAULT_MODEL, load_model, resolve_model, weights_fingerprint
 from .pairs import completeness_target, compute_completeness_error, pair_matrix, similarity_score
 from .quadrature import nodes_and_weights
@@ -23,6 +24,7 @@ register_with_sentence_transformers()
 
 __all__ = [
     "DEFAULT_MODEL",
+    "EngineSettings",
     "Explainer",
     "InputError",
     "ModelNotFoundError",

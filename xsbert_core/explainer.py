@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -38,16 +38,15 @@ from .pairs import (
     similarity_score,
 )
 from .quadrature import canonical_rule
+from .settings import DEFAULT_LAYER, DEFAULT_MAX_STEPS, DEFAULT_RULE, DEFAULT_STEPS, EngineSettings
 from .shift import is_shifted
 from .split import MODES, TRUNCATION_POLICIES, Mode, SplitModel, Truncation
 from .words import Word, word_matrix, words_of
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_LAYER = -3  # "layer nine" of the paper for 12-layer models
-DEFAULT_RULE = "gauss-legendre"
-DEFAULT_STEPS = 16
-DEFAULT_MAX_STEPS = 256
+__all__ = ["DEFAULT_LAYER", "DEFAULT_MAX_STEPS", "DEFAULT_RULE", "DEFAULT_STEPS", "EngineSettings", "Explainer",
+           "PairAttribution", "SentenceFactors"]  # fmt: skip
 DEFAULT_BATCH_SIZE = 32
 
 
@@ -170,6 +169,9 @@ class Explainer:
     memory_budget: bytes one factor batch may take beyond the model (xsbert_core.memory): each batch is cut into
                 groups that fit (smaller as N doubles); None: whole batches. Either way a group that runs out of
                 memory is halved and retried at the same N, and later groups keep below it (`memory`)
+
+    The same settings as one object: `Explainer.from_settings(EngineSettings(...))`; an explainer's own, resolved,
+    are `engine` (what a process that loads the engine again needs to compute the same numbers).
     """
 
     def __init__(
@@ -215,6 +217,7 @@ class Explainer:
             raise InputError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
         if truncation not in TRUNCATION_POLICIES:
             raise InputError(f"Unknown truncation policy {truncation!r}; valid: {', '.join(TRUNCATION_POLICIES)}")
+        self._model_given = model if isinstance(model, str) else None
         self.model = model if isinstance(model, SentenceTransformer) else load_model(model, device=device)
         self.model_name = str(getattr(self.model, "xsbert_name", None) or "<in-memory model>")
         if mode == "auto":
@@ -248,6 +251,23 @@ class Explainer:
                       chunk_elements=jvp_chunk or chunk_elements(self.split.device),
                       sequences_per_call=internal_batch_size)  # fmt: skip
         self.memory = FactorMemory(shape, memory_budget, self.precision, exact=self.mode == "exact")
+
+    @classmethod
+    def from_settings(cls, settings: EngineSettings, device: str | None = None,
+                      internal_batch_size: int | None = None) -> Explainer:  # fmt: skip
+        """The explainer of `settings` (on `device`)."""
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(EngineSettings)}, device=device,
+                   internal_batch_size=internal_batch_size)  # fmt: skip
+
+    @property
+    def engine(self) -> EngineSettings:
+        """This explainer's settings, resolved (mode, similarity, layer, rule, precision, the prompt string), the model
+        as it was given (a folder or a name that loads it again): `Explainer.from_settings(ex.engine)` in another
+        process computes the same numbers."""
+        return EngineSettings(model=self._model_given or self.model_name, layer=self.layer, mode=self.mode,
+                              similarity=self.similarity, rule=self.rule, steps=self.steps, tolerance=self.tolerance,
+                              max_steps=self.max_steps, truncation=self.truncation, precision=self.precision,
+                              prompt=self.prompt, prompt_name=None, exclude_prompt=self.exclude_prompt)  # fmt: skip
 
     def _model_default_prompt(self) -> str:
         name = getattr(self.model, "default_prompt_name", None)

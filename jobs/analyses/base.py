@@ -14,6 +14,7 @@ import duckdb
 import polars as pl
 
 from .. import sqlrun
+from ..config import SERVE_URL  # noqa: F401 - where `xsbert serve` answers by default (--serve-url's default)
 
 # Bars per list in the ranked charts (top and bottom tokens, relation pairs).
 TOP_K = 15
@@ -21,8 +22,6 @@ TOP_K = 15
 REPORT_SQL = sqlrun.SQL_DIR / "report"
 # The paper's headline subset of the agreement (Fig 3): pairs of mean score s > 0.75.
 TOP_SCORE = 0.75
-# Where `xsbert serve` listens by default (jobs/serve.py): the page links its sections and examples there.
-SERVE_URL = "http://127.0.0.1:8000"
 
 
 @dataclass(frozen=True)

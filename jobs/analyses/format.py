@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
 import polars as pl
+
+from ..pages import cell, plural  # noqa: F401 - the pages' filters, the report's text uses them too
 
 
 def missing(x: Any) -> bool:
@@ -28,21 +29,6 @@ def num(x: float | None, digits: int = 2) -> str:
 def signed(x: float | None, digits: int = 3) -> str:
     """An attribution with its sign: +0.123 / -0.045."""
     return "n/a" if missing(x) else f"{x:+.{digits}f}"
-
-
-def plural(n: int, word: str) -> str:
-    """'1 pair', '3 pairs'."""
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
-def cell(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return "NaN" if math.isnan(value) else f"{value:.4g}"
-    if isinstance(value, (list, dict)):
-        return json.dumps(value, default=str)
-    return str(value)
 
 
 def markdown_table(df: pl.DataFrame, max_rows: int | None = None) -> str:

@@ -84,7 +84,7 @@ def run_extra_file(path: Path, ctx: Context) -> Section:
 
 def _prepare_out(out: str | Path, runs: list[sqlrun.Run]) -> Path:
     """Create --out (a local folder) and check it is writable and not a run directory."""
-    if sqlrun.is_remote(out):
+    if sqlrun.run_location(out).is_remote:
         raise InputError(f"--out {out}: the report is written to a local folder (copy it to object storage after)")
     out = Path(out)
     resolved = out.expanduser().resolve()

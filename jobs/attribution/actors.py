@@ -32,13 +32,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from xsbert_core import Explainer, NumericalError, SentenceFactors
+from xsbert_core import EngineSettings, Explainer, SentenceFactors
 from xsbert_core.memory import TensorBudget
 from xsbert_core.metrics import grouped_rank_bounds, grouped_top_k
 from xsbert_core.pairs import completeness_target, pair_matrix, similarity_score
 from xsbert_core.words import averaging_matrix
 
+from ..config import CELL_CHOICES
 from ..store import SCHEMAS
+from .hooks import Hooks
 from .memory import actor_memory, device_lost
 
 logger = logging.getLogger(__name__)
@@ -124,35 +126,6 @@ CELL_LISTS = {"cell_i": "i", "cell_j": "j", "cell_token_a": "token_a", "cell_tok
               "cell_value_rank": "value_rank", "cell_content_rank": "content_rank"}
 WORD_LISTS = {"word_u": "u", "word_v": "v", "word_a": "word_a", "word_b": "word_b", "word_value": "value",
               "word_value_rank": "value_rank"}
-# Which cells a run stores (--cells; docs/STORE.md): every cell, the same-token cells (token_a = token_b; word cells:
-# word_a = word_b), or none. The pair's numbers, ranks and top cells are over all cells whatever is stored.
-CELL_CHOICES: tuple[str, ...] = ("all", "same-token", "none")
-
-
-def _maybe_die(marker: str | None) -> None:
-    """Test hook (XSBERT_TEST_KILL_ONCE): the first call anywhere creates `marker` and kills its process."""
-    if not marker:
-        return
-    try:
-        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        return
-    os.write(fd, f"killed pid {os.getpid()}\n".encode())
-    os.close(fd)
-    os._exit(1)
-
-
-def _die_on(text: str | None, texts: list[str], log: str | None) -> None:
-    """Test hook (XSBERT_TEST_KILL_TEXT): kill this process on every batch holding a text that contains
-    `text`, so that a poisonous batch exhausts the retries; each death appends a line to `log`."""
-    if not text or not any(text in t for t in texts):
-        return
-    if log:
-        with open(log, "a", encoding="utf-8") as fh:
-            fh.write(f"killed pid {os.getpid()}\n")
-    os._exit(1)
-
-
 # --------------------------------------------------------------------------- stage 1
 # A sentence whose factor error is still above the tolerance at max_steps fails with this prefix (its pairs are
 # quarantined with reason `not_converged`, jobs.attribution.stage2.wave_tables).
@@ -215,36 +188,15 @@ def one_row_per_sentence(batch: pa.Table) -> pa.Table:
 
 class FactorActor:
     """Sentences (sentence_id, text, any other columns; or rows of sentence lists, see one_row_per_sentence) ->
-    FACTOR_SCHEMA rows, then the other columns as they came. Loads the model once per actor."""
+    FACTOR_SCHEMA rows, then the other columns as they came. Loads the engine of `engine` (the run's, resolved:
+    Explainer.engine) once per actor, on `device` with `threads` torch threads, and computes `batch_size` sentences
+    per engine call. `hooks`: faults a test injects (hooks.py)."""
 
-    def __init__(
-        self,
-        model: str,
-        layer: int,
-        mode: str,
-        similarity: str,
-        rule: str,
-        steps: int,
-        tolerance: float | None,
-        max_steps: int,
-        truncation: str,
-        device: str = "cpu",
-        threads: int | None = None,
-        batch_size: int = 32,
-        kill_once: str | None = None,
-        kill_text: str | None = None,
-        kill_log: str | None = None,
-        fail_text: str | None = None,
-        start_log: str | None = None,
-        precision: str = "fp32",
-        prompt: str = "",
-        exclude_prompt: bool = False,
-        memory_limit: int | None = None,
-        gpu_share: float | None = None,
-    ) -> None:
-        if start_log:  # test hook (XSBERT_TEST_START_LOG): one line per actor start
-            with open(start_log, "a", encoding="utf-8") as fh:
-                fh.write(f"started pid {os.getpid()}\n")
+    def __init__(self, engine: EngineSettings, device: str = "cpu", threads: int | None = None, batch_size: int = 32,
+                 memory_limit: int | None = None, gpu_share: float | None = None,
+                 hooks: Hooks | None = None) -> None:  # fmt: skip
+        self.hooks = hooks or Hooks()
+        self.hooks.actor_started()
         if threads:
             torch.set_num_threads(threads)
         try:  # one "Loading weights" bar per actor start is noise in the job log
@@ -253,23 +205,14 @@ class FactorActor:
             hf_logging.disable_progress_bar()
         except ImportError:  # pragma: no cover
             pass
-        self.explainer = Explainer(
-            model, layer=layer, mode=mode, similarity=similarity, rule=rule, steps=steps,  # type: ignore[arg-type]
-            tolerance=tolerance, max_steps=max_steps, truncation=truncation, device=device,  # type: ignore[arg-type]
-            precision=precision, prompt=prompt, exclude_prompt=exclude_prompt,
-        )  # fmt: skip
+        self.explainer = Explainer.from_settings(engine, device=device)
         # The factor batch's memory: planned within a budget on a GPU, and a limit where one is asked for
         # (jobs/attribution/memory.py: the caching allocator's on CUDA, each call's tensors' on a CPU).
         self.explainer.memory.budget, self.tensor_limit = actor_memory(self.explainer, memory_limit, gpu_share)
         self.batch_size = batch_size
-        self.kill_once = kill_once
-        self.kill_text, self.kill_log = kill_text, kill_log
-        self.fail_text = fail_text
 
     def _factors(self, texts: list[str]) -> list[SentenceFactors]:
-        if self.fail_text and any(self.fail_text in t for t in texts):  # test hook (XSBERT_TEST_FAIL_TEXT)
-            raise NumericalError(f"NaN/Inf in attributions of {[t[:40] for t in texts if self.fail_text in t]} "
-                                 "(test hook)")  # fmt: skip
+        self.hooks.engine_call(texts)
         return self.explainer.factors(texts, batch_size=self.batch_size)
 
     def _results(self, texts: list[str]) -> list[SentenceFactors | str]:
@@ -292,11 +235,10 @@ class FactorActor:
         return self._results(texts[:half]) + self._results(texts[half:])
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        _maybe_die(self.kill_once)
         batch = one_row_per_sentence(batch)
         ids = batch.column("sentence_id").to_pylist()
         texts = batch.column("text").to_pylist()
-        _die_on(self.kill_text, texts, self.kill_log)
+        self.hooks.before_factors(texts)
         t0 = time.perf_counter()
         ooms = self.explainer.memory.out_of_memory
         with TensorBudget(self.tensor_limit) if self.tensor_limit else contextlib.nullcontext():
@@ -636,10 +578,10 @@ def pair_cells(
     factor_refs: list,
     similarity: str,
     min_abs: float = 0.0,
-    kill_once: str | None = None,
     sink: Any = None,
     seq: int | None = None,
     cells: str = "all",
+    hooks: Hooks | None = None,
 ) -> pa.Table:
     """Stage 2 as a Ray task: look the wave's factors up (read once per worker, zero-copy), then PairCells.
 
@@ -648,7 +590,8 @@ def pair_cells(
     driver commits the wave (its pairs part) once every batch has come back."""
     import ray
 
-    _maybe_die(kill_once)
+    if hooks is not None:
+        hooks.cells_task()
     key = tuple(ref.hex() for ref in factor_refs) + (similarity, repr(min_abs), cells)
     if key not in _WORKER_CACHE:
         _WORKER_CACHE.clear()  # the previous wave's factors are released

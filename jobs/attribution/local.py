@@ -21,12 +21,15 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from xsbert_core import Explainer
+from xsbert_core import EngineSettings
 
 from ..config import DEFAULT_BATCH_SIZE_CPU, DEFAULT_BATCH_SIZE_GPU, Execution, JobSettings
+from ..store import RunStore
 from .actors import FactorActor, PairCells, pair_rows
-from .stage1 import actor_kwargs, factor_blocks
-from .stage2 import PAIR_BATCH, exactly_once, pair_input
+from .executor import Executor
+from .hooks import Hooks
+from .stage1 import actor_args, factor_blocks
+from .stage2 import PAIR_BATCH, CellSettings, exactly_once, pair_input
 
 
 def resources(ex: Execution) -> dict[str, Any]:
@@ -52,10 +55,29 @@ def resources(ex: Execution) -> dict[str, Any]:
     }
 
 
-def cell_writer(choice: str) -> str:
-    """'workers' (auto): each stage-2 batch writes its cells and word cells as its own parts, as a one-node Ray
-    run's tasks do (a batch's cells, not the wave's, in memory at a time); 'driver': the wave's, in one part."""
-    return "driver" if choice == "driver" else "workers"
+class LocalExecutor(Executor):
+    """Stages 1-2 in this process. Cells: 'workers' (auto): each stage-2 batch writes its cells and word cells as its
+    own parts, as a one-node Ray run's tasks do (a batch's cells, not the wave's, in memory at a time); 'driver':
+    the wave's, in one part. The hooks that would kill this process (the driver) are left out."""
+
+    ray: dict[str, Any] = {}
+
+    def __init__(self, job: JobSettings, store: RunStore, engine: EngineSettings, hooks: Hooks) -> None:
+        self.store, self.engine, self.hooks = store, engine, hooks.in_driver()
+        self.resources = resources(job.execution)
+        self.writer = "driver" if job.execution.cell_writer == "driver" else "workers"
+        self.cells = CellSettings(engine.similarity, job.attribution.min_abs, job.attribution.cells, hooks=self.hooks)
+
+    def stream_factors(self, waves: Iterable[pd.DataFrame]) -> FactorStream:
+        return FactorStream(waves, self.engine, self.resources, self.hooks)
+
+    def sink(self, w: int) -> Any | None:
+        self.resources["cell_writer"] = self.writer
+        return self.store.sink() if self.writer == "workers" else None
+
+    def compute_cells(self, wave: pd.DataFrame, factors: list[Any], sink: Any | None,
+                      seq: int) -> tuple[pa.Table, dict[str, Any]]:  # fmt: skip
+        return compute_cells(wave, factors, self.cells, sink, seq)
 
 
 class FactorStream:
@@ -64,18 +86,16 @@ class FactorStream:
     when the first wave is asked for. Each factor batch is one FactorActor call, as each is one actor call in a
     Ray run, so the factors are the same batch for batch."""
 
-    def __init__(self, waves: Iterable[pd.DataFrame], job: JobSettings, explainer: Explainer,
-                 res: dict[str, Any]) -> None:  # fmt: skip
-        self.job, self.explainer, self.res = job, explainer, res
+    def __init__(self, waves: Iterable[pd.DataFrame], engine: EngineSettings, res: dict[str, Any],
+                 hooks: Hooks) -> None:  # fmt: skip
+        self.engine, self.res, self.hooks = engine, res, hooks
         self._batches = factor_blocks(waves, res["batch_size"])
         self.sizes: list[int] = []
         self._actor: FactorActor | None = None
-        # Test hooks as in a Ray run (the kill hooks are not: they would kill this process, the driver).
-        self._hooks = {k: os.environ.get(f"XSBERT_TEST_{k.upper()}") or None for k in ("fail_text", "start_log")}
 
     def _model(self) -> FactorActor:
         if self._actor is None:
-            self._actor = FactorActor(**actor_kwargs(self.job.attribution, self.explainer, self.res, self._hooks))
+            self._actor = FactorActor(**actor_args(self.engine, self.res, self.hooks))
         return self._actor
 
     def wave(self, w: int) -> tuple[list[pa.Table], pa.Table | None, dict[str, float]]:
@@ -99,20 +119,13 @@ class FactorStream:
         """Nothing runs between calls: nothing to stop."""
 
 
-def compute_cells(
-    wave: pd.DataFrame,
-    factors: list[pa.Table],
-    job: JobSettings,
-    explainer: Explainer,
-    res: dict[str, Any],
-    sink: Any = None,
-    seq: int | None = None,
-) -> tuple[pa.Table, dict[str, Any]]:
+def compute_cells(wave: pd.DataFrame, factors: list[pa.Table], cells: CellSettings, sink: Any = None,
+                  seq: int | None = None) -> tuple[pa.Table, dict[str, Any]]:  # fmt: skip
     """Stage 2 for the wave's pairs, in this process: jobs.attribution.stage2.compute_cells's rows (the same PAIR_BATCH
     batches through the same PairCells), each batch's cells written through `sink` as a Ray task would."""
     t0 = time.perf_counter()
     pair_in = pair_input(wave)
-    cells = PairCells(factors, explainer.similarity, job.attribution.min_abs, job.attribution.cells)
-    rows = [pair_rows(cells, pair_in.slice(k, PAIR_BATCH), sink, seq) for k in range(0, len(wave), PAIR_BATCH)]
+    pair_cells = PairCells(factors, cells.similarity, cells.min_abs, cells.cells)
+    rows = [pair_rows(pair_cells, pair_in.slice(k, PAIR_BATCH), sink, seq) for k in range(0, len(wave), PAIR_BATCH)]
     out, duplicates = exactly_once(pa.concat_tables(rows))
     return out, {"cells_s": time.perf_counter() - t0, "duplicates_dropped": duplicates}

@@ -29,7 +29,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from ..store import MARKER_PREFIX, RunStore, StoreError, disk_failure, is_remote
+from ..store import MARKER_PREFIX, RunStore, StoreError, disk_failure
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class Placement:
 
     def __init__(self, choice: str, store: RunStore, ray: Any) -> None:
         self.choice, self.store, self.ray = choice, store, ray
-        self.local = not is_remote(store.root)
+        self.local = not store.location.is_remote
         self.checked: dict[str, bool] = {}  # node id -> sees the run folder
         self.blind: list[str] = []  # nodes without the marker, as "address (host)"
         self.token = secrets.token_hex(16)

@@ -12,10 +12,9 @@ import pyarrow as pa
 
 import xsbert_core
 from xsbert_core import Explainer, InputError, weights_fingerprint
-from xsbert_core.precision import DEFAULT_PRECISION
 
 from ..store import STORE_VERSION, open_store, run_id
-from ..config import ENGINE_SETTINGS, Attribution, JobSettings, RunConfig
+from ..config import Attribution, JobSettings, RunConfig
 from .inputs import CHUNK_ROWS, Pairs
 from .memory import release_memory, system_memory_pool
 from .validate import SeenIds, quarantine_frame, stream_pairs, validate
@@ -48,15 +47,11 @@ def with_sentence_ids(frame: pd.DataFrame) -> pd.DataFrame:
 def run_config(attribution: Attribution, explainer: Explainer, fingerprint: str, pairs) -> dict[str, Any]:
     """The run's RunConfig (jobs/config.py: everything that changes the stored numbers, listed once) as the manifest
     records it; its hash is the run id. The engine's settings are the explainer's, resolved."""
-    s = explainer.settings
     return RunConfig(
         store_version=STORE_VERSION,
         code_version=xsbert_core.__version__,
         weights_sha256=fingerprint,
-        **{k: s[k] for k in ENGINE_SETTINGS},
-        precision=s.get("precision", DEFAULT_PRECISION),
-        prompt=s.get("prompt", ""),
-        exclude_prompt=bool(s.get("exclude_prompt", False)),
+        **RunConfig.engine_fields(explainer.settings),
         truncation=attribution.truncation,
         min_abs=float(attribution.min_abs),
         cells=attribution.cells,
@@ -110,11 +105,7 @@ def _prepare(job: JobSettings, chunk_rows: int) -> Prepared:
         keep=sel.keep_columns, chunk_rows=chunk_rows,
     )  # fmt: skip
     pairs = stream.pairs
-    explainer = Explainer(
-        a.model, layer=a.layer, mode=a.mode, similarity=a.similarity, rule=a.rule,
-        steps=a.steps, tolerance=a.tolerance, max_steps=a.max_steps, truncation=a.engine_truncation,
-        precision=a.precision, prompt=a.prompt, prompt_name=a.prompt_name, exclude_prompt=a.exclude_prompt,
-    )  # fmt: skip
+    explainer = Explainer.from_settings(a.engine)
     max_tokens = explainer.split.max_seq_length
 
     config = run_config(a, explainer, weights_fingerprint(explainer.model), pairs)
@@ -129,10 +120,9 @@ def _prepare(job: JobSettings, chunk_rows: int) -> Prepared:
     try:
         for rows in stream.chunks:
             n_in += len(rows)
-            good, quarantine = validate(
-                rows, pairs.label_kind, pairs.label_range, None, max_tokens, a.truncation == "quarantine",
-                count_both=explainer.token_counts, stored=stored, seen=seen, max_chars=a.max_chars,
-            )  # fmt: skip
+            good, quarantine = validate(rows, pairs.label_kind, pairs.label_range, count=explainer.token_counts,
+                                        max_tokens=max_tokens, quarantine_long=a.truncation == "quarantine",
+                                        max_chars=a.max_chars, stored=stored, seen=seen)  # fmt: skip
             del rows
             if a.truncation == "error":
                 long = good.pair_id[(good.n_tokens_a > max_tokens) | (good.n_tokens_b > max_tokens)]

@@ -3,12 +3,9 @@ done + quarantined, `summarize`) and the manifest (`update_manifest`); `attribut
 
 from __future__ import annotations
 
-import functools
 import math
-import os
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,14 +14,15 @@ import numpy as np
 import pandas as pd
 import pyarrow.compute as pc
 
-from ..raycluster import init_ray, quiet_ray
+from xsbert_core import EngineSettings
+
+from ..config import DEFAULT_WAVE_SIZE_CPU, DEFAULT_WAVE_SIZE_GPU, JobSettings
 from ..store import STORE_VERSION, TABLES, RunStore, open_store, pair_keys
-from ..config import DEFAULT_WAVE_SIZE_CPU, DEFAULT_WAVE_SIZE_GPU
+from .executor import Executor
+from .hooks import Hooks
 from .memory import driver_memory_mb, release_memory, system_memory_pool
 from .prepare import Prepared
-from .stage1 import FactorStream, ray_identity, resources
-from .placement import Placement
-from .stage2 import JobFailedError, _quarantine_table, compute_cells, wave_tables, written_parts
+from .stage2 import JobFailedError, _quarantine_table, wave_tables, written_parts
 from .worklist import SentenceKeys
 
 
@@ -39,12 +37,25 @@ class Progress:
     ray: dict[str, Any] = field(default_factory=dict)
 
 
-def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | None = print) -> Progress:
-    """Stages 1-2 for the selection's pairs not in the store yet, wave by wave, each wave one commit.
+def open_executor(job: JobSettings, store: RunStore, engine: EngineSettings, hooks: Hooks) -> Executor:
+    """The executor of `job` (--executor, executor.py) for a run into `store` with the engine settings `engine`
+    (resolved)."""
+    if job.execution.executor == "local":  # without Ray: `import ray` never runs on this path
+        from .local import LocalExecutor
 
-    Ray is started (or joined) only when there is something to compute; with --executor local, stages 1-2 run in
-    this process instead (local.py: the same batches, the same FactorActor and PairCells, the same commits)."""
+        return LocalExecutor(job, store, engine, hooks)
+    from .on_ray import RayExecutor
+
+    return RayExecutor(job, store, engine, hooks)
+
+
+def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | None = print,
+            hooks: Hooks | None = None) -> Progress:  # fmt: skip
+    """Stages 1-2 for the selection's pairs not in the store yet, wave by wave, each wave one commit, on the run's
+    executor (executor.py: Ray, or with --executor local this process). The executor starts (Ray is started or
+    joined) only when there is something to compute."""
     job, ex = prep.settings, prep.settings.execution
+    hooks = hooks or Hooks()
     progress = Progress()
     work = prep.work
     todo = ~np.isin(work.pair_keys, store.done_pair_keys())
@@ -58,63 +69,31 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
     if not todo.any():
         return progress
     store.check_writable()  # a read-only store says so before anything is computed
-    if ex.executor == "local":  # stages 1-2 in this process, without Ray (jobs/attribution/local.py)
-        from . import local as _local
-
-        ray, res, crashes, placement = None, _local.resources(ex), (), None
-        writer = _local.cell_writer(ex.cell_writer)
-    else:
-        ray = init_ray(ex.ray_address)
-        quiet_ray(ray, progress_bars=not job.output.quiet and sys.stderr.isatty())
-        res = resources(ex, ray)
-        progress.ray = ray_identity(ray)
-        placement = Placement(ex.cell_writer, store, ray)  # decided again before each wave (placement.py)
-        try:
-            writer = placement.writer(0)
-        except BaseException:
-            placement.close()
-            raise
-        crashes = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError)
-    wave_size = ex.wave_size or (DEFAULT_WAVE_SIZE_GPU if res["gpus_per_actor"] > 0 else DEFAULT_WAVE_SIZE_CPU)
-    res.update(wave_size=wave_size, max_retries=ex.max_retries)
-    progress.resources = res
-    res.update(cell_writer=writer)
-    known_sentences = SentenceKeys(store.column("sentences", "sentence_id"))
-    with system_memory_pool():  # the plan rewrites the work list: what it frees goes back to the OS
-        n_waves = work.plan(todo, wave_size)  # the driver holds one wave of the work list at a time
-    del todo
-
-    def waves() -> Iterator[pd.DataFrame]:
-        for w in range(n_waves):
-            yield work.wave(w)
-
-    if ray is None:
-        stream: Any = _local.FactorStream(waves(), job, prep.explainer, res)
-        cells_of = _local.compute_cells
-    else:
-        try:
-            stream = FactorStream(ray, waves(), job, prep.explainer, res)
-        except BaseException:
-            placement.close()
-            raise
-        cells_of = functools.partial(compute_cells, ray)
+    executor = open_executor(job, store, prep.explainer.engine, hooks)
     try:
-        for w, wave in enumerate(waves()):
+        progress.ray, res = executor.ray, executor.resources
+        wave_size = ex.wave_size or (DEFAULT_WAVE_SIZE_GPU if res["gpus_per_actor"] > 0 else DEFAULT_WAVE_SIZE_CPU)
+        res.update(wave_size=wave_size, max_retries=ex.max_retries)
+        progress.resources = res
+        known_sentences = SentenceKeys(store.column("sentences", "sentence_id"))
+        with system_memory_pool():  # the plan rewrites the work list: what it frees goes back to the OS
+            n_waves = work.plan(todo, wave_size)  # the driver holds one wave of the work list at a time
+        del todo
+        stream = executor.stream_factors(work.wave(w) for w in range(n_waves))
+        for w, wave in enumerate(work.wave(w) for w in range(n_waves)):
             seq = store.next_seq()
-            if placement is not None and w:
-                writer = res["cell_writer"] = placement.writer(w)  # nodes that joined since are asked first
-            sink = (placement.sink() if placement else store.sink()) if writer == "workers" else None
+            sink = executor.sink(w)  # None: the driver writes the wave's cells (nodes that joined are asked first)
             try:
-                refs, meta, timings = stream.wave(w)
-            except crashes as exc:
+                factors, meta, timings = stream.wave(w)
+            except executor.crashes as exc:
                 raise JobFailedError(
                     f"wave {w + 1}/{n_waves} failed: a batch killed its worker {ex.max_retries + 1} times "
                     f"(--max-retries {ex.max_retries}; {type(exc).__name__}: {str(exc).splitlines()[0]}). "
                     f"{w} earlier wave(s) of this run are committed, nothing of wave {w + 1} was written; "
                     "the same command resumes the run"
                 ) from exc
-            out, cell_timings = cells_of(wave, refs, job, prep.explainer, res, sink=sink, seq=seq)
-            del refs  # the wave's factors leave the object store
+            out, cell_timings = executor.compute_cells(wave, factors, sink, seq)
+            del factors  # the wave's factors leave the object store
             factor_bytes = 4 * int(pc.sum(pc.multiply(meta.column("dim"), meta.column("n_tokens"))).as_py() or 0)
             timings.update(cell_timings,
                            attribution_s=float(pc.sum(meta.column("compute_s")).as_py() or 0.0),  # actor-seconds
@@ -123,8 +102,8 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
                            factor_bytes_per_sentence=factor_bytes / max(1, stream.sizes[w]))  # fmt: skip
             # The wave's tables and their Parquet encoding are the driver's largest step (the sentences table with
             # its embeddings, ~3.6 KB per sentence; writing 106 MB of it took +145 MB more with mimalloc, +52 with the
-            # system allocator, bench/driver_peaks.py parquet-write): from the system allocator, they go back to the OS
-            # after the commit (release_memory).
+            # system allocator, bench/driver_peaks.py parquet-write): from the system allocator, they go back to the
+            # OS after the commit (release_memory).
             with system_memory_pool():
                 tables, failed = wave_tables(wave, meta, out, prep.pairs.source.split, known_sentences)
                 if len(failed):
@@ -135,7 +114,7 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
                     )
                 t_commit = time.perf_counter()
                 parts = written_parts(out)
-                if writer == "workers":
+                if sink is not None:
                     store.settle(seq, parts)  # every reported part there, no stray part of this wave
                     progress.wrote += [f"{t}/{name}" for t in sorted(parts) for name in sorted(parts[t])]
                 progress.wrote += store.commit(seq, tables)
@@ -154,12 +133,9 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
             del meta, out, tables, wave
             release_memory()
             timings.update(driver_memory_mb())
-            if os.environ.get("XSBERT_TEST_HOLD_AFTER_WAVE") == str(w + 1):  # test hook: a driver to kill between waves
-                time.sleep(600)
+            hooks.wave_committed(w)
     finally:
-        stream.close()
-        if placement is not None:
-            placement.close()
+        executor.close()
     return progress
 
 
@@ -195,7 +171,7 @@ def summarize(store: RunStore, prep: Prepared, progress: Progress) -> dict[str, 
         wrote_files=len(progress.wrote),
         duplicates_dropped=sum(s["duplicates_dropped"] for s in stats),
         ray=progress.ray,
-        settings={k: s[k] for k in ("layer", "rule", "steps", "tolerance", "max_steps", "mode", "precision")},
+        settings=s,
     )
     summary["advice"] = completeness_advice(summary)
     if summary["n_in"] != summary["n_done"] + summary["n_quarantined"]:
@@ -246,12 +222,14 @@ def update_manifest(store: RunStore, prep: Prepared, progress: Progress, summary
     store.write_manifest(manifest)
 
 
-def attribute(prep: Prepared, on_wave: Callable[[str], None] | None = print) -> dict[str, Any]:
-    """Stages 1-2 into the store, then the summary; a rerun of the same selection computes and writes nothing."""
+def attribute(prep: Prepared, on_wave: Callable[[str], None] | None = print,
+              hooks: Hooks | None = None) -> dict[str, Any]:  # fmt: skip
+    """Stages 1-2 into the store, then the summary; a rerun of the same selection computes and writes nothing.
+    `hooks`: faults to inject (tests only; hooks.py)."""
     out = prep.settings.output
     with open_store(out.out, prep.run_id, prep.pairs.columns.keep, retry_s=out.store_retry_s) as store:
         try:
-            progress = compute(store, prep, on_wave)
+            progress = compute(store, prep, on_wave, hooks)
         except BaseException:  # a full disk, a store that stopped answering, a failed batch, Ctrl-C
             store.abandon()  # the failed wave's parts go now (readers never read them: committed parts only)
             raise

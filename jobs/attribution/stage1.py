@@ -1,11 +1,10 @@
 """Stage 1 of an attribution run: the sentence factors of every wave, from an actor pool on Ray (`FactorStream`);
-the pool's resources (`resources`), the factor batches (`factor_blocks`) and the actors' arguments (`actor_kwargs`),
+the pool's resources (`resources`), the factor batches (`factor_blocks`) and the actors' arguments (`actor_args`),
 which the local executor (local.py) shares."""
 
 from __future__ import annotations
 
 import gc
-import os
 import time
 import warnings
 from collections.abc import Iterable, Iterator
@@ -15,9 +14,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xsbert_core import Explainer
+from xsbert_core import EngineSettings
 
-from ..config import DEFAULT_BATCH_SIZE_CPU, DEFAULT_BATCH_SIZE_GPU, Attribution, Execution, JobSettings
+from ..config import DEFAULT_BATCH_SIZE_CPU, DEFAULT_BATCH_SIZE_GPU, Execution
+from .hooks import Hooks
 
 # Factor batches (Ray Data blocks) per stage-1 pipeline: the waves of a run are served in groups of at most this
 # many (FactorStream), each by one dataset and actor pool; the driver's per-block records end with each group.
@@ -86,17 +86,12 @@ def factor_blocks(waves: Iterable[pd.DataFrame], batch_size: int) -> Iterator[tu
         yield blocks, len(texts)
 
 
-def actor_kwargs(attribution: Attribution, explainer: Explainer, res: dict[str, Any],
-                 hooks: dict[str, str | None]) -> dict[str, Any]:  # fmt: skip
-    """FactorActor's arguments: the model as given and the explainer's resolved settings (those of the run id),
-    the device, threads and batch size of `res`, the test hooks. Used by both executors, so that a Ray run and a local
-    one load the same engine."""
-    e = explainer
-    return dict(model=attribution.model, layer=e.layer, mode=e.mode, similarity=e.similarity, rule=e.rule,
-                steps=e.steps, tolerance=e.tolerance, max_steps=e.max_steps, truncation=e.truncation,
-                precision=e.precision, prompt=e.prompt, exclude_prompt=e.exclude_prompt, device=res["device"],
-                threads=res["threads"], batch_size=res["batch_size"], memory_limit=res.get("factor_memory"),
-                gpu_share=res.get("gpus_per_actor"), **hooks)  # fmt: skip
+def actor_args(engine: EngineSettings, res: dict[str, Any], hooks: Hooks) -> dict[str, Any]:
+    """FactorActor's arguments: the run's engine settings (resolved, those of the run id), the device, threads, batch
+    size and factor memory of `res`, the hooks. Used by both executors, so that a Ray run and a local one load the
+    same engine."""
+    return dict(engine=engine, device=res["device"], threads=res["threads"], batch_size=res["batch_size"],
+                memory_limit=res.get("factor_memory"), gpu_share=res.get("gpus_per_actor"), hooks=hooks)  # fmt: skip
 
 
 class FactorStream:
@@ -112,17 +107,13 @@ class FactorStream:
     the driver holds only the group's input batches (texts and ids in the object store), for the price of one pool
     start (model load) per group."""
 
-    def __init__(self, ray, waves: Iterable[pd.DataFrame], job: JobSettings, explainer: Explainer,
-                 res: dict[str, Any]) -> None:  # fmt: skip
-        self.ray, self.job, self.explainer, self.res = ray, job, explainer, res
+    def __init__(self, ray, waves: Iterable[pd.DataFrame], engine: EngineSettings, res: dict[str, Any],
+                 max_retries: int, hooks: Hooks) -> None:  # fmt: skip
+        self.ray, self.engine, self.res, self.max_retries, self.hooks = ray, engine, res, max_retries, hooks
         self._batches = factor_blocks(waves, res["batch_size"])
         self._pending: tuple[list[pa.Table], int] | None = None  # the next group's first wave, made already
         self.sizes: list[int] = []  # sentences of each wave that has joined a group
         self._last = -1  # the current group's last wave
-        # Test hooks (tests/test_job*.py): kill one actor call / every call on a text / a NumericalError on a text /
-        # log each actor start.
-        self._hooks = {k: os.environ.get(f"XSBERT_TEST_{k.upper()}") or None
-                       for k in ("kill_once", "kill_text", "kill_log", "fail_text", "start_log")}  # fmt: skip
         self._ds: Any = None
         self._bundles: Iterator[Any] | None = None
         self._executor = None
@@ -159,7 +150,7 @@ class FactorStream:
             warnings.filterwarnings("ignore", message=RETRY_ARGS_WARNING)
             self._ds = self.ray.data.from_arrow_refs(refs).map_batches(
                 FactorActor,
-                fn_constructor_kwargs=actor_kwargs(self.job.attribution, self.explainer, res, self._hooks),
+                fn_constructor_kwargs=actor_args(self.engine, res, self.hooks),
                 batch_size=1,  # one row, one call: each row is a batch of sentences (factor_blocks)
                 batch_format="pyarrow",
                 compute=ActorPoolStrategy(
@@ -168,7 +159,7 @@ class FactorStream:
                 num_cpus=res["cpus_per_actor"],
                 num_gpus=res["gpus_per_actor"] or None,
                 max_restarts=-1,  # over the group's waves; a batch's own retries are bounded below
-                max_task_retries=self.job.execution.max_retries,
+                max_task_retries=self.max_retries,
             )
 
     def _start(self) -> None:

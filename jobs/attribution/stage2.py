@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -16,11 +16,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xsbert_core import Explainer, XsbertError
+from xsbert_core import XsbertError
 
 from ..store import SCHEMAS, StoreError
-from ..config import JobSettings
 from .actors import CELL_LISTS, NOT_CONVERGED, TOP_CELLS, WORD_LISTS
+from .hooks import Hooks
 from .inputs import KEEP_PREFIX
 from .validate import quarantine_frame
 from .worklist import SentenceKeys
@@ -43,6 +43,18 @@ def arrow(column: pd.Series, type_: pa.DataType = pa.string()) -> pa.Array | pa.
 
 
 # --------------------------------------------------------------------------- stage 2, per wave
+@dataclass(frozen=True)
+class CellSettings:
+    """What stage 2 computes the pairs with (either executor): the run's similarity (resolved), --min-abs, --cells;
+    a Ray run's retries of a task and the hooks."""
+
+    similarity: str
+    min_abs: float = 0.0
+    cells: str = "all"
+    max_retries: int = 0
+    hooks: Hooks = Hooks()
+
+
 _REMOTES: dict[Any, Any] = {}
 
 
@@ -61,8 +73,7 @@ def compute_cells(
     ray,
     wave: pd.DataFrame,
     factor_refs: list[Any],
-    job: JobSettings,
-    explainer: Explainer,
+    cells: CellSettings,
     res: dict[str, Any],
     sink: Any = None,
     seq: int | None = None,
@@ -77,11 +88,10 @@ def compute_cells(
 
     t0 = time.perf_counter()
     pair_in = pair_input(wave)
-    task = _remote(ray, pair_cells).options(num_cpus=res["cells_cpus"], max_retries=job.execution.max_retries,
+    task = _remote(ray, pair_cells).options(num_cpus=res["cells_cpus"], max_retries=cells.max_retries,
                                             scheduling_strategy="SPREAD")  # fmt: skip
-    kwargs = dict(factor_refs=factor_refs, similarity=explainer.similarity, min_abs=job.attribution.min_abs,
-                  kill_once=os.environ.get("XSBERT_TEST_KILL_CELLS_ONCE") or None, sink=sink, seq=seq,
-                  cells=job.attribution.cells)  # fmt: skip
+    kwargs = dict(factor_refs=factor_refs, similarity=cells.similarity, min_abs=cells.min_abs, sink=sink, seq=seq,
+                  cells=cells.cells, hooks=cells.hooks)  # fmt: skip
     refs: list[Any] = []
     try:
         refs = [task.remote(pair_in.slice(k, PAIR_BATCH), **kwargs) for k in range(0, len(wave), PAIR_BATCH)]

@@ -171,24 +171,22 @@ def validate(
     rows: pd.DataFrame,
     label_kind: str,
     label_bounds: tuple[float, float] | None,
-    count_tokens: Callable[[list[str]], list[int]] | None,
-    max_tokens: int | None,
-    quarantine_long: bool,
-    count_content: Callable[[list[str]], list[int]] | None = None,
-    stored: np.ndarray | None = None,
-    count_both: Callable[[list[str]], tuple[list[int], list[int]]] | None = None,
-    seen: SeenIds | None = None,
+    *,
+    count: Callable[[list[str]], tuple[list[int], list[int]]] | None = None,
+    max_tokens: int | None = None,
+    quarantine_long: bool = False,
     max_chars: int | None = None,
+    stored: np.ndarray | None = None,
+    seen: SeenIds | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Split normalised rows into (good, quarantine); each row lands in exactly one.
+    """Split normalised rows into (good, quarantine); each row lands in exactly one. Without `count`, only the checks
+    that need no tokenizer run (ids, duplicates, empty or undecodable texts, labels).
 
-    count_tokens:  tokens per text, specials included (n_tokens_a/_b; too_long_a/_b against max_tokens)
-    count_content: content tokens per text (the engine's SplitModel.content_counts); 0 is no_content_a/_b,
-                   a text the engine would reject. None: not checked.
-    count_both:    (tokens, content tokens) per text from one tokenizer pass (SplitModel.token_counts), in place of
-                   the two above
-    The texts go to these in chunks of TOKENIZE_CHUNK (the tokenizer's output for a million texts at once would
-    hold gigabytes in the driver).
+    count:         (tokens, content tokens) per text from one tokenizer pass (the engine's Explainer.token_counts):
+                   tokens, specials included, are n_tokens_a/_b (too_long_a/_b above max_tokens, when
+                   quarantine_long); no content token is no_content_a/_b, a text the engine would reject. The texts
+                   go to it in chunks of TOKENIZE_CHUNK (the tokenizer's output for a million texts at once would
+                   hold gigabytes in the driver).
     stored:        the pair_keys of the pair ids already in the run's store (RunStore.done_pair_keys): their texts
                    are not tokenised again (they passed when they were computed; a rerun skips them), so n_tokens_a/_b
                    of such rows are 0. The checks that need no tokenizer (ids, duplicates, empty texts, labels) still
@@ -263,17 +261,11 @@ def validate(
     texts = list(dict.fromkeys([text_a[k] for k in ok] + [text_b[k] for k in ok]))
     lengths: dict[str, int] = {}
     content: dict[str, int] = {}
-    for start in range(0, len(texts), TOKENIZE_CHUNK):
+    for start in range(0, len(texts) if count is not None else 0, TOKENIZE_CHUNK):
         chunk = texts[start : start + TOKENIZE_CHUNK]
-        if count_both is not None:
-            n_tokens, n_content = count_both(chunk)
-            lengths.update(zip(chunk, n_tokens))
-            content.update(zip(chunk, n_content))
-            continue
-        if count_content is not None:
-            content.update(zip(chunk, count_content(chunk)))
-        if count_tokens is not None:
-            lengths.update(zip(chunk, count_tokens(chunk)))
+        n_tokens, n_content = count(chunk)  # type: ignore[misc]
+        lengths.update(zip(chunk, n_tokens))
+        content.update(zip(chunk, n_content))
     if content:
         for k in ok:
             for side, text in (("a", text_a[k]), ("b", text_b[k])):

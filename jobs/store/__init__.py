@@ -1,7 +1,8 @@
 """The Parquet store (docs/STORE.md) and its backends (a local directory, S3, GCS): which backend a location is on, and
 what each backend needs, is decided here.
 
-- uri: the one parser of store locations (the scheme table, `is_remote`, `filesystem()`, redaction, StoreError)
+- uri: the one parser of store locations (`Location`: scheme, path, filesystem; the scheme table), redaction,
+  StoreError
 - layout: the tables' schemas, part names, run ids, Parquet settings, synced local writes
 - local / object: one interface (`RunStore`) on a local directory and on S3 / GCS (`ObjectRunStore`)
 - lock, retry, clients: the object store's writer lock, retried calls and one-line failures, its own clients
@@ -13,7 +14,6 @@ what each backend needs, is decided here.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from .layout import (
     DERIVED_TABLES,
@@ -44,19 +44,18 @@ from .lock import LOCK_NAME, LOCK_TTL_S, LockObject
 from .object import ObjectRunStore
 from .reading import retried_fsspec
 from .retry import STORE_RETRY_S, GaveUp, retried, store_failure, store_retry_s, transient
-from .sink import PartSink
+from .sink import LocalPartSink, ObjectPartSink, PartSink
 from .uri import (
     CREDENTIALS,
     REMOTE_SCHEMES,
+    Location,
     StoreError,
     endpoint_name,
     filesystem,
     fs_settings,
     gcs_emulator,
-    is_remote,
     redact,
     resolve,
-    uri_scheme,
 )
 
 __all__ = [
@@ -75,8 +74,11 @@ __all__ = [
     "TABLES",
     "WAVE_TABLES",
     "GaveUp",
+    "Location",
     "LockObject",
     "ObjectRunStore",
+    "LocalPartSink",
+    "ObjectPartSink",
     "PartSink",
     "RunStore",
     "StoreError",
@@ -89,7 +91,6 @@ __all__ = [
     "fs_settings",
     "fsync_dir",
     "gcs_emulator",
-    "is_remote",
     "open_store",
     "pair_keys",
     "parquet_options",
@@ -104,26 +105,23 @@ __all__ = [
     "store_failure",
     "store_retry_s",
     "transient",
-    "uri_scheme",
     "write_json_atomic",
     "write_parquet",
     "write_parquet_synced",
 ]  # fmt: skip
 
 
-def open_store(root: str | os.PathLike, rid: str, extra_pair_columns: tuple[str, ...] = (),
+def open_store(root: str | os.PathLike | Location, rid: str, extra_pair_columns: tuple[str, ...] = (),
                retry_s: float | None = None) -> RunStore:  # fmt: skip
     """The run `rid` under `root`: a local directory, or a prefix on object storage (whose calls are retried for
     up to `retry_s` seconds, default store_retry_s())."""
-    if is_remote(root):
-        return ObjectRunStore(str(root), rid, extra_pair_columns, retry_s)
-    return RunStore(root, rid, extra_pair_columns)
+    location = Location.parse(root)
+    if location.is_remote:
+        return ObjectRunStore(location, rid, extra_pair_columns, retry_s)
+    return RunStore(location, rid, extra_pair_columns)
 
 
-def run_at(location: str | os.PathLike, retry_s: float | None = None) -> RunStore:
+def run_at(location: str | os.PathLike | Location, retry_s: float | None = None) -> RunStore:
     """The run whose own folder or prefix is `location` (<root>/<run id>), not yet opened (no lock taken)."""
-    if is_remote(location):
-        parent, _, rid = str(location).rstrip("/").rpartition("/")
-        return ObjectRunStore(parent, rid, retry_s=retry_s)
-    path = Path(location)
-    return RunStore(path.parent, path.name)
+    run = Location.parse(location)
+    return open_store(run.parent, run.name, retry_s=retry_s)

@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from .retry import GaveUp, no_such_upload, retried
-from .uri import REMOTE_SCHEMES, fs_settings
+from .uri import Location, fs_settings
 
 logger = logging.getLogger("jobs.store")
 
@@ -31,12 +31,12 @@ def abort_uploads(root: str, key: str, deadline_s: float, exact: bool = False) -
     """Abort the unfinished multipart uploads of `key` (a bucket/key path; `exact`: that object only, else every key
     under it), which a failed or killed upload leaves behind (invisible, but stored and billed); S3 only (GCS's
     resumable uploads expire by themselves). Best effort: the keys aborted, [] when the store cannot say."""
-    if REMOTE_SCHEMES.get(str(root).split("://", 1)[0].lower()) != "s3":
+    if Location.parse(root).family != "s3":
         return []
     bucket, _, prefix = key.partition("/")
     if not exact:
         prefix = prefix.rstrip("/") + "/"
-    client = s3_client(fs_settings(str(root)))
+    client = s3_client(fs_settings(root))
     aborted = []
     try:
         listing = retried(lambda: client.list_multipart_uploads(Bucket=bucket, Prefix=prefix), deadline_s)

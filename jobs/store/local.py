@@ -35,8 +35,8 @@ from .layout import (
     write_json_atomic,
     write_parquet_synced,
 )
-from .sink import PartSink
-from .uri import StoreError
+from .sink import LocalPartSink
+from .uri import Location, StoreError
 
 logger = logging.getLogger("jobs.store")
 
@@ -44,8 +44,9 @@ logger = logging.getLogger("jobs.store")
 class RunStore:
     """One run directory: its tables, its manifest, and a lock so that one writer works on it at a time."""
 
-    def __init__(self, root: str | os.PathLike, rid: str, extra_pair_columns: tuple[str, ...] = ()) -> None:
-        self.root = Path(root)
+    def __init__(self, root: str | os.PathLike | Location, rid: str, extra_pair_columns: tuple[str, ...] = ()) -> None:
+        self.location = Location.parse(root).join(rid)  # the run's own folder
+        self.root = Path(self.location.parent.path)
         self.run_id = rid
         self.path = self.root / rid
         self.extra_pair_columns = tuple(extra_pair_columns)  # pass-through columns (strings) after SCHEMAS' own
@@ -243,10 +244,10 @@ class RunStore:
     def _delete(self, table: str, name: str) -> None:
         (self.path / table / name).unlink(missing_ok=True)
 
-    def sink(self) -> PartSink:
+    def sink(self) -> LocalPartSink:
         """What a stage-2 task needs to write this run's parts itself (picklable; no credentials)."""
         self.check_writable()
-        return PartSink(root=str(self.path), remote=False)
+        return LocalPartSink(str(self.path))
 
     # ------------------------------------------------------------------ writing
     def commit(self, seq: int, tables: dict[str, pa.Table], keep_empty: bool = False) -> list[Path]:

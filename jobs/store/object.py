@@ -28,8 +28,8 @@ from .layout import DERIVED_TABLES, PART_RE, TABLES, WAVE_TABLES, canonical_json
 from .local import RunStore
 from .lock import LOCK_NAME, LOCK_TTL_S, LockObject, lock_expiry
 from .retry import GaveUp, retried, store_failure, store_retry_s
-from .sink import PartSink
-from .uri import REMOTE_SCHEMES, WRITABLE_FAMILIES, StoreError, filesystem, fs_settings, redact
+from .sink import ObjectPartSink
+from .uri import WRITABLE_FAMILIES, Location, StoreError, fs_settings, redact
 
 logger = logging.getLogger("jobs.store")
 
@@ -37,20 +37,18 @@ logger = logging.getLogger("jobs.store")
 class ObjectRunStore(RunStore):
     """A run on object storage (s3://bucket/prefix/<run id>), with the guarantees of the local store."""
 
-    def __init__(self, root: str, rid: str, extra_pair_columns: tuple[str, ...] = (),
+    def __init__(self, root: str | Location, rid: str, extra_pair_columns: tuple[str, ...] = (),
                  retry_s: float | None = None) -> None:  # fmt: skip
-        self.root = root.rstrip("/")
+        self.location = Location.parse(root).join(rid)  # the run's own prefix
+        self.root = self.location.parent.uri
         self.retry_s = store_retry_s() if retry_s is None else retry_s
         self.read_only = None
         self.run_id = rid
         self.extra_pair_columns = tuple(extra_pair_columns)
-        from urllib.parse import urlsplit
-
-        parts = urlsplit(self.root)
         self._fs = None  # made on first use: constructing a GCS filesystem may wait for a metadata server
-        self.base = f"{(parts.netloc + parts.path).rstrip('/')}/{rid}"
-        self.scheme = self.root.split("://", 1)[0].lower()
-        self.path = f"{self.scheme}://{self.base}"  # type: ignore[assignment]  # a URI, not a Path
+        self.base = self.location.path
+        self.scheme = self.location.scheme
+        self.path = self.location.uri  # type: ignore[assignment]  # a URI, not a Path
         self._lock_fh = None
         self._lock: dict[str, Any] | None = None
         self._beat: Any = None
@@ -59,7 +57,7 @@ class ObjectRunStore(RunStore):
     @property
     def fs(self):
         if self._fs is None:
-            self._fs, _ = filesystem(self.root)
+            self._fs, _ = self.location.parent.filesystem()
         return self._fs
 
     def _key(self, *parts: str) -> str:
@@ -68,9 +66,6 @@ class ObjectRunStore(RunStore):
     def _bucket_key(self, *parts: str) -> tuple[str, str]:
         bucket, _, key = self._key(*parts).partition("/")
         return bucket, key
-
-    def _fail(self, exc: BaseException, doing: str, key: str | None = None) -> StoreError:
-        return store_failure(self.root, exc, doing, key)
 
     def _call(self, doing: str, key: str | None, fn, deadline_s: float | None = None):
         """fn() retried on transient failures for up to the store's deadline; a StoreError saying what failed."""
@@ -91,7 +86,7 @@ class ObjectRunStore(RunStore):
 
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> ObjectRunStore:
-        if REMOTE_SCHEMES[self.scheme] not in WRITABLE_FAMILIES:
+        if self.location.family not in WRITABLE_FAMILIES:
             raise StoreError(f"{redact(self.root)}: writing a run to {self.scheme}:// is not supported")
         self.check()
         self._acquire()
@@ -120,7 +115,7 @@ class ObjectRunStore(RunStore):
 
     # ------------------------------------------------------------------ the writer lock
     def _lock_object(self) -> LockObject:
-        return LockObject(REMOTE_SCHEMES[self.scheme], *self._bucket_key(LOCK_NAME))
+        return LockObject(self.location.family, *self._bucket_key(LOCK_NAME))  # type: ignore[arg-type]
 
     def _read_lock(self, deadline_s: float | None = None) -> dict[str, Any] | None:
         """The lock's owner record; None when no lock exists, {} when it cannot be read as one."""
@@ -353,10 +348,10 @@ class ObjectRunStore(RunStore):
     def _delete(self, table: str, name: str) -> None:
         self._call("cannot delete", f"{table}/{name}", lambda: self.fs.delete_file(self._key(table, name)))
 
-    def sink(self) -> PartSink:
+    def sink(self) -> ObjectPartSink:
         self._fence()
-        return PartSink(root=self.path, remote=True, settings=fs_settings(self.root),  # type: ignore[arg-type]
-                        lock_token=self._lock["token"] if self._lock else None, retry_s=self.retry_s)  # fmt: skip
+        return ObjectPartSink(self.location, settings=fs_settings(self.location),
+                              lock_token=self._lock["token"] if self._lock else None, retry_s=self.retry_s)  # fmt: skip
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         self._fence()

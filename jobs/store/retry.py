@@ -6,7 +6,7 @@ import logging
 import os
 import re
 
-from .uri import REMOTE_SCHEMES, StoreError, redact
+from .uri import Location, StoreError, redact
 
 logger = logging.getLogger("jobs.store")
 
@@ -147,7 +147,7 @@ def store_failure(root: str, exc: BaseException, doing: str, key: str | None = N
     text = " ".join(str(exc).split())
     low = text.lower()
     status = http_status(exc)
-    gcs = REMOTE_SCHEMES.get(str(root).split("://", 1)[0].lower()) == "gcs"
+    gcs = Location.parse(root).family == "gcs"
     got = describe_failure(exc)
     if "nosuchbucket" in low or "bucket does not exist" in low or "the specified bucket does not exist" in low or gcs and ("404" in low or "notfound" in low) and "bucket" in low:
         why = "the bucket does not exist"

@@ -1,9 +1,11 @@
-"""Store locations: the one parser of URIs (the scheme table), redaction, and the filesystem of a URI."""
+"""Store locations: the one parser of locations (`Location`, over the scheme table), redaction, and the filesystem of
+a URI."""
 
 from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from xsbert_core.errors import XsbertError
@@ -32,28 +34,103 @@ class StoreError(XsbertError, RuntimeError):
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
-def uri_scheme(location: str | os.PathLike, error: type[Exception] = StoreError) -> str | None:
-    """The object-store scheme of `location` ('s3', 's3a', 'gs', 'gcs'), None for a local path; `error` for any
-    other `scheme://` (az://, http://, file://, ...): never taken for a local folder. The one parser of store
-    locations (jobs/sqlrun.py raises its InputError through it)."""
-    m = _SCHEME_RE.match(str(location))
-    if m is None:
-        return None
-    name = m.group(1).lower()
-    if name not in REMOTE_SCHEMES:
-        raise error(f"{location}: unsupported location (a local path, or {', '.join(s + '://' for s in REMOTE_SCHEMES)})")
-    return name
+@dataclass(frozen=True)
+class Location:
+    """A store location, parsed once (`Location.parse`): a local folder, or a prefix on object storage. The store and
+    the jobs below their entry points take this value; none of them looks at a location's text again.
 
+        scheme   the object-store scheme ('s3', 's3a', 'gs', 'gcs'); None for a local folder
+        path     where it is in its filesystem: 'bucket/prefix' (no trailing slash), or the local path as given
+    """
 
-def is_remote(root: str | os.PathLike) -> bool:
-    """`root` is an object-storage URI (s3://, gs://), not a local path; StoreError for a scheme without a backend."""
-    return uri_scheme(root) is not None
+    scheme: str | None
+    path: str
+
+    @classmethod
+    def parse(cls, location: str | os.PathLike | Location, error: type[Exception] = StoreError) -> Location:
+        """The one parser of store locations. `error` (StoreError; jobs/sqlrun.py's InputError) for any other
+        `scheme://` (az://, http://, file://, ...: never taken for a local folder) and for a URI with credentials
+        in it."""
+        if isinstance(location, Location):
+            return location
+        text = os.fspath(location)
+        m = _SCHEME_RE.match(text)
+        if m is None:
+            return cls(None, text)
+        name = m.group(1).lower()
+        if name not in REMOTE_SCHEMES:
+            raise error(f"{text}: unsupported location (a local path, or "
+                        f"{', '.join(s + '://' for s in REMOTE_SCHEMES)})")  # fmt: skip
+        rest = text[m.end() :]
+        if "@" in rest.split("/", 1)[0]:  # s3://KEY:SECRET@bucket/...
+            raise error(f"{name}:// URI with credentials in it: not accepted (they would show in logs and reports); "
+                        "put credentials and options in the environment, not in the URI (AWS_ACCESS_KEY_ID / "
+                        "AWS_SECRET_ACCESS_KEY, a profile, a role; GOOGLE_APPLICATION_CREDENTIALS)")  # fmt: skip
+        return cls(name, rest.rstrip("/"))
+
+    @property
+    def is_remote(self) -> bool:
+        """On object storage (s3://, gs://), not a local folder."""
+        return self.scheme is not None
+
+    @property
+    def family(self) -> str | None:
+        """The object store's family ('s3', 'gcs': pyarrow's filesystem type), None for a local folder."""
+        return REMOTE_SCHEMES[self.scheme] if self.scheme else None
+
+    @property
+    def uri(self) -> str:
+        """s3://bucket/prefix, or the local path."""
+        return f"{self.scheme}://{self.path}" if self.scheme else self.path
+
+    def __str__(self) -> str:
+        return self.uri
+
+    @property
+    def bucket(self) -> str:
+        return self.path.split("/", 1)[0]
+
+    @property
+    def name(self) -> str:
+        """The last component (a run's id)."""
+        return self.path.rstrip("/").rsplit("/", 1)[-1] if self.scheme else Path(self.path).name
+
+    @property
+    def parent(self) -> Location:
+        return Location(self.scheme, self.path.rsplit("/", 1)[0] if self.scheme else str(Path(self.path).parent))
+
+    def join(self, *parts: str) -> Location:
+        """`location/part/...`."""
+        if self.scheme:
+            return Location(self.scheme, "/".join([self.path, *parts]))
+        return Location(None, str(Path(self.path).joinpath(*parts)))
+
+    @property
+    def local(self) -> Path:
+        """A local folder's path (`~` expanded)."""
+        if self.scheme:
+            raise StoreError(f"{self.uri} is on object storage, not a local folder")
+        return Path(self.path).expanduser()
+
+    def resolved(self) -> str | Path:
+        """As the jobs hold a location: an object-store URI (a str without a trailing slash), else an absolute
+        Path."""
+        return self.uri if self.scheme else self.local.resolve()
+
+    def filesystem(self, settings: dict[str, str] | None = None):
+        """(pyarrow FileSystem, path in it): S3 / GCS as `filesystem` makes them, a local folder's absolute path on
+        the local filesystem."""
+        if self.scheme:
+            return filesystem(self.uri, settings)
+        import pyarrow.fs as pafs
+
+        return pafs.LocalFileSystem(), str(self.local.resolve())
 
 
 def resolve(location: str | os.PathLike) -> str | Path:
     """A location as the jobs hold it: an object-store URI as a str without a trailing slash, else an absolute
     Path (`~` expanded)."""
-    return str(location).rstrip("/") if is_remote(location) else Path(location).expanduser().resolve()
+    return Location.parse(location).resolved()
 
 
 def redact(uri: str) -> str:
@@ -76,30 +153,29 @@ def gcs_emulator() -> str | None:
 def endpoint_name(location: str | os.PathLike) -> str:
     """The endpoint that `location`'s store is reached at, for a message: the environment's (AWS_ENDPOINT_URL_S3 /
     AWS_ENDPOINT_URL without any user:password@, STORAGE_EMULATOR_HOST), else the service's name."""
-    family = REMOTE_SCHEMES.get(uri_scheme(location) or "", "")
-    if family == "gcs":
+    if Location.parse(location).family == "gcs":
         return gcs_emulator() or "Google Cloud Storage"
     url = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     return re.sub(r"//[^/@]*@", "//", url) if url else "AWS S3"
 
 
-def fs_settings(uri: str) -> dict[str, str]:
-    """The non-secret connection settings of `uri`'s store, from this process's environment: for S3 the endpoint
+def fs_settings(location: str | Location) -> dict[str, str]:
+    """The non-secret connection settings of `location`'s store, from this process's environment: for S3 the endpoint
     (AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL) and region, for GCS the endpoint of STORAGE_EMULATOR_HOST. They
     travel to the workers that write parts, as a pyarrow filesystem pickled by Ray Data would carry them;
     credentials never do (workers use their own: the node's instance role or profile, a Kubernetes Secret or
     service account, the node's environment; never a job's runtime_env, which Ray shows with the job)."""
     from urllib.parse import urlsplit
 
-    scheme = urlsplit(uri).scheme.lower()
+    family = Location.parse(location).family
     out: dict[str, str] = {}
-    if scheme in ("gs", "gcs"):
+    if family == "gcs":
         emulator = gcs_emulator()
         if emulator:  # an emulator checks no credentials; Google's endpoint is pyarrow's default
             ep = urlsplit(emulator)
             out.update(endpoint_override=ep.netloc, scheme=ep.scheme or "http", anonymous="true")
         return out
-    if scheme not in ("s3", "s3a"):
+    if family != "s3":
         return {}
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     if endpoint:
@@ -111,28 +187,25 @@ def fs_settings(uri: str) -> dict[str, str]:
     return out
 
 
-def filesystem(uri: str, settings: dict[str, str] | None = None):
-    """(pyarrow FileSystem, path inside it) for an s3:// or gs:// URI. S3 credentials, region and endpoint come
+def filesystem(location: str | Location, settings: dict[str, str] | None = None):
+    """(pyarrow FileSystem, path inside it) for an s3:// or gs:// location. S3 credentials, region and endpoint come
     the standard way: AWS_* variables (AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3 for S3-compatible stores), the
     shared config files, instance roles; GCS credentials from Google's application default credentials
     (GOOGLE_APPLICATION_CREDENTIALS, the node's service account), STORAGE_EMULATOR_HOST for another endpoint;
     `settings` (fs_settings of the driver) overrides endpoint and region."""
     from datetime import timedelta
-    from urllib.parse import urlsplit
 
     import pyarrow.fs as pafs
 
-    parts = urlsplit(uri)
-    if parts.query or parts.username or parts.password:
-        raise StoreError(f"{redact(uri)}: put credentials and options in the environment (AWS_*, "
+    loc = Location.parse(location)
+    if "?" in loc.path:
+        raise StoreError(f"{redact(loc.uri)}: put credentials and options in the environment (AWS_*, "
                          "GOOGLE_APPLICATION_CREDENTIALS), not in the URI")  # fmt: skip
-    scheme = parts.scheme.lower()
-    path = (parts.netloc + parts.path).rstrip("/")
-    chosen = fs_settings(uri) if settings is None else dict(settings)
-    if scheme in ("s3", "s3a"):
-        return pafs.S3FileSystem(**chosen), path
-    if scheme in ("gs", "gcs"):
+    chosen = fs_settings(loc) if settings is None else dict(settings)
+    if loc.family == "s3":
+        return pafs.S3FileSystem(**chosen), loc.path
+    if loc.family == "gcs":
         anonymous = chosen.pop("anonymous", "") == "true"
-        return pafs.GcsFileSystem(anonymous=anonymous, retry_time_limit=timedelta(seconds=float(os.environ.get("XSBERT_GCS_RETRY_S", GCS_RETRY_S))),
-                                  **chosen), path  # fmt: skip
-    raise StoreError(f"{redact(uri)}: unsupported scheme {scheme!r} (use a local path, s3:// or gs://)")
+        retry = timedelta(seconds=float(os.environ.get("XSBERT_GCS_RETRY_S", GCS_RETRY_S)))
+        return pafs.GcsFileSystem(anonymous=anonymous, retry_time_limit=retry, **chosen), loc.path
+    raise StoreError(f"{loc.uri}: not on object storage (a local folder has no object-store filesystem)")

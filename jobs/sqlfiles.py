@@ -1,0 +1,41 @@
+"""The sql/ folder, read as the duckdb CLI reads it: the analyses (sql/*.sql), the report's own queries
+(sql/report/), the macros several analyses share (sql/lib/), the CLI's set-up for S3 (sql/init/).
+
+An analysis that uses a shared macro names its file on a line of its own, a duckdb CLI dot command:
+
+    .read sql/lib/lexical_token_ranks.sql
+
+which the CLI runs from the repository root (`duckdb -f sql/lexical_ranks.sql`, as the docs show it), and `text`
+replaces by that file's text for the Python side (jobs.sqlrun, `xsbert sql --file`, jobs.report): one copy of each
+macro, the same statements either way."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+SQL_DIR = Path(__file__).resolve().parents[1] / "sql"
+LIB_DIR = SQL_DIR / "lib"
+REPORT_DIR = SQL_DIR / "report"
+INIT_DIR = SQL_DIR / "init"
+# `.read <path>` on a line of its own (the duckdb CLI's dot command; the path from the repository root)
+_READ_RE = re.compile(r"^\.read[ \t]+(\S+)[ \t]*$", re.MULTILINE)
+
+
+def text(path: str | Path, _seen: tuple[Path, ...] = ()) -> str:
+    """The SQL of the file at `path` with each `.read` line replaced by the text of the file it names (a path from
+    the repository root, as the duckdb CLI run there reads it), recursively."""
+    path = Path(path).resolve()
+    if path in _seen:
+        raise ValueError(f"{path}: reads itself (.read {' -> '.join(p.name for p in _seen)})")
+    body = path.read_text(encoding="utf-8")
+
+    def included(m: re.Match) -> str:
+        return text(SQL_DIR.parent / m.group(1), (*_seen, path)).rstrip() + "\n"
+
+    return _READ_RE.sub(included, body)
+
+
+def sources() -> list[Path]:
+    """Every sql/ file a report runs or reads: the analyses, sql/report/, sql/lib/."""
+    return sorted(SQL_DIR.glob("*.sql")) + sorted(REPORT_DIR.glob("*.sql")) + sorted(LIB_DIR.glob("*.sql"))

@@ -1,0 +1,21 @@
+-- resample.sql: the seeded draws of the bootstrap intervals of
+-- negation_signs.sql and syntactic_relations_pairs.sql (each reads this file
+-- first: `.read sql/lib/resample.sql`, from the repository root): the same
+-- draws on every run of a file, whatever the engine's threads.
+--
+-- one xor-shift-multiply step of lowbias32 (C. Wellons' 32-bit integer
+-- hash), and the hash: x in [0, 2^32) -> [0, 2^32)
+create or replace temp macro xs_hash_step(x, shift, factor) as
+    (xor(x, x >> shift) * factor) % 4294967296;
+
+create or replace temp macro xs_hash(x) as
+    xs_hash_step(xs_hash_step(xs_hash_step(x::ubigint, 16, 2146121005),
+                              15, 2221713035), 16, 1);
+
+-- the bootstrap's draws: resample b's hash from the seed, then the d-th
+-- draw's index in [0, n) from it
+create or replace temp macro xs_resample_hash(seed, b) as
+    xs_hash((seed * 2654435769 + b) % 4294967296);
+
+create or replace temp macro xs_draw(resample_hash, d, n) as
+    (xs_hash((resample_hash + d) % 4294967296) * n) >> 32;
