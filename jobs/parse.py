@@ -1,11 +1,13 @@
 """UD parses of every sentence of one or more runs, on Ray, into each run's `parses` table (docs/STORE.md).
 
     python -m jobs.parse --run runs/<id> [runs/<id2> ...] [--parser stanza|spacy|auto] [--cache DIR]
+    python -m jobs.parse --run runs/<id> --executor local      # one parser in this process, no Ray
 
 Pipeline:
 
     sentences of every run, unique texts, minus those already parsed into the run or into the cache
     -> map_batches(ParserActor, ActorPoolStrategy)   parser words per text, the parser's own labels  [CPU]
+       (--executor local: the same batches through one ParserActor in this process)
     -> <cache>/<parser key>/part-*.parquet           the parser-output cache, shared by runs (atomic parts)
     -> per run (xsbert_core.syntax): spaCy labels -> UD, relabelling, alignment to the run's tokenizer words
     -> <run>/parses/part-*.parquet (atomic, like jobs.attribute's commits) and manifest.json "parses"
@@ -41,6 +43,7 @@ from .parsing import (
     ParserSpec,
     alignment_counts,
     choose_parser,
+    parse_here,
     parse_on_ray,
     realigned,
 )
@@ -148,7 +151,8 @@ def main(job: ParseSettings | argparse.Namespace, echo: bool = True) -> dict[str
         ray_info: dict[str, Any] = {}
         t_parse = time.perf_counter()
         if missing:
-            ray_info = parse_on_ray(args, spec, missing, cache, echo)
+            parse_texts = parse_here if args.executor == "local" else parse_on_ray
+            ray_info = parse_texts(args, spec, missing, cache, echo)
         parse_s = time.perf_counter() - t_parse
 
         failed: set[str] = set()

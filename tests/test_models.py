@@ -87,7 +87,9 @@ def test_missing_local_folder_raises_model_not_found(offline_empty_hub, tmp_path
     ],
 )
 def test_packaged_model_not_installed_says_what_to_install(offline_empty_hub, monkeypatch, name, install):
+    assert models_module.missing_weights(name) is None  # installed (make test installs both)
     monkeypatch.setattr(models_module, "_site_file", lambda distribution, relative: None)  # "not installed"
+    assert install in models_module.missing_weights(name)  # said before the hub is asked (jobs.pipeline)
     assert resolve_model(name) == name  # falls through to the hub
     with pytest.raises(ModelNotFoundError) as info:
         load_model(name)

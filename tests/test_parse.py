@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -707,6 +708,41 @@ def test_parses_reach_the_cache_while_parsing_and_a_stopped_parse_resumes(ray_cl
     run_parse("--run", str(one), "--parser", "spacy", "--cache", str(cache), "--commit-every", "4", "--replace")
     assert sorted(p.name for p in (one / "parses").iterdir()) == [f"part-{k:06d}.parquet" for k in range(4)]
     assert q(everything) == q(f"select * from '{whole}/parses/*.parquet' order by sentence_id, u")
+
+
+@pytest.mark.slow
+def test_local_executor_parses_without_ray_as_the_actor_pool_does(ray_cluster, tmp_path, tokenizers):
+    """`--executor local`: the same blocks through one parser in this process, in a process where Ray cannot be
+    imported; the same cache parts (one per --commit-every texts) and the same `parses` rows as the actor pool's."""
+    import subprocess
+    import sys
+
+    from test_local_executor import HIDE, ROOT
+
+    texts = [f"The {animal} sat on the {thing} number {k}." for k, (animal, thing)
+             in enumerate(zip(["cat", "dog", "owl", "elk"] * 3, ["mat", "door", "tree"] * 4))]  # fmt: skip
+    flags = ["--parser", "spacy", "--batch-size", "2", "--commit-every", "4", "--quiet"]
+    pool = hand_built_run(tmp_path, "pool", tokenizers["wordpiece"], texts)
+    s = run_parse("--run", str(pool), "--cache", str(tmp_path / "cache-pool"), *flags[:-1])
+    here = hand_built_run(tmp_path, "here", tokenizers["wordpiece"], texts)
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(HIDE.format(hidden=["ray"]), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), str(ROOT)])}
+    done = subprocess.run([sys.executable, "-c", "import importlib.util; assert importlib.util.find_spec('ray') is None; "
+                           "from jobs.parse import cli; raise SystemExit(cli())", "--run", str(here), "--cache",
+                           str(tmp_path / "cache-here"), "--executor", "local", *flags], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    spec = parsing.choose_parser("spacy", None)
+    parts = {name: parsing.ParseCache(tmp_path / f"cache-{name}", spec).parts() for name in ("pool", "here")}
+    assert [pq.read_metadata(p).num_rows for p in parts["here"]] == [4, 4, 4] == sorted(
+        pq.read_metadata(p).num_rows for p in parts["pool"])  # fmt: skip
+    assert s["parsed"] == len(texts)
+    every = "select * exclude (sentence_id) from '{}/parses/*.parquet' order by sentence_id, u"
+    assert q(every.format(here)) == q(every.format(pool)) and len(q(every.format(here))) > len(texts)
+    cached = "select * from '{}/{}/*.parquet' order by sentence_id"
+    assert q(cached.format(tmp_path / "cache-here", spec.key)) == q(cached.format(tmp_path / "cache-pool", spec.key))
 
 
 def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys, tokenizers, monkeypatch):

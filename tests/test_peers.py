@@ -52,7 +52,7 @@ def _rel(x: np.ndarray, y: np.ndarray) -> float:
 # --------------------------------------------------------------------------- retrivex
 @pytest.mark.parametrize("layer,steps", [(0, 8), (LAYER, 16)])
 def test_retrivex_matrix_equals_ours_riemann(tiny, layer, steps):
-    stransformers = pytest.importorskip("retrivex.stransformers", reason="the `peers` extra (make setup installs it)")
+    stransformers = pytest.importorskip("retrivex.stransformers", reason="the `peers` extra (make test installs it)")
     # retrivex's alphas come from torch.arange(1, 0, -1/N): exactly N of them for these N (a power of two).
     assert len(torch.arange(1.0, 0.0, -1.0 / steps)) == steps
     peer = _trainable(tiny, stransformers.IntJacobianExplainableTransformer)
@@ -76,7 +76,7 @@ def test_retrivex_matrix_equals_ours_riemann(tiny, layer, steps):
 
 def test_retrivex_differs_on_a_normalized_pipeline(tiny):
     """The one convention that differs: retrivex keeps a trailing Normalize in what it differentiates."""
-    stransformers = pytest.importorskip("retrivex.stransformers", reason="the `peers` extra (make setup installs it)")
+    stransformers = pytest.importorskip("retrivex.stransformers", reason="the `peers` extra (make test installs it)")
     from sentence_transformers.sentence_transformer.modules import Normalize
 
     peer = _trainable(tiny, stransformers.IntJacobianExplainableTransformer)
@@ -91,7 +91,7 @@ def test_retrivex_differs_on_a_normalized_pipeline(tiny):
 # --------------------------------------------------------------------------- captum
 def _captum_token_attributions(model, layer: int, text: str, v: torch.Tensor, c: float, method: str, steps: int):
     """LayerIntegratedGradients of g(x) = e(x) . v / c at the hidden states entering `layer`, summed over H."""
-    attr_mod = pytest.importorskip("captum.attr", reason="the `peers` extra (make setup installs it)")
+    attr_mod = pytest.importorskip("captum.attr", reason="the `peers` extra (make test installs it)")
     first, pooling = model[0], model[1]
     auto = first.auto_model
     enc = first.tokenizer([text], return_tensors="pt")

