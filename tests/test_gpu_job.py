@@ -41,10 +41,11 @@ def py(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     return proc
 
 
-# One piece of each kind (each starts its own Python, torch and, for a job, Ray): the job with GPU actors, the
-# precision sweep, the factor batch under a memory limit. The others are these with other models and settings
-# (bench/gpu_run.py's PIECES); `python bench/gpu_run.py device --dry-run` runs them all on a CPU.
-PIECES = ("job-minilm", "sweep-mpnet", "memory-minilm")
+# Two pieces (each starts its own Python, torch and, for a job, Ray): the job with GPU actors and the precision
+# sweep. The others are these with other models and settings, or the factor batch under a memory limit, whose
+# machinery tests/test_memory.py and tests/test_job_gpu.py check; `python bench/gpu_run.py device --dry-run` runs
+# them all on a CPU.
+PIECES = ("job-minilm", "sweep-minilm")
 
 
 @pytest.mark.slow
@@ -71,7 +72,7 @@ def test_the_prepared_gpu_run_goes_through_on_logical_gpus(tmp_path, tiny):
     here = tmp_path / "here"
     py(str(bundle / "install.py"), "--models-only", "--into", str(here))
     cpu_rows = tmp_path / "cpu-rows"
-    for key, layer in (("minilm", 4), ("mpnet", 8)):
+    for key, layer in (("minilm", 4),):  # job-mpnet does not run here
         folder = here / "models" / ("all-MiniLM-L6-v2" if key == "minilm" else "all-mpnet-base-v2")
         py("bench/gpu_job.py", "cpu-rows", "--model", str(folder), "--layer", str(layer), "--steps", "2",
            "--compare", "4", "--qqp-path", str(data), "--out", str(cpu_rows / key), "--runs", str(tmp_path / "cpu"))
@@ -113,14 +114,10 @@ def test_the_prepared_gpu_run_goes_through_on_logical_gpus(tmp_path, tiny):
     c = job["compare_cpu"]
     # both on this CPU from the same rebuilt weights: every pair agrees, to float32 rounding
     assert (c["pairs"], c["agree"], c["same_weights"]) == (4, 4, True) and c["cells_max_rel_diff"] < 1e-5
-    sweep = json.loads((res / "sweep-mpnet.json").read_text())
+    sweep = json.loads((res / "sweep-minilm.json").read_text())
     assert {"fp32", "bf16"} <= {v["precision"] for v in sweep["cells"].values()}
     assert all("cells_max_diff_over_max_abs" in v for k, v in sweep["cells"].items() if not k.startswith("fp32-b16-"))
-    mem = json.loads((res / "memory-minilm.json").read_text())["cells"]
-    assert any(v["out_of_memory"] >= 1 for k, v in mem.items() if k.endswith("limited"))  # halved under the limit
-    assert all(v["groups"] >= 2 for k, v in mem.items() if k.endswith("planned"))  # planned into smaller groups
-    assert all(v["max_abs_diff_vs_whole"] < 1e-5 for v in mem.values())
-    assert "Full QQP" in text and "### sweep mpnet" in text and md.read_text().startswith("# plan\n")
+    assert "Full QQP" in text and "### sweep minilm" in text and md.read_text().startswith("# plan\n")
     assert "old" not in md.read_text()
 
     # a second start resumes: nothing is measured again

@@ -400,5 +400,6 @@ def test_bad_remote_locations_are_one_line_exit_2(backend, monkeypatch, capsys):
         assert want in err and "top-secret" not in err, err
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")
     monkeypatch.setenv("XSBERT_GCS_RETRY_S", "1")
+    monkeypatch.setenv("XSBERT_STORE_RETRY_S", "1")  # the read side's own retries (jobs/store/retry.py)
     code, out, err = xsbert_sql(capsys, "--run", backend.uri("nowhere/run"), "select 1")
     assert code == 2 and "cannot reach the object store at http://127.0.0.1:9" in err, err
