@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+import warnings
 from pathlib import Path
 
 import matplotlib
@@ -149,8 +150,11 @@ def _wrapped(note: str | None) -> str | None:
 
 
 def _finish(fig, path: str | Path, note: str | None = None) -> Path:
-    """Tight layout, an optional note below the axes (wrapped), save at 150 dpi, close."""
-    fig.tight_layout()
+    """Tight layout, an optional note below the axes (wrapped), save at 150 dpi, close. A figure too small for its
+    decorations keeps its layout silently: the saved image is cropped to its contents (bbox_inches="tight") anyway."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Tight layout not applied")
+        fig.tight_layout()
     note = _wrapped(note)
     if note:
         n_lines = note.count("\n") + 1
