@@ -198,14 +198,10 @@ cluster_count as (
     select count(*) as n_clusters from clusters
 ),
 
--- resamples: the variable, else 2000, fewer on a large run (resamples x
--- clusters at most 40 million, at least 100 resamples)
+-- resamples: the variable, else xs_resamples' rule (sql/lib/resample.sql)
 resample_count as (
     select
-        coalesce(
-            getvariable('resamples'),
-            least(2000, greatest(100, 40000000 // greatest(n_clusters, 1)))
-        )::bigint as resamples,
+        xs_resamples(getvariable('resamples'), n_clusters) as resamples,
     from cluster_count
 ),
 
