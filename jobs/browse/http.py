@@ -151,6 +151,17 @@ def make_handler(app: App, renderer: Renderer, log: Callable[[str], None] | None
                                    message=message)  # fmt: skip
             self._send(int(status), body, head=head)
 
+        def _failed(self, exc: Exception, head: bool) -> None:
+            """The error page for what a page or a download raised (called in its except block): 400, 404 or 503
+            with the message; anything else 500 with one line to the browser and the traceback to the log."""
+            for kind, status in ((BadRequest, HTTPStatus.BAD_REQUEST), (NotFound, HTTPStatus.NOT_FOUND),
+                                 (Busy, HTTPStatus.SERVICE_UNAVAILABLE)):  # fmt: skip
+                if isinstance(exc, kind):
+                    return self._error(status, str(exc), head)
+            if log is not None:
+                log(traceback.format_exc())
+            return self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(exc).__name__}: {one_line(exc)}", head)
+
         def _download(self, url: urllib.parse.SplitResult, head: bool) -> None:
             """A list page's rows as CSV, streamed (one request per connection: the end of the answer is the end
             of the connection); an error before the first row is an error page."""
@@ -158,14 +169,8 @@ def make_handler(app: App, renderer: Renderer, log: Callable[[str], None] | None
                 download = DOWNLOADS[url.path](app, Params(url.query))
                 chunks = download.chunks(app.con)
                 first = next(chunks)
-            except BadRequest as exc:
-                return self._error(HTTPStatus.BAD_REQUEST, str(exc), head)
-            except Busy as exc:
-                return self._error(HTTPStatus.SERVICE_UNAVAILABLE, str(exc), head)
-            except Exception as exc:  # noqa: BLE001 - one line to the browser, the traceback to the log
-                if log is not None:
-                    log(traceback.format_exc())
-                return self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(exc).__name__}: {one_line(exc)}", head)
+            except Exception as exc:  # noqa: BLE001 - an error page (_failed)
+                return self._failed(exc, head)
             self.send_response(200)
             self.send_header("Content-Type", "text/csv; charset=utf-8")
             self.send_header("Content-Disposition", f'attachment; filename="{download.filename}"')
@@ -196,16 +201,8 @@ def make_handler(app: App, renderer: Renderer, log: Callable[[str], None] | None
                 p = Params(url.query)
                 context = fn(app, page, p)
                 body = renderer.render(template, page, p, url.path, **context)
-            except BadRequest as exc:
-                return self._error(HTTPStatus.BAD_REQUEST, str(exc), head)
-            except NotFound as exc:
-                return self._error(HTTPStatus.NOT_FOUND, str(exc), head)
-            except Busy as exc:
-                return self._error(HTTPStatus.SERVICE_UNAVAILABLE, str(exc), head)
-            except Exception as exc:  # noqa: BLE001 - one line to the browser, the traceback to the log
-                if log is not None:
-                    log(traceback.format_exc())
-                return self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(exc).__name__}: {one_line(exc)}", head)
+            except Exception as exc:  # noqa: BLE001 - an error page (_failed)
+                return self._failed(exc, head)
             finally:
                 page.close()
             self._send(200, body, head=head)
