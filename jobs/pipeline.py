@@ -504,7 +504,6 @@ def imported_files(module: str) -> list[Path]:
     """The source files of `module` and of every module of jobs/ it imports, at any depth (imports inside functions
     too), with the xsbert_core modules they name (not what those import in turn): found by reading the imports,
     without importing anything."""
-    import ast
 
     def path_of(name: str) -> Path | None:
         base = REPO_ROOT.joinpath(*name.split("."))
@@ -520,22 +519,31 @@ def imported_files(module: str) -> list[Path]:
         found[name] = path
         if not name.startswith("jobs"):
             continue
-        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            targets: list[str] = []
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = package
-                for _ in range(max(0, node.level - 1)):
-                    base = base.rsplit(".", 1)[0]
-                target = (f"{base}.{node.module}" if node.module else base) if node.level else (node.module or "")
-                targets = [target] + [f"{target}.{alias.name}" for alias in node.names]
-            for target in targets:
-                parts = target.split(".")
-                if parts[0] in ("jobs", "xsbert_core"):
-                    todo += [".".join(parts[:k]) for k in range(1, len(parts) + 1)]
+        for target in imported_names(path, name):
+            parts = target.split(".")
+            if parts[0] in ("jobs", "xsbert_core"):
+                todo += [".".join(parts[:k]) for k in range(1, len(parts) + 1)]
     return sorted(found.values())
+
+
+def imported_names(path: Path, module: str) -> list[str]:
+    """The names every import statement of the source file `path` (module `module`) imports, at any depth of the
+    file (imports inside functions too), relative ones resolved: `import a.b` gives a.b; `from m import x` gives m
+    and m.x (x may be a module)."""
+    import ast
+
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package
+            for _ in range(max(0, node.level - 1)):
+                base = base.rsplit(".", 1)[0]
+            target = (f"{base}.{node.module}" if node.module else base) if node.level else (node.module or "")
+            names += [target] + [f"{target}.{alias.name}" for alias in node.names]
+    return names
 
 
 def code_state() -> str:

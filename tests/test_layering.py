@@ -8,6 +8,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+from jobs.pipeline import imported_names
+
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = ROOT / "xsbert_core"
 
@@ -73,22 +75,11 @@ def _jobs_import_graph() -> dict[str, set[str]]:
         files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     graph: dict[str, set[str]] = {}
     for mod, path in files.items():
-        package = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
         deps: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            targets: list[str] = []
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = package
-                for _ in range(max(0, node.level - 1)):
-                    base = base.rsplit(".", 1)[0]
-                target = (f"{base}.{node.module}" if node.module else base) if node.level else (node.module or "")
-                targets = [target] + [f"{target}.{alias.name}" for alias in node.names]
-            for target in targets:
-                parts = target.split(".")
-                deps |= {q for k in range(1, len(parts) + 1) if (q := ".".join(parts[:k])) in files
-                         and q != mod and not mod.startswith(q + ".")}  # fmt: skip
+        for target in imported_names(path, mod):
+            parts = target.split(".")
+            deps |= {q for k in range(1, len(parts) + 1) if (q := ".".join(parts[:k])) in files
+                     and q != mod and not mod.startswith(q + ".")}  # fmt: skip
         graph[mod] = deps
     return graph
 
