@@ -51,9 +51,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from jobs.store import SCHEMAS, parquet_options, part_name  # noqa: E402
+from jobs.store import SCHEMAS, parquet_options, part_name
 
 # A QQP subset file (GLUE's TSV layout; not in the repository): $XSBERT_QQP.
 QQP = os.environ.get("XSBERT_QQP")

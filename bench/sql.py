@@ -76,14 +76,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from jobs.store import SCHEMAS, STORE_VERSION, run_id, write_parquet  # noqa: E402
-from jobs.attribution.actors import top_cell_lists  # noqa: E402
-from jobs.config import RunConfig  # noqa: E402
-from jobs.sqlfiles import SQL_DIR  # noqa: E402
-from xsbert_core.metrics import grouped_average_ranks  # noqa: E402
-from xsbert_core.syntax import ALIGNMENTS  # noqa: E402
+from jobs.store import SCHEMAS, STORE_VERSION, run_id, write_parquet
+from jobs.attribution.actors import top_cell_lists
+from jobs.config import RunConfig
+from jobs.sqlfiles import SQL_DIR
+from xsbert_core.metrics import grouped_average_ranks
+from xsbert_core.syntax import ALIGNMENTS
 
 # A QQP subset file (GLUE's TSV layout; not in the repository): $XSBERT_QQP.
 QQP = os.environ.get("XSBERT_QQP")
