@@ -27,15 +27,12 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+from engine import stsb_test_pairs
+from precision import commit
 
-from engine import stsb_test_pairs  # noqa: E402
-from precision import commit  # noqa: E402
-
-from jobs.config import DEFAULT_ADAPTIVE_TOLERANCE, DEFAULT_BATCH_SIZE_CPU  # noqa: E402
-from xsbert_core import Explainer, load_model  # noqa: E402
-from xsbert_core.explainer import DEFAULT_MAX_STEPS, DEFAULT_STEPS  # noqa: E402
+from jobs.config import DEFAULT_ADAPTIVE_TOLERANCE, DEFAULT_BATCH_SIZE_CPU
+from xsbert_core import Explainer, load_model
+from xsbert_core.explainer import DEFAULT_MAX_STEPS, DEFAULT_STEPS
 
 RESULTS = ROOT / "bench" / "results"
 GRID = (4, 8, 16, 32, 64, 128)

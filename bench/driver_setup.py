@@ -61,10 +61,8 @@ def reset_peak() -> None:
 
 
 def child(n: int) -> None:
-    sys.path.insert(0, str(ROOT))
-    from jobs.attribute import settings
+    from jobs.attribute import prepare, settings
     from jobs.attribution.memory import malloc_in_use, release_memory, system_memory_pool
-    from jobs.attribution.prepare import prepare
 
     data, model = CACHE / f"pairs-{n}.parquet", CACHE / "rehearsal-model"
     args = settings(["--dataset", str(data), "--text-a-column", "question1", "--text-b-column", "question2",

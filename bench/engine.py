@@ -48,12 +48,10 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from xsbert_core import Explainer, load_model  # noqa: E402
-from xsbert_core.factors import endpoints  # noqa: E402
-from xsbert_core.quadrature import nodes_and_weights  # noqa: E402
-from xsbert_core.reverse import sentence_factor_reverse  # noqa: E402
+from xsbert_core import Explainer, load_model
+from xsbert_core.factors import endpoints
+from xsbert_core.quadrature import nodes_and_weights
+from xsbert_core.reverse import sentence_factor_reverse
 
 MODELS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2", "mpnet": "all-mpnet-base-v2"}
 GL_CANDIDATES = (4, 6, 8, 10, 12, 16, 20, 24, 32)

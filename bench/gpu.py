@@ -54,12 +54,10 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from xsbert_core import Explainer, load_model  # noqa: E402
-from xsbert_core.factors import DEFAULT_CHUNK_ELEMENTS, endpoints, jvp_chunks  # noqa: E402
-from xsbert_core.quadrature import nodes_and_weights  # noqa: E402
-from xsbert_core.reverse import sentence_factor_reverse  # noqa: E402
+from xsbert_core import Explainer, load_model
+from xsbert_core.factors import DEFAULT_CHUNK_ELEMENTS, endpoints, jvp_chunks
+from xsbert_core.quadrature import nodes_and_weights
+from xsbert_core.reverse import sentence_factor_reverse
 
 PACK = ROOT / "bench" / ".cache" / "gpu"
 # A QQP subset file (GLUE's TSV layout; not in the repository): $XSBERT_QQP.
@@ -437,7 +435,6 @@ def sweep(args) -> dict:
     stem = Path(args.out_stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     if args.stsb_pairs:  # MiniLM's precisions on STS-B test pairs (bench/precision.py): the CUDA default's criterion
-        sys.path.insert(0, str(ROOT / "bench"))
         from engine import stsb_test_pairs
         from precision import measure
 

@@ -45,8 +45,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if (ROOT / "jobs").is_dir() and str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 MODEL, LAYER = "sentence-transformers/all-MiniLM-L6-v2", 4  # MiniLM's layer 4 of 6: mpnet's 8 of 12
 BATCH = 128  # jobs.attribute DEFAULT_BATCH_SIZE_GPU
@@ -186,9 +184,7 @@ def run_job(a: argparse.Namespace, rec: Recorder, sampler: Sampler) -> dict[str,
     """jobs.attribute in this process; per-wave records merged with the sampler's windows."""
     import ray
 
-    from jobs.attribute import settings
-    from jobs.attribution.prepare import prepare
-    from jobs.attribution.run import attribute
+    from jobs.attribute import attribute, prepare, settings
 
     if a.logical_gpus:  # Ray told of GPUs that are not there: the GPU actor path on a CPU machine
         ray.init(num_cpus=os.cpu_count() or 1, num_gpus=a.logical_gpus, include_dashboard=False,

@@ -294,7 +294,6 @@ def estimate(job: dict[str, Any], engine: dict[str, Any] | None) -> dict[str, An
 
 
 def report(args) -> str:
-    sys.path.insert(0, str(ROOT / "bench"))
     from gpu_job import report as job_report
 
     folder = Path(args.into)

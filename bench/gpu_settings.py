@@ -41,13 +41,9 @@ from typing import Any
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from xsbert_core import Explainer, load_model  # noqa: E402
-from xsbert_core.factors import chunk_elements  # noqa: E402
-from xsbert_core.memory import TensorBudget, batch_bytes  # noqa: E402
+from xsbert_core import Explainer, load_model
+from xsbert_core.factors import chunk_elements
+from xsbert_core.memory import TensorBudget, batch_bytes
 
 BATCH = 128  # the job's GPU batch (jobs/config.py DEFAULT_BATCH_SIZE_GPU)
 CELL_S = 20.0  # a cell is not started with less time than this before --deadline

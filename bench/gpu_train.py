@@ -32,8 +32,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load, load_file, save, save_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from jobs._offline import BundleError, check_parts, join_parts, sha256_file, split_file  # noqa: E402
+from jobs.bundle import BundleError, check_parts, join_parts, sha256_file, split_file
 
 WEIGHTS = "model.safetensors"
 PART_MIB = 15  # the default largest part (--part-mib); set it under the transfer's per-file limit

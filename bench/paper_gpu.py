@@ -46,10 +46,12 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script from anywhere
+try:
+    import jobs  # noqa: F401  the installed package (make setup), here
+except ModuleNotFoundError:  # there: a copy of the repository on a machine that has no pip install of it (`run`)
     sys.path.insert(0, str(ROOT))
 
-from jobs._offline import BundleError, check_parts, install, join_parts, split_file  # noqa: E402
+from jobs.bundle import BundleError, check_parts, install, join_parts, split_file  # noqa: E402
 
 CONFIG = ROOT / "configs" / "paper-gpu.yaml"
 BASE = "all-mpnet-base-v2"

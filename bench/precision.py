@@ -29,12 +29,9 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+from engine import stsb_test_pairs
 
-from engine import stsb_test_pairs  # noqa: E402
-
-from xsbert_core import Explainer, load_model  # noqa: E402
+from xsbert_core import Explainer, load_model
 
 RESULTS = ROOT / "bench" / "results"
 

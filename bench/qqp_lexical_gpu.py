@@ -28,9 +28,6 @@ from pathlib import Path
 
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 MODEL = "sentence-transformers/all-mpnet-base-v2"
 SORTED_NAME = "qqp-longest-first.tsv"
 

@@ -30,12 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(ROOT))
-
-from jobs import attribute as attribute_job  # noqa: E402
-from xsbert_core import XsbertError  # noqa: E402
+from jobs import attribute as attribute_job
+from xsbert_core import XsbertError
 
 LAYER = 9  # §4's layer; Fig 6/8/9's sections state none (assumed, as jobs/paper.py marks it)
 ADJECTIVE_PAIRS = 46  # the first 46 rows of --dataset adjectives: the paper's template, two pairs per triplet

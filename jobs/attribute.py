@@ -20,7 +20,11 @@ resumes), and one Ray Data pipeline computes the sentence factors of every wave,
 --executor local (jobs/attribution/local.py) runs stages 1-2 in this process instead, without Ray: the same waves
 and factor batches through one FactorActor on --device, the same PairCells over PAIR_BATCH pairs, the same commits;
 the store (and its run id) is the one a Ray run of the same settings writes, and either executor resumes the other's
-run. The machinery is jobs/attribution/ (its __init__ names the modules); the settings, jobs/config.py."""
+run. The machinery is jobs/attribution/ (its __init__ names the modules); the settings, jobs/config.py.
+
+From Python: `main(settings(argv))` runs the job as the command does; a caller that times or watches its two steps
+(bench/gpu_job.py, bench/driver_setup.py) calls them itself: `prepared = prepare(job)` (read, validate, tokenise,
+load the engine, the run id) and then `attribute(prepared, on_wave=print)` (the waves into the store; the summary)."""
 
 from __future__ import annotations
 
@@ -36,6 +40,8 @@ from .attribution.prepare import prepare
 from .attribution.run import attribute
 from .config import DEFAULT_DATASET, DEFAULT_SAMPLE, DEFAULT_SPLIT, JobSettings
 from .console import quiet_console
+
+__all__ = ["attribute", "cli", "main", "parse_args", "prepare", "print_summary", "settings"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -23,6 +23,11 @@ e.g. all-mpnet-base-v2 (438 MB of float32 weights) as 220 MB of float16 parts:
 
     python -m jobs.bundle --no-wheels --models all-mpnet-base-v2 --float16 --part-size 15MiB --out mpnet-parts
     python mpnet-parts/install.py --models-only --into DIR        # -> DIR/models/all-mpnet-base-v2 (float32)
+
+The parts themselves, for a tool that carries other files the same way (bench/paper_gpu.py, bench/gpu_train.py):
+`split_file` cuts a file into parts and gives its manifest item (sha256, size, parts), `check_parts` checks every
+part of some items against their manifest, `join_parts` reassembles one item, `sha256_file` hashes a file, and
+`install` installs a bundle's items into a folder; each stops with a BundleError saying what is wrong.
 """
 
 from __future__ import annotations
@@ -41,7 +46,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._offline import FORMAT, MANIFEST, PARTS, WEIGHTS, BundleError, parse_size, split_file, weights_to_float16
+from ._offline import (
+    FORMAT,
+    MANIFEST,
+    PARTS,
+    WEIGHTS,
+    BundleError,
+    check_parts,
+    install,
+    join_parts,
+    parse_size,
+    sha256_file,
+    split_file,
+    weights_to_float16,
+)
+
+__all__ = ["BundleError", "bundle", "check_parts", "install", "join_parts", "sha256_file", "split_file"]
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTALLER = Path(__file__).resolve().parent / "_offline.py"

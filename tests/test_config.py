@@ -91,13 +91,13 @@ def test_run_config_leaves_out_the_settings_older_stores_lacked():
 
 
 def test_bench_sql_run_ids_are_unchanged():
-    """bench/sql.py's synthetic runs build their config as a RunConfig: the same dict (and run ids) as the one it
+    """The SQL benchmark's synthetic runs (bench/synthstore/runs.py) build their config as a RunConfig: the same dict (and run ids) as the one it
     wrote by hand before (recorded from 3f026a2)."""
     import sys
 
     sys.path.insert(0, str(ROOT / "bench"))
     try:
-        import sql as bench_sql
+        from synthstore import runs as bench_sql
     finally:
         sys.path.remove(str(ROOT / "bench"))
     from jobs.store import run_id

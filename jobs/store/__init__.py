@@ -9,6 +9,8 @@ what each backend needs, is decided here.
 - sink: where a stage-2 task writes its parts
 - files: plain files at a location of either kind (the pipeline's report root and run listings)
 - reading: an object store for DuckDB's readers, every call retried (xsbert sql, serve, jobs.report)
+- upgrade: a local run of an older store version copied as the current one (`python -m jobs.store.upgrade`; not
+  imported here)
 """
 
 from __future__ import annotations
