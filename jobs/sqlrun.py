@@ -176,7 +176,7 @@ def _object_store(location: str, flag: str | None = None) -> tuple[pafs.FileSyst
     key = (family, bucket, env)
     if key not in _FILESYSTEMS:
         try:  # the store's own constructor: one way to reach object storage (endpoint, region from AWS_*)
-            _FILESYSTEMS[key] = filesystem(Location(loc.scheme, bucket))[0]
+            _FILESYSTEMS[key] = filesystem(Location(loc.scheme, bucket), caller_retries=True)[0]  # calls: _remote
         except (OSError, ValueError, pa.ArrowException) as exc:
             raise _store_error(exc, str(location), flag) from exc
     return _FILESYSTEMS[key], rest

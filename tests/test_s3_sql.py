@@ -21,6 +21,7 @@ import numpy as np
 import polars as pl
 import pytest
 from s3tools import DUMMY_SECRET, free_port
+from xsbert_core import InputError
 from test_sql import FILES, make_run, random_parses, random_run, store_for, write_table, xsbert_sql
 
 from jobs import _duckdb_cli, sqlrun, report
@@ -345,6 +346,24 @@ def test_xsbert_sql_on_a_store_that_stops_answering_is_one_line(hand, s3, capsys
         proxy.set(rate=1.0, kinds=("500",), match=r"^GET \S*/cells/part-")
         err = one_line_error(capsys, ["--run", uri, "select count(*) from cells"])
     assert "cells/part-" in err and "HTTP 500" in err and "given up after" in err and "Traceback" not in err, err
+
+
+def test_the_read_side_sends_one_request_per_try(hand, s3):
+    """One layer of retries on the read side: each of retry.retried's tries is one request, the S3 client trying
+    none again under it (before: three per try, each fault also costing the AWS SDK's backoff), so
+    XSBERT_STORE_RETRY_S is the whole wait and the tries said in the error are the requests made."""
+    import re
+
+    from faultproxy import FaultProxy
+
+    uri = hand["table1.sql"][2] + "/manifest.json"
+    with FaultProxy(s3.endpoint_url, seed=1) as proxy, s3.environ(AWS_ENDPOINT_URL=proxy.url, XSBERT_STORE_RETRY_S="2"):
+        proxy.set(rate=1.0, kinds=("reset",), match=r"^GET \S*/manifest\.json")
+        with pytest.raises(InputError) as err:
+            sqlrun.read_text(uri)
+    tries = int(re.search(r"given up after (\d+) tr", str(err.value)).group(1))
+    gets = sum(n for key, n in proxy._seen.items() if key.startswith("GET ") and "manifest.json" in key)
+    assert tries >= 2 and gets == tries, (tries, gets, str(err.value))
 
 
 @pytest.mark.slow

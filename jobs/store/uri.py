@@ -13,6 +13,12 @@ from xsbert_core.errors import XsbertError
 # How long pyarrow's GCS client retries a failing request, in seconds (XSBERT_GCS_RETRY_S; pyarrow's own default is
 # 15 minutes: an unreachable endpoint would hang the job that long before it says so).
 GCS_RETRY_S = 30.0
+# How many times the S3 client tries one request on a filesystem whose every call the caller retries: the read side
+# (xsbert sql, serve, show, the report: jobs/sqlrun.py's reads). The job's writes keep the client's own retries of each
+# multipart request under ours. pyarrow's default (3, with the AWS SDK's own backoff) under retry.retried's
+# multiplied the tries and made each fault cost the SDK's sleeps besides ours: one layer of retries, ours, whose
+# deadline is XSBERT_STORE_RETRY_S.
+AWS_CLIENT_ATTEMPTS_UNDER_RETRIED = 1
 # Object-store URI schemes -> their family (pyarrow's filesystem type); jobs/sqlrun.py reads runs under all of them.
 REMOTE_SCHEMES: dict[str, str] = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
 # Where each family's credentials come from (for a message).
@@ -187,12 +193,15 @@ def fs_settings(location: str | Location) -> dict[str, str]:
     return out
 
 
-def filesystem(location: str | Location, settings: dict[str, str] | None = None):
+def filesystem(location: str | Location, settings: dict[str, str] | None = None, caller_retries: bool = False):
     """(pyarrow FileSystem, path inside it) for an s3:// or gs:// location. S3 credentials, region and endpoint come
     the standard way: AWS_* variables (AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3 for S3-compatible stores), the
     shared config files, instance roles; GCS credentials from Google's application default credentials
     (GOOGLE_APPLICATION_CREDENTIALS, the node's service account), STORAGE_EMULATOR_HOST for another endpoint;
-    `settings` (fs_settings of the driver) overrides endpoint and region."""
+    `settings` (fs_settings of the driver) overrides endpoint and region.
+
+    caller_retries: every call made on the filesystem is retried by the caller (retry.retried), so the S3 client
+    tries each request once (AWS_CLIENT_ATTEMPTS_UNDER_RETRIED) instead of adding its own backoff under ours."""
     from datetime import timedelta
 
     import pyarrow.fs as pafs
@@ -203,6 +212,8 @@ def filesystem(location: str | Location, settings: dict[str, str] | None = None)
                          "GOOGLE_APPLICATION_CREDENTIALS), not in the URI")  # fmt: skip
     chosen = fs_settings(loc) if settings is None else dict(settings)
     if loc.family == "s3":
+        if caller_retries:
+            chosen["retry_strategy"] = pafs.AwsStandardS3RetryStrategy(max_attempts=AWS_CLIENT_ATTEMPTS_UNDER_RETRIED)
         return pafs.S3FileSystem(**chosen), loc.path
     if loc.family == "gcs":
         anonymous = chosen.pop("anonymous", "") == "true"
