@@ -11,13 +11,13 @@ so each side needs one JVP per node for each token set m (the not-token, all tok
 take one per token. `masked_factors` is that sum; tests/test_negation_recheck.py holds it to the engine's columns
 summed over m. The script gives every negation pair's *not* attribution and completeness error at each N of
 --steps, the sign at the smallest N whose |error| is below --margin x |not| (sql/negation_signs.sql's rule), and,
-with --compare, the same beside the values of another set of weights (or those stored in a negation_signs record):
+with --record, each value beside the one a negation_signs record stored for the same pair and N:
 
-    python bench/negation_recheck.py --model all-mpnet-base-v2 --layer 9 --steps 32,64,128 \
-        --record docs/results/all-mpnet-base-v2/negation-layer9-paper.json --out bench/results/negation_recheck.json
+    python bench/negation_recheck.py --model all-mpnet-base-v2 --layer 9 --steps 32,64,128,256 --record-float16 \
+        --record docs/results/all-mpnet-base-v2/negation-layer9-paper.json --out docs/results/all-mpnet-base-v2/negation-layer9-float32-recheck.json
 
---record: the per-pair values of an earlier run (negation_signs' JSON), checked against the same weights rounded to
-float16 and back (`--record-float16`, as jobs.bundle --float16 carries them) and set beside the float32 weights'.
+--record-float16 computes everything a second time with the weights rounded to float16 and back (as jobs.bundle
+--float16 carries them), which is what a record made from such a transfer must be reproduced by.
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="the first L negation pairs only")
     ap.add_argument("--record", type=Path, default=None, help="a negation_signs JSON record to set beside")
     ap.add_argument("--record-float16", action="store_true",
-                    help="also recompute with the weights rounded to float16 (as the record's run had them)")
+                    help="also compute with the weights rounded to float16 and back (as jobs.bundle --float16 carries them)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
