@@ -14,7 +14,7 @@ data there): `pack` gathers what `run` measures into one small folder to copy ov
 them), all-mpnet-base-v2's folder without its weights (`run` builds random weights from its config: cost does
 not depend on weight values) and the unique questions of a QQP subset file ($XSBERT_QQP).
 
-`run` measures in one process on one GPU:
+`run` measures in one process on one GPU (the models and the timing: bench/gpu_models.py):
   numerics  MiniLM (real weights): the engine's factors on the GPU against reverse mode on the GPU (one backward
             pass per embedding dimension and node: the reference algorithm) and against the engine on the same
             machine's CPU; the completeness error of the factors; TF32 matrix products against float32
@@ -25,9 +25,9 @@ not depend on weight values) and the unique questions of a QQP subset file ($XSB
             plain `SentenceTransformer.encode` of the same questions, and a no-grad forward of the same
             B*N*S rows through the layers the engine differentiates (the floor of "N*S forwards per sentence")
 
-`sweep` measures precision x jvp chunk x batch for both models at those layers and N, over the same random QQP
-questions for every cell, each cell's factor error against float32's of the same questions; MiniLM's reduced
-precisions on STS-B test pairs (bench/precision.py's measurement: the completeness error the CUDA default is
+`sweep` (bench/gpu_sweep.py) measures precision x jvp chunk x batch for both models at those layers and N, over the
+same random QQP questions for every cell, each cell's factor error against float32's of the same questions; MiniLM's
+reduced precisions on STS-B test pairs (bench/precision.py's measurement: the completeness error the CUDA default is
 decided by); and the full-QQP extrapolation per model and precision at its best chunk and batch: engine time per
 question x 537,933 questions plus the job's measured overhead per pair besides attribution
 (JOB_OVERHEAD_MS_PER_PAIR) x 404,290 pairs, against the 1-hour goal. Without a pack (`pack`) it builds MiniLM from
@@ -38,7 +38,6 @@ in place of both models, a few questions and a small grid (tests/test_gpu_bench.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import gzip
 import json
@@ -46,33 +45,25 @@ import math
 import os
 import platform
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from gpu_models import MODELS, PACK, QQP_PAIRS, QQP_QUESTIONS, ROOT, batches_of, build, chunk, timed
+from gpu_sweep import JOB_OVERHEAD_MS_PER_PAIR, sweep
+
 from xsbert_core import Explainer, load_model
 from xsbert_core.factors import DEFAULT_CHUNK_ELEMENTS, endpoints, jvp_chunks
 from xsbert_core.quadrature import nodes_and_weights
 from xsbert_core.reverse import sentence_factor_reverse
 
-PACK = ROOT / "bench" / ".cache" / "gpu"
 # A QQP subset file (GLUE's TSV layout; not in the repository): $XSBERT_QQP.
 QQP = os.environ.get("XSBERT_QQP")
 RESULTS = ROOT / "bench" / "results" / "gpu.md"
 BATCH = 128  # (--batch) the job's sentences per factor-actor call on a GPU (jobs/config.py DEFAULT_BATCH_SIZE_GPU)
-QQP_QUESTIONS = 537_933  # unique questions of GLUE QQP train (404,290 pairs), as in bench/results/scale.md
-QQP_PAIRS = 404_290
-# (folder in PACK, layer, Gauss-Legendre N at equal error: bench/results/engine.md)
-MODELS = {"minilm": ("minilm-fp16", 4, 10), "mpnet": ("mpnet-config", 8, 24)}
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "tf_model.h5", "flax_model.msgpack", "rust_model.ot")
-# The job's cost per pair besides attribution at full-QQP scale: 1.20 ms (bench/results/scale.md, 404,290 pairs in
-# waves of 16,384, code 05d6b85, 2 CPU cores: process wall minus engine time per actor). `sweep --overhead-ms`.
-JOB_OVERHEAD_MS_PER_PAIR = 1.20
-GOAL_HOURS = 1.0  # the goal: both models over full QQP, end to end, within an hour on one H100-class GPU
 
 
 # --------------------------------------------------------------------------- pack (here)
@@ -100,82 +91,9 @@ def pack() -> None:
 
 
 # --------------------------------------------------------------------------- run (on the GPU)
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def timed(fn):
-    sync()
-    t0 = time.perf_counter()
-    out = fn()
-    sync()
-    return out, time.perf_counter() - t0
-
-
-def build(key: str, device: str):
-    folder, layer, steps = MODELS[key]
-    path = PACK / folder
-    if not path.exists():  # no pack here: the installed packages (MiniLM's weights; mpnet's folder for its config)
-        from xsbert_core import resolve_model
-
-        path = Path(resolve_model("sentence-transformers/all-MiniLM-L6-v2" if key == "minilm" else "all-mpnet-base-v2"))
-    if key == "mpnet":  # random weights from the config, the folder's tokenizer, pooling and normalisation
-        from transformers import AutoConfig, AutoModel
-
-        work = Path("/tmp/xsbert-mpnet-random")
-        if not (work / "model.safetensors").exists():
-            shutil.rmtree(work, ignore_errors=True)
-            shutil.copytree(path, work)
-            torch.manual_seed(0)
-            AutoModel.from_config(AutoConfig.from_pretrained(path)).save_pretrained(work)
-        path = work
-    model = load_model(str(path), device=device).float()
-    return model, layer, steps
-
-
-def tiny_model(device: str):
-    """A tiny random BERT (2 layers, hidden 32) with MiniLM's tokenizer, mean pooling: `sweep --dry-run`'s model."""
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
-
-    from xsbert_core import resolve_model
-
-    work = Path("/tmp/xsbert-gpu-dry-run-bert")
-    if not (work / "config.json").exists():
-        src = resolve_model("sentence-transformers/all-MiniLM-L6-v2")
-        config = AutoConfig.from_pretrained(src, num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
-                                            intermediate_size=64)  # fmt: skip
-        torch.manual_seed(0)
-        AutoModel.from_config(config).save_pretrained(work)
-        AutoTokenizer.from_pretrained(src).save_pretrained(work)
-    first = Transformer(str(work), model_kwargs={"attn_implementation": "eager"}, max_seq_length=64)
-    model = SentenceTransformer(modules=[first, Pooling(first.get_embedding_dimension())], device=device)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model.eval()
-
-
-@contextlib.contextmanager
-def chunk(scale: int):
-    """Within: every jvp chunk is `scale` x the CPU's (xsbert_core.factors.chunk_elements replaced), on any device."""
-    import xsbert_core.factors as fac
-
-    original = fac.chunk_elements
-    fac.chunk_elements = lambda device: DEFAULT_CHUNK_ELEMENTS * scale
-    try:
-        yield
-    finally:
-        fac.chunk_elements = original
-
-
 def job_batches(ex: Explainer, texts: list[str]) -> list[list[str]]:
     """The texts longest first in batches of BATCH, as jobs.attribute hands a wave's sentences to its actors."""
-    lengths = [len(i) for i in ex.split.tokenizer(texts, truncation=False)["input_ids"]]
-    order = sorted(range(len(texts)), key=lambda i: (-lengths[i], texts[i]))
-    ordered = [texts[i] for i in order]
-    return [ordered[k : k + BATCH] for k in range(0, len(ordered), BATCH)]
+    return batches_of(ex, texts, BATCH)
 
 
 def engine_seconds(ex: Explainer, batches: list[list[str]]) -> float:
@@ -331,191 +249,6 @@ def run(args) -> None:
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
 
-
-# --------------------------------------------------------------------------- sweep (there, or --dry-run anywhere)
-def questions(device: str, dry_run: bool) -> list[str]:
-    """The QQP questions of the pack; without one (or in a dry run) the bundled STS-B sentences."""
-    if (PACK / "qqp-questions.json.gz").exists() and not dry_run:
-        with gzip.open(PACK / "qqp-questions.json.gz", "rt", encoding="utf-8") as fh:
-            return json.load(fh)
-    with gzip.open(ROOT / "jobs" / "data" / "stsb.tsv.gz", "rt", encoding="utf-8") as fh:
-        rows = list(csv.DictReader(fh, delimiter="\t", quoting=csv.QUOTE_NONE))
-    return sorted({r[k] for r in rows for k in ("sentence1", "sentence2") if r[k].strip()})
-
-
-def sweep_model(key: str, model, layer: int, steps: int, texts: list[str], args, device: str) -> dict:
-    """Every precision x chunk x batch cell over the same questions: engine seconds, GPU peak, factor errors, and the
-    factors' largest difference from float32's (the first batch size and chunk of float32, same questions)."""
-    rng = np.random.default_rng(0)
-    sample = [texts[i] for i in rng.choice(len(texts), size=min(args.sentences, len(texts)), replace=False)]
-    ex0 = Explainer(model, layer=layer, rule="gauss-legendre", steps=steps)
-    ex0.factors(sample[:4])  # warm-up
-    tokens = sum(len(i) for i in ex0.split.tokenizer(sample, truncation=False)["input_ids"])
-    res = {"model": key, "layer": ex0.layer, "n_layers": ex0.split.n_layers, "rule": "gauss-legendre",
-           "steps": steps, "sentences": len(sample), "tokens": tokens, "cells": []}  # fmt: skip
-    res["encode_s"] = timed(lambda: model.encode(sample, batch_size=max(args.batches), convert_to_numpy=True))[1]
-    ref: dict[str, torch.Tensor] | None = None
-    for prec in args.precisions:
-        ex = Explainer(model, layer=layer, rule="gauss-legendre", steps=steps, precision=prec)
-        ex.factors(sample[:4])  # warm-up: kernels, the cast copy of the model
-        for batch in args.batches:
-            for s in args.scales:
-                cell = {"precision": prec, "batch": batch, "chunk": s,
-                        "chunk_elements": DEFAULT_CHUNK_ELEMENTS * s}  # fmt: skip
-                try:
-                    with chunk(s):
-                        if device == "cuda":
-                            torch.cuda.reset_peak_memory_stats()
-                        got: list = []
-
-                        def go(ex=ex, batch=batch, got=got):
-                            for b in batches_of(ex, sample, batch):
-                                got.extend(ex.factors(b, batch_size=batch))
-
-                        cell["engine_s"] = timed(go)[1]
-                        cell["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
-                    errs = np.array([sf.error for sf in got])
-                    cell.update(factor_error_mean=float(errs.mean()), factor_error_max=float(errs.max()))
-                    if ref is None:
-                        ref = {sf.text: sf.factor for sf in got}
-                    diff = max(float((sf.factor - ref[sf.text]).abs().max()) for sf in got)
-                    cell["factor_max_rel_diff_vs_fp32"] = diff / max(float(f.abs().max()) for f in ref.values())
-                except torch.cuda.OutOfMemoryError as exc:  # a cell too large for the card: say so, go on
-                    cell["error"] = f"OOM: {str(exc)[:120]}"
-                finally:
-                    if device == "cuda":
-                        torch.cuda.empty_cache()
-                res["cells"].append(cell)
-                print(json.dumps({"model": key, **cell}), flush=True)
-    return res
-
-
-def batches_of(ex: Explainer, texts: list[str], size: int) -> list[list[str]]:
-    """The texts longest first in batches of `size`, as jobs.attribute hands a wave's sentences to its actors."""
-    lengths = [len(i) for i in ex.split.tokenizer(texts, truncation=False)["input_ids"]]
-    order = sorted(range(len(texts)), key=lambda i: (-lengths[i], texts[i]))
-    ordered = [texts[i] for i in order]
-    return [ordered[k : k + size] for k in range(0, len(ordered), size)]
-
-
-def extrapolate(m: dict, overhead_ms: float) -> list[dict]:
-    """Per precision, its fastest chunk x batch: full QQP's hours, engine + the job's overhead per pair."""
-    rows = []
-    fp32_err = None
-    for prec in dict.fromkeys(c["precision"] for c in m["cells"]):
-        ok = [c for c in m["cells"] if c["precision"] == prec and "engine_s" in c]
-        if not ok:
-            continue
-        best = min(ok, key=lambda c: c["engine_s"])
-        per_q = best["engine_s"] / m["sentences"]
-        engine_h = QQP_QUESTIONS * per_q / 3600
-        overhead_h = QQP_PAIRS * overhead_ms / 1e3 / 3600
-        err = float(np.mean([c["factor_error_mean"] for c in ok]))
-        fp32_err = fp32_err if fp32_err is not None else err
-        rows.append({"model": m["model"], "precision": prec, "chunk": best["chunk"], "batch": best["batch"],
-                     "ms_per_question": 1e3 * per_q, "engine_h": engine_h, "overhead_h": overhead_h,
-                     "total_h": engine_h + overhead_h, "factor_error_mean": err,
-                     "factor_error_vs_fp32": err / fp32_err if fp32_err else None})  # fmt: skip
-    return rows
-
-
-def sweep(args) -> dict:
-    device = "cpu" if args.dry_run else ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cpu" and not args.dry_run:
-        raise SystemExit("bench/gpu.py sweep: no GPU (torch.cuda.is_available() is False); --dry-run for the CPU")
-    if device == "cpu":
-        args.precisions = [p for p in args.precisions if p != "tf32"]  # TF32 is CUDA's: on a CPU it is fp32 again
-    texts = questions(device, args.dry_run)
-    out: dict = {"device": torch.cuda.get_device_name() if device == "cuda" else f"cpu ({platform.machine()})",
-                 "dry_run": args.dry_run, "torch": torch.__version__, "python": platform.python_version(),
-                 "stamp": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "overhead_ms_per_pair": args.overhead_ms,
-                 "grid": {"precisions": args.precisions, "chunks": args.scales, "batches": args.batches},
-                 "command": "python bench/gpu.py " + " ".join(sys.argv[1:]), "models": [], "qqp": []}  # fmt: skip
-    t0 = time.perf_counter()
-    stem = Path(args.out_stem)
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    if args.stsb_pairs:  # MiniLM's precisions on STS-B test pairs (bench/precision.py): the CUDA default's criterion
-        from engine import stsb_test_pairs
-        from precision import measure
-
-        model = tiny_model(device) if args.dry_run else build("minilm", device)[0]
-        layer, steps = (1, 2) if args.dry_run else MODELS["minilm"][1:]
-        out["stsb"] = {"pairs": args.stsb_pairs, "layer": layer, "steps": steps,
-                       **measure(model, stsb_test_pairs(args.stsb_pairs, 0), layer, steps, args.precisions, 16)}
-    for key in args.models:
-        if args.dry_run:
-            model, layer, steps = tiny_model(device), 1, 2
-        else:
-            model, layer, steps = build(key, device)
-        m = sweep_model(key, model, layer, steps, texts, args, device)
-        out["models"].append(m)
-        out["qqp"] += extrapolate(m, args.overhead_ms)
-        stem.with_suffix(".json").write_text(json.dumps(out, indent=1) + "\n")  # the tables as they are measured
-        del model
-        if device == "cuda":
-            torch.cuda.empty_cache()
-    out["wall_s"] = time.perf_counter() - t0
-    stem.with_suffix(".json").write_text(json.dumps(out, indent=1) + "\n")
-    stem.with_suffix(".md").write_text(sweep_markdown(out))
-    print(sweep_markdown(out))
-    return out
-
-
-def sweep_markdown(r: dict) -> str:
-    lines = [f"## Precision x chunk x batch sweep: {r['device']} (torch {r['torch']}, {r['stamp']})", "",
-             f"Command: `{r['command']}`" + (" -- a dry run (tiny random BERT on the CPU): the code path, not a "
-                                             "measurement" if r["dry_run"] else ""), ""]  # fmt: skip
-    if "stsb" in r:
-        st = r["stsb"]
-        lines += [f"all-MiniLM-L6-v2 on {st['pairs']} STS-B test pairs (layer {st['layer']}, GL N={st['steps']}; "
-                  "the criterion for the CUDA default: the fastest precision whose mean completeness error stays "
-                  "within 2x float32's):", "",
-                  "| precision | factor error mean | / fp32's | pair \|completeness error\| mean | / fp32's | "
-                  "max \|cell diff\| / max \|A\| | engine s | speed vs fp32 |", "|---|---|---|---|---|---|---|---|"]
-        for x in st["runs"]:
-            lines.append(f"| {x['precision']} | {x['factor_error_mean']:.2e} | {x['factor_error_mean_vs_fp32']:.2f} | "
-                         f"{x['completeness_abs_mean']:.2e} | {x['completeness_mean_vs_fp32']:.2f} | "
-                         f"{x['cell_max_rel_diff']:.1e} | {x['seconds']:.1f} | {x['speed_vs_fp32']:.2f}x |")
-        ok = [x for x in st["runs"] if x["completeness_mean_vs_fp32"] <= 2.0]
-        pick = max(ok, key=lambda x: x["speed_vs_fp32"])["precision"] if ok else "fp32"
-        lines += ["", f"By that rule: **{pick}** (speed from this table; the sweep below has the rates at scale).",
-                  ""]  # fmt: skip
-    lines += ["| model | layer | N (GL) | precision | batch | jvp chunk (x 2**23) | engine ms/question | "
-              "GPU peak GiB | factor error mean | max | max rel. diff vs fp32 |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for m in r["models"]:
-        n = m["sentences"]
-        for c in m["cells"]:
-            head = f"| {m['model']} | {m['layer']} | {m['steps']} | {c['precision']} | {c['batch']} | {c['chunk']}x |"
-            if "error" in c:
-                lines.append(f"{head} {c['error'][:40]} | | | | |")
-                continue
-            peak = f"{c['peak_gib']:.1f}" if c.get("peak_gib") is not None else ""
-            lines.append(f"{head} {1e3 * c['engine_s'] / n:.2f} | {peak} | {c['factor_error_mean']:.2e} | "
-                         f"{c['factor_error_max']:.2e} | {c['factor_max_rel_diff_vs_fp32']:.1e} |")
-    lines += ["", f"Full QQP ({QQP_QUESTIONS:,} questions, {QQP_PAIRS:,} pairs), per model and precision at its "
-              f"fastest chunk and batch: engine time + the job's {r['overhead_ms_per_pair']:.2f} ms per pair besides "
-              "attribution (bench/results/scale.md), against the goal of both models in "
-              f"{GOAL_HOURS:g} h:", "",
-              "| model | precision | chunk | batch | ms/question | engine h | job overhead h | total h | "
-              "factor error / fp32's |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for q in r["qqp"]:
-        lines.append(f"| {q['model']} | {q['precision']} | {q['chunk']}x | {q['batch']} | {q['ms_per_question']:.2f} | "
-                     f"{q['engine_h']:.2f} | {q['overhead_h']:.2f} | **{q['total_h']:.2f}** | "
-                     f"{q['factor_error_vs_fp32']:.2f} |")
-    by_model: dict[str, list[dict]] = {}
-    for q in r["qqp"]:
-        if q["factor_error_vs_fp32"] is not None and q["factor_error_vs_fp32"] <= 2.0:
-            by_model.setdefault(q["model"], []).append(q)
-    if by_model:
-        best = {k: min(v, key=lambda q: q["total_h"]) for k, v in by_model.items()}
-        total = sum(q["total_h"] for q in best.values())
-        lines += ["", "Both models at their fastest precision within 2x float32's factor error: "
-                  + " + ".join(f"{k} {q['precision']} {q['total_h']:.2f} h" for k, q in best.items())
-                  + f" = **{total:.2f} h** against the {GOAL_HOURS:g}-hour goal"
-                  + (" (met)." if total <= GOAL_HOURS else f" ({total / GOAL_HOURS:.1f}x over).")]  # fmt: skip
-    if "wall_s" in r:
-        lines += ["", f"Whole sweep wall {r['wall_s']:.0f} s.", ""]
-    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- report (here)

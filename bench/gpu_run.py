@@ -26,7 +26,7 @@ resumes: finished pieces are kept; with --resume-from results.tgz a fresh machin
   sweep-minilm    the sweep for MiniLM layer 4, N = 10
   adaptive-minilm adaptive against fixed for MiniLM
   shelf-n128      the run that ran out of an 80 GB card before the factor batch was fixed: shelf mpnet, layer 9,
-                  negation at N = 128 (bench/shelf_gpu.py's command)
+                  negation at N = 128 (configs/shelf-gpu.yaml's negation-N128)
   memory-minilm   bench/gpu_settings.py memory: the factor batch as N grows (whole, planned, under a limit)
 
 Here again: `python bench/gpu_run.py report results.tgz` writes the measured part of bench/results/gpu-job.md,

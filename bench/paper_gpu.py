@@ -38,9 +38,7 @@ import importlib.metadata
 import json
 import os
 import shutil
-import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 from typing import Any
@@ -51,189 +49,29 @@ try:
 except ModuleNotFoundError:  # there: a copy of the repository on a machine that has no pip install of it (`run`)
     sys.path.insert(0, str(ROOT))
 
-from jobs.bundle import BundleError, check_parts, install, join_parts, split_file  # noqa: E402
+from jobs.bundle import BundleError  # noqa: E402
+from paper_gpu_transfer import (  # noqa: E402  beside this file: what carries the study there and back
+    BASE,
+    BATCH_MIB,
+    DEVICE_WHEELS,
+    OUT_FILES,
+    OUT_MIB,
+    OUTBOX,
+    PART_MIB,
+    Outbox,
+    gather,
+    gpu_train,
+    install_base,
+    install_wheels,
+    prepare,
+    read_json,
+    receive,
+    say,
+    write_json,
+)
 
 CONFIG = ROOT / "configs" / "paper-gpu.yaml"
-BASE = "all-mpnet-base-v2"
-# What the stages that run there need beyond torch, transformers, sentence-transformers, pyarrow, pandas, numpy and
-# pyyaml: the study config's validation (pydantic) and the trainer's data (datasets), with what only they need. The
-# versions are this environment's (where the tests ran them).
-DEVICE_WHEELS = ("pydantic", "pydantic-core", "annotated-types", "typing-inspection", "datasets", "dill",
-                 "multiprocess")  # fmt: skip
-WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
-                   "manylinux1_x86_64")  # fmt: skip
-PART_MIB = 15  # largest part of the outbox
-BATCH_MIB = 50  # largest batch folder of `prepare`
-OUT_FILES, OUT_MIB = 8, 60  # what one OUT carries back: files, MiB together (outbox.json included)
-OUTBOX = "outbox.json"
 PROGRESS = "progress.json"
-
-
-def say(line: str) -> None:
-    print(f"paper_gpu: {line}", flush=True)
-
-
-def write_json(path: Path, value: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(value, indent=1, default=str) + "\n", encoding="utf-8")
-    tmp.replace(path)
-
-
-def read_json(path: Path, default: Any = None) -> Any:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else default
-
-
-# --------------------------------------------------------------------------- here: what travels there
-def download_wheels(dest: Path, names: tuple[str, ...], python: str = "3.12", pins: tuple[str, ...] = ()) -> list[Path]:
-    """`pip download --no-deps` of each name at this environment's version (or the one `pins` gives), for CPython
-    `python` on x86-64 Linux."""
-    chosen = {p.split("==")[0].lower(): p for p in pins}
-    pins = [chosen.get(n.lower(), f"{n}=={importlib.metadata.version(n)}") for n in names]
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet", "--dest", str(dest),
-           "--python-version", python, "--implementation", "cp"]  # fmt: skip
-    for tag in WHEEL_PLATFORMS:
-        cmd += ["--platform", tag]
-    subprocess.run([*cmd, *pins], check=True)
-    return sorted(dest.glob("*.whl"))
-
-
-def prepare(into: Path, base: str = BASE, wheels: tuple[str, ...] = DEVICE_WHEELS, part_mib: float = 25,
-            batch_mib: float = BATCH_MIB, pins: tuple[str, ...] = ()) -> list[Path]:  # fmt: skip
-    """The model as float16 parts (jobs.bundle) and the wheels, in batch folders of at most batch_mib each:
-    batch-01 holds the bundle's manifest.json and install.py, and the wheels; the parts fill the batches in order."""
-    from jobs.bundle import bundle
-
-    if into.exists() and any(into.iterdir()):
-        raise BundleError(f"{into} exists and is not empty; choose a new --into")
-    if part_mib > batch_mib:
-        raise BundleError(f"--part-mib {part_mib} is above --batch-mib {batch_mib}: a part would not fit a batch")
-    stage = into / ".stage"
-    bundle(stage / "bundle", int(part_mib * 2**20), models=(base,), float16=True, wheels=False, log=say)
-    files = download_wheels(stage / "wheels", wheels, pins=pins) if wheels else []
-    first = [stage / "bundle" / "manifest.json", stage / "bundle" / "install.py", *files]
-    parts = sorted((stage / "bundle" / "parts").iterdir())
-    batches: list[list[tuple[Path, str]]] = [[(f, f.name if f.suffix != ".whl" else f"wheels/{f.name}") for f in first]]
-    limit = batch_mib * 2**20
-    for part in parts:
-        used = sum(f.stat().st_size for f, _ in batches[-1])
-        if used + part.stat().st_size > limit:
-            batches.append([])
-        batches[-1].append((part, f"parts/{part.name}"))
-    out = []
-    for k, batch in enumerate(batches, 1):
-        folder = into / f"batch-{k:02d}"
-        for src, rel in batch:
-            (folder / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(src), folder / rel)
-        out.append(folder)
-        say(f"{folder}: {len(batch)} files, {sum((folder / r).stat().st_size for _, r in batch) / 2**20:.1f} MiB")
-    shutil.rmtree(stage)
-    return out
-
-
-# --------------------------------------------------------------------------- there: install from the batches
-def gather(transfer: Path, work: Path) -> tuple[Path, list[Path]]:
-    """The bundle as install.py reads it (work/bundle: manifest.json, parts/ linking into the batches) and the wheels."""
-    batches = sorted(p for p in transfer.glob("batch-*") if p.is_dir())
-    manifests = [b / "manifest.json" for b in batches if (b / "manifest.json").is_file()]
-    if not manifests:
-        raise BundleError(f"no batch folder under {transfer} holds the bundle's manifest.json (batch-01)")
-    folder = work / "bundle"
-    shutil.rmtree(folder, ignore_errors=True)
-    (folder / "parts").mkdir(parents=True)
-    shutil.copyfile(manifests[0], folder / "manifest.json")
-    for b in batches:
-        for part in sorted((b / "parts").glob("*")) if (b / "parts").is_dir() else ():
-            (folder / "parts" / part.name).symlink_to(part.resolve())
-    wheels = sorted(w for b in batches for w in (b / "wheels").glob("*.whl")) if batches else []
-    return folder, wheels
-
-
-def install_wheels(wheels: list[Path], site: Path) -> None:
-    """pip install --no-index --no-deps --target site (once), and site on sys.path (the spawned trainings inherit
-    it) and PYTHONPATH."""
-    marker = site / ".installed"
-    if wheels and not marker.is_file():
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--no-compile",
-                        "--upgrade", "--target", str(site), *map(str, wheels)], check=True)  # fmt: skip
-        marker.write_text("\n".join(w.name for w in wheels) + "\n")
-    if site.is_dir():
-        sys.path.insert(0, str(site))
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
-
-
-def install_base(transfer: Path, work: Path, wheels: bool = True) -> Path:
-    """The wheels (unless not `wheels`) and the float16 model from the batches; the model folder (float32 weights,
-    rebuilt and checked)."""
-    bundle, files = gather(transfer, work)
-    if wheels:
-        install_wheels(files, work / "site")
-    manifest = json.loads((bundle / "manifest.json").read_text())
-    models = [i for i in manifest["items"] if i["kind"] == "model"]
-    if len(models) != 1:
-        raise BundleError(f"the bundle holds {len(models)} models; this study starts from one")
-    target = work / "xs" / "models" / models[0]["name"]
-    if not (work / "xs" / "bundle.json").is_file():
-        install(bundle, work / "xs", models_only=True, log=say)  # every part checked (sha256) first
-    return target
-
-
-# --------------------------------------------------------------------------- there: the outbox
-class Outbox:
-    """The results folder's new files after each piece, as a tar in parts; OUT gets outbox.json and the next parts."""
-
-    def __init__(self, results: Path, folder: Path, part_mib: float) -> None:
-        self.results, self.folder, self.part_size = results, folder, int(part_mib * 2**20)
-        folder.mkdir(parents=True, exist_ok=True)
-        self.state = read_json(folder / OUTBOX, {"pieces": []})
-        self.packed = read_json(folder / "packed.json", {})
-
-    def parts(self) -> list[dict[str, Any]]:
-        return [p for piece in self.state["pieces"] for p in piece["parts"]]
-
-    def pack(self, piece: str, progress: dict[str, Any]) -> None:
-        """A tar of the results' files that are new or changed since the last pack (none: only progress is kept)."""
-        changed = []
-        for f in sorted(p for p in self.results.rglob("*") if p.is_file() and not p.name.endswith(".tmp")):
-            rel, st = f.relative_to(self.results).as_posix(), f.stat()
-            if self.packed.get(rel) != [st.st_size, st.st_mtime_ns] and not rel.endswith(".lock"):
-                changed.append((f, rel, [st.st_size, st.st_mtime_ns]))
-        if changed:
-            seq = len(self.state["pieces"]) + 1
-            name = f"{seq:03d}-{piece}.tar"
-            tar_path = self.folder / name
-            with tarfile.open(tar_path, "w") as tar:
-                for f, rel, _ in changed:
-                    tar.add(f, arcname=rel)
-            entry = split_file(tar_path, self.folder / "parts", self.part_size, root=self.folder)
-            tar_path.unlink()
-            self.state["pieces"].append({"seq": seq, "piece": piece, "files": len(changed), **entry})
-            self.packed.update({rel: key for _, rel, key in changed})
-            write_json(self.folder / "packed.json", self.packed)
-        self.state["progress"] = progress
-        write_json(self.folder / OUTBOX, self.state)
-
-    def fill(self, out: Path | None, received: int, max_files: int = OUT_FILES, max_mib: float = OUT_MIB) -> None:
-        """outbox.json and the parts after the first `received`, as many as the limits allow, into OUT."""
-        if out is None:
-            return
-        out.mkdir(parents=True, exist_ok=True)
-        for old in out.iterdir():
-            if old.is_file() and (old.name == OUTBOX or ".tar." in old.name):
-                old.unlink()
-        shutil.copyfile(self.folder / OUTBOX, out / OUTBOX)
-        budget, files = max_mib * 2**20 - (out / OUTBOX).stat().st_size, 1
-        sent = []
-        for part in self.parts()[received:]:
-            if files >= max_files or part["size"] > budget:
-                break
-            shutil.copyfile(self.folder / part["file"], out / Path(part["file"]).name)
-            budget -= part["size"]
-            files += 1
-            sent.append(Path(part["file"]).name)
-        left = len(self.parts()) - received - len(sent)
-        say(f"OUT: {len(sent)} part(s) after the first {received}" + (f"; {left} more wait for --received "
-                                                                      f"{received + len(sent)}" if left else ""))
 
 
 # --------------------------------------------------------------------------- there: the study, piece by piece
@@ -420,68 +258,6 @@ class Runner:
         self.finish(name, rec, key="runs")
 
 
-def gpu_train():
-    """bench/gpu_train.py (trained weights as float16 differences to their base, in parts)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gpu_train", ROOT / "bench" / "gpu_train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-# --------------------------------------------------------------------------- here: receive, report
-def rebuild_weights(into: Path, transfer: Path) -> list[Path]:
-    """The trained models that came back as float16 differences, rebuilt into <into>/models/ against the base the
-    machine had (the same float16 parts, reassembled here: the same bytes, checked by sha256)."""
-    packs = sorted((into / "weights").glob("*.meta.tgz")) if (into / "weights").is_dir() else []
-    todo = [p.name.removesuffix(".meta.tgz") for p in packs if not (into / "models" / p.name.removesuffix(".meta.tgz")
-                                                                      / "modules.json").is_file()]  # fmt: skip
-    if not todo:
-        return []
-    base = install_base(transfer, transfer / ".base", wheels=False)  # beside the batches, not in the results
-    module = gpu_train()
-    for name in todo:
-        shutil.rmtree(into / "models" / name, ignore_errors=True)
-        module.unpack(base, into / "weights", into / "models", name)
-        say(f"weights: {into / 'models' / name} rebuilt (float16 differences to {base.name})")
-    return [into / "models" / n for n in todo]
-
-
-def receive(parts_dirs: list[Path], into: Path, transfer: Path | None = None) -> dict[str, Any]:
-    """Join and extract every piece whose parts are all in `parts_dirs` (the newest outbox.json among them lists
-    them), in order, once; returns {"received": parts in order from the first, "pieces": extracted ones}."""
-    boxes = [read_json(d / OUTBOX) for d in parts_dirs if (d / OUTBOX).is_file()]
-    if not boxes:
-        raise BundleError(f"no {OUTBOX} in {', '.join(map(str, parts_dirs))}")
-    box = max(boxes, key=lambda b: len(b["pieces"]))
-    into.mkdir(parents=True, exist_ok=True)
-    stage = into / ".outbox"
-    (stage / "parts").mkdir(parents=True, exist_ok=True)
-    for d in parts_dirs:
-        for f in d.glob("*.tar.*"):
-            if not (stage / "parts" / f.name).is_file():
-                shutil.copyfile(f, stage / "parts" / f.name)
-    done = read_json(into / ".received.json", [])
-    received = 0
-    for piece in box["pieces"]:
-        if not all((stage / p["file"]).is_file() for p in piece["parts"]):
-            break
-        received += len(piece["parts"])
-        if piece["seq"] in done:
-            continue
-        check_parts(stage, [piece])
-        tar_path = join_parts(stage, piece, stage / piece["file"])
-        with tarfile.open(tar_path) as tar:
-            tar.extractall(into, filter="data")
-        tar_path.unlink()
-        done.append(piece["seq"])
-        write_json(into / ".received.json", done)
-    total = sum(len(p["parts"]) for p in box["pieces"])
-    say(f"{into}: {len(done)} of {len(box['pieces'])} pieces, parts 1-{received} of {total}"
-        + (f"; next: run ... --received {received}" if received < total else ""))  # fmt: skip
-    rebuilt = rebuild_weights(into, transfer) if transfer else []
-    return {"received": received, "total": total, "pieces": done, "progress": box.get("progress"), "models": rebuilt}
 
 
 def table1_report(results: Path, aso_iterations: int) -> dict[str, Any]:

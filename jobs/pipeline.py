@@ -717,9 +717,8 @@ def stage_attribute(study: Study, paths: dict[str, str] | None = None, names: li
 
 
 def stage_parse(study: Study, run_dirs: dict[str, str]) -> dict[str, Any] | None:
-    """jobs.parse over the runs that have unparsed sentences (all of them in one call: one parse per text)."""
-    from . import parse
-
+    """jobs.parse over the runs that have unparsed sentences (all of them in one call: one parse per text). With the
+    stage off, nothing of jobs.parse is imported (a machine without its packages runs the other stages)."""
     if not study.parse.enabled:
         say("parse: off in the config")
         return None
@@ -727,6 +726,8 @@ def stage_parse(study: Study, run_dirs: dict[str, str]) -> dict[str, Any] | None
     if not todo:
         say(f"parse: up to date ({len(run_dirs)} run(s))")
         return None
+    from . import parse
+
     job = config.ParseSettings(runs=tuple(str(run_dirs[n]) for n in todo), parser=study.parse.parser,
                                stanza_dir=study.parse.stanza_dir, executor=study.ray.executor or "ray",
                                ray_address=study.ray.address, quiet=True)

@@ -157,7 +157,7 @@ def test_run_settings_become_the_jobs_flags(tmp_path):
     assert attribute.settings(job.command()) == job
 
 
-@pytest.mark.parametrize("name", ["default", "qqp-local"])
+@pytest.mark.parametrize("name", ["default", "qqp-local", "shelf-gpu", "qqp-lexical-gpu"])
 def test_shipped_configs_validate(name, capsys):
     assert pipeline.cli(["--config", str(CONFIGS / f"{name}.yaml"), "--check"]) == 0, capsys.readouterr().err
 
