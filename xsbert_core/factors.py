@@ -5,7 +5,8 @@
 
 Column s is the JVP of e at x(alpha_n) with tangent Delta restricted to token s, summed over the
 quadrature. Tangents of many tokens and many (sentence, node) rows go through one vmap'd jvp;
-chunks bound memory. By completeness, sum_s P[:, s] -> e(x) - e(r).
+chunks bound memory; linear layers take the rule for constant parameters (xsbert_core.tangent_rules).
+By completeness, sum_s P[:, s] -> e(x) - e(r).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch.func import jvp, vmap
 from .precision import DEFAULT_PRECISION, Precision, jvp_dtype, tf32_matmuls
 from .quadrature import nodes_and_weights
 from .split import SplitModel, TokenBatch
+from .tangent_rules import constant_parameters
 
 # Elements of the largest per-sequence activation allowed in one chunk (~32 MB of float32 per
 # activation tensor); bounds peak memory for long texts, keeps short texts in large chunks.
@@ -161,7 +163,7 @@ def integrate(
     dim = ends.e_x.shape[-1]
     factors = torch.zeros(bsz, dim, seq_len, dtype=dtype, device=device)
 
-    with tf32_matmuls(precision == "tf32"):
+    with tf32_matmuls(precision == "tf32"), constant_parameters():
         for r0, r1, longest in row_chunks(split, row_len.tolist(), internal_batch_size, chunk):
             tok_chunk = jvp_chunks(split, longest, internal_batch_size, chunk)[0]
             # The rows' own length: the positions past it are padding in every row of the call (masked out of
