@@ -278,6 +278,36 @@ def test_a_split_that_does_not_reproduce_the_model_is_an_error(tiny):
         Explainer(model, layer=1, steps=1)
 
 
+@pytest.mark.parametrize("mode,layer", [("approx", 1), ("exact", -1)])
+def test_deberta_reads_only_the_relative_positions_the_text_uses(tiny, tmp_path, mode, layer):
+    """v3's 256 position buckets (32 here) span more relative positions than a sentence has: inside the tail each
+    attention reads only the rows of its table that the text's relative positions index (a span of m + 1 for the
+    largest |position| m), and the factors are those of the model's own full table (the independent reference)."""
+    import transformers as tf
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    folder = tiny.folder("deberta-v2", n_layers=LAYERS)
+    config = tf.AutoConfig.from_pretrained(folder)
+    config.position_buckets = 32
+    torch.manual_seed(0)
+    tf.AutoModel.from_config(config).eval().save_pretrained(tmp_path)
+    tf.AutoTokenizer.from_pretrained(folder).save_pretrained(tmp_path)
+    first = Transformer(str(tmp_path), model_kwargs={"attn_implementation": "eager"})
+    model = SentenceTransformer(modules=[first, Pooling(first.get_embedding_dimension(), "mean")], device="cpu")
+    model.eval()
+    spans: list[int] = []
+    for m in model[0].auto_model.modules():
+        if hasattr(m, "disentangled_attention_bias"):
+            own = m.disentangled_attention_bias
+            m.disentangled_attention_bias = lambda *a, m=m, own=own: (spans.append(m.pos_ebd_size), own(*a))[1]
+    ex = Explainer(model, layer=layer, mode=mode, rule="gauss-legendre", steps=STEPS)
+    fs = ex.factors([A, B])
+    longest = max(len(f.tokens) for f in fs)
+    assert 32 in spans and min(spans) <= longest < 32  # the model's own forward: 32; the tail's: m + 1 <= S
+    check_against_independent(model, ex, fs, layer, mode, "gauss-legendre")
+
+
 # --------------------------------------------------------------------------------------------- job and CLI
 @pytest.fixture(scope="module")
 def three_pairs(tmp_path_factory) -> Path:
