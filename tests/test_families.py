@@ -308,6 +308,23 @@ def test_deberta_reads_only_the_relative_positions_the_text_uses(tiny, tmp_path,
     check_against_independent(model, ex, fs, layer, mode, "gauss-legendre")
 
 
+@pytest.mark.parametrize("mode,calls", [("approx", [1, 1, 1, 1]), ("exact", [1, 1, 2, 2])])
+def test_endpoints_run_each_layer_once(tiny, mode, calls):
+    """Inputs and references go through the model as one batch, e(x) and e(r) through the tail as another; approx
+    mode's forward stops at layer L (exact mode's runs on: the reference's last token embeddings are its shift)."""
+    from xsbert_core.factors import endpoints
+
+    model = tiny.build("bert", "mean", n_layers=LAYERS)
+    ex = Explainer(model, layer=2, mode=mode, steps=1)
+    seen = [0] * LAYERS
+    for i, block in enumerate(model[0].auto_model.encoder.layer):
+        block.register_forward_hook(lambda m, a, out, i=i: seen.__setitem__(i, seen[i] + 1))  # runs completed
+    batch = ex.split.tokenize([A, B])
+    ends = endpoints(ex.split, batch)
+    assert seen == calls
+    assert ends.h_x.shape == ends.h_r.shape == (2, max(batch.lengths), model[0].auto_model.config.hidden_size)
+
+
 # --------------------------------------------------------------------------------------------- job and CLI
 @pytest.fixture(scope="module")
 def three_pairs(tmp_path_factory) -> Path:

@@ -20,6 +20,9 @@ at most S - 1), so within the slice each attention reads only rows span - m - 1 
 span set to m + 1 (`narrow_relative_positions`): the same entries gathered, each the same dot product, at a width
 of about 2S instead of 512. Under vmap over token tangents the full table was also copied once per tangent.
 
+`input_of` runs a forward up to layer L and no further: h(x) is what layer L's pre-hook sees, the very input
+`entered_at` replaces, and the layers from L on are not run for it.
+
 Families are recognised by `config.model_type`; any other raises UnsupportedModelError naming the supported ones.
 docs/MODELS.md lists them with what was tested for each.
 """
@@ -133,6 +136,35 @@ def entered_at(auto_model: nn.Module, family: Family, layer: int, hidden: Tensor
             config.layer_types = layer_types
         setattr(owner, attr, layers)
         handle.remove()
+
+
+class _Reached(Exception):
+    """Raised by `input_of`'s pre-hook on layer L: the forward has computed what was asked for."""
+
+
+def input_of(auto_model: nn.Module, family: Family, layer: int, features: dict[str, Tensor]) -> Tensor:
+    """The hidden states entering layer `layer` (B, S, H) in a forward of `auto_model` on `features`, which stops
+    there: layers layer..n-1 do not run."""
+    _, _, layers = layer_list(auto_model, family)
+    got: list[Tensor] = []
+
+    def capture(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        got.append(kwargs["hidden_states"] if "hidden_states" in kwargs else args[0])
+        raise _Reached
+
+    earlier = list(layers)[:layer]
+    narrowed = narrow_relative_positions(earlier) if family.model_type == "deberta-v2" else contextlib.nullcontext()
+    handle = layers[layer].register_forward_pre_hook(capture, with_kwargs=True)
+    try:
+        with narrowed:
+            auto_model(**features)
+    except _Reached:
+        pass
+    finally:
+        handle.remove()
+    if not got:
+        raise UnsupportedModelError(f"{type(auto_model).__name__}'s forward did not reach layer {layer}")
+    return got[0]
 
 
 @contextlib.contextmanager
