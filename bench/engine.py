@@ -39,6 +39,7 @@ import gzip
 import json
 import os
 import resource
+import shlex
 import subprocess
 import sys
 import time
@@ -265,7 +266,7 @@ def families_markdown(results: list[dict], args) -> str:
         f"{torch.__version__}, {torch.get_num_threads()} threads; random models of all-MiniLM-L6-v2's shape, "
         f"layer {args.layer}, riemann N={args.steps}, {args.family_pairs} STS-B test pairs, seed {args.seed}; best "
         f"of {args.family_rounds} alternated runs each; load average {os.getloadavg()[0]:.1f} at the end). "
-        f"Command: `python bench/engine.py {' '.join(sys.argv[1:])}`",
+        f"Command: `python bench/engine.py {shlex.join(sys.argv[1:])}`",
         "",
         "Wall: the best wall-clock seconds; CPU: the best CPU seconds of this process (time.process_time), which other",
         "processes' load disturbs less on a shared machine.",
@@ -339,7 +340,7 @@ def to_markdown(results: list[dict], args) -> str:
     lines = [
         f"Engine benchmark ({time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads; STS-B test pairs, seed {args.seed}). Command: "
-        f"`python bench/engine.py {' '.join(sys.argv[1:])}`",
+        f"`python bench/engine.py {shlex.join(sys.argv[1:])}`",
         "",
         "| | " + " | ".join(r["model"].split("/")[-1] + f" (layer {r['layer']}, D={r['dim']})" for r in results) + " |",
         "|---|" + "---|" * len(results),
