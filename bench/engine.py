@@ -254,7 +254,7 @@ def commit() -> str:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
                               check=True).stdout.strip()  # fmt: skip
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, cwd=ROOT).stdout.strip()  # fmt: skip
+                               text=True, cwd=ROOT, check=False).stdout.strip()  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("+changes" if dirty else "")

@@ -175,7 +175,8 @@ def narrow_relative_positions(layers: list[nn.Module]) -> Iterator[None]:
     With span = pos_ebd_size and m = max |relative_pos| < span - 1, the attention's c2p and p2c indices are
     span + relative_pos and span - relative_pos, all within [span - m, span + m]: given the table's rows
     span - m - 1 .. span + m and a span of m + 1, the module's own code (its rows 0 .. 2m + 1, its indices
-    m + 1 +- relative_pos, none clamped) gathers the same rows. Otherwise (m >= span - 1: indices the module clamps) it runs unchanged.
+    m + 1 +- relative_pos, none clamped) gathers the same rows. Otherwise (m >= span - 1: the rows used reach the
+    table's ends, where the module clamps) it runs unchanged.
     """
     handles = []
     spans: dict[nn.Module, int] = {}
