@@ -39,6 +39,7 @@ import gzip
 import json
 import os
 import resource
+import shlex
 import subprocess
 import sys
 import time
@@ -245,13 +246,25 @@ def bench_family(model_type: str, args) -> dict:
             "engine_cpu_s": c_eng, "forward_same_rows_cpu_s": c_fwd, "cpu_ratio": c_eng / c_fwd}  # fmt: skip
 
 
+def commit() -> str:
+    """The commit the benchmark ran at (with "+changes" when the work tree differs from it)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
+                              check=True).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, cwd=ROOT, check=False).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+changes" if dirty else "")
+
+
 def families_markdown(results: list[dict], args) -> str:
     lines = [
-        f"Engine / plain forward per family ({time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores, torch "
+        f"Engine / plain forward per family ({time.strftime('%Y-%m-%d')}, code {commit()}, {args.machine}, torch "
         f"{torch.__version__}, {torch.get_num_threads()} threads; random models of all-MiniLM-L6-v2's shape, "
         f"layer {args.layer}, riemann N={args.steps}, {args.family_pairs} STS-B test pairs, seed {args.seed}; best "
         f"of {args.family_rounds} alternated runs each; load average {os.getloadavg()[0]:.1f} at the end). "
-        f"Command: `python bench/engine.py {' '.join(sys.argv[1:])}`",
+        f"Command: `python bench/engine.py {shlex.join(sys.argv[1:])}`",
         "",
         "Wall: the best wall-clock seconds; CPU: the best CPU seconds of this process (time.process_time), which other",
         "processes' load disturbs less on a shared machine.",
@@ -325,7 +338,7 @@ def to_markdown(results: list[dict], args) -> str:
     lines = [
         f"Engine benchmark ({time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads; STS-B test pairs, seed {args.seed}). Command: "
-        f"`python bench/engine.py {' '.join(sys.argv[1:])}`",
+        f"`python bench/engine.py {shlex.join(sys.argv[1:])}`",
         "",
         "| | " + " | ".join(r["model"].split("/")[-1] + f" (layer {r['layer']}, D={r['dim']})" for r in results) + " |",
         "|---|" + "---|" * len(results),
@@ -389,6 +402,7 @@ def main() -> None:
     p.add_argument("--family-rounds", type=int, default=3, help="engine and forward runs per family, alternated")
     p.add_argument("--families-out", default=str(ROOT / "bench" / "results" / "engine_families.md"))
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    p.add_argument("--machine", default=f"{os.cpu_count()} CPU cores", help="the machine, as the results name it")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

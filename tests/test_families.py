@@ -278,6 +278,53 @@ def test_a_split_that_does_not_reproduce_the_model_is_an_error(tiny):
         Explainer(model, layer=1, steps=1)
 
 
+@pytest.mark.parametrize("mode,layer", [("approx", 1), ("exact", -1)])
+def test_deberta_reads_only_the_relative_positions_the_text_uses(tiny, tmp_path, mode, layer):
+    """v3's 256 position buckets (32 here) span more relative positions than a sentence has: inside the tail each
+    attention reads only the rows of its table that the text's relative positions index (a span of m + 1 for the
+    largest |position| m), and the factors are those of the model's own full table (the independent reference)."""
+    import transformers as tf
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    folder = tiny.folder("deberta-v2", n_layers=LAYERS)
+    config = tf.AutoConfig.from_pretrained(folder)
+    config.position_buckets = 32
+    torch.manual_seed(0)
+    tf.AutoModel.from_config(config).eval().save_pretrained(tmp_path)
+    tf.AutoTokenizer.from_pretrained(folder).save_pretrained(tmp_path)
+    first = Transformer(str(tmp_path), model_kwargs={"attn_implementation": "eager"})
+    model = SentenceTransformer(modules=[first, Pooling(first.get_embedding_dimension(), "mean")], device="cpu")
+    model.eval()
+    spans: list[int] = []
+    for m in model[0].auto_model.modules():
+        if hasattr(m, "disentangled_attention_bias"):
+            own = m.disentangled_attention_bias
+            m.disentangled_attention_bias = lambda *a, m=m, own=own: (spans.append(m.pos_ebd_size), own(*a))[1]
+    ex = Explainer(model, layer=layer, mode=mode, rule="gauss-legendre", steps=STEPS)
+    fs = ex.factors([A, B])
+    longest = max(len(f.tokens) for f in fs)
+    assert 32 in spans and min(spans) <= longest < 32  # the model's own forward: 32; the tail's: m + 1 <= S
+    check_against_independent(model, ex, fs, layer, mode, "gauss-legendre")
+
+
+@pytest.mark.parametrize("mode,calls", [("approx", [1, 1, 1, 1]), ("exact", [1, 1, 2, 2])])
+def test_endpoints_run_each_layer_once(tiny, mode, calls):
+    """Inputs and references go through the model as one batch, e(x) and e(r) through the tail as another; approx
+    mode's forward stops at layer L (exact mode's runs on: the reference's last token embeddings are its shift)."""
+    from xsbert_core.factors import endpoints
+
+    model = tiny.build("bert", "mean", n_layers=LAYERS)
+    ex = Explainer(model, layer=2, mode=mode, steps=1)
+    seen = [0] * LAYERS
+    for i, block in enumerate(model[0].auto_model.encoder.layer):
+        block.register_forward_hook(lambda m, a, out, i=i: seen.__setitem__(i, seen[i] + 1))  # runs completed
+    batch = ex.split.tokenize([A, B])
+    ends = endpoints(ex.split, batch)
+    assert seen == calls
+    assert ends.h_x.shape == ends.h_r.shape == (2, max(batch.lengths), model[0].auto_model.config.hidden_size)
+
+
 # --------------------------------------------------------------------------------------------- job and CLI
 @pytest.fixture(scope="module")
 def three_pairs(tmp_path_factory) -> Path:

@@ -5,7 +5,8 @@
 
 Column s is the JVP of e at x(alpha_n) with tangent Delta restricted to token s, summed over the
 quadrature. Tangents of many tokens and many (sentence, node) rows go through one vmap'd jvp;
-chunks bound memory. By completeness, sum_s P[:, s] -> e(x) - e(r).
+chunks bound memory; linear layers take the rule for constant parameters (xsbert_core.tangent_rules).
+By completeness, sum_s P[:, s] -> e(x) - e(r).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch.func import jvp, vmap
 from .precision import DEFAULT_PRECISION, Precision, jvp_dtype, tf32_matmuls
 from .quadrature import nodes_and_weights
 from .split import SplitModel, TokenBatch
+from .tangent_rules import constant_parameters
 
 # Elements of the largest per-sequence activation allowed in one chunk (~32 MB of float32 per
 # activation tensor); bounds peak memory for long texts, keeps short texts in large chunks.
@@ -57,18 +59,28 @@ class Endpoints:
 def endpoints(split: SplitModel, batch: TokenBatch) -> Endpoints:
     """Run the model on inputs and references: hidden states at L and embeddings at both ends.
 
+    Inputs and references go through the model as one batch of 2B rows (the same lengths and masks), and e(x), e(r)
+    through the tail as another (on the inputs' features, as the path's points). In approx mode the forward stops at
+    layer L (SplitModel.entering); exact mode runs it to the end for the reference's token embeddings T(r).
+
     With an excluded prompt (batch.exclude_prompt) the path starts at h(r) with the prompt's positions held at
     h(x): h_r[prompt] = h_x[prompt], so Delta is 0 there (split.py).
     """
-    h_x, _ = split.hidden(batch.features)
+    bsz = len(batch.texts)
     ref_features = batch.reference_features()
-    h_r, t_r = split.hidden(ref_features)
+    both = {k: torch.cat([v, ref_features[k]]) for k, v in batch.features.items()}
+    if split.mode == "exact":
+        h, t = split.hidden(both)
+        t_r = t[bsz:]
+    else:
+        h, t_r = split.entering(both), None
+    h_x, h_r = h[:bsz], h[bsz:]
     if batch.exclude_prompt and batch.prompt_mask is not None:
         h_r = torch.where(batch.prompt_mask.unsqueeze(-1), h_x, h_r)
-    shift = t_r if split.mode == "exact" else None
-    e_x = split.tail(h_x, batch.features, shift, batch.prompt_length)
-    e_r = split.tail(h_r, batch.features, shift, batch.prompt_length)
-    return Endpoints(batch, h_x, h_r, shift, e_x, e_r)
+    twice = {k: torch.cat([v, v]) for k, v in batch.features.items()}
+    e = split.tail(torch.cat([h_x, h_r]), twice, torch.cat([t_r, t_r]) if t_r is not None else None,
+                   batch.prompt_length)  # fmt: skip
+    return Endpoints(batch, h_x, h_r, t_r, e[:bsz], e[bsz:])
 
 
 def gpu_chunk_elements(total_memory: int) -> int:
@@ -161,7 +173,7 @@ def integrate(
     dim = ends.e_x.shape[-1]
     factors = torch.zeros(bsz, dim, seq_len, dtype=dtype, device=device)
 
-    with tf32_matmuls(precision == "tf32"):
+    with tf32_matmuls(precision == "tf32"), constant_parameters():
         for r0, r1, longest in row_chunks(split, row_len.tolist(), internal_batch_size, chunk):
             tok_chunk = jvp_chunks(split, longest, internal_batch_size, chunk)[0]
             # The rows' own length: the positions past it are padding in every row of the call (masked out of

@@ -13,6 +13,16 @@ where the loop starts, and are set for the slice while inside it:
     embeddings_project        ELECTRA's projection between embeddings and layer 0: the pre-hook on layer L is
                               after it, so nothing to do
 
+One more is a matter of work, not of numbers: DeBERTa-v2's attention multiplies q and k by the projections of its
+whole relative-position table (2 x position_buckets rows, 512 in v3) and then gathers the S x S entries the
+sequence's relative positions index. Those are the rows span - m .. span + m (m = the largest |relative position|,
+at most S - 1), so within the slice each attention reads only rows span - m - 1 .. span + m of the table, with its
+span set to m + 1 (`narrow_relative_positions`): the same entries gathered, each the same dot product, at a width
+of about 2S instead of 512. Under vmap over token tangents the full table was also copied once per tangent.
+
+`input_of` runs a forward up to layer L and no further: h(x) is what layer L's pre-hook sees, the very input
+`entered_at` replaces, and the layers from L on are not run for it.
+
 Families are recognised by `config.model_type`; any other raises UnsupportedModelError naming the supported ones.
 docs/MODELS.md lists them with what was tested for each.
 """
@@ -106,6 +116,7 @@ def entered_at(auto_model: nn.Module, family: Family, layer: int, hidden: Tensor
     slice_types = layer > 0 and isinstance(layer_types, list) and len(layer_types) == len(layers)
     encoder = getattr(auto_model, "encoder", None)
     conv = getattr(encoder, "conv", None) if layer > 0 else None
+    narrowed = narrow_relative_positions(list(layers)[layer:]) if family.model_type == "deberta-v2" else None
     handle = first.register_forward_pre_hook(replace_input, with_kwargs=True)
     setattr(owner, attr, nn.ModuleList(list(layers)[layer:]))
     if slice_types:
@@ -113,7 +124,11 @@ def entered_at(auto_model: nn.Module, family: Family, layer: int, hidden: Tensor
     if conv is not None:
         encoder.conv = None
     try:
-        yield
+        if narrowed is not None:
+            with narrowed:
+                yield
+        else:
+            yield
     finally:
         if conv is not None:
             encoder.conv = conv
@@ -121,3 +136,77 @@ def entered_at(auto_model: nn.Module, family: Family, layer: int, hidden: Tensor
             config.layer_types = layer_types
         setattr(owner, attr, layers)
         handle.remove()
+
+
+class _Reached(Exception):
+    """Raised by `input_of`'s pre-hook on layer L: the forward has computed what was asked for."""
+
+
+def input_of(auto_model: nn.Module, family: Family, layer: int, features: dict[str, Tensor]) -> Tensor:
+    """The hidden states entering layer `layer` (B, S, H) in a forward of `auto_model` on `features`, which stops
+    there: layers layer..n-1 do not run."""
+    _, _, layers = layer_list(auto_model, family)
+    got: list[Tensor] = []
+
+    def capture(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        got.append(kwargs["hidden_states"] if "hidden_states" in kwargs else args[0])
+        raise _Reached
+
+    earlier = list(layers)[:layer]
+    narrowed = narrow_relative_positions(earlier) if family.model_type == "deberta-v2" else contextlib.nullcontext()
+    handle = layers[layer].register_forward_pre_hook(capture, with_kwargs=True)
+    try:
+        with narrowed:
+            auto_model(**features)
+    except _Reached:
+        pass
+    finally:
+        handle.remove()
+    if not got:
+        raise UnsupportedModelError(f"{type(auto_model).__name__}'s forward did not reach layer {layer}")
+    return got[0]
+
+
+@contextlib.contextmanager
+def narrow_relative_positions(layers: list[nn.Module]) -> Iterator[None]:
+    """Within: DeBERTa-v2's disentangled attentions in `layers` read only the rows of the relative-position table
+    that the call's relative positions index (module docstring).
+
+    With span = pos_ebd_size and m = max |relative_pos| < span - 1, the attention's c2p and p2c indices are
+    span + relative_pos and span - relative_pos, all within [span - m, span + m]: given the table's rows
+    span - m - 1 .. span + m and a span of m + 1, the module's own code (its rows 0 .. 2m + 1, its indices
+    m + 1 +- relative_pos, none clamped) gathers the same rows. Otherwise (m >= span - 1: the rows used reach the
+    table's ends, where the module clamps) it runs unchanged.
+    """
+    handles = []
+    spans: dict[nn.Module, int] = {}
+    for module in (m for layer in layers for m in layer.modules()):
+        span = getattr(module, "pos_ebd_size", None)
+        if not (hasattr(module, "disentangled_attention_bias") and getattr(module, "relative_attention", False)
+                and isinstance(span, int)):  # fmt: skip
+            continue
+        spans[module] = span
+
+        def narrow(mod: nn.Module, args: tuple, kwargs: dict, span: int = span) -> tuple[tuple, dict] | None:
+            rel, table = kwargs.get("relative_pos"), kwargs.get("rel_embeddings")
+            mod.pos_ebd_size = span
+            if rel is None or table is None or table.shape[-2] < 2 * span:
+                return None
+            m = int(rel.abs().max())
+            if m + 1 >= span:
+                return None
+            mod.pos_ebd_size = m + 1
+            return args, {**kwargs, "rel_embeddings": table[..., span - m - 1 : span + m + 1, :]}
+
+        def restore(mod: nn.Module, args: tuple, output, span: int = span) -> None:
+            mod.pos_ebd_size = span
+
+        handles.append(module.register_forward_pre_hook(narrow, with_kwargs=True))
+        handles.append(module.register_forward_hook(restore))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        for module, span in spans.items():
+            module.pos_ebd_size = span

@@ -29,7 +29,7 @@ from sentence_transformers import SentenceTransformer
 from torch import Tensor
 
 from .errors import InputError, TruncationError, UnsupportedModelError
-from .families import Family, entered_at, family_of, layer_list
+from .families import Family, entered_at, family_of, input_of, layer_list
 from .precision import tf32_matmuls
 from .references import pad_token_id, reference_ids
 from .shift import is_shifted, outer_reference_ids
@@ -380,6 +380,11 @@ class SplitModel:
         """(h, T): hidden states entering layer L and the last layer's token embeddings, (B, S, H)."""
         out = self.auto_model(**features, output_hidden_states=True)
         return out.hidden_states[self.layer], out.last_hidden_state
+
+    @torch.no_grad()
+    def entering(self, features: dict[str, Tensor]) -> Tensor:
+        """h: the hidden states entering layer L, (B, S, H), from a forward that stops there (families.input_of)."""
+        return input_of(self.auto_model, self.family, self.layer, features)
 
     def tail(
         self, hidden: Tensor, features: dict[str, Tensor], shift: Tensor | None = None, prompt_length: int | None = None
