@@ -107,14 +107,19 @@ def schema_fields(cls: type, optional: bool, skip: tuple[str, ...] = ()) -> dict
         nullable = optional or (default is None)
         bounds = {k: md[k] for k in ("ge", "gt", "lt", "pattern") if k in md}
         out[md.get("key", f.name)] = (kind | None if nullable else kind,
-                                      Field(default, description=md.get("help"), **bounds))  # fmt: skip
+                                      Field(default, description=described(md.get("help")), **bounds))  # fmt: skip
     return out
+
+
+def described(help_text: str | None) -> str | None:
+    """A setting's help as the config schema shows it: argparse's `%%` (a literal %) undone."""
+    return help_text.replace("%%", "%") if help_text else help_text
 
 
 def study_field(cls: type, name: str) -> Any:
     """A top-level field of the study config that is a setting of jobs/config.py (`out`, `quiet`)."""
     f = cls.__dataclass_fields__[name]
-    return Field(f.default, description=f.metadata.get("help"))
+    return Field(f.default, description=described(f.metadata.get("help")))
 
 
 def settings_of(cls: type, *blocks: BaseModel) -> dict[str, Any]:

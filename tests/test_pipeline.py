@@ -368,3 +368,10 @@ def test_the_report_fingerprint_covers_the_code_the_report_imports():
     assert not any(f.startswith(("jobs/attribution/", "jobs/parsing/")) for f in files)
     sources = {p.relative_to(pipeline.REPO_ROOT).as_posix() for p in sqlfiles.sources()}
     assert {"sql/lib/cells_guard.sql", "sql/report/agreement_check.sql", "sql/table1.sql"} <= sources
+
+
+def test_the_config_schema_shows_a_percent_as_written():
+    """Help texts are written for argparse (`%%` is a literal %); the study config's schema shows them as read."""
+    schema = json.dumps(pipeline.Study.model_json_schema())
+    assert "85% of the actor" in schema and "~4% of QQP" in schema
+    assert "%%" not in schema
