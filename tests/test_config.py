@@ -121,7 +121,7 @@ def test_the_pipeline_config_is_made_from_the_jobs_fields():
     for cls, block in ((Attribution, pipeline.Attribution), (config.Execution, pipeline.Ray)):
         for f in dataclasses.fields(cls):
             if f.name in block.model_fields:
-                assert block.model_fields[f.name].description == f.metadata["help"], f.name
+                assert block.model_fields[f.name].description == pipeline.described(f.metadata["help"]), f.name
     with pytest.raises(pipeline.ValidationError, match="Input should be 'all', 'same-token' or 'none'"):
         pipeline.Attribution(cells="some")
     with pytest.raises(pipeline.ValidationError, match="greater than or equal to 1"):
