@@ -116,7 +116,7 @@ def entered_at(auto_model: nn.Module, family: Family, layer: int, hidden: Tensor
     slice_types = layer > 0 and isinstance(layer_types, list) and len(layer_types) == len(layers)
     encoder = getattr(auto_model, "encoder", None)
     conv = getattr(encoder, "conv", None) if layer > 0 else None
-    narrowed = narrow_relative_positions(list(layers)[layer:]) if family.model_type == "deberta-v2" else None
+    narrowed = relative_positions_narrowed(family, list(layers)[layer:])
     handle = first.register_forward_pre_hook(replace_input, with_kwargs=True)
     setattr(owner, attr, nn.ModuleList(list(layers)[layer:]))
     if slice_types:
@@ -124,10 +124,7 @@ def entered_at(auto_model: nn.Module, family: Family, layer: int, hidden: Tensor
     if conv is not None:
         encoder.conv = None
     try:
-        if narrowed is not None:
-            with narrowed:
-                yield
-        else:
+        with narrowed:
             yield
     finally:
         if conv is not None:
@@ -152,8 +149,7 @@ def input_of(auto_model: nn.Module, family: Family, layer: int, features: dict[s
         got.append(kwargs["hidden_states"] if "hidden_states" in kwargs else args[0])
         raise _Reached
 
-    earlier = list(layers)[:layer]
-    narrowed = narrow_relative_positions(earlier) if family.model_type == "deberta-v2" else contextlib.nullcontext()
+    narrowed = relative_positions_narrowed(family, list(layers)[:layer])
     handle = layers[layer].register_forward_pre_hook(capture, with_kwargs=True)
     try:
         with narrowed:
@@ -165,6 +161,12 @@ def input_of(auto_model: nn.Module, family: Family, layer: int, features: dict[s
     if not got:
         raise UnsupportedModelError(f"{type(auto_model).__name__}'s forward did not reach layer {layer}")
     return got[0]
+
+
+def relative_positions_narrowed(family: Family, layers: list[nn.Module]) -> contextlib.AbstractContextManager[None]:
+    """`narrow_relative_positions(layers)` for DeBERTa-v2, whose attention reads a relative-position table; nothing
+    for every other family."""
+    return narrow_relative_positions(layers) if family.model_type == "deberta-v2" else contextlib.nullcontext()
 
 
 @contextlib.contextmanager
