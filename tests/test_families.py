@@ -141,6 +141,37 @@ def test_left_padding_tokenizer_gives_the_models_own_embeddings(tiny):
         assert rel(as_np(f.embedding), as_np(e)) <= 1e-5
 
 
+def test_the_split_forwards_keep_no_key_value_cache(tiny):
+    """A decoder's forward that enters or stops at layer L makes no key/value cache: one made from the config has a
+    slot per layer of the sliced list while the layers keep their own indices (transformers 5.17 indexed past its
+    end), and under jvp it would hold every call's keys and values with their tangents. The config is restored."""
+    from xsbert_core.families import FAMILIES, entered_at, input_of
+
+    model = tiny.get("qwen3", "lasttoken", n_layers=LAYERS)
+    ex = Explainer(model, layer=2, steps=2)
+    auto, family = model[0].auto_model, FAMILIES["qwen3"]
+    feats = ex.split.tokenize([A, B]).features
+    configured, auto.config.use_cache = auto.config.use_cache, True  # as sentence-transformers 6.0 leaves it
+    seen: list[tuple[int, object]] = []  # (layer, the cache it was handed), each layer call
+    hooks = [block.register_forward_pre_hook(  # the keyword is `past_key_values` up to transformers 5.17, `cache` later
+        lambda m, a, kw, i=i: seen.append((i, kw.get("cache", kw.get("past_key_values")))), with_kwargs=True)
+        for i, block in enumerate(auto.layers)]  # fmt: skip
+    try:
+        with torch.no_grad():
+            h = input_of(auto, family, 2, feats)
+            stopped, seen[:] = list(seen), []
+            with entered_at(auto, family, 2, h):
+                auto(**feats)
+            entered, seen[:] = list(seen), []
+            auto(**feats)  # the model's own forward, outside: a cache as configured
+    finally:
+        auto.config.use_cache = configured
+        for hook in hooks:
+            hook.remove()
+    assert stopped == [(0, None), (1, None), (2, None)] and entered == [(2, None), (3, None)]
+    assert [i for i, _ in seen] == [0, 1, 2, 3] and all(c is not None for _, c in seen)
+
+
 # --------------------------------------------------------------------------------------------- prompts
 PROMPTS = {"query": "search_query: ", "document": "search_document: "}
 

@@ -10,6 +10,10 @@ where the loop starts, and are set for the slice while inside it:
     config.layer_types        a per-layer list (ModernBERT's alternating local/global attention, Qwen3's
                               full/sliding layers) that some models index by the loop counter: sliced to [L:]
     encoder.conv              DeBERTa-v2's convolution after the first layer, over the embedding output: off for L > 0
+    config.use_cache          a decoder's key/value cache (Qwen3; sentence-transformers 6.0 leaves it on): off, as
+                              nothing is generated; a cache made from the config has a slot per layer of the slice
+                              while the layers keep their own indices, and under jvp it would keep every call's keys
+                              and values with their tangents
     embeddings_project        ELECTRA's projection between embeddings and layer 0: the pre-hook on layer L is
                               after it, so nothing to do
 
@@ -124,7 +128,7 @@ def entered_at(auto_model: nn.Module, family: Family, layer: int, hidden: Tensor
     if conv is not None:
         encoder.conv = None
     try:
-        with narrowed:
+        with narrowed, no_cache(config):
             yield
     finally:
         if conv is not None:
@@ -152,7 +156,7 @@ def input_of(auto_model: nn.Module, family: Family, layer: int, features: dict[s
     narrowed = relative_positions_narrowed(family, list(layers)[:layer])
     handle = layers[layer].register_forward_pre_hook(capture, with_kwargs=True)
     try:
-        with narrowed:
+        with narrowed, no_cache(auto_model.config):
             auto_model(**features)
     except _Reached:
         pass
@@ -161,6 +165,21 @@ def input_of(auto_model: nn.Module, family: Family, layer: int, features: dict[s
     if not got:
         raise UnsupportedModelError(f"{type(auto_model).__name__}'s forward did not reach layer {layer}")
     return got[0]
+
+
+@contextlib.contextmanager
+def no_cache(config) -> Iterator[None]:
+    """Within: `config.use_cache` is False where the config has one (decoders), so a forward keeps no key/value
+    cache."""
+    if not hasattr(config, "use_cache"):
+        yield
+        return
+    before = config.use_cache
+    config.use_cache = False
+    try:
+        yield
+    finally:
+        config.use_cache = before
 
 
 def relative_positions_narrowed(family: Family, layers: list[nn.Module]) -> contextlib.AbstractContextManager[None]:
