@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from xsbert_core import Explainer
 from xsbert_core.factors import endpoints, integrate
@@ -126,6 +127,22 @@ def test_a_batch_that_runs_out_of_memory_is_halved_and_gives_the_same_factors(tm
     assert r["n"] == 8 and r["steps"] == [64] * 8
     assert r["out_of_memory"] >= 1 and r["cap"] is not None  # it ran out, halved, and remembered
     assert r["rel_diff"] < 1e-5  # the same factors as without a limit, to float32 rounding
+
+
+def test_the_budget_counts_allocations_not_views_of_tensors_made_before():
+    """A view shares the storage of the tensor it views: the transpose that F.linear takes of a weight made before
+    the budget is no allocation. Counted as one, a model's weights stayed in the count for as long as they lived,
+    and a budget meant for the call's own tensors ran out at one sentence (all-MiniLM-L6-v2 in the memory piece's
+    dry run, bench/gpu_settings.py)."""
+    weight = torch.ones(256, 1024)  # 1 MiB, made before
+    x = torch.ones(4, 1024)
+    with TensorBudget(64 * 2**10) as meter:  # 64 KiB: the weight would pass it
+        y = torch.nn.functional.linear(x, weight)  # aten.t(weight), a view, then the product: 4 KiB
+        y.add_(1.0)  # in place: no allocation either
+        z = y.t().contiguous()  # a copy: 4 KiB more
+    assert meter.now == meter.peak == y.untyped_storage().nbytes() + z.untyped_storage().nbytes() == 8 * 2**10
+    del y
+    assert meter.now == 4 * 2**10  # freed storages leave the count
 
 
 def test_the_rows_cost_what_the_model_says_not_once_per_token_tangent(tiny):

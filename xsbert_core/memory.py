@@ -122,6 +122,25 @@ def release_cached(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+def _storage(t: torch.Tensor) -> tuple[torch.UntypedStorage, int] | None:
+    """The storage that holds `t`'s values, and where: under functorch's wrappers (batched, dual, functional); None
+    for a wrapper without one of its own."""
+    for _ in range(8):
+        if not (ft.is_batchedtensor(t) or ft.is_gradtrackingtensor(t) or ft.is_functionaltensor(t)):
+            break
+        t = ft.get_unwrapped(t)
+    try:
+        storage = t.untyped_storage()
+        return storage, storage.data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def _storage_key(t: torch.Tensor) -> int | None:
+    found = _storage(t)
+    return found[1] if found is not None else None
+
+
 class TensorBudget(TorchDispatchMode):
     """A limit on the tensors an engine call holds at once, where no allocator sets one (a CPU; a GPU's caching
     allocator has its own, torch.cuda.set_per_process_memory_fraction).
@@ -131,8 +150,9 @@ class TensorBudget(TorchDispatchMode):
         budget.peak                                 # the most they held (also with limit=None: a meter)
 
     Every op's outputs are counted at the storage that holds them (inside vmap and jvp too: the plain tensor under
-    functorch's wrappers), each storage once, until it is freed; tensors made before (the model) are not. It runs in
-    Python for every op: a CPU's seam, not a GPU's."""
+    functorch's wrappers), each storage once, until it is freed; an output that shares an input's storage (a view,
+    an in-place op: the transpose F.linear takes of a weight) is no allocation, so tensors made before (the model)
+    are not counted, nor their views. It runs in Python for every op: a CPU's seam, not a GPU's."""
 
     def __init__(self, limit: int | None) -> None:
         super().__init__()
@@ -142,20 +162,18 @@ class TensorBudget(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        tree_map_only(torch.Tensor, self._count, out)
+        inputs: set[int | None] = set()
+        tree_map_only(torch.Tensor, lambda t: inputs.add(_storage_key(t)), (args, kwargs))
+        tree_map_only(torch.Tensor, lambda t: self._count(t, inputs), out)
         return out
 
-    def _count(self, t: torch.Tensor) -> None:
-        for _ in range(8):  # functorch's wrappers (batched, dual) around the tensor that holds the storage
-            if not (ft.is_batchedtensor(t) or ft.is_gradtrackingtensor(t) or ft.is_functionaltensor(t)):
-                break
-            t = ft.get_unwrapped(t)
-        try:
-            storage = t.untyped_storage()
-            key, n = storage.data_ptr(), storage.nbytes()
-        except (RuntimeError, NotImplementedError):  # a wrapper without storage of its own
+    def _count(self, t: torch.Tensor, inputs: set[int | None]) -> None:
+        found = _storage(t)
+        if found is None:
             return
-        if n == 0 or key in self.live:
+        storage, key = found
+        n = storage.nbytes()
+        if n == 0 or key in self.live or key in inputs:
             return
         self.live[key] = n
         self.now += n
