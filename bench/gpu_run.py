@@ -293,6 +293,17 @@ def estimate(job: dict[str, Any], engine: dict[str, Any] | None) -> dict[str, An
     return out
 
 
+def to_the_hour(stage1_h: float, stage2_h: float, prepare_h: float) -> str:
+    """What stands between the two models' estimate and 1 h: each stage against the hour that prepare leaves."""
+    left = 1.0 - prepare_h
+    if left <= 0:
+        return (f"Between them and 1 h: prepare alone takes {prepare_h:.2f} h; then stage 1 {stage1_h:.2f} h of GPU "
+                f"time and stage 2 and the commits {stage2_h:.2f} h of CPU and driver time.")
+    return (f"Between them and 1 h: prepare {prepare_h:.2f} h leaves {left:.2f} h, in which stage 1's {stage1_h:.2f} h "
+            f"of GPU time is x{stage1_h / left:.1f} too slow for one GPU (that many GPUs, or a faster engine), and "
+            f"stage 2 and the commits' {stage2_h:.2f} h of CPU and driver time x{stage2_h / left:.1f}.")
+
+
 def report(args) -> str:
     from gpu_job import report as job_report
 
@@ -306,7 +317,7 @@ def report(args) -> str:
     inst = prog["pieces"].get("install", {})
     lines = [MEASURED, "", "## Measured", "",
              f"Started {', '.join(prog['starts'])}; install {inst.get('seconds', 0):.0f} s ({inst.get('bundle_mib', 0):.0f}"
-             f" MiB of parts; requirements the machine lacked: {inst.get('unmet') or 'none'}); whole run "
+             f" MiB of parts; requirements the machine lacked: {inst.get('unmet') or 'none'}); the last start ran "
              f"{prog.get('wall_s', 0):.0f} s.", "",
              "| piece | exit | seconds |", "|---|---|---|"]  # fmt: skip
     lines += [f"| {k} | {v.get('rc', v.get('skipped'))} | {v.get('seconds', 0):.0f} |" for k, v in prog["pieces"].items()]
@@ -330,10 +341,7 @@ def report(args) -> str:
         both = sum(e["overlapped_h"] for _, e in rows)
         s1, s2, prep = (sum(e[k] for _, e in rows) for k in ("stage1_h", "stage2_h", "prepare_h"))
         lines += ["", f"Both models, one after the other on one GPU: **{both:.2f} h** (overlapped waves); the goal is "
-                  f"1 h." + (f" Between them and 1 h: stage 1 {s1:.2f} h of GPU time (x{s1 / max(1e-9, 1 - prep):.1f} "
-                             f"too slow for one GPU: that many GPUs, or a faster engine), stage 2 and the commits "
-                             f"{s2:.2f} h of CPU and driver time (x{s2 / max(1e-9, 1 - prep):.1f}), prepare "
-                             f"{prep:.2f} h." if both > 1 else "")]  # fmt: skip
+                  f"1 h." + (" " + to_the_hour(s1, s2, prep) if both > 1 else "")]
     for key in ("mpnet", "minilm"):
         for what in ("sweep", "adaptive"):
             path = res / f"{what}-{key}.json"

@@ -127,3 +127,14 @@ def test_the_prepared_gpu_run_goes_through_on_logical_gpus(tmp_path, tiny):
     assert proc.returncode == 0, proc.stderr[-2000:]
     again = json.loads((out / "progress.json").read_text())
     assert len(again["starts"]) == 2 and again["pieces"] == pieces
+
+
+def test_what_stands_between_the_estimate_and_the_hour():
+    """The report divides each stage by the hour that prepare leaves; where prepare alone takes the hour, it says so
+    instead of dividing by nothing."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gpu_run import to_the_hour
+
+    assert "x3.0 too slow" in to_the_hour(1.5, 0.25, 0.5) and "x0.5." in to_the_hour(1.5, 0.25, 0.5)
+    said = to_the_hour(219.4, 157.3, 64.3)
+    assert "prepare alone takes 64.30 h" in said and " x" not in said
