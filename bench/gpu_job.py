@@ -362,12 +362,15 @@ def cpu_rows(a: argparse.Namespace) -> int:
     pq.write_table(pq.read_table(run_dir / "cells"), out / "cells.parquet")
     manifest = json.loads((run_dir / "manifest.json").read_text())
     computed = [r for r in manifest["runs"] if r["counts"]["computed_pairs"]]  # the runs that attributed them
+    quarantined = pq.read_table(run_dir / "quarantine", columns=["pair_id", "reason"]).to_pylist()
     (out / "weights.json").write_text(json.dumps({"weights_sha256": manifest["config"]["weights_sha256"],
                                                   "config": manifest["config"], "argv": argv,
+                                                  "quarantined": {q["pair_id"]: q["reason"] for q in quarantined},
                                                   "attribution_wall_s": sum(r["wall_s"] for r in computed),
                                                   "threads": [r["resources"]["threads"] for r in computed]},
                                                  indent=1))  # fmt: skip
-    print(f"cpu-rows: {summary['n_done']} pairs -> {out}")
+    print(f"cpu-rows: {summary['n_done']} pairs -> {out}"
+          + (f" ({len(quarantined)} quarantined)" if quarantined else ""))
     return 0
 
 
@@ -399,9 +402,13 @@ def compare_rows(out: Path, cpu: Path, weights_sha256: str) -> dict[str, Any]:
                          "steps_cpu": [int(cp.steps_a[pid]), int(cp.steps_b[pid])],
                          "agrees": bool(d_sum <= bound + 1e-9)})  # fmt: skip
     ok = [p for p in per_pair if "error" not in p]
-    cpu_weights = json.loads((cpu / "weights.json").read_text())["weights_sha256"]
+    cpu_run = json.loads((cpu / "weights.json").read_text())
+    # the first pairs are those the CPU stored or quarantined; the GPU's subset holds the ones it stored
+    cpu_quarantined = cpu_run.get("quarantined", {})
+    gpu_not_stored = sorted((set(cp.index) | set(cpu_quarantined)) - set(gp.index))
     return {"pairs": len(common), "compared": len(ok), "agree": sum(p["agrees"] for p in ok),
-            "same_weights": cpu_weights == weights_sha256,
+            "same_weights": cpu_run["weights_sha256"] == weights_sha256,
+            "cpu_quarantined": cpu_quarantined, "gpu_not_stored": gpu_not_stored,
             "cells_max_abs_diff": max((p["cells_max_abs_diff"] for p in ok), default=None),
             "cells_max_rel_diff": max((p["cells_max_abs_diff"] / p["max_abs_a"] for p in ok), default=None),
             "sum_max_abs_diff": max((p["sum_abs_diff"] for p in ok), default=None),
@@ -455,6 +462,11 @@ def report(path: str) -> str:
                   f"(|sum A_gpu - sum A_cpu| <= |error_gpu| + |error_cpu|); cells max |diff| "
                   f"{c['cells_max_abs_diff']:.2e} (relative to the pair's max |A|: {c['cells_max_rel_diff']:.2e}); "
                   f"the same N for both sentences in {c['same_steps']} pairs."]  # fmt: skip
+        if c.get("cpu_quarantined") or c.get("gpu_not_stored"):
+            reasons = sorted(set(c.get("cpu_quarantined", {}).values()))
+            lines[-1] += (f" Of the first pairs, quarantined on the CPU: {len(c.get('cpu_quarantined', {}))} "
+                          f"({', '.join(reasons) or 'none'}); not stored on the GPU: {len(c['gpu_not_stored'])}"
+                          f"{' (' + ', '.join(map(str, c['gpu_not_stored'])) + ')' if c['gpu_not_stored'] else ''}.")
     return "\n".join(lines) + "\n"
 
 

@@ -299,9 +299,10 @@ def to_the_hour(stage1_h: float, stage2_h: float, prepare_h: float) -> str:
     if left <= 0:
         return (f"Between them and 1 h: prepare alone takes {prepare_h:.2f} h; then stage 1 {stage1_h:.2f} h of GPU "
                 f"time and stage 2 and the commits {stage2_h:.2f} h of CPU and driver time.")
-    return (f"Between them and 1 h: prepare {prepare_h:.2f} h leaves {left:.2f} h, in which stage 1's {stage1_h:.2f} h "
-            f"of GPU time is x{stage1_h / left:.1f} too slow for one GPU (that many GPUs, or a faster engine), and "
-            f"stage 2 and the commits' {stage2_h:.2f} h of CPU and driver time x{stage2_h / left:.1f}.")
+    return (f"Between them and 1 h: prepare {prepare_h:.2f} h leaves {left:.2f} h, in which stage 1's "
+            f"{stage1_h:.2f} h of GPU time is x{stage1_h / left:.1f} too slow for one GPU (that many GPUs, or a "
+            f"faster engine), and stage 2 and the commits' {stage2_h:.2f} h of CPU and driver time "
+            f"x{stage2_h / left:.1f}.")
 
 
 def report(args) -> str:

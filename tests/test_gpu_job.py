@@ -138,3 +138,35 @@ def test_what_stands_between_the_estimate_and_the_hour():
     assert "x3.0 too slow" in to_the_hour(1.5, 0.25, 0.5) and "x0.5." in to_the_hour(1.5, 0.25, 0.5)
     said = to_the_hour(219.4, 157.3, 64.3)
     assert "prepare alone takes 64.30 h" in said and " x" not in said
+
+
+def test_the_comparison_with_the_cpu_rows_names_the_pairs_either_side_did_not_store(tmp_path):
+    """The first pairs are those the CPU run stored or quarantined (cpu-rows records which, and why); a pair the GPU
+    did not store is named, and only the pairs both stored are compared."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gpu_job import compare_rows, report
+
+    def rows(folder: Path, prefix: str, ids: list[str], shift: float) -> None:
+        folder.mkdir()
+        pq.write_table(pa.table({"pair_id": ids, "attribution_sum": [0.5 + shift] * len(ids),
+                                 "completeness_error": [1e-3] * len(ids), "steps_a": [16] * len(ids),
+                                 "steps_b": [32] * len(ids)}), folder / f"{prefix}pairs.parquet")  # fmt: skip
+        cells = [(p, i, j, 0.25 + shift / 4) for p in ids for i in range(2) for j in range(2)]
+        pq.write_table(pa.table({k: list(v) for k, v in zip(("pair_id", "i", "j", "value"), zip(*cells))}),
+                       folder / f"{prefix}cells.parquet")  # fmt: skip
+
+    rows(tmp_path / "cpu", "", ["a", "b", "c"], 0.0)
+    quarantined = {"d": "not_converged"}
+    (tmp_path / "cpu" / "weights.json").write_text(json.dumps({"weights_sha256": "w", "quarantined": quarantined}))
+    rows(tmp_path / "gpu", "subset-", ["a", "c", "d"], 1e-4)  # b not stored here; d stored here only
+    c = compare_rows(tmp_path / "gpu", tmp_path / "cpu", "w")
+    assert (c["pairs"], c["compared"], c["agree"], c["same_weights"]) == (2, 2, 2, True)
+    assert c["cpu_quarantined"] == {"d": "not_converged"} and c["gpu_not_stored"] == ["b"]
+    r = {"environment": {"device": "cuda", "torch": "2", "python": "3.12", "cpus": 16, "stamp": "now"},
+         "settings": {"model": "m", "layer": 8, "pairs": 3, "dataset": "qqp"}, "compare_cpu": c}
+    (tmp_path / "gpu-job.json").write_text(json.dumps(r))
+    said = report(str(tmp_path / "gpu-job.json"))
+    assert "quarantined on the CPU: 1 (not_converged); not stored on the GPU: 1 (b)." in said, said
