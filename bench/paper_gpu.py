@@ -161,13 +161,16 @@ class Runner:
             raise _Stop(f"the deadline, before {piece}")
 
     def run(self) -> None:
-        from jobs import evaluate, pipeline
-
         a = self.args
         if not (a.transfer or a.base):
             raise BundleError("run needs --transfer (the batches of `prepare`) or --base (an installed model)")
         self.progress.setdefault("device", device_info())
+        # the wheels (pydantic, datasets) first: installed by an earlier call or now, their folder on the path
         base = str(install_base(a.transfer, self.work)) if a.transfer else a.base
+        if not a.transfer:
+            install_wheels([], self.work / "site")
+        from jobs import evaluate, pipeline
+
         sets = [*a.set, f"models.shelf={base}", f"out={self.results / 'runs'}", f"models_dir={self.work / 'models'}"]
         study = pipeline.load_config(a.config, sets)
         only = [n.strip() for n in a.only.split(",")] if a.only else list(study.runs)

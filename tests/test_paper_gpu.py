@@ -7,10 +7,13 @@ weights: training is deterministic) and skips every run the first one sent back.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -68,6 +71,65 @@ def test_check_there_imports_what_the_stages_need_and_counts_the_parts(tiny, tmp
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), str(ROOT)])}
     probe = subprocess.run([sys.executable, "-c", "import duckdb"], env=env, capture_output=True, text=True)
     assert probe.returncode != 0 and "No module named 'duckdb'" in probe.stderr
+
+
+# The wheels `prepare` sends (pydantic and what it needs; datasets and its own are only imported by the training):
+# there they exist only in the work folder's site, where `run --check` installed them.
+WHEELS = ("pydantic", "pydantic_core", "annotated_types", "typing_inspection")
+ONLY_FROM = textwrap.dedent('''
+    import importlib.machinery
+    import sys
+
+    HIDDEN, ONLY_FROM = set({hidden!r}), {only_from!r}
+
+
+    def _hidden(name):
+        return name.split(".")[0].replace("-", "_").lower() in HIDDEN
+
+
+    class _OnlyFromFinder(importlib.machinery.PathFinder):
+        """PathFinder that finds the hidden packages in the folder ONLY_FROM and nowhere else."""
+
+        @classmethod
+        def find_spec(cls, name, path=None, target=None):
+            spec = super().find_spec(name, path, target)
+            if spec is None or not _hidden(name):
+                return spec
+            where = spec.origin or next(iter(spec.submodule_search_locations or []), "")
+            return spec if str(where).startswith(ONLY_FROM) else None
+
+
+    sys.meta_path[:] = [_OnlyFromFinder if f is importlib.machinery.PathFinder else f for f in sys.meta_path]
+''')
+
+
+def test_a_later_call_imports_the_wheels_the_first_one_installed(tiny, tmp_path):
+    """The first call (`run --check`) installs the wheels into the work folder's site; a later call's `run` is a new
+    process, and must put that folder on its path before it imports the study config (pydantic). Here pydantic can
+    be imported from that folder only: the run gets as far as its deadline (0 s: before the training)."""
+    transfer, work = tmp_path / "transfer", tmp_path / "work"
+    assert here("prepare", "--into", str(transfer), "--base", str(tiny.folder("mpnet", 1)), "--part-mib", "0.5",
+                "--batch-mib", "1", "--no-wheels") == 0  # fmt: skip
+    site = work / "site"
+    for name in WHEELS:  # what install_wheels leaves there, copied from this environment
+        spec = importlib.util.find_spec(name)
+        if spec.submodule_search_locations:
+            shutil.copytree(next(iter(spec.submodule_search_locations)), site / name)
+        else:
+            shutil.copyfile(spec.origin, site / Path(spec.origin).name)
+    (site / ".installed").write_text("\n".join(WHEELS) + "\n")
+    hide = tmp_path / "only-from"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(ONLY_FROM.format(hidden=sorted({*MISSING_THERE, *WHEELS}),
+                                                            only_from=str(site)), encoding="utf-8")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), str(ROOT)])}
+    probe = subprocess.run([sys.executable, "-c", "import pydantic"], env=env, capture_output=True, text=True)
+    assert probe.returncode != 0 and "No module named 'pydantic'" in probe.stderr
+    done = subprocess.run([sys.executable, str(SCRIPT), "run", "--transfer", str(transfer), "--work", str(work),
+                           "--out", str(tmp_path / "out"), "--deadline-s", "0"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "stopped after the deadline, before train" in done.stdout
 
 
 @pytest.mark.slow
