@@ -288,18 +288,23 @@ def run_engine(a: argparse.Namespace, texts: list[str], rec: Recorder, sampler: 
 
 
 def write_subset(run_dir: Path, out: Path, n: int, rec: Recorder) -> dict[str, Any]:
-    """The first n pairs (by source row) of the run: their pairs rows and cells, as Parquet under `out`."""
+    """The first n pairs (source rows 0..n-1) of the run: the stored ones' pairs rows and cells, as Parquet under
+    `out`, and the quarantined ones' reasons (subset-quarantined.json)."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     pairs = pq.read_table(run_dir / "pairs")
-    pairs = pairs.sort_by([("row", "ascending")]).slice(0, n) if "row" in pairs.column_names else pairs.slice(0, n)
+    pairs = pairs.filter(pc.less(pairs.column("row"), n)).sort_by([("row", "ascending")])
     ids = pairs.column("pair_id")
     cells = pq.read_table(run_dir / "cells")
     cells = cells.filter(pc.is_in(cells.column("pair_id"), value_set=ids))
     pq.write_table(pairs, out / "subset-pairs.parquet")
     pq.write_table(cells, out / "subset-cells.parquet")
-    sub = {"pairs": pairs.num_rows, "cells": cells.num_rows, "limit": n}
+    quarantine = run_dir / "quarantine"
+    rows = pq.read_table(quarantine, columns=["row", "pair_id", "reason"]).to_pylist() if quarantine.is_dir() else []
+    quarantined = {q["pair_id"]: q["reason"] for q in rows if q["row"] < n}
+    (out / "subset-quarantined.json").write_text(json.dumps(quarantined, indent=1))
+    sub = {"pairs": pairs.num_rows, "cells": cells.num_rows, "limit": n, "quarantined": len(quarantined)}
     rec.update(subset=sub)
     return sub
 
@@ -377,13 +382,19 @@ def cpu_rows(a: argparse.Namespace) -> int:
 def compare_rows(out: Path, cpu: Path, weights_sha256: str) -> dict[str, Any]:
     """The stored subset against the CPU's rows of the same pairs: per pair, max |A_gpu - A_cpu| over its cells and
     |sum A_gpu - sum A_cpu|, beside the two runs' completeness errors; a pair agrees when its sums differ by no more
-    than its two completeness errors together (each sum is within its error of the same target)."""
+    than its two completeness errors together (each sum is within its error of the same target). The first pairs
+    that both runs attributed (stored or quarantined) are the ones looked at; those one side did not store are named
+    with that side's reason."""
     import numpy as np
     import pyarrow.parquet as pq
 
     gp = pq.read_table(out / "subset-pairs.parquet").to_pandas().set_index("pair_id")
     cp = pq.read_table(cpu / "pairs.parquet").to_pandas().set_index("pair_id")
-    common = [p for p in gp.index if p in cp.index]
+    cpu_run = json.loads((cpu / "weights.json").read_text())
+    cpu_q = cpu_run.get("quarantined", {})
+    gpu_q = json.loads((out / "subset-quarantined.json").read_text())
+    both = {*cp.index, *cpu_q} & {*gp.index, *gpu_q}  # the first pairs each side attributed
+    common = [p for p in gp.index if p in cp.index and p in both]
     gc_ = pq.read_table(out / "subset-cells.parquet").to_pandas().set_index(["pair_id", "i", "j"]).sort_index()
     cc = pq.read_table(cpu / "cells.parquet").to_pandas().set_index(["pair_id", "i", "j"]).sort_index()
     per_pair = []
@@ -402,13 +413,10 @@ def compare_rows(out: Path, cpu: Path, weights_sha256: str) -> dict[str, Any]:
                          "steps_cpu": [int(cp.steps_a[pid]), int(cp.steps_b[pid])],
                          "agrees": bool(d_sum <= bound + 1e-9)})  # fmt: skip
     ok = [p for p in per_pair if "error" not in p]
-    cpu_run = json.loads((cpu / "weights.json").read_text())
-    # the first pairs are those the CPU stored or quarantined; the GPU's subset holds the ones it stored
-    cpu_quarantined = cpu_run.get("quarantined", {})
-    gpu_not_stored = sorted((set(cp.index) | set(cpu_quarantined)) - set(gp.index))
     return {"pairs": len(common), "compared": len(ok), "agree": sum(p["agrees"] for p in ok),
             "same_weights": cpu_run["weights_sha256"] == weights_sha256,
-            "cpu_quarantined": cpu_quarantined, "gpu_not_stored": gpu_not_stored,
+            "cpu_quarantined": {p: cpu_q[p] for p in sorted(both) if p in cpu_q},
+            "gpu_quarantined": {p: gpu_q[p] for p in sorted(both) if p in gpu_q},
             "cells_max_abs_diff": max((p["cells_max_abs_diff"] for p in ok), default=None),
             "cells_max_rel_diff": max((p["cells_max_abs_diff"] / p["max_abs_a"] for p in ok), default=None),
             "sum_max_abs_diff": max((p["sum_abs_diff"] for p in ok), default=None),
@@ -462,11 +470,10 @@ def report(path: str) -> str:
                   f"(|sum A_gpu - sum A_cpu| <= |error_gpu| + |error_cpu|); cells max |diff| "
                   f"{c['cells_max_abs_diff']:.2e} (relative to the pair's max |A|: {c['cells_max_rel_diff']:.2e}); "
                   f"the same N for both sentences in {c['same_steps']} pairs."]  # fmt: skip
-        if c.get("cpu_quarantined") or c.get("gpu_not_stored"):
-            reasons = sorted(set(c.get("cpu_quarantined", {}).values()))
-            lines[-1] += (f" Of the first pairs, quarantined on the CPU: {len(c.get('cpu_quarantined', {}))} "
-                          f"({', '.join(reasons) or 'none'}); not stored on the GPU: {len(c['gpu_not_stored'])}"
-                          f"{' (' + ', '.join(map(str, c['gpu_not_stored'])) + ')' if c['gpu_not_stored'] else ''}.")
+        if c.get("cpu_quarantined") or c.get("gpu_quarantined"):
+            lines[-1] += " Quarantined among the first pairs: " + "; ".join(
+                f"on the {side.upper()} {len(q)}{' (' + ', '.join(f'{p} {r}' for p, r in q.items()) + ')' if q else ''}"
+                for side, q in (("cpu", c.get("cpu_quarantined", {})), ("gpu", c.get("gpu_quarantined", {})))) + "."
     return "\n".join(lines) + "\n"
 
 

@@ -141,8 +141,9 @@ def test_what_stands_between_the_estimate_and_the_hour():
 
 
 def test_the_comparison_with_the_cpu_rows_names_the_pairs_either_side_did_not_store(tmp_path):
-    """The first pairs are those the CPU run stored or quarantined (cpu-rows records which, and why); a pair the GPU
-    did not store is named, and only the pairs both stored are compared."""
+    """The first pairs each run attributed, stored or quarantined (cpu-rows and the run's subset record which, and
+    why), are the ones looked at: the pairs both stored are compared, and those one side quarantined are named with
+    its reason; a pair only one run attributed is left out."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -158,15 +159,17 @@ def test_the_comparison_with_the_cpu_rows_names_the_pairs_either_side_did_not_st
         pq.write_table(pa.table({k: list(v) for k, v in zip(("pair_id", "i", "j", "value"), zip(*cells))}),
                        folder / f"{prefix}cells.parquet")  # fmt: skip
 
-    rows(tmp_path / "cpu", "", ["a", "b", "c"], 0.0)
+    rows(tmp_path / "cpu", "", ["a", "b", "c", "f"], 0.0)  # f: beyond the GPU's first pairs
     quarantined = {"d": "not_converged"}
     (tmp_path / "cpu" / "weights.json").write_text(json.dumps({"weights_sha256": "w", "quarantined": quarantined}))
-    rows(tmp_path / "gpu", "subset-", ["a", "c", "d"], 1e-4)  # b not stored here; d stored here only
+    rows(tmp_path / "gpu", "subset-", ["a", "c", "d"], 1e-4)
+    (tmp_path / "gpu" / "subset-quarantined.json").write_text(json.dumps({"b": "attribution_error"}))
     c = compare_rows(tmp_path / "gpu", tmp_path / "cpu", "w")
     assert (c["pairs"], c["compared"], c["agree"], c["same_weights"]) == (2, 2, 2, True)
-    assert c["cpu_quarantined"] == {"d": "not_converged"} and c["gpu_not_stored"] == ["b"]
+    assert c["cpu_quarantined"] == {"d": "not_converged"} and c["gpu_quarantined"] == {"b": "attribution_error"}
     r = {"environment": {"device": "cuda", "torch": "2", "python": "3.12", "cpus": 16, "stamp": "now"},
          "settings": {"model": "m", "layer": 8, "pairs": 3, "dataset": "qqp"}, "compare_cpu": c}
     (tmp_path / "gpu-job.json").write_text(json.dumps(r))
     said = report(str(tmp_path / "gpu-job.json"))
-    assert "quarantined on the CPU: 1 (not_converged); not stored on the GPU: 1 (b)." in said, said
+    assert "Quarantined among the first pairs: on the CPU 1 (d not_converged); on the GPU 1 (b attribution_error)." \
+        in said, said
