@@ -21,9 +21,10 @@ one line per second of samples to OUT/samples.jsonl:
            budget) on the same unique questions (a seeded sample of --engine-sentences of them), longest first in
            batches of 128, on the same GPU after the job's Ray is shut down: sentences/s, torch.cuda's peak memory;
            the job's rate over the engine's is the job's overhead on a GPU node
-  subset   the first --compare (20) pairs' stored rows (pairs and cells) written to OUT/subset-*.parquet, and with
-           --cpu-rows set beside the same pairs attributed on a CPU beforehand (`cpu-rows`, the same model folder):
-           per pair, max |A_gpu - A_cpu| against the pair's completeness errors
+  subset   the first --compare (20) pairs (source rows): the stored ones' rows (pairs and cells) written to
+           OUT/subset-*.parquet, the quarantined ones' reasons to OUT/subset-quarantined.json, and with --cpu-rows set
+           beside the same pairs attributed on a CPU beforehand (`cpu-rows`, the same model folder): per pair both
+           stored, max |A_gpu - A_cpu| against the pair's completeness errors; those either side quarantined, named
 
 Without a GPU, `run --allow-cpu --logical-gpus 2 --device cpu` runs the same path with Ray told of GPUs it does not
 have (tests/test_gpu_job.py, with a tiny model).
@@ -465,8 +466,9 @@ def report(path: str) -> str:
         lines += ["", f"No comparison with a CPU run: {r['compare_cpu']['error']}."]
     elif "compare_cpu" in r:
         c = r["compare_cpu"]
-        lines += ["", f"The first {c['pairs']} pairs' stored rows against a CPU run of the same pairs (same weights: "
-                  f"{c['same_weights']}): {c['agree']} of {c['compared']} agree within their completeness errors "
+        lines += ["", f"The {c['pairs']} of the first pairs that both runs stored, the GPU's rows against the "
+                  f"CPU's (same weights: {c['same_weights']}): {c['agree']} of {c['compared']} agree within their "
+                  f"completeness errors "
                   f"(|sum A_gpu - sum A_cpu| <= |error_gpu| + |error_cpu|); cells max |diff| "
                   f"{c['cells_max_abs_diff']:.2e} (relative to the pair's max |A|: {c['cells_max_rel_diff']:.2e}); "
                   f"the same N for both sentences in {c['same_steps']} pairs."]  # fmt: skip
