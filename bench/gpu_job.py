@@ -288,6 +288,14 @@ def run_engine(a: argparse.Namespace, texts: list[str], rec: Recorder, sampler: 
     return eng
 
 
+def quarantined_pairs(run_dir: Path, below_row: int | None = None) -> dict[str, str]:
+    """{pair_id: reason} of the run's quarantined pairs in source order (those of source rows below `below_row`)."""
+    from jobs.store import run_at
+
+    keys = sorted(run_at(run_dir).quarantine_keys(), key=lambda q: q[0])
+    return {pid: reason for row, pid, reason in keys if below_row is None or row < below_row}
+
+
 def write_subset(run_dir: Path, out: Path, n: int, rec: Recorder) -> dict[str, Any]:
     """The first n pairs (source rows 0..n-1) of the run: the stored ones' pairs rows and cells, as Parquet under
     `out`, and the quarantined ones' reasons (subset-quarantined.json)."""
@@ -301,9 +309,7 @@ def write_subset(run_dir: Path, out: Path, n: int, rec: Recorder) -> dict[str, A
     cells = cells.filter(pc.is_in(cells.column("pair_id"), value_set=ids))
     pq.write_table(pairs, out / "subset-pairs.parquet")
     pq.write_table(cells, out / "subset-cells.parquet")
-    quarantine = run_dir / "quarantine"
-    rows = pq.read_table(quarantine, columns=["row", "pair_id", "reason"]).to_pylist() if quarantine.is_dir() else []
-    quarantined = {q["pair_id"]: q["reason"] for q in rows if q["row"] < n}
+    quarantined = quarantined_pairs(run_dir, below_row=n)
     (out / "subset-quarantined.json").write_text(json.dumps(quarantined, indent=1))
     sub = {"pairs": pairs.num_rows, "cells": cells.num_rows, "limit": n, "quarantined": len(quarantined)}
     rec.update(subset=sub)
@@ -368,10 +374,10 @@ def cpu_rows(a: argparse.Namespace) -> int:
     pq.write_table(pq.read_table(run_dir / "cells"), out / "cells.parquet")
     manifest = json.loads((run_dir / "manifest.json").read_text())
     computed = [r for r in manifest["runs"] if r["counts"]["computed_pairs"]]  # the runs that attributed them
-    quarantined = pq.read_table(run_dir / "quarantine", columns=["pair_id", "reason"]).to_pylist()
+    quarantined = quarantined_pairs(run_dir)
     (out / "weights.json").write_text(json.dumps({"weights_sha256": manifest["config"]["weights_sha256"],
                                                   "config": manifest["config"], "argv": argv,
-                                                  "quarantined": {q["pair_id"]: q["reason"] for q in quarantined},
+                                                  "quarantined": quarantined,
                                                   "attribution_wall_s": sum(r["wall_s"] for r in computed),
                                                   "threads": [r["resources"]["threads"] for r in computed]},
                                                  indent=1))  # fmt: skip
@@ -395,7 +401,7 @@ def compare_rows(out: Path, cpu: Path, weights_sha256: str) -> dict[str, Any]:
     cpu_q = cpu_run.get("quarantined", {})
     gpu_q = json.loads((out / "subset-quarantined.json").read_text())
     both = {*cp.index, *cpu_q} & {*gp.index, *gpu_q}  # the first pairs each side attributed
-    common = [p for p in gp.index if p in cp.index and p in both]
+    common = [p for p in gp.index if p in cp.index]
     gc_ = pq.read_table(out / "subset-cells.parquet").to_pandas().set_index(["pair_id", "i", "j"]).sort_index()
     cc = pq.read_table(cpu / "cells.parquet").to_pandas().set_index(["pair_id", "i", "j"]).sort_index()
     per_pair = []
