@@ -40,11 +40,15 @@ FLAGS = ["--wave-size", "4", "--batch-size", "4", "--cpus-per-actor", "1"]
 MISSING = ("ray", "duckdb", "psutil", "polars", "boto3", "botocore", "google", "matplotlib", "jinja2", "pydantic",
            "datasets", "accelerate")  # fmt: skip
 
+# The sitecustomize that hides packages from a subprocess. $HIDDEN_ONLY_FROM (folders, os.pathsep-separated) names
+# where the hidden packages' modules may still be found, as a machine's own installs of them (none by default).
 HIDE = textwrap.dedent('''
     import importlib.machinery
+    import os
     import sys
 
     HIDDEN = set({hidden!r})
+    ONLY_FROM = tuple(filter(None, os.environ.get("HIDDEN_ONLY_FROM", "").split(os.pathsep)))
 
 
     def _hidden(name):
@@ -52,11 +56,16 @@ HIDE = textwrap.dedent('''
 
 
     class _HidingPathFinder(importlib.machinery.PathFinder):
-        """PathFinder, blind to the hidden packages: `import x` fails, find_spec is None, no distribution."""
+        """PathFinder, blind to the hidden packages (outside ONLY_FROM): `import x` fails, find_spec is None, no
+        distribution."""
 
         @classmethod
         def find_spec(cls, name, path=None, target=None):
-            return None if _hidden(name) else super().find_spec(name, path, target)
+            if not _hidden(name):
+                return super().find_spec(name, path, target)
+            spec = super().find_spec(name, path, target) if ONLY_FROM else None
+            where = spec and (spec.origin or next(iter(spec.submodule_search_locations or []), ""))
+            return spec if where and str(where).startswith(ONLY_FROM) else None
 
         @classmethod
         def find_distributions(cls, *args, **kwargs):

@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -76,31 +75,6 @@ def test_check_there_imports_what_the_stages_need_and_counts_the_parts(tiny, tmp
 # The wheels `prepare` sends (pydantic and what it needs; datasets and its own are only imported by the training):
 # there they exist only in the work folder's site, where `run --check` installed them.
 WHEELS = ("pydantic", "pydantic_core", "annotated_types", "typing_inspection")
-ONLY_FROM = textwrap.dedent('''
-    import importlib.machinery
-    import sys
-
-    HIDDEN, ONLY_FROM = set({hidden!r}), {only_from!r}
-
-
-    def _hidden(name):
-        return name.split(".")[0].replace("-", "_").lower() in HIDDEN
-
-
-    class _OnlyFromFinder(importlib.machinery.PathFinder):
-        """PathFinder that finds the hidden packages in the folder ONLY_FROM and nowhere else."""
-
-        @classmethod
-        def find_spec(cls, name, path=None, target=None):
-            spec = super().find_spec(name, path, target)
-            if spec is None or not _hidden(name):
-                return spec
-            where = spec.origin or next(iter(spec.submodule_search_locations or []), "")
-            return spec if str(where).startswith(ONLY_FROM) else None
-
-
-    sys.meta_path[:] = [_OnlyFromFinder if f is importlib.machinery.PathFinder else f for f in sys.meta_path]
-''')
 
 
 def test_a_later_call_imports_the_wheels_the_first_one_installed(tiny, tmp_path):
@@ -118,11 +92,10 @@ def test_a_later_call_imports_the_wheels_the_first_one_installed(tiny, tmp_path)
         else:
             shutil.copyfile(spec.origin, site / Path(spec.origin).name)
     (site / ".installed").write_text("\n".join(WHEELS) + "\n")
-    hide = tmp_path / "only-from"
+    hide = tmp_path / "hide"
     hide.mkdir()
-    (hide / "sitecustomize.py").write_text(ONLY_FROM.format(hidden=sorted({*MISSING_THERE, *WHEELS}),
-                                                            only_from=str(site)), encoding="utf-8")  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), str(ROOT)])}
+    (hide / "sitecustomize.py").write_text(HIDE.format(hidden=sorted({*MISSING_THERE, *WHEELS})), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), str(ROOT)]), "HIDDEN_ONLY_FROM": str(site)}
     probe = subprocess.run([sys.executable, "-c", "import pydantic"], env=env, capture_output=True, text=True)
     assert probe.returncode != 0 and "No module named 'pydantic'" in probe.stderr
     done = subprocess.run([sys.executable, str(SCRIPT), "run", "--transfer", str(transfer), "--work", str(work),
