@@ -11,7 +11,7 @@ sweep     precision (fp32, tf32, bf16, fp16) x factor batch x GPU chunk (element
           and the error of each setting against fp32 at the job's batch and chunk (the first cell): max |A - A_fp32|
           over every cell of every pair / max |A_fp32|, the pairs' completeness errors |sum A - target|, the factor
           errors
-adaptive  adaptive N (the job's default: N = 16 doubling per sentence to a factor error <= 1e-3, at most 256)
+adaptive  adaptive N (the job's default: N = 16 doubling per sentence to a factor error <= 1e-3, at most 512)
           against the fixed N of equal worst-case error (the largest N adaptive gave any sentence), same questions:
           seconds, nodes (sum of tokens x N), the errors
 memory    the factor batch as N grows: 64 questions of the median length at N = 128, 256 with a small chunk (so that
@@ -41,9 +41,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from jobs.config import DEFAULT_ADAPTIVE_TOLERANCE as TOL
 from xsbert_core import Explainer, load_model
 from xsbert_core.factors import chunk_elements
 from xsbert_core.memory import TensorBudget, batch_bytes
+from xsbert_core.settings import DEFAULT_MAX_STEPS, DEFAULT_STEPS
 
 BATCH = 128  # the job's GPU batch (jobs/config.py DEFAULT_BATCH_SIZE_GPU)
 CELL_S = 20.0  # a cell is not started with less time than this before --deadline
@@ -200,7 +202,7 @@ def sweep(args) -> dict[str, Any]:
 def adaptive(args) -> dict[str, Any]:
     model, device, pairs, texts = setup(args)
     res = Result(args.out, head(args, device, texts))
-    start, tol, cap = (2, 1e-3, 16) if args.dry_run else (16, 1e-3, 256)  # the job's defaults (jobs/config.py)
+    start, tol, cap = (2, TOL, 16) if args.dry_run else (DEFAULT_STEPS, TOL, DEFAULT_MAX_STEPS)  # the job's defaults
     ex = Explainer(model, layer=args.layer, rule="gauss-legendre", steps=start, tolerance=tol, max_steps=cap)
     ex.factors(texts[:4])
     runs: dict[str, dict] = {}
