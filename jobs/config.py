@@ -28,6 +28,7 @@ from typing import Any
 
 from xsbert_core import InputError
 from xsbert_core.precision import DEFAULT_PRECISION
+from xsbert_core.refine import DEFAULT_REFINE
 from xsbert_core.settings import (
     DEFAULT_LAYER,
     DEFAULT_MAX_STEPS,
@@ -289,7 +290,7 @@ class RunConfig:
 
     A field with `omitted_at` in its metadata is left out of the hash while it has that value: the run ids of
     stores made before it was a setting stay what they were (`cells`: stores of every cell; `precision`:
-    float32 runs; `prompt`, `exclude_prompt`: runs without a prompt)."""
+    float32 runs; `prompt`, `exclude_prompt`: runs without a prompt; `refine`: fixed N or adaptive N by doubling)."""
 
     store_version: int
     code_version: str
@@ -310,6 +311,7 @@ class RunConfig:
     precision: str = field(default=DEFAULT_PRECISION, metadata={"omitted_at": DEFAULT_PRECISION, "engine": True})
     prompt: str = field(default="", metadata={"omitted_at": "", "engine": True})  # the resolved prompt string
     exclude_prompt: bool = field(default=False, metadata={"omitted_at": False, "engine": True})
+    refine: str = field(default=DEFAULT_REFINE, metadata={"omitted_at": DEFAULT_REFINE, "engine": True})
 
     @staticmethod
     def engine_fields(settings: dict[str, Any]) -> dict[str, Any]:

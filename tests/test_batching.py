@@ -117,13 +117,13 @@ def test_jvp_calls_are_cut_to_their_own_rows_length(tiny, ibs):
 def test_duplicates_are_computed_once(tiny, monkeypatch):
     model = tiny.get("bert")
     seen: list[str] = []
-    real_integrate = explainer_module.integrate
+    real_integrate = explainer_module.integrate_panels
 
     def spy(split, ends, *args, **kwargs):
         seen.extend(ends.batch.texts)
         return real_integrate(split, ends, *args, **kwargs)
 
-    monkeypatch.setattr(explainer_module, "integrate", spy)
+    monkeypatch.setattr(explainer_module, "integrate_panels", spy)
     texts = ["a cat", "a dog", "a cat", "the bird sings", "a dog", "a cat"]
     fs = Explainer(model, layer=1, steps=2).factors(texts, batch_size=2)
     assert sorted(seen) == sorted(set(texts))
@@ -137,16 +137,16 @@ def test_explain_pairs_equals_explain(tiny, monkeypatch):
     pairs = [(TEXTS[0], TEXTS[1]), (TEXTS[2], TEXTS[3]), (TEXTS[1], TEXTS[0]), (TEXTS[4], TEXTS[4])]
     pairs.append((TEXTS[5], TEXTS[1]))
     seen: list[str] = []
-    real_integrate = explainer_module.integrate
+    real_integrate = explainer_module.integrate_panels
 
     def spy(split, ends, *args, **kwargs):
         seen.extend(ends.batch.texts)
         return real_integrate(split, ends, *args, **kwargs)
 
-    monkeypatch.setattr(explainer_module, "integrate", spy)
+    monkeypatch.setattr(explainer_module, "integrate_panels", spy)
     many = ex.explain_pairs(pairs, batch_size=3)
     assert sorted(seen) == sorted({t for p in pairs for t in p})  # each unique sentence integrated once
-    monkeypatch.setattr(explainer_module, "integrate", real_integrate)
+    monkeypatch.setattr(explainer_module, "integrate_panels", real_integrate)
     assert len(many) == len(pairs)
     for (a, b), res in zip(pairs, many):
         one = ex.explain(a, b)

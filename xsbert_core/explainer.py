@@ -26,7 +26,14 @@ from sentence_transformers import SentenceTransformer
 from torch import Tensor
 
 from .errors import InputError, NumericalError
-from .factors import chunk_elements, default_internal_batch_size, endpoints, factor_errors, integrate
+from .factors import (
+    chunk_elements,
+    completeness_errors,
+    default_internal_batch_size,
+    endpoints,
+    integrate_panels,
+    path_embeddings,
+)
 from .memory import FactorMemory, Shape, is_out_of_memory, release_cached
 from .models import DEFAULT_MODEL, load_model
 from .precision import DEFAULT_PRECISION, Precision, canonical_precision, jvp_dtype, tf32_matmuls
@@ -37,7 +44,8 @@ from .pairs import (
     pair_matrix,
     similarity_score,
 )
-from .quadrature import canonical_rule
+from .quadrature import Panel, canonical_rule
+from .refine import DEFAULT_REFINE, REFINEMENTS, plan_round
 from .settings import DEFAULT_LAYER, DEFAULT_MAX_STEPS, DEFAULT_RULE, DEFAULT_STEPS, EngineSettings
 from .shift import is_shifted
 from .split import MODES, TRUNCATION_POLICIES, Mode, SplitModel, Truncation
@@ -69,6 +77,8 @@ class SentenceFactors:
     # prompt's tokens are tokens of it. Excluded: `text` is the text alone, the prompt's (zero) columns are dropped.
     prompt: str = ""
     prompt_excluded: bool = False
+    # The pieces of [0, 1] the rule ran on (adaptive N by panels, xsbert_core.refine), in order; None: [0, 1] whole.
+    panels: list[Panel] | None = None
 
     @property
     def words(self) -> list[Word]:
@@ -156,7 +166,9 @@ class Explainer:
     similarity: 'cos', 'dot', or 'auto': the model's own `similarity_fn_name` (cosine unless it says dot)
     rule:       'riemann' (alpha_n = n/N, w_n = 1/N) or 'gauss-legendre'
     steps:      N, quadrature nodes per sentence
-    tolerance:  if set, N doubles per sentence (up to max_steps) until its factor error <= tolerance
+    tolerance:  if set, N grows per sentence (up to max_steps nodes) until its factor error <= tolerance
+    refine:     how N grows: 'double' (all of [0, 1] again at 2N) or 'panels' (the rule's N nodes on each piece of
+                the path; a piece above its share of the tolerance is halved: xsbert_core.refine)
     truncation: 'warn' (truncate, flag) or 'error' for texts longer than max_seq_length
     internal_batch_size: sequences per jvp call (None: sized from the text length)
     precision:  the Jacobian-vector products' arithmetic, 'fp32' | 'tf32' | 'bf16' | 'fp16' (xsbert_core.precision);
@@ -184,6 +196,7 @@ class Explainer:
         steps: int = DEFAULT_STEPS,
         tolerance: float | None = None,
         max_steps: int = DEFAULT_MAX_STEPS,
+        refine: str = DEFAULT_REFINE,
         truncation: Truncation = "warn",
         internal_batch_size: int | None = None,
         device: str | None = None,
@@ -207,6 +220,8 @@ class Explainer:
             raise InputError(f"steps (N) must be an integer >= 1, got {steps!r}")
         if tolerance is not None and not (tolerance > 0 and math.isfinite(tolerance)):
             raise InputError(f"tolerance must be a positive number, got {tolerance!r}")
+        if refine not in REFINEMENTS:
+            raise InputError(f"Unknown refinement {refine!r}; valid: {', '.join(REFINEMENTS)}")
         if tolerance is not None and max_steps < steps:
             raise InputError(f"max_steps ({max_steps}) must be >= steps ({steps})")
         if internal_batch_size is not None and internal_batch_size < 1:
@@ -230,6 +245,7 @@ class Explainer:
         self.steps = steps
         self.tolerance = tolerance
         self.max_steps = max_steps
+        self.refine = refine
         self.truncation: Truncation = truncation
         self.internal_batch_size = internal_batch_size
         self.jvp_chunk = jvp_chunk
@@ -266,7 +282,8 @@ class Explainer:
         process computes the same numbers."""
         return EngineSettings(model=self._model_given or self.model_name, layer=self.layer, mode=self.mode,
                               similarity=self.similarity, rule=self.rule, steps=self.steps, tolerance=self.tolerance,
-                              max_steps=self.max_steps, truncation=self.truncation, precision=self.precision,
+                              max_steps=self.max_steps, refine=self.refine, truncation=self.truncation,
+                              precision=self.precision,
                               prompt=self.prompt, prompt_name=None, exclude_prompt=self.exclude_prompt)  # fmt: skip
 
     def _model_default_prompt(self) -> str:
@@ -325,6 +342,8 @@ class Explainer:
             "family": self.split.family.model_type,
             "prompt": self.prompt,
             "exclude_prompt": self.exclude_prompt,
+            # only where adaptive N goes by panels: the manifests of fixed-N and doubling runs stay as they were
+            **({"refine": self.refine} if self.tolerance is not None and self.refine != DEFAULT_REFINE else {}),
         }
 
     def token_counts(self, texts: list[str]) -> tuple[list[int], list[int]]:
@@ -367,14 +386,18 @@ class Explainer:
 
     def _factor_batch(self, batch) -> list[SentenceFactors]:
         """The factors of a batch: every sentence at N = steps; with a tolerance, the sentences above it again at 2N,
-        4N, ... (max_steps). At each N the sentences go in groups that fit the memory budget (`_groups`)."""
+        4N, ... (max_steps), or by panels (`_panel_batch`). At each N the sentences go in groups that fit the memory
+        budget (`_groups`)."""
+        if self.tolerance is not None and self.refine == "panels":
+            return self._panel_batch(batch)
         results: dict[int, SentenceFactors] = {}
         pending = list(range(len(batch.texts)))
         n_steps = self.steps
         while pending:
             retry: list[int] = []
             for rows in self._groups(batch, pending, n_steps):
-                for row, sf in self._integrate_rows(batch, rows, n_steps):
+                whole = {row: [Panel(0.0, 1.0, n_steps)] for row in rows}
+                for row, sf, _, _ in self._integrate_rows(batch, rows, whole):
                     stop = self.tolerance is None or sf.error <= self.tolerance or n_steps * 2 > self.max_steps
                     if not stop:
                         retry.append(row)
@@ -386,6 +409,41 @@ class Explainer:
             n_steps *= 2
         return [results[i] for i in range(len(batch.texts))]
 
+    def _panel_batch(self, batch) -> list[SentenceFactors]:
+        """Adaptive N by panels (xsbert_core.refine): each round computes the sentences' new panels, keeps those
+        within their share of the tolerance and halves the others, until a sentence meets the tolerance or has
+        max_steps nodes."""
+        tol = float(self.tolerance)  # type: ignore[arg-type]
+        kept: dict[int, list[Panel]] = {row: [] for row in range(len(batch.texts))}
+        kept_factor: dict[int, Tensor] = {}
+        active = {row: [Panel(0.0, 1.0, self.steps)] for row in range(len(batch.texts))}
+        results: dict[int, SentenceFactors] = {}
+        while active:
+            pending = sorted(active)
+            nodes = max(sum(p.n for p in active[row]) for row in pending)
+            for rows in self._groups(batch, pending, nodes):
+                for row, sf, parts, errors in self._integrate_rows(batch, rows, {r: active[r] for r in rows}):
+                    factor = parts.sum(0) + kept_factor[row] if row in kept_factor else parts.sum(0)
+                    error = float(completeness_errors(factor[None], sf.embedding[None],
+                                                      sf.reference_embedding[None])[0])  # fmt: skip
+                    panels = kept[row] + active[row]
+                    total = sum(p.n for p in panels)
+                    keep, halve = ([], []) if error <= tol else plan_round(active[row], errors, tol, total,
+                                                                            self.max_steps)  # fmt: skip
+                    if not halve:
+                        if error > tol:
+                            logger.warning("factor error %.2e > tolerance at max_steps=%d", error, self.max_steps)
+                        results[row] = replace(sf, factor=factor, n_steps=total, error=error, converged=error <= tol,
+                                               panels=sorted(panels, key=lambda p: p.a))  # fmt: skip
+                        del active[row]
+                        continue
+                    for i, panel in enumerate(active[row]):
+                        if panel in keep:
+                            kept_factor[row] = kept_factor[row] + parts[i] if row in kept_factor else parts[i]
+                    kept[row] += keep
+                    active[row] = [half for panel in halve for half in panel.halves()]
+        return [results[i] for i in range(len(batch.texts))]
+
     def _groups(self, batch, rows: list[int], n_steps: int) -> list[list[int]]:
         """`rows` (of similar length) in consecutive groups of the largest size that fits at n_steps
         (FactorMemory.batch_size at the rows' longest length)."""
@@ -393,16 +451,26 @@ class Explainer:
         size = self.memory.batch_size(n_steps, seq_len, len(rows))
         return [rows[k : k + size] for k in range(0, len(rows), size)]
 
-    def _integrate_rows(self, batch, rows: list[int], n_steps: int) -> list[tuple[int, SentenceFactors]]:
-        """(row, SentenceFactors at n_steps) for the batch's `rows`; a group that runs out of memory is halved (and
-        the memory model learns it), down to one sentence, whose own failure is raised."""
+    def _integrate_rows(self, batch, rows: list[int], panels: dict[int, list[Panel]]
+                        ) -> list[tuple[int, SentenceFactors, Tensor, list[float]]]:  # fmt: skip
+        """(row, SentenceFactors, panel factors, panel errors) for the batch's `rows`, each integrated on its
+        `panels` (one [0, 1] panel: the rule at that N): the SentenceFactors' factor is the sum of the panels'
+        (k, D, S) factors; a panel's error is its relative completeness error ||eps_p|| / ||e(x) - e(r)||
+        (xsbert_core.refine). A group that runs out of memory is halved (and the memory model learns it), down to one
+        sentence, whose own failure is raised."""
         sub = batch.select(rows)
+        own = [panels[row] for row in rows]
+        n_steps = max(sum(p.n for p in ps) for ps in own)
         ran_out = False
         try:
             with tf32_matmuls(False):  # the endpoints in float32 whatever the precision of the JVPs
                 ends = endpoints(self.split, sub)
-            p = integrate(self.split, ends, self.rule, n_steps, self.internal_batch_size, self.precision,
-                          self.jvp_split, self.jvp_chunk)  # fmt: skip
+            p = integrate_panels(self.split, ends, self.rule, own, self.internal_batch_size, self.precision,
+                                 self.jvp_split, self.jvp_chunk)  # fmt: skip
+            with tf32_matmuls(False):
+                inner = sorted({(k, x) for k, ps in enumerate(own) for q in ps for x in (q.a, q.b) if 0.0 < x < 1.0})
+                e_inner = path_embeddings(self.split, ends, [k for k, _ in inner], [x for _, x in inner],
+                                          self.internal_batch_size, self.jvp_chunk)  # fmt: skip
         except Exception as exc:  # only running out of memory is handled here
             per_call = self.internal_batch_size or default_internal_batch_size(self.split, max(sub.lengths),
                                                                                self.jvp_chunk)  # fmt: skip
@@ -417,13 +485,25 @@ class Explainer:
                 self.memory.shape = replace(self.memory.shape, sequences_per_call=self.internal_batch_size)
                 logger.warning("one sentence at N=%d ran out of memory; jvp calls of %d sequences from now on",
                                n_steps, self.internal_batch_size)  # fmt: skip
-                return self._integrate_rows(batch, rows, n_steps)
+                return self._integrate_rows(batch, rows, panels)
             logger.warning("a factor batch of %d sentences at N=%d ran out of memory; halving it", len(rows), n_steps)
             half = len(rows) // 2
-            return self._integrate_rows(batch, rows[:half], n_steps) + self._integrate_rows(batch, rows[half:], n_steps)
-        errs = factor_errors(p, ends)
+            return self._integrate_rows(batch, rows[:half], panels) + self._integrate_rows(batch, rows[half:], panels)
         if not (torch.isfinite(p).all() and torch.isfinite(ends.e_x).all() and torch.isfinite(ends.e_r).all()):
             raise NumericalError(f"NaN/Inf in attributions of {[t[:40] for t in sub.texts]}")
+        at = {key: e_inner[i] for i, key in enumerate(inner)}
+        first = np.cumsum([0] + [len(ps) for ps in own])
+        sums = torch.stack([p[first[k]:first[k + 1]].sum(0) for k in range(len(rows))])
+        errs = completeness_errors(sums, ends.e_x, ends.e_r)
+        panel_errors: list[list[float]] = []
+        for k, ps in enumerate(own):
+            def e_at(x: float, k: int = k) -> Tensor:
+                return ends.e_r[k] if x == 0.0 else ends.e_x[k] if x == 1.0 else at[(k, x)]
+
+            got = p[first[k]:first[k + 1]].double().sum(-1)
+            target = torch.stack([e_at(q.b) - e_at(q.a) for q in ps]).double()
+            scale = (ends.e_x[k] - ends.e_r[k]).double().norm().clamp_min(torch.finfo(torch.float64).tiny)
+            panel_errors.append(((got - target).norm(dim=-1) / scale).tolist())
         out = []
         for k, row in enumerate(rows):
             n = sub.lengths[k]
@@ -441,16 +521,16 @@ class Explainer:
                 tokens=[sub.tokens[k][i] for i in keep],
                 word_ids=[word_ids[i] for i in keep],
                 offsets=[offsets[i] for i in keep],
-                factor=p[k, :, keep].detach().cpu(),
+                factor=sums[k, :, keep].detach().cpu(),
                 embedding=ends.e_x[k].detach().cpu(),
                 reference_embedding=ends.e_r[k].detach().cpu(),
-                n_steps=n_steps,
+                n_steps=sum(q.n for q in own[k]),
                 error=float(errs[k]),
                 truncated=sub.truncated[k],
                 converged=bool(self.tolerance is None or errs[k] <= self.tolerance),
                 prompt=sub.prompt,
                 prompt_excluded=sub.exclude_prompt,
-            )))  # fmt: skip
+            ), p[first[k]:first[k + 1], :, keep].detach().cpu(), panel_errors[k]))  # fmt: skip
         return out
 
     # --------------------------------------------------------------------- pairs

@@ -11,7 +11,7 @@ By completeness, sum_s P[:, s] -> e(x) - e(r).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +20,7 @@ from torch import Tensor
 from torch.func import jvp, vmap
 
 from .precision import DEFAULT_PRECISION, Precision, jvp_dtype, tf32_matmuls
-from .quadrature import nodes_and_weights
+from .quadrature import Panel, panel_nodes_and_weights
 from .split import SplitModel, TokenBatch
 from .tangent_rules import constant_parameters
 
@@ -148,30 +148,63 @@ def integrate(
     that dtype, through `jvp_split` (the same split model cast to it: SplitModel.cast); each JVP's output is cast to
     float32 before it is weighted by w_n and summed. tf32 turns TF32 matrix products on during the JVPs only.
     """
-    alphas, weights = nodes_and_weights(rule, n_steps)
+    whole = [[Panel(0.0, 1.0, n_steps)] for _ in ends.batch.texts]
+    return integrate_panels(split, ends, rule, whole, internal_batch_size, precision, jvp_split, chunk)
+
+
+@torch.no_grad()
+def integrate_panels(
+    split: SplitModel,
+    ends: Endpoints,
+    rule: str,
+    panels: Sequence[Sequence[Panel]],
+    internal_batch_size: int | None = None,
+    precision: Precision = DEFAULT_PRECISION,
+    jvp_split: SplitModel | None = None,
+    chunk: int | None = None,
+) -> Tensor:
+    """The factor of each panel of each sentence, shape (P, D, S) in the order of `panels` (sentence b's panels
+    panels[b], P in all), float32:
+
+        P_p[k, s] = sum_n (b_p - a_p) w_n sum_h de_k/dx[s, h] (x(a_p + (b_p - a_p) alpha_n)) * Delta[s, h]
+
+    A sentence's factor over [0, 1] is the sum of its panels' when they tile [0, 1] (`integrate`: one panel each).
+    By completeness on a panel, sum_s P_p[:, s] -> e(x(b_p)) - e(x(a_p)) (`path_embeddings`).
+    precision, jvp_split, chunk, internal_batch_size: as `integrate`.
+    """
+    if len(panels) != len(ends.batch.texts):
+        raise ValueError(f"panels for {len(panels)} sentences, the batch has {len(ends.batch.texts)}")
     feats = ends.batch.features
     bsz, seq_len, hid = ends.h_x.shape
-    n = len(alphas)
     dtype, device = ends.h_x.dtype, ends.h_x.device
     low = jvp_dtype(precision)
     if low != dtype and (jvp_split is None or jvp_split.dtype != low):
         raise ValueError(f"precision {precision} needs jvp_split: the split model cast to {low}")
     tail_split = jvp_split if low != dtype else split
-    alpha = torch.as_tensor(alphas, dtype=dtype, device=device)
-    weight = torch.as_tensor(weights, dtype=dtype, device=device)
+    # Rows: (sentence b, panel p, node n), b-major; each row's panel is its slot of the output.
+    sentence: list[int] = []
+    alphas, weights = [], []
+    for b, own in enumerate(panels):
+        for panel in own:
+            a_n, w_n = panel_nodes_and_weights(rule, panel)
+            sentence += [b] * len(a_n)
+            alphas.append(a_n)
+            weights.append(w_n)
+    counts = [panel.n for own in panels for panel in own]
+    row_slot = torch.arange(len(counts), device=device).repeat_interleave(torch.as_tensor(counts, device=device))
+    row_sentence = torch.as_tensor(sentence, device=device, dtype=torch.long)
+    row_alpha = torch.as_tensor(np.concatenate(alphas) if alphas else np.zeros(0), dtype=dtype, device=device)
+    row_weight = torch.as_tensor(np.concatenate(weights) if weights else np.zeros(0), dtype=dtype, device=device)
     delta = ends.delta
-    # Rows: (sentence b, node n) flattened b-major.
-    row_sentence = torch.arange(bsz, device=device).repeat_interleave(n)
-    row_weight = weight.repeat(bsz)
-    row_x = ends.h_r.repeat_interleave(n, 0) + alpha.repeat(bsz)[:, None, None] * delta.repeat_interleave(n, 0)
+    row_x = ends.h_r[row_sentence] + row_alpha[:, None, None] * delta[row_sentence]
     row_x = row_x.to(low)
-    row_delta = delta.repeat_interleave(n, 0).to(low)
-    row_feats = {k: v.repeat_interleave(n, 0) for k, v in feats.items()}
-    row_shift = ends.shift.repeat_interleave(n, 0).to(low) if ends.shift is not None else None
-    row_len = torch.as_tensor(ends.batch.lengths, device=device).repeat_interleave(n)
+    row_delta = delta[row_sentence].to(low)
+    row_feats = {k: v[row_sentence] for k, v in feats.items()}
+    row_shift = ends.shift[row_sentence].to(low) if ends.shift is not None else None
+    row_len = torch.as_tensor(ends.batch.lengths, device=device)[row_sentence]
 
     dim = ends.e_x.shape[-1]
-    factors = torch.zeros(bsz, dim, seq_len, dtype=dtype, device=device)
+    factors = torch.zeros(len(counts), dim, seq_len, dtype=dtype, device=device)
 
     with tf32_matmuls(precision == "tf32"), constant_parameters():
         for r0, r1, longest in row_chunks(split, row_len.tolist(), internal_batch_size, chunk):
@@ -197,13 +230,46 @@ def integrate(
                 tangents[j, :, s0 + j, :] = row_delta[r0:r1, s0:s1, :].transpose(0, 1)
                 out = vmap(push)(tangents).to(dtype)  # (J, rows, D): J_e(x_row) . Delta_s, back in float32
                 out = out * row_weight[r0:r1][None, :, None]
-                factors[:, :, s0:s1].index_add_(0, row_sentence[r0:r1], out.permute(1, 2, 0))
+                factors[:, :, s0:s1].index_add_(0, row_slot[r0:r1], out.permute(1, 2, 0))
     return factors
 
 
-def factor_errors(factors: Tensor, ends: Endpoints) -> np.ndarray:
-    """Per sentence: ||sum_s P[:, s] - (e(x) - e(r))|| / ||e(x) - e(r)||  (relative completeness error)."""
-    target = (ends.e_x - ends.e_r).double()
+@torch.no_grad()
+def path_embeddings(split: SplitModel, ends: Endpoints, sentence: Sequence[int], alpha: Sequence[float],
+                    internal_batch_size: int | None = None, chunk: int | None = None) -> Tensor:  # fmt: skip
+    """e(x(alpha)) = tail(h(r) + alpha * Delta) of each (sentence, alpha), shape (M, D), float32: the path's points
+    whose differences the panels' factors sum to. alpha 0 and 1 give e(r) and e(x) as `endpoints` does (the same
+    tail on the same rows), up to float rounding."""
+    if len(sentence) != len(alpha):
+        raise ValueError("one alpha per sentence index")
+    dtype, device = ends.h_x.dtype, ends.h_x.device
+    dim = ends.e_x.shape[-1]
+    if not len(sentence):
+        return torch.zeros(0, dim, dtype=dtype, device=device)
+    idx = torch.as_tensor(list(sentence), dtype=torch.long, device=device)
+    a = torch.as_tensor(list(alpha), dtype=dtype, device=device)
+    x = ends.h_r[idx] + a[:, None, None] * ends.delta[idx]
+    feats = {k: v[idx] for k, v in ends.batch.features.items()}
+    shift = ends.shift[idx] if ends.shift is not None else None
+    lengths = [ends.batch.lengths[i] for i in idx.tolist()]
+    out = []
+    r0 = 0
+    while r0 < len(lengths):
+        longest = max(lengths[r0:])
+        per_call = internal_batch_size or default_internal_batch_size(split, longest, chunk)
+        r1 = min(len(lengths), r0 + per_call)
+        longest = max(lengths[r0:r1])
+        out.append(split.tail(x[r0:r1, :longest], {k: v[r0:r1, :longest] for k, v in feats.items()},
+                              shift[r0:r1, :longest] if shift is not None else None, ends.batch.prompt_length))
+        r0 = r1
+    return torch.cat(out)
+
+
+def completeness_errors(factors: Tensor, e_x: Tensor, e_r: Tensor) -> np.ndarray:
+    """Per sentence: ||sum_s P[:, s] - (e(x) - e(r))|| / ||e(x) - e(r)||  (relative completeness error), of factors
+    (B, D, S) and embeddings (B, D)."""
+    target = (e_x - e_r).double()
     got = factors.double().sum(-1)
     denom = target.norm(dim=-1).clamp_min(torch.finfo(torch.float64).tiny)
     return ((got - target).norm(dim=-1) / denom).cpu().numpy()
+

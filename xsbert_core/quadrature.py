@@ -5,6 +5,7 @@ A rule is nodes alpha_n in (0, 1] and weights w_n with  int_0^1 f(a) da ~ sum_n 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -51,3 +52,30 @@ def nodes_and_weights(rule: str, n_steps: int) -> tuple[np.ndarray, np.ndarray]:
         x, v = np.polynomial.legendre.leggauss(n)
         alphas, weights = (x + 1.0) / 2.0, v / 2.0
     return alphas, weights
+
+
+@dataclass(frozen=True)
+class Panel:
+    """A piece [a, b] of the path's [0, 1] with n nodes of a rule mapped into it."""
+
+    a: float
+    b: float
+    n: int
+
+    @property
+    def width(self) -> float:
+        return self.b - self.a
+
+    def halves(self) -> tuple[Panel, Panel]:
+        """[a, m] and [m, b], m = (a + b) / 2, each with n nodes."""
+        m = (self.a + self.b) / 2.0
+        return Panel(self.a, m, self.n), Panel(m, self.b, self.n)
+
+
+def panel_nodes_and_weights(rule: str, panel: Panel) -> tuple[np.ndarray, np.ndarray]:
+    """The rule's nodes and weights on [a, b]:  int_a^b f ~ sum_n (b - a) w_n f(a + (b - a) alpha_n).
+
+    On [0, 1] these are nodes_and_weights(rule, n) exactly (0 + 1 * alpha = alpha in floating point).
+    """
+    alphas, weights = nodes_and_weights(rule, panel.n)
+    return panel.a + panel.width * alphas, panel.width * weights

@@ -35,6 +35,7 @@ from typing import Any
 from .models import DEFAULT_MODEL
 from .precision import DEFAULT_PRECISION, PRECISIONS
 from .quadrature import SUPPORTED_RULES
+from .refine import DEFAULT_REFINE, REFINEMENTS
 
 DEFAULT_LAYER = -3  # "layer nine" of the paper for 12-layer models
 DEFAULT_RULE = "gauss-legendre"
@@ -164,9 +165,12 @@ class EngineSettings:
     rule: str = setting(DEFAULT_RULE, choices=SUPPORTED_RULES, aliases=True,
                         help="quadrature rule: " + " | ".join(SUPPORTED_RULES))
     steps: int = setting(DEFAULT_STEPS, ge=1, help="quadrature nodes N")
-    tolerance: float | None = setting(None, gt=0, help="adaptive N: N doubles per sentence (up to --max-steps) until "
-                                                       "its factor error is <= this")  # fmt: skip
-    max_steps: int = setting(DEFAULT_MAX_STEPS, ge=1, help="cap for adaptive N")
+    tolerance: float | None = setting(None, gt=0, help="adaptive N: N grows per sentence (--refine; up to --max-steps) "
+                                                       "until its factor error is <= this")  # fmt: skip
+    max_steps: int = setting(DEFAULT_MAX_STEPS, ge=1, help="cap for adaptive N: a sentence's nodes in all")
+    refine: str = setting(DEFAULT_REFINE, choices=REFINEMENTS,
+                          help="how adaptive N grows: double (all of [0, 1] again at 2N) or panels (N nodes on each "
+                               "piece of the path, a piece above its share of the tolerance halved)")  # fmt: skip
     truncation: str = setting("warn", choices=TRUNCATION_CHOICES, help="texts over max_seq_length: truncate and flag "
                                                                        "(warn), or stop (error)")  # fmt: skip
     precision: str = setting(DEFAULT_PRECISION, choices=PRECISIONS,
