@@ -11,9 +11,10 @@ sweep     precision (fp32, tf32, bf16, fp16) x factor batch x GPU chunk (element
           and the error of each setting against fp32 at the job's batch and chunk (the first cell): max |A - A_fp32|
           over every cell of every pair / max |A_fp32|, the pairs' completeness errors |sum A - target|, the factor
           errors
-adaptive  adaptive N (the job's default: N = 16 doubling per sentence to a factor error <= 1e-3, at most 512)
-          against the fixed N of equal worst-case error (the largest N adaptive gave any sentence), same questions:
-          seconds, nodes (sum of tokens x N), the errors
+adaptive  adaptive N (the job's default: N = 16 doubling per sentence to a factor error <= 1e-3, at most 512),
+          adaptive N by panels (--refine panels, the same start, tolerance and cap: xsbert_core.refine) and the fixed
+          N of equal worst-case error (the largest N doubling gave any sentence), same questions: seconds, nodes (sum
+          of tokens x N), node passes (every N or panel a sentence paid for), the errors
 memory    the factor batch as N grows: 64 questions of the median length at N = 128, 256 with a small chunk (so that
           the rows, which grow with N, dominate), three ways: the whole batch with no limit (its peak, against the
           model's prediction), planned within 60 % of that peak (xsbert_core.memory: the groups it cut, their peak),
@@ -45,6 +46,7 @@ from jobs.config import DEFAULT_ADAPTIVE_TOLERANCE as TOL
 from xsbert_core import Explainer, load_model
 from xsbert_core.factors import chunk_elements
 from xsbert_core.memory import TensorBudget, batch_bytes
+from xsbert_core.refine import node_passes
 from xsbert_core.settings import DEFAULT_MAX_STEPS, DEFAULT_STEPS
 
 BATCH = 128  # the job's GPU batch (jobs/config.py DEFAULT_BATCH_SIZE_GPU)
@@ -206,26 +208,33 @@ def adaptive(args) -> dict[str, Any]:
     ex = Explainer(model, layer=args.layer, rule="gauss-legendre", steps=start, tolerance=tol, max_steps=cap)
     ex.factors(texts[:4])
     runs: dict[str, dict] = {}
-    for key in ("adaptive", "fixed"):
+    for key in ("adaptive", "panels", "fixed"):
         if late(args):
             res.data["skipped"].append(key)
             break
+        if key == "panels":  # adaptive N by panels (xsbert_core.refine), the same start, tolerance and cap
+            ex = Explainer(model, layer=args.layer, rule="gauss-legendre", steps=start, tolerance=tol, max_steps=cap,
+                           refine="panels")  # fmt: skip
         if key == "fixed":
             n = max(sf.n_steps for sf in runs["adaptive"].values())
             ex = Explainer(model, layer=args.layer, rule="gauss-legendre", steps=n)
         got, seconds, peak = run_factors(ex, texts, BATCH)
         runs[key] = got
         steps = [sf.n_steps for sf in got.values()]
-        res.put(key, {"steps_start": start if key == "adaptive" else steps[0], "tolerance": tol if key == "adaptive"
+        res.put(key, {"steps_start": start if key != "fixed" else steps[0], "tolerance": tol if key != "fixed"
                       else None, "seconds": seconds, "sentences_per_s": len(texts) / seconds, "peak_gib": peak,
                       "steps_hist": {str(n): steps.count(n) for n in sorted(set(steps))},
                       "nodes": int(sum(len(sf.tokens) * sf.n_steps for sf in got.values())),
+                      "node_passes": int(sum(steps)) if key == "fixed"
+                      else int(sum(node_passes(sf.n_steps, sf.panels, start) for sf in got.values())),
                       "above_tolerance": int(sum(sf.error > tol for sf in got.values())),
                       **pair_errors(ex, pairs, got, None)})  # fmt: skip
     c = res.data["cells"]
     if "adaptive" in c and "fixed" in c:
         res.data["adaptive_over_fixed_seconds"] = c["adaptive"]["seconds"] / c["fixed"]["seconds"]
-        res.save()
+    if "adaptive" in c and "panels" in c:
+        res.data["doubling_over_panels_seconds"] = c["adaptive"]["seconds"] / c["panels"]["seconds"]
+    res.save()
     return res.data
 
 

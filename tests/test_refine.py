@@ -17,7 +17,7 @@ import torch
 from xsbert_core import Explainer
 from xsbert_core.factors import endpoints, integrate, integrate_panels, path_embeddings
 from xsbert_core.quadrature import Panel, nodes_and_weights, panel_nodes_and_weights
-from xsbert_core.refine import over_share, plan_round
+from xsbert_core.refine import node_passes, over_share, plan_round
 from xsbert_core.reverse import sentence_factor_reverse
 
 EASY = "Hi."
@@ -70,6 +70,13 @@ def test_plan_round_halves_the_panels_above_their_share_worst_first_within_the_b
         plan_round([left], [1.0, 2.0], 1e-2, nodes=4, max_steps=8)
 
 
+def test_node_passes_count_what_each_refinement_computed_and_dropped():
+    assert node_passes(16, None, 16) == 16 and node_passes(512, None, 16) == 16 + 32 + 64 + 128 + 256 + 512
+    # [0, 1] -> halves -> the left half's halves: [0, 1], [0, .5], [.5, 1], [0, .25], [.25, .5] computed
+    final = [Panel(0.0, 0.25, 4), Panel(0.25, 0.5, 4), Panel(0.5, 1.0, 4)]
+    assert node_passes(12, final, 4) == 5 * 4
+
+
 # --------------------------------------------------------------------------- the factors on panels
 PANELS = [Panel(0.0, 0.25, 3), Panel(0.25, 0.375, 3), Panel(0.375, 0.5, 3), Panel(0.5, 1.0, 3)]
 
@@ -92,7 +99,8 @@ def test_panel_factors_equal_the_reverse_reference_on_the_same_panels(tiny, mode
 
 
 def test_the_path_points_close_each_panel_and_equal_the_ends(tiny):
-    """sum_s P_p[:, s] -> e(x(b_p)) - e(x(a_p)) as the panel's nodes grow; at alpha 0 and 1 the points are e(r), e(x)."""
+    """sum_s P_p[:, s] -> e(x(b_p)) - e(x(a_p)) as the panel's nodes grow; at alpha 0 and 1 the points are e(r),
+    e(x)."""
     ex = Explainer(tiny.get("bert", n_layers=4), layer=1, mode="approx", steps=3)
     ends = endpoints(ex.split, ex.split.tokenize([HARD]))
     e = path_embeddings(ex.split, ends, [0, 0, 0], [0.0, 0.3, 1.0])
@@ -204,7 +212,8 @@ def test_the_job_refines_by_panels_under_its_own_run_id(tmp_path):
     from jobtools import q, run_job, stsb_rows, write_tsv
 
     data = write_tsv(tmp_path / "p.tsv", stsb_rows(3))
-    flags = ["--dataset", str(data), "--layer", "-3", "--steps", "2", "--tolerance", "3e-3", "--max-steps", "64", "--executor", "local"]
+    flags = ["--dataset", str(data), "--layer", "-3", "--steps", "2", "--tolerance", "3e-3", "--max-steps", "64",
+             "--executor", "local"]
     panels = run_job(tmp_path / "runs", *flags, "--refine", "panels")
     doubled = run_job(tmp_path / "runs", *flags)
     assert panels["run_id"] != doubled["run_id"]

@@ -50,3 +50,10 @@ def plan_round(panels: Sequence[Panel], errors: Sequence[float], tolerance: floa
             nodes += panels[i].n
     kept = [p for i, p in enumerate(panels) if i not in halved]
     return kept, [p for i, p in enumerate(panels) if i in halved]
+
+
+def node_passes(n_steps: int, panels: Sequence[Panel] | None, start: int) -> int:
+    """The nodes adaptive N computed for a sentence of n_steps nodes in all, those it dropped included: doubling
+    start + 2 start + ... + N = 2N - start; panels every panel computed, the final L and the L - 1 that were halved,
+    (2L - 1) start (start nodes each)."""
+    return (2 * len(panels) - 1) * start if panels else 2 * n_steps - start
