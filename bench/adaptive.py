@@ -94,7 +94,8 @@ def main() -> None:
     costs = {f"adaptive from {s}": policy_cost(need, tokens, s) for s in (4, 8, 16)}
     costs[f"fixed N={worst} (equal worst-case error)"] = sum(tokens[t] * worst for t in texts)
     # 3. timed: the job's default against the fixed N of equal worst-case error, same sentences, same batches
-    adaptive = Explainer(model, layer=args.layer, steps=DEFAULT_STEPS, tolerance=tol, max_steps=DEFAULT_MAX_STEPS)
+    adaptive = Explainer(model, layer=args.layer, steps=DEFAULT_STEPS, tolerance=tol, max_steps=DEFAULT_MAX_STEPS,
+                         refine="double")  # fmt: skip
     t0 = time.perf_counter()
     fa = adaptive.factors(texts, batch_size=batch)
     t_adaptive = time.perf_counter() - t0

@@ -22,9 +22,10 @@ resumes: finished pieces are kept; with --resume-from results.tgz a fresh machin
                   all-MiniLM-L6-v2 layer 4
   job-mpnet       the same, all-mpnet-base-v2 layer 8 (the engine alone on 512 of its questions)
   sweep-mpnet     bench/gpu_settings.py sweep: precision x factor batch x GPU chunk, mpnet layer 8, N = 24
-  adaptive-mpnet  adaptive N against the fixed N of equal worst-case error, mpnet layer 8
+  adaptive-mpnet  adaptive N by panels (the default), by doubling, and the fixed N of equal worst-case error, mpnet
+                  layer 8
   sweep-minilm    the sweep for MiniLM layer 4, N = 10
-  adaptive-minilm adaptive against fixed for MiniLM
+  adaptive-minilm the same for MiniLM
   shelf-n128      the run that ran out of an 80 GB card before the factor batch was fixed: shelf mpnet, layer 9,
                   negation at N = 128 (configs/shelf-gpu.yaml's negation-N128)
   memory-minilm   bench/gpu_settings.py memory: the factor batch as N grows (whole, planned, under a limit)

@@ -11,10 +11,10 @@ sweep     precision (fp32, tf32, bf16, fp16) x factor batch x GPU chunk (element
           and the error of each setting against fp32 at the job's batch and chunk (the first cell): max |A - A_fp32|
           over every cell of every pair / max |A_fp32|, the pairs' completeness errors |sum A - target|, the factor
           errors
-adaptive  adaptive N (the job's default: N = 16 doubling per sentence to a factor error <= 1e-3, at most 512),
-          adaptive N by panels (--refine panels, the same start, tolerance and cap: xsbert_core.refine) and the fixed
-          N of equal worst-case error (the largest N doubling gave any sentence), same questions: seconds, nodes (sum
-          of tokens x N), node passes (every N or panel a sentence paid for), the errors
+adaptive  adaptive N as the job has it (from N = 16 to a factor error <= 1e-3, at most 512 nodes), by panels (the
+          default, xsbert_core.refine) and by doubling, and the fixed N of equal worst-case error (the largest N
+          doubling gave any sentence), same questions: seconds, nodes (sum of tokens x N), node passes (every N or
+          panel a sentence paid for), the errors
 memory    the factor batch as N grows: 64 questions of the median length at N = 128, 256 with a small chunk (so that
           the rows, which grow with N, dominate), three ways: the whole batch with no limit (its peak, against the
           model's prediction), planned within 60 % of that peak (xsbert_core.memory: the groups it cut, their peak),
@@ -205,19 +205,18 @@ def adaptive(args) -> dict[str, Any]:
     model, device, pairs, texts = setup(args)
     res = Result(args.out, head(args, device, texts))
     start, tol, cap = (2, TOL, 16) if args.dry_run else (DEFAULT_STEPS, TOL, DEFAULT_MAX_STEPS)  # the job's defaults
-    ex = Explainer(model, layer=args.layer, rule="gauss-legendre", steps=start, tolerance=tol, max_steps=cap)
-    ex.factors(texts[:4])
+    Explainer(model, layer=args.layer, rule="gauss-legendre", steps=start).factors(texts[:4])  # warm-up
     runs: dict[str, dict] = {}
-    for key in ("adaptive", "panels", "fixed"):
-        if late(args):
+    for key in ("panels", "double", "fixed"):
+        if late(args) or (key == "fixed" and "double" not in runs):
             res.data["skipped"].append(key)
-            break
-        if key == "panels":  # adaptive N by panels (xsbert_core.refine), the same start, tolerance and cap
+            continue
+        if key == "fixed":  # the fixed N of equal worst-case error: the largest N doubling gave a sentence
+            ex = Explainer(model, layer=args.layer, rule="gauss-legendre",
+                           steps=max(sf.n_steps for sf in runs["double"].values()))  # fmt: skip
+        else:  # adaptive N by panels (the job's default, xsbert_core.refine) or by doubling, the same start, tolerance
             ex = Explainer(model, layer=args.layer, rule="gauss-legendre", steps=start, tolerance=tol, max_steps=cap,
-                           refine="panels")  # fmt: skip
-        if key == "fixed":
-            n = max(sf.n_steps for sf in runs["adaptive"].values())
-            ex = Explainer(model, layer=args.layer, rule="gauss-legendre", steps=n)
+                           refine=key)  # fmt: skip
         got, seconds, peak = run_factors(ex, texts, BATCH)
         runs[key] = got
         steps = [sf.n_steps for sf in got.values()]
@@ -230,10 +229,9 @@ def adaptive(args) -> dict[str, Any]:
                       "above_tolerance": int(sum(sf.error > tol for sf in got.values())),
                       **pair_errors(ex, pairs, got, None)})  # fmt: skip
     c = res.data["cells"]
-    if "adaptive" in c and "fixed" in c:
-        res.data["adaptive_over_fixed_seconds"] = c["adaptive"]["seconds"] / c["fixed"]["seconds"]
-    if "adaptive" in c and "panels" in c:
-        res.data["doubling_over_panels_seconds"] = c["adaptive"]["seconds"] / c["panels"]["seconds"]
+    for a, b in (("double", "panels"), ("fixed", "panels"), ("fixed", "double")):
+        if a in c and b in c:
+            res.data[f"{a}_over_{b}_seconds"] = c[a]["seconds"] / c[b]["seconds"]
     res.save()
     return res.data
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from xsbert_core import InputError
 from xsbert_core.precision import DEFAULT_PRECISION
-from xsbert_core.refine import DEFAULT_REFINE
+from xsbert_core.refine import DOUBLE
 from xsbert_core.settings import (
     DEFAULT_LAYER,
     DEFAULT_MAX_STEPS,
@@ -55,8 +55,8 @@ DEFAULT_DATASET = "stsb"
 DEFAULT_SPLIT = "test"
 DEFAULT_SAMPLE = 100
 DEFAULT_OUT = "runs"
-# Adaptive N is the dataset default: without --steps and --tolerance, each sentence's N doubles from DEFAULT_STEPS
-# (up to --max-steps) until its factor error ||sum_s P[:, s] - (e(x) - e(r))|| / ||e(x) - e(r)|| is <= this; a
+# Adaptive N is the dataset default: without --steps and --tolerance, each sentence's N grows from DEFAULT_STEPS
+# (by panels, --refine; up to --max-steps nodes) until its factor error ||sum_s P[:, s] - (e(x) - e(r))|| / ||e(x) - e(r)|| is <= this; a
 # sentence still above it at --max-steps quarantines its pairs (reason `not_converged`). `--steps N` alone is a fixed
 # N (the behaviour, and the run ids, of runs before adaptive N became the default). bench/adaptive.py measures the
 # nodes it gives STS-B sentences and what it costs against a fixed N of equal worst-case error.
@@ -128,15 +128,15 @@ class Attribution(EngineSettings):
     """How the pairs are attributed: the engine's settings (xsbert_core.EngineSettings, as in `xsbert explain`) with
     the job's defaults, and what the store keeps of them.
 
-    N: adaptive by default. Neither steps nor tolerance: N starts at DEFAULT_STEPS and doubles per sentence until
-    DEFAULT_ADAPTIVE_TOLERANCE; a tolerance alone: from DEFAULT_STEPS to it; steps alone: that fixed N (tolerance
+    N: adaptive by default. Neither steps nor tolerance: N starts at DEFAULT_STEPS and grows per sentence (`refine`)
+    until DEFAULT_ADAPTIVE_TOLERANCE; a tolerance alone: from DEFAULT_STEPS to it; steps alone: that fixed N (tolerance
     None). The rule is applied here, once, so that `Attribution(steps=8)` and `--steps 8` are the same fixed N;
     after construction `steps` is always set."""
 
     steps: int | None = setting(None, ge=1, help=f"quadrature nodes N: a fixed N when given without --tolerance; else "
                                                  f"where adaptive N starts (default {DEFAULT_STEPS})")  # fmt: skip
     tolerance: float | None = setting(None, gt=0,
-                                      help="adaptive N: N doubles per sentence until its factor error <= this "
+                                      help="adaptive N: N grows per sentence (--refine) until its factor error <= this "
                                            f"(default {DEFAULT_ADAPTIVE_TOLERANCE:g} unless --steps is given); a "
                                            "sentence still above it at --max-steps quarantines its pairs "
                                            "(not_converged)")  # fmt: skip
@@ -290,7 +290,7 @@ class RunConfig:
 
     A field with `omitted_at` in its metadata is left out of the hash while it has that value: the run ids of
     stores made before it was a setting stay what they were (`cells`: stores of every cell; `precision`:
-    float32 runs; `prompt`, `exclude_prompt`: runs without a prompt; `refine`: fixed N or adaptive N by doubling)."""
+    float32 runs; `prompt`, `exclude_prompt`: runs without a prompt; `refine`: fixed N, or adaptive N by doubling, the only way before 2026-11-29)."""
 
     store_version: int
     code_version: str
@@ -311,7 +311,7 @@ class RunConfig:
     precision: str = field(default=DEFAULT_PRECISION, metadata={"omitted_at": DEFAULT_PRECISION, "engine": True})
     prompt: str = field(default="", metadata={"omitted_at": "", "engine": True})  # the resolved prompt string
     exclude_prompt: bool = field(default=False, metadata={"omitted_at": False, "engine": True})
-    refine: str = field(default=DEFAULT_REFINE, metadata={"omitted_at": DEFAULT_REFINE, "engine": True})
+    refine: str = field(default=DOUBLE, metadata={"omitted_at": DOUBLE, "engine": True})
 
     @staticmethod
     def engine_fields(settings: dict[str, Any]) -> dict[str, Any]:

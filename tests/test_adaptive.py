@@ -1,4 +1,5 @@
-"""Adaptive N: with a tolerance, N doubles per sentence until its factor error meets it (or max_steps)."""
+"""Adaptive N by doubling (--refine double): with a tolerance, N doubles per sentence until its factor error meets it
+(or max_steps). The default, by panels, is tests/test_refine.py's; the job's default settings are checked here."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def recomputed_error(sf) -> float:
 
 @pytest.fixture(scope="module")
 def adaptive(minilm):
-    ex = Explainer(minilm, layer=-3, steps=2, tolerance=TOL, max_steps=64)
+    ex = Explainer(minilm, layer=-3, steps=2, tolerance=TOL, max_steps=64, refine="double")
     return ex, ex.factors(TEXTS, batch_size=4)
 
 
@@ -59,7 +60,7 @@ def test_adaptive_stops_at_the_first_sufficient_n(minilm, adaptive):
 
 
 def test_max_steps_caps_and_warns(minilm, caplog):
-    ex = Explainer(minilm, layer=-1, steps=2, tolerance=1e-12, max_steps=4)
+    ex = Explainer(minilm, layer=-1, steps=2, tolerance=1e-12, max_steps=4, refine="double")
     with caplog.at_level(logging.WARNING, logger="xsbert_core"):
         fs = ex.factors([EASY, HARD])
     assert [sf.n_steps for sf in fs] == [4, 4]
@@ -74,7 +75,7 @@ def test_without_tolerance_n_is_fixed(minilm):
 
 
 def test_adaptive_pairs_report_steps(minilm):
-    ex = Explainer(minilm, layer=-1, steps=2, tolerance=5e-2, max_steps=32)
+    ex = Explainer(minilm, layer=-1, steps=2, tolerance=5e-2, max_steps=32, refine="double")
     res = ex.explain(EASY, HARD)
     assert res.factor_error_a <= 5e-2 and res.factor_error_b <= 5e-2
     assert res.steps_a >= 2 and res.steps_b >= 2
@@ -83,9 +84,9 @@ def test_adaptive_pairs_report_steps(minilm):
 
 
 def test_sentence_factors_say_whether_they_converged(minilm):
-    capped = Explainer(minilm, layer=-1, steps=2, tolerance=1e-12, max_steps=4).factors([EASY])[0]
+    capped = Explainer(minilm, layer=-1, steps=2, tolerance=1e-12, max_steps=4, refine="double").factors([EASY])[0]
     assert capped.converged is False and capped.error > 1e-12 and capped.n_steps == 4
-    loose = Explainer(minilm, layer=-1, steps=2, tolerance=1.0, max_steps=4).factors([EASY])[0]
+    loose = Explainer(minilm, layer=-1, steps=2, tolerance=1.0, max_steps=4, refine="double").factors([EASY])[0]
     assert loose.converged is True and loose.n_steps == 2
     assert Explainer(minilm, layer=-1, steps=2).factors([EASY])[0].converged is True  # fixed N: nothing to meet
 
@@ -157,7 +158,7 @@ def test_job_quarantines_the_pairs_of_sentences_that_did_not_converge(minilm, tm
            if not (converged[a] and converged[b])}  # fmt: skip
     assert 0 < len(bad) < len(rows)
     s = run_job(tmp_path / "runs", "--dataset", str(write_tsv(tmp_path / "p.tsv", rows)), "--tolerance", repr(tol),
-                "--max-steps", "4", "--executor", "local")  # fmt: skip
+                "--max-steps", "4", "--refine", "double", "--executor", "local")  # fmt: skip
     run_dir = s["run_dir"]
     assert (s["n_in"], s["n_done"], s["n_quarantined"]) == (len(rows), len(rows) - len(bad), len(bad))
     assert s["quarantine_reasons"] == {"not_converged": len(bad)}

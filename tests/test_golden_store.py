@@ -13,7 +13,8 @@ tests/test_local_executor.py) is computed, and compared with tests/data/golden_s
 
 Besides, the run ids and configs of a few other settings (adaptive N, --cells, --precision, --min-abs,
 --truncation, --rule, --mode, --similarity, the embedded default) are pinned through `prepare` (nothing computed);
-the two adaptive ones (adaptive N, the embedded default) since 2026-11-28, when adaptive N's cap became 512.
+the adaptive ones (adaptive N, the embedded default, a --tolerance) since 2026-11-29, when adaptive N by panels became
+the default (their configs say `refine`; the 2026-11-28 ids, at the cap of 512, were adaptive N by doubling).
 Regenerate (only when a change of the numbers or of the layout is intended, in the commit that makes it):
 `XSBERT_GOLDEN_WRITE=1 .venv/bin/python -m pytest -q tests/test_golden_store.py`.
 """

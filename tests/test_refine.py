@@ -142,7 +142,7 @@ def uneven(sf) -> bool:
 
 @pytest.fixture(scope="module")
 def by_panels(minilm):
-    ex = Explainer(minilm, layer=-3, steps=2, tolerance=TOL, max_steps=64, refine="panels")
+    ex = Explainer(minilm, layer=-3, steps=2, tolerance=TOL, max_steps=64)  # panels: the default
     return ex, ex.factors(TEXTS, batch_size=4)
 
 
@@ -171,7 +171,8 @@ def test_panels_factor_is_the_reverse_reference_on_its_own_panels(minilm, by_pan
 @pytest.mark.slow
 def test_panels_agree_with_doubling_to_the_tolerance(minilm, by_panels):
     ex, fs = by_panels
-    doubled = Explainer(minilm, layer=-3, steps=2, tolerance=TOL, max_steps=64).factors(TEXTS, batch_size=4)
+    doubled = Explainer(minilm, layer=-3, steps=2, tolerance=TOL, max_steps=64, refine="double").factors(
+        TEXTS, batch_size=4)
     fine = Explainer(minilm, layer=-3, steps=128).factors(TEXTS, batch_size=4)
     for sp, sd, sr in zip(fs, doubled, fine):
         assert sp.text == sd.text == sr.text and sd.panels is None
@@ -215,7 +216,8 @@ def test_the_job_refines_by_panels_under_its_own_run_id(tmp_path):
     flags = ["--dataset", str(data), "--layer", "-3", "--steps", "2", "--tolerance", "3e-3", "--max-steps", "64",
              "--executor", "local"]
     panels = run_job(tmp_path / "runs", *flags, "--refine", "panels")
-    doubled = run_job(tmp_path / "runs", *flags)
+    doubled = run_job(tmp_path / "runs", *flags, "--refine", "double")
+    assert run_job(tmp_path / "runs", *flags)["run_id"] == panels["run_id"]  # panels: the default
     assert panels["run_id"] != doubled["run_id"]
     assert (panels["n_in"], panels["n_done"]) == (3, 3)
     config = json.loads((Path(panels["run_dir"]) / "manifest.json").read_text())["config"]

@@ -45,7 +45,7 @@ from .pairs import (
     similarity_score,
 )
 from .quadrature import Panel, canonical_rule
-from .refine import DEFAULT_REFINE, REFINEMENTS, plan_round
+from .refine import DEFAULT_REFINE, DOUBLE, REFINEMENTS, plan_round
 from .settings import DEFAULT_LAYER, DEFAULT_MAX_STEPS, DEFAULT_RULE, DEFAULT_STEPS, EngineSettings
 from .shift import is_shifted
 from .split import MODES, TRUNCATION_POLICIES, Mode, SplitModel, Truncation
@@ -179,7 +179,7 @@ class Explainer:
     jvp_chunk:  elements of the largest activation of one jvp call (default: xsbert_core.factors.chunk_elements of the
                 device), when internal_batch_size is not given
     memory_budget: bytes one factor batch may take beyond the model (xsbert_core.memory): each batch is cut into
-                groups that fit (smaller as N doubles); None: whole batches. Either way a group that runs out of
+                groups that fit (smaller as N grows); None: whole batches. Either way a group that runs out of
                 memory is halved and retried at the same N, and later groups keep below it (`memory`)
 
     The same settings as one object: `Explainer.from_settings(EngineSettings(...))`; an explainer's own, resolved,
@@ -343,7 +343,7 @@ class Explainer:
             "prompt": self.prompt,
             "exclude_prompt": self.exclude_prompt,
             # only where adaptive N goes by panels: the manifests of fixed-N and doubling runs stay as they were
-            **({"refine": self.refine} if self.tolerance is not None and self.refine != DEFAULT_REFINE else {}),
+            **({"refine": self.refine} if self.tolerance is not None and self.refine != DOUBLE else {}),
         }
 
     def token_counts(self, texts: list[str]) -> tuple[list[int], list[int]]:
