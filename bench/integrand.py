@@ -18,11 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import shlex
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +26,7 @@ import torch
 from torch.func import jvp
 
 ROOT = Path(__file__).resolve().parents[1]
-from precision import commit
+from precision import provenance
 
 from xsbert_core import Explainer, load_model
 from xsbert_core.factors import endpoints
@@ -137,9 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(args.model)
     result = {"model": args.model, "grid": args.grid, "steps": steps,
               "texts": [measure(model, t, args.layer, args.grid, steps) for t in args.text],
-              "machine": f"{platform.machine()}, {os.cpu_count()} CPUs" + (f" ({args.note})" if args.note else ""),
-              "torch": torch.__version__, "commit": commit(), "stamp": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "command": shlex.join(["python", "bench/integrand.py", *(sys.argv[1:] if argv is None else argv)])}  # fmt: skip
+              **provenance("integrand.py", sys.argv[1:] if argv is None else list(argv), args.note)}  # fmt: skip
     Path(args.out_stem + ".json").write_text(json.dumps(result, indent=1) + "\n")
     Path(args.out_stem + ".md").write_text(markdown(result))
     print(markdown(result))

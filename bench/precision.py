@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -42,6 +43,14 @@ def commit() -> str:
                               text=True, check=True).stdout.strip()  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def provenance(script: str, argv: list[str], note: str = "") -> dict[str, str]:
+    """Where and how a result was measured: the machine (and `note` on it), torch, the commit, the time, the command
+    (`python bench/<script> <argv>`)."""
+    return {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs" + (f" ({note})" if note else ""),
+            "torch": torch.__version__, "commit": commit(), "stamp": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "command": shlex.join(["python", f"bench/{script}", *argv])}  # fmt: skip
 
 
 def run_one(model, pairs, layer: int, steps: int, prec: str, batch_size: int) -> dict:

@@ -19,9 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -29,7 +26,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-from precision import commit
+from precision import provenance
 
 from jobs.config import DEFAULT_ADAPTIVE_TOLERANCE, DEFAULT_BATCH_SIZE_CPU
 from xsbert_core import Explainer, load_model
@@ -155,10 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"model": args.model, "layer": args.layer, "start": args.steps, "tolerance": args.tolerance,
               "cap": args.max_steps, "batch": args.batch_size, "runs": runs, "reference": reference,
               "reference_n": args.reference, "reference_from": args.reference_from,
-              "machine": f"{platform.machine()}, {os.cpu_count()} CPUs" + (f" ({args.note})" if args.note else ""),
-              "torch": torch.__version__, "commit": commit(),
-              "stamp": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "command": shlex.join(["python", "bench/refine.py", *given])}  # fmt: skip
+              **provenance("refine.py", given, args.note)}  # fmt: skip
     Path(args.out_stem + ".json").write_text(json.dumps(result, indent=1) + "\n")
     Path(args.out_stem + ".md").write_text(markdown(result))
     print(markdown(result))
