@@ -228,3 +228,14 @@ def test_the_job_refines_by_panels_under_its_own_run_id(tmp_path):
     doubled_steps = {n for n, in q(doubled["run_dir"], "select n_steps from {sentences}")}
     assert doubled_steps <= {2, 4, 8, 16, 32, 64}
     assert {n for n, _ in steps} - {2, 4, 8, 16, 32, 64}  # panels give N that doubling cannot
+
+
+def test_the_printed_settings_say_how_n_grew(minilm):
+    from xsbert_core.cli import format_view
+
+    res = Explainer(minilm, layer=-1, steps=2, tolerance=5e-2, max_steps=8).explain(EASY, HARD)
+    assert "N=2 to 0.05 by panels (at most 8 nodes)" in format_view(res, EASY, HARD, top=1).splitlines()[0]
+    del res.settings["refine"]  # a stored run's settings from before `refine` was one: adaptive N by doubling
+    assert "N=2 to 0.05 by doubling (at most 8 nodes)" in format_view(res, EASY, HARD, top=1).splitlines()[0]
+    fixed = Explainer(minilm, layer=-1, steps=2).explain(EASY, HARD)
+    assert format_view(fixed, EASY, HARD, top=1).splitlines()[0].endswith("N=2")

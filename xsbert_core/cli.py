@@ -100,6 +100,9 @@ def format_view(res, a: str, b: str, top: int) -> str:
     s = res.settings
     head = (f"model {s.get('model')}  layer {s.get('layer')}/{s.get('n_layers')}  {s.get('mode')}  "
             f"{s.get('similarity')}  {s.get('rule')} N={s.get('steps')}")  # fmt: skip
+    if s.get("tolerance") is not None:  # adaptive N: a manifest made before `refine` was a setting doubled
+        how = {"double": "doubling"}.get(s.get("refine", "double"), s.get("refine"))
+        head += f" to {s['tolerance']:g} by {how} (at most {s.get('max_steps')} nodes)"
     if s.get("precision", DEFAULT_PRECISION) != DEFAULT_PRECISION:
         head += f"  {s['precision']}"
     if s.get("prompt"):
