@@ -423,7 +423,7 @@ class Explainer:
             nodes = max(sum(p.n for p in active[row]) for row in pending)
             for rows in self._groups(batch, pending, nodes):
                 for row, sf, parts, errors in self._integrate_rows(batch, rows, {r: active[r] for r in rows}):
-                    factor = parts.sum(0) + kept_factor[row] if row in kept_factor else parts.sum(0)
+                    factor = sf.factor + kept_factor[row] if row in kept_factor else sf.factor  # sf: this round's
                     error = float(completeness_errors(factor[None], sf.embedding[None],
                                                       sf.reference_embedding[None])[0])  # fmt: skip
                     panels = kept[row] + active[row]

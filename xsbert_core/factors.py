@@ -175,7 +175,7 @@ def integrate_panels(
     if len(panels) != len(ends.batch.texts):
         raise ValueError(f"panels for {len(panels)} sentences, the batch has {len(ends.batch.texts)}")
     feats = ends.batch.features
-    bsz, seq_len, hid = ends.h_x.shape
+    _, seq_len, hid = ends.h_x.shape
     dtype, device = ends.h_x.dtype, ends.h_x.device
     low = jvp_dtype(precision)
     if low != dtype and (jvp_split is None or jvp_split.dtype != low):
@@ -252,16 +252,9 @@ def path_embeddings(split: SplitModel, ends: Endpoints, sentence: Sequence[int],
     feats = {k: v[idx] for k, v in ends.batch.features.items()}
     shift = ends.shift[idx] if ends.shift is not None else None
     lengths = [ends.batch.lengths[i] for i in idx.tolist()]
-    out = []
-    r0 = 0
-    while r0 < len(lengths):
-        longest = max(lengths[r0:])
-        per_call = internal_batch_size or default_internal_batch_size(split, longest, chunk)
-        r1 = min(len(lengths), r0 + per_call)
-        longest = max(lengths[r0:r1])
-        out.append(split.tail(x[r0:r1, :longest], {k: v[r0:r1, :longest] for k, v in feats.items()},
-                              shift[r0:r1, :longest] if shift is not None else None, ends.batch.prompt_length))
-        r0 = r1
+    out = [split.tail(x[r0:r1, :longest], {k: v[r0:r1, :longest] for k, v in feats.items()},
+                      shift[r0:r1, :longest] if shift is not None else None, ends.batch.prompt_length)
+           for r0, r1, longest in row_chunks(split, lengths, internal_batch_size, chunk)]  # fmt: skip
     return torch.cat(out)
 
 
