@@ -47,9 +47,11 @@ run: setup
 explain: setup
 	$(BIN)/xsbert explain --words --json explain.json --plot explain.png
 
-# Two test processes, each taking whole test files (module-scoped set-up, a module's Ray, stays in one process);
-# TEST_WORKERS=0 runs them in this process, one after another.
-TEST_WORKERS ?= 2
+# Three test processes, each taking whole test files (module-scoped set-up, a module's Ray, stays in one process):
+# most of a test's wall time is waiting (Ray start-ups, actor start-ups, subprocesses, fault scenarios), so a third
+# file fills time the other two leave the cores idle (bench/results/tests.md). TEST_WORKERS=0 runs them in this
+# process, one after another.
+TEST_WORKERS ?= 3
 TEST_PROCESSES = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 test: setup-test
