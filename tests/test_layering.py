@@ -103,3 +103,33 @@ def test_jobs_modules_import_each_other_without_a_cycle():
 
     for mod in sorted(graph):
         visit(mod, [])
+
+
+def _probe(code: str) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.split()
+
+
+def test_the_read_side_loads_neither_torch_nor_sentence_transformers():
+    """xsbert_core's errors come without the engine (its other names load on first use), so the store, `xsbert sql`
+    and `xsbert serve` start without torch and sentence-transformers (seconds per process: the command, each Ray
+    worker that reads or writes the store); `xsbert` itself loads torch (its explain flags), not a model's library."""
+    probe = ("import sys, jobs.store, jobs.sqlrun, jobs.serve; print(*(m in sys.modules for m in ('torch', "
+             "'sentence_transformers'))); import jobs.cli; print('sentence_transformers' in sys.modules)")  # fmt: skip
+    assert _probe(probe) == ["False", "False", "False"]
+
+
+def test_importing_xsbert_core_registers_the_shift_in_either_order_and_without_wrapt():
+    """Plain SentenceTransformer(path) of a saved exact model needs the shift's class registered (xsbert_core.shift):
+    `import xsbert_core` does it once sentence-transformers is imported, before or after; without wrapt (its
+    post-import hook), at once. (The model loaded plainly: tests/test_training.py.)"""
+    check = ("; from sentence_transformers.base.model import BaseModel; from xsbert_core.shift import CLASS_REF; "
+             "print(CLASS_REF in BaseModel._module_classes)")  # fmt: skip
+    for first in ("import xsbert_core, sys; print('sentence_transformers' in sys.modules); import sentence_transformers",
+                  "import sentence_transformers, xsbert_core; print(False)",
+                  "import sys; sys.modules['wrapt'] = None; import xsbert_core; print('sentence_transformers' in "
+                  "sys.modules)"):  # fmt: skip
+        seen = _probe(first + check)
+        assert seen == ["True" if "wrapt" in first else "False", "True"], first

