@@ -20,11 +20,15 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import torch
-from sentence_transformers import SentenceTransformer
 
 from .errors import ModelNotFoundError
 from .settings import DEFAULT_MODEL
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
 
 logger = logging.getLogger(__name__)
 
@@ -173,6 +177,8 @@ def load_model(
     AD has no rule for it). Raises ModelNotFoundError, naming what to install, when neither a local folder,
     an installed package nor the hub provides it.
     """
+    from sentence_transformers import SentenceTransformer  # here: resolving names needs no model library
+
     source = resolve_model(name)
     kwargs = {"model_kwargs": {"attn_implementation": attn_implementation}} if attn_implementation else {}
     try:
