@@ -123,7 +123,7 @@ def serve(args: argparse.Namespace) -> int:
 
 def stored_attribution(pair: StoredPair, words: bool):
     """The stored pair as xsbert_core's PairAttribution (what `xsbert explain` computes), settings from the manifest."""
-    from xsbert_core.explainer import PairAttribution
+    from xsbert_core.results import PairAttribution
 
     r = pair.row
 

@@ -24,8 +24,8 @@ __version__ = "0.1.0"
 # Each public name other than the errors, and the module that defines it.
 _LAZY = {
     "Explainer": "explainer",
-    "PairAttribution": "explainer",
-    "SentenceFactors": "explainer",
+    "PairAttribution": "results",
+    "SentenceFactors": "results",
     "EngineSettings": "settings",
     "DEFAULT_MODEL": "settings",
     "load_model": "models",
@@ -43,12 +43,13 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:  # what type checkers and editors see
-    from .explainer import Explainer, PairAttribution, SentenceFactors
+    from .explainer import Explainer
     from .models import load_model, resolve_model, weights_fingerprint
     from .pairs import completeness_target, compute_completeness_error, pair_matrix, similarity_score
     from .quadrature import nodes_and_weights
+    from .results import PairAttribution, SentenceFactors
     from .settings import DEFAULT_MODEL, EngineSettings
-    from .shift import ShiftedTransformer, is_shifted, register_with_sentence_transformers, shifted
+    from .shift import ShiftedTransformer, is_shifted, shifted
 
 
 def __getattr__(name: str) -> Any:

@@ -32,7 +32,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from xsbert_core import EngineSettings, Explainer, SentenceFactors
+from xsbert_core.results import SentenceFactors
+from xsbert_core.settings import EngineSettings
 from xsbert_core.memory import TensorBudget
 from xsbert_core.metrics import grouped_rank_bounds, grouped_top_k
 from xsbert_core.pairs import completeness_target, pair_matrix, similarity_score
@@ -205,6 +206,8 @@ class FactorActor:
             hf_logging.disable_progress_bar()
         except ImportError:  # pragma: no cover
             pass
+        from xsbert_core.explainer import Explainer  # here: stage 2's cell tasks import this module without a model
+
         self.explainer = Explainer.from_settings(engine, device=device)
         # The factor batch's memory: planned within a budget on a GPU, and a limit where one is asked for
         # (jobs/attribution/memory.py: the caching allocator's on CUDA, each call's tensors' on a CPU).
