@@ -1,0 +1,83 @@
+"""How long the read-side commands take from start to exit: `xsbert sql` and `xsbert show` on a stored run.
+
+    python bench/startup.py                   # the first run under runs/ (`make run` writes them)
+    python bench/startup.py --run runs/<id> --repeat 7
+
+Each command runs in a fresh process, --repeat times, alternating with its baseline; the median is kept. The
+baseline is the same command with sentence-transformers imported first, which is what importing xsbert_core did
+until 2026-11-29: it loads the engine's names on first use since then, so the read side (the store, `xsbert sql`,
+`xsbert serve`, `xsbert show`) imports neither sentence-transformers nor, outside `xsbert`, torch. Results:
+bench/results/startup.md and startup.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from precision import provenance
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "results"
+BASELINE = "import sentence_transformers"  # what `import xsbert_core` imported before it loaded names on first use
+
+
+def commands(run: Path, pair: str) -> dict[str, list[str]]:
+    """The commands timed, as `xsbert` arguments."""
+    return {"xsbert sql": ["sql", "--run", str(run), "select count(*) as pairs from pairs"],
+            "xsbert show": ["show", "--run", str(run), "--pair", pair]}  # fmt: skip
+
+
+def timed(argv: list[str], first: str = "") -> float:
+    """Seconds from start to exit of `xsbert <argv>` in a fresh process (`first`: Python run before it)."""
+    code = f"{first}\nimport sys\nfrom jobs.cli import main\nsys.exit(main(sys.argv[1:]))"
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", code, *argv], cwd=ROOT, capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"startup.py: error: xsbert {' '.join(argv)} failed: {proc.stderr.strip()[-500:]}")
+    return seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--run", type=Path, help="a run directory (default: the first under runs/)")
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args(argv)
+    run = args.run or next((p for p in sorted((ROOT / "runs").glob("*")) if (p / "pairs").is_dir()), None)
+    if run is None or not (run / "pairs").is_dir():
+        raise SystemExit("startup.py: error: no run to read: give --run, or run `make run` first")
+    import duckdb
+
+    pair = duckdb.sql(f"select min(pair_id) from read_parquet('{run}/pairs/*.parquet')").fetchall()[0][0]
+    rows = []
+    for name, cmd in commands(run, pair).items():
+        timed(cmd)  # warm the file cache
+        now, before = [], []
+        for _ in range(args.repeat):
+            now.append(timed(cmd))
+            before.append(timed(cmd, BASELINE))
+        rows.append({"command": name, "median_s": statistics.median(now), "baseline_median_s": statistics.median(before),
+                     "ratio": statistics.median(before) / statistics.median(now), "runs_s": now, "baseline_runs_s": before})  # fmt: skip
+    result = {**provenance("startup.py", argv if argv is not None else sys.argv[1:], "nothing else running"),
+              "run": str(run), "repeat": args.repeat, "baseline": BASELINE, "rows": rows}  # fmt: skip
+    (OUT / "startup.json").write_text(json.dumps(result, indent=2) + "\n")
+    lines = ["# Start to exit of the read-side commands (`python bench/startup.py`)", "",
+             f"{result['stamp']}, commit {result['commit']}, {result['machine']}, torch {result['torch']}; "
+             f"`{result['command']}`; a run of `make run`; median of {args.repeat} fresh processes each, alternating "
+             f"with the baseline: the same command with `{BASELINE}` first (what importing xsbert_core did before "
+             "2026-11-29).", "",
+             "| command | seconds | baseline seconds | baseline / now |", "|---|---|---|---|"]  # fmt: skip
+    lines += [f"| `{r['command']}` | {r['median_s']:.2f} | {r['baseline_median_s']:.2f} | {r['ratio']:.2f}x |" for r in rows]
+    (OUT / "startup.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
