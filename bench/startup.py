@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--run", type=Path, help="a run directory (default: the first under runs/)")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--out-stem", type=Path, default=OUT / "startup", help="<stem>.json and <stem>.md")
     args = ap.parse_args(argv)
     run = args.run or next((p for p in sorted((ROOT / "runs").glob("*")) if (p / "pairs").is_dir()), None)
     if run is None or not (run / "pairs").is_dir():
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
                      "ratio": statistics.median(before) / statistics.median(now), "runs_s": now, "baseline_runs_s": before})  # fmt: skip
     result = {**provenance("startup.py", argv if argv is not None else sys.argv[1:], "nothing else running"),
               "run": str(run), "repeat": args.repeat, "baseline": BASELINE, "rows": rows}  # fmt: skip
-    (OUT / "startup.json").write_text(json.dumps(result, indent=2) + "\n")
+    args.out_stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     lines = ["# Start to exit of the read-side commands (`python bench/startup.py`)", "",
              f"{result['stamp']}, commit {result['commit']}, {result['machine']}, torch {result['torch']}; "
              f"`{result['command']}`; a run of `make run`; median of {args.repeat} fresh processes each, alternating "
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
              "2026-11-29).", "",
              "| command | seconds | baseline seconds | baseline / now |", "|---|---|---|---|"]  # fmt: skip
     lines += [f"| `{r['command']}` | {r['median_s']:.2f} | {r['baseline_median_s']:.2f} | {r['ratio']:.2f}x |" for r in rows]
-    (OUT / "startup.md").write_text("\n".join(lines) + "\n")
+    args.out_stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 
