@@ -115,10 +115,11 @@ def _probe(code: str) -> list[str]:
 def test_the_read_side_loads_neither_torch_nor_sentence_transformers():
     """xsbert_core's errors come without the engine (its other names load on first use), so the store, `xsbert sql`
     and `xsbert serve` start without torch and sentence-transformers (seconds per process); `xsbert` itself (its
-    explain flags), `xsbert show` and the job's stage-2 cell tasks load torch, not the model library (the engine's
-    results are plain data: xsbert_core.results; the factor actor imports the Explainer when it starts)."""
+    explain flags), `xsbert show`, the job's stage-2 cell tasks and jobs.pipeline until it runs a stage load torch, not
+    the model library (the engine's results are plain data: xsbert_core.results; the factor actor imports the
+    Explainer when it starts; a study's training settings are read without it)."""
     probe = ("import sys, jobs.store, jobs.sqlrun, jobs.serve; print(*(m in sys.modules for m in ('torch', "
-             "'sentence_transformers'))); import jobs.cli, jobs.attribution.stage2, xsbert_core.results; "
+             "'sentence_transformers'))); import jobs.cli, jobs.attribution.stage2, jobs.pipeline; "
              "from jobs.serve import stored_attribution; print('sentence_transformers' in sys.modules)")  # fmt: skip
     assert _probe(probe) == ["False", "False", "False"]
 

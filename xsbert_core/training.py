@@ -21,14 +21,15 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from sentence_transformers import SentenceTransformer
 from torch import Tensor, nn
 
 from .errors import InputError, UnsupportedModelError
-from .shift import is_shifted, shifted
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +116,8 @@ def build_variant(model: SentenceTransformer, variant: str) -> SentenceTransform
 
     Raises InputError for an unknown variant and UnsupportedModelError for a model the shift cannot wrap.
     """
+    from .shift import is_shifted, shifted  # here: a study's training settings are read without sentence-transformers
+
     if variant not in VARIANTS:
         raise InputError(f"Unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
     if is_shifted(model):
