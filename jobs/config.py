@@ -56,10 +56,11 @@ DEFAULT_SPLIT = "test"
 DEFAULT_SAMPLE = 100
 DEFAULT_OUT = "runs"
 # Adaptive N is the dataset default: without --steps and --tolerance, each sentence's N grows from DEFAULT_STEPS
-# (by panels, --refine; up to --max-steps nodes) until its factor error ||sum_s P[:, s] - (e(x) - e(r))|| / ||e(x) - e(r)|| is <= this; a
-# sentence still above it at --max-steps quarantines its pairs (reason `not_converged`). `--steps N` alone is a fixed
-# N (the behaviour, and the run ids, of runs before adaptive N became the default). bench/adaptive.py measures the
-# nodes it gives STS-B sentences and what it costs against a fixed N of equal worst-case error.
+# (by panels, --refine; up to --max-steps nodes) until its factor error ||sum_s P[:, s] - (e(x) - e(r))|| /
+# ||e(x) - e(r)|| is <= this; a sentence still above it at --max-steps quarantines its pairs (reason
+# `not_converged`). `--steps N` alone is a fixed N (the behaviour, and the run ids, of runs before adaptive N became
+# the default). bench/adaptive.py measures the nodes it gives STS-B sentences and what it costs against a fixed N of
+# equal worst-case error.
 DEFAULT_ADAPTIVE_TOLERANCE = 1e-3
 # Sentences per actor call, of similar length (sorted, longest first). On CPU small batches balance the
 # actors (a call is seconds to minutes; the last one decides the wave's tail), on GPU large ones fill it.
@@ -290,7 +291,8 @@ class RunConfig:
 
     A field with `omitted_at` in its metadata is left out of the hash while it has that value: the run ids of
     stores made before it was a setting stay what they were (`cells`: stores of every cell; `precision`:
-    float32 runs; `prompt`, `exclude_prompt`: runs without a prompt; `refine`: fixed N, or adaptive N by doubling, the only way before 2026-11-29)."""
+    float32 runs; `prompt`, `exclude_prompt`: runs without a prompt; `refine`: fixed N, or adaptive N by doubling,
+    the only way before 2026-11-29)."""
 
     store_version: int
     code_version: str

@@ -130,7 +130,8 @@ def test_importing_xsbert_core_registers_the_shift_in_either_order_and_without_w
     post-import hook), at once. (The model loaded plainly: tests/test_training.py.)"""
     check = ("; from sentence_transformers.base.model import BaseModel; from xsbert_core.shift import CLASS_REF; "
              "print(CLASS_REF in BaseModel._module_classes)")  # fmt: skip
-    for first in ("import xsbert_core, sys; print('sentence_transformers' in sys.modules); import sentence_transformers",
+    for first in ("import xsbert_core, sys; print('sentence_transformers' in sys.modules); "
+                  "import sentence_transformers",
                   "import sentence_transformers, xsbert_core; print(False)",
                   "import sys; sys.modules['wrapt'] = None; import xsbert_core; print('sentence_transformers' in "
                   "sys.modules)"):  # fmt: skip

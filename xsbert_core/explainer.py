@@ -35,7 +35,7 @@ from .factors import (
     path_embeddings,
 )
 from .memory import FactorMemory, Shape, is_out_of_memory, release_cached
-from .models import DEFAULT_MODEL, load_model
+from .models import load_model
 from .precision import DEFAULT_PRECISION, Precision, canonical_precision, jvp_dtype, tf32_matmuls
 from .pairs import (
     Similarity,
@@ -47,7 +47,7 @@ from .pairs import (
 from .quadrature import Panel, canonical_rule
 from .refine import DEFAULT_REFINE, DOUBLE, REFINEMENTS, plan_round
 from .results import PairAttribution, SentenceFactors
-from .settings import DEFAULT_LAYER, DEFAULT_MAX_STEPS, DEFAULT_RULE, DEFAULT_STEPS, EngineSettings
+from .settings import DEFAULT_LAYER, DEFAULT_MAX_STEPS, DEFAULT_MODEL, DEFAULT_RULE, DEFAULT_STEPS, EngineSettings
 from .shift import is_shifted
 from .split import MODES, TRUNCATION_POLICIES, Mode, SplitModel, Truncation
 from .words import word_matrix

@@ -19,7 +19,6 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import torch

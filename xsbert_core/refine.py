@@ -24,14 +24,14 @@ from collections.abc import Sequence
 
 from .quadrature import Panel
 
-REFINEMENTS: tuple[str, ...] = ("double", "panels")
+# Adaptive N before there was a choice: a run id, a manifest and a config leave `refine` out at this value, so the
+# stores made then keep theirs.
+DOUBLE = "double"
+REFINEMENTS: tuple[str, ...] = (DOUBLE, "panels")
 # Panels since 2026-11-29: on all-mpnet-base-v2's first 40 QQP questions (layer 8, tolerance 1e-3, cap 512) 3.8x
 # faster than doubling on a CPU, every question converged both ways, the hard ones as close to a fixed N = 1024 or
 # closer (bench/results/refine.md).
 DEFAULT_REFINE = "panels"
-# Adaptive N before there was a choice: a run id, a manifest and a config leave `refine` out at this value, so the
-# stores made then keep theirs.
-DOUBLE = "double"
 
 
 def over_share(panel: Panel, error: float, tolerance: float) -> float:

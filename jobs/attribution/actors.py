@@ -32,11 +32,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from xsbert_core.results import SentenceFactors
-from xsbert_core.settings import EngineSettings
 from xsbert_core.memory import TensorBudget
 from xsbert_core.metrics import grouped_rank_bounds, grouped_top_k
 from xsbert_core.pairs import completeness_target, pair_matrix, similarity_score
+from xsbert_core.results import SentenceFactors
+from xsbert_core.settings import EngineSettings
 from xsbert_core.words import averaging_matrix
 
 from ..config import CELL_CHOICES
