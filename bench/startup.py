@@ -48,11 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--run", type=Path, help="a run directory (default: the first under runs/)")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--note", default="", help="what else the machine was doing, recorded beside it")
     ap.add_argument("--out-stem", type=Path, default=OUT / "startup", help="<stem>.json and <stem>.md")
     args = ap.parse_args(argv)
     run = args.run or next((p for p in sorted((ROOT / "runs").glob("*")) if (p / "pairs").is_dir()), None)
     if run is None or not (run / "pairs").is_dir():
         raise SystemExit("startup.py: error: no run to read: give --run, or run `make run` first")
+    run = run.resolve()
     import duckdb
 
     pair = duckdb.sql(f"select min(pair_id) from read_parquet('{run}/pairs/*.parquet')").fetchall()[0][0]
@@ -63,18 +65,21 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.repeat):
             now.append(timed(cmd))
             before.append(timed(cmd, BASELINE))
-        rows.append({"command": name, "median_s": statistics.median(now), "baseline_median_s": statistics.median(before),
-                     "ratio": statistics.median(before) / statistics.median(now), "runs_s": now, "baseline_runs_s": before})  # fmt: skip
-    result = {**provenance("startup.py", argv if argv is not None else sys.argv[1:], "nothing else running"),
-              "run": str(run), "repeat": args.repeat, "baseline": BASELINE, "rows": rows}  # fmt: skip
+        median, baseline = statistics.median(now), statistics.median(before)
+        rows.append({"command": name, "median_s": median, "baseline_median_s": baseline, "ratio": baseline / median,
+                     "runs_s": now, "baseline_runs_s": before})  # fmt: skip
+    result = {**provenance("startup.py", argv if argv is not None else sys.argv[1:], args.note),
+              "run": str(run.relative_to(ROOT) if run.is_relative_to(ROOT) else run), "repeat": args.repeat,
+              "baseline": BASELINE, "rows": rows}  # fmt: skip
     args.out_stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     lines = ["# Start to exit of the read-side commands (`python bench/startup.py`)", "",
              f"{result['stamp']}, commit {result['commit']}, {result['machine']}, torch {result['torch']}; "
-             f"`{result['command']}`; a run of `make run`; median of {args.repeat} fresh processes each, alternating "
-             f"with the baseline: the same command with `{BASELINE}` first (what importing xsbert_core did before "
-             "2026-11-29).", "",
+             f"`{result['command']}`; the run {result['run']}; median of {args.repeat} fresh processes each, "
+             f"alternating with the baseline: the same command with `{BASELINE}` first (what importing xsbert_core "
+             "did before 2026-11-29).", "",
              "| command | seconds | baseline seconds | baseline / now |", "|---|---|---|---|"]  # fmt: skip
-    lines += [f"| `{r['command']}` | {r['median_s']:.2f} | {r['baseline_median_s']:.2f} | {r['ratio']:.2f}x |" for r in rows]
+    lines += [f"| `{r['command']}` | {r['median_s']:.2f} | {r['baseline_median_s']:.2f} | {r['ratio']:.2f}x |"
+              for r in rows]
     args.out_stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
