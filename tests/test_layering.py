@@ -113,15 +113,36 @@ def _probe(code: str) -> list[str]:
 
 
 def test_the_read_side_loads_neither_torch_nor_sentence_transformers():
-    """xsbert_core's errors come without the engine (its other names load on first use), so the store, `xsbert sql`
-    and `xsbert serve` start without torch and sentence-transformers (seconds per process); `xsbert` itself (its
-    explain flags), `xsbert show`, the job's stage-2 cell tasks and jobs.pipeline until it runs a stage load torch, not
-    the model library (the engine's results are plain data: xsbert_core.results; the factor actor imports the
-    Explainer when it starts; a study's training settings are read without it)."""
-    probe = ("import sys, jobs.store, jobs.sqlrun, jobs.serve; print(*(m in sys.modules for m in ('torch', "
-             "'sentence_transformers'))); import jobs.cli, jobs.attribution.stage2, jobs.pipeline; "
-             "from jobs.serve import stored_attribution; print('sentence_transformers' in sys.modules)")  # fmt: skip
+    """xsbert_core's errors come without the engine (its other names load on first use) and its settings without
+    torch (xsbert_core.precision names its dtypes), so the store, `xsbert` itself, `xsbert sql`, `xsbert serve`,
+    `xsbert show` and jobs.report start without torch and sentence-transformers (seconds per process); the job's
+    stage-2 cell tasks (torch's arithmetic) and jobs.pipeline until it runs a stage load no model library (the
+    engine's results are plain data: xsbert_core.results; the factor actor imports the Explainer when it starts; a
+    study's training settings are read without it)."""
+    probe = ("import sys, jobs.store, jobs.sqlrun, jobs.serve, jobs.cli, jobs.report; "
+             "from jobs.serve import stored_attribution; "
+             "print(*(m in sys.modules for m in ('torch', 'sentence_transformers'))); "
+             "import jobs.attribution.stage2, jobs.pipeline; "
+             "print('sentence_transformers' in sys.modules)")  # fmt: skip
     assert _probe(probe) == ["False", "False", "False"]
+
+
+def test_xsbert_sql_and_show_run_without_torch(tmp_path):
+    """The read-side commands as they run, not only as they import: `xsbert sql` and `xsbert show` on a stored run
+    leave torch and sentence-transformers unloaded."""
+    from test_serve import make_store
+
+    run, data = make_store(tmp_path, "run", n_pairs=2, waves=1)
+    pair = data["pairs"][0]["pair_id"]
+    for argv in (["sql", "--run", str(run), "select count(*) as pairs from pairs"], ["show", "--run", str(run),
+                                                                                      "--pair", pair]):
+        code = ("import contextlib, io, sys; from jobs.cli import main\n"
+                "with contextlib.redirect_stdout(io.StringIO()) as out:\n    rc = main(sys.argv[1:])\n"
+                "print(rc, len(out.getvalue()) > 0, *(m in sys.modules for m in ('torch', 'sentence_transformers')))")
+        out = subprocess.run([sys.executable, "-c", code, *argv], cwd=ROOT, capture_output=True, text=True,
+                             timeout=300)  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.split() == ["0", "True", "False", "False"], (argv, out.stdout, out.stderr[-2000:])
 
 
 def test_importing_xsbert_core_registers_the_shift_in_either_order_and_without_wrapt():

@@ -36,7 +36,6 @@ from .factors import (
 )
 from .memory import FactorMemory, Shape, is_out_of_memory, release_cached
 from .models import load_model
-from .precision import DEFAULT_PRECISION, Precision, canonical_precision, jvp_dtype, tf32_matmuls
 from .pairs import (
     Similarity,
     canonical_similarity,
@@ -44,6 +43,7 @@ from .pairs import (
     pair_matrix,
     similarity_score,
 )
+from .precision import DEFAULT_PRECISION, Precision, canonical_precision, jvp_dtype, tf32_matmuls
 from .quadrature import Panel, canonical_rule
 from .refine import DEFAULT_REFINE, DOUBLE, REFINEMENTS, plan_round
 from .results import PairAttribution, SentenceFactors

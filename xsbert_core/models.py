@@ -21,12 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-
 from .errors import ModelNotFoundError
 from .settings import DEFAULT_MODEL
 
 if TYPE_CHECKING:
+    import torch
     from sentence_transformers import SentenceTransformer
 
 logger = logging.getLogger(__name__)
@@ -199,6 +198,8 @@ def load_model(
 
 def weights_fingerprint(model: torch.nn.Module) -> str:
     """sha256 over every parameter and buffer (name, dtype, shape, bytes), in name order."""
+    import torch
+
     h = hashlib.sha256()
     for key, tensor in sorted(model.state_dict().items()):
         t = tensor.detach().cpu().contiguous()

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 Precision = Literal["fp32", "tf32", "bf16", "fp16"]
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16")
@@ -34,7 +35,8 @@ _ALIASES = {
     "fp16": "fp16", "float16": "fp16", "half": "fp16", "16": "fp16",
 }  # fmt: skip
 
-_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# By name: torch is imported where a dtype is asked for, so that reading a setting does not load it.
+_DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def canonical_precision(precision: str) -> Precision:
@@ -47,7 +49,9 @@ def canonical_precision(precision: str) -> Precision:
 
 def jvp_dtype(precision: Precision) -> torch.dtype:
     """The dtype of the JVPs' tensors: float32 for fp32 and tf32, else bfloat16 / float16."""
-    return _DTYPES[precision]
+    import torch
+
+    return getattr(torch, _DTYPES[precision])
 
 
 @contextlib.contextmanager
@@ -56,6 +60,8 @@ def tf32_matmuls(enabled: bool) -> Iterator[None]:
 
     The flags are process-wide torch settings; they only affect CUDA kernels, so on a CPU nothing computes
     differently (a CPU build of torch has them too, which is how the tests check they are set and restored)."""
+    import torch
+
     matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = enabled
     torch.backends.cudnn.allow_tf32 = enabled

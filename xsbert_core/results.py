@@ -1,19 +1,22 @@
 """What the engine returns: one text's factor (`SentenceFactors`) and one pair's attributions (`PairAttribution`).
 
 Plain data (torch tensors and numpy arrays), apart from the Explainer that makes them (xsbert_core.explainer), so
-that what only reads or combines them (the job's stage-2 cell tasks, `xsbert show`) needs no model library.
+that what only reads or combines them (the job's stage-2 cell tasks, `xsbert show`) needs no model library, and
+what holds no tensor (`xsbert show`'s PairAttribution) not torch either.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from torch import Tensor
 
 from .quadrature import Panel
 from .words import Word, words_of
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclass
