@@ -1,12 +1,16 @@
-"""How long the read-side commands take from start to exit: `xsbert sql` and `xsbert show` on a stored run.
+"""How long the read-side commands take from start to exit: `xsbert --help`, and `xsbert sql` and `xsbert show` on a
+stored run.
 
     python bench/startup.py                   # the first run under runs/ (`make run` writes them)
     python bench/startup.py --run runs/<id> --repeat 7
 
-Each command runs in a fresh process, --repeat times, alternating with its baseline; the median is kept. The
-baseline is the same command with sentence-transformers imported first, which is what importing xsbert_core did
-until 2026-11-29: it loads the engine's names on first use since then, so the read side (the store, `xsbert sql`,
-`xsbert serve`, `xsbert show`) imports neither sentence-transformers nor, outside `xsbert`, torch. Results:
+Each command runs in a fresh process, --repeat times, alternating with its baselines; the medians are kept. A
+baseline is the same command with a library imported first, what the command imported before a change:
+- `import torch`: the `xsbert` command itself up to fcb134d (its settings imported xsbert_core.precision, which
+  imported torch for three dtypes);
+- `import sentence_transformers`: what importing xsbert_core did up to c9d8177 (it loads the engine's names on first
+  use since b729b5c).
+Since both, the read side (the store, `xsbert`, `xsbert sql`, `xsbert serve`, `xsbert show`) imports neither. Results:
 bench/results/startup.md and startup.json.
 """
 
@@ -24,12 +28,15 @@ from precision import provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results"
-BASELINE = "import sentence_transformers"  # what `import xsbert_core` imported before it loaded names on first use
+# The baselines: the Python run first, and what it stands for.
+BASELINES = {"import torch": "the `xsbert` command up to fcb134d",
+             "import sentence_transformers": "importing xsbert_core up to c9d8177"}  # fmt: skip
 
 
 def commands(run: Path, pair: str) -> dict[str, list[str]]:
     """The commands timed, as `xsbert` arguments."""
-    return {"xsbert sql": ["sql", "--run", str(run), "select count(*) as pairs from pairs"],
+    return {"xsbert --help": ["--help"],
+            "xsbert sql": ["sql", "--run", str(run), "select count(*) as pairs from pairs"],
             "xsbert show": ["show", "--run", str(run), "--pair", pair]}  # fmt: skip
 
 
@@ -61,24 +68,28 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name, cmd in commands(run, pair).items():
         timed(cmd)  # warm the file cache
-        now, before = [], []
+        now, before = [], {first: [] for first in BASELINES}
         for _ in range(args.repeat):
             now.append(timed(cmd))
-            before.append(timed(cmd, BASELINE))
-        median, baseline = statistics.median(now), statistics.median(before)
-        rows.append({"command": name, "median_s": median, "baseline_median_s": baseline, "ratio": baseline / median,
-                     "runs_s": now, "baseline_runs_s": before})  # fmt: skip
+            for first, runs in before.items():
+                runs.append(timed(cmd, first))
+        median = statistics.median(now)
+        baselines = {first: {"median_s": statistics.median(runs), "ratio": statistics.median(runs) / median,
+                             "runs_s": runs} for first, runs in before.items()}  # fmt: skip
+        rows.append({"command": name, "median_s": median, "runs_s": now, "baselines": baselines})
     result = {**provenance("startup.py", argv if argv is not None else sys.argv[1:], args.note),
               "run": str(run.relative_to(ROOT) if run.is_relative_to(ROOT) else run), "repeat": args.repeat,
-              "baseline": BASELINE, "rows": rows}  # fmt: skip
+              "baselines": BASELINES, "rows": rows}  # fmt: skip
     args.out_stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    said = "; ".join(f"`{first}` first ({what})" for first, what in BASELINES.items())
     lines = ["# Start to exit of the read-side commands (`python bench/startup.py`)", "",
              f"{result['stamp']}, commit {result['commit']}, {result['machine']}, torch {result['torch']}; "
              f"`{result['command']}`; the run {result['run']}; median of {args.repeat} fresh processes each, "
-             f"alternating with the baseline: the same command with `{BASELINE}` first (what importing xsbert_core "
-             "did before 2026-11-29).", "",
-             "| command | seconds | baseline seconds | baseline / now |", "|---|---|---|---|"]  # fmt: skip
-    lines += [f"| `{r['command']}` | {r['median_s']:.2f} | {r['baseline_median_s']:.2f} | {r['ratio']:.2f}x |"
+             f"alternating with the baselines, the same command with a library imported first: {said}.", "",
+             "| command | seconds | " + " | ".join(f"`{first}` first: seconds | ratio" for first in BASELINES) + " |",
+             "|---|---|" + "---|---|" * len(BASELINES)]  # fmt: skip
+    lines += [f"| `{r['command']}` | {r['median_s']:.2f} | "
+              + " | ".join(f"{b['median_s']:.2f} | {b['ratio']:.2f}x" for b in r["baselines"].values()) + " |"
               for r in rows]
     args.out_stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
