@@ -26,6 +26,11 @@ one line per second of samples to OUT/samples.jsonl:
            beside the same pairs attributed on a CPU beforehand (`cpu-rows`, the same model folder): per pair both
            stored, max |A_gpu - A_cpu| against the pair's completeness errors; those either side quarantined, named
 
+With --stop-by (a time, seconds since the epoch; bench/gpu_run.py passes its deadline) the job stops after the first
+wave past which another wave as long as the last one, and the steps after the job, would not end in time: what the
+committed waves measured is kept (status "stopped"), the subset and the engine alone run as usual, and the report
+takes stage 1's GPU seconds per question from the engine alone.
+
 Without a GPU, `run --allow-cpu --logical-gpus 2 --device cpu` runs the same path with Ray told of GPUs it does not
 have (tests/test_gpu_job.py, with a tiny model).
 """
@@ -37,6 +42,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -51,6 +57,20 @@ MODEL, LAYER = "sentence-transformers/all-MiniLM-L6-v2", 4  # MiniLM's layer 4 o
 BATCH = 128  # jobs.attribute DEFAULT_BATCH_SIZE_GPU
 PAIRS, COMPARE, ENGINE_SENTENCES = 2_000, 20, 0  # 0: the engine on every unique question of the job
 QQP_PAIRS, QQP_QUESTIONS = 404_290, 537_933  # full GLUE QQP train, as bench/gpu.py
+# What the steps after the job need of --stop-by's time: Ray's shutdown, the subset, the engine alone (seconds).
+RESERVE_S = 60
+# jobs.attribute's line after each committed wave (jobs/attribution/run.py)
+WAVE_LINE = re.compile(r"wave (\d+)/(\d+): (\d+) pairs, (\d+) sentences, factors ([\d.]+)s, cells ([\d.]+)s")
+
+
+class StopJob(Exception):
+    """Raised after a committed wave when the time before --stop-by would not hold another one."""
+
+
+def stop_now(now: float, stop_by: float, wave_s: float, waves_left: int) -> bool:
+    """After a wave: stop when another wave 1.5 times as long as this one, then the steps after the job (RESERVE_S),
+    would end after `stop_by` (0: no limit); never when no wave is left."""
+    return bool(stop_by) and waves_left > 0 and now + 1.5 * wave_s + RESERVE_S > stop_by
 
 
 class Recorder:
@@ -200,13 +220,23 @@ def run_job(a: argparse.Namespace, rec: Recorder, sampler: Sampler) -> dict[str,
 
     def on_wave(line: str) -> None:
         now = time.time()
-        waves.append({"line": line, "t_end": now, "seconds": now - last[0], **sampler.window(last[0], now)})
+        wave = {"line": line, "t_end": now, "seconds": now - last[0], **sampler.window(last[0], now)}
+        if m := WAVE_LINE.match(line):
+            wave.update(pairs=int(m[3]), sentences=int(m[4]), factors_s=float(m[5]), cells_s=float(m[6]))
+        waves.append(wave)
         last[0] = now
         print(f"gpu_job: {line}", flush=True)
         rec.update(job_waves=waves)
+        if m and stop_now(now, a.stop_by, wave["seconds"], int(m[2]) - int(m[1])):
+            raise StopJob(f"stopped after wave {m[1]}/{m[2]}: {a.stop_by - now:.0f} s left before --stop-by, the "
+                          f"wave took {wave['seconds']:.0f} s and the steps after the job need {RESERVE_S} s")
 
     sampler.phase = "job"
-    summary = attribute(prep, on_wave=on_wave)
+    try:
+        summary = attribute(prep, on_wave=on_wave)
+    except StopJob as exc:
+        print(f"gpu_job: {exc}", flush=True)
+        return stopped_job(a, rec, sampler, prep, waves, str(exc), t0, t_prep)
     t1 = time.time()
     manifest = json.loads((Path(summary["run_dir"]) / "manifest.json").read_text())
     last_run = manifest["runs"][-1]
@@ -228,6 +258,30 @@ def run_job(a: argparse.Namespace, rec: Recorder, sampler: Sampler) -> dict[str,
            "run_id": summary["run_id"], "run_dir": summary["run_dir"],
            "mean_abs_completeness_error": summary["mean_abs_completeness_error"],
            "whole": sampler.window(t0, t1)}  # fmt: skip
+    rec.update(job=job, job_waves=waves)
+    return job
+
+
+def stopped_job(a: argparse.Namespace, rec: Recorder, sampler: Sampler, prep, waves: list[dict[str, Any]],
+                why: str, t0: float, t_prep: float) -> dict[str, Any]:
+    """The job record of a run stopped after some waves: its committed waves as their lines give them (the manifest
+    records a run when it ends), the store's counts; no actor-seconds (the report takes stage 1 from the engine)."""
+    import pyarrow.parquet as pq
+
+    t1 = time.time()
+    run_dir = Path(prep.settings.output.out) / prep.run_id
+    pairs, sentences = sum(w.get("pairs", 0) for w in waves), sum(w.get("sentences", 0) for w in waves)
+    wall = t1 - t0
+    stage = {"prepare_s": t_prep - t0, "stage1_wait_s": sum(w.get("factors_s", 0.0) for w in waves),
+             "stage2_cells_s": sum(w.get("cells_s", 0.0) for w in waves)}  # fmt: skip
+    stage["other_s"] = wall - sum(stage.values())  # the commits among it
+    job = {"argv": job_args(a, Path("runs"), a.pairs), "stopped": why, "wall_s": wall, "attribute_s": t1 - t_prep,
+           "pairs": pairs, "sentences": sentences, "n_in": prep.n_in,
+           "n_done": pq.read_table(run_dir / "pairs", columns=["pair_id"]).num_rows,
+           "n_quarantined": len(quarantined_pairs(run_dir)),
+           "pairs_per_s": pairs / wall, "sentences_per_s": sentences / wall, "stages": stage,
+           "shares": {k: v / wall for k, v in stage.items()}, "weights_sha256": prep.config["weights_sha256"],
+           "run_id": prep.run_id, "run_dir": str(run_dir), "whole": sampler.window(t0, t1)}  # fmt: skip
     rec.update(job=job, job_waves=waves)
     return job
 
@@ -344,7 +398,7 @@ def run(a: argparse.Namespace) -> int:
             rec.update(compare_cpu={"error": f"no CPU rows in {a.cpu_rows}"})
         eng = run_engine(a, unique_questions(run_dir), rec, sampler)
         rec.update(ratio={"job_over_engine_sentences_per_s": job["sentences_per_s"] / eng["sentences_per_s"]})
-        rec.update(status="done")
+        rec.update(status="stopped" if job.get("stopped") else "done")
     finally:
         sampler.stop.set()
         sampler.join(timeout=5)
@@ -442,6 +496,9 @@ def report(path: str) -> str:
              ""]  # fmt: skip
     if job:
         eng = r.get("engine")
+        if job.get("stopped"):
+            lines += [f"The job {job['stopped']}: {job['pairs']:,} of {job['n_in']:,} pairs; stage 1's GPU seconds "
+                      "per question in the estimate are the engine's alone.", ""]  # fmt: skip
         lines += ["| | pairs | sentences | wall s | pairs/s | sentences/s |", "|---|---|---|---|---|---|",
                   f"| job (end to end) | {job['pairs']:,} | {job['sentences']:,} | {job['wall_s']:.1f} | "
                   f"{job['pairs_per_s']:.1f} | {job['sentences_per_s']:.1f} |"]  # fmt: skip
@@ -506,6 +563,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--device", default=None, help="the actors' and the engine's device (default cuda when there)")
     r.add_argument("--allow-cpu", action="store_true", help="run without a GPU (a dry run of the path)")
     r.add_argument("--logical-gpus", type=int, default=0, help="start Ray with this many GPUs it does not have")
+    r.add_argument("--stop-by", type=float, default=0.0,
+                   help="a time (seconds since the epoch): stop the job after the last wave that leaves time for "
+                        "another and the steps after it (0: run every wave)")
     r.add_argument("--job-arg", action="append",
                    help="one more jobs.attribute argument (repeat), e.g. --job-arg=--wave-size=4096")
     sub.choices["cpu-rows"].add_argument("--runs", default=str(ROOT / "bench" / ".cache" / "gpu-cpu-runs"),

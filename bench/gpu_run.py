@@ -144,7 +144,8 @@ def pieces(bundle_into: Path, results: Path, deadline: float, cpu_rows: Path = C
         out.append({"name": f"job-{key}", "min_s": 90 if key == "minilm" else 180,
                     "argv": [py, "bench/gpu_job.py", "run", "--model", models[key], "--layer", str(layer),
                              "--qqp-path", qqp, "--cpu-rows", str(cpu_rows / key), "--engine-sentences", str(engine),
-                             f"--job-arg=--wave-size={WAVE}", "--out", str(results / f"job-{key}")]})  # fmt: skip
+                             f"--job-arg=--wave-size={WAVE}", f"--stop-by={deadline - 5:.0f}",
+                             "--out", str(results / f"job-{key}")]})  # fmt: skip
     for key in ("mpnet", "minilm"):
         _, layer, steps = MODELS[key]
         common = ["--model", models[key], "--layer", str(layer), "--qqp-path", qqp, "--deadline", f"{deadline:.0f}"]
@@ -280,15 +281,21 @@ def estimate(job: dict[str, Any], engine: dict[str, Any] | None) -> dict[str, An
     pair, all of QQP 1.33), stage 2 and the commits (CPUs, the driver) by pairs; the waves of a full run overlap the
     two (the pool goes on with the next wave while stage 2 runs), so the slower of them sets the pace."""
     st, n_s, n_p = job["stages"], job["sentences"], job["pairs"]
-    gpu_s = st["actor_attribution_s"] / n_s  # actor-seconds in the engine per question
-    cpu_s = (st["stage2_cells_s"] + st["commit_s"]) / n_p  # per pair
+    if "actor_attribution_s" in st:
+        gpu_s = st["actor_attribution_s"] / n_s  # actor-seconds in the engine per question
+    elif engine:  # a job stopped after some waves (bench/gpu_job.py --stop-by): its actors' seconds are not recorded
+        gpu_s = engine["seconds"] / engine["sentences"]
+    else:
+        raise ValueError("no GPU seconds per question: the job recorded no actor-seconds and the engine did not run")
+    cpu_s = (st["stage2_cells_s"] + st.get("commit_s", 0.0)) / n_p  # per pair (a stopped job's commits: in other_s)
     stage1_h, stage2_h = QQP_QUESTIONS * gpu_s / 3600, QQP_PAIRS * cpu_s / 3600
     prepare_h = QQP_PAIRS * st["prepare_s"] / n_p / 3600
     out = {"stage1_h": stage1_h, "stage2_h": stage2_h, "prepare_h": prepare_h,
            "overlapped_h": prepare_h + max(stage1_h, stage2_h), "sequential_h": prepare_h + stage1_h + stage2_h,
            "limit": "the GPU (stage 1)" if stage1_h >= stage2_h else "the CPUs and the driver (stage 2, commits)",
            "two_gpus_h": prepare_h + max(stage1_h / 2, stage2_h),
-           "end_to_end_rate_h": QQP_PAIRS / job["pairs_per_s"] / 3600}  # fmt: skip
+           "end_to_end_rate_h": QQP_PAIRS / job["pairs_per_s"] / 3600,
+           "stage1_from": "the actors" if "actor_attribution_s" in st else "the engine alone"}  # fmt: skip
     if engine:
         out["engine_alone_h"] = QQP_QUESTIONS / engine["sentences_per_s"] / 3600
     return out
@@ -340,6 +347,8 @@ def report(args) -> str:
             lines.append(f"| {key} | {e['stage1_h']:.2f} | {e['stage2_h']:.2f} | {e['prepare_h']:.2f} | "
                          f"{e['overlapped_h']:.2f} | {e['sequential_h']:.2f} | {e['two_gpus_h']:.2f} | "
                          f"{e.get('engine_alone_h', float('nan')):.2f} | {e['limit']} |")  # fmt: skip
+        lines += [f"\n{key}'s stage 1 is the engine alone's GPU seconds per question (its job stopped early)."
+                  for key, e in rows if e["stage1_from"] != "the actors"]
         both = sum(e["overlapped_h"] for _, e in rows)
         s1, s2, prep = (sum(e[k] for _, e in rows) for k in ("stage1_h", "stage2_h", "prepare_h"))
         lines += ["", f"Both models, one after the other on one GPU: **{both:.2f} h** (overlapped waves); the goal is "

@@ -173,3 +173,41 @@ def test_the_comparison_with_the_cpu_rows_names_the_pairs_either_side_did_not_st
     said = report(str(tmp_path / "gpu-job.json"))
     assert "Quarantined among the first pairs: on the CPU 1 (d not_converged); on the GPU 1 (b attribution_error)." \
         in said, said
+
+
+def test_the_job_stops_after_the_wave_past_which_time_would_run_out():
+    """After each wave the job goes on only if another as long, and the steps after the job, end before --stop-by."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gpu_job import RESERVE_S, stop_now
+
+    assert not stop_now(now=100.0, stop_by=0.0, wave_s=50.0, waves_left=3)  # no limit
+    assert not stop_now(now=100.0, stop_by=100.0 + 1.5 * 40.0 + RESERVE_S + 1, wave_s=40.0, waves_left=1)
+    assert stop_now(now=100.0, stop_by=100.0 + 1.5 * 40.0 + RESERVE_S - 1, wave_s=40.0, waves_left=1)
+    assert not stop_now(now=100.0, stop_by=50.0, wave_s=40.0, waves_left=0)  # the last wave: nothing to stop
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_job_stopped_by_the_deadline_keeps_its_waves_and_is_estimated_from_the_engine(tmp_path, tiny):
+    """The job piece with --stop-by already past: it stops after its first wave of two (committed, kept), the subset
+    and the engine alone run as usual, the record says it stopped, and the full-QQP estimate takes stage 1 from the
+    engine alone."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gpu_job import report
+    from gpu_run import estimate
+
+    folder = tmp_path / "model"
+    tiny.build("bert", n_layers=6, seed=0).save(str(folder))
+    data = qqp_file(tmp_path / "qqp.tsv.gz", 8)
+    out = tmp_path / "job"
+    py("bench/gpu_job.py", "run", "--allow-cpu", "--logical-gpus", "2", "--device", "cpu", "--pairs", "8",
+       "--compare", "4", "--steps", "2", "--model", str(folder), "--layer", "4", "--qqp-path", str(data),
+       "--job-arg=--batch-size=4", "--job-arg=--wave-size=4", "--stop-by", "1", "--out", str(out))  # fmt: skip
+    r = json.loads((out / "gpu-job.json").read_text())
+    job = r["job"]
+    assert r["status"] == "stopped" and job["stopped"].startswith("stopped after wave 1/2")
+    assert [w["pairs"] for w in r["job_waves"]] == [4] and (job["pairs"], job["n_done"], job["n_in"]) == (4, 4, 8)
+    assert r["subset"]["pairs"] + r["subset"]["quarantined"] <= 4 and r["engine"]["sentences"] == job["sentences"]
+    e = estimate(job, r["engine"])
+    assert e["stage1_from"] == "the engine alone" and e["stage1_h"] > 0
+    assert "The job stopped after wave 1/2" in report(str(out / "gpu-job.json"))
