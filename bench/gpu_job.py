@@ -189,6 +189,12 @@ def environment(device: str) -> dict[str, Any]:
     return env
 
 
+def torch_cuda_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def job_args(a: argparse.Namespace, out_runs: Path, limit: int) -> list[str]:
     argv = ["--dataset", a.dataset, "--limit", str(limit), "--model", a.model, "--layer", str(a.layer),
             "--out", str(out_runs), "--quiet"]  # fmt: skip
@@ -210,6 +216,12 @@ def run_job(a: argparse.Namespace, rec: Recorder, sampler: Sampler) -> dict[str,
     if a.logical_gpus:  # Ray told of GPUs that are not there: the GPU actor path on a CPU machine
         ray.init(num_cpus=os.cpu_count() or 1, num_gpus=a.logical_gpus, include_dashboard=False,
                  log_to_driver=False)  # fmt: skip
+    elif torch_cuda_devices():  # Ray told of the GPUs torch sees, so that no detection of its own can leave them out
+        import logging
+
+        # the workers' output reaches the driver (run.log), as with the job's own start of Ray
+        ray.init(num_cpus=os.cpu_count() or 1, num_gpus=torch_cuda_devices(), include_dashboard=False,
+                 logging_level=logging.WARNING)  # fmt: skip
     args = settings(job_args(a, Path(a.out) / "runs", a.pairs))
     sampler.phase = "prepare"
     t0 = time.time()

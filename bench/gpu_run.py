@@ -30,6 +30,11 @@ resumes: finished pieces are kept; with --resume-from results.tgz a fresh machin
                   negation at N = 128 (configs/shelf-gpu.yaml's negation-N128)
   memory-minilm   bench/gpu_settings.py memory: the factor batch as N grows (whole, planned, under a limit)
 
+Before the job pieces, Ray is started once and stopped (ray-check, at most RAY_CHECK_S): where it does not start, the
+job pieces are skipped with its output, and the time goes to the pieces that need no Ray. A job piece stops itself
+after a wave when the time left would not hold another (bench/gpu_job.py --stop-by); job-minilm has at most
+JOB_MINILM_CAP_S, and where it was cut at that (a job that stalls), job-mpnet is skipped: it would stall the same way.
+
 Here again: `python bench/gpu_run.py report results.tgz` writes the measured part of bench/results/gpu-job.md,
 with the full-QQP estimate.
 """
@@ -58,6 +63,14 @@ MiB = 2**20
 # What one call may carry besides the working tree: 64 MiB a call for the tree and the carried paths together.
 CARRY_LIMIT_MIB = 64
 MODELS = {"minilm": ("all-MiniLM-L6-v2", 4, 10), "mpnet": ("all-mpnet-base-v2", 8, 24)}  # folder, layer, sweep's N
+# Ray started and stopped with the GPUs torch sees, before the job pieces (seconds at most).
+RAY_CHECK_S = 120
+RAY_CHECK = ("import json, os, ray, torch; n = torch.cuda.device_count(); "
+             "ray.init(num_cpus=os.cpu_count() or 1, num_gpus=n, include_dashboard=False); "
+             "print('ray-check:', json.dumps({'resources': ray.cluster_resources(), 'cuda_devices': n})); "
+             "ray.shutdown()")  # fmt: skip
+# job-minilm's most seconds (~1.5 min expected on one GPU): a job that stalls leaves the rest its time.
+JOB_MINILM_CAP_S = 240
 QQP_PAIRS, QQP_QUESTIONS = 404_290, 537_933  # GLUE QQP train: pairs and unique questions
 # Pairs per wave of the job pieces. The GPU default, 16,384, would make the 2,000 pairs one wave: no wave's stage 2
 # beside the next one's stage 1 (as in a full run), one row of per-wave figures, and nothing kept if the time runs out.
@@ -142,10 +155,10 @@ def pieces(bundle_into: Path, results: Path, deadline: float, cpu_rows: Path = C
     for key, engine in (("minilm", 0), ("mpnet", 512)):
         _, layer, _ = MODELS[key]
         out.append({"name": f"job-{key}", "min_s": 90 if key == "minilm" else 180,
+                    **({"cap_s": JOB_MINILM_CAP_S} if key == "minilm" else {}),
                     "argv": [py, "bench/gpu_job.py", "run", "--model", models[key], "--layer", str(layer),
                              "--qqp-path", qqp, "--cpu-rows", str(cpu_rows / key), "--engine-sentences", str(engine),
-                             f"--job-arg=--wave-size={WAVE}", f"--stop-by={deadline - 5:.0f}",
-                             "--out", str(results / f"job-{key}")]})  # fmt: skip
+                             f"--job-arg=--wave-size={WAVE}", "--out", str(results / f"job-{key}")]})  # fmt: skip
     for key in ("mpnet", "minilm"):
         _, layer, steps = MODELS[key]
         common = ["--model", models[key], "--layer", str(layer), "--qqp-path", qqp, "--deadline", f"{deadline:.0f}"]
@@ -245,16 +258,31 @@ def device(args) -> int:
         if rc != 0:
             print(tail, file=sys.stderr)
             return 4
-    for piece in pieces(into, work / "results", deadline, Path(args.cpu_rows), args.dry_run):
+    todo = [p for p in pieces(into, work / "results", deadline, Path(args.cpu_rows), args.dry_run)
+            if prog.data["pieces"].get(p["name"], {}).get("rc") != 0
+            and not (args.only and p["name"] not in args.only.split(","))]  # fmt: skip
+    if any(p["name"].startswith("job-") for p in todo) and prog.data.get("ray_check", {}).get("rc") != 0:
+        rc, secs, tail = sh([sys.executable, "-c", RAY_CHECK], log, env, min(RAY_CHECK_S, deadline - time.time()))
+        said = [line for line in tail.splitlines() if line.startswith("ray-check: ")]
+        prog.data["ray_check"] = {"rc": rc, "seconds": secs, **({"said": said[-1][11:]} if said and rc == 0 else
+                                                                  {"tail": tail})}  # fmt: skip
+        prog.save()
+        print(f"gpu_run: ray-check: rc {rc} in {secs:.0f} s", flush=True)
+    for piece in todo:
         name, left = piece["name"], deadline - time.time()
-        if prog.data["pieces"].get(name, {}).get("rc") == 0 or (args.only and name not in args.only.split(",")):
-            continue
-        if left < piece["min_s"]:
-            prog.data["pieces"].setdefault(name, {})["skipped"] = f"{left:.0f} s left, needs {piece['min_s']}"
+        why = skip_reason(name, prog.data)
+        if why is None and left < piece["min_s"]:
+            why = f"{left:.0f} s left, needs {piece['min_s']}"
+        if why is not None:
+            prog.data["pieces"].setdefault(name, {})["skipped"] = why
             prog.save()
+            print(f"gpu_run: {name}: skipped: {why}", flush=True)
             continue
+        budget = min(left - 5, piece.get("cap_s", left))
+        if name.startswith("job-"):  # it stops itself after a wave rather than be cut
+            piece["argv"] = [*piece["argv"], f"--stop-by={time.time() + budget:.0f}"]
         print(f"gpu_run: {name} ({left:.0f} s left)", flush=True)
-        rc, secs, tail = sh(piece["argv"], log, env, left - 5)
+        rc, secs, tail = sh(piece["argv"], log, env, budget)
         prog.data["pieces"][name] = {"rc": rc, "seconds": secs, "argv": piece["argv"],
                                      **({"tail": tail} if rc else {})}  # fmt: skip
         if name == "shelf-n128" and rc == 0:
@@ -264,6 +292,17 @@ def device(args) -> int:
     prog.data["wall_s"] = time.time() - t0
     prog.save()
     return 0
+
+
+def skip_reason(name: str, progress: dict[str, Any]) -> str | None:
+    """Why a piece is not started, from what ran before it (None: start it): a job piece when Ray did not start;
+    job-mpnet when job-minilm was cut at its cap (it stalled; the same job would stall again)."""
+    check = progress.get("ray_check")
+    if name.startswith("job-") and check is not None and check.get("rc") != 0:
+        return f"Ray did not start (ray-check rc {check.get('rc')}: {check.get('tail', '')[-300:].strip()})"
+    if name == "job-mpnet" and progress.get("pieces", {}).get("job-minilm", {}).get("rc") == 124:
+        return "job-minilm was cut at its cap: the job stalled"
+    return None
 
 
 def shelf_summary(store: Path) -> dict[str, Any]:

@@ -93,6 +93,8 @@ def test_the_prepared_gpu_run_goes_through_on_logical_gpus(tmp_path, tiny):
     prog = json.loads((out / "progress.json").read_text())
     pieces = prog["pieces"]
     assert pieces["install"]["rc"] == 0 and pieces["install"]["unmet"] == []
+    check = prog["ray_check"]  # Ray started and stopped once before the job pieces
+    assert check["rc"] == 0 and json.loads(check["said"])["resources"]["CPU"] > 0, check
     ran = [k for k in pieces if k != "install"]
     assert ran == list(PIECES), ran
     assert all(pieces[k]["rc"] == 0 for k in ran), {k: pieces[k].get("tail") for k in ran}
@@ -211,3 +213,17 @@ def test_a_job_stopped_by_the_deadline_keeps_its_waves_and_is_estimated_from_the
     e = estimate(job, r["engine"])
     assert e["stage1_from"] == "the engine alone" and e["stage1_h"] > 0
     assert "The job stopped after wave 1/2" in report(str(out / "gpu-job.json"))
+
+
+def test_the_job_pieces_are_skipped_where_ray_did_not_start_and_mpnet_where_minilm_stalled():
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gpu_run import skip_reason
+
+    ok = {"ray_check": {"rc": 0}, "pieces": {"job-minilm": {"rc": 0}}}
+    assert skip_reason("job-minilm", ok) is None and skip_reason("job-mpnet", ok) is None
+    failed = {"ray_check": {"rc": 1, "tail": "RuntimeError: raylet died"}, "pieces": {}}
+    assert skip_reason("job-minilm", failed).startswith("Ray did not start (ray-check rc 1: RuntimeError: raylet")
+    assert skip_reason("sweep-mpnet", failed) is None  # the pieces without Ray still run
+    stalled = {"ray_check": {"rc": 0}, "pieces": {"job-minilm": {"rc": 124}}}
+    assert skip_reason("job-mpnet", stalled) == "job-minilm was cut at its cap: the job stalled"
+    assert skip_reason("job-mpnet", {"ray_check": {"rc": 0}, "pieces": {"job-minilm": {"rc": 1}}}) is None
