@@ -115,14 +115,14 @@ def _probe(code: str) -> list[str]:
 def test_the_read_side_loads_neither_torch_nor_sentence_transformers():
     """xsbert_core's errors come without the engine (its other names load on first use) and its settings without
     torch (xsbert_core.precision names its dtypes), so the store, `xsbert` itself, `xsbert sql`, `xsbert serve`,
-    `xsbert show` and jobs.report start without torch and sentence-transformers (seconds per process); the job's
-    stage-2 cell tasks (torch's arithmetic) and jobs.pipeline until it runs a stage load no model library (the
-    engine's results are plain data: xsbert_core.results; the factor actor imports the Explainer when it starts; a
-    study's training settings are read without it)."""
-    probe = ("import sys, jobs.store, jobs.sqlrun, jobs.serve, jobs.cli, jobs.report; "
+    `xsbert show`, jobs.report and jobs.pipeline until it runs a stage start without torch and sentence-transformers
+    (seconds per process; a study's training settings are read without them, the orig variant's loss is
+    xsbert_core.losses); the job's stage-2 cell tasks (torch's arithmetic) load no model library (the engine's
+    results are plain data: xsbert_core.results; the factor actor imports the Explainer when it starts)."""
+    probe = ("import sys, jobs.store, jobs.sqlrun, jobs.serve, jobs.cli, jobs.report, jobs.pipeline; "
              "from jobs.serve import stored_attribution; "
              "print(*(m in sys.modules for m in ('torch', 'sentence_transformers'))); "
-             "import jobs.attribution.stage2, jobs.pipeline; "
+             "import jobs.attribution.stage2; "
              "print('sentence_transformers' in sys.modules)")  # fmt: skip
     assert _probe(probe) == ["False", "False", "False"]
 

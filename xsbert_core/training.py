@@ -2,7 +2,7 @@
 
     tuned  unmodified architecture        f = cos(e(a), e(b))      CosineSimilarityLoss
     exact  embedding shift, T(x) - T(r)    f = cos(e(a), e(b))      CosineSimilarityLoss   e(r) = 0
-    orig   embedding shift + dot product   f = e(a) . e(b)          DotProductMSELoss      e(r) = 0
+    orig   embedding shift + dot product   f = e(a) . e(b)          DotProductMSELoss      e(r) = 0   (losses.py)
 
 Labels are similarities in [0, 1] (STS-B scores / 5). The hyper-parameters default to the paper's
 (App. A): batch 16, 5 epochs, AdamW, weight decay 0.1, lr 2e-5, linear warm-up over 10% of the training steps
@@ -18,18 +18,16 @@ import contextlib
 import logging
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import torch
-from torch import Tensor, nn
 
 from .errors import InputError, UnsupportedModelError
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
+    from torch import nn
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +73,8 @@ def deterministic_algorithms(enabled: bool = True):
     if not enabled:
         yield
         return
+    import torch
+
     before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
               torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
               os.environ.get("CUBLAS_WORKSPACE_CONFIG"))  # fmt: skip
@@ -90,25 +90,6 @@ def deterministic_algorithms(enabled: bool = True):
             os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
         else:
             os.environ["CUBLAS_WORKSPACE_CONFIG"] = before[4]
-
-
-class DotProductMSELoss(nn.Module):
-    """MSE between the dot product of the two embeddings and the label: ||label - e(a) . e(b)||^2.
-
-    The dot-product twin of sentence-transformers' CosineSimilarityLoss (the `orig` variant).
-    """
-
-    def __init__(self, model: SentenceTransformer) -> None:
-        super().__init__()
-        self.model = model
-        self.loss_fct = nn.MSELoss()
-
-    def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor) -> Tensor:
-        u, v = (self.model(features)["sentence_embedding"] for features in sentence_features)
-        return self.loss_fct((u * v).sum(-1), labels.float().view(-1))
-
-    def get_config_dict(self) -> dict[str, Any]:
-        return {"loss_fct": "torch.nn.MSELoss", "similarity": "dot"}
 
 
 def build_variant(model: SentenceTransformer, variant: str) -> SentenceTransformer:
@@ -131,6 +112,8 @@ def build_variant(model: SentenceTransformer, variant: str) -> SentenceTransform
 def variant_loss(model: SentenceTransformer, variant: str) -> nn.Module:
     """CosineSimilarityLoss for tuned/exact, DotProductMSELoss for orig."""
     from sentence_transformers.sentence_transformer.losses import CosineSimilarityLoss
+
+    from .losses import DotProductMSELoss
 
     return DotProductMSELoss(model) if variant == "orig" else CosineSimilarityLoss(model)
 
@@ -177,6 +160,7 @@ def fine_tune(
     (--max-steps)}. Every epoch is saved under `work_dir` (the trainer's checkpoints, model weights only), so the
     last epoch (the model) and the best-dev epoch (our option; App. A states no rule) can both be kept.
     """
+    import torch
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 
     evaluator = dev_evaluator(dev, variant)
