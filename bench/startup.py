@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--note", default="", help="what else the machine was doing, recorded beside it")
     ap.add_argument("--out-stem", type=Path, default=OUT / "startup", help="<stem>.json and <stem>.md")
+    ap.add_argument("--command", action="append", choices=list(commands(Path("."), "")),
+                    help="only this command (repeat for more; default: all)")
     args = ap.parse_args(argv)
     run = args.run or next((p for p in sorted((ROOT / "runs").glob("*")) if (p / "pairs").is_dir()), None)
     if run is None or not (run / "pairs").is_dir():
@@ -67,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     pair = duckdb.sql(f"select min(pair_id) from read_parquet('{run}/pairs/*.parquet')").fetchall()[0][0]
     rows = []
     for name, cmd in commands(run, pair).items():
+        if args.command and name not in args.command:
+            continue
         timed(cmd)  # warm the file cache
         now, before = [], {first: [] for first in BASELINES}
         for _ in range(args.repeat):

@@ -193,7 +193,8 @@ def test_the_job_stops_after_the_wave_past_which_time_would_run_out():
 def test_a_job_stopped_by_the_deadline_keeps_its_waves_and_is_estimated_from_the_engine(tmp_path, tiny):
     """The job piece with --stop-by already past: it stops after its first wave of two (committed, kept), the subset
     and the engine alone run as usual, the record says it stopped, and the full-QQP estimate takes stage 1 from the
-    engine alone."""
+    engine alone. On the local executor: the stop is the driver's, after a committed wave, whichever executor ran it
+    (the GPU actors' path: the prepared run above)."""
     sys.path.insert(0, str(ROOT / "bench"))
     from gpu_job import report
     from gpu_run import estimate
@@ -202,8 +203,8 @@ def test_a_job_stopped_by_the_deadline_keeps_its_waves_and_is_estimated_from_the
     tiny.build("bert", n_layers=6, seed=0).save(str(folder))
     data = qqp_file(tmp_path / "qqp.tsv.gz", 8)
     out = tmp_path / "job"
-    py("bench/gpu_job.py", "run", "--allow-cpu", "--logical-gpus", "2", "--device", "cpu", "--pairs", "8",
-       "--compare", "4", "--steps", "2", "--model", str(folder), "--layer", "4", "--qqp-path", str(data),
+    py("bench/gpu_job.py", "run", "--allow-cpu", "--device", "cpu", "--pairs", "8", "--compare", "4", "--steps", "2",
+       "--model", str(folder), "--layer", "4", "--qqp-path", str(data), "--job-arg=--executor=local",
        "--job-arg=--batch-size=4", "--job-arg=--wave-size=4", "--stop-by", "1", "--out", str(out))  # fmt: skip
     r = json.loads((out / "gpu-job.json").read_text())
     job = r["job"]
