@@ -195,6 +195,29 @@ def torch_cuda_devices() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def start_ray(gpus: int, logical: bool) -> None:
+    """The job's Ray, told of `gpus` GPUs: the ones torch sees, so that no detection of Ray's own can leave them out
+    (the workers' output reaches the driver, run.log, as with the job's own start of Ray), or `logical` ones it does
+    not have (the GPU actor path on a CPU machine). `ray-check` starts and stops the same one before the job pieces."""
+    import logging
+
+    import ray
+
+    quiet = {"log_to_driver": False} if logical else {"logging_level": logging.WARNING}
+    ray.init(num_cpus=os.cpu_count() or 1, num_gpus=gpus, include_dashboard=False, **quiet)
+
+
+def ray_check() -> int:
+    """Ray started as the job starts it on this machine, its resources printed on one line, and stopped."""
+    import ray
+
+    gpus = torch_cuda_devices()
+    start_ray(gpus, logical=False)
+    print("ray-check:", json.dumps({"resources": ray.cluster_resources(), "cuda_devices": gpus}), flush=True)
+    ray.shutdown()
+    return 0
+
+
 def job_args(a: argparse.Namespace, out_runs: Path, limit: int) -> list[str]:
     argv = ["--dataset", a.dataset, "--limit", str(limit), "--model", a.model, "--layer", str(a.layer),
             "--out", str(out_runs), "--quiet"]  # fmt: skip
@@ -209,19 +232,11 @@ def job_args(a: argparse.Namespace, out_runs: Path, limit: int) -> list[str]:
 
 def run_job(a: argparse.Namespace, rec: Recorder, sampler: Sampler) -> dict[str, Any]:
     """jobs.attribute in this process; per-wave records merged with the sampler's windows."""
-    import ray
-
     from jobs.attribute import attribute, prepare, settings
 
-    if a.logical_gpus:  # Ray told of GPUs that are not there: the GPU actor path on a CPU machine
-        ray.init(num_cpus=os.cpu_count() or 1, num_gpus=a.logical_gpus, include_dashboard=False,
-                 log_to_driver=False)  # fmt: skip
-    elif torch_cuda_devices():  # Ray told of the GPUs torch sees, so that no detection of its own can leave them out
-        import logging
-
-        # the workers' output reaches the driver (run.log), as with the job's own start of Ray
-        ray.init(num_cpus=os.cpu_count() or 1, num_gpus=torch_cuda_devices(), include_dashboard=False,
-                 logging_level=logging.WARNING)  # fmt: skip
+    gpus = a.logical_gpus or torch_cuda_devices()
+    if gpus:  # else (a CPU, no logical GPUs) the job starts its own Ray, or none with --executor local
+        start_ray(gpus, logical=bool(a.logical_gpus))
     args = settings(job_args(a, Path(a.out) / "runs", a.pairs))
     sampler.phase = "prepare"
     t0 = time.time()
@@ -582,6 +597,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="one more jobs.attribute argument (repeat), e.g. --job-arg=--wave-size=4096")
     sub.choices["cpu-rows"].add_argument("--runs", default=str(ROOT / "bench" / ".cache" / "gpu-cpu-runs"),
                                          help="the CPU run's store root")  # fmt: skip
+    sub.add_parser("ray-check", help="start Ray as `run` does here, print its resources, stop it")
     rep = sub.add_parser("report", help="the markdown of one run's gpu-job.json")
     rep.add_argument("result")
     a = p.parse_args(argv)
@@ -591,6 +607,8 @@ def main(argv: list[str] | None = None) -> int:
         return run(a)
     if a.cmd == "cpu-rows":
         return cpu_rows(a)
+    if a.cmd == "ray-check":
+        return ray_check()
     print(report(a.result))
     return 0
 

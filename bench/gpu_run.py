@@ -63,12 +63,9 @@ MiB = 2**20
 # What one call may carry besides the working tree: 64 MiB a call for the tree and the carried paths together.
 CARRY_LIMIT_MIB = 64
 MODELS = {"minilm": ("all-MiniLM-L6-v2", 4, 10), "mpnet": ("all-mpnet-base-v2", 8, 24)}  # folder, layer, sweep's N
-# Ray started and stopped with the GPUs torch sees, before the job pieces (seconds at most).
+# Ray started and stopped as the job pieces start it (bench/gpu_job.py ray-check), before them (seconds at most).
 RAY_CHECK_S = 120
-RAY_CHECK = ("import json, os, ray, torch; n = torch.cuda.device_count(); "
-             "ray.init(num_cpus=os.cpu_count() or 1, num_gpus=n, include_dashboard=False); "
-             "print('ray-check:', json.dumps({'resources': ray.cluster_resources(), 'cuda_devices': n})); "
-             "ray.shutdown()")  # fmt: skip
+RAY_SAID = "ray-check: "  # the line that gives its resources
 # job-minilm's most seconds (~1.5 min expected on one GPU): a job that stalls leaves the rest its time.
 JOB_MINILM_CAP_S = 240
 QQP_PAIRS, QQP_QUESTIONS = 404_290, 537_933  # GLUE QQP train: pairs and unique questions
@@ -262,9 +259,10 @@ def device(args) -> int:
             if prog.data["pieces"].get(p["name"], {}).get("rc") != 0
             and not (args.only and p["name"] not in args.only.split(","))]  # fmt: skip
     if any(p["name"].startswith("job-") for p in todo) and prog.data.get("ray_check", {}).get("rc") != 0:
-        rc, secs, tail = sh([sys.executable, "-c", RAY_CHECK], log, env, min(RAY_CHECK_S, deadline - time.time()))
-        said = [line for line in tail.splitlines() if line.startswith("ray-check: ")]
-        prog.data["ray_check"] = {"rc": rc, "seconds": secs, **({"said": said[-1][11:]} if said and rc == 0 else
+        rc, secs, tail = sh([sys.executable, "bench/gpu_job.py", "ray-check"], log, env,
+                            min(RAY_CHECK_S, deadline - time.time()))  # fmt: skip
+        said = [line.removeprefix(RAY_SAID) for line in tail.splitlines() if line.startswith(RAY_SAID)]
+        prog.data["ray_check"] = {"rc": rc, "seconds": secs, **({"said": said[-1]} if said and rc == 0 else
                                                                   {"tail": tail})}  # fmt: skip
         prog.save()
         print(f"gpu_run: ray-check: rc {rc} in {secs:.0f} s", flush=True)
