@@ -49,10 +49,11 @@ explain: setup
 
 # Three test processes, each taking whole test files (module-scoped set-up, a module's Ray, stays in one process):
 # most of a test's wall time is waiting (Ray start-ups, actor start-ups, subprocesses, fault scenarios), so a third
-# file fills time the other two leave the cores idle (bench/results/tests.md). TEST_WORKERS=0 runs them in this
+# file fills time the other two leave the cores idle (bench/results/tests.md). The longest files go first
+# (tests/durations.json, tests/conftest.py), so that none starts near the end. TEST_WORKERS=0 runs them in this
 # process, one after another.
 TEST_WORKERS ?= 3
-TEST_PROCESSES = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+TEST_PROCESSES = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: setup-test
 	$(BIN)/python -m pytest -q $(TEST_PROCESSES)

@@ -18,6 +18,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 import json  # noqa: E402
+import statistics  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -50,6 +51,39 @@ INTERMEDIATE = 64
 MAX_POSITIONS = 64
 MAX_SEQ_LENGTH = 48
 INIT_RANGE = 0.1  # larger than HF's 0.02, so the random model is clearly non-linear
+
+
+# --------------------------------------------------------------------------- the order of the test files
+# `make test` hands whole files to its processes (--dist loadfile) in the order collected (--no-loadscope-reorder).
+# The files with the longest runs go first, by tests/durations.json (each file's seconds in a full run), so that no
+# long file starts near the end while the other processes have run out of work; a file not in it counts as the
+# median. `--store-durations` writes the file again from a run (each test's set-up, call and tear-down).
+DURATIONS = Path(__file__).with_name("durations.json")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--store-durations", action="store_true",
+                     help="write each test file's seconds in this run to tests/durations.json (the order of the files)")  # fmt: skip
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    seconds = json.loads(DURATIONS.read_text(encoding="utf-8")) if DURATIONS.exists() else {}
+    default = statistics.median(seconds.values()) if seconds else 0.0
+    items.sort(key=lambda item: -seconds.get(item.path.name, default))  # stable: a file's tests stay together, in order
+
+
+_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    name = report.nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    _seconds[name] = _seconds.get(name, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if session.config.getoption("store_durations") and not hasattr(session.config, "workerinput"):
+        ordered = dict(sorted(((k, round(v, 1)) for k, v in _seconds.items()), key=lambda kv: -kv[1]))
+        DURATIONS.write_text(json.dumps(ordered, indent=0) + "\n", encoding="utf-8")
 
 
 # --------------------------------------------------------------------------- tokenizers
