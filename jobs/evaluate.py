@@ -49,10 +49,12 @@ from xsbert_core import Explainer, InputError, XsbertError, load_model
 from xsbert_core.explainer import DEFAULT_LAYER, model_similarity
 from xsbert_core.metrics import aso_both_ways, pearson, spearman
 from xsbert_core.models import DEFAULT_MODEL
+from xsbert_core.settings import add_arguments, from_namespace
 from xsbert_core.training import CHECKPOINTS
 
 from . import paper
 from .attribution.validate import load_pairs, validate
+from .config import Execution
 
 if TYPE_CHECKING:
     import polars as pl
@@ -113,7 +115,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="bootstrap iterations of the ASO test (deepsig's default; ~1-3 min per direction on CPU)")
     p.add_argument("--runs", default="runs", help="store root of the attribution runs")
     p.add_argument("--out", default=None, help="results folder (default docs/results/<base name>)")
-    p.add_argument("--num-actors", type=int, default=None, help="factor actors per run (jobs.attribute)")
+    # where the attribution runs compute: jobs.attribute's own flags (jobs/config.py Execution), e.g. --executor local
+    add_arguments(p.add_argument_group("execution of the attribution runs (as in jobs.attribute)"), Execution)
     p.add_argument("-q", "--quiet", action="store_true")
     args = p.parse_args(argv)
     args.stages = [s.strip() for s in args.stages.split(",") if s.strip()]
@@ -270,12 +273,12 @@ def pilot_errors(model_path: str, layer: int, pairs: list[tuple[str, str]], grid
 def attribute(model: str, layer: int, steps: int, args: argparse.Namespace) -> dict[str, Any]:
     """One jobs.attribute run (fixed N = steps) on the seeded STS-B sample; its summary (run_dir, errors, timings)."""
     from jobs import attribute as job
-    from jobs.config import Attribution, Execution, JobSettings, Output, Selection
+    from jobs.config import Attribution, JobSettings, Output, Selection
 
     settings = JobSettings(
         selection=Selection(dataset="stsb", split=args.split, sample=args.sample, seed=args.seed),
         attribution=Attribution(model=model, layer=layer, steps=steps, tolerance=None),
-        execution=Execution(num_actors=args.num_actors or None),
+        execution=Execution(**from_namespace(args, Execution)),
         output=Output(out=args.runs, quiet=bool(args.quiet)),
     )
     summary = job.main(settings)

@@ -1,5 +1,5 @@
 """jobs.evaluate end to end on tiny model variants: Table 1 + ASO, agreement through real jobs.attribute runs
-with N chosen per layer, the Fig 2/5 runs and their SQL, and the figures; plus its bad inputs."""
+(--executor local) with N chosen per layer, the Fig 2/5 runs and their SQL, and the figures; plus its bad inputs."""
 
 from __future__ import annotations
 
@@ -34,14 +34,16 @@ def tiny_variants(tiny, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_evaluate_all_stages_on_tiny_variants(ray_cluster, tiny_variants, tmp_path):
+def test_evaluate_all_stages_on_tiny_variants(tiny_variants, tmp_path):
     from jobs.evaluate import cli, stsb
 
     base, models = tiny_variants
     out = tmp_path / "results"
+    # the attribution runs in this process (jobs.attribute's --executor local: the same store as on Ray,
+    # tests/test_local_executor.py), a dozen of them, each of which would start its actors on Ray
     argv = ["--base", str(base), "--models", str(models), "--layers", "1", "--fig-layer", "1", "--sample", "6",
             "--pilot-pairs", "2", "--steps-grid", "2,4", "--max-error", "10", "--runs", str(tmp_path / "runs"),
-            "--out", str(out), "--aso-iterations", "20", "-q"]  # fmt: skip
+            "--out", str(out), "--aso-iterations", "20", "--executor", "local", "-q"]  # fmt: skip
     assert cli(argv) == 0
     summary = json.loads((out / "summary.json").read_text())
 
