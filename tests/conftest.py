@@ -63,7 +63,7 @@ DURATIONS = Path(__file__).with_name("durations.json")
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--store-durations", action="store_true",
-                     help="write each test file's seconds in this run to tests/durations.json (the order of the files)")  # fmt: skip
+                     help="write each test file's seconds in this run to tests/durations.json (their order)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

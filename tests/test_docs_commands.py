@@ -173,11 +173,12 @@ def check(done: subprocess.CompletedProcess, source: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(ray_cluster, tmp_path_factory) -> dict[str, Path]:
+def runs(tmp_path_factory) -> dict[str, Path]:
     """tests/test_sql.py's real runs (stsb: 8 pairs, approximate, parsed; negation; adjectives; shared with it in
     one session) and `exact`: the same 8 STS-B pairs in exact mode."""
     out = tmp_path_factory.mktemp("docs-commands") / "runs"
-    exact = run_job(out, "--dataset", "stsb", "--split", "test", "--limit", "8", "--num-actors", "1", "--mode", "exact")
+    exact = run_job(out, "--dataset", "stsb", "--split", "test", "--limit", "8", "--executor", "local",
+                    "--mode", "exact")  # fmt: skip
     return {**make_real_runs(tmp_path_factory), "exact": Path(exact["run_dir"])}
 
 

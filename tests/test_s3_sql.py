@@ -401,7 +401,7 @@ def test_serve_through_20_percent_faults_answers_every_page(s3, tmp_path, seed):
 
 # --------------------------------------------------------------------------- small real runs (all-MiniLM-L6-v2)
 @pytest.fixture(scope="module")
-def real_runs(ray_cluster, tmp_path_factory) -> dict[str, Path]:
+def real_runs(tmp_path_factory) -> dict[str, Path]:
     from test_sql import make_real_runs
 
     return make_real_runs(tmp_path_factory)

@@ -671,7 +671,7 @@ def test_show_equals_explain_on_a_real_run(real_runs, capsys):
 
 
 @pytest.fixture(scope="module")
-def real_runs(ray_cluster, tmp_path_factory):
+def real_runs(tmp_path_factory):
     from test_sql import make_real_runs
 
     return make_real_runs(tmp_path_factory)

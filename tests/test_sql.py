@@ -1403,26 +1403,28 @@ REAL_RUNS: dict[str, Path] = {}  # made once per session, by the first module th
 
 
 def make_real_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """all-MiniLM-L6-v2 through the real job (FAST settings, one actor: the work is tiny, the model loads are
-    not): 8 STS-B test pairs (parsed by the real jobs.parse, spaCy), the first 3 negation pairs and the first
-    4 adjective pairs, in one store. Made once per session for the modules that read them (never write to
-    them); needs a Ray (the ray_cluster fixture)."""
+    """all-MiniLM-L6-v2 through the real job (FAST settings): 8 STS-B test pairs (parsed by the real jobs.parse,
+    spaCy), the first 3 negation pairs and the first 4 adjective pairs, in one store. Made once per session for the
+    modules that read them (never write to them). In this process, without Ray (--executor local: the store a Ray
+    run writes, tests/test_local_executor.py): these modules read stores, and the work is tiny, so actors that
+    start and load the model would be most of their time."""
     from jobtools import run_job
 
     from jobs import parse
 
     if not REAL_RUNS:
         out = tmp_path_factory.mktemp("sql-runs") / "runs"
-        runs = {name: Path(run_job(out, "--dataset", name, "--num-actors", "1", *flags)["run_dir"])
+        runs = {name: Path(run_job(out, "--dataset", name, "--executor", "local", *flags)["run_dir"])
                 for name, flags in (("stsb", ("--split", "test", "--limit", "8")), ("negation", ("--limit", "3")),
                                     ("adjectives", ("--limit", "4")))}  # fmt: skip
-        parse.main(parse.parse_args(["--run", str(runs["stsb"]), "--parser", "spacy", "--quiet"]))
+        parse.main(parse.parse_args(["--run", str(runs["stsb"]), "--parser", "spacy", "--executor", "local",
+                                     "--quiet"]))  # fmt: skip
         REAL_RUNS.update(runs)
     return dict(REAL_RUNS)
 
 
 @pytest.fixture(scope="module")
-def real_runs(ray_cluster, tmp_path_factory) -> dict[str, Path]:
+def real_runs(tmp_path_factory) -> dict[str, Path]:
     return make_real_runs(tmp_path_factory)
 
 
