@@ -42,7 +42,6 @@ import contextlib
 import json
 import os
 import platform
-import re
 import shutil
 import subprocess
 import sys
@@ -59,8 +58,8 @@ PAIRS, COMPARE, ENGINE_SENTENCES = 2_000, 20, 0  # 0: the engine on every unique
 QQP_PAIRS, QQP_QUESTIONS = 404_290, 537_933  # full GLUE QQP train, as bench/gpu.py
 # What the steps after the job need of --stop-by's time: Ray's shutdown, the subset, the engine alone (seconds).
 RESERVE_S = 60
-# jobs.attribute's line after each committed wave (jobs/attribution/run.py)
-WAVE_LINE = re.compile(r"wave (\d+)/(\d+): (\d+) pairs, (\d+) sentences, factors ([\d.]+)s, cells ([\d.]+)s")
+# What the job record keeps of each wave's timings (jobs.attribution.run.WaveDone), beside its wall time and samples.
+WAVE_TIMINGS = ("pairs", "sentences", "factors_s", "cells_s", "commit_s", "attribution_s")
 
 
 class StopJob(Exception):
@@ -233,6 +232,7 @@ def job_args(a: argparse.Namespace, out_runs: Path, limit: int) -> list[str]:
 def run_job(a: argparse.Namespace, rec: Recorder, sampler: Sampler) -> dict[str, Any]:
     """jobs.attribute in this process; per-wave records merged with the sampler's windows."""
     from jobs.attribute import attribute, prepare, settings
+    from jobs.attribution.run import WaveDone
 
     gpus = a.logical_gpus or torch_cuda_devices()
     if gpus:  # else (a CPU, no logical GPUs) the job starts its own Ray, or none with --executor local
@@ -245,18 +245,18 @@ def run_job(a: argparse.Namespace, rec: Recorder, sampler: Sampler) -> dict[str,
     waves: list[dict[str, Any]] = []
     last = [t_prep]
 
-    def on_wave(line: str) -> None:
+    def on_wave(done: WaveDone) -> None:
         now = time.time()
-        wave = {"line": line, "t_end": now, "seconds": now - last[0], **sampler.window(last[0], now)}
-        if m := WAVE_LINE.match(line):
-            wave.update(pairs=int(m[3]), sentences=int(m[4]), factors_s=float(m[5]), cells_s=float(m[6]))
+        wave = {"line": str(done), "t_end": now, "seconds": now - last[0], **sampler.window(last[0], now),
+                **{k: done.timings[k] for k in WAVE_TIMINGS if k in done.timings}}  # fmt: skip
         waves.append(wave)
         last[0] = now
-        print(f"gpu_job: {line}", flush=True)
+        print(f"gpu_job: {done}", flush=True)
         rec.update(job_waves=waves)
-        if m and stop_now(now, a.stop_by, wave["seconds"], int(m[2]) - int(m[1])):
-            raise StopJob(f"stopped after wave {m[1]}/{m[2]}: {a.stop_by - now:.0f} s left before --stop-by, the "
-                          f"wave took {wave['seconds']:.0f} s and the steps after the job need {RESERVE_S} s")
+        if stop_now(now, a.stop_by, wave["seconds"], done.of - done.number):
+            raise StopJob(f"stopped after wave {done.number}/{done.of}: {a.stop_by - now:.0f} s left before "
+                          f"--stop-by, the wave took {wave['seconds']:.0f} s and the steps after the job need "
+                          f"{RESERVE_S} s")  # fmt: skip
 
     sampler.phase = "job"
     try:
@@ -291,8 +291,8 @@ def run_job(a: argparse.Namespace, rec: Recorder, sampler: Sampler) -> dict[str,
 
 def stopped_job(a: argparse.Namespace, rec: Recorder, sampler: Sampler, prep, waves: list[dict[str, Any]],
                 why: str, t0: float, t_prep: float) -> dict[str, Any]:
-    """The job record of a run stopped after some waves: its committed waves as their lines give them (the manifest
-    records a run when it ends), the store's counts; no actor-seconds (the report takes stage 1 from the engine)."""
+    """The job record of a run stopped after some waves: its committed waves as on_wave got them (the manifest
+    records a run when it ends), the store's counts; stage 1 in the report from the engine alone."""
     import pyarrow.parquet as pq
 
     t1 = time.time()
@@ -300,8 +300,9 @@ def stopped_job(a: argparse.Namespace, rec: Recorder, sampler: Sampler, prep, wa
     pairs, sentences = sum(w.get("pairs", 0) for w in waves), sum(w.get("sentences", 0) for w in waves)
     wall = t1 - t0
     stage = {"prepare_s": t_prep - t0, "stage1_wait_s": sum(w.get("factors_s", 0.0) for w in waves),
-             "stage2_cells_s": sum(w.get("cells_s", 0.0) for w in waves)}  # fmt: skip
-    stage["other_s"] = wall - sum(stage.values())  # the commits among it
+             "stage2_cells_s": sum(w.get("cells_s", 0.0) for w in waves),
+             "commit_s": sum(w.get("commit_s", 0.0) for w in waves)}  # fmt: skip
+    stage["other_s"] = wall - sum(stage.values())
     job = {"argv": job_args(a, Path("runs"), a.pairs), "stopped": why, "wall_s": wall, "attribute_s": t1 - t_prep,
            "pairs": pairs, "sentences": sentences, "n_in": prep.n_in,
            "n_done": pq.read_table(run_dir / "pairs", columns=["pair_id"]).num_rows,

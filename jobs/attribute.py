@@ -71,7 +71,7 @@ def main(job: JobSettings | argparse.Namespace, hooks: Hooks | None = None) -> d
     `hooks`: faults to inject (tests only; jobs/attribution/hooks.py)."""
     if isinstance(job, argparse.Namespace):
         job = JobSettings.from_args(job)
-    summary = attribute(prepare(job), on_wave=lambda line: print(line, flush=True), hooks=hooks)
+    summary = attribute(prepare(job), on_wave=lambda wave: print(wave, flush=True), hooks=hooks)
     print_summary(summary, summary["run_dir"])
     return summary
 

@@ -703,7 +703,7 @@ def stage_attribute(study: Study, paths: dict[str, str] | None = None, names: li
         job = job_settings(study, name, paths)
         t0 = time.perf_counter()
         prep = prepare(job)
-        s = attribute(prep, on_wave=lambda line, n=name: say(f"attribute {n}: {line}"), hooks=hooks)
+        s = attribute(prep, on_wave=lambda wave, n=name: say(f"attribute {n}: {wave}"), hooks=hooks)
         s["command"] = "python -m jobs.attribute " + shlex.join(job.command())
         summaries[name] = s
         counts = f"{s['n_in']} pairs = {s['n_done']} done + {s['n_quarantined']} quarantined"

@@ -235,8 +235,8 @@ def test_a_node_that_joins_mid_run_without_the_out_folder_gets_no_cells_to_write
     out = cluster.shared / "runs-auto"
     lines: list[str] = []
 
-    def on_wave(line: str) -> None:
-        lines.append(line)
+    def on_wave(wave: object) -> None:  # jobs.attribution.run.WaveDone
+        lines.append(str(wave))
         if len(lines) == 1:  # after wave 1's commit: the cluster scales up
             cluster.add_node()
 

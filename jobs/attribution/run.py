@@ -37,6 +37,22 @@ class Progress:
     ray: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class WaveDone:
+    """A committed wave, as `compute` reports it to its `on_wave` callback. str() is the progress line the commands
+    print; `timings` is the wave's entry of Progress.waves (pairs, sentences, factors_s, cells_s, commit_s,
+    attribution_s, ...)."""
+
+    number: int  # 1-based
+    of: int
+    timings: dict[str, Any]
+
+    def __str__(self) -> str:
+        t = self.timings
+        return (f"wave {self.number}/{self.of}: {t['pairs']} pairs, {t['sentences']} sentences, "
+                f"factors {t['factors_s']:.1f}s, cells {t['cells_s']:.1f}s")  # fmt: skip
+
+
 def open_executor(job: JobSettings, store: RunStore, engine: EngineSettings, hooks: Hooks) -> Executor:
     """The executor of `job` (--executor, executor.py) for a run into `store` with the engine settings `engine`
     (resolved)."""
@@ -49,7 +65,7 @@ def open_executor(job: JobSettings, store: RunStore, engine: EngineSettings, hoo
     return RayExecutor(job, store, engine, hooks)
 
 
-def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | None = print,
+def compute(store: RunStore, prep: Prepared, on_wave: Callable[[WaveDone], None] | None = print,
             hooks: Hooks | None = None) -> Progress:  # fmt: skip
     """Stages 1-2 for the selection's pairs not in the store yet, wave by wave, each wave one commit, on the run's
     executor (executor.py: Ray, or with --executor local this process). The executor starts (Ray is started or
@@ -124,10 +140,7 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[str], None] | No
                            cells=int(pc.sum(tables["pairs"].column("n_cells")).as_py() or 0))  # fmt: skip
             progress.waves.append(timings)
             if on_wave is not None:
-                on_wave(
-                    f"wave {w + 1}/{n_waves}: {timings['pairs']} pairs, {timings['sentences']} sentences, "
-                    f"factors {timings['factors_s']:.1f}s, cells {timings['cells_s']:.1f}s"
-                )
+                on_wave(WaveDone(w + 1, n_waves, timings))
             # What the wave's tables took from the heap goes back to the OS; what the driver keeps after that is
             # recorded per wave (a run's memory should not grow with its waves: bench/results/scale.md).
             del meta, out, tables, wave
@@ -222,7 +235,7 @@ def update_manifest(store: RunStore, prep: Prepared, progress: Progress, summary
     store.write_manifest(manifest)
 
 
-def attribute(prep: Prepared, on_wave: Callable[[str], None] | None = print,
+def attribute(prep: Prepared, on_wave: Callable[[WaveDone], None] | None = print,
               hooks: Hooks | None = None) -> dict[str, Any]:  # fmt: skip
     """Stages 1-2 into the store, then the summary; a rerun of the same selection computes and writes nothing.
     `hooks`: faults to inject (tests only; hooks.py)."""
