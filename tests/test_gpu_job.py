@@ -210,6 +210,9 @@ def test_a_job_stopped_by_the_deadline_keeps_its_waves_and_is_estimated_from_the
     job = r["job"]
     assert r["status"] == "stopped" and job["stopped"].startswith("stopped after wave 1/2")
     assert [w["pairs"] for w in r["job_waves"]] == [4] and (job["pairs"], job["n_done"], job["n_in"]) == (4, 4, 8)
+    w = r["job_waves"][0]  # the wave's own timings, as the job reported them (jobs.attribution.run.WaveDone)
+    assert w["line"].startswith("wave 1/2: 4 pairs") and w["commit_s"] > 0
+    assert job["stages"]["commit_s"] == w["commit_s"]
     assert r["subset"]["pairs"] + r["subset"]["quarantined"] <= 4 and r["engine"]["sentences"] == job["sentences"]
     e = estimate(job, r["engine"])
     assert e["stage1_from"] == "the engine alone" and e["stage1_h"] > 0
