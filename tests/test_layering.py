@@ -158,3 +158,20 @@ def test_importing_xsbert_core_registers_the_shift_in_either_order_and_without_w
                   "sys.modules)"):  # fmt: skip
         seen = _probe(first + check)
         assert seen == ["True" if "wrapt" in first else "False", "True"], first
+
+
+def test_the_lazy_names_are_the_ones_type_checkers_see_and_each_is_where_it_is_said_to_be():
+    """xsbert_core's public names are listed three times, as linters and type checkers need them: `_LAZY` (name ->
+    module, what is imported on first use), the block for type checkers, and __all__. They agree: the block imports
+    `_LAZY`'s names from its modules, __all__ is those and the errors, and each name resolves."""
+    import xsbert_core
+    from xsbert_core import errors
+
+    tree = ast.parse((LIBRARY / "__init__.py").read_text(encoding="utf-8"))
+    block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
+    seen = {alias.name: node.module for node in block.body if isinstance(node, ast.ImportFrom) for alias in node.names}
+    assert seen == dict(xsbert_core._LAZY)
+    error_names = {n for n, v in vars(errors).items() if isinstance(v, type) and issubclass(v, errors.XsbertError)}
+    assert sorted(xsbert_core.__all__) == xsbert_core.__all__ == sorted(error_names | set(xsbert_core._LAZY))
+    for name in xsbert_core.__all__:
+        assert getattr(xsbert_core, name) is not None, name

@@ -21,7 +21,9 @@ from .errors import (
 
 __version__ = "0.1.0"
 
-# Each public name other than the errors, and the module that defines it.
+# Each public name other than the errors, and the module that defines it. The block for type checkers below and
+# __all__ name them again, as literals (what linters and type checkers read); tests/test_layering.py checks that the
+# three agree.
 _LAZY = {
     "Explainer": "explainer",
     "PairAttribution": "results",
@@ -49,7 +51,7 @@ if TYPE_CHECKING:  # what type checkers and editors see
     from .quadrature import nodes_and_weights
     from .results import PairAttribution, SentenceFactors
     from .settings import DEFAULT_MODEL, EngineSettings
-    from .shift import ShiftedTransformer, is_shifted, shifted
+    from .shift import ShiftedTransformer, is_shifted, register_with_sentence_transformers, shifted
 
 
 def __getattr__(name: str) -> Any:
@@ -94,10 +96,11 @@ __all__ = [
     "XsbertError",
     "completeness_target",
     "compute_completeness_error",
-    "load_model",
     "is_shifted",
+    "load_model",
     "nodes_and_weights",
     "pair_matrix",
+    "register_with_sentence_transformers",
     "resolve_model",
     "shifted",
     "similarity_score",
