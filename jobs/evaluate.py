@@ -54,7 +54,7 @@ from xsbert_core.training import CHECKPOINTS
 
 from . import paper
 from .attribution.validate import load_pairs, validate
-from .config import Execution
+from .config import Attribution, Execution, JobSettings, Output, Selection
 
 if TYPE_CHECKING:
     import polars as pl
@@ -273,7 +273,6 @@ def pilot_errors(model_path: str, layer: int, pairs: list[tuple[str, str]], grid
 def attribute(model: str, layer: int, steps: int, args: argparse.Namespace) -> dict[str, Any]:
     """One jobs.attribute run (fixed N = steps) on the seeded STS-B sample; its summary (run_dir, errors, timings)."""
     from jobs import attribute as job
-    from jobs.config import Attribution, JobSettings, Output, Selection
 
     settings = JobSettings(
         selection=Selection(dataset="stsb", split=args.split, sample=args.sample, seed=args.seed),
