@@ -678,16 +678,18 @@ def say(line: str) -> None:
     print(line, flush=True)
 
 
-def stage_train(study: Study) -> dict[str, dict[str, Any]]:
+def stage_train(study: Study, on_progress: Any = None, poll_s: float = 30.0) -> dict[str, dict[str, Any]]:
     """Every model the config declares with `train:`, trained once per model id (jobs/trained.py); {model name:
-    {"path", "model_id", "trained", "record", ...}}."""
+    {"path", "model_id", "trained", "record", ...}}. Meanwhile every `poll_s`, each running training's progress:
+    `on_progress(names, TrainProgress)`, by default a line `train NAME: step S/N (epoch E), T s, ~L s left`."""
     from .trained import ensure_trained
 
     specs = study.trained()
     if not specs:
         return {}
     return ensure_trained(specs, study.models_dir, executor=study.ray.executor or "ray",
-                          per_gpu=study.trainings_per_gpu, address=study.ray.address, say=say)  # fmt: skip
+                          per_gpu=study.trainings_per_gpu, address=study.ray.address, say=say,
+                          on_progress=on_progress, poll_s=poll_s)  # fmt: skip
 
 
 def stage_attribute(study: Study, paths: dict[str, str] | None = None, names: list[str] | None = None,

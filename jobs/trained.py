@@ -15,7 +15,11 @@ so a killed training leaves nothing that passes for a model.
 Where it trains: with the local executor each training runs in a fresh process of this machine (`per_gpu` at once
 per GPU: small models leave most of a GPU idle); with Ray each is a task with 1/per_gpu of a GPU where the cluster
 has GPUs (one CPU where it has none), in a fresh worker, writing into models_dir, which the driver and every node
-must see (a local folder on one machine, a shared folder on several).
+must see (a local folder on one machine, a shared folder on several). While a training runs it keeps its progress
+in <models_dir>/.<model id>.progress.json (xsbert_core.training.TrainProgress: step, epoch, seconds, time left),
+which ensure_trained reads every `poll_s` and passes to `on_progress`; the file goes when the training ends. Where
+`on_progress` returns True, every training of the call stops at its next report (a stop file beside the progress):
+nothing of it is kept, and ensure_trained raises TrainingStopped (a caller's deadline, not a fault).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from typing import Any
 
 import xsbert_core
 from xsbert_core import InputError, XsbertError
-from xsbert_core.training import CHECKPOINTS, TrainConfig
+from xsbert_core.training import CHECKPOINTS, TrainConfig, TrainProgress
 
 from .store import canonical_json
 
@@ -117,13 +121,49 @@ def fingerprint(base: str) -> str:
     return weights_fingerprint(load_model(base, device="cpu"))
 
 
+def progress_file(root: str | Path, mid: str) -> Path:
+    """Where a running training of model `mid` keeps its TrainProgress (a hidden file beside the model folders)."""
+    return Path(root) / f".{mid}.progress.json"
+
+
+class TrainingStopped(XsbertError):
+    """The caller stopped the trainings (ensure_trained's on_progress returned True); nothing of them is kept."""
+
+
+def stop_file(root: str | Path, mid: str) -> Path:
+    """Its presence stops the running training of model `mid` at its next progress report."""
+    return Path(root) / f".{mid}.stop"
+
+
+def _write_progress(path: Path, progress: TrainProgress) -> None:
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(asdict(progress)), encoding="utf-8")
+    tmp.replace(path)  # a reader sees the old state or the new one, never half of one
+
+
+def read_progress(root: str | Path, mid: str) -> TrainProgress | None:
+    """The running training's last TrainProgress, or None (not started, ended, or unreadable)."""
+    try:
+        return TrainProgress(**json.loads(progress_file(root, mid).read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
 def train_into(spec: TrainSpec, mid: str, config: dict[str, Any], root: str) -> dict[str, Any]:
-    """Train `spec` into <root>/<mid>/ (a fresh process runs this: the local pool's or a Ray task's). Returns the last
-    epoch's training record, or {"error": one line} for a bad input (so that it crosses a process boundary as text)."""
+    """Train `spec` into <root>/<mid>/ (a fresh process runs this: the local pool's or a Ray task's), keeping its
+    progress in progress_file(root, mid) meanwhile. Returns the last epoch's training record, or {"error": one line}
+    for a bad input (so that it crosses a process boundary as text)."""
     from .train import train_model, write_card
 
     final = Path(root) / mid
     work = Path(root) / f".{mid}.partial-{os.getpid()}"
+    progress, stop = progress_file(root, mid), stop_file(root, mid)
+
+    def on_progress(p: TrainProgress) -> None:
+        _write_progress(progress, p)
+        if stop.exists():
+            raise TrainingStopped(f"stopped at step {p.step}/{p.max_steps}, {p.seconds:.0f} s in (asked to)")
+
     try:
         if work.exists():
             shutil.rmtree(work)
@@ -132,7 +172,8 @@ def train_into(spec: TrainSpec, mid: str, config: dict[str, Any], root: str) -> 
         command = f"python -m jobs.pipeline (train stage: {spec.variant} of {spec.base}, recipe {spec.recipe_name})"
         train_model(spec.base, spec.variant, spec.recipe, target, dataset=spec.dataset, train_split=spec.train_split,
                     dev_split=spec.dev_split, train_limit=spec.train_limit, dev_limit=spec.dev_limit,
-                    command=command, quiet=True, record=record)  # fmt: skip
+                    command=command, quiet=True, record=record,
+                    on_progress=on_progress)  # fmt: skip
         try:
             work.rename(final)
         except OSError:  # another study trained the same id meanwhile: theirs stands
@@ -156,38 +197,55 @@ def train_into(spec: TrainSpec, mid: str, config: dict[str, Any], root: str) -> 
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
+    finally:
+        progress.unlink(missing_ok=True)
 
 
-def _local(todo: list[tuple[TrainSpec, str, dict[str, Any]]], root: str, per_gpu: int) -> list[dict[str, Any]]:
+def _local(todo: list[tuple[TrainSpec, str, dict[str, Any]]], root: str, per_gpu: int, watch: Callable[[], None],
+           poll_s: float) -> list[dict[str, Any]]:  # fmt: skip
     """Each training in a fresh process (spawned: a CUDA context and cuBLAS of its own, so the deterministic settings
-    hold from its start), per_gpu at once per GPU, one at a time without a GPU."""
+    hold from its start), per_gpu at once per GPU, one at a time without a GPU; `watch()` every poll_s meanwhile."""
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import ProcessPoolExecutor, wait
 
     import torch
 
     workers = max(1, min(len(todo), per_gpu * torch.cuda.device_count())) if torch.cuda.is_available() else 1
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = [pool.submit(train_into, spec, mid, config, root) for spec, mid, config in todo]
+        while wait(futures, timeout=poll_s).not_done:
+            watch()
         return [f.result() for f in futures]
 
 
-def _ray(todo: list[tuple[TrainSpec, str, dict[str, Any]]], root: str, per_gpu: int,
-         address: str | None) -> list[dict[str, Any]]:  # fmt: skip
-    """Each training a Ray task in a fresh worker (max_calls=1), 1/per_gpu of a GPU where the cluster has GPUs."""
+def _ray(todo: list[tuple[TrainSpec, str, dict[str, Any]]], root: str, per_gpu: int, address: str | None,
+         watch: Callable[[], None], poll_s: float) -> list[dict[str, Any]]:  # fmt: skip
+    """Each training a Ray task in a fresh worker (max_calls=1), 1/per_gpu of a GPU where the cluster has GPUs;
+    `watch()` every poll_s meanwhile."""
     from .raycluster import init_ray
 
     ray = init_ray(address)
     resources = {"num_gpus": 1 / per_gpu} if ray.cluster_resources().get("GPU", 0) > 0 else {"num_cpus": 1}
     task = ray.remote(max_calls=1, max_retries=0, **resources)(train_into)
-    return ray.get([task.remote(spec, mid, config, root) for spec, mid, config in todo])
+    refs = [task.remote(spec, mid, config, root) for spec, mid, config in todo]
+    pending = refs
+    while pending:
+        _, pending = ray.wait(pending, num_returns=len(pending), timeout=poll_s)
+        if pending:
+            watch()
+    return ray.get(refs)
 
 
 def ensure_trained(specs: dict[str, TrainSpec], root: str, executor: str = "ray", per_gpu: int = 1,
-                   address: str | None = None, say: Callable[[str], None] = print) -> dict[str, dict[str, Any]]:  # fmt: skip
+                   address: str | None = None, say: Callable[[str], None] = print,
+                   on_progress: Callable[[str, TrainProgress], bool | None] | None = None,
+                   poll_s: float = 30.0) -> dict[str, dict[str, Any]]:  # fmt: skip
     """Every model of `specs` trained (what its id already has is reused); {name: {"path": the folder of its checkpoint,
     "model_id", "trained": whether this call trained it, "seconds", "record": the last epoch's training record}}.
-    InputError (one line naming the model) when a training cannot start."""
+    InputError (one line naming the model) when a training cannot start. While trainings run, every `poll_s`:
+    `on_progress(names, TrainProgress)` for each training whose progress moved (default: a `say` line); where it
+    returns True, every training of this call stops at its next report and TrainingStopped is raised after they
+    have (the trainings that had ended by then are kept)."""
     if executor not in EXECUTORS:
         raise InputError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
     if not specs:
@@ -212,8 +270,35 @@ def ensure_trained(specs: dict[str, TrainSpec], root: str, executor: str = "ray"
                 f"{spec.base}, recipe {spec.recipe_name} (model {mid}) ...")  # fmt: skip
         t0 = time.perf_counter()
         jobs = list(todo.values())
-        out = _local(jobs, str(root_path), per_gpu) if executor == "local" else _ray(jobs, str(root_path), per_gpu,
-                                                                                    address)  # fmt: skip
+        report = on_progress or (lambda names, p: say(f"train {names}: {p}"))
+        seen: dict[str, TrainProgress] = {}
+        stopped: list[str] = []
+
+        def watch() -> None:
+            for mid in todo:
+                p = read_progress(root_path, mid)
+                if p is not None and p != seen.get(mid):
+                    seen[mid] = p
+                    names = ", ".join(n for n, plan in plans.items() if plan[1] == mid)
+                    if report(names, p) and not stopped:
+                        stopped.append(f"{names} at step {p.step}/{p.max_steps}")
+                        for other in todo:
+                            stop_file(root_path, other).touch()
+
+        for mid in todo:
+            stop_file(root_path, mid).unlink(missing_ok=True)  # a stop meant for an earlier call
+        try:
+            if executor == "local":
+                out = _local(jobs, str(root_path), per_gpu, watch, poll_s)
+            else:
+                out = _ray(jobs, str(root_path), per_gpu, address, watch, poll_s)
+        finally:
+            for mid in todo:
+                stop_file(root_path, mid).unlink(missing_ok=True)
+        if stopped:
+            kept = [n for n, p in plans.items() if p[1] in todo and "error" not in out[jobs.index(todo[p[1]])]]
+            raise TrainingStopped(f"trainings stopped by the caller ({stopped[0]}); ended before the stop and kept: "
+                                  f"{', '.join(kept) or 'none'}")  # fmt: skip
         for (spec, mid, _), record in zip(jobs, out):
             if "error" in record:
                 names = ", ".join(n for n, p in plans.items() if p[1] == mid)

@@ -185,6 +185,26 @@ def test_train_stage_on_ray_trains_in_a_task(tiny, tmp_path, ray_cluster, capsys
     assert not any(m["trained"] for m in pipeline.stage_train(study).values())
 
 
+def test_train_stage_says_each_trainings_progress_while_it_runs(tiny, tmp_path, capsys):
+    """While a training runs, the stage reads the progress file it keeps (every poll_s) and says a line per change;
+    the file is gone when the training ends. A caller's on_progress gets the model names and the TrainProgress."""
+    tree = study_tree(tmp_path, str(tiny.folder("mpnet", 1)))
+    tree["models"]["exact"]["train"]["recipe"] = {"epochs": 3, "batch_size": 4}
+    study = pipeline.load_config(write(tmp_path / "s.yaml", tree))
+    done = pipeline.stage_train(study, poll_s=0.02)
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("train exact: step ")]
+    assert lines and all("/6 (epoch " in ln for ln in lines), lines
+    assert done["exact"]["record"]["steps"] == 6
+    assert not trained.progress_file(study.models_dir, done["exact"]["model_id"]).exists()
+
+    seen = []
+    tree["models"]["exact"]["train"]["recipe"]["seed"] = 1  # another model: trained again
+    study = pipeline.load_config(write(tmp_path / "s.yaml", tree))
+    pipeline.stage_train(study, on_progress=lambda names, p: seen.append((names, p)), poll_s=0.02)
+    assert seen and {names for names, _ in seen} == {"exact"} and all(p.max_steps == 6 for _, p in seen)
+    assert [p.step for _, p in seen] == sorted(p.step for _, p in seen)
+
+
 def test_a_training_that_cannot_start_is_one_line(tiny, tmp_path, capsys):
     """A base the shift cannot wrap fails in the training process; the pipeline says so in one line, exit 2."""
     from sentence_transformers import SentenceTransformer

@@ -224,6 +224,27 @@ def test_train_job_keeps_the_last_epoch_and_the_best_dev_epoch(tmp_path, tiny):
     assert cli(argv) == 2
 
 
+def test_progress_is_reported_at_the_start_each_log_and_each_dev_evaluation(tiny, tmp_path):
+    """fine_tune's on_progress: step 0 of all steps at the start, then the trainer's logs (a loss every 50 steps,
+    the dev score after each epoch), in step order, the last at the last step with the last epoch's dev score."""
+    from xsbert_core.training import TrainProgress
+
+    model = trainable(tiny.build("bert", n_layers=1))
+    build_variant(model, "tuned")
+    seen: list[TrainProgress] = []
+    result = fine_tune(model, "tuned", tiny_data(12), tiny_data(6), TrainConfig(batch_size=4, epochs=2,
+                       learning_rate=1e-3), str(tmp_path), progress=False, on_progress=seen.append)  # fmt: skip
+    assert seen[0].step == 0 and seen[0].max_steps == 6 and seen[0].eta_s is None and seen[0].dev_spearman is None
+    assert [p.step for p in seen] == sorted(p.step for p in seen) and seen[-1].step == result["steps"] == 6
+    devs = [(p.epoch, p.dev_spearman) for p in seen if p.dev_spearman is not None]
+    evals = [(h["epoch"], h[f"eval_{result['metric']}"]) for h in result["history"] if f"eval_{result['metric']}" in h]
+    assert dict(devs) == pytest.approx(dict(evals)) and sorted(dict(devs)) == [1.0, 2.0]
+    middle = next(p for p in seen if 0 < p.step < 6)
+    assert middle.eta_s == pytest.approx(middle.seconds / middle.step * (6 - middle.step))
+    line = str(TrainProgress(step=720, max_steps=1800, epoch=2.0, seconds=96.0, loss=0.02134, dev_spearman=0.85))
+    assert line == "step 720/1800 (epoch 2.00), 96 s, ~144 s left, loss 0.02134, dev Spearman 0.8500"
+
+
 def test_deterministic_training_sets_and_restores_torchs_settings():
     """TrainConfig.deterministic (the default): PyTorch's deterministic algorithms (warn-only), cuDNN's deterministic
     mode and cuBLAS's fixed workspace while the trainer runs, as they were after."""

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,8 +60,72 @@ class TrainConfig:
         return {**asdict(self), "optimizer": "AdamW", "scheduler": "linear warm-up, then linear decay"}
 
 
+@dataclass(frozen=True)
+class TrainProgress:
+    """Where a training is: `step` of `max_steps` optimizer steps, `epoch` (fractional), `seconds` since its first
+    step began, and the last logged training `loss` and dev Spearman. The time left is the rate so far times the
+    steps left: eta_s = seconds / step x (max_steps - step)."""
+
+    step: int
+    max_steps: int
+    epoch: float
+    seconds: float
+    loss: float | None = None
+    dev_spearman: float | None = None
+
+    @property
+    def eta_s(self) -> float | None:
+        if self.step <= 0 or self.max_steps <= 0:
+            return None
+        return self.seconds / self.step * max(0, self.max_steps - self.step)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "eta_s": self.eta_s}
+
+    def __str__(self) -> str:
+        line = f"step {self.step}/{self.max_steps} (epoch {self.epoch:.2f}), {self.seconds:.0f} s"
+        if self.eta_s is not None:
+            line += f", ~{self.eta_s:.0f} s left"
+        if self.loss is not None:
+            line += f", loss {self.loss:.4g}"
+        if self.dev_spearman is not None:
+            line += f", dev Spearman {self.dev_spearman:.4f}"
+        return line
+
+
 # Named recipes (a study config's `recipe: paper`); each is the TrainConfig it names.
 RECIPES: dict[str, TrainConfig] = {"paper": TrainConfig()}
+
+
+def _progress_callback(on_progress: Callable[[TrainProgress], None], evaluator):
+    """A transformers TrainerCallback that reports a TrainProgress at the start, at each log and each evaluation
+    (the evaluator's metric name gains its prefix when it first runs: read at each log)."""
+    import time
+
+    from transformers import TrainerCallback
+
+    class Progress(TrainerCallback):
+        t0 = 0.0
+        loss: float | None = None
+        dev: float | None = None
+
+        def report(self, state) -> None:
+            on_progress(TrainProgress(step=int(state.global_step), max_steps=int(state.max_steps),
+                                      epoch=float(state.epoch or 0.0), seconds=time.perf_counter() - self.t0,
+                                      loss=self.loss, dev_spearman=self.dev))  # fmt: skip
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.t0 = time.perf_counter()
+            self.report(state)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            logs = logs or {}
+            self.loss = float(logs["loss"]) if "loss" in logs else self.loss
+            dev_key = f"eval_{evaluator.primary_metric}"
+            self.dev = float(logs[dev_key]) if dev_key in logs else self.dev
+            self.report(state)
+
+    return Progress()
 
 
 @contextlib.contextmanager
@@ -150,6 +214,7 @@ def fine_tune(
     config: TrainConfig,
     work_dir: str,
     progress: bool = True,
+    on_progress: Callable[[TrainProgress], None] | None = None,
 ) -> dict[str, Any]:
     """Train `model` (already `build_variant`-ed) on `train`, evaluating on `dev` every epoch; `model` ends as the
     last epoch left it.
@@ -159,6 +224,7 @@ def fine_tune(
     "step", "dev_spearman", "checkpoint": its model folder under `work_dir`}, or None when no epoch was evaluated
     (--max-steps)}. Every epoch is saved under `work_dir` (the trainer's checkpoints, model weights only), so the
     last epoch (the model) and the best-dev epoch (our option; App. A states no rule) can both be kept.
+    `on_progress(TrainProgress)`: at the start, at every logged step (every 50) and after every dev evaluation.
     """
     import torch
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
@@ -190,7 +256,8 @@ def fine_tune(
     )
     with deterministic_algorithms(config.deterministic):
         trainer = SentenceTransformerTrainer(
-            model=model, args=args, train_dataset=train, loss=variant_loss(model, variant), evaluator=evaluator
+            model=model, args=args, train_dataset=train, loss=variant_loss(model, variant), evaluator=evaluator,
+            callbacks=[_progress_callback(on_progress, evaluator)] if on_progress else None,
         )
         output = trainer.train()
     final = evaluator(model)
