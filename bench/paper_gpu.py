@@ -15,7 +15,9 @@ stages piece by piece, and carries the results back:
             piece at a time. After each piece its new files become a tar in parts of at most --part-mib (the
             outbox), and OUT gets outbox.json (the pieces, their parts and checksums, the progress) and the first
             parts not yet received (--received: how many of the outbox's parts, in order, have come back), at most
-            --out-files files of --out-mib together. The same command again resumes: what is trained or done is
+            --out-files files of --out-mib together; while the trainings run, their progress (step, seconds, time
+            left) goes into OUT's outbox.json every --poll-s, so a call killed mid-training still tells their rate.
+            The same command again resumes: what is trained or done is
             skipped, an unfinished run resumes from its committed waves, and OUT gets the next parts.
     here    python bench/paper_gpu.py receive --parts OUT1 OUT2 ... --into RESULTS [--transfer TRANSFER]
             checks and joins every piece whose parts are all there, extracts it into RESULTS (runs/ in the store's
@@ -156,6 +158,22 @@ class Runner:
         if self.args.stop_after == piece:
             raise _Stop(piece)
 
+    def training_progress(self, names: str, p: Any) -> bool:
+        """A running training's TrainProgress, kept where a kill of this call still sends it back: progress.json's
+        "training" and OUT's outbox.json (no parts: those come with the piece). True (stop the trainings) once a
+        training's rate so far says it would end after --deadline-s: nothing after it could start, and the call's
+        remaining time is better spent on a smaller cut."""
+        now = time.perf_counter() - self.t0
+        self.progress.setdefault("training", {})[names] = {**p.as_dict(), "call_s": now}
+        write_json(self.results / PROGRESS, self.progress)
+        self.outbox.note(self.progress, self.args.out)
+        say(f"train {names}: {p}")
+        deadline = self.args.deadline_s
+        if deadline is None or p.step <= 0 or p.eta_s is None or now + p.eta_s <= deadline:
+            return False
+        say(f"train {names}: would end at ~{now + p.eta_s:.0f} s of this call, after --deadline-s {deadline:g}")
+        return True
+
     def time_left(self, piece: str) -> None:
         if self.args.deadline_s is not None and time.perf_counter() - self.t0 > self.args.deadline_s:
             raise _Stop(f"the deadline, before {piece}")
@@ -170,6 +188,7 @@ class Runner:
         if not a.transfer:
             install_wheels([], self.work / "site")
         from jobs import evaluate, pipeline
+        from jobs.trained import TrainingStopped
 
         sets = [*a.set, f"models.shelf={base}", f"out={self.results / 'runs'}", f"models_dir={self.work / 'models'}"]
         study = pipeline.load_config(a.config, sets)
@@ -188,7 +207,13 @@ class Runner:
             k: v for k, v in study.models.items() if not isinstance(v, pipeline.Train) or k in wanted}})  # fmt: skip
         self.time_left("train")
         t = time.perf_counter()
-        models = pipeline.stage_train(train_study)
+        try:
+            models = pipeline.stage_train(train_study, on_progress=self.training_progress, poll_s=a.poll_s)
+        except TrainingStopped as exc:
+            self.progress["training_stopped"] = str(exc)
+            write_json(self.results / PROGRESS, self.progress)
+            self.outbox.note(self.progress, a.out)
+            raise _Stop(f"the deadline, in train: {exc}") from None
         (self.results / "training").mkdir(exist_ok=True)
         for name, m in models.items():
             for folder in (Path(m["record"]["path"]), Path(m["record"].get("best_dev_path") or "")):
@@ -339,7 +364,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "parts that have arrived")  # fmt: skip
     r.add_argument("--done", type=Path, default=None, help="an earlier call's progress.json: its runs are skipped")
     r.add_argument("--only", default=None, help="comma-separated run names, in this order (default: the config's)")
-    r.add_argument("--deadline-s", type=float, default=None, help="start no piece after this many seconds")
+    r.add_argument("--deadline-s", type=float, default=None,
+                   help="start no piece after this many seconds, and stop the trainings once their rate says they "
+                        "would end after it")  # fmt: skip
+    r.add_argument("--poll-s", type=float, default=10.0,
+                   help="seconds between readings of the trainings' progress (into OUT's outbox.json)")
     r.add_argument("--stop-after", default=None, help="stop after the piece of this name")
     r.add_argument("--table1-sample", type=int, default=None, help="seeded test pairs for Table 1 (default all)")
     r.add_argument("--send-weights", default=None, metavar="M1,M2",

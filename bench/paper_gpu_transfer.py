@@ -180,6 +180,15 @@ class Outbox:
         self.state["progress"] = progress
         write_json(self.folder / OUTBOX, self.state)
 
+    def note(self, progress: dict[str, Any], out: Path | None) -> None:
+        """The progress alone, into outbox.json here and in OUT (the parts there stay as they are)."""
+        self.state["progress"] = progress
+        write_json(self.folder / OUTBOX, self.state)
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(self.folder / OUTBOX, out / f"{OUTBOX}.tmp")
+            (out / f"{OUTBOX}.tmp").replace(out / OUTBOX)
+
     def fill(self, out: Path | None, received: int, max_files: int = OUT_FILES, max_mib: float = OUT_MIB) -> None:
         """outbox.json and the parts after the first `received`, as many as the limits allow, into OUT."""
         if out is None:
@@ -265,5 +274,12 @@ def receive(parts_dirs: list[Path], into: Path, transfer: Path | None = None) ->
     total = sum(len(p["parts"]) for p in box["pieces"])
     say(f"{into}: {len(done)} of {len(box['pieces'])} pieces, parts 1-{received} of {total}"
         + (f"; next: run ... --received {received}" if received < total else ""))  # fmt: skip
+    progress = box.get("progress") or {}
+    if "train" not in progress.get("pieces", {}):  # the call ended before its trainings did: how far they came
+        from xsbert_core.training import TrainProgress
+
+        for names, p in progress.get("training", {}).items():
+            fields = {k: p[k] for k in ("step", "max_steps", "epoch", "seconds", "loss", "dev_spearman")}
+            say(f"train {names} (unfinished when the call's OUT was last written): {TrainProgress(**fields)}")
     rebuilt = rebuild_weights(into, transfer) if transfer else []
     return {"received": received, "total": total, "pieces": done, "progress": box.get("progress"), "models": rebuilt}

@@ -105,6 +105,63 @@ def test_a_later_call_imports_the_wheels_the_first_one_installed(tiny, tmp_path)
     assert "stopped after the deadline, before train" in done.stdout
 
 
+def test_a_call_killed_while_training_sends_back_how_far_the_trainings_came(tiny, tmp_path, capsys):
+    """A call that runs out of time during the trainings is killed with nothing finished; OUT still holds outbox.json
+    with each training's last progress (written every --poll-s), and `receive` here says it."""
+    import time
+
+    transfer, work, out = tmp_path / "transfer", tmp_path / "work", tmp_path / "out"
+    assert here("prepare", "--into", str(transfer), "--base", str(tiny.folder("mpnet", 1)), "--part-mib", "0.5",
+                "--batch-mib", "1", "--no-wheels") == 0  # fmt: skip
+    long = [x for m in ("tuned", "exact", "orig") for x in (
+        "--set", f"models.{m}.train.recipe={{epochs: 200, batch_size: 4}}", "--set", f"models.{m}.train.train_limit=8",
+        "--set", f"models.{m}.train.dev_limit=2")]  # fmt: skip
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(HIDE.format(hidden=sorted(MISSING_THERE)), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), str(ROOT)])}
+    call = subprocess.Popen([sys.executable, str(SCRIPT), "run", "--transfer", str(transfer), "--work", str(work),
+                             "--out", str(out), "--poll-s", "0.1", *long], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and call.poll() is None:
+            box = json.loads((out / "outbox.json").read_text()) if (out / "outbox.json").is_file() else {}
+            if any(p["step"] > 0 for p in box.get("progress", {}).get("training", {}).values()):
+                break
+            time.sleep(0.1)
+        assert call.poll() is None, call.stderr.read().decode()[-3000:]
+    finally:
+        os.killpg(call.pid, 9)  # the time limit's kill: the call and its training processes
+        call.wait()
+    box = json.loads((out / "outbox.json").read_text())
+    assert box["pieces"] == [] and "train" not in box["progress"]["pieces"]
+    capsys.readouterr()
+    assert here("receive", "--parts", str(out), "--into", str(tmp_path / "results")) == 0
+    said = [ln for ln in capsys.readouterr().out.splitlines() if "(unfinished when the call's OUT was last" in ln]
+    assert said and all("/400 (epoch " in ln and " s left" in ln for ln in said), said
+
+
+def test_trainings_that_would_end_after_the_deadline_are_stopped_early(tiny, tmp_path):
+    """--deadline-s: once a training's rate says it would end after the deadline, every training stops at its next
+    report (those not started yet at their first), nothing of them is kept, and the call ends at once with OUT's
+    outbox.json saying why and how far they came."""
+    transfer, work, out = tmp_path / "transfer", tmp_path / "work", tmp_path / "out"
+    assert here("prepare", "--into", str(transfer), "--base", str(tiny.folder("mpnet", 1)), "--part-mib", "0.5",
+                "--batch-mib", "1", "--no-wheels") == 0  # fmt: skip
+    long = [x for m in ("tuned", "exact", "orig") for x in (
+        "--set", f"models.{m}.train.recipe={{epochs: 2000, batch_size: 4}}", "--set",
+        f"models.{m}.train.train_limit=8", "--set", f"models.{m}.train.dev_limit=2")]  # fmt: skip
+    done = there(tmp_path, "--transfer", str(transfer), "--work", str(work), "--out", str(out), "--poll-s", "0.1",
+                 "--deadline-s", "60", *long)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "would end at ~" in done.stdout and "stopped after the deadline, in train: trainings stopped" in done.stdout
+    box = json.loads((out / "outbox.json").read_text())
+    assert "ended before the stop and kept: none" in box["progress"]["training_stopped"]
+    assert all(p["max_steps"] == 4000 and p["step"] < 4000 for p in box["progress"]["training"].values())
+    assert not [p for p in (work / "models").iterdir()]  # no model, no partial folder, no progress or stop file
+
+
 @pytest.mark.slow
 def test_prepare_run_resume_fetch_receive_report_and_a_second_session(tiny, tmp_path, capsys):
     base = tiny.folder("mpnet", 12)
@@ -120,10 +177,13 @@ def test_prepare_run_resume_fetch_receive_report_and_a_second_session(tiny, tmp_
     common = ["--transfer", str(transfer), "--work", str(work), "--only", RUNS, "--table1-sample", "20",
               "--part-mib", "0.2", "--out-files", "4", "--out-mib", "1", *SMALL]  # fmt: skip
     # there, first call: install, train the three, Table 1, two runs; stopped after the second
-    first = there(tmp_path, *common, "--out", str(tmp_path / "out-1"), "--stop-after", "tuned-L11")
+    first = there(tmp_path, *common, "--out", str(tmp_path / "out-1"), "--stop-after", "tuned-L11", "--poll-s", "0.05")
     assert first.returncode == 0, first.stderr[-3000:]
     assert "stopped after tuned-L11" in first.stdout
     progress = json.loads((work / "results" / "progress.json").read_text())
+    # the trainings' progress as they ran (8 pairs in batches of 4, one epoch: 2 steps each)
+    assert progress["training"] and set(progress["training"]) <= {"tuned", "exact", "orig"}
+    assert all(p["max_steps"] == 2 and 0 <= p["step"] <= 2 for p in progress["training"].values())
     assert set(progress["models"]) == {"tuned", "exact", "orig"} and list(progress["runs"]) == ["exact-L11", "tuned-L11"]
     assert progress["device"]["cuda"] is False and all(m["weights_sha256"] for m in progress["models"].values())
     out1 = sorted(p.name for p in (tmp_path / "out-1").iterdir())
