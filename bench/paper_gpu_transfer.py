@@ -281,5 +281,7 @@ def receive(parts_dirs: list[Path], into: Path, transfer: Path | None = None) ->
         for names, p in progress.get("training", {}).items():
             fields = {k: p[k] for k in ("step", "max_steps", "epoch", "seconds", "loss", "dev_spearman")}
             say(f"train {names} (unfinished when the call's OUT was last written): {TrainProgress(**fields)}")
+        if progress.get("training_stopped"):
+            say(f"train: {progress['training_stopped']}")
     rebuilt = rebuild_weights(into, transfer) if transfer else []
     return {"received": received, "total": total, "pieces": done, "progress": box.get("progress"), "models": rebuilt}

@@ -237,11 +237,12 @@ def train_model(base: str, variant: str, config: TrainConfig, target: Path, *, d
                 train_split: str = "train", dev_split: str = "dev", train_limit: int | None = None,
                 dev_limit: int | None = None, command: str = "", quiet: bool = False,
                 record: dict[str, Any] | None = None,
-                on_progress: Callable[[TrainProgress], None] | None = None) -> dict[str, Any]:  # fmt: skip
+                on_progress: Callable[[TrainProgress], None] | None = None,
+                on_step: Callable[[TrainProgress], None] | None = None) -> dict[str, Any]:  # fmt: skip
     """Fine-tune `variant` of `base` by `config` on `dataset`'s train split (dev evaluated every epoch); save the last
     epoch into `target` and, where epochs were evaluated, the best-dev epoch into its sibling <target>-best-dev (both
     replaced if there); return the training record, written with the model card into each folder. `record`: extra
-    fields of the record (jobs.pipeline's model id and recipe name); `on_progress`: fine_tune's, where it is."""
+    fields of the record (jobs.pipeline's model id and recipe name); `on_progress`, `on_step`: fine_tune's."""
     # Everything that can fail fails before training: data, model, the variant's construction.
     train_a, train_b, train_y = _stsb_pairs(dataset, train_split, train_limit)
     dev_a, dev_b, dev_y = _stsb_pairs(dataset, dev_split, dev_limit)
@@ -255,7 +256,8 @@ def train_model(base: str, variant: str, config: TrainConfig, target: Path, *, d
           f"similarity {VARIANT_SIMILARITY[variant]}", flush=True)  # fmt: skip
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="xsbert-train-") as work:
-        result = fine_tune(model, variant, train, dev, config, work, progress=not quiet, on_progress=on_progress)
+        result = fine_tune(model, variant, train, dev, config, work, progress=not quiet, on_progress=on_progress,
+                           on_step=on_step)
         best = result["best"]
         # The epoch with the best dev score, loaded from the trainer's checkpoint of it before the work dir goes.
         best_model = SentenceTransformer(best.pop("checkpoint"), device="cpu") if best else None

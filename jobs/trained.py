@@ -18,7 +18,7 @@ has GPUs (one CPU where it has none), in a fresh worker, writing into models_dir
 must see (a local folder on one machine, a shared folder on several). While a training runs it keeps its progress
 in <models_dir>/.<model id>.progress.json (xsbert_core.training.TrainProgress: step, epoch, seconds, time left),
 which ensure_trained reads every `poll_s` and passes to `on_progress`; the file goes when the training ends. Where
-`on_progress` returns True, every training of the call stops at its next report (a stop file beside the progress):
+`on_progress` returns True, every training of the call stops after its current step (a stop file beside the progress):
 nothing of it is kept, and ensure_trained raises TrainingStopped (a caller's deadline, not a fault).
 """
 
@@ -159,10 +159,13 @@ def train_into(spec: TrainSpec, mid: str, config: dict[str, Any], root: str) -> 
     work = Path(root) / f".{mid}.partial-{os.getpid()}"
     progress, stop = progress_file(root, mid), stop_file(root, mid)
 
-    def on_progress(p: TrainProgress) -> None:
-        _write_progress(progress, p)
+    def on_step(p: TrainProgress) -> None:
         if stop.exists():
             raise TrainingStopped(f"stopped at step {p.step}/{p.max_steps}, {p.seconds:.0f} s in (asked to)")
+
+    def on_progress(p: TrainProgress) -> None:
+        _write_progress(progress, p)
+        on_step(p)  # at the start too: a training begun after the stop ends before its first step
 
     try:
         if work.exists():
@@ -173,7 +176,7 @@ def train_into(spec: TrainSpec, mid: str, config: dict[str, Any], root: str) -> 
         train_model(spec.base, spec.variant, spec.recipe, target, dataset=spec.dataset, train_split=spec.train_split,
                     dev_split=spec.dev_split, train_limit=spec.train_limit, dev_limit=spec.dev_limit,
                     command=command, quiet=True, record=record,
-                    on_progress=on_progress)  # fmt: skip
+                    on_progress=on_progress, on_step=on_step)  # fmt: skip
         try:
             work.rename(final)
         except OSError:  # another study trained the same id meanwhile: theirs stands
@@ -244,7 +247,7 @@ def ensure_trained(specs: dict[str, TrainSpec], root: str, executor: str = "ray"
     "model_id", "trained": whether this call trained it, "seconds", "record": the last epoch's training record}}.
     InputError (one line naming the model) when a training cannot start. While trainings run, every `poll_s`:
     `on_progress(names, TrainProgress)` for each training whose progress moved (default: a `say` line); where it
-    returns True, every training of this call stops at its next report and TrainingStopped is raised after they
+    returns True, every training of this call stops after its current step and TrainingStopped is raised after they
     have (the trainings that had ended by then are kept)."""
     if executor not in EXECUTORS:
         raise InputError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
@@ -296,9 +299,9 @@ def ensure_trained(specs: dict[str, TrainSpec], root: str, executor: str = "ray"
             for mid in todo:
                 stop_file(root_path, mid).unlink(missing_ok=True)
         if stopped:
-            kept = [n for n, p in plans.items() if p[1] in todo and "error" not in out[jobs.index(todo[p[1]])]]
-            raise TrainingStopped(f"trainings stopped by the caller ({stopped[0]}); ended before the stop and kept: "
-                                  f"{', '.join(kept) or 'none'}")  # fmt: skip
+            each = [f"{', '.join(n for n, p in plans.items() if p[1] == mid)} "
+                    f"{record.get('error') or 'ended before the stop (kept)'}" for (_, mid, _), record in zip(jobs, out)]
+            raise TrainingStopped(f"trainings stopped by the caller ({stopped[0]}): {'; '.join(each)}")
         for (spec, mid, _), record in zip(jobs, out):
             if "error" in record:
                 names = ", ".join(n for n, p in plans.items() if p[1] == mid)

@@ -142,10 +142,12 @@ def test_a_call_killed_while_training_sends_back_how_far_the_trainings_came(tiny
     assert said and all("/400 (epoch " in ln and " s left" in ln for ln in said), said
 
 
-def test_trainings_that_would_end_after_the_deadline_are_stopped_early(tiny, tmp_path):
-    """--deadline-s: once a training's rate says it would end after the deadline, every training stops at its next
-    report (those not started yet at their first), nothing of them is kept, and the call ends at once with OUT's
-    outbox.json saying why and how far they came."""
+def test_trainings_that_would_end_after_the_deadline_are_stopped_early(tiny, tmp_path, capsys):
+    """--deadline-s: once a training's rate says it would end after the deadline (at its first report after a step),
+    every training stops after its current step (those not started yet before their first), nothing of them is kept,
+    and the call ends at once with OUT's outbox.json saying why and how far they came."""
+    import re
+
     transfer, work, out = tmp_path / "transfer", tmp_path / "work", tmp_path / "out"
     assert here("prepare", "--into", str(transfer), "--base", str(tiny.folder("mpnet", 1)), "--part-mib", "0.5",
                 "--batch-mib", "1", "--no-wheels") == 0  # fmt: skip
@@ -157,9 +159,14 @@ def test_trainings_that_would_end_after_the_deadline_are_stopped_early(tiny, tmp
     assert done.returncode == 0, done.stderr[-3000:]
     assert "would end at ~" in done.stdout and "stopped after the deadline, in train: trainings stopped" in done.stdout
     box = json.loads((out / "outbox.json").read_text())
-    assert "ended before the stop and kept: none" in box["progress"]["training_stopped"]
+    why = box["progress"]["training_stopped"]
+    assert "(kept)" not in why and "exact stopped at step 0/4000" in why and "orig stopped at step 0/4000" in why
+    asked, ended = (int(re.search(rf"{w} at step (\d+)/4000", why).group(1)) for w in ("tuned", "tuned stopped"))
+    assert 0 < asked <= ended < asked + 50  # after the step it was on, not at its next report (50 steps on)
     assert all(p["max_steps"] == 4000 and p["step"] < 4000 for p in box["progress"]["training"].values())
     assert not [p for p in (work / "models").iterdir()]  # no model, no partial folder, no progress or stop file
+    assert here("receive", "--parts", str(out), "--into", str(tmp_path / "results")) == 0
+    assert f"train: {why}" in capsys.readouterr().out
 
 
 @pytest.mark.slow

@@ -97,9 +97,11 @@ class TrainProgress:
 RECIPES: dict[str, TrainConfig] = {"paper": TrainConfig()}
 
 
-def _progress_callback(on_progress: Callable[[TrainProgress], None], evaluator):
-    """A transformers TrainerCallback that reports a TrainProgress at the start, at each log and each evaluation
-    (the evaluator's metric name gains its prefix when it first runs: read at each log)."""
+def _progress_callback(on_progress: Callable[[TrainProgress], None] | None,
+                       on_step: Callable[[TrainProgress], None] | None, evaluator):  # fmt: skip
+    """A transformers TrainerCallback that passes a TrainProgress to on_progress at the start, at each log and each
+    evaluation (the evaluator's metric name gains its prefix when it first runs: read at each log), and to on_step
+    after every optimizer step."""
     import time
 
     from transformers import TrainerCallback
@@ -109,14 +111,22 @@ def _progress_callback(on_progress: Callable[[TrainProgress], None], evaluator):
         loss: float | None = None
         dev: float | None = None
 
+        def now(self, state) -> TrainProgress:
+            return TrainProgress(step=int(state.global_step), max_steps=int(state.max_steps),
+                                 epoch=float(state.epoch or 0.0), seconds=time.perf_counter() - self.t0,
+                                 loss=self.loss, dev_spearman=self.dev)  # fmt: skip
+
         def report(self, state) -> None:
-            on_progress(TrainProgress(step=int(state.global_step), max_steps=int(state.max_steps),
-                                      epoch=float(state.epoch or 0.0), seconds=time.perf_counter() - self.t0,
-                                      loss=self.loss, dev_spearman=self.dev))  # fmt: skip
+            if on_progress is not None:
+                on_progress(self.now(state))
 
         def on_train_begin(self, args, state, control, **kwargs):
             self.t0 = time.perf_counter()
             self.report(state)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if on_step is not None:
+                on_step(self.now(state))
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             logs = logs or {}
@@ -215,6 +225,7 @@ def fine_tune(
     work_dir: str,
     progress: bool = True,
     on_progress: Callable[[TrainProgress], None] | None = None,
+    on_step: Callable[[TrainProgress], None] | None = None,
 ) -> dict[str, Any]:
     """Train `model` (already `build_variant`-ed) on `train`, evaluating on `dev` every epoch; `model` ends as the
     last epoch left it.
@@ -224,7 +235,8 @@ def fine_tune(
     "step", "dev_spearman", "checkpoint": its model folder under `work_dir`}, or None when no epoch was evaluated
     (--max-steps)}. Every epoch is saved under `work_dir` (the trainer's checkpoints, model weights only), so the
     last epoch (the model) and the best-dev epoch (our option; App. A states no rule) can both be kept.
-    `on_progress(TrainProgress)`: at the start, at every logged step (every 50) and after every dev evaluation.
+    `on_progress(TrainProgress)`: at the start, at every logged step (every 50) and after every dev evaluation;
+    `on_step(TrainProgress)`: after every optimizer step (what either raises ends the training, and fine_tune with it).
     """
     import torch
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
@@ -257,7 +269,7 @@ def fine_tune(
     with deterministic_algorithms(config.deterministic):
         trainer = SentenceTransformerTrainer(
             model=model, args=args, train_dataset=train, loss=variant_loss(model, variant), evaluator=evaluator,
-            callbacks=[_progress_callback(on_progress, evaluator)] if on_progress else None,
+            callbacks=[_progress_callback(on_progress, on_step, evaluator)] if on_progress or on_step else None,
         )
         output = trainer.train()
     final = evaluator(model)
