@@ -267,10 +267,11 @@ def ensure_trained(specs: dict[str, TrainSpec], root: str, executor: str = "ray"
             todo.setdefault(mid, (spec, mid, config))  # two names, one recipe: trained once
     results: dict[str, dict[str, Any]] = {}
     if todo:
+        names = {mid: ", ".join(n for n, p in plans.items() if p[1] == mid) for mid in todo}  # a model id's names
         root_path.mkdir(parents=True, exist_ok=True)
         for spec, mid, _ in todo.values():
-            say(f"train {', '.join(n for n, p in plans.items() if p[1] == mid)}: training {spec.variant} of "
-                f"{spec.base}, recipe {spec.recipe_name} (model {mid}) ...")  # fmt: skip
+            say(f"train {names[mid]}: training {spec.variant} of {spec.base}, recipe {spec.recipe_name} "
+                f"(model {mid}) ...")  # fmt: skip
         t0 = time.perf_counter()
         jobs = list(todo.values())
         report = on_progress or (lambda names, p: say(f"train {names}: {p}"))
@@ -282,9 +283,8 @@ def ensure_trained(specs: dict[str, TrainSpec], root: str, executor: str = "ray"
                 p = read_progress(root_path, mid)
                 if p is not None and p != seen.get(mid):
                     seen[mid] = p
-                    names = ", ".join(n for n, plan in plans.items() if plan[1] == mid)
-                    if report(names, p) and not stopped:
-                        stopped.append(f"{names} at step {p.step}/{p.max_steps}")
+                    if report(names[mid], p) and not stopped:
+                        stopped.append(f"{names[mid]} at step {p.step}/{p.max_steps}")
                         for other in todo:
                             stop_file(root_path, other).touch()
 
@@ -299,13 +299,12 @@ def ensure_trained(specs: dict[str, TrainSpec], root: str, executor: str = "ray"
             for mid in todo:
                 stop_file(root_path, mid).unlink(missing_ok=True)
         if stopped:
-            each = [f"{', '.join(n for n, p in plans.items() if p[1] == mid)} "
-                    f"{record.get('error') or 'ended before the stop (kept)'}" for (_, mid, _), record in zip(jobs, out)]
+            each = [f"{names[mid]} {record.get('error') or 'ended before the stop (kept)'}"
+                    for (_, mid, _), record in zip(jobs, out)]
             raise TrainingStopped(f"trainings stopped by the caller ({stopped[0]}): {'; '.join(each)}")
         for (spec, mid, _), record in zip(jobs, out):
             if "error" in record:
-                names = ", ".join(n for n, p in plans.items() if p[1] == mid)
-                raise InputError(f"models.{names}: training failed: {record['error']}")
+                raise InputError(f"models.{names[mid]}: training failed: {record['error']}")
             results[mid] = {**record, "wall_s": time.perf_counter() - t0}
     summary: dict[str, dict[str, Any]] = {}
     for name, (spec, mid, _) in plans.items():
