@@ -35,7 +35,7 @@ job pieces are skipped with its output, and the time goes to the pieces that nee
 after a wave when the time left would not hold another (bench/gpu_job.py --stop-by); job-minilm has at most
 JOB_MINILM_CAP_S, and where it was cut at that (a job that stalls), job-mpnet is skipped: it would stall the same way.
 
-Here again: `python bench/gpu_run.py report results.tgz` writes the measured part of bench/results/gpu-job.md,
+Here again: `python bench/gpu_run.py report OUT` (the folder that came back, or its results.tgz) writes the measured part of bench/results/gpu-job.md,
 with the full-QQP estimate.
 """
 
@@ -350,13 +350,22 @@ def to_the_hour(stage1_h: float, stage2_h: float, prepare_h: float) -> str:
             f"x{stage2_h / left:.1f}.")
 
 
+class ReportError(Exception):
+    """`report` cannot read what it was given (one line, exit 2)."""
+
+
 def report(args) -> str:
     from gpu_job import report as job_report
 
+    results = Path(args.results)
+    results = results / "results.tgz" if results.is_dir() else results
+    if not results.is_file() or not tarfile.is_tarfile(results):
+        raise ReportError(f"{args.results}: no results.tgz there (give the folder a device call's OUT came back in, "
+                          "or its results.tgz)")  # fmt: skip
     folder = Path(args.into)
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    with tarfile.open(args.results) as tar:
+    with tarfile.open(results) as tar:
         tar.extractall(folder, filter="data")
     res = folder / "results"
     prog = json.loads((res / "progress.json").read_text())
@@ -448,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--cpu-rows", default=str(CPU_ROWS), help="the `gpu_job.py cpu-rows` folders, one per model")
     d.add_argument("--dry-run", action="store_true", help="on a CPU: tiny models, few pairs, Ray's logical GPUs")
     r = sub.add_parser("report", help="here: bench/results/gpu-job.md's measured part from results.tgz")
-    r.add_argument("results")
+    r.add_argument("results", help="the folder a device call's OUT came back in, or its results.tgz")
     r.add_argument("--into", default=str(ROOT / "bench" / ".cache" / "gpu-results"))
     r.add_argument("--results-md", default=str(RESULTS_MD))
     a = p.parse_args(argv)
@@ -457,7 +466,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.cmd == "device":
         return device(a)
-    report(a)
+    try:
+        report(a)
+    except ReportError as exc:
+        print(f"gpu_run: error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

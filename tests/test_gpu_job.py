@@ -103,8 +103,13 @@ def test_the_prepared_gpu_run_goes_through_on_logical_gpus(tmp_path, tiny):
     # what came back holds every figure of the report
     md = tmp_path / "gpu-job.md"
     md.write_text("# plan\n\n<!-- measured: written by `python bench/gpu_run.py report` -->\nold\n")
-    text = py("bench/gpu_run.py", "report", str(out / "results.tgz"), "--into", str(tmp_path / "rep"),
+    text = py("bench/gpu_run.py", "report", str(out), "--into", str(tmp_path / "rep"),  # OUT's folder, or its tgz
               "--results-md", str(md)).stdout  # fmt: skip
+    bad = subprocess.run([sys.executable, "bench/gpu_run.py", "report", str(tmp_path / "rep"), "--into",
+                          str(tmp_path / "rep-2")], capture_output=True, text=True, env=ENV, cwd=ROOT)  # fmt: skip
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        f"gpu_run: error: {tmp_path / 'rep'}: no results.tgz there (give the folder a device call's OUT came back in, "
+        "or its results.tgz)"]  # fmt: skip
     res = tmp_path / "rep" / "results"
     job = json.loads((res / "job-minilm" / "gpu-job.json").read_text())
     assert job["status"] == "done" and (job["job"]["n_in"], job["job"]["n_done"]) == (8, 8)
