@@ -35,8 +35,8 @@ job pieces are skipped with its output, and the time goes to the pieces that nee
 after a wave when the time left would not hold another (bench/gpu_job.py --stop-by); job-minilm has at most
 JOB_MINILM_CAP_S, and where it was cut at that (a job that stalls), job-mpnet is skipped: it would stall the same way.
 
-Here again: `python bench/gpu_run.py report OUT` (the folder that came back, or its results.tgz) writes the measured part of bench/results/gpu-job.md,
-with the full-QQP estimate.
+Here again: `python bench/gpu_run.py report OUT` (the folder that came back, or its results.tgz) writes the
+measured part of bench/results/gpu-job.md, with the full-QQP estimate.
 """
 
 from __future__ import annotations
