@@ -171,13 +171,16 @@ def test_train_stage_trains_once_per_recipe_and_the_runs_use_the_trained_model(t
 
 @pytest.mark.slow
 def test_train_stage_on_ray_trains_in_a_task(tiny, tmp_path, ray_cluster, capsys):
-    """With the Ray executor each training is a Ray task (a fresh worker), writing into models_dir."""
+    """With the Ray executor each training is a Ray task (a fresh worker), writing into models_dir, and its progress
+    beside it, which the stage reads as it does a local process's."""
     base = str(tiny.folder("mpnet", 1))
     tree = study_tree(tmp_path, base, executor="ray")
     tree["models"]["tuned"] = {"train": {"base": "shelf", "variant": "tuned", "recipe": {"max_steps": 1, **SMOKE},
                                          "train_limit": 4, "dev_limit": 4}}  # fmt: skip
     study = pipeline.load_config(write(tmp_path / "s.yaml", tree))
-    done = pipeline.stage_train(study)
+    done = pipeline.stage_train(study, poll_s=0.02)
+    said = capsys.readouterr().out
+    assert "train exact: step " in said and "train tuned: step " in said, said
     assert all(m["trained"] for m in done.values()) and set(done) == {"exact", "tuned"}
     for m in done.values():
         assert (Path(m["path"]) / "modules.json").is_file() and m["record"]["variant"] in ("exact", "tuned")
