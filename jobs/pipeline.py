@@ -34,6 +34,7 @@ import shlex
 import sys
 import time
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -54,11 +55,11 @@ from pydantic import (
 from xsbert_core import InputError, XsbertError
 from xsbert_core.models import is_packaged, missing_weights
 from xsbert_core.settings import base_type
-from xsbert_core.training import CHECKPOINTS, RECIPES, VARIANTS, TrainConfig
+from xsbert_core.training import CHECKPOINTS, RECIPES, VARIANTS, TrainConfig, TrainProgress
 
 from . import config, paper
-from .attribution.inputs import BUILTINS, resolve_source
 from .attribution.hooks import Hooks
+from .attribution.inputs import BUILTINS, resolve_source
 from .config import JobSettings
 from .store import DERIVED_TABLES, TABLES, Location, canonical_json, committed_parts, committed_waves, disk_failure
 from .store.files import is_file, location_fs, read_text, upload
@@ -678,7 +679,8 @@ def say(line: str) -> None:
     print(line, flush=True)
 
 
-def stage_train(study: Study, on_progress: Any = None, poll_s: float = 30.0) -> dict[str, dict[str, Any]]:
+def stage_train(study: Study, on_progress: Callable[[str, TrainProgress], bool | None] | None = None,
+                poll_s: float = 30.0) -> dict[str, dict[str, Any]]:  # fmt: skip
     """Every model the config declares with `train:`, trained once per model id (jobs/trained.py); {model name:
     {"path", "model_id", "trained", "record", ...}}. Meanwhile every `poll_s`, each running training's progress:
     `on_progress(names, TrainProgress)`, by default a line `train NAME: step S/N (epoch E), T s, ~L s left`."""

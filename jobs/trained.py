@@ -131,7 +131,7 @@ class TrainingStopped(XsbertError):
 
 
 def stop_file(root: str | Path, mid: str) -> Path:
-    """Its presence stops the running training of model `mid` at its next progress report."""
+    """Its presence stops the running training of model `mid` after its current step."""
     return Path(root) / f".{mid}.stop"
 
 
