@@ -162,7 +162,7 @@ def test_trainings_that_would_end_after_the_deadline_are_stopped_early(tiny, tmp
     why = box["progress"]["training_stopped"]
     assert "(kept)" not in why and "exact stopped at step 0/4000" in why and "orig stopped at step 0/4000" in why
     asked, ended = (int(re.search(rf"{w} at step (\d+)/4000", why).group(1)) for w in ("tuned", "tuned stopped"))
-    assert 0 < asked <= ended < asked + 50  # after the step it was on, not at its next report (50 steps on)
+    assert 0 < asked <= ended  # how soon after: tests/test_training.py (on_step)
     assert all(p["max_steps"] == 4000 and p["step"] < 4000 for p in box["progress"]["training"].values())
     assert not [p for p in (work / "models").iterdir()]  # no model, no partial folder, no progress or stop file
     assert here("receive", "--parts", str(out), "--into", str(tmp_path / "results")) == 0

@@ -244,6 +244,21 @@ def test_progress_is_reported_at_the_start_each_log_and_each_dev_evaluation(tiny
     line = str(TrainProgress(step=720, max_steps=1800, epoch=2.0, seconds=96.0, loss=0.02134, dev_spearman=0.85))
     assert line == "step 720/1800 (epoch 2.00), 96 s, ~144 s left, loss 0.02134, dev Spearman 0.8500"
 
+    # on_step after every optimizer step: what it raises ends the training there, between two reports
+    steps: list[int] = []
+
+    def stop_at_3(p: TrainProgress) -> None:
+        steps.append(p.step)
+        if p.step == 3:
+            raise KeyboardInterrupt("stop")
+
+    model = trainable(tiny.build("bert", n_layers=1))
+    build_variant(model, "tuned")
+    with pytest.raises(KeyboardInterrupt, match="stop"):
+        fine_tune(model, "tuned", tiny_data(40), tiny_data(6), TrainConfig(batch_size=4, epochs=1),
+                  str(tmp_path / "stopped"), progress=False, on_step=stop_at_3)  # fmt: skip
+    assert steps == [1, 2, 3]
+
 
 def test_deterministic_training_sets_and_restores_torchs_settings():
     """TrainConfig.deterministic (the default): PyTorch's deterministic algorithms (warn-only), cuDNN's deterministic
