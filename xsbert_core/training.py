@@ -271,6 +271,10 @@ def fine_tune(
             model=model, args=args, train_dataset=train, loss=variant_loss(model, variant), evaluator=evaluator,
             callbacks=[_progress_callback(on_progress, on_step, evaluator)] if on_progress or on_step else None,
         )
+        if not progress:  # without the bar the trainer prints each log's dict instead: quiet means neither
+            from transformers.trainer_callback import PrinterCallback
+
+            trainer.remove_callback(PrinterCallback)
         output = trainer.train()
     final = evaluator(model)
     key = evaluator.primary_metric
