@@ -158,6 +158,11 @@ class Runner:
         if self.args.stop_after == piece:
             raise _Stop(piece)
 
+    def note_progress(self) -> None:
+        """progress.json, and the progress alone into OUT's outbox.json (in the middle of a piece: no parts)."""
+        write_json(self.results / PROGRESS, self.progress)
+        self.outbox.note(self.progress, self.args.out)
+
     def training_progress(self, names: str, p: Any) -> bool:
         """A running training's TrainProgress, kept where a kill of this call still sends it back: progress.json's
         "training" and OUT's outbox.json (no parts: those come with the piece). True (stop the trainings) once a
@@ -165,8 +170,7 @@ class Runner:
         remaining time is better spent on a smaller cut."""
         now = time.perf_counter() - self.t0
         self.progress.setdefault("training", {})[names] = {**p.as_dict(), "call_s": now}
-        write_json(self.results / PROGRESS, self.progress)
-        self.outbox.note(self.progress, self.args.out)
+        self.note_progress()
         say(f"train {names}: {p}")
         deadline = self.args.deadline_s
         if deadline is None or p.step <= 0 or p.eta_s is None or now + p.eta_s <= deadline:
@@ -211,8 +215,7 @@ class Runner:
             models = pipeline.stage_train(train_study, on_progress=self.training_progress, poll_s=a.poll_s)
         except TrainingStopped as exc:
             self.progress["training_stopped"] = str(exc)
-            write_json(self.results / PROGRESS, self.progress)
-            self.outbox.note(self.progress, a.out)
+            self.note_progress()
             raise _Stop(f"the deadline, in train: {exc}") from None
         (self.results / "training").mkdir(exist_ok=True)
         for name, m in models.items():

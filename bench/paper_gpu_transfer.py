@@ -276,10 +276,12 @@ def receive(parts_dirs: list[Path], into: Path, transfer: Path | None = None) ->
         + (f"; next: run ... --received {received}" if received < total else ""))  # fmt: skip
     progress = box.get("progress") or {}
     if "train" not in progress.get("pieces", {}):  # the call ended before its trainings did: how far they came
+        import dataclasses
+
         from xsbert_core.training import TrainProgress
 
         for names, p in progress.get("training", {}).items():
-            fields = {k: p[k] for k in ("step", "max_steps", "epoch", "seconds", "loss", "dev_spearman")}
+            fields = {f.name: p[f.name] for f in dataclasses.fields(TrainProgress)}  # without what the call added
             say(f"train {names} (unfinished when the call's OUT was last written): {TrainProgress(**fields)}")
         if progress.get("training_stopped"):
             say(f"train: {progress['training_stopped']}")
