@@ -30,13 +30,30 @@ for _m in ("tuned", "exact", "orig"):
               f"models.{_m}.train.train_limit=8", "--set", f"models.{_m}.train.dev_limit=6"]  # fmt: skip
 
 
-def there(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+def there_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of a process "there": what the GPU machine lacks cannot be imported."""
     hide = tmp_path / "hide"
     hide.mkdir(exist_ok=True)
     (hide / "sitecustomize.py").write_text(HIDE.format(hidden=sorted(MISSING_THERE)), encoding="utf-8")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), str(ROOT)])}
-    return subprocess.run([sys.executable, str(SCRIPT), "run", *args], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=900)  # fmt: skip
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), str(ROOT)])}
+
+
+def there(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), "run", *args], cwd=tmp_path, env=there_env(tmp_path),
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+
+
+def prepare_tiny(tiny, transfer: Path) -> None:
+    """Here: a one-layer tiny MPNet's float16 parts in batch folders of at most 1 MiB (no wheels)."""
+    assert here("prepare", "--into", str(transfer), "--base", str(tiny.folder("mpnet", 1)), "--part-mib", "0.5",
+                "--batch-mib", "1", "--no-wheels") == 0  # fmt: skip
+
+
+def long_trainings(epochs: int) -> list[str]:
+    """--set for the three trainings on 8 pairs in batches of 4 (2 steps an epoch), dev on 2, for `epochs`."""
+    return [x for m in ("tuned", "exact", "orig") for x in (
+        "--set", f"models.{m}.train.recipe={{epochs: {epochs}, batch_size: 4}}", "--set",
+        f"models.{m}.train.train_limit=8", "--set", f"models.{m}.train.dev_limit=2")]  # fmt: skip
 
 
 def here(*args: str) -> int:
@@ -56,8 +73,7 @@ def test_check_there_imports_what_the_stages_need_and_counts_the_parts(tiny, tmp
     """`run --check` (the first call, before the weights are all there): the stages' imports work where Ray, DuckDB,
     polars, ... cannot be imported (and they cannot: the probe), and it says how many parts have arrived."""
     transfer = tmp_path / "transfer"
-    assert here("prepare", "--into", str(transfer), "--base", str(tiny.folder("mpnet", 1)), "--part-mib", "0.5",
-                "--batch-mib", "1", "--no-wheels") == 0  # fmt: skip
+    prepare_tiny(tiny, transfer)
     last = sorted(transfer.glob("batch-*"))[-1]
     last.rename(tmp_path / "later")  # the last batch has not come yet
     done = there(tmp_path, "--check", "--transfer", str(transfer), "--work", str(tmp_path / "work"))
@@ -82,8 +98,7 @@ def test_a_later_call_imports_the_wheels_the_first_one_installed(tiny, tmp_path)
     process, and must put that folder on its path before it imports the study config (pydantic). Here pydantic can
     be imported from that folder only: the run gets as far as its deadline (0 s: before the training)."""
     transfer, work = tmp_path / "transfer", tmp_path / "work"
-    assert here("prepare", "--into", str(transfer), "--base", str(tiny.folder("mpnet", 1)), "--part-mib", "0.5",
-                "--batch-mib", "1", "--no-wheels") == 0  # fmt: skip
+    prepare_tiny(tiny, transfer)
     site = work / "site"
     for name in WHEELS:  # what install_wheels leaves there, copied from this environment
         spec = importlib.util.find_spec(name)
@@ -111,18 +126,11 @@ def test_a_call_killed_while_training_sends_back_how_far_the_trainings_came(tiny
     import time
 
     transfer, work, out = tmp_path / "transfer", tmp_path / "work", tmp_path / "out"
-    assert here("prepare", "--into", str(transfer), "--base", str(tiny.folder("mpnet", 1)), "--part-mib", "0.5",
-                "--batch-mib", "1", "--no-wheels") == 0  # fmt: skip
-    long = [x for m in ("tuned", "exact", "orig") for x in (
-        "--set", f"models.{m}.train.recipe={{epochs: 200, batch_size: 4}}", "--set", f"models.{m}.train.train_limit=8",
-        "--set", f"models.{m}.train.dev_limit=2")]  # fmt: skip
-    hide = tmp_path / "hide"
-    hide.mkdir()
-    (hide / "sitecustomize.py").write_text(HIDE.format(hidden=sorted(MISSING_THERE)), encoding="utf-8")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), str(ROOT)])}
+    prepare_tiny(tiny, transfer)
     call = subprocess.Popen([sys.executable, str(SCRIPT), "run", "--transfer", str(transfer), "--work", str(work),
-                             "--out", str(out), "--poll-s", "0.1", *long], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+                             "--out", str(out), "--poll-s", "0.1", *long_trainings(200)], cwd=tmp_path,
+                            env=there_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and call.poll() is None:
@@ -149,13 +157,9 @@ def test_trainings_that_would_end_after_the_deadline_are_stopped_early(tiny, tmp
     import re
 
     transfer, work, out = tmp_path / "transfer", tmp_path / "work", tmp_path / "out"
-    assert here("prepare", "--into", str(transfer), "--base", str(tiny.folder("mpnet", 1)), "--part-mib", "0.5",
-                "--batch-mib", "1", "--no-wheels") == 0  # fmt: skip
-    long = [x for m in ("tuned", "exact", "orig") for x in (
-        "--set", f"models.{m}.train.recipe={{epochs: 2000, batch_size: 4}}", "--set",
-        f"models.{m}.train.train_limit=8", "--set", f"models.{m}.train.dev_limit=2")]  # fmt: skip
+    prepare_tiny(tiny, transfer)
     done = there(tmp_path, "--transfer", str(transfer), "--work", str(work), "--out", str(out), "--poll-s", "0.1",
-                 "--deadline-s", "60", *long)  # fmt: skip
+                 "--deadline-s", "60", *long_trainings(2000))  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "would end at ~" in done.stdout and "stopped after the deadline, in train: trainings stopped" in done.stdout
     box = json.loads((out / "outbox.json").read_text())
