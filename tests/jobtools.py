@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
 import signal
@@ -30,6 +31,18 @@ def stsb_rows(n: int, start: int = 0) -> pd.DataFrame:
     df = df[df.split == "test"].iloc[start : start + n]
     return pd.DataFrame({"id": [f"p{start + k:03d}" for k in range(len(df))], "sentence1": df.sentence1.values,
                          "sentence2": df.sentence2.values, "score": df.score.values})  # fmt: skip
+
+
+def qqp_file(path: Path, n: int, start: int = 40) -> Path:
+    """n STS-B test pairs in the layout of GLUE's QQP files (what `--dataset qqp --qqp-path` reads), gzipped: no QQP
+    text ships with the repository."""
+    df = stsb_rows(n, start=start)
+    lines = ["id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate"]
+    pairs = enumerate(zip(df.sentence1, df.sentence2))
+    lines += [f"{k}\t{2 * k}\t{2 * k + 1}\t{a}\t{b}\t{k % 2}" for k, (a, b) in pairs]
+    with gzip.open(path, "wt", encoding="utf-8") as fh:
+        fh.write("\n".join(lines) + "\n")
+    return path
 
 
 def write_tsv(path: Path, df: pd.DataFrame) -> Path:

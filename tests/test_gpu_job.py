@@ -9,7 +9,6 @@ Subprocesses: the pieces start their own Ray (with GPUs it does not have), which
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import subprocess
@@ -17,22 +16,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from jobtools import stsb_rows
+from jobtools import qqp_file
 
 ROOT = Path(__file__).resolve().parents[1]
 # `python3` in the calls' commands is this interpreter, as it is the machine's own Python there
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}  # fmt: skip
-
-
-def qqp_file(path: Path, n: int) -> Path:
-    """n STS-B test pairs in the QQP subset's format (what `--dataset qqp --qqp-path` reads)."""
-    df = stsb_rows(n, start=40)
-    lines = ["id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate"]
-    lines += [f"{k}\t{2 * k}\t{2 * k + 1}\t{a}\t{b}\t{k % 2}" for k, (a, b) in enumerate(zip(df.sentence1, df.sentence2))]
-    with gzip.open(path, "wt", encoding="utf-8") as fh:
-        fh.write("\n".join(lines) + "\n")
-    return path
 
 
 def py(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:

@@ -5,8 +5,6 @@ imported (tests/test_paper_gpu.py's list); then the attribute stage again (nothi
 
 from __future__ import annotations
 
-import csv
-import gzip
 import json
 import os
 import subprocess
@@ -14,25 +12,18 @@ import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
+from jobtools import qqp_file
 from test_local_executor import HIDE
 from test_paper_gpu import MISSING_THERE
 
 from jobs import pipeline
-from jobs.attribution import inputs as _inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "qqp-lexical-gpu.yaml"
 
 
 def test_the_study_stores_same_token_cells_without_ray_and_resumes(tiny, tmp_path):
-    with gzip.open(_inputs.BUNDLED_STSB, "rt", encoding="utf-8") as fh:
-        rows = list(csv.DictReader(fh, delimiter="\t", quoting=csv.QUOTE_NONE))
-    test = [r for r in rows if r["split"] == "test"][:6]
-    lines = ["id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n"] + [
-        f"{k}\t{2 * k}\t{2 * k + 1}\t{r['sentence1']}\t{r['sentence2']}\t{int(float(r['score']) >= 4)}\n"
-        for k, r in enumerate(test)]  # the header and 6 pairs, as GLUE's QQP files have them
-    small = tmp_path / "qqp.tsv"
-    small.write_text("".join(lines), encoding="utf-8")
+    small = qqp_file(tmp_path / "qqp.tsv.gz", 6)
     out = tmp_path / "runs"
     sets = [f"models.shelf={tiny.folder('mpnet')}", f"datasets.qqp.qqp_path={small}", f"out={out}",
             "runs.shelf-qqp-L8.layer=1", "runs.shelf-qqp-L8.steps=2", "ray.wave_size=2"]  # fmt: skip
