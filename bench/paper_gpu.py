@@ -4,9 +4,10 @@ The study is a pipeline config (configs/paper-gpu.yaml: all-mpnet-base-v2's Tune
 paper's recipe, then Fig 3/4/5/8's runs in the order of their value); this script only carries it there, runs its
 stages piece by piece, and carries the results back:
 
-    here    python bench/paper_gpu.py prepare --into TRANSFER
-            all-mpnet-base-v2 as float16 parts (jobs.bundle), and the wheels of what such a machine lacks for the
-            stages that run there (DEVICE_WHEELS), grouped into TRANSFER/batch-NN folders of at most --batch-mib
+    here    python bench/paper_gpu.py prepare --into TRANSFER [--qqp FILE]
+            all-mpnet-base-v2 as float16 parts (jobs.bundle), the QQP subset file of the QQP runs (--qqp, default
+            $XSBERT_QQP; without one those runs are left out there), and the wheels of what such a machine lacks for
+            the stages that run there (DEVICE_WHEELS), grouped into TRANSFER/batch-NN folders of at most --batch-mib
             each, one per transfer
     there   python3 bench/paper_gpu.py run --transfer TRANSFER --work /tmp/paper-gpu --out OUT [--received N]
             installs the wheels and the model from the batches (every part checked), then: the train stage
@@ -61,6 +62,7 @@ from paper_gpu_transfer import (  # noqa: E402  beside this file: what carries t
     OUTBOX,
     PART_MIB,
     Outbox,
+    carried_qqp,
     gather,
     gpu_train,
     install_base,
@@ -105,6 +107,7 @@ def check(transfer: Path | None, work: Path) -> dict[str, Any]:
         parts = [p["file"] for i in manifest["items"] for p in i["parts"]]
         here_now = [f for f in parts if (bundle / f).exists()]
         found["parts"] = f"{len(here_now)} of {len(parts)}"
+        found["qqp"] = next((Path(i["file"]).name for i in manifest["items"] if i["kind"] == "data"), "not carried")
     import datasets  # noqa: F401  the trainer's data
     import pydantic  # noqa: F401  the study config
     from sentence_transformers import SentenceTransformerTrainer  # noqa: F401
@@ -124,8 +127,8 @@ def check(transfer: Path | None, work: Path) -> dict[str, Any]:
 
 def same_run_key(command: list[str], model: str) -> list[str]:
     """A run's jobs.attribute flags without where its model and store are on this machine (--model becomes the
-    study's model name, --out goes): equal across machines and calls for the same settings; the model's weights are compared by
-    their sha256 beside it."""
+    study's model name, --out goes): equal across machines and calls for the same settings; the model's weights are
+    compared by their sha256 beside it."""
     key, flags = [], iter(command)
     for flag in flags:
         if flag in ("--model", "--out"):
@@ -192,14 +195,27 @@ class Runner:
         if not a.transfer:
             install_wheels([], self.work / "site")
         from jobs import evaluate, pipeline
+        from jobs.attribution.inputs import QQP_ENV, qqp_path
         from jobs.trained import TrainingStopped
 
+        carried = carried_qqp(self.work) if a.transfer else None
+        if carried and not os.environ.get(QQP_ENV):
+            os.environ[QQP_ENV] = str(carried)  # the `qqp` datasets' file, as jobs.attribute finds it
         sets = [*a.set, f"models.shelf={base}", f"out={self.results / 'runs'}", f"models_dir={self.work / 'models'}"]
         study = pipeline.load_config(a.config, sets)
         only = [n.strip() for n in a.only.split(",")] if a.only else list(study.runs)
         unknown = [n for n in only if n not in study.runs]
         if unknown:
             raise pipeline.InputError(f"--only: no run {', '.join(unknown)} in {a.config}")
+        # `qqp` without a subset file is GLUE's QQP on the hub: out of reach of a machine without network
+        no_file = [n for n in only if (d := study.datasets[study.runs[n].dataset]).source.strip().lower() == "qqp"
+                   and qqp_path(d.qqp_path) is None]  # fmt: skip
+        if no_file and a.only:
+            raise pipeline.InputError(f"--only: {', '.join(no_file)} need(s) the QQP subset file, which the transfer "
+                                      "does not hold (prepare --qqp FILE)")  # fmt: skip
+        if no_file:
+            say(f"left out: {', '.join(no_file)} (no QQP subset file came with the transfer: prepare --qqp FILE)")
+            only = [n for n in only if n not in no_file]
 
         # What this call trains: every model while Table 1 is to be made, else the models of the runs to do (a run
         # an earlier call sent back needs its model only to be checked, and is skipped if that is not trained)
@@ -257,7 +273,8 @@ class Runner:
             self.time_left(name)
             extra = {"command": command, "settings": settings, "model": run.model, "weights_sha256": sha,
                      "layer": run.layer}  # fmt: skip
-            pipeline.stage_attribute(study, paths, names=[name], on_run=lambda n, s, extra=extra: self.record(n, s, extra))
+            pipeline.stage_attribute(study, paths, names=[name],
+                                     on_run=lambda n, s, extra=extra: self.record(n, s, extra))
         for name in a.send_weights.split(",") if a.send_weights else ():
             self.send_weights(name, base, models)
         if "all" not in self.progress["pieces"]:
@@ -306,7 +323,8 @@ def table1_report(results: Path, aso_iterations: int) -> dict[str, Any]:
         model, checkpoint, sim = key.split("/")
         if sim == "cos":
             errors[model, checkpoint] = (np.asarray(pred) - gold) ** 2
-    out = {"rows": t1["rows"], "aso": evaluate.aso_tests(errors, aso_iterations), "weights_sha256": t1["weights_sha256"]}
+    out = {"rows": t1["rows"], "aso": evaluate.aso_tests(errors, aso_iterations),
+           "weights_sha256": t1["weights_sha256"]}
     write_json(results / "table1-aso.json", out)
     return out
 
@@ -350,6 +368,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     s.add_argument("--part-mib", type=float, default=25, help="largest part of the model (MiB)")
     s.add_argument("--batch-mib", type=float, default=BATCH_MIB, help="largest batch folder (MiB): one transfer")
     s.add_argument("--no-wheels", action="store_true", help="the machine has pydantic and datasets")
+    s.add_argument("--qqp", type=Path, default=None,
+                   help="the QQP subset file (GLUE's TSV layout) for the QQP runs (default: $XSBERT_QQP)")
     s.add_argument("--pin", action="append", default=[], metavar="NAME==VERSION",
                    help="another version of one of the wheels (e.g. one the machine's pyarrow takes)")
     r = sub.add_parser("run", help="there: install, train, Table 1, the runs; results into OUT in parts")
@@ -399,8 +419,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         if args.verb == "prepare":
+            from jobs.attribution.inputs import qqp_path
+
             prepare(args.into, args.base, () if args.no_wheels else DEVICE_WHEELS, args.part_mib, args.batch_mib,
-                    tuple(args.pin))  # fmt: skip
+                    tuple(args.pin), qqp_path(str(args.qqp) if args.qqp else None))  # fmt: skip
         elif args.verb == "run" and args.check:
             check(args.transfer, args.work)
         elif args.verb == "run":

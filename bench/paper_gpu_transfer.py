@@ -1,8 +1,8 @@
 """What carries bench/paper_gpu.py's study to a GPU machine and its results back: `prepare` (here: the model as
-float16 parts and the wheels the stages need there, in batch folders of one transfer each), the install from those
-batches (there), the outbox (there: the results' new files after each piece as a tar in parts, and the next parts
-into the folder that comes back) and `receive` (here: the pieces joined, checked and extracted, the weights sent back
-rebuilt).
+float16 parts, the QQP subset file and the wheels the stages need there, in batch folders of one transfer each), the
+install from those batches (there), the outbox (there: the results' new files after each piece as a tar in parts,
+and the next parts into the folder that comes back) and `receive` (here: the pieces joined, checked and extracted,
+the weights sent back rebuilt).
 
 Imported by bench/paper_gpu.py, after its sys.path entry for a machine where the package is not installed.
 """
@@ -65,17 +65,22 @@ def download_wheels(dest: Path, names: tuple[str, ...], python: str = "3.12", pi
 
 
 def prepare(into: Path, base: str = BASE, wheels: tuple[str, ...] = DEVICE_WHEELS, part_mib: float = 25,
-            batch_mib: float = BATCH_MIB, pins: tuple[str, ...] = ()) -> list[Path]:  # fmt: skip
-    """The model as float16 parts (jobs.bundle) and the wheels, in batch folders of at most batch_mib each:
-    batch-01 holds the bundle's manifest.json and install.py, and the wheels; the parts fill the batches in order."""
+            batch_mib: float = BATCH_MIB, pins: tuple[str, ...] = (),
+            qqp: Path | None = None) -> list[Path]:  # fmt: skip
+    """The model as float16 parts (jobs.bundle), the QQP subset file `qqp` (the QQP runs' data; None: none goes, and
+    those runs are left out there) and the wheels, in batch folders of at most batch_mib each: batch-01 holds the
+    bundle's manifest.json and install.py, and the wheels; the parts fill the batches in order."""
     from jobs.bundle import bundle
 
     if into.exists() and any(into.iterdir()):
         raise BundleError(f"{into} exists and is not empty; choose a new --into")
     if part_mib > batch_mib:
         raise BundleError(f"--part-mib {part_mib} is above --batch-mib {batch_mib}: a part would not fit a batch")
+    if qqp is None:
+        say("no QQP subset file (--qqp / $XSBERT_QQP): the study's QQP runs will be left out there")
     stage = into / ".stage"
-    bundle(stage / "bundle", int(part_mib * 2**20), models=(base,), float16=True, wheels=False, log=say)
+    bundle(stage / "bundle", int(part_mib * 2**20), models=(base,), float16=True, wheels=False,
+           datasets=(str(qqp),) if qqp else (), log=say)  # fmt: skip
     files = download_wheels(stage / "wheels", wheels, pins=pins) if wheels else []
     first = [stage / "bundle" / "manifest.json", stage / "bundle" / "install.py", *files]
     parts = sorted((stage / "bundle" / "parts").iterdir())
@@ -100,7 +105,8 @@ def prepare(into: Path, base: str = BASE, wheels: tuple[str, ...] = DEVICE_WHEEL
 
 # --------------------------------------------------------------------------- there: install from the batches
 def gather(transfer: Path, work: Path) -> tuple[Path, list[Path]]:
-    """The bundle as install.py reads it (work/bundle: manifest.json, parts/ linking into the batches) and the wheels."""
+    """The bundle as install.py reads it (work/bundle: manifest.json, parts/ linking into the batches), and the
+    wheels."""
     batches = sorted(p for p in transfer.glob("batch-*") if p.is_dir())
     manifests = [b / "manifest.json" for b in batches if (b / "manifest.json").is_file()]
     if not manifests:
@@ -143,6 +149,13 @@ def install_base(transfer: Path, work: Path, wheels: bool = True) -> Path:
     if not (work / "xs" / "bundle.json").is_file():
         install(bundle, work / "xs", models_only=True, log=say)  # every part checked (sha256) first
     return target
+
+
+def carried_qqp(work: Path) -> Path | None:
+    """The QQP subset file `prepare` carried, as install_base installed it (None: it carried none)."""
+    installed = read_json(work / "xs" / "bundle.json", {"items": []})
+    files = [Path(i["installed"]) for i in installed["items"] if i["kind"] == "data"]
+    return files[0] if files else None
 
 
 # --------------------------------------------------------------------------- there: the outbox

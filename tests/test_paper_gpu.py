@@ -16,13 +16,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from jobtools import qqp_file
 from test_local_executor import HIDE  # the sitecustomize that hides packages from a subprocess
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "paper_gpu.py"
 # What the GPU machine lacks and the run there must never import (the wheels it gets, pydantic and datasets, are here).
 MISSING_THERE = ("ray", "duckdb", "polars", "spacy", "stanza", "deepsig", "boto3", "botocore", "google", "moto")
-RUNS = "exact-L11,tuned-L11,exact-L9,shelf-L9,negation-exact-L9"
+RUNS = "exact-L11,tuned-L11,exact-L9,shelf-L9,negation-exact-L9,exact-qqp-L8,shelf-qqp-L8"
 SMALL = ["--set", "datasets.stsb-test.limit=3", "--set", "datasets.negation.limit=2", "--set", "defaults.steps=2",
          "--set", "defaults.tolerance=null"]  # fmt: skip
 for _m in ("tuned", "exact", "orig"):
@@ -35,7 +36,9 @@ def there_env(tmp_path: Path) -> dict[str, str]:
     hide = tmp_path / "hide"
     hide.mkdir(exist_ok=True)
     (hide / "sitecustomize.py").write_text(HIDE.format(hidden=sorted(MISSING_THERE)), encoding="utf-8")
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), str(ROOT)])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), str(ROOT)])}
+    env.pop("XSBERT_QQP", None)  # the QQP subset there is the one `prepare` carried, or none
+    return env
 
 
 def there(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
@@ -82,6 +85,7 @@ def test_check_there_imports_what_the_stages_need_and_counts_the_parts(tiny, tmp
     n_later = len(list((tmp_path / "later" / "parts").iterdir()))
     have, total = (int(x) for x in found["parts"].split(" of "))
     assert total - have == n_later > 0 and found["pydantic"] != "missing" and found["cuda"] is False
+    assert found["qqp"] == "not carried"
     hide = tmp_path / "hide"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), str(ROOT)])}
     probe = subprocess.run([sys.executable, "-c", "import duckdb"], env=env, capture_output=True, text=True)
@@ -162,6 +166,8 @@ def test_trainings_that_would_end_after_the_deadline_are_stopped_early(tiny, tmp
                  "--deadline-s", "60", *long_trainings(2000))  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "would end at ~" in done.stdout and "stopped after the deadline, in train: trainings stopped" in done.stdout
+    # no QQP subset came with the transfer: the QQP runs are left out, not looked for on the hub
+    assert "left out: exact-qqp-L8, shelf-qqp-L8 (no QQP subset file came with the transfer" in done.stdout
     box = json.loads((out / "outbox.json").read_text())
     why = box["progress"]["training_stopped"]
     assert "(kept)" not in why and "exact stopped at step 0/4000" in why and "orig stopped at step 0/4000" in why
@@ -171,15 +177,21 @@ def test_trainings_that_would_end_after_the_deadline_are_stopped_early(tiny, tmp
     assert not [p for p in (work / "models").iterdir()]  # no model, no partial folder, no progress or stop file
     assert here("receive", "--parts", str(out), "--into", str(tmp_path / "results")) == 0
     assert f"train: {why}" in capsys.readouterr().out
+    # asked for by name, a QQP run without the file is a one-line error
+    asked = there(tmp_path, "--transfer", str(transfer), "--work", str(work), "--only", "shelf-qqp-L8")
+    assert asked.returncode == 2 and asked.stderr.strip().splitlines() == [
+        "paper_gpu: error: --only: shelf-qqp-L8 need(s) the QQP subset file, which the transfer does not hold "
+        "(prepare --qqp FILE)"]  # fmt: skip
 
 
 @pytest.mark.slow
 def test_prepare_run_resume_fetch_receive_report_and_a_second_session(tiny, tmp_path, capsys):
     base = tiny.folder("mpnet", 12)
     transfer = tmp_path / "transfer"
-    # here: the model's float16 parts in batch folders of at most 1 MiB (this environment has pydantic and datasets)
+    # here: the model's float16 parts and a QQP subset file in batch folders of at most 1 MiB (this environment has
+    # pydantic and datasets)
     assert here("prepare", "--into", str(transfer), "--base", str(base), "--part-mib", "0.5", "--batch-mib", "1",
-                "--no-wheels") == 0  # fmt: skip
+                "--no-wheels", "--qqp", str(qqp_file(tmp_path / "qqp.tsv.gz", 3))) == 0  # fmt: skip
     batches = sorted(transfer.glob("batch-*"))
     assert len(batches) >= 2 and (batches[0] / "manifest.json").is_file()
     assert all(sum(f.stat().st_size for f in b.rglob("*") if f.is_file()) <= 2**20 for b in batches)
@@ -195,7 +207,8 @@ def test_prepare_run_resume_fetch_receive_report_and_a_second_session(tiny, tmp_
     # the trainings' progress as they ran (8 pairs in batches of 4, one epoch: 2 steps each)
     assert progress["training"] and set(progress["training"]) <= {"tuned", "exact", "orig"}
     assert all(p["max_steps"] == 2 and 0 <= p["step"] <= 2 for p in progress["training"].values())
-    assert set(progress["models"]) == {"tuned", "exact", "orig"} and list(progress["runs"]) == ["exact-L11", "tuned-L11"]
+    assert set(progress["models"]) == {"tuned", "exact", "orig"}
+    assert list(progress["runs"]) == ["exact-L11", "tuned-L11"]
     assert progress["device"]["cuda"] is False and all(m["weights_sha256"] for m in progress["models"].values())
     out1 = sorted(p.name for p in (tmp_path / "out-1").iterdir())
     assert "outbox.json" in out1 and len(out1) <= 4
@@ -255,8 +268,12 @@ def test_prepare_run_resume_fetch_receive_report_and_a_second_session(tiny, tmp_
     aso = json.loads((results / "table1-aso.json").read_text())["aso"]
     assert set(aso) == {"last-epoch", "best-dev"} and "ASO last-epoch: eps_min" in said
     assert "table1 exact last-epoch cos:" in said
-    for name in (*RUNS.split(","), "agreement-L11"):
+    for name in (*RUNS.split(","), "agreement-L11", "lexical-qqp-L8"):
         assert (tmp_path / "reports" / name / "index.html").is_file(), name
+    for name in ("exact-qqp-L8", "shelf-qqp-L8"):  # the carried QQP file's 3 pairs (config: a sample of 2,000)
+        run = progress["runs"][name]
+        manifest = json.loads((results / run["run_dir"] / "manifest.json").read_text())
+        assert manifest["cells"] == "same-token" and (run["n_in"], run["n_done"]) == (3, 3), (name, run)
     assert not (tmp_path / "reports" / "agreement-L9").exists()  # tuned-L9 was not run
 
     # a second call on a bare machine, given the first one's progress: Table 1 and every run that came back are
