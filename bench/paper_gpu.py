@@ -1,8 +1,8 @@
 """The paper's trained models on one GPU machine with no network, no Ray and size-limited transfers.
 
 The study is a pipeline config (configs/paper-gpu.yaml: all-mpnet-base-v2's Tuned, Exact and Orig trained by the
-paper's recipe, then Fig 3/4/5/8's runs in the order of their value); this script only carries it there, runs its
-stages piece by piece, and carries the results back:
+paper's recipe, then Fig 3/4/5/8's runs in the order of their value, and last Fig 10's on a QQP sample); this script
+only carries it there, runs its stages piece by piece, and carries the results back:
 
     here    python bench/paper_gpu.py prepare --into TRANSFER [--qqp FILE]
             all-mpnet-base-v2 as float16 parts (jobs.bundle), the QQP subset file of the QQP runs (--qqp, default
