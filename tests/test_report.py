@@ -548,3 +548,14 @@ def test_the_negation_subset_names_the_runs_split():
         "STS-B train sentences with one simple 'not' (5 pairs)")
     for split in ("test", None):
         assert facts.subset_label({"dataset": "negation", "split": split, "n_pairs": 87}) == paper.NEGATION_SUBSET
+
+
+def test_two_runs_of_different_sizes_name_both_subsets():
+    """A two-run comparison says each run's data where they differ (a run stopped early holds fewer pairs), so that
+    its paper number is not set beside it as like for like."""
+    from types import SimpleNamespace
+
+    qqp = {"dataset": "qqp", "split": None, "n_pairs": 2000}
+    assert facts.two_subsets(SimpleNamespace(facts=qqp, facts2=dict(qqp))) == "QQP (2,000 pairs)"
+    assert facts.two_subsets(SimpleNamespace(facts=qqp, facts2={**qqp, "n_pairs": 700})) == (
+        "QQP (2,000 pairs) vs QQP (700 pairs)")

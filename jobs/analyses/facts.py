@@ -231,3 +231,10 @@ def cite(key: str, model: str, layer: str, subset: str, metric: str) -> dict[str
 def two_layers(ctx: Context) -> str:
     one, two = layer_label(ctx.facts), layer_label(ctx.facts2)
     return one if one == two else f"{one} vs {two}"
+
+
+def two_subsets(ctx: Context) -> str:
+    """The two runs' data, once where they hold the same (dataset, split and number of pairs): 'QQP (2,000 pairs)',
+    else 'QQP (2,000 pairs) vs QQP (700 pairs)' (a run stopped early holds fewer)."""
+    one, two = subset_label(ctx.facts), subset_label(ctx.facts2)
+    return one if one == two else f"{one} vs {two}"

@@ -14,8 +14,8 @@ from .facts import (
     pair_model_label,
     paper_comparison,
     run_difference,
-    subset_label,
     two_layers,
+    two_subsets,
 )
 from .format import num
 
@@ -44,7 +44,7 @@ def lexical_ranks_compare(df: pl.DataFrame, ctx: Context) -> list[Finding]:
         {"spearman": rho, "n_shared": n, "most_moved": moved["token"]},
         **({"paper_key": "fig10_rank_spearman", "differs": [f"comparison: {unlike}"], "like_for_like": False}
            if unlike else cite("fig10_rank_spearman", pair_model_label(ctx.facts, ctx.facts2), two_layers(ctx),
-                               subset_label(ctx.facts), _lexical_metric(ctx))),
+                               two_subsets(ctx), _lexical_metric(ctx))),
         headline=Headline(f"Spearman ρ of the two runs' lexical ranks ({n} shared tokens)", num(rho)),
     )]  # fmt: skip
     if unlike:
@@ -89,7 +89,7 @@ def plot_lexical_ranks_compare(df: pl.DataFrame, ctx: Context) -> list[tuple[str
 def _lexical_like(ctx: Context) -> bool:
     return not paper.differences(paper.get("fig10_rank_spearman"), {
         "model": pair_model_label(ctx.facts, ctx.facts2), "layer": two_layers(ctx),
-        "subset": subset_label(ctx.facts), "metric": _lexical_metric(ctx)})
+        "subset": two_subsets(ctx), "metric": _lexical_metric(ctx)})
 
 
 ANALYSIS = Analysis("lexical_ranks_compare", "Lexical ranks of two runs", "Fig 10, Tables 3–4",
