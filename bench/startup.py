@@ -1,5 +1,5 @@
-"""How long the read-side commands take from start to exit: `xsbert --help`, and `xsbert sql` and `xsbert show` on a
-stored run.
+"""How long the commands that need no model take from start to exit: `xsbert --help`, `xsbert sql` and `xsbert show`
+on a stored run, and `python -m jobs.attribute --help`.
 
     python bench/startup.py                   # the first run under runs/ (`make run` writes them)
     python bench/startup.py --run runs/<id> --repeat 7
@@ -9,9 +9,9 @@ baseline is the same command with a library imported first, what the command imp
 - `import torch`: the `xsbert` command itself up to fcb134d (its settings imported xsbert_core.precision, which
   imported torch for three dtypes);
 - `import sentence_transformers`: what importing xsbert_core did up to c9d8177 (it loads the engine's names on first
-  use since b729b5c).
-Since both, the read side (the store, `xsbert`, `xsbert sql`, `xsbert serve`, `xsbert show`) imports neither. Results:
-bench/results/startup.md and startup.json.
+  use since b729b5c), and jobs.attribute up to a055423 (it imports the job's machinery when the job runs since).
+Since both, the read side (the store, `xsbert`, `xsbert sql`, `xsbert serve`, `xsbert show`) imports neither, nor does
+the job before it runs (--help, a flag it does not take). Results: bench/results/startup.md and startup.json.
 """
 
 from __future__ import annotations
@@ -30,24 +30,28 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results"
 # The baselines: the Python run first, and what it stands for.
 BASELINES = {"import torch": "the `xsbert` command up to fcb134d",
-             "import sentence_transformers": "importing xsbert_core up to c9d8177"}  # fmt: skip
+             "import sentence_transformers": "importing xsbert_core up to c9d8177, jobs.attribute up to "
+                                             "a055423"}  # fmt: skip
 
 
-def commands(run: Path, pair: str) -> dict[str, list[str]]:
-    """The commands timed, as `xsbert` arguments."""
-    return {"xsbert --help": ["--help"],
-            "xsbert sql": ["sql", "--run", str(run), "select count(*) as pairs from pairs"],
-            "xsbert show": ["show", "--run", str(run), "--pair", pair]}  # fmt: skip
+def commands(run: Path, pair: str) -> dict[str, tuple[str, list[str]]]:
+    """The commands timed: (the module `python -m` runs, its arguments)."""
+    return {"xsbert --help": ("jobs.cli", ["--help"]),
+            "xsbert sql": ("jobs.cli", ["sql", "--run", str(run), "select count(*) as pairs from pairs"]),
+            "xsbert show": ("jobs.cli", ["show", "--run", str(run), "--pair", pair]),
+            "python -m jobs.attribute --help": ("jobs.attribute", ["--help"])}  # fmt: skip
 
 
-def timed(argv: list[str], first: str = "") -> float:
-    """Seconds from start to exit of `xsbert <argv>` in a fresh process (`first`: Python run before it)."""
-    code = f"{first}\nimport sys\nfrom jobs.cli import main\nsys.exit(main(sys.argv[1:]))"
+def timed(command: tuple[str, list[str]], first: str = "") -> float:
+    """Seconds from start to exit of `python -m <module> <argv>` in a fresh process (`first`: Python run before it)."""
+    module, argv = command
+    code = f"{first}\nimport runpy\nrunpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", code, *argv], cwd=ROOT, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
     if proc.returncode != 0:
-        raise SystemExit(f"startup.py: error: xsbert {' '.join(argv)} failed: {proc.stderr.strip()[-500:]}")
+        raise SystemExit(f"startup.py: error: python -m {module} {' '.join(argv)} failed: "
+                         f"{proc.stderr.strip()[-500:]}")  # fmt: skip
     return seconds
 
 
@@ -86,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
               "baselines": BASELINES, "rows": rows}  # fmt: skip
     args.out_stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     said = "; ".join(f"`{first}` first ({what})" for first, what in BASELINES.items())
-    lines = ["# Start to exit of the read-side commands (`python bench/startup.py`)", "",
+    lines = ["# Start to exit of the commands that need no model (`python bench/startup.py`)", "",
              f"{result['stamp']}, commit {result['commit']}, {result['machine']}, torch {result['torch']}; "
              f"`{result['command']}`; the run {result['run']}; median of {args.repeat} fresh processes each, "
              f"alternating with the baselines, the same command with a library imported first: {said}.", "",

@@ -31,17 +31,33 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xsbert_core import XsbertError
 
 from .attribution.hooks import Hooks
-from .attribution.prepare import prepare
-from .attribution.run import attribute
 from .config import DEFAULT_DATASET, DEFAULT_SAMPLE, DEFAULT_SPLIT, JobSettings
 from .console import quiet_console
 
+if TYPE_CHECKING:
+    from .attribution.prepare import prepare
+    from .attribution.run import attribute
+
 __all__ = ["attribute", "cli", "main", "parse_args", "prepare", "print_summary", "settings"]
+
+
+def __getattr__(name: str) -> Any:
+    """`prepare` and `attribute` on first use: they load the engine (torch, sentence-transformers: seconds), which
+    --help, a bad flag and a bad setting do without."""
+    if name == "prepare":
+        from .attribution.prepare import prepare
+
+        return prepare
+    if name == "attribute":
+        from .attribution.run import attribute
+
+        return attribute
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -71,6 +87,9 @@ def main(job: JobSettings | argparse.Namespace, hooks: Hooks | None = None) -> d
     `hooks`: faults to inject (tests only; jobs/attribution/hooks.py)."""
     if isinstance(job, argparse.Namespace):
         job = JobSettings.from_args(job)
+    from .attribution.prepare import prepare
+    from .attribution.run import attribute
+
     summary = attribute(prepare(job), on_wave=lambda wave: print(wave, flush=True), hooks=hooks)
     print_summary(summary, summary["run_dir"])
     return summary
