@@ -45,11 +45,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from xsbert_core import Explainer, InputError, XsbertError, load_model
-from xsbert_core.explainer import DEFAULT_LAYER, model_similarity
+from xsbert_core import InputError, XsbertError
 from xsbert_core.metrics import aso_both_ways, pearson, spearman
 from xsbert_core.models import DEFAULT_MODEL
-from xsbert_core.settings import add_arguments, from_namespace
+from xsbert_core.settings import DEFAULT_LAYER, add_arguments, from_namespace
 from xsbert_core.training import CHECKPOINTS
 
 from . import paper
@@ -187,6 +186,9 @@ def predictions(path: str, texts_a: list[str], texts_b: list[str]) -> dict[str, 
     function's, when that is not cosine (the orig variant's dot product)}."""
     import torch
 
+    from xsbert_core import load_model
+    from xsbert_core.explainer import model_similarity
+
     model = load_model(path, device="cuda" if torch.cuda.is_available() else "cpu", attn_implementation=None)
     unique = list(dict.fromkeys(texts_a + texts_b))
     emb = model.encode(unique, batch_size=64, convert_to_tensor=True, show_progress_bar=False)
@@ -260,6 +262,8 @@ def table1(paths: dict[str, str], split: str, aso_iterations: int = 1000,
 # --------------------------------------------------------------------------- attribution runs
 def pilot_errors(model_path: str, layer: int, pairs: list[tuple[str, str]], grid: list[int], bound: float) -> dict:
     """Mean |completeness error| over `pairs` for N in grid, ascending, until it is <= bound."""
+    from xsbert_core import Explainer, load_model
+
     model = load_model(model_path)
     out: dict[int, float] = {}
     for n in grid:
@@ -569,6 +573,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     if "agreement" in args.stages or "figures" in args.stages:
         a, b, _, _ = stsb(args.split, args.sample, args.seed)
         pilot = list(zip(a, b))[: args.pilot_pairs]
+        from xsbert_core import Explainer, load_model
+
         n_layers = Explainer(load_model(models["exact"]), layer=0, steps=1).split.n_layers
         summary["n_layers"] = n_layers
         # "all": the deepest layer first, the cheapest to attribute (and the paper's), so an interrupted

@@ -30,10 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sentence_transformers import SentenceTransformer
-
 import xsbert_core
-from xsbert_core import InputError, XsbertError, load_model
+from xsbert_core import InputError, XsbertError
 from xsbert_core.models import DEFAULT_MODEL
 from xsbert_core.training import (
     VARIANT_SIMILARITY,
@@ -243,6 +241,11 @@ def train_model(base: str, variant: str, config: TrainConfig, target: Path, *, d
     epoch into `target` and, where epochs were evaluated, the best-dev epoch into its sibling <target>-best-dev (both
     replaced if there); return the training record, written with the model card into each folder. `record`: extra
     fields of the record (jobs.pipeline's model id and recipe name); `on_progress`, `on_step`: fine_tune's."""
+    # sentence-transformers (seconds to import) here, where a model is trained, not for --help or a bad flag
+    from sentence_transformers import SentenceTransformer
+
+    from xsbert_core import load_model
+
     # Everything that can fail fails before training: data, model, the variant's construction.
     train_a, train_b, train_y = _stsb_pairs(dataset, train_split, train_limit)
     dev_a, dev_b, dev_y = _stsb_pairs(dataset, dev_split, dev_limit)

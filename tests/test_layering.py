@@ -128,19 +128,23 @@ def test_the_read_side_loads_neither_torch_nor_sentence_transformers():
 
 
 def test_the_jobs_help_and_flag_errors_come_before_the_engine_loads():
-    """`python -m jobs.attribute --help`, and a flag it does not take, answer without torch and sentence-transformers
-    (seconds per process): prepare and attribute, which load the engine, are imported when the job runs; both names
-    still come from jobs.attribute."""
-    code = ("import contextlib, io, sys; from jobs.attribute import cli\n"
-            "for argv in (['--help'], ['--executor', 'elsewhere']):\n"
-            "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:\n"
-            "        try:\n            cli(argv)\n        except SystemExit as exc:\n            code = exc.code\n"
-            "    print(code, 'invalid choice' in err.getvalue())\n"
+    """`python -m jobs.attribute --help` (jobs.train's, jobs.evaluate's), and a flag it does not take, answer without
+    torch and sentence-transformers (seconds per process): what loads the engine or a model is imported where a job
+    runs; jobs.attribute's `prepare` and `attribute` still come from it."""
+    code = ("import contextlib, io, sys, importlib\n"
+            "for name in ('attribute', 'train', 'evaluate'):\n"
+            "    cli = importlib.import_module(f'jobs.{name}').cli\n"
+            "    for argv in (['--help'], ['--no-such-flag']):\n"
+            "        out, err = io.StringIO(), io.StringIO()\n"
+            "        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):\n"
+            "            try:\n                cli(argv)\n            except SystemExit as exc:\n"
+            "                code = exc.code\n"
+            "        print(code, ': error: ' in err.getvalue())\n"
             "print(*(m in sys.modules for m in ('torch', 'sentence_transformers')))\n"
             "from jobs.attribute import attribute, prepare\n"
             "print(prepare.__module__, attribute.__module__)")  # fmt: skip
-    assert _probe(code) == ["0", "False", "2", "True", "False", "False", "jobs.attribution.prepare",
-                            "jobs.attribution.run"]  # fmt: skip
+    assert _probe(code) == ["0", "False", "2", "True"] * 3 + ["False", "False", "jobs.attribution.prepare",
+                                                             "jobs.attribution.run"]  # fmt: skip
 
 
 def test_xsbert_sql_and_show_run_without_torch(tmp_path):
