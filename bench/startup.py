@@ -10,8 +10,9 @@ baseline is the same command with a library imported first, what the command imp
   imported torch for three dtypes);
 - `import sentence_transformers`: what importing xsbert_core did up to c9d8177 (it loads the engine's names on first
   use since b729b5c), and jobs.attribute up to a055423 (it imports the job's machinery when the job runs since).
-Since both, the read side (the store, `xsbert`, `xsbert sql`, `xsbert serve`, `xsbert show`) imports neither, nor does
-the job before it runs (--help, a flag it does not take). Results: bench/results/startup.md and startup.json.
+Since both, the read side (the store, `xsbert`, `xsbert sql`, `xsbert serve`, `xsbert show`) imports neither, nor do
+jobs.attribute, jobs.train and jobs.evaluate before they load a model (--help, a flag they do not take). Results:
+bench/results/startup.md and startup.json.
 """
 
 from __future__ import annotations
