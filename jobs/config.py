@@ -37,6 +37,7 @@ from xsbert_core.settings import (
     EngineSettings,
     add_arguments,
     from_namespace,
+    check_bounds,
     setting,
     to_flags,
 )
@@ -113,6 +114,9 @@ class Selection:
                                        help="dataset columns copied as strings into the pairs table (part of the "
                                             "run config)")  # fmt: skip
 
+    def __post_init__(self) -> None:
+        check_bounds(self)
+
     def label_bounds(self) -> tuple[float, float] | None:
         """--label-range as (lo, hi); InputError when it is not LO:HI."""
         if not self.label_range:
@@ -155,6 +159,7 @@ class Attribution(EngineSettings):
                               "pairs' sums, ranks and top cells stay over every cell")  # fmt: skip
 
     def __post_init__(self) -> None:
+        super().__post_init__()  # the bounds
         steps, tolerance = self.steps, self.tolerance
         if steps is None:  # adaptive N: from DEFAULT_STEPS to the tolerance given, else the default one
             steps, tolerance = DEFAULT_STEPS, DEFAULT_ADAPTIVE_TOLERANCE if tolerance is None else tolerance
@@ -216,6 +221,9 @@ class Execution:
                                              "planned (default: 85%% of the actor's share of the card, planned, no "
                                              "limit); on a CPU the limit of the tensors one call holds. A batch that "
                                              "runs out is halved and retried, never dropped")  # fmt: skip
+
+    def __post_init__(self) -> None:
+        check_bounds(self)
 
     def factor_memory_bytes(self) -> int | None:
         """--factor-memory in bytes (None when not given); InputError naming the flag when it is no size."""

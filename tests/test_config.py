@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -217,3 +218,18 @@ def test_parse_and_report_settings_have_one_field_per_flag():
     assert {f.name for f in dataclasses.fields(ReportSettings)} == (set(vars(report.parse_args(argv))) - {"var"}) | {
         "vars", "command"}
     assert ReportSettings.from_args(report.parse_args(rep.flags()), command=None) == rep
+
+
+def test_a_setting_out_of_its_bounds_fails_when_made_naming_its_flag():
+    """A field's bounds (ge, gt, lt), declared once in its metadata, are checked when the settings are made (the
+    command line's values too, before anything loads); unset (None) passes."""
+    from xsbert_core import InputError
+    from xsbert_core.settings import EngineSettings
+
+    for make, message in ((lambda: EngineSettings(steps=0), "--steps must be >= 1, got 0"),
+                          (lambda: Attribution(tolerance=0.0), "--tolerance must be > 0, got 0.0"),
+                          (lambda: config.Execution(max_retries=-1), "--max-retries must be >= 0, got -1"),
+                          (lambda: config.Selection("stsb", limit=0), "--limit must be >= 1, got 0")):  # fmt: skip
+        with pytest.raises(InputError, match=f"^{re.escape(message)}$"):
+            make()
+    assert config.Execution(num_actors=None, max_retries=0).max_retries == 0

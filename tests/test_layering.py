@@ -128,9 +128,9 @@ def test_the_read_side_loads_neither_torch_nor_sentence_transformers():
 
 
 def test_the_jobs_help_and_flag_errors_come_before_the_engine_loads():
-    """`python -m jobs.attribute --help` (jobs.train's, jobs.evaluate's), and a flag it does not take, answer without
-    torch and sentence-transformers (seconds per process): what loads the engine or a model is imported where a job
-    runs; jobs.attribute's `prepare` and `attribute` still come from it."""
+    """`python -m jobs.attribute --help` (jobs.train's, jobs.evaluate's), a flag it does not take, and a setting out of
+    its bounds answer without torch and sentence-transformers (seconds per process): what loads the engine or a model
+    is imported where a job runs; jobs.attribute's `prepare` and `attribute` still come from it."""
     code = ("import contextlib, io, sys, importlib\n"
             "for name in ('attribute', 'train', 'evaluate'):\n"
             "    cli = importlib.import_module(f'jobs.{name}').cli\n"
@@ -140,11 +140,15 @@ def test_the_jobs_help_and_flag_errors_come_before_the_engine_loads():
             "            try:\n                cli(argv)\n            except SystemExit as exc:\n"
             "                code = exc.code\n"
             "        print(code, ': error: ' in err.getvalue())\n"
+            "from jobs.attribute import cli\n"  # a bad setting: its bound, declared once (jobs/config.py)
+            "with contextlib.redirect_stderr(io.StringIO()) as err:\n"
+            "    print(cli(['--steps', '0']), err.getvalue().strip())\n"
             "print(*(m in sys.modules for m in ('torch', 'sentence_transformers')))\n"
             "from jobs.attribute import attribute, prepare\n"
             "print(prepare.__module__, attribute.__module__)")  # fmt: skip
-    assert _probe(code) == ["0", "False", "2", "True"] * 3 + ["False", "False", "jobs.attribution.prepare",
-                                                             "jobs.attribution.run"]  # fmt: skip
+    assert _probe(code) == ["0", "False", "2", "True"] * 3 + [
+        "2", "jobs.attribute:", "error:", "--steps", "must", "be", ">=", "1,", "got", "0",
+        "False", "False", "jobs.attribution.prepare", "jobs.attribution.run"]  # fmt: skip
 
 
 def test_xsbert_sql_and_show_run_without_torch(tmp_path):

@@ -20,7 +20,9 @@ A field's metadata (every key optional):
                checks them itself: xsbert_core.quadrature, .pairs); a config schema (jobs.pipeline) always
     metavar, flags (other option strings: "-q"), flag (the option string instead of --<name>), nargs, action
                ("append"), parse (argparse's `type`), required
-    ge, gt, lt, pattern   bounds a config schema checks (the engine or the job checks a command line's values)
+    ge, gt, lt     bounds: a config schema checks them, and so does making the dataclass (`check_bounds`: a
+                   command line's value fails there, before anything is loaded)
+    pattern        a string's form, which a config schema checks (the job checks a command line's value)
     cli        False: not a flag
 """
 
@@ -32,6 +34,7 @@ import typing
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
+from .errors import InputError
 from .precision import DEFAULT_PRECISION, PRECISIONS
 from .quadrature import SUPPORTED_RULES
 from .refine import DEFAULT_REFINE, REFINEMENTS
@@ -147,6 +150,22 @@ def to_flags(value: Any, skip: tuple[str, ...] = (), short: bool = False) -> lis
     return argv
 
 
+BOUNDS = {"ge": ">=", "gt": ">", "lt": "<"}  # a field's metadata key: its sign in a message
+
+
+def check_bounds(value: Any) -> None:
+    """Each field of dataclass `value` within its metadata's bounds (ge, gt, lt), or unset (None); else InputError
+    naming its flag: `--steps must be >= 1, got 0`."""
+    for f in fields(value):
+        v = getattr(value, f.name)
+        for key, sign in BOUNDS.items():
+            bound = f.metadata.get(key)
+            if bound is None or v is None or isinstance(v, bool):
+                continue
+            if not (v >= bound if key == "ge" else v > bound if key == "gt" else v < bound):
+                raise InputError(f"{flag_of(f)} must be {sign} {bound}, got {v}")
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     """The engine's settings (Explainer's arguments, the model among them), one object: made by a parser (`xsbert
@@ -183,3 +202,6 @@ class EngineSettings:
     prompt_name: str | None = setting(None, metavar="NAME", help="the model's prompt of this name (its `prompts`)")
     exclude_prompt: bool = setting(False, help="give the prompt's tokens no attribution and leave them out (approx "
                                                "mode)")  # fmt: skip
+
+    def __post_init__(self) -> None:
+        check_bounds(self)

@@ -94,10 +94,6 @@ def _prepare(job: JobSettings, chunk_rows: int) -> Prepared:
     t_start = time.perf_counter()
     started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     sel, a = job.selection, job.attribution
-    if job.execution.max_retries < 0:
-        raise InputError(f"--max-retries must be >= 0, got {job.execution.max_retries}")
-    if a.max_chars < 1:
-        raise InputError(f"--max-chars must be >= 1, got {a.max_chars}")
     stream = stream_pairs(
         sel.dataset, split=sel.split, config=sel.config, qqp=sel.qqp_path,
         text_a=sel.text_a_column, text_b=sel.text_b_column, label=sel.label_column, ids=sel.id_column,
