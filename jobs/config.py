@@ -371,10 +371,10 @@ class ParseSettings:
                                            f"runs/{CACHE_DIRNAME} for runs/<id>)")  # fmt: skip
     replace: bool = setting(False, help="rewrite each run's parses with this parser (needed when a run was parsed by "
                                         "another one)")  # fmt: skip
-    num_actors: int | None = setting(None, help="parser actors (default: one per CPU, leaving one CPU for Ray Data's "
-                                                "other operators)")  # fmt: skip
-    batch_size: int = setting(PARSE_BATCH_SIZE, help="texts per actor call")
-    commit_every: int = setting(PARSE_COMMIT_EVERY,
+    num_actors: int | None = setting(None, ge=1, help="parser actors (default: one per CPU, leaving one CPU for Ray "
+                                                      "Data's other operators)")  # fmt: skip
+    batch_size: int = setting(PARSE_BATCH_SIZE, ge=1, help="texts per actor call")
+    commit_every: int = setting(PARSE_COMMIT_EVERY, ge=1,
                                 help="texts per part of the parser cache, written as they are parsed: a stopped run "
                                      "keeps what it parsed and the same command parses only the rest (default "
                                      f"{PARSE_COMMIT_EVERY:,})")  # fmt: skip
@@ -384,6 +384,9 @@ class ParseSettings:
                                  "more than parsing)")  # fmt: skip
     ray_address: str | None = setting(None, help="join this cluster (default: $RAY_ADDRESS, else start one)")
     quiet: bool = setting(False, flags=("-q",), help="no Ray Data progress bars (the summary is printed)")
+
+    def __post_init__(self) -> None:
+        check_bounds(self)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ParseSettings:

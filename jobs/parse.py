@@ -110,12 +110,6 @@ def main(job: ParseSettings | argparse.Namespace, echo: bool = True) -> dict[str
     args = ParseSettings.from_args(job) if isinstance(job, argparse.Namespace) else job
     t_start = time.perf_counter()
     started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    if args.num_actors is not None and args.num_actors < 1:
-        raise InputError("--num-actors must be >= 1")
-    if args.batch_size < 1:
-        raise InputError("--batch-size must be >= 1")
-    if args.commit_every < 1:
-        raise InputError("--commit-every must be >= 1")
     paths = list(dict.fromkeys(resolve(r) for r in args.runs))
     for path in paths:
         check_run(path)
@@ -251,10 +245,10 @@ def print_summary(s: dict[str, Any]) -> None:
 def cli(argv: list[str] | None = None) -> int:
     from .console import quiet_console
 
-    job = ParseSettings.from_args(parse_args(argv))
+    args = parse_args(argv)
     quiet_console()
     try:
-        main(job)
+        main(args)  # the settings made there: a value out of its bounds is a one-line error
     except XsbertError as exc:
         print(f"jobs.parse: error: {exc}", file=sys.stderr)
         return 2
