@@ -36,8 +36,8 @@ from xsbert_core.settings import (
     DEFAULT_STEPS,
     EngineSettings,
     add_arguments,
-    from_namespace,
     check_bounds,
+    from_namespace,
     setting,
     to_flags,
 )
