@@ -34,9 +34,9 @@ from xsbert_core.settings import (
     DEFAULT_MAX_STEPS,
     DEFAULT_RULE,
     DEFAULT_STEPS,
+    Bounded,
     EngineSettings,
     add_arguments,
-    check_bounds,
     from_namespace,
     setting,
     to_flags,
@@ -88,7 +88,7 @@ EXECUTORS = ("ray", "local")
 
 
 @dataclass(frozen=True)
-class Selection:
+class Selection(Bounded):
     """Which pairs a run attributes (jobs.attribute's data flags). sample/limit/seed select rows and change no
     row's numbers: they are not in the run id."""
 
@@ -113,9 +113,6 @@ class Selection:
     keep_columns: str | None = setting(None, metavar="A,B", key="keep", study_list=True,
                                        help="dataset columns copied as strings into the pairs table (part of the "
                                             "run config)")  # fmt: skip
-
-    def __post_init__(self) -> None:
-        check_bounds(self)
 
     def label_bounds(self) -> tuple[float, float] | None:
         """--label-range as (lo, hi); InputError when it is not LO:HI."""
@@ -184,7 +181,7 @@ class Attribution(EngineSettings):
 
 
 @dataclass(frozen=True)
-class Execution:
+class Execution(Bounded):
     """Where and how the pairs are computed; none of it changes a number (not in the run id)."""
 
     executor: str = setting("ray", choices=EXECUTORS,
@@ -221,9 +218,6 @@ class Execution:
                                              "planned (default: 85%% of the actor's share of the card, planned, no "
                                              "limit); on a CPU the limit of the tensors one call holds. A batch that "
                                              "runs out is halved and retried, never dropped")  # fmt: skip
-
-    def __post_init__(self) -> None:
-        check_bounds(self)
 
     def factor_memory_bytes(self) -> int | None:
         """--factor-memory in bytes (None when not given); InputError naming the flag when it is no size."""
@@ -352,7 +346,7 @@ SERVE_URL = "http://127.0.0.1:8000"
 
 
 @dataclass(frozen=True)
-class ParseSettings:
+class ParseSettings(Bounded):
     """jobs.parse's settings, one field per flag; built from its arguments (`from_args`) or by jobs.pipeline's parse
     stage."""
 
@@ -384,9 +378,6 @@ class ParseSettings:
                                  "more than parsing)")  # fmt: skip
     ray_address: str | None = setting(None, help="join this cluster (default: $RAY_ADDRESS, else start one)")
     quiet: bool = setting(False, flags=("-q",), help="no Ray Data progress bars (the summary is printed)")
-
-    def __post_init__(self) -> None:
-        check_bounds(self)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ParseSettings:

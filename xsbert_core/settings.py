@@ -20,8 +20,8 @@ A field's metadata (every key optional):
                checks them itself: xsbert_core.quadrature, .pairs); a config schema (jobs.pipeline) always
     metavar, flags (other option strings: "-q"), flag (the option string instead of --<name>), nargs, action
                ("append"), parse (argparse's `type`), required
-    ge, gt, lt     bounds: a config schema checks them, and so does making the dataclass (`check_bounds`: a
-                   command line's value fails there, before anything is loaded)
+    ge, gt, lt     bounds: a config schema checks them, and so does making a `Bounded` dataclass (`check_bounds`:
+                   a command line's value fails there, before anything is loaded)
     pattern        a string's form, which a config schema checks (the job checks a command line's value)
     cli        False: not a flag
 """
@@ -29,6 +29,7 @@ A field's metadata (every key optional):
 from __future__ import annotations
 
 import argparse
+import operator
 import types
 import typing
 from dataclasses import MISSING, dataclass, field, fields
@@ -150,7 +151,8 @@ def to_flags(value: Any, skip: tuple[str, ...] = (), short: bool = False) -> lis
     return argv
 
 
-BOUNDS = {"ge": ">=", "gt": ">", "lt": "<"}  # a field's metadata key: its sign in a message
+# a field's metadata key: its sign in a message, and the test a value passes
+BOUNDS = {"ge": (">=", operator.ge), "gt": (">", operator.gt), "lt": ("<", operator.lt)}
 
 
 def check_bounds(value: Any) -> None:
@@ -158,16 +160,23 @@ def check_bounds(value: Any) -> None:
     naming its flag: `--steps must be >= 1, got 0`."""
     for f in fields(value):
         v = getattr(value, f.name)
-        for key, sign in BOUNDS.items():
+        if v is None or isinstance(v, bool):
+            continue
+        for key, (sign, within) in BOUNDS.items():
             bound = f.metadata.get(key)
-            if bound is None or v is None or isinstance(v, bool):
-                continue
-            if not (v >= bound if key == "ge" else v > bound if key == "gt" else v < bound):
+            if bound is not None and not within(v, bound):
                 raise InputError(f"{flag_of(f)} must be {sign} {bound}, got {v}")
 
 
+class Bounded:
+    """A settings dataclass whose fields' bounds are checked when it is made (check_bounds)."""
+
+    def __post_init__(self) -> None:
+        check_bounds(self)
+
+
 @dataclass(frozen=True)
-class EngineSettings:
+class EngineSettings(Bounded):
     """The engine's settings (Explainer's arguments, the model among them), one object: made by a parser (`xsbert
     explain`, jobs.attribute through jobs/config.py), given to `Explainer.from_settings` wherever an engine is loaded
     (the job's actors too). `Explainer.engine` is an explainer's own, resolved: `auto` mode and similarity and a
@@ -202,6 +211,3 @@ class EngineSettings:
     prompt_name: str | None = setting(None, metavar="NAME", help="the model's prompt of this name (its `prompts`)")
     exclude_prompt: bool = setting(False, help="give the prompt's tokens no attribution and leave them out (approx "
                                                "mode)")  # fmt: skip
-
-    def __post_init__(self) -> None:
-        check_bounds(self)
