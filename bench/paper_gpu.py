@@ -195,7 +195,7 @@ class Runner:
         if not a.transfer:
             install_wheels([], self.work / "site")
         from jobs import evaluate, pipeline
-        from jobs.attribution.inputs import QQP_ENV, qqp_path
+        from jobs.attribution.inputs import QQP_ENV, resolve_source
         from jobs.trained import TrainingStopped
 
         carried = carried_qqp(self.work) if a.transfer else None
@@ -207,15 +207,22 @@ class Runner:
         unknown = [n for n in only if n not in study.runs]
         if unknown:
             raise pipeline.InputError(f"--only: no run {', '.join(unknown)} in {a.config}")
-        # `qqp` without a subset file is GLUE's QQP on the hub: out of reach of a machine without network
-        no_file = [n for n in only if (d := study.datasets[study.runs[n].dataset]).source.strip().lower() == "qqp"
-                   and qqp_path(d.qqp_path) is None]  # fmt: skip
-        if no_file and a.only:
-            raise pipeline.InputError(f"--only: {', '.join(no_file)} need(s) the QQP subset file, which the transfer "
-                                      "does not hold (prepare --qqp FILE)")  # fmt: skip
-        if no_file:
-            say(f"left out: {', '.join(no_file)} (no QQP subset file came with the transfer: prepare --qqp FILE)")
-            only = [n for n in only if n not in no_file]
+        # A run whose data is on the hub (`qqp` without a subset file is GLUE's QQP there) is out of reach of a
+        # machine without network: named in --only, an error; else left out, saying why
+        data = {n: study.datasets[study.runs[n].dataset] for n in only}
+        sources = {n: resolve_source(d.source, d.split, d.config, d.qqp_path) for n, d in data.items()}
+        on_hub = [n for n in only if sources[n].kind == "hub"]
+        if on_hub:
+            if all(sources[n].identity == "glue/qqp" for n in on_hub):
+                need = "the QQP subset file, which the transfer does not hold (prepare --qqp FILE)"
+                left = "no QQP subset file came with the transfer: prepare --qqp FILE"
+            else:
+                hub = ", ".join(sorted({sources[n].identity for n in on_hub}))
+                need = left = f"{hub} from the hub, out of reach here"
+            if a.only:
+                raise pipeline.InputError(f"--only: {', '.join(on_hub)} need(s) {need}")
+            say(f"left out: {', '.join(on_hub)} ({left})")
+            only = [n for n in only if n not in on_hub]
 
         # What this call trains: every model while Table 1 is to be made, else the models of the runs to do (a run
         # an earlier call sent back needs its model only to be checked, and is skipped if that is not trained)

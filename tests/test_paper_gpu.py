@@ -182,6 +182,10 @@ def test_trainings_that_would_end_after_the_deadline_are_stopped_early(tiny, tmp
     assert asked.returncode == 2 and asked.stderr.strip().splitlines() == [
         "paper_gpu: error: --only: shelf-qqp-L8 need(s) the QQP subset file, which the transfer does not hold "
         "(prepare --qqp FILE)"]  # fmt: skip
+    hub = there(tmp_path, "--transfer", str(transfer), "--work", str(work), "--only", "negation-exact-L9",
+                "--set", "datasets.negation.source=glue/mrpc")  # any run whose data is on the hub
+    assert hub.returncode == 2 and hub.stderr.strip().splitlines() == [
+        "paper_gpu: error: --only: negation-exact-L9 need(s) glue/mrpc from the hub, out of reach here"]
 
 
 @pytest.mark.slow
