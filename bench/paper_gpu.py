@@ -68,6 +68,7 @@ from paper_gpu_transfer import (  # noqa: E402  beside this file: what carries t
     install_base,
     install_wheels,
     prepare,
+    qqp_item,
     read_json,
     receive,
     say,
@@ -107,7 +108,7 @@ def check(transfer: Path | None, work: Path) -> dict[str, Any]:
         parts = [p["file"] for i in manifest["items"] for p in i["parts"]]
         here_now = [f for f in parts if (bundle / f).exists()]
         found["parts"] = f"{len(here_now)} of {len(parts)}"
-        found["qqp"] = next((Path(i["file"]).name for i in manifest["items"] if i["kind"] == "data"), "not carried")
+        found["qqp"] = (qqp_item(manifest["items"]) or {"file": "not carried"})["file"]
     import datasets  # noqa: F401  the trainer's data
     import pydantic  # noqa: F401  the study config
     from sentence_transformers import SentenceTransformerTrainer  # noqa: F401

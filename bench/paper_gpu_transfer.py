@@ -151,11 +151,15 @@ def install_base(transfer: Path, work: Path, wheels: bool = True) -> Path:
     return target
 
 
+def qqp_item(items: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The QQP subset file among a bundle's items (`prepare` carries no other data), or None."""
+    return next((i for i in items if i["kind"] == "data"), None)
+
+
 def carried_qqp(work: Path) -> Path | None:
     """The QQP subset file `prepare` carried, as install_base installed it (None: it carried none)."""
-    installed = read_json(work / "xs" / "bundle.json", {"items": []})
-    files = [Path(i["installed"]) for i in installed["items"] if i["kind"] == "data"]
-    return files[0] if files else None
+    item = qqp_item(read_json(work / "xs" / "bundle.json", {"items": []})["items"])
+    return Path(item["installed"]) if item else None
 
 
 # --------------------------------------------------------------------------- there: the outbox
