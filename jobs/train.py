@@ -236,11 +236,13 @@ def train_model(base: str, variant: str, config: TrainConfig, target: Path, *, d
                 dev_limit: int | None = None, command: str = "", quiet: bool = False,
                 record: dict[str, Any] | None = None,
                 on_progress: Callable[[TrainProgress], None] | None = None,
-                on_step: Callable[[TrainProgress], None] | None = None) -> dict[str, Any]:  # fmt: skip
+                on_step: Callable[[TrainProgress], None] | None = None,
+                scratch: Path | None = None) -> dict[str, Any]:  # fmt: skip
     """Fine-tune `variant` of `base` by `config` on `dataset`'s train split (dev evaluated every epoch); save the last
     epoch into `target` and, where epochs were evaluated, the best-dev epoch into its sibling <target>-best-dev (both
     replaced if there); return the training record, written with the model card into each folder. `record`: extra
-    fields of the record (jobs.pipeline's model id and recipe name); `on_progress`, `on_step`: fine_tune's."""
+    fields of the record (jobs.pipeline's model id and recipe name); `on_progress`, `on_step`: fine_tune's; `scratch`:
+    where the trainer's per-epoch checkpoints go meanwhile (a temporary folder in it; default the system's)."""
     # sentence-transformers (seconds to import) here, where a model is trained, not for --help or a bad flag
     from sentence_transformers import SentenceTransformer
 
@@ -258,7 +260,7 @@ def train_model(base: str, variant: str, config: TrainConfig, target: Path, *, d
     print(f"training {variant} from {base}: {len(train)} train / {len(dev)} dev pairs, "
           f"similarity {VARIANT_SIMILARITY[variant]}", flush=True)  # fmt: skip
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="xsbert-train-") as work:
+    with tempfile.TemporaryDirectory(prefix="xsbert-train-", dir=scratch) as work:
         result = fine_tune(model, variant, train, dev, config, work, progress=not quiet, on_progress=on_progress,
                            on_step=on_step)
         best = result["best"]

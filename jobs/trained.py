@@ -9,8 +9,9 @@ the code version), as a run id is of what changes a run's numbers. It is trained
     <models_dir>/<model id>/<base name>-<variant>-best-dev   the epoch with the best dev score (ours, an option)
 
 and reused while the id is the same: an unchanged recipe trains nothing, a changed one trains a new model beside the
-old. A training writes into a temporary folder beside them and renames it into place when both checkpoints are saved,
-so a killed training leaves nothing that passes for a model.
+old. A training writes into a temporary folder beside them (its trainer's per-epoch checkpoints in it too) and
+renames it into place when both checkpoints are saved, so a killed training leaves nothing that passes for a model;
+the next training of that id on the same host removes what it left.
 
 Where it trains: with the local executor each training runs in a fresh process of this machine (`per_gpu` at once
 per GPU: small models leave most of a GPU idle); with Ray each is a task with 1/per_gpu of a GPU where the cluster
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -38,6 +38,7 @@ import xsbert_core
 from xsbert_core import InputError, XsbertError
 from xsbert_core.training import CHECKPOINTS, TrainConfig, TrainProgress
 
+from .processes import process_gone, this_process
 from .store import canonical_json
 
 # The training record in a model folder (jobs.train writes it); its model_id marks a folder trained here.
@@ -135,8 +136,32 @@ def stop_file(root: str | Path, mid: str) -> Path:
     return Path(root) / f".{mid}.stop"
 
 
+def _owned(prefix: str, suffix: str = "") -> str:
+    """`<prefix><host>-<pid><suffix>`: a temporary name that says which process of which host writes it."""
+    host, pid = this_process()
+    return f"{prefix}{host}-{pid}{suffix}"
+
+
+def clear_leftovers(root: str | Path, mid: str) -> list[Path]:
+    """Remove what killed trainings of model `mid` on this host left in `root` (their temporary folders and progress
+    files, whose processes are gone), and return it. Another host's, or a running process's, stay."""
+    root = Path(root)
+    left = []
+    for prefix, suffix in ((f".{mid}.partial-", ""), (f"{progress_file(root, mid).name}.", ".tmp")):
+        for path in root.glob(f"{prefix}*{suffix}"):
+            host, _, pid = path.name[len(prefix):len(path.name) - len(suffix)].rpartition("-")
+            if not (pid.isdigit() and process_gone(host, int(pid))):
+                continue
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            left.append(path)
+    return left
+
+
 def _write_progress(path: Path, progress: TrainProgress) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(_owned(f"{path.name}.", ".tmp"))
     tmp.write_text(json.dumps(asdict(progress)), encoding="utf-8")
     tmp.replace(path)  # a reader sees the old state or the new one, never half of one
 
@@ -156,7 +181,8 @@ def train_into(spec: TrainSpec, mid: str, config: dict[str, Any], root: str) -> 
     from .train import train_model, write_card
 
     final = Path(root) / mid
-    work = Path(root) / f".{mid}.partial-{os.getpid()}"
+    clear_leftovers(root, mid)
+    work = Path(root) / _owned(f".{mid}.partial-")
     progress, stop = progress_file(root, mid), stop_file(root, mid)
 
     def on_step(p: TrainProgress) -> None:
@@ -170,13 +196,14 @@ def train_into(spec: TrainSpec, mid: str, config: dict[str, Any], root: str) -> 
     try:
         if work.exists():
             shutil.rmtree(work)
+        work.mkdir()  # the trainer's per-epoch checkpoints go in it too
         target = work / model_folder(root, spec, mid, "last-epoch").name
         record = {"model_id": mid, "recipe": spec.recipe_name, "model_config": config}
         command = f"python -m jobs.pipeline (train stage: {spec.variant} of {spec.base}, recipe {spec.recipe_name})"
         train_model(spec.base, spec.variant, spec.recipe, target, dataset=spec.dataset, train_split=spec.train_split,
                     dev_split=spec.dev_split, train_limit=spec.train_limit, dev_limit=spec.dev_limit,
                     command=command, quiet=True, record=record,
-                    on_progress=on_progress, on_step=on_step)  # fmt: skip
+                    on_progress=on_progress, on_step=on_step, scratch=work)  # fmt: skip
         try:
             work.rename(final)
         except OSError:  # another study trained the same id meanwhile: theirs stands

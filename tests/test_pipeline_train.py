@@ -7,6 +7,12 @@ where the best-dev epoch is needed). Config errors are one line naming the dotte
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -206,6 +212,48 @@ def test_train_stage_says_each_trainings_progress_while_it_runs(tiny, tmp_path, 
     pipeline.stage_train(study, on_progress=lambda names, p: seen.append((names, p)), poll_s=0.02)
     assert seen and {names for names, _ in seen} == {"exact"} and all(p.max_steps == 6 for _, p in seen)
     assert [p.step for _, p in seen] == sorted(p.step for _, p in seen)
+
+
+@pytest.mark.slow
+def test_a_killed_trainings_leftovers_go_with_the_next_training_of_its_model(tiny, tmp_path):
+    """SIGKILL runs no cleanup: a training killed after its first epoch leaves its temporary folder, the trainer's
+    checkpoint inside it. The next training of the same model id on this host removes that (and a progress file the
+    kill left half-written), and leaves alone what a running process, or another host's, writes."""
+    tree = study_tree(tmp_path, str(tiny.folder("mpnet", 1)))
+    tree["models"]["exact"]["train"]["recipe"] = {"epochs": 10_000, "batch_size": 4}
+    study = pipeline.load_config(write(tmp_path / "s.yaml", tree))
+    spec = study.trained()["exact"]
+    mid = trained.model_id(trained.model_config(spec, trained.fingerprint(spec.base)))
+    models = Path(study.models_dir)
+    models.mkdir(parents=True)
+    code = ("from jobs import pipeline, trained; s = pipeline.load_config(%r); spec = s.trained()['exact']; "
+            "c = trained.model_config(spec, trained.fingerprint(spec.base)); "
+            "print(trained.train_into(spec, trained.model_id(c), c, s.models_dir))" % str(tmp_path / "s.yaml"))
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not list(models.glob(f".{mid}.partial-*/xsbert-train-*/checkpoint-*")):
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "no epoch saved in 120 s"
+            time.sleep(0.1)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    host = socket.gethostname()
+    killed = models / f".{mid}.partial-{host}-{proc.pid}"
+    assert killed.is_dir()  # the kill left it
+    half = models / f".{mid}.progress.json.{host}-{proc.pid}.tmp"
+    half.write_text("{")
+    running = models / f".{mid}.partial-{host}-{os.getpid()}"
+    elsewhere = models / f".{mid}.partial-{host}x-{proc.pid}"
+    running.mkdir(), elsewhere.mkdir()
+
+    with pytest.raises(trained.TrainingStopped):  # stopped at its start: the leftovers went before it
+        pipeline.stage_train(study, on_progress=lambda names, p: True, poll_s=0.02)
+    assert not killed.exists() and not half.exists()
+    assert running.is_dir() and elsewhere.is_dir()
+    assert not list(models.glob(f".{mid}.partial-*/*"))  # the stopped training's own folder went too
 
 
 def test_a_training_that_cannot_start_is_one_line(tiny, tmp_path, capsys):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Iterable, Iterator
 from pathlib import PurePosixPath
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..processes import process_gone, this_process
 from .clients import abort_uploads
 from .layout import DERIVED_TABLES, PART_RE, TABLES, WAVE_TABLES, canonical_json, part_name, write_parquet
 from .local import RunStore
@@ -139,27 +139,21 @@ class ObjectRunStore(RunStore):
 
     def _stale(self, held: dict[str, Any]) -> str | None:
         """Why a held lock is dead (its owner's process on this host is gone, or it expired), else None."""
-        import socket
         import time as _time
 
-        if held.get("host") == socket.gethostname() and isinstance(held.get("pid"), int):
-            try:
-                os.kill(held["pid"], 0)
-            except ProcessLookupError:
-                return f"its writer (pid {held['pid']} on this host) is gone"
-            except PermissionError:
-                pass
+        if process_gone(held.get("host"), held.get("pid")):
+            return f"its writer (pid {held['pid']} on this host) is gone"
         if float(held.get("expires", 0)) < _time.time():
             return "it expired (its writer stopped renewing it)"
         return None
 
     def _acquire(self) -> None:
         import secrets
-        import socket
         import threading
         import time as _time
 
-        body = {"host": socket.gethostname(), "pid": os.getpid(), "token": secrets.token_hex(8),
+        host, pid = this_process()
+        body = {"host": host, "pid": pid, "token": secrets.token_hex(8),
                 "since": int(_time.time()), "expires": lock_expiry()}  # fmt: skip
         for _attempt in range(3):
             if self._put_lock(body):

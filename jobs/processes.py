@@ -1,0 +1,29 @@
+"""Which process owns a thing left on disk or in a bucket (a lock, a training's temporary folder), and whether that
+process is gone. Standard library only.
+
+A process is named by its host and its pid. Only a process of this host can be known to be gone (its pid no longer
+runs); one of another host, or one this user may not signal, counts as alive: a caller then waits for an expiry or
+leaves the thing alone rather than remove what a live process still writes."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+
+def this_process() -> tuple[str, int]:
+    """(host, pid) of the calling process."""
+    return socket.gethostname(), os.getpid()
+
+
+def process_gone(host: object, pid: object) -> bool:
+    """True only when `pid` is a process of this host that no longer runs."""
+    if host != socket.gethostname() or not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # it runs, as another user
+        return False
+    return False
