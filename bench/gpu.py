@@ -50,7 +50,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from gpu_models import MODELS, PACK, QQP_PAIRS, QQP_QUESTIONS, ROOT, batches_of, build, chunk, timed
 from gpu_sweep import JOB_OVERHEAD_MS_PER_PAIR, sweep
 

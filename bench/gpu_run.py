@@ -139,7 +139,8 @@ def plan(args) -> dict[str, Any]:
 # --dry-run (tests/test_gpu_job.py): the same pieces on a CPU with tiny models, few pairs, small N, Ray's logical GPUs.
 DRY = {"job": ["--allow-cpu", "--logical-gpus", "2", "--device", "cpu", "--pairs", "8", "--compare", "4", "--steps",
                "2", "--job-arg=--batch-size=4", "--job-arg=--wave-size=4"],
-       "settings": ["--dry-run", "--pairs", "4", "--steps", "2"], "shelf": ["--limit", "4", "--device", "cpu"]}  # fmt: skip
+       "settings": ["--dry-run", "--pairs", "4", "--steps", "2"],
+       "shelf": ["--limit", "4", "--device", "cpu"]}  # fmt: skip
 
 
 def pieces(bundle_into: Path, results: Path, deadline: float, cpu_rows: Path = CPU_ROWS,
@@ -371,11 +372,12 @@ def report(args) -> str:
     prog = json.loads((res / "progress.json").read_text())
     inst = prog["pieces"].get("install", {})
     lines = [MEASURED, "", "## Measured", "",
-             f"Started {', '.join(prog['starts'])}; install {inst.get('seconds', 0):.0f} s ({inst.get('bundle_mib', 0):.0f}"
-             f" MiB of parts; requirements the machine lacked: {inst.get('unmet') or 'none'}); the last start ran "
-             f"{prog.get('wall_s', 0):.0f} s.", "",
+             f"Started {', '.join(prog['starts'])}; install {inst.get('seconds', 0):.0f} s "
+             f"({inst.get('bundle_mib', 0):.0f} MiB of parts; requirements the machine lacked: "
+             f"{inst.get('unmet') or 'none'}); the last start ran {prog.get('wall_s', 0):.0f} s.", "",
              "| piece | exit | seconds |", "|---|---|---|"]  # fmt: skip
-    lines += [f"| {k} | {v.get('rc', v.get('skipped'))} | {v.get('seconds', 0):.0f} |" for k, v in prog["pieces"].items()]
+    lines += [f"| {k} | {v.get('rc', v.get('skipped'))} | {v.get('seconds', 0):.0f} |"
+              for k, v in prog["pieces"].items()]
     rows = []
     for key in MODELS:
         path = res / f"job-{key}" / "gpu-job.json"

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from gpu_models import MODELS, PACK, QQP_PAIRS, QQP_QUESTIONS, ROOT, batches_of, build, chunk, timed, tiny_model
 
 from xsbert_core import Explainer

@@ -30,7 +30,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import Tensor
 from torch.func import jvp, vmap

@@ -52,7 +52,6 @@ try:
 except ModuleNotFoundError:  # there: a copy of the repository on a machine that has no pip install of it (`run`)
     sys.path.insert(0, str(ROOT))
 
-from jobs.bundle import BundleError  # noqa: E402
 from paper_gpu_transfer import (  # noqa: E402  beside this file: what carries the study there and back
     BASE,
     BATCH_MIB,
@@ -74,6 +73,8 @@ from paper_gpu_transfer import (  # noqa: E402  beside this file: what carries t
     say,
     write_json,
 )
+
+from jobs.bundle import BundleError  # noqa: E402
 
 CONFIG = ROOT / "configs" / "paper-gpu.yaml"
 PROGRESS = "progress.json"

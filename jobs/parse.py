@@ -37,6 +37,7 @@ from xsbert_core.models import cache_dir
 from xsbert_core.settings import add_arguments
 from xsbert_core.syntax import ALIGNMENTS
 
+from .config import ParseSettings
 from .parsing import (
     CACHE_DIRNAME,
     ParseCache,
@@ -47,7 +48,6 @@ from .parsing import (
     parse_on_ray,
     realigned,
 )
-from .config import ParseSettings
 from .store import RunStore, resolve, run_at
 
 logger = logging.getLogger("jobs.parse")

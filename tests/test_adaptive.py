@@ -125,8 +125,8 @@ def test_the_default_study_keeps_its_fixed_n_and_run_settings():
 
 def test_a_sentence_above_the_tolerance_at_max_steps_is_a_not_converged_failure(minilm_folder):
     from jobs.attribution.actors import NOT_CONVERGED, FactorActor
-    from xsbert_core import EngineSettings
     from jobs.attribution.stage2 import failure_reason
+    from xsbert_core import EngineSettings
 
     actor = FactorActor(EngineSettings(str(minilm_folder), layer=-1, mode="approx", similarity="cos", steps=2,
                                        tolerance=1e-12, max_steps=4))  # fmt: skip

@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import integrand as ig  # noqa: E402
+
 from xsbert_core import Explainer  # noqa: E402
 from xsbert_core.quadrature import nodes_and_weights  # noqa: E402
 

@@ -14,8 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import refine as bench  # noqa: E402
-from xsbert_core.refine import node_passes  # noqa: E402
+
 from xsbert_core.quadrature import Panel  # noqa: E402
+from xsbert_core.refine import node_passes  # noqa: E402
 
 A, B, C = "Hi.", "A man is playing a guitar on stage.", "Someone performs music with an instrument."
 

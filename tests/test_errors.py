@@ -133,9 +133,9 @@ def test_job_quarantines_texts_without_content_as_the_engine_rejects_them(tiny, 
     import numpy as np
     import pandas as pd
 
-    from jobs.store import pair_keys
     from jobs.attribution.inputs import REASONS
     from jobs.attribution.validate import validate
+    from jobs.store import pair_keys
 
     ex = Explainer(tiny.get(arch), layer=1, steps=2)
     tok = ex.split.tokenizer

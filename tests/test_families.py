@@ -21,7 +21,6 @@ grouped-query, alternating full/sliding layers, last-token pooling, <|endoftext|
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 import independent as ind

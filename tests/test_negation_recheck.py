@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import negation_recheck as nr  # noqa: E402
+
 from xsbert_core import Explainer  # noqa: E402
 
 PAIRS = [("p1", "The cat is not on the mat.", "The cat is on the mat."),

@@ -34,9 +34,8 @@ LAYER = 2  # of 3: the hidden states entering layer 2 = the output of layer 1
 
 def _trainable(tiny, cls, arch: str = "bert", n_layers: int = 3):
     """A tiny model whose parameters require grad (the peers differentiate through autograd), in eval mode."""
-    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-
     from conftest import MAX_SEQ_LENGTH
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
     path = tiny.folder(arch, n_layers)
     first = Transformer(str(path), model_kwargs={"attn_implementation": "eager"}, max_seq_length=MAX_SEQ_LENGTH)

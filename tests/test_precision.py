@@ -132,10 +132,10 @@ class _Settings:
 
 
 def test_float32_run_ids_are_those_made_before_precision_was_a_setting():
-    from jobs.store import run_id
     from jobs.attribute import settings
     from jobs.attribution.prepare import run_config
     from jobs.attribution.validate import load_pairs
+    from jobs.store import run_id
 
     pairs = load_pairs("stsb", split="test", limit=3)
     args = settings(["--dataset", "stsb", "--steps", "16"]).attribution

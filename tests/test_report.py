@@ -8,8 +8,8 @@ numbers the page states are recomputed here from the SQL results (and, where che
 from __future__ import annotations
 
 import json
-import shutil
 import re
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -30,7 +30,7 @@ from test_sql import (
     write_table,
 )
 
-from jobs import sqlrun, pages, paper, report
+from jobs import pages, paper, report, sqlrun
 from jobs.analyses import base, facts
 from jobs.analyses import format as fmt
 from jobs.analyses.adjectives import adjectives as summarize_adjectives

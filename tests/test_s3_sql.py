@@ -21,10 +21,10 @@ import numpy as np
 import polars as pl
 import pytest
 from s3tools import DUMMY_SECRET, free_port
-from xsbert_core import InputError
 from test_sql import FILES, make_run, random_parses, random_run, store_for, write_table, xsbert_sql
 
-from jobs import _duckdb_cli, sqlrun, report
+from jobs import _duckdb_cli, report, sqlrun
+from xsbert_core import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
 DUCKDB_CLI = Path(sys.executable).parent / "duckdb"

@@ -16,10 +16,10 @@ import re
 import socket
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 import urllib.error
 import urllib.parse
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from html import unescape
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 import pytest
 from browser import Chromium, find_chromium
 
-from jobs import sqlrun, cli, serve
+from jobs import cli, serve, sqlrun
 from jobs.browse.heatmap import colour
 from jobs.store import SCHEMAS
 from xsbert_core import InputError

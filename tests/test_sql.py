@@ -29,10 +29,10 @@ import pytest
 from scipy import stats
 
 from jobs import sqlfiles, sqlrun
-from jobs.store import SCHEMAS
 from jobs.attribution import datasets as _datasets
 from jobs.attribution import inputs as _inputs
 from jobs.attribution import validate as _validate
+from jobs.store import SCHEMAS
 
 ROOT = Path(__file__).resolve().parents[1]
 SQL = ROOT / "sql"
@@ -1341,10 +1341,10 @@ def test_adjectives_dataset_triplets_templates_and_columns():
 
 
 def test_keep_columns_flag_passes_columns_through_and_changes_the_run_id(tmp_path):
-    from jobs.store import RunStore, run_id
     from jobs.attribute import parse_args
     from jobs.attribution.prepare import run_config
     from jobs.config import JobSettings
+    from jobs.store import RunStore, run_id
 
     path = tmp_path / "p.tsv"
     path.write_text("id\tsentence1\tsentence2\ttopic\tsource\tTarget\nx\tA b.\tC d.\tsport\tweb\t1\n"
@@ -1377,8 +1377,8 @@ def test_keep_columns_flag_passes_columns_through_and_changes_the_run_id(tmp_pat
 def test_the_job_stores_the_ranks_agreement_reads(real_runs, tmp_path):
     """The real job's store (all-MiniLM-L6-v2, 8 STS-B pairs): its ranks and top-10 lists are what scipy's rankdata
     and sorted() give on its stored values (stored_ranks_copy), every cell and pair; agreement.sql takes them."""
-    from jobs.store import STORE_VERSION
     from jobs.attribution.actors import TOP_CELLS
+    from jobs.store import STORE_VERSION
 
     stsb = real_runs["stsb"]
     config = json.loads((stsb / "manifest.json").read_text())["config"]

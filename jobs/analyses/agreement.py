@@ -7,7 +7,7 @@ from typing import Any
 
 import polars as pl
 
-from .. import sqlrun, paper
+from .. import paper, sqlrun
 from .base import REPORT_SQL, TOP_SCORE, Analysis, Context, Finding, Headline, needs_cells, needs_two_runs
 from .facts import (
     cite,

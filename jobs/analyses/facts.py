@@ -11,7 +11,7 @@ import duckdb
 
 from xsbert_core import InputError
 
-from .. import sqlrun, paper
+from .. import paper, sqlrun
 from .base import Context, first_row
 
 

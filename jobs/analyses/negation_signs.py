@@ -51,8 +51,8 @@ def negation_signs(df: pl.DataFrame, ctx: Context) -> list[Finding]:
     at = f"N = {', '.join(map(str, steps))}" if steps else "no recorded N"
     what = paper.NOT_TOTAL if _is_paper_definition(df) else "the not-word's word cells"
     hint = ("" if not unclear else
-            f" (the rows with is_clear false: attribute those pairs again at a larger --steps and add the runs with "
-            f"--var other_runs=DIR,...)")  # fmt: skip
+            " (the rows with is_clear false: attribute those pairs again at a larger --steps and add the runs with "
+            "--var other_runs=DIR,...)")  # fmt: skip
     out = [Finding(
         f"The sign of the 'not' attribution ({what}) is clear of the completeness error (|error| < "
         f"{row['margin']:g} × |not|) in {clear} of the {plural(n, 'pair')} that differ by a standalone 'not', read "

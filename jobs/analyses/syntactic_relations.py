@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from .. import sqlrun, paper
+from .. import paper, sqlrun
 from .base import TOP_K, Analysis, Context, Finding, Headline, needs_cells, needs_pairs
 from .facts import (
     cite,

@@ -13,8 +13,8 @@ import pyarrow as pa
 import xsbert_core
 from xsbert_core import Explainer, InputError, weights_fingerprint
 
-from ..store import STORE_VERSION, open_store, run_id
 from ..config import Attribution, JobSettings, RunConfig
+from ..store import STORE_VERSION, open_store, run_id
 from .inputs import CHUNK_ROWS, Pairs
 from .memory import release_memory, system_memory_pool
 from .validate import SeenIds, quarantine_frame, stream_pairs, validate

@@ -23,7 +23,6 @@ from typing import Any
 from xsbert_core import InputError
 
 from ..sqlrun import one_line
-
 from .download import DOWNLOADS
 from .pages import (
     HEADERS,

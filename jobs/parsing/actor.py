@@ -10,7 +10,6 @@ import pyarrow as pa
 from xsbert_core.syntax import ParsedWord
 
 from ..config import PARSE_BATCH_SIZE
-
 from .choice import SPACY_EXCLUDE, SPACY_MODEL, STANZA_PROCESSORS
 
 # Texts per actor call: spaCy took ~7 s for 2,416 STS-B sentences on one core here, so a call is well under a

@@ -10,11 +10,10 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 
+from ..config import CACHE_DIRNAME  # noqa: F401 - the default of --cache, declared with it
 from ..store import PART_RE, fsync_dir, write_parquet_synced
 from .actor import CACHE_SCHEMA
 from .choice import ParserSpec
-
-from ..config import CACHE_DIRNAME  # noqa: F401 - the default of --cache, declared with it
 
 
 class ParseCache:
