@@ -194,8 +194,7 @@ class Outbox:
             self.state["pieces"].append({"seq": seq, "piece": piece, "files": len(changed), **entry})
             self.packed.update({rel: key for _, rel, key in changed})
             write_json(self.folder / "packed.json", self.packed)
-        self.state["progress"] = progress
-        write_json(self.folder / OUTBOX, self.state)
+        self.note(progress, None)
 
     def note(self, progress: dict[str, Any], out: Path | None) -> None:
         """The progress alone, into outbox.json here and in OUT (the parts there stay as they are)."""
