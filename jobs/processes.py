@@ -27,3 +27,15 @@ def process_gone(host: object, pid: object) -> bool:
     except PermissionError:  # it runs, as another user
         return False
     return False
+
+
+def process_tag() -> str:
+    """`<host>-<pid>` of the calling process: the part of a temporary name that says who writes it."""
+    host, pid = this_process()
+    return f"{host}-{pid}"
+
+
+def tag_gone(tag: str) -> bool:
+    """True only when `tag` (process_tag's) names a process of this host that no longer runs."""
+    host, _, pid = tag.rpartition("-")
+    return pid.isdigit() and process_gone(host, int(pid))

@@ -38,7 +38,7 @@ import xsbert_core
 from xsbert_core import InputError, XsbertError
 from xsbert_core.training import CHECKPOINTS, TrainConfig, TrainProgress
 
-from .processes import process_gone, this_process
+from .processes import process_tag, tag_gone
 from .store import canonical_json
 
 # The training record in a model folder (jobs.train writes it); its model_id marks a folder trained here.
@@ -136,10 +136,13 @@ def stop_file(root: str | Path, mid: str) -> Path:
     return Path(root) / f".{mid}.stop"
 
 
-def _owned(prefix: str, suffix: str = "") -> str:
-    """`<prefix><host>-<pid><suffix>`: a temporary name that says which process of which host writes it."""
-    host, pid = this_process()
-    return f"{prefix}{host}-{pid}{suffix}"
+def work_folder(root: str | Path, mid: str, tag: str | None = None) -> Path:
+    """Where a training of model `mid` writes before its rename: hidden, named for its process (process_tag)."""
+    return Path(root) / f".{mid}.partial-{process_tag() if tag is None else tag}"
+
+
+def _progress_tmp(path: Path, tag: str | None = None) -> Path:
+    return path.with_name(f"{path.name}.{process_tag() if tag is None else tag}.tmp")
 
 
 def clear_leftovers(root: str | Path, mid: str) -> list[Path]:
@@ -147,10 +150,10 @@ def clear_leftovers(root: str | Path, mid: str) -> list[Path]:
     files, whose processes are gone), and return it. Another host's, or a running process's, stay."""
     root = Path(root)
     left = []
-    for prefix, suffix in ((f".{mid}.partial-", ""), (f"{progress_file(root, mid).name}.", ".tmp")):
+    for name in (work_folder(root, mid, "\0").name, _progress_tmp(progress_file(root, mid), "\0").name):
+        prefix, suffix = name.split("\0")  # the names with any process's tag
         for path in root.glob(f"{prefix}*{suffix}"):
-            host, _, pid = path.name[len(prefix):len(path.name) - len(suffix)].rpartition("-")
-            if not (pid.isdigit() and process_gone(host, int(pid))):
+            if not tag_gone(path.name[len(prefix):len(path.name) - len(suffix)]):
                 continue
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
@@ -161,7 +164,7 @@ def clear_leftovers(root: str | Path, mid: str) -> list[Path]:
 
 
 def _write_progress(path: Path, progress: TrainProgress) -> None:
-    tmp = path.with_name(_owned(f"{path.name}.", ".tmp"))
+    tmp = _progress_tmp(path)
     tmp.write_text(json.dumps(asdict(progress)), encoding="utf-8")
     tmp.replace(path)  # a reader sees the old state or the new one, never half of one
 
@@ -182,7 +185,7 @@ def train_into(spec: TrainSpec, mid: str, config: dict[str, Any], root: str) -> 
 
     final = Path(root) / mid
     clear_leftovers(root, mid)
-    work = Path(root) / _owned(f".{mid}.partial-")
+    work = work_folder(root, mid)
     progress, stop = progress_file(root, mid), stop_file(root, mid)
 
     def on_step(p: TrainProgress) -> None:
