@@ -8,7 +8,9 @@ leaves the thing alone rather than remove what a live process still writes."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+from pathlib import Path
 
 
 def this_process() -> tuple[str, int]:
@@ -39,3 +41,18 @@ def tag_gone(tag: str) -> bool:
     """True only when `tag` (process_tag's) names a process of this host that no longer runs."""
     host, _, pid = tag.rpartition("-")
     return pid.isdigit() and process_gone(host, int(pid))
+
+
+def remove_orphans(folder: Path, prefix: str, suffix: str = "") -> list[Path]:
+    """Remove the files and folders of `folder` named `<prefix><tag><suffix>` whose process (process_tag) was of
+    this host and is gone: what a killed process left. Return them."""
+    removed = []
+    for path in sorted(Path(folder).glob(f"{prefix}*{suffix}")):
+        if not tag_gone(path.name[len(prefix):len(path.name) - len(suffix)]):
+            continue
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed

@@ -10,7 +10,9 @@ saved folder loads with `SentenceTransformer(path)` (see xsbert_core.shift for t
 holds README.md (the model card: data, variant, hyper-parameters, dev score, command) and
 xsbert_training.json (the same, machine-readable, with the weights' sha256). The folder holds the last epoch (App. A
 states no checkpoint rule); the epoch with the best dev score is saved beside it as <name>-best-dev, our option, not
-the paper's. Training is deterministic by default (xsbert_core.training.TrainConfig.deterministic): the same
+the paper's. Both are written beside the target first and replace the old folders at the end, so a killed training
+leaves the old models as they were (the next training into that folder removes what it left). Training is
+deterministic by default (xsbert_core.training.TrainConfig.deterministic): the same
 command on the same hardware and software gives the same weights. Model weights are not committed (models/ is
 ignored). jobs.pipeline's train stage trains through `train_model` below, once per recipe (jobs/trained.py).
 """
@@ -44,6 +46,7 @@ from xsbert_core.training import (
 )
 
 from .attribution.validate import load_pairs, validate
+from .processes import process_tag, remove_orphans
 
 logger = logging.getLogger("jobs.train")
 
@@ -236,13 +239,15 @@ def train_model(base: str, variant: str, config: TrainConfig, target: Path, *, d
                 dev_limit: int | None = None, command: str = "", quiet: bool = False,
                 record: dict[str, Any] | None = None,
                 on_progress: Callable[[TrainProgress], None] | None = None,
-                on_step: Callable[[TrainProgress], None] | None = None,
-                scratch: Path | None = None) -> dict[str, Any]:  # fmt: skip
+                on_step: Callable[[TrainProgress], None] | None = None) -> dict[str, Any]:  # fmt: skip
     """Fine-tune `variant` of `base` by `config` on `dataset`'s train split (dev evaluated every epoch); save the last
     epoch into `target` and, where epochs were evaluated, the best-dev epoch into its sibling <target>-best-dev (both
     replaced if there); return the training record, written with the model card into each folder. `record`: extra
-    fields of the record (jobs.pipeline's model id and recipe name); `on_progress`, `on_step`: fine_tune's; `scratch`:
-    where the trainer's per-epoch checkpoints go meanwhile (a temporary folder in it; default the system's)."""
+    fields of the record (jobs.pipeline's model id and recipe name); `on_progress`, `on_step`: fine_tune's.
+
+    Everything is written into a hidden folder beside `target` first (the trainer's per-epoch checkpoints too), and
+    the finished folders replace the old ones at the end: a killed training leaves the old models as they were and no
+    half-written one; the next training into `target` on the same host removes what it left."""
     # sentence-transformers (seconds to import) here, where a model is trained, not for --help or a bad flag
     from sentence_transformers import SentenceTransformer
 
@@ -259,58 +264,76 @@ def train_model(base: str, variant: str, config: TrainConfig, target: Path, *, d
     train, dev = pairs_dataset(train_a, train_b, train_y), pairs_dataset(dev_a, dev_b, dev_y)
     print(f"training {variant} from {base}: {len(train)} train / {len(dev)} dev pairs, "
           f"similarity {VARIANT_SIMILARITY[variant]}", flush=True)  # fmt: skip
-    t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="xsbert-train-", dir=scratch) as work:
-        result = fine_tune(model, variant, train, dev, config, work, progress=not quiet, on_progress=on_progress,
-                           on_step=on_step)
-        best = result["best"]
-        # The epoch with the best dev score, loaded from the trainer's checkpoint of it before the work dir goes.
-        best_model = SentenceTransformer(best.pop("checkpoint"), device="cpu") if best else None
-    seconds = time.perf_counter() - t0
-    model.eval()
     name = target.name
-    if target.exists():
-        shutil.rmtree(target)
-    target.mkdir(parents=True)
-    model.save(str(target), create_model_card=False)
-    info = {
-        "name": name,
-        "path": str(target),
-        "variant": variant,
-        "base_model": str(base),
-        "similarity": VARIANT_SIMILARITY[variant],
-        "loss": "DotProductMSELoss (MSE of e(a)·e(b) vs label)" if variant == "orig"
-        else "CosineSimilarityLoss (MSE of cos vs label)",
-        "dataset": dataset,
-        "n_train": len(train),
-        "n_dev": len(dev),
-        "hyperparameters": config.as_dict(),
-        **result,
-        **(record or {}),
-        "train_seconds": seconds,
-        "device": _device_name(),
-        "versions": _versions(),
-        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "xsbert_version": xsbert_core.__version__,
-        "command": command,
-        "weights_sha256": weights_sha256(target),
-    }
-    best_target = target.with_name(f"{name}{BEST_SUFFIX}") if best else None
-    info.update(checkpoint="last-epoch", last_epoch_path=str(target),
-                best_dev_path=str(best_target) if best_target else None)  # fmt: skip
-    write_card(target, info)
+    best_target = target.with_name(f"{name}{BEST_SUFFIX}")
+    remove_orphans(target.parent, f".{name}.partial-")  # what killed trainings into `target` left
+    staging = target.parent / f".{name}.partial-{process_tag()}"
+    staging.mkdir(parents=True)
+    try:
+        t0 = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="xsbert-train-", dir=staging) as work:
+            result = fine_tune(model, variant, train, dev, config, work, progress=not quiet, on_progress=on_progress,
+                               on_step=on_step)  # fmt: skip
+            best = result["best"]
+            # The epoch with the best dev score, loaded from the trainer's checkpoint of it before the work dir goes.
+            best_model = SentenceTransformer(best.pop("checkpoint"), device="cpu") if best else None
+        seconds = time.perf_counter() - t0
+        model.eval()
+        last = staging / "last-epoch"
+        model.save(str(last), create_model_card=False)
+        info = {
+            "name": name,
+            "path": str(target),
+            "variant": variant,
+            "base_model": str(base),
+            "similarity": VARIANT_SIMILARITY[variant],
+            "loss": "DotProductMSELoss (MSE of e(a)·e(b) vs label)" if variant == "orig"
+            else "CosineSimilarityLoss (MSE of cos vs label)",
+            "dataset": dataset,
+            "n_train": len(train),
+            "n_dev": len(dev),
+            "hyperparameters": config.as_dict(),
+            **result,
+            **(record or {}),
+            "train_seconds": seconds,
+            "device": _device_name(),
+            "versions": _versions(),
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "xsbert_version": xsbert_core.__version__,
+            "command": command,
+            "weights_sha256": weights_sha256(last),
+            "checkpoint": "last-epoch",
+            "last_epoch_path": str(target),
+            "best_dev_path": str(best_target) if best else None,
+        }
+        write_card(last, info)
+        if best_model is not None:
+            best_model.save(str(staging / "best-dev"), create_model_card=False)
+            write_card(staging / "best-dev", {**info, "path": str(best_target), "name": best_target.name,
+                                              "checkpoint": "best-dev", "dev_spearman": best["dev_spearman"],
+                                              "weights_sha256": weights_sha256(staging / "best-dev")})  # fmt: skip
+            _replace(best_target, staging / "best-dev")
+        elif best_target.exists():  # an earlier training's best epoch: not this model's
+            shutil.rmtree(best_target)
+        _replace(target, last)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     print(f"dev Spearman ({result['metric']}) {result['dev_spearman']:.4f} after {result['steps']} steps (last epoch), "
           f"{seconds:.0f} s\nsaved: {target}", flush=True)  # fmt: skip
-    if best_model is not None:
-        if best_target.exists():
-            shutil.rmtree(best_target)
-        best_model.save(str(best_target), create_model_card=False)
-        write_card(best_target, {**info, "path": str(best_target), "name": best_target.name, "checkpoint": "best-dev",
-                                 "dev_spearman": best["dev_spearman"],
-                                 "weights_sha256": weights_sha256(best_target)})  # fmt: skip
+    if best:
         print(f"dev Spearman ({result['metric']}) {best['dev_spearman']:.4f} at epoch {best['epoch']:g} (best dev; "
               f"ours)\nsaved: {best_target}", flush=True)  # fmt: skip
     return info
+
+
+def _replace(folder: Path, finished: Path) -> None:
+    """`finished` renamed to `folder`, the old `folder` (if any) removed after: a reader finds the old model or the
+    new one, save for the instant between the two renames."""
+    old = folder.with_name(f".{folder.name}.old-{process_tag()}")
+    if folder.exists():
+        folder.rename(old)
+    finished.rename(folder)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def write_card(folder: Path, info: dict[str, Any]) -> None:

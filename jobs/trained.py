@@ -9,8 +9,8 @@ the code version), as a run id is of what changes a run's numbers. It is trained
     <models_dir>/<model id>/<base name>-<variant>-best-dev   the epoch with the best dev score (ours, an option)
 
 and reused while the id is the same: an unchanged recipe trains nothing, a changed one trains a new model beside the
-old. A training writes into a temporary folder beside them (its trainer's per-epoch checkpoints in it too) and
-renames it into place when both checkpoints are saved, so a killed training leaves nothing that passes for a model;
+old. A training writes into a temporary folder beside them (its trainer's per-epoch checkpoints in it too: jobs.train)
+and renames it into place when both checkpoints are saved, so a killed training leaves nothing that passes for a model;
 the next training of that id on the same host removes what it left.
 
 Where it trains: with the local executor each training runs in a fresh process of this machine (`per_gpu` at once
@@ -38,7 +38,7 @@ import xsbert_core
 from xsbert_core import InputError, XsbertError
 from xsbert_core.training import CHECKPOINTS, TrainConfig, TrainProgress
 
-from .processes import process_tag, tag_gone
+from .processes import process_tag, remove_orphans
 from .store import canonical_json
 
 # The training record in a model folder (jobs.train writes it); its model_id marks a folder trained here.
@@ -148,19 +148,11 @@ def _progress_tmp(path: Path, tag: str | None = None) -> Path:
 def clear_leftovers(root: str | Path, mid: str) -> list[Path]:
     """Remove what killed trainings of model `mid` on this host left in `root` (their temporary folders and progress
     files, whose processes are gone), and return it. Another host's, or a running process's, stay."""
-    root = Path(root)
-    left = []
+    removed = []
     for name in (work_folder(root, mid, "\0").name, _progress_tmp(progress_file(root, mid), "\0").name):
         prefix, suffix = name.split("\0")  # the names with any process's tag
-        for path in root.glob(f"{prefix}*{suffix}"):
-            if not tag_gone(path.name[len(prefix):len(path.name) - len(suffix)]):
-                continue
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
-            left.append(path)
-    return left
+        removed += remove_orphans(Path(root), prefix, suffix)
+    return removed
 
 
 def _write_progress(path: Path, progress: TrainProgress) -> None:
@@ -199,14 +191,13 @@ def train_into(spec: TrainSpec, mid: str, config: dict[str, Any], root: str) -> 
     try:
         if work.exists():
             shutil.rmtree(work)
-        work.mkdir()  # the trainer's per-epoch checkpoints go in it too
         target = work / model_folder(root, spec, mid, "last-epoch").name
         record = {"model_id": mid, "recipe": spec.recipe_name, "model_config": config}
         command = f"python -m jobs.pipeline (train stage: {spec.variant} of {spec.base}, recipe {spec.recipe_name})"
         train_model(spec.base, spec.variant, spec.recipe, target, dataset=spec.dataset, train_split=spec.train_split,
                     dev_split=spec.dev_split, train_limit=spec.train_limit, dev_limit=spec.dev_limit,
                     command=command, quiet=True, record=record,
-                    on_progress=on_progress, on_step=on_step, scratch=work)  # fmt: skip
+                    on_progress=on_progress, on_step=on_step)  # fmt: skip
         try:
             work.rename(final)
         except OSError:  # another study trained the same id meanwhile: theirs stands

@@ -233,7 +233,7 @@ def test_a_killed_trainings_leftovers_go_with_the_next_training_of_its_model(tin
                             stderr=subprocess.PIPE)  # fmt: skip
     try:
         deadline = time.monotonic() + 120
-        while not list(models.glob(f".{mid}.partial-*/xsbert-train-*/checkpoint-*")):
+        while not list(models.glob(f".{mid}.partial-*/.*.partial-*/xsbert-train-*/checkpoint-*")):
             assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
             assert time.monotonic() < deadline, "no epoch saved in 120 s"
             time.sleep(0.1)

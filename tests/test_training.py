@@ -297,6 +297,43 @@ def test_one_recipe_trained_twice_gives_the_same_weights(tmp_path, tiny):
     assert json.loads((tmp_path / "c" / "xsbert_training.json").read_text())["weights_sha256"] != shas[0]
 
 
+@pytest.mark.slow
+def test_a_killed_training_keeps_the_old_model_and_the_next_one_clears_what_it_left(tmp_path, tiny):
+    """jobs.train writes beside the target and replaces it at the end. A training SIGKILLed after its first epoch's
+    checkpoint leaves the model it was to replace as it was (its weights' sha256), and a hidden folder; the next
+    training into that target removes the folder."""
+    import os
+    import signal
+    import socket
+    import time
+
+    from jobs.train import cli
+
+    out = tmp_path / "models"
+    argv = ["--variant", "exact", "--model", str(tiny.folder("bert", 1)), "--out", str(out), "--name", "m",
+            "--train-limit", "8", "--dev-limit", "6", "--batch-size", "4", "-q", "--overwrite"]
+    assert cli([*argv, "--epochs", "1"]) == 0
+    old = json.loads((out / "m" / "xsbert_training.json").read_text())["weights_sha256"]
+    proc = subprocess.Popen([sys.executable, "-m", "jobs.train", *argv, "--epochs", "10000"], cwd=ROOT,
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not list(out.glob(".m.partial-*/xsbert-train-*/checkpoint-*")):
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "no epoch saved in 120 s"
+            time.sleep(0.1)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert [p.name for p in out.glob(".m.partial-*")] == [f".m.partial-{socket.gethostname()}-{proc.pid}"]
+    assert json.loads((out / "m" / "xsbert_training.json").read_text())["weights_sha256"] == old
+    assert load_model(str(out / "m")) is not None
+
+    assert cli([*argv, "--epochs", "1", "--seed", "1"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["m", "m-best-dev"]  # the killed one's folder went
+    assert json.loads((out / "m" / "xsbert_training.json").read_text())["weights_sha256"] != old
+
+
 def test_train_job_bad_inputs_fail_before_training(tmp_path, tiny, capsys):
     from jobs.train import cli
 
