@@ -301,7 +301,7 @@ def test_one_recipe_trained_twice_gives_the_same_weights(tmp_path, tiny):
 def test_a_killed_training_keeps_the_old_model_and_the_next_one_clears_what_it_left(tmp_path, tiny):
     """jobs.train writes beside the target and replaces it at the end. A training SIGKILLed after its first epoch's
     checkpoint leaves the model it was to replace as it was (its weights' sha256), and a hidden folder; the next
-    training into that target removes the folder."""
+    training into that target removes the folder. A training without a best-dev epoch removes an earlier one's."""
     import os
     import signal
     import socket
@@ -332,6 +332,10 @@ def test_a_killed_training_keeps_the_old_model_and_the_next_one_clears_what_it_l
     assert cli([*argv, "--epochs", "1", "--seed", "1"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["m", "m-best-dev"]  # the killed one's folder went
     assert json.loads((out / "m" / "xsbert_training.json").read_text())["weights_sha256"] != old
+    # a training that evaluates no epoch (--max-steps) has no best-dev epoch: an earlier training's goes
+    assert cli([*argv, "--max-steps", "1"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["m"]
+    assert json.loads((out / "m" / "xsbert_training.json").read_text())["best_dev_path"] is None
 
 
 def test_train_job_bad_inputs_fail_before_training(tmp_path, tiny, capsys):
