@@ -43,6 +43,11 @@ def tag_gone(tag: str) -> bool:
     return pid.isdigit() and process_gone(host, int(pid))
 
 
+def owned_path(folder: Path, prefix: str, suffix: str = "") -> Path:
+    """`folder/<prefix><process_tag()><suffix>`: a temporary name whose owner remove_orphans can tell."""
+    return Path(folder) / f"{prefix}{process_tag()}{suffix}"
+
+
 def remove_orphans(folder: Path, prefix: str, suffix: str = "") -> list[Path]:
     """Remove the files and folders of `folder` named `<prefix><tag><suffix>` whose process (process_tag) was of
     this host and is gone: what a killed process left. Return them."""

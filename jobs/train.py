@@ -46,7 +46,7 @@ from xsbert_core.training import (
 )
 
 from .attribution.validate import load_pairs, validate
-from .processes import process_tag, remove_orphans
+from .processes import owned_path, remove_orphans
 
 logger = logging.getLogger("jobs.train")
 
@@ -266,8 +266,9 @@ def train_model(base: str, variant: str, config: TrainConfig, target: Path, *, d
           f"similarity {VARIANT_SIMILARITY[variant]}", flush=True)  # fmt: skip
     name = target.name
     best_target = target.with_name(f"{name}{BEST_SUFFIX}")
-    remove_orphans(target.parent, f".{name}.partial-")  # what killed trainings into `target` left
-    staging = target.parent / f".{name}.partial-{process_tag()}"
+    partial = f".{name}.partial-"  # + the process's tag: a training into `target`, before it replaces it
+    remove_orphans(target.parent, partial)  # what killed ones left
+    staging = owned_path(target.parent, partial)
     staging.mkdir(parents=True)
     try:
         t0 = time.perf_counter()
@@ -329,7 +330,7 @@ def train_model(base: str, variant: str, config: TrainConfig, target: Path, *, d
 def _replace(folder: Path, finished: Path) -> None:
     """`finished` renamed to `folder`, the old `folder` (if any) removed after: a reader finds the old model or the
     new one, save for the instant between the two renames."""
-    old = folder.with_name(f".{folder.name}.old-{process_tag()}")
+    old = owned_path(folder.parent, f".{folder.name}.old-")
     if folder.exists():
         folder.rename(old)
     finished.rename(folder)

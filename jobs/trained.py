@@ -38,7 +38,7 @@ import xsbert_core
 from xsbert_core import InputError, XsbertError
 from xsbert_core.training import CHECKPOINTS, TrainConfig, TrainProgress
 
-from .processes import process_tag, remove_orphans
+from .processes import owned_path, remove_orphans
 from .store import canonical_json
 
 # The training record in a model folder (jobs.train writes it); its model_id marks a folder trained here.
@@ -136,29 +136,29 @@ def stop_file(root: str | Path, mid: str) -> Path:
     return Path(root) / f".{mid}.stop"
 
 
-def work_folder(root: str | Path, mid: str, tag: str | None = None) -> Path:
-    """Where a training of model `mid` writes before its rename: hidden, named for its process (process_tag)."""
-    return Path(root) / f".{mid}.partial-{process_tag() if tag is None else tag}"
+def _work_name(mid: str) -> tuple[str, str]:
+    """Where a training of model `mid` writes before its rename: a hidden folder, `<prefix><process tag><suffix>`."""
+    return f".{mid}.partial-", ""
 
 
-def _progress_tmp(path: Path, tag: str | None = None) -> Path:
-    return path.with_name(f"{path.name}.{process_tag() if tag is None else tag}.tmp")
+def _progress_tmp_name(root: str | Path, mid: str) -> tuple[str, str]:
+    """The progress file's temporary copy, written then renamed over it: `<prefix><process tag><suffix>`."""
+    return f"{progress_file(root, mid).name}.", ".tmp"
 
 
 def clear_leftovers(root: str | Path, mid: str) -> list[Path]:
     """Remove what killed trainings of model `mid` on this host left in `root` (their temporary folders and progress
     files, whose processes are gone), and return it. Another host's, or a running process's, stay."""
     removed = []
-    for name in (work_folder(root, mid, "\0").name, _progress_tmp(progress_file(root, mid), "\0").name):
-        prefix, suffix = name.split("\0")  # the names with any process's tag
+    for prefix, suffix in (_work_name(mid), _progress_tmp_name(root, mid)):
         removed += remove_orphans(Path(root), prefix, suffix)
     return removed
 
 
-def _write_progress(path: Path, progress: TrainProgress) -> None:
-    tmp = _progress_tmp(path)
+def _write_progress(root: str | Path, mid: str, progress: TrainProgress) -> None:
+    tmp = owned_path(Path(root), *_progress_tmp_name(root, mid))
     tmp.write_text(json.dumps(asdict(progress)), encoding="utf-8")
-    tmp.replace(path)  # a reader sees the old state or the new one, never half of one
+    tmp.replace(progress_file(root, mid))  # a reader sees the old state or the new one, never half of one
 
 
 def read_progress(root: str | Path, mid: str) -> TrainProgress | None:
@@ -177,7 +177,7 @@ def train_into(spec: TrainSpec, mid: str, config: dict[str, Any], root: str) -> 
 
     final = Path(root) / mid
     clear_leftovers(root, mid)
-    work = work_folder(root, mid)
+    work = owned_path(Path(root), *_work_name(mid))
     progress, stop = progress_file(root, mid), stop_file(root, mid)
 
     def on_step(p: TrainProgress) -> None:
@@ -185,7 +185,7 @@ def train_into(spec: TrainSpec, mid: str, config: dict[str, Any], root: str) -> 
             raise TrainingStopped(f"stopped at step {p.step}/{p.max_steps}, {p.seconds:.0f} s in (asked to)")
 
     def on_progress(p: TrainProgress) -> None:
-        _write_progress(progress, p)
+        _write_progress(root, mid, p)
         on_step(p)  # at the start too: a training begun after the stop ends before its first step
 
     try:
