@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -196,11 +194,27 @@ def test_train_stage_on_ray_trains_in_a_task(tiny, tmp_path, ray_cluster, capsys
 
 def test_train_stage_says_each_trainings_progress_while_it_runs(tiny, tmp_path, capsys):
     """While a training runs, the stage reads the progress file it keeps (every poll_s) and says a line per change;
-    the file is gone when the training ends. A caller's on_progress gets the model names and the TrainProgress."""
+    the file is gone when the training ends. A caller's on_progress gets the model names and the TrainProgress.
+
+    Before it trains, a training removes what killed trainings of its model id on this host left: their hidden work
+    folders and progress temp files, named for a process that is gone (a SIGKILL runs no cleanup; a real kill:
+    tests/test_training.py). A running process's, or another host's, stay."""
     tree = study_tree(tmp_path, str(tiny.folder("mpnet", 1)))
     tree["models"]["exact"]["train"]["recipe"] = {"epochs": 3, "batch_size": 4}
     study = pipeline.load_config(write(tmp_path / "s.yaml", tree))
+    spec = study.trained()["exact"]
+    mid = trained.model_id(trained.model_config(spec, trained.fingerprint(spec.base)))
+    models, host = Path(study.models_dir), socket.gethostname()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(gone.stdout)  # a process of this host that has ended
+    left = [models / f".{mid}.partial-{host}-{dead}", models / f".{mid}.progress.json.{host}-{dead}.tmp"]
+    kept = [models / f".{mid}.partial-{host}-{os.getpid()}", models / f".{mid}.partial-{host}x-{dead}"]
+    for folder in (left[0], *kept):
+        (folder / "xsbert-train-x" / "checkpoint-2").mkdir(parents=True)
+    left[1].write_text("{")
     done = pipeline.stage_train(study, poll_s=0.02)
+    assert done["exact"]["model_id"] == mid and not any(p.exists() for p in left)
+    assert all(p.is_dir() for p in kept)
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("train exact: step ")]
     assert lines and all("/6 (epoch " in ln for ln in lines), lines
     assert done["exact"]["record"]["steps"] == 6
@@ -212,48 +226,6 @@ def test_train_stage_says_each_trainings_progress_while_it_runs(tiny, tmp_path, 
     pipeline.stage_train(study, on_progress=lambda names, p: seen.append((names, p)), poll_s=0.02)
     assert seen and {names for names, _ in seen} == {"exact"} and all(p.max_steps == 6 for _, p in seen)
     assert [p.step for _, p in seen] == sorted(p.step for _, p in seen)
-
-
-@pytest.mark.slow
-def test_a_killed_trainings_leftovers_go_with_the_next_training_of_its_model(tiny, tmp_path):
-    """SIGKILL runs no cleanup: a training killed after its first epoch leaves its temporary folder, the trainer's
-    checkpoint inside it. The next training of the same model id on this host removes that (and a progress file the
-    kill left half-written), and leaves alone what a running process, or another host's, writes."""
-    tree = study_tree(tmp_path, str(tiny.folder("mpnet", 1)))
-    tree["models"]["exact"]["train"]["recipe"] = {"epochs": 10_000, "batch_size": 4}
-    study = pipeline.load_config(write(tmp_path / "s.yaml", tree))
-    spec = study.trained()["exact"]
-    mid = trained.model_id(trained.model_config(spec, trained.fingerprint(spec.base)))
-    models = Path(study.models_dir)
-    models.mkdir(parents=True)
-    code = ("from jobs import pipeline, trained; s = pipeline.load_config(%r); spec = s.trained()['exact']; "
-            "c = trained.model_config(spec, trained.fingerprint(spec.base)); "
-            "print(trained.train_into(spec, trained.model_id(c), c, s.models_dir))" % str(tmp_path / "s.yaml"))
-    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 120
-        while not list(models.glob(f".{mid}.partial-*/.*.partial-*/xsbert-train-*/checkpoint-*")):
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-            assert time.monotonic() < deadline, "no epoch saved in 120 s"
-            time.sleep(0.1)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    host = socket.gethostname()
-    killed = models / f".{mid}.partial-{host}-{proc.pid}"
-    assert killed.is_dir()  # the kill left it
-    half = models / f".{mid}.progress.json.{host}-{proc.pid}.tmp"
-    half.write_text("{")
-    running = models / f".{mid}.partial-{host}-{os.getpid()}"
-    elsewhere = models / f".{mid}.partial-{host}x-{proc.pid}"
-    running.mkdir(), elsewhere.mkdir()
-
-    with pytest.raises(trained.TrainingStopped):  # stopped at its start: the leftovers went before it
-        pipeline.stage_train(study, on_progress=lambda names, p: True, poll_s=0.02)
-    assert not killed.exists() and not half.exists()
-    assert running.is_dir() and elsewhere.is_dir()
-    assert not list(models.glob(f".{mid}.partial-*/*"))  # the stopped training's own folder went too
 
 
 def test_a_training_that_cannot_start_is_one_line(tiny, tmp_path, capsys):
