@@ -1,4 +1,5 @@
-"""Console helpers shared by the command-line entry points (jobs.attribute, jobs.parse, jobs.pipeline)."""
+"""Console helpers shared by the command-line entry points (jobs.attribute, jobs.parse, jobs.pipeline, jobs.train,
+jobs.evaluate)."""
 
 from __future__ import annotations
 

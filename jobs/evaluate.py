@@ -54,6 +54,7 @@ from xsbert_core.training import CHECKPOINTS
 from . import paper
 from .attribution.validate import load_pairs, validate
 from .config import Attribution, Execution, JobSettings, Output, Selection
+from .console import quiet_console
 
 if TYPE_CHECKING:
     import polars as pl
@@ -647,7 +648,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cli(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    quiet_console()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     args.command = "python -m jobs.evaluate " + " ".join(shlex.quote(a) for a in argv)

@@ -46,6 +46,7 @@ from xsbert_core.training import (
 )
 
 from .attribution.validate import load_pairs, validate
+from .console import quiet_console
 from .processes import owned_path, remove_orphans
 
 logger = logging.getLogger("jobs.train")
@@ -328,9 +329,11 @@ def train_model(base: str, variant: str, config: TrainConfig, target: Path, *, d
 
 
 def _replace(folder: Path, finished: Path) -> None:
-    """`finished` renamed to `folder`, the old `folder` (if any) removed after: a reader finds the old model or the
-    new one, save for the instant between the two renames."""
-    old = owned_path(folder.parent, f".{folder.name}.old-")
+    """`finished` (a folder of the training's staging folder) renamed to `folder`, the old `folder` (if any) moved
+    aside into the staging folder first and removed after: a reader finds the old model or the new one, save for the
+    instant between the two renames; a kill in that instant leaves the old one in the staging folder, which the next
+    training removes with the rest of what the killed one left."""
+    old = finished.with_name(f"{finished.name}.old")
     if folder.exists():
         folder.rename(old)
     finished.rename(folder)
@@ -344,7 +347,7 @@ def write_card(folder: Path, info: dict[str, Any]) -> None:
 
 
 def cli(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    quiet_console()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     try:
