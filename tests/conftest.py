@@ -345,10 +345,14 @@ def _ray_session():
 
 
 @pytest.fixture(scope="module")
-def ray_cluster(_ray_session):
+def ray_cluster(_ray_session, s3):
     """A local Ray (2 CPUs, no dashboard, no progress bars), shared by the modules that need one: started on
     first use, started again when a module shut it down to run its own (tests/test_job_gpu.py), stopped at the
-    end of the session. Starting one costs ~10-30 s on 2 cores, so modules do not each start their own."""
+    end of the session. Starting one costs ~10-30 s on 2 cores, so modules do not each start their own.
+
+    Its workers have the S3 endpoint and the (dummy) credentials of the moto fixture in their environment, as a
+    cluster's nodes have them (instance role, a Kubernetes Secret), so that the modules that write to S3 (s3_ray)
+    share it; this process's environment is left as it was."""
     import ray
 
     # Token authentication off for this in-process Ray only: these modules test what the job computes and stores,
@@ -358,9 +362,42 @@ def ray_cluster(_ray_session):
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        with s3.environ():  # the workers inherit the environment of the processes ray.init starts
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
     yield ray
+
+
+# --------------------------------------------------------------------------- the fault modules' reference run
+@pytest.fixture(scope="session")
+def shared_root(tmp_path_factory, worker_id) -> Path:
+    """A folder that every test process of this session shares (`make test`'s processes have their temp folders
+    side by side), and no other session."""
+    base = tmp_path_factory.getbasetemp()
+    return base if worker_id == "master" else base.parent
+
+
+@pytest.fixture(scope="module")
+def reference_run(ray_cluster, shared_root) -> tuple[Path, Path]:
+    """(pairs.tsv, its run directory): jobtools.REFERENCE_PAIRS real pairs and their uninterrupted run on Ray with the
+    test runs' settings (FAST) and REFERENCE_FLAGS, what the fault modules compare every store with (the run id
+    depends on the dataset's path, so they share that too). Made once per session, by the first test process that
+    asks (the others wait for it, then read it); a test never writes into it."""
+    import fcntl
+
+    from jobtools import REFERENCE_FLAGS, REFERENCE_PAIRS, run_job, stsb_rows, write_tsv
+
+    root = shared_root / "reference-run"
+    root.mkdir(exist_ok=True)
+    data, done = root / "pairs.tsv", root / "run_dir.txt"
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            write_tsv(data, stsb_rows(REFERENCE_PAIRS, start=40))
+            s = run_job(root / "runs", "--dataset", str(data), *REFERENCE_FLAGS)
+            assert (s["computed_pairs"], s["waves"], s["duplicates_dropped"]) == (REFERENCE_PAIRS, 2, 0), s
+            done.write_text(s["run_dir"], encoding="utf-8")
+    return data, Path(done.read_text(encoding="utf-8"))
 
 
 # --------------------------------------------------------------------------- a real S3 endpoint
@@ -389,27 +426,10 @@ def gcs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def s3_ray(s3, _ray_session):
-    """A local Ray whose workers have the endpoint and the (dummy) credentials in their environment, as a cluster's
-    nodes have them (instance role, a Kubernetes Secret): the stage-2 tasks write their parts with credentials of
-    their own. The
-    shared local Ray of the other modules was started without them, so a module that uses this one starts its own
-    Ray and shuts it down at its end (the next module that needs Ray starts the shared one again). Local runs work
-    on it too (tests/test_job_faults.py runs each fault on a local and an S3 store)."""
-    import ray
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # not about submission: see ray_cluster
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    saved = {key: os.environ.get(key) for key in s3.env}
-    os.environ.update(s3.env)
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    yield ray
-    ray.shutdown()
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+def s3_ray(s3, ray_cluster):
+    """The shared local Ray (ray_cluster: its workers have the endpoint and the dummy credentials, so the stage-2
+    tasks write their parts with credentials of their own), with this process's environment set to them too for
+    the module, as a driver on a cluster has them. Local runs work on it too (tests/test_job_faults.py runs each
+    fault on a local and an S3 store)."""
+    with s3.environ():
+        yield ray_cluster

@@ -19,6 +19,10 @@ from jobs.attribution import inputs as _inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["--layer", "-1", "--steps", "2"]  # attribution settings of every Ray test run (all-MiniLM-L6-v2)
+# The fault modules' reference run (tests/conftest.py reference_run): real STS-B test pairs from the 40th on, in two
+# waves of 4 pairs, batches of 4 sentences, on one factor actor (the cheapest pool that shows every fault).
+REFERENCE_PAIRS = 8
+REFERENCE_FLAGS = ["--wave-size", "4", "--batch-size", "4", "--num-actors", "1"]
 TABLES = ("pairs", "cells", "word_cells", "sentences", "quarantine")
 # The order that makes two stores comparable row by row.
 ORDER = {"pairs": "pair_id", "cells": "pair_id, i, j", "word_cells": "pair_id, u, v", "sentences": "sentence_id",

@@ -16,10 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from jobtools import FAST, assert_same_rows, q, run_job, stsb_rows, write_tsv
+from jobtools import FAST, REFERENCE_FLAGS, REFERENCE_PAIRS, assert_same_rows, q, run_job, stsb_rows, write_tsv
 
-N_PAIRS = 8
-FLAGS = ["--wave-size", "4", "--batch-size", "4", "--num-actors", "1"]
+N_PAIRS = REFERENCE_PAIRS
+FLAGS = REFERENCE_FLAGS  # the reference run's (tests/conftest.py reference_run)
 PAGE = 4096
 
 
@@ -56,14 +56,14 @@ def cli(out: Path, data: Path, capsys) -> tuple[int, list[str], str]:
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    return write_tsv(tmp_path_factory.mktemp("disk-data") / "pairs.tsv", stsb_rows(N_PAIRS, start=40))
+def data(reference_run) -> Path:
+    return reference_run[0]
 
 
 @pytest.fixture(scope="module")
-def clean(ray_cluster, data, tmp_path_factory) -> Path:
-    s = run_job(tmp_path_factory.mktemp("clean"), "--dataset", str(data), *FLAGS)
-    return Path(s["run_dir"])
+def clean(ray_cluster, reference_run) -> Path:
+    """The uninterrupted run (tests/conftest.py reference_run)."""
+    return reference_run[1]
 
 
 def pages(run_dir: Path) -> int:

@@ -2,7 +2,8 @@
 
 Every run here attributes the same 8 real STS-B pairs with the same flags (all-MiniLM-L6-v2, last layer,
 N = 2, waves of 4 pairs, batches of 4 sentences, one factor actor) on one local 2-CPU Ray, so every
-store must hold the same rows, cell by cell. The reference is `clean`: one uninterrupted run into a fresh directory.
+store must hold the same rows, cell by cell. The reference is `clean`: one uninterrupted run into a fresh directory
+(made once per session for the fault modules: tests/conftest.py reference_run).
 
 - the same config into another fresh directory gives byte-identical Parquet (the store's determinism claim), its two
   waves served by one actor start (one pool for the run); so does a run whose stage 1 is one pipeline per wave;
@@ -26,6 +27,8 @@ import pyarrow as pa
 import pytest
 from jobtools import (
     FAST,
+    REFERENCE_FLAGS,
+    REFERENCE_PAIRS,
     TABLES,
     download,
     hooked_attribute,
@@ -35,16 +38,14 @@ from jobtools import (
     rows,
     run_job,
     stsb_rows,
-    write_tsv,
 )
 
 from jobs import store as jstore
 from jobs.attribution.hooks import Hooks
 
 ROOT = Path(__file__).resolve().parents[1]
-N_PAIRS = 8
-# Two waves of 4 pairs, two factor batches per wave on one actor (the cheapest pool that shows every fault).
-FLAGS = ["--wave-size", "4", "--batch-size", "4", "--num-actors", "1"]
+N_PAIRS = REFERENCE_PAIRS
+FLAGS = REFERENCE_FLAGS  # the reference run's (tests/conftest.py reference_run)
 
 
 def assert_same_store(got: Path | str, want: Path, tmp_path: Path | None = None) -> None:
@@ -62,16 +63,14 @@ def out_root(kind: str, s3, tmp_path: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    return write_tsv(tmp_path_factory.mktemp("faults-data") / "pairs.tsv", stsb_rows(N_PAIRS, start=40))
+def data(reference_run) -> Path:
+    return reference_run[0]
 
 
 @pytest.fixture(scope="module")
-def clean(s3_ray, data, tmp_path_factory) -> Path:
-    """The uninterrupted run: its run directory."""
-    s = run_job(tmp_path_factory.mktemp("clean"), "--dataset", str(data), *FLAGS)
-    assert (s["computed_pairs"], s["waves"], s["duplicates_dropped"]) == (N_PAIRS, 2, 0)
-    return Path(s["run_dir"])
+def clean(s3_ray, reference_run) -> Path:
+    """The uninterrupted run: its run directory (tests/conftest.py reference_run; s3_ray: the module's Ray)."""
+    return reference_run[1]
 
 
 @pytest.mark.slow

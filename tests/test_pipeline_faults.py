@@ -12,7 +12,6 @@ import fcntl
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -93,16 +92,21 @@ def study(tmp_path: Path) -> Path:
     return write_config(tmp_path / "study.yaml", tree)
 
 
-def pipeline(config: Path, env: dict[str, str], *extra: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "jobs.pipeline", "--config", str(config), *extra], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+def pipeline(config: Path, capsys, *extra: str) -> tuple[int, str, list[str]]:
+    """The command line of jobs.pipeline, in this process (on the module's Ray): exit code, stdout, stderr's lines."""
+    from jobs.pipeline import cli
+
+    code = cli(["--config", str(config), *extra])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err.strip().splitlines()
 
 
 @pytest.mark.slow
-def test_ctrl_c_during_a_study_is_one_line_and_the_same_command_resumes(ray_cluster, tmp_path):
-    """SIGINT once the first wave is committed (the job held there): one line and exit 130 (before: a traceback),
-    the first wave kept, nothing of the second; the same command computes the second wave only. Then the report
-    folder on a full disk: the study's report stage stops in one line, exit 2, and writes it once there is space."""
+def test_ctrl_c_during_a_study_is_one_line_and_the_same_command_resumes(ray_cluster, tmp_path, capsys):
+    """SIGINT once the first wave is committed (the job, a process of its own, held there): one line and exit 130
+    (before: a traceback), the first wave kept, nothing of the second; the same command computes the second wave
+    only. Then the report folder on a full disk: the study's report stage stops in one line, exit 2, and writes it
+    once there is space."""
     config = study(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address}
     proc = subprocess.Popen(hooked("jobs.pipeline", "--config", str(config), hold_after_wave=1), cwd=ROOT, env=env,
@@ -133,18 +137,17 @@ def test_ctrl_c_during_a_study_is_one_line_and_the_same_command_resumes(ray_clus
     assert q(run, "select count(*) from {pairs}") == [(4,)]
     assert [p.name for p in (run / "cells").glob("*.parquet")] == ["part-000000-0000000.parquet"]
 
-    again = pipeline(config, env)
-    assert again.returncode == 0 and "attribute n2: computed 4 pairs" in again.stdout, again.stderr[-3000:]
+    code, stdout, lines = pipeline(config, capsys)
+    assert code == 0 and "attribute n2: computed 4 pairs" in stdout, lines[-20:]
     assert q(run, "select count(*), sum(n_cells) from {pairs}") == q(run, "select count(distinct pair_id), count(*) "
                                                                        "from {cells}")  # fmt: skip
 
     with tmpfs(tmp_path / "disk", 256 * PAGE) as mnt:
         ballast = fill(mnt, leave_pages=2)
         sets = ["--set", "report.enabled=true", "--set", f"report.out={mnt / 'reports'}"]
-        full = pipeline(config, env, *sets)
-        lines = full.stderr.strip().splitlines()
-        assert full.returncode == 2 and "Traceback" not in full.stderr, full.stderr[-3000:]
+        code, _, lines = pipeline(config, capsys, *sets)
+        assert code == 2 and not any("Traceback" in line for line in lines), lines[-20:]
         assert lines[-1].startswith("jobs.pipeline: error: cannot write ") and "[Errno 28]" in lines[-1], lines[-3:]
         ballast.unlink()
-        done = pipeline(config, env, *sets)
-        assert done.returncode == 0 and (mnt / "reports" / "index.html").is_file(), done.stderr[-3000:]
+        code, _, lines = pipeline(config, capsys, *sets)
+        assert code == 0 and (mnt / "reports" / "index.html").is_file(), lines[-20:]

@@ -22,13 +22,13 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from faultproxy import FaultProxy
-from jobtools import FAST, assert_same_rows, download, run_job, stsb_rows, write_tsv
+from jobtools import FAST, REFERENCE_FLAGS, REFERENCE_PAIRS, assert_same_rows, download, run_job
 
 from jobs import store as jstore
 
 ROOT = Path(__file__).resolve().parents[1]
-N_PAIRS = 8
-FLAGS = ["--wave-size", "4", "--batch-size", "4", "--num-actors", "1"]
+N_PAIRS = REFERENCE_PAIRS
+FLAGS = REFERENCE_FLAGS  # the reference run's (tests/conftest.py reference_run)
 
 
 @pytest.fixture()
@@ -188,14 +188,14 @@ def test_denied_is_the_only_failure_with_a_credentials_hint(proxy, s3):
 
 # --------------------------------------------------------------------------- the job
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    return write_tsv(tmp_path_factory.mktemp("flaky-data") / "pairs.tsv", stsb_rows(N_PAIRS, start=40))
+def data(reference_run) -> Path:
+    return reference_run[0]
 
 
 @pytest.fixture(scope="module")
-def clean(s3_ray, data, tmp_path_factory) -> Path:
-    s = run_job(tmp_path_factory.mktemp("clean"), "--dataset", str(data), *FLAGS)
-    return Path(s["run_dir"])
+def clean(s3_ray, reference_run) -> Path:
+    """The fault-free run (tests/conftest.py reference_run; s3_ray: the module's Ray)."""
+    return reference_run[1]
 
 
 @pytest.mark.slow
@@ -215,16 +215,28 @@ def test_job_at_20_percent_faults_equals_a_fault_free_run(s3_ray, proxy, s3, dat
     assert not [k for k in left if k.endswith("_lock.json")] and not uploads(s3, "flaky-job/")
 
 
-def _job(out: str, data: Path, env: dict, *extra: str) -> subprocess.CompletedProcess:
+def _job(out: str, data: Path, capsys, *extra: str) -> tuple[int, str, list[str]]:
+    """The command line of jobs.attribute, in this process (on the module's Ray, through the proxy): exit code,
+    stdout, stderr's lines."""
+    from jobs.attribute import cli
+
+    code = cli(["--dataset", str(data), *FAST, *FLAGS, "--out", out, "-q", *extra])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err.strip().splitlines()
+
+
+def _job_process(out: str, data: Path, env: dict, *extra: str) -> subprocess.CompletedProcess:
+    """The same in a process of its own (a lock it cannot remove stays behind it, for the next run to take over)."""
     cmd = [sys.executable, "-m", "jobs.attribute", "--dataset", str(data), *FAST, *FLAGS, "--out", out, "-q", *extra]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.slow
-def test_blackout_mid_run_stops_in_one_line_and_the_rerun_resumes(s3_ray, proxy, s3, data, clean, tmp_path):
-    """The endpoint goes dark once wave 1 is committed: the job stops after --store-retry-s in one line (exit 2,
-    what failed and after how long), wave 1 stays committed, and the same command then resumes to the fault-free
-    store."""
+def test_blackout_mid_run_stops_in_one_line_and_the_rerun_resumes(s3_ray, proxy, s3, data, clean, tmp_path,
+                                                                   capsys):  # fmt: skip
+    """The endpoint goes dark once wave 1 is committed: the job (a process of its own) stops after --store-retry-s
+    in one line (exit 2, what failed and after how long), wave 1 stays committed, and the same command then resumes
+    to the fault-free store, taking over the lock the dark endpoint kept."""
     out = s3.uri("blackout")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": s3_ray.get_runtime_context().gcs_address}
     stop = threading.Event()
@@ -239,7 +251,7 @@ def test_blackout_mid_run_stops_in_one_line_and_the_rerun_resumes(s3_ray, proxy,
     watcher = threading.Thread(target=darken, daemon=True)
     watcher.start()
     try:
-        failed = _job(out, data, env, "--store-retry-s", "3")
+        failed = _job_process(out, data, env, "--store-retry-s", "3")
     finally:
         stop.set()
         watcher.join(timeout=10)
@@ -252,30 +264,28 @@ def test_blackout_mid_run_stops_in_one_line_and_the_rerun_resumes(s3_ray, proxy,
     rid = clean.name
     assert len(jstore.open_store(out, rid).done_pair_ids()) == 4  # wave 1 committed, wave 2 not
 
-    done = _job(out, data, env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert f"{N_PAIRS} pairs in = {N_PAIRS} done" in done.stdout
+    code, stdout, err = _job(out, data, capsys)
+    assert code == 0, err[-20:]
+    assert f"{N_PAIRS} pairs in = {N_PAIRS} done" in stdout
     assert_same_rows(download(f"{out}/{rid}", tmp_path / "copy"), clean)
 
 
 @pytest.mark.slow
-def test_failed_manifest_write_is_one_line_and_the_rerun_rewrites_it(s3_ray, proxy, s3, data, clean, tmp_path):
+def test_failed_manifest_write_is_one_line_and_the_rerun_rewrites_it(s3_ray, proxy, s3, data, clean, capsys):
     """Every PUT of manifest.json fails (500) after the pairs are committed: one line naming manifest.json and
     HTTP 500, exit 2 (before: a raw traceback, exit 1). The rerun has nothing to compute, yet it sees that the
     manifest disagrees with the store (there is none) and writes it (before: the manifest stayed stale)."""
     out = s3.uri("manifest")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": s3_ray.get_runtime_context().gcs_address}
     proxy.set(rate=1.0, kinds=("500",), match=r"^(PUT|POST) \S*/manifest\.json")
-    failed = _job(out, data, env, "--store-retry-s", "2")
+    code, _, err = _job(out, data, capsys, "--store-retry-s", "2")
     proxy.set(rate=0.0)
-    err = failed.stderr.strip().splitlines()
-    assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stderr[-3000:]
+    assert code == 2 and not any("Traceback" in line for line in err), err[-20:]
     assert "manifest.json" in err[-1] and "HTTP 500" in err[-1], err[-1]
     rid = clean.name
     assert jstore.open_store(out, rid).read_manifest() is None
 
-    done = _job(out, data, env)
-    assert done.returncode == 0 and "computed now        0 pairs" in done.stdout, done.stdout + done.stderr[-2000:]
+    code, stdout, err = _job(out, data, capsys)
+    assert code == 0 and "computed now        0 pairs" in stdout, stdout + "\n".join(err[-20:])
     manifest = jstore.open_store(out, rid).read_manifest()
     assert manifest["tables"]["pairs"]["rows"] == N_PAIRS and manifest["tables"]["pairs"]["parts"] == 2
 

@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 from jobtools import (
     FAST,
+    REFERENCE_FLAGS,
+    REFERENCE_PAIRS,
     assert_same_rows,
     check_pipeline_on_store,
     commit_large_rows,
@@ -36,8 +38,8 @@ from jobtools import (
 from jobs import store as jstore
 
 ROOT = Path(__file__).resolve().parents[1]
-N_PAIRS = 8
-FLAGS = ["--wave-size", "4", "--batch-size", "4", "--num-actors", "1"]
+N_PAIRS = REFERENCE_PAIRS
+FLAGS = REFERENCE_FLAGS  # the reference run's (tests/conftest.py reference_run)
 BACKENDS = ("local", "s3", "gcs")
 OBJECT = ("s3", "gcs")  # the backends with a bucket, an endpoint and a writer-lock object
 SCHEME = {"s3": "s3", "gcs": "gs"}
@@ -103,16 +105,15 @@ def on(*names: str):
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    return write_tsv(tmp_path_factory.mktemp("store-data") / "pairs.tsv", stsb_rows(N_PAIRS, start=40))
+def data(reference_run) -> Path:
+    return reference_run[0]
 
 
 @pytest.fixture(scope="module")
-def local_clean(s3_ray, data, tmp_path_factory) -> Path:
-    """The uninterrupted local run every backend's store is compared with (on a Ray whose workers have the S3
-    endpoint and credentials of their own: tests/conftest.py s3_ray; local and GCS runs need neither)."""
-    s = run_job(tmp_path_factory.mktemp("local"), "--dataset", str(data), *FLAGS)
-    return Path(s["run_dir"])
+def local_clean(s3_ray, reference_run) -> Path:
+    """The uninterrupted local run every backend's store is compared with (tests/conftest.py reference_run; s3_ray:
+    the module's Ray, its workers with the S3 endpoint and credentials of their own)."""
+    return reference_run[1]
 
 
 def fetch(backend: Backend, run_dir: str, dest: Path) -> Path:
@@ -150,13 +151,14 @@ def test_job_equals_local_reruns_without_changes_and_grows(backend, data, local_
 
 @pytest.mark.slow
 @on(*OBJECT)
-def test_driver_killed_mid_run_resumes_to_the_same_store(backend, data, local_clean, tmp_path):
-    """SIGKILL the driver after its first commit: its lock stays behind (a dead pid on this host), the rerun takes
-    it over, recomputes only the second wave, and the store equals the uninterrupted local run. (A local run's
-    killed driver: tests/test_job_faults.py.)"""
+def test_driver_killed_mid_run_resumes_to_the_same_store(s3_ray, backend, data, local_clean, tmp_path):
+    """SIGKILL the driver (a process of its own, joined to the module's Ray) after its first commit: its lock stays
+    behind (a dead pid on this host), the rerun takes it over, recomputes only the second wave, and the store equals
+    the uninterrupted local run. (A local run's killed driver: tests/test_job_faults.py.)"""
     out = backend.uri("killed/runs")
     env = {**backend.subprocess_env(), "PYTHONPATH": str(ROOT)}
-    cmd = hooked_attribute("--dataset", str(data), *FAST, *FLAGS, "--out", out, "-q",
+    cmd = hooked_attribute("--dataset", str(data), *FAST, *FLAGS, "--out", out, "-q", "--ray-address",
+                           s3_ray.get_runtime_context().gcs_address,
                            hold_after_wave=1)  # the driver holds after its first commit: killed between the waves
     kill_after_first_commit(cmd, env, lambda: bool(backend.listing(f"killed/runs/{local_clean.name}/pairs/")),
                             timeout=240, poll=0.2)  # fmt: skip
