@@ -370,11 +370,11 @@ def ray_cluster(_ray_session, s3):
 
 # --------------------------------------------------------------------------- the fault modules' reference run
 @pytest.fixture(scope="session")
-def shared_root(tmp_path_factory, worker_id) -> Path:
-    """A folder that every test process of this session shares (`make test`'s processes have their temp folders
-    side by side), and no other session."""
+def shared_root(tmp_path_factory) -> Path:
+    """A folder that every test process of this session shares (`make test`'s processes, pytest-xdist's workers,
+    have their temp folders side by side), and no other session."""
     base = tmp_path_factory.getbasetemp()
-    return base if worker_id == "master" else base.parent
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 @pytest.fixture(scope="module")
