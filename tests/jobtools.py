@@ -108,6 +108,16 @@ def run_job(out: Path, *flags: str, hooks: Any = None) -> dict:
     return main(parse_args([*FAST, *flags, "--out", str(out), "--quiet"]), hooks=hooks)
 
 
+def run_cli(capsys: Any, out: Path | str, *flags: str) -> tuple[int, str, list[str]]:
+    """`python -m jobs.attribute`'s command line in-process with the FAST settings and `-q`, as run_job: (exit code,
+    stdout, stderr's lines), read from pytest's `capsys`."""
+    from jobs.attribute import cli
+
+    code = cli([*FAST, *flags, "--out", str(out), "-q"])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err.strip().splitlines()
+
+
 def hooked(module: str, *argv: str, **hooks: Any) -> list[str]:
     """The command of a job (jobs.attribute, jobs.pipeline) in a subprocess with test hooks (tests/hooked.py): hooks
     as Hooks' fields, e.g. hold_after_wave=1 (the driver sleeps after its first commit, for kill_after_first_commit)."""

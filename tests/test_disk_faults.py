@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from jobtools import FAST, REFERENCE_FLAGS, REFERENCE_PAIRS, assert_same_rows, q, run_job, stsb_rows, write_tsv
+from jobtools import REFERENCE_FLAGS, REFERENCE_PAIRS, assert_same_rows, q, run_cli, run_job, stsb_rows, write_tsv
 
 N_PAIRS = REFERENCE_PAIRS
 FLAGS = REFERENCE_FLAGS  # the reference run's (tests/conftest.py reference_run)
@@ -44,15 +44,6 @@ def free_bytes(path: Path) -> int:
 
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
-
-
-def cli(out: Path, data: Path, capsys) -> tuple[int, list[str], str]:
-    """jobs.attribute's command line in this process: (exit code, stderr lines, stdout)."""
-    from jobs.attribute import cli as attribute_cli
-
-    code = attribute_cli(["--dataset", str(data), *FAST, *FLAGS, "--out", str(out), "-q"])
-    captured = capsys.readouterr()
-    return code, captured.err.strip().splitlines(), captured.out
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +75,7 @@ def test_disk_full_is_one_line_and_the_rerun_after_freeing_space_is_identical(ra
         (out / clean.name).mkdir(parents=True)  # the folders and .lock: a few pages whatever the share
         ballast = mnt / "ballast"
         ballast.write_bytes(b"\0" * max(0, free_bytes(mnt) - int(share * need) - 8 * PAGE))
-        code, err, _ = cli(out, data, capsys)
+        code, _, err = run_cli(capsys, out, "--dataset", str(data), *FLAGS)
         assert code == 2, err[-5:]
         assert err[-1].startswith("jobs.attribute: error: ") and not any("Traceback" in line for line in err), err[-5:]
         assert str(out / clean.name) in err[-1] and "[Errno 28] No space left on device" in err[-1], err[-1]
@@ -117,7 +108,7 @@ def test_disk_full_at_the_start_with_ray_is_one_line_and_leaves_no_marker(ray_cl
             with contextlib.suppress(OSError):
                 while True:
                     fh.write(b"\0" * PAGE)
-        code, err, _ = cli(out, data, capsys)
+        code, _, err = run_cli(capsys, out, "--dataset", str(data), *FLAGS)
         assert code == 2 and not any("Traceback" in line for line in err), err[-5:]
         assert err[-1].startswith("jobs.attribute: error: ") and "[Errno 28] No space left on device" in err[-1]
         assert MARKER_PREFIX in err[-1] and str(run) in err[-1], err[-1]
@@ -137,11 +128,12 @@ def test_read_only_store_answers_a_rerun_and_refuses_a_write_in_one_line(ray_clu
         out = mnt / "runs"
         run = Path(run_job(out, "--dataset", str(pairs), *FLAGS)["run_dir"])
         assert subprocess.run(["mount", "-o", "remount,ro", str(mnt)], capture_output=True).returncode == 0
-        code, err, stdout = cli(out, pairs, capsys)  # nothing to do: answered from the read-only store
+        # nothing to do: answered from the read-only store
+        code, stdout, err = run_cli(capsys, out, "--dataset", str(pairs), *FLAGS)
         assert code == 0, err[-5:]
         assert f"{N_PAIRS} pairs in = {N_PAIRS} done" in stdout and "computed now        0 pairs" in stdout
 
         write_tsv(pairs, stsb_rows(N_PAIRS + 2, start=40))  # the file grew: the same run, two new pairs
-        code, err, _ = cli(out, pairs, capsys)  # they cannot be written
+        code, _, err = run_cli(capsys, out, "--dataset", str(pairs), *FLAGS)  # they cannot be written
         assert code == 2 and not any("Traceback" in line for line in err), err[-5:]
         assert str(run) in err[-1] and "[Errno 30] Read-only file system" in err[-1], err[-1]

@@ -22,7 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from faultproxy import FaultProxy
-from jobtools import FAST, REFERENCE_FLAGS, REFERENCE_PAIRS, assert_same_rows, download, run_job
+from jobtools import FAST, REFERENCE_FLAGS, REFERENCE_PAIRS, assert_same_rows, download, run_cli, run_job
 
 from jobs import store as jstore
 
@@ -215,18 +215,9 @@ def test_job_at_20_percent_faults_equals_a_fault_free_run(s3_ray, proxy, s3, dat
     assert not [k for k in left if k.endswith("_lock.json")] and not uploads(s3, "flaky-job/")
 
 
-def _job(out: str, data: Path, capsys, *extra: str) -> tuple[int, str, list[str]]:
-    """The command line of jobs.attribute, in this process (on the module's Ray, through the proxy): exit code,
-    stdout, stderr's lines."""
-    from jobs.attribute import cli
-
-    code = cli(["--dataset", str(data), *FAST, *FLAGS, "--out", out, "-q", *extra])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err.strip().splitlines()
-
-
 def _job_process(out: str, data: Path, env: dict, *extra: str) -> subprocess.CompletedProcess:
-    """The same in a process of its own (a lock it cannot remove stays behind it, for the next run to take over)."""
+    """jobs.attribute in a process of its own (a lock it cannot remove stays behind it, for the next run to take
+    over); in this process: jobtools.run_cli."""
     cmd = [sys.executable, "-m", "jobs.attribute", "--dataset", str(data), *FAST, *FLAGS, "--out", out, "-q", *extra]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
@@ -264,7 +255,7 @@ def test_blackout_mid_run_stops_in_one_line_and_the_rerun_resumes(s3_ray, proxy,
     rid = clean.name
     assert len(jstore.open_store(out, rid).done_pair_ids()) == 4  # wave 1 committed, wave 2 not
 
-    code, stdout, err = _job(out, data, capsys)
+    code, stdout, err = run_cli(capsys, out, "--dataset", str(data), *FLAGS)
     assert code == 0, err[-20:]
     assert f"{N_PAIRS} pairs in = {N_PAIRS} done" in stdout
     assert_same_rows(download(f"{out}/{rid}", tmp_path / "copy"), clean)
@@ -277,14 +268,14 @@ def test_failed_manifest_write_is_one_line_and_the_rerun_rewrites_it(s3_ray, pro
     manifest disagrees with the store (there is none) and writes it (before: the manifest stayed stale)."""
     out = s3.uri("manifest")
     proxy.set(rate=1.0, kinds=("500",), match=r"^(PUT|POST) \S*/manifest\.json")
-    code, _, err = _job(out, data, capsys, "--store-retry-s", "2")
+    code, _, err = run_cli(capsys, out, "--dataset", str(data), *FLAGS, "--store-retry-s", "2")
     proxy.set(rate=0.0)
     assert code == 2 and not any("Traceback" in line for line in err), err[-20:]
     assert "manifest.json" in err[-1] and "HTTP 500" in err[-1], err[-1]
     rid = clean.name
     assert jstore.open_store(out, rid).read_manifest() is None
 
-    code, stdout, err = _job(out, data, capsys)
+    code, stdout, err = run_cli(capsys, out, "--dataset", str(data), *FLAGS)
     assert code == 0 and "computed now        0 pairs" in stdout, stdout + "\n".join(err[-20:])
     manifest = jstore.open_store(out, rid).read_manifest()
     assert manifest["tables"]["pairs"]["rows"] == N_PAIRS and manifest["tables"]["pairs"]["parts"] == 2
