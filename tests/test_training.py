@@ -234,7 +234,8 @@ def test_progress_is_reported_at_the_start_each_log_and_each_dev_evaluation(tiny
     seen: list[TrainProgress] = []
     result = fine_tune(model, "tuned", tiny_data(12), tiny_data(6), TrainConfig(batch_size=4, epochs=2,
                        learning_rate=1e-3), str(tmp_path), progress=False, on_progress=seen.append)  # fmt: skip
-    assert "{'" not in capsys.readouterr().out  # progress=False: no bar, and not the trainer's log dicts instead
+    said = capsys.readouterr()  # progress=False: no bar (the trainer's or its model card's), no log dicts instead
+    assert "{'" not in said.out and "Computing widget examples" not in said.err, said.err[-500:]
     assert seen[0].step == 0 and seen[0].max_steps == 6 and seen[0].eta_s is None and seen[0].dev_spearman is None
     assert [p.step for p in seen] == sorted(p.step for p in seen) and seen[-1].step == result["steps"] == 6
     devs = [(p.epoch, p.dev_spearman) for p in seen if p.dev_spearman is not None]

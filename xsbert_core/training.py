@@ -241,6 +241,12 @@ def fine_tune(
     import torch
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 
+    class Trainer(SentenceTransformerTrainer):
+        def add_model_card_callback(self, default_args_dict: dict[str, Any]) -> None:
+            """None: the trained model's card is jobs.train's own (saved with create_model_card=False), and the
+            callback's widget examples draw a progress bar of their own, even with disable_tqdm (sentence-transformers
+            documents overriding this method to drop the callback)."""
+
     evaluator = dev_evaluator(dev, variant)
     per_epoch = config.max_steps <= 0
     args = SentenceTransformerTrainingArguments(
@@ -267,7 +273,7 @@ def fine_tune(
         dataloader_drop_last=False,
     )
     with deterministic_algorithms(config.deterministic):
-        trainer = SentenceTransformerTrainer(
+        trainer = Trainer(
             model=model, args=args, train_dataset=train, loss=variant_loss(model, variant), evaluator=evaluator,
             callbacks=[_progress_callback(on_progress, on_step, evaluator)] if on_progress or on_step else None,
         )
