@@ -47,7 +47,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -203,26 +202,11 @@ def start_ray(gpus: int, logical: bool) -> None:
 
     import ray
 
+    from jobs.raycluster import once_more_if_slow
+
     quiet = {"log_to_driver": False} if logical else {"logging_level": logging.WARNING}
     once_more_if_slow(lambda: ray.init(num_cpus=os.cpu_count() or 1, num_gpus=gpus, include_dashboard=False, **quiet),
                       ray.shutdown)  # fmt: skip
-
-
-# What ray.init raises when its raylet has not registered within Ray's fixed 30 s (a machine busy starting up)
-RAY_SLOW_START = "timed out during startup"
-
-
-def once_more_if_slow(init: Callable[[], Any], shutdown: Callable[[], Any]) -> None:
-    """`init()`, and once more after `shutdown()` where it raised Ray's slow start (RAY_SLOW_START): a start that
-    only took too long does not cost the job pieces; any other error, or a second slow start, is raised."""
-    try:
-        init()
-    except Exception as exc:  # noqa: BLE001 - re-raised unless it is the slow start
-        if RAY_SLOW_START not in str(exc):
-            raise
-        print(f"gpu_job: Ray did not start in time ({exc}); trying once more", file=sys.stderr, flush=True)
-        shutdown()
-        init()
 
 
 def ray_check() -> int:

@@ -47,6 +47,8 @@ import re
 import socket
 import sys
 import threading
+from collections.abc import Callable
+from typing import Any
 
 from xsbert_core.errors import XsbertError
 
@@ -152,6 +154,24 @@ def _probe_token(ray, address: str | None) -> None:
                 raise RayJoinError(auth_hint(address)) from None
 
 
+# What ray.init raises when the raylet it started has not registered within Ray's fixed 30 s (a machine busy starting)
+RAY_SLOW_START = "timed out during startup"
+
+
+def once_more_if_slow(init: Callable[[], Any], shutdown: Callable[[], Any]) -> None:
+    """`init()` (a local Ray's start), and once more after `shutdown()` where it raised Ray's slow start
+    (RAY_SLOW_START), saying so on stderr: a start that only took too long does not end the run; any other error, or
+    a second slow start, is raised."""
+    try:
+        init()
+    except Exception as exc:  # noqa: BLE001 - re-raised unless it is the slow start
+        if RAY_SLOW_START not in str(exc):
+            raise
+        print(f"Ray did not start in time ({exc}); trying once more", file=sys.stderr, flush=True)
+        shutdown()
+        init()
+
+
 def init_ray(address: str | None = None):
     """Join a running cluster (`address`, $RAY_ADDRESS, or the one this process joined), else start a local one.
 
@@ -174,7 +194,8 @@ def init_ray(address: str | None = None):
                                        "head up? `ray status --address ...` on the head tells)") from None  # fmt: skip
                 raise
         else:
-            ray.init(num_cpus=os.cpu_count() or 1, logging_level=logging.WARNING)
+            once_more_if_slow(lambda: ray.init(num_cpus=os.cpu_count() or 1, logging_level=logging.WARNING),
+                              ray.shutdown)  # fmt: skip
     return ray
 
 

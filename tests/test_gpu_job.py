@@ -226,32 +226,3 @@ def test_the_job_pieces_are_skipped_where_ray_did_not_start_and_mpnet_where_mini
     assert skip_reason("job-mpnet", stalled) == "job-minilm was cut at its cap: the job stalled"
     assert skip_reason("job-mpnet", {"ray_check": {"rc": 0}, "pieces": {"job-minilm": {"rc": 1}}}) is None
 
-
-def test_a_ray_start_that_only_took_too_long_is_tried_once_more(capsys):
-    """Ray's raylet not registered within Ray's fixed 30 s (a machine busy starting up): shut down and started once
-    more, saying so on stderr; another error, or a second slow start, is raised."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    from gpu_job import RAY_SLOW_START, once_more_if_slow
-
-    def starts(*outcomes: Exception | None) -> tuple[list[str], object, object]:
-        calls, left = [], list(outcomes)
-
-        def init() -> None:
-            calls.append("init")
-            if (error := left.pop(0)) is not None:
-                raise error
-
-        return calls, init, lambda: calls.append("shutdown")
-
-    slow = Exception(f"The current node {RAY_SLOW_START}. This could happen because ...")
-    calls, init, shutdown = starts(slow, None)
-    once_more_if_slow(init, shutdown)
-    assert calls == ["init", "shutdown", "init"] and "trying once more" in capsys.readouterr().err
-    calls, init, shutdown = starts(RuntimeError("raylet died"), None)
-    with pytest.raises(RuntimeError, match="raylet died"):
-        once_more_if_slow(init, shutdown)
-    assert calls == ["init"]
-    calls, init, shutdown = starts(slow, slow)
-    with pytest.raises(Exception, match=RAY_SLOW_START):
-        once_more_if_slow(init, shutdown)
-    assert calls == ["init", "shutdown", "init"]
