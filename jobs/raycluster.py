@@ -36,6 +36,10 @@ Two traps of `ray job submit` against a head with token authentication (Ray's de
 - a job whose entrypoint `python` lacks the project's dependencies: `ray job submit` runs the `python` first on the
   PATH of the process that started the head (`.venv/bin/ray start --head` from a shell without the venv activated
   gives the system Python). `jobs/_python.py`, run by `jobs/__init__.py` before any heavy import, names the fix.
+
+A local Ray whose raylet has not registered within Ray's fixed 30 s (a machine busy starting up; `ray.init` raises
+"The current node timed out during startup") is shut down and started once more, with one line on stderr
+(`once_more_if_slow`).
 """
 
 from __future__ import annotations
