@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import transformers
 from conftest import CORPUS  # pytest puts tests/ on sys.path (rootdir conftest)
 
 from xsbert_core import Explainer, InputError, UnsupportedModelError, is_shifted, load_model
@@ -232,10 +233,14 @@ def test_progress_is_reported_at_the_start_each_log_and_each_dev_evaluation(tiny
     model = trainable(tiny.build("bert", n_layers=1))
     build_variant(model, "tuned")
     seen: list[TrainProgress] = []
+    capsys.readouterr()  # what building the tiny model printed
+    bars = transformers.utils.logging.is_progress_bar_enabled()
     result = fine_tune(model, "tuned", tiny_data(12), tiny_data(6), TrainConfig(batch_size=4, epochs=2,
                        learning_rate=1e-3), str(tmp_path), progress=False, on_progress=seen.append)  # fmt: skip
-    said = capsys.readouterr()  # progress=False: no bar (the trainer's or its model card's), no log dicts instead
+    said = capsys.readouterr()  # progress=False: no bar (the trainer's, its model card's, a checkpoint's), no log dicts
     assert "{'" not in said.out and "Computing widget examples" not in said.err, said.err[-500:]
+    assert "Writing model shards" not in said.err and "Loading weights" not in said.err, said.err[-500:]
+    assert transformers.utils.logging.is_progress_bar_enabled() == bars  # as they were
     assert seen[0].step == 0 and seen[0].max_steps == 6 and seen[0].eta_s is None and seen[0].dev_spearman is None
     assert [p.step for p in seen] == sorted(p.step for p in seen) and seen[-1].step == result["steps"] == 6
     devs = [(p.epoch, p.dev_spearman) for p in seen if p.dev_spearman is not None]

@@ -139,6 +139,23 @@ def _progress_callback(on_progress: Callable[[TrainProgress], None] | None,
 
 
 @contextlib.contextmanager
+def transformers_bars(shown: bool):
+    """transformers' own progress bars (a checkpoint's "Writing model shards", say) off while the block runs when not
+    `shown`, as they were after; the trainer's bar is its disable_tqdm."""
+    import transformers
+
+    bars = transformers.utils.logging
+    before = bars.is_progress_bar_enabled()
+    if not shown and before:
+        bars.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if not shown and before:
+            bars.enable_progress_bar()
+
+
+@contextlib.contextmanager
 def deterministic_algorithms(enabled: bool = True):
     """PyTorch's deterministic algorithms (warn-only), cuDNN's deterministic mode and cuBLAS's fixed workspace while
     the block runs, restored after. transformers' enable_full_determinism does the same but also sets
@@ -272,7 +289,7 @@ def fine_tune(
         use_cpu=not torch.cuda.is_available(),
         dataloader_drop_last=False,
     )
-    with deterministic_algorithms(config.deterministic):
+    with deterministic_algorithms(config.deterministic), transformers_bars(progress):
         trainer = Trainer(
             model=model, args=args, train_dataset=train, loss=variant_loss(model, variant), evaluator=evaluator,
             callbacks=[_progress_callback(on_progress, on_step, evaluator)] if on_progress or on_step else None,
