@@ -20,6 +20,7 @@ ignored). jobs.pipeline's train stage trains through `train_model` below, once p
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import logging
@@ -43,6 +44,7 @@ from xsbert_core.training import (
     build_variant,
     fine_tune,
     pairs_dataset,
+    transformers_bars,
 )
 
 from .attribution.validate import load_pairs, validate
@@ -238,94 +240,97 @@ def weights_sha256(folder: Path) -> str:
 def train_model(base: str, variant: str, config: TrainConfig, target: Path, *, dataset: str = "stsb",
                 train_split: str = "train", dev_split: str = "dev", train_limit: int | None = None,
                 dev_limit: int | None = None, command: str = "", quiet: bool = False,
+                say: Callable[[str], None] = functools.partial(print, flush=True),
                 record: dict[str, Any] | None = None,
                 on_progress: Callable[[TrainProgress], None] | None = None,
                 on_step: Callable[[TrainProgress], None] | None = None) -> dict[str, Any]:  # fmt: skip
     """Fine-tune `variant` of `base` by `config` on `dataset`'s train split (dev evaluated every epoch); save the last
     epoch into `target` and, where epochs were evaluated, the best-dev epoch into its sibling <target>-best-dev (both
     replaced if there); return the training record, written with the model card into each folder. `record`: extra
-    fields of the record (jobs.pipeline's model id and recipe name); `on_progress`, `on_step`: fine_tune's.
+    fields of the record (jobs.pipeline's model id and recipe name); `on_progress`, `on_step`: fine_tune's; `quiet`: no
+    progress bar (the trainer's, nor transformers' own while it loads and saves); `say`: where its lines go.
 
     Everything is written into a hidden folder beside `target` first (the trainer's per-epoch checkpoints too), and
     the finished folders replace the old ones at the end: a killed training leaves the old models as they were and no
     half-written one; the next training into `target` on the same host removes what it left."""
-    # sentence-transformers (seconds to import) here, where a model is trained, not for --help or a bad flag
-    from sentence_transformers import SentenceTransformer
+    with transformers_bars(not quiet):  # quiet: no bar of transformers' either (loading, saving)
+        # sentence-transformers (seconds to import) here, where a model is trained, not for --help or a bad flag
+        from sentence_transformers import SentenceTransformer
 
-    from xsbert_core import load_model
+        from xsbert_core import load_model
 
-    # Everything that can fail fails before training: data, model, the variant's construction.
-    train_a, train_b, train_y = _stsb_pairs(dataset, train_split, train_limit)
-    dev_a, dev_b, dev_y = _stsb_pairs(dataset, dev_split, dev_limit)
-    model = load_model(base, attn_implementation=None)  # fused attention: ~1.3x faster training
-    for p in model.parameters():  # load_model freezes the weights for attribution: training needs them back
-        p.requires_grad_(True)
-    model.train()
-    build_variant(model, variant)
-    train, dev = pairs_dataset(train_a, train_b, train_y), pairs_dataset(dev_a, dev_b, dev_y)
-    print(f"training {variant} from {base}: {len(train)} train / {len(dev)} dev pairs, "
-          f"similarity {VARIANT_SIMILARITY[variant]}", flush=True)  # fmt: skip
-    name = target.name
-    best_target = target.with_name(f"{name}{BEST_SUFFIX}")
-    partial = f".{name}.partial-"  # + the process's tag: a training into `target`, before it replaces it
-    remove_orphans(target.parent, partial)  # what killed ones left
-    staging = owned_path(target.parent, partial)
-    staging.mkdir(parents=True)
-    try:
-        t0 = time.perf_counter()
-        with tempfile.TemporaryDirectory(prefix="xsbert-train-", dir=staging) as work:
-            result = fine_tune(model, variant, train, dev, config, work, progress=not quiet, on_progress=on_progress,
-                               on_step=on_step)  # fmt: skip
-            best = result["best"]
-            # The epoch with the best dev score, loaded from the trainer's checkpoint of it before the work dir goes.
-            best_model = SentenceTransformer(best.pop("checkpoint"), device="cpu") if best else None
-        seconds = time.perf_counter() - t0
-        model.eval()
-        last = staging / "last-epoch"
-        model.save(str(last), create_model_card=False)
-        info = {
-            "name": name,
-            "path": str(target),
-            "variant": variant,
-            "base_model": str(base),
-            "similarity": VARIANT_SIMILARITY[variant],
-            "loss": "DotProductMSELoss (MSE of e(a)·e(b) vs label)" if variant == "orig"
-            else "CosineSimilarityLoss (MSE of cos vs label)",
-            "dataset": dataset,
-            "n_train": len(train),
-            "n_dev": len(dev),
-            "hyperparameters": config.as_dict(),
-            **result,
-            **(record or {}),
-            "train_seconds": seconds,
-            "device": _device_name(),
-            "versions": _versions(),
-            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "xsbert_version": xsbert_core.__version__,
-            "command": command,
-            "weights_sha256": weights_sha256(last),
-            "checkpoint": "last-epoch",
-            "last_epoch_path": str(target),
-            "best_dev_path": str(best_target) if best else None,
-        }
-        write_card(last, info)
-        if best_model is not None:
-            best_model.save(str(staging / "best-dev"), create_model_card=False)
-            write_card(staging / "best-dev", {**info, "path": str(best_target), "name": best_target.name,
-                                              "checkpoint": "best-dev", "dev_spearman": best["dev_spearman"],
-                                              "weights_sha256": weights_sha256(staging / "best-dev")})  # fmt: skip
-            _replace(best_target, staging / "best-dev")
-        elif best_target.exists():  # an earlier training's best epoch: not this model's
-            shutil.rmtree(best_target)
-        _replace(target, last)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    print(f"dev Spearman ({result['metric']}) {result['dev_spearman']:.4f} after {result['steps']} steps (last epoch), "
-          f"{seconds:.0f} s\nsaved: {target}", flush=True)  # fmt: skip
-    if best:
-        print(f"dev Spearman ({result['metric']}) {best['dev_spearman']:.4f} at epoch {best['epoch']:g} (best dev; "
-              f"ours)\nsaved: {best_target}", flush=True)  # fmt: skip
-    return info
+        # Everything that can fail fails before training: data, model, the variant's construction.
+        train_a, train_b, train_y = _stsb_pairs(dataset, train_split, train_limit)
+        dev_a, dev_b, dev_y = _stsb_pairs(dataset, dev_split, dev_limit)
+        model = load_model(base, attn_implementation=None)  # fused attention: ~1.3x faster training
+        for p in model.parameters():  # load_model freezes the weights for attribution: training needs them back
+            p.requires_grad_(True)
+        model.train()
+        build_variant(model, variant)
+        train, dev = pairs_dataset(train_a, train_b, train_y), pairs_dataset(dev_a, dev_b, dev_y)
+        say(f"training {variant} from {base}: {len(train)} train / {len(dev)} dev pairs, "
+              f"similarity {VARIANT_SIMILARITY[variant]}")  # fmt: skip
+        name = target.name
+        best_target = target.with_name(f"{name}{BEST_SUFFIX}")
+        partial = f".{name}.partial-"  # + the process's tag: a training into `target`, before it replaces it
+        remove_orphans(target.parent, partial)  # what killed ones left
+        staging = owned_path(target.parent, partial)
+        staging.mkdir(parents=True)
+        try:
+            t0 = time.perf_counter()
+            with tempfile.TemporaryDirectory(prefix="xsbert-train-", dir=staging) as work:
+                result = fine_tune(model, variant, train, dev, config, work, progress=not quiet,
+                                   on_progress=on_progress, on_step=on_step)  # fmt: skip
+                best = result["best"]
+                # The epoch with the best dev score, from the trainer's checkpoint of it before the work dir goes.
+                best_model = SentenceTransformer(best.pop("checkpoint"), device="cpu") if best else None
+            seconds = time.perf_counter() - t0
+            model.eval()
+            last = staging / "last-epoch"
+            model.save(str(last), create_model_card=False)
+            info = {
+                "name": name,
+                "path": str(target),
+                "variant": variant,
+                "base_model": str(base),
+                "similarity": VARIANT_SIMILARITY[variant],
+                "loss": "DotProductMSELoss (MSE of e(a)·e(b) vs label)" if variant == "orig"
+                else "CosineSimilarityLoss (MSE of cos vs label)",
+                "dataset": dataset,
+                "n_train": len(train),
+                "n_dev": len(dev),
+                "hyperparameters": config.as_dict(),
+                **result,
+                **(record or {}),
+                "train_seconds": seconds,
+                "device": _device_name(),
+                "versions": _versions(),
+                "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "xsbert_version": xsbert_core.__version__,
+                "command": command,
+                "weights_sha256": weights_sha256(last),
+                "checkpoint": "last-epoch",
+                "last_epoch_path": str(target),
+                "best_dev_path": str(best_target) if best else None,
+            }
+            write_card(last, info)
+            if best_model is not None:
+                best_model.save(str(staging / "best-dev"), create_model_card=False)
+                write_card(staging / "best-dev", {**info, "path": str(best_target), "name": best_target.name,
+                                                  "checkpoint": "best-dev", "dev_spearman": best["dev_spearman"],
+                                                  "weights_sha256": weights_sha256(staging / "best-dev")})  # fmt: skip
+                _replace(best_target, staging / "best-dev")
+            elif best_target.exists():  # an earlier training's best epoch: not this model's
+                shutil.rmtree(best_target)
+            _replace(target, last)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        say(f"dev Spearman ({result['metric']}) {result['dev_spearman']:.4f} after {result['steps']} steps (last "
+            f"epoch), {seconds:.0f} s\nsaved: {target}")  # fmt: skip
+        if best:
+            say(f"dev Spearman ({result['metric']}) {best['dev_spearman']:.4f} at epoch {best['epoch']:g} (best dev; "
+                f"ours)\nsaved: {best_target}")  # fmt: skip
+        return info
 
 
 def _replace(folder: Path, finished: Path) -> None:

@@ -171,8 +171,9 @@ def read_progress(root: str | Path, mid: str) -> TrainProgress | None:
 
 def train_into(spec: TrainSpec, mid: str, config: dict[str, Any], root: str) -> dict[str, Any]:
     """Train `spec` into <root>/<mid>/ (a fresh process runs this: the local pool's or a Ray task's), keeping its
-    progress in progress_file(root, mid) meanwhile. Returns the last epoch's training record, or {"error": one line}
-    for a bad input (so that it crosses a process boundary as text)."""
+    progress in progress_file(root, mid) meanwhile, and silent (the stage says what it does, from that file). Returns
+    the last epoch's training record, or {"error": one line} for a bad input (so that it crosses a process boundary as
+    text)."""
     from .train import train_model, write_card
 
     final = Path(root) / mid
@@ -196,7 +197,7 @@ def train_into(spec: TrainSpec, mid: str, config: dict[str, Any], root: str) -> 
         command = f"python -m jobs.pipeline (train stage: {spec.variant} of {spec.base}, recipe {spec.recipe_name})"
         train_model(spec.base, spec.variant, spec.recipe, target, dataset=spec.dataset, train_split=spec.train_split,
                     dev_split=spec.dev_split, train_limit=spec.train_limit, dev_limit=spec.dev_limit,
-                    command=command, quiet=True, record=record,
+                    command=command, quiet=True, say=lambda line: None, record=record,
                     on_progress=on_progress, on_step=on_step)  # fmt: skip
         try:
             work.rename(final)
@@ -295,7 +296,14 @@ def ensure_trained(specs: dict[str, TrainSpec], root: str, executor: str = "ray"
                 f"(model {mid}) ...")  # fmt: skip
         t0 = time.perf_counter()
         jobs = list(todo.values())
-        report = on_progress or (lambda names, p: say(f"train {names}: {p}"))
+        said: dict[str, str] = {}
+
+        def say_progress(names: str, p: TrainProgress) -> None:  # a line per change of what it says
+            if said.get(names) != (line := f"train {names}: {p}"):
+                said[names] = line
+                say(line)
+
+        report = on_progress or say_progress
         seen: dict[str, TrainProgress] = {}
         stopped: list[str] = []
 

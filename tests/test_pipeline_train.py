@@ -18,6 +18,7 @@ import yaml
 
 from jobs import pipeline, trained
 from xsbert_core import load_model, weights_fingerprint
+from xsbert_core.training import transformers_bars
 
 SMOKE = {"epochs": 1, "batch_size": 4}  # 8 pairs: 2 steps, one evaluated epoch (so best-dev is saved too)
 
@@ -192,7 +193,7 @@ def test_train_stage_on_ray_trains_in_a_task(tiny, tmp_path, ray_cluster, capsys
     assert not any(m["trained"] for m in pipeline.stage_train(study).values())
 
 
-def test_train_stage_says_each_trainings_progress_while_it_runs(tiny, tmp_path, capsys):
+def test_train_stage_says_each_trainings_progress_while_it_runs(tiny, tmp_path, capfd):
     """While a training runs, the stage reads the progress file it keeps (every poll_s) and says a line per change;
     the file is gone when the training ends. A caller's on_progress gets the model names and the TrainProgress.
 
@@ -212,11 +213,16 @@ def test_train_stage_says_each_trainings_progress_while_it_runs(tiny, tmp_path, 
     for folder in (left[0], *kept):
         (folder / "xsbert-train-x" / "checkpoint-2").mkdir(parents=True)
     left[1].write_text("{")
-    done = pipeline.stage_train(study, poll_s=0.02)
+    capfd.readouterr()  # what building the tiny model printed
+    with transformers_bars(False):  # this process's own (the base's fingerprint); the training's process is fresh
+        done = pipeline.stage_train(study, poll_s=0.02)
     assert done["exact"]["model_id"] == mid and not any(p.exists() for p in left)
     assert all(p.is_dir() for p in kept)
-    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("train exact: step ")]
-    assert lines and all("/6 (epoch " in ln for ln in lines), lines
+    said = capfd.readouterr()  # the stage's lines only: not the training process's own, nor its bars
+    assert all(ln.startswith("train exact: ") for ln in said.out.splitlines()), said.out
+    assert "Loading weights" not in said.err and "Writing model shards" not in said.err, said.err[-500:]
+    lines = [ln for ln in said.out.splitlines() if ln.startswith("train exact: step ")]
+    assert lines and all("/6 (epoch " in ln for ln in lines) and len(set(lines)) == len(lines), lines  # none twice
     assert done["exact"]["record"]["steps"] == 6
     assert not trained.progress_file(study.models_dir, done["exact"]["model_id"]).exists()
 
