@@ -269,7 +269,7 @@ def train_model(base: str, variant: str, config: TrainConfig, target: Path, *, d
         build_variant(model, variant)
         train, dev = pairs_dataset(train_a, train_b, train_y), pairs_dataset(dev_a, dev_b, dev_y)
         say(f"training {variant} from {base}: {len(train)} train / {len(dev)} dev pairs, "
-              f"similarity {VARIANT_SIMILARITY[variant]}")  # fmt: skip
+            f"similarity {VARIANT_SIMILARITY[variant]}")  # fmt: skip
         name = target.name
         best_target = target.with_name(f"{name}{BEST_SUFFIX}")
         partial = f".{name}.partial-"  # + the process's tag: a training into `target`, before it replaces it

@@ -225,4 +225,3 @@ def test_the_job_pieces_are_skipped_where_ray_did_not_start_and_mpnet_where_mini
     stalled = {"ray_check": {"rc": 0}, "pieces": {"job-minilm": {"rc": 124}}}
     assert skip_reason("job-mpnet", stalled) == "job-minilm was cut at its cap: the job stalled"
     assert skip_reason("job-mpnet", {"ray_check": {"rc": 0}, "pieces": {"job-minilm": {"rc": 1}}}) is None
-

@@ -145,13 +145,13 @@ def transformers_bars(shown: bool):
     import transformers
 
     bars = transformers.utils.logging
-    before = bars.is_progress_bar_enabled()
-    if not shown and before:
+    hide = not shown and bars.is_progress_bar_enabled()
+    if hide:
         bars.disable_progress_bar()
     try:
         yield
     finally:
-        if not shown and before:
+        if hide:
             bars.enable_progress_bar()
 
 
