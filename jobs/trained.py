@@ -13,14 +13,15 @@ old. A training writes into a temporary folder beside them (its trainer's per-ep
 and renames it into place when both checkpoints are saved, so a killed training leaves nothing that passes for a model;
 the next training of that id on the same host removes what it left.
 
-Where it trains: with the local executor each training runs in a fresh process of this machine (`per_gpu` at once
-per GPU: small models leave most of a GPU idle); with Ray each is a task with 1/per_gpu of a GPU where the cluster
-has GPUs (one CPU where it has none), in a fresh worker, writing into models_dir, which the driver and every node
-must see (a local folder on one machine, a shared folder on several). While a training runs it keeps its progress
-in <models_dir>/.<model id>.progress.json (xsbert_core.training.TrainProgress: step, epoch, seconds, time left),
-which ensure_trained reads every `poll_s` and passes to `on_progress`; the file goes when the training ends. Where
-`on_progress` returns True, every training of the call stops after its current step (a stop file beside the progress):
-nothing of it is kept, and ensure_trained raises TrainingStopped (a caller's deadline, not a fault).
+Where it trains: with the local executor in spawned processes of this machine (`per_gpu` at once per GPU: small models
+leave most of a GPU idle; one process without a GPU, its trainings one after another); with Ray each is a task with
+1/per_gpu of a GPU where the cluster has GPUs (one CPU where it has none), in a fresh worker, writing into models_dir,
+which the driver and every node must see (a local folder on one machine, a shared folder on several). While a training
+runs it keeps its progress in <models_dir>/.<model id>.progress.json (xsbert_core.training.TrainProgress: step, epoch,
+seconds, time left), which ensure_trained reads every `poll_s` and passes to `on_progress`; the file goes when the
+training ends. Where `on_progress` returns True, every training of the call stops after its current step (a stop file
+beside the progress): nothing of it is kept, and ensure_trained raises TrainingStopped (a caller's deadline, not a
+fault).
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ def read_progress(root: str | Path, mid: str) -> TrainProgress | None:
 
 
 def train_into(spec: TrainSpec, mid: str, config: dict[str, Any], root: str) -> dict[str, Any]:
-    """Train `spec` into <root>/<mid>/ (a fresh process runs this: the local pool's or a Ray task's), keeping its
+    """Train `spec` into <root>/<mid>/ (in a process of the local pool, or a Ray task's fresh worker), keeping its
     progress in progress_file(root, mid) meanwhile, and silent (the stage says what it does, from that file). Returns
     the last epoch's training record, or {"error": one line} for a bad input (so that it crosses a process boundary as
     text)."""
@@ -228,8 +229,9 @@ def train_into(spec: TrainSpec, mid: str, config: dict[str, Any], root: str) -> 
 
 def _local(todo: list[tuple[TrainSpec, str, dict[str, Any]]], root: str, per_gpu: int, watch: Callable[[], None],
            poll_s: float) -> list[dict[str, Any]]:  # fmt: skip
-    """Each training in a fresh process (spawned: a CUDA context and cuBLAS of its own, so the deterministic settings
-    hold from its start), per_gpu at once per GPU, one at a time without a GPU; `watch()` every poll_s meanwhile."""
+    """The trainings in spawned processes (CUDA and cuBLAS start in them after a training has set the deterministic
+    settings, which each training sets again): per_gpu at once per GPU, one process without a GPU, whose trainings run
+    one after another; `watch()` every poll_s meanwhile."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, wait
 
