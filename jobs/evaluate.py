@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from xsbert_core import InputError, XsbertError
+from xsbert_core.cli import writable_folder
 from xsbert_core.metrics import aso_both_ways, pearson, spearman
 from xsbert_core.models import DEFAULT_MODEL
 from xsbert_core.settings import DEFAULT_LAYER, add_arguments, from_namespace
@@ -534,7 +535,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     out = Path(args.out or Path("docs") / "results" / base_name(args.base))
-    out.mkdir(parents=True, exist_ok=True)
+    writable_folder(out, f"--out {out}", create=True)  # before any model loads
     paths = model_paths(args)
     needed = {"table1": VARIANTS, "agreement": ("tuned", "exact"), "figures": ("exact",)}
     require_models(paths, tuple(sorted({v for s in args.stages for v in needed[s]})))

@@ -53,6 +53,7 @@ from pydantic import (
 )
 
 from xsbert_core import InputError, XsbertError
+from xsbert_core.cli import writable_folder
 from xsbert_core.models import is_packaged, missing_weights
 from xsbert_core.settings import base_type
 from xsbert_core.training import CHECKPOINTS, RECIPES, VARIANTS, TrainConfig, TrainProgress
@@ -850,6 +851,11 @@ def main(args: argparse.Namespace, hooks: Hooks | None = None) -> dict[str, Any]
         + (f", {len(trained)} model(s) to train into {study.models_dir}" if trained else ""))  # fmt: skip
     for line in weights_notes(study):
         say(line)
+    # the local folders the study writes, checked before anything is trained or attributed
+    if study.report.enabled and not Location.parse(study.report_root()).is_remote:
+        writable_folder(study.report_root(), f"report.out {study.report_root()}")
+    if trained:
+        writable_folder(study.models_dir, f"models_dir {study.models_dir}")
     models = stage_train(study)
     summaries = stage_attribute(study, {name: m["path"] for name, m in models.items()}, hooks=hooks)
     run_dirs = {name: str(s["run_dir"]) for name, s in summaries.items()}

@@ -145,11 +145,12 @@ def stored_attribution(pair: StoredPair, words: bool):
 
 def show(args: argparse.Namespace, out=None) -> int:
     """`xsbert show`: the pair as `xsbert explain` prints it, from the store."""
-    from xsbert_core.cli import format_view
+    from xsbert_core.cli import format_view, output_file, save_heatmap
 
     out = out or sys.stdout
     if args.top < 1:
         raise InputError(f"--top must be >= 1, got {args.top}")
+    png = output_file(args.png, "--png", image=True) if args.png else None
     con = sqlrun.connect(sqlrun.check_run(args.run))
     info = open_run(con, args.run, "--run", "")
     page = Page(con, lambda sql, run2: sql)
@@ -166,13 +167,7 @@ def show(args: argparse.Namespace, out=None) -> int:
     print(format_view(res, pair.row["text_a"], pair.row["text_b"], args.top), file=out)
     if min_abs:
         print(f"(cells with |value| < {min_abs} are not stored: --min-abs {min_abs}; they count as 0 here)", file=out)
-    if args.png:
-        from xsbert_core.cli import _display
-        from xsbert_core.plots import plot_attributions
-
-        title = (f"f(a,b) = {res.score:.3f}   ΣA = {res.attribution_sum:.3f}   layer {res.settings.get('layer')}, "
-                 f"{res.settings.get('mode')}   (pair {args.pair})")  # fmt: skip
-        plot_attributions(res.matrix, [_display(t) for t in res.tokens_a], [_display(t) for t in res.tokens_b],
-                          args.png, title)  # fmt: skip
-        print(f"wrote {args.png}", file=out)
+    if png:
+        save_heatmap(res, png, "--png", f"   (pair {args.pair})")
+        print(f"wrote {png}", file=out)
     return 0

@@ -35,6 +35,7 @@ from typing import Any
 
 import xsbert_core
 from xsbert_core import InputError, XsbertError
+from xsbert_core.cli import writable_folder
 from xsbert_core.models import DEFAULT_MODEL
 from xsbert_core.training import (
     VARIANT_SIMILARITY,
@@ -216,6 +217,7 @@ def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, A
     """Train, save, return the training record (also written to xsbert_training.json); `argv`: the command line,
     for the model card (`python -m jobs.train ...`)."""
     config = config_of(args)
+    writable_folder(args.out, f"--out {args.out}")  # before the data and the model load
     base_name = Path(str(args.model)).name or str(args.model)
     name = args.name or f"{base_name}-{args.variant}"
     target = Path(args.out) / name

@@ -101,6 +101,30 @@ def test_bad_input_exits_2_with_message(argv, needle, capsys, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    "flag,name,needle",
+    [
+        ("--json", "a-file/out.json", "cannot write there (Not a directory)"),
+        ("--plot", "a-file/out.png", "cannot write there (Not a directory)"),
+        ("--json", "a-folder", "is a directory; give a file name"),
+        ("--plot", "out.pngg", ".pngg is not an image format (use one of "),
+    ],
+)
+def test_an_output_that_cannot_be_written_is_one_line_before_the_model_loads(flag, name, needle, capsys, tmp_path):
+    (tmp_path / "a-file").write_text("")
+    (tmp_path / "a-folder").mkdir()
+    code = main(["explain", "a", "b", "--model", str(tmp_path / "no-model-here"), flag, str(tmp_path / name)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"xsbert: error: {flag} {tmp_path / name}: {needle}")
+    assert len(err.splitlines()) == 1  # not the model's error: the output is checked first
+
+
+def test_a_plot_without_a_suffix_is_a_png_and_says_so(tmp_path, capsys):
+    assert main(["explain", "a", "b", "--steps", "1", "--layer", "-1", "--plot", str(tmp_path / "sub" / "heat")]) == 0
+    assert (tmp_path / "sub" / "heat.png").read_bytes()[:8] == PNG_MAGIC  # its folder made, matplotlib's suffix
+    assert capsys.readouterr().out.splitlines()[-1] == f"wrote {tmp_path / 'sub' / 'heat.png'}"
+
+
 def test_unknown_model_exits_2(capsys, tmp_path):
     code = main(["explain", "a", "b", "--model", str(tmp_path / "no-model-here"), "--steps", "1"])
     err = capsys.readouterr().err

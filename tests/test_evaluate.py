@@ -187,6 +187,10 @@ def test_evaluate_bad_inputs(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli(["--stages", "tables"])
     assert "unknown stage" in capsys.readouterr().err
+    (tmp_path / "a-file").write_text("")  # a results folder that cannot be made: said before the models are looked for
+    assert cli(["--models", str(tmp_path / "none"), "--out", str(tmp_path / "a-file" / "o")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"jobs.evaluate: error: --out {tmp_path}/a-file/o: cannot write there (Not a directory)")
     assert not np.any([p.name.endswith(".parquet") for p in tmp_path.rglob("*")])
 
 

@@ -109,6 +109,17 @@ def test_bad_config_fails_before_anything_runs(tmp_path, capsys):
     assert not (tmp_path / "runs").exists() and not (tmp_path / "reports").exists()
 
 
+def test_a_report_folder_that_cannot_be_written_fails_before_anything_runs(tmp_path, capsys):
+    """The study's local folders are checked first: an unwritable report folder is one line before any attribution
+    (not after the runs and parses, when the reports are written)."""
+    (tmp_path / "a-file").write_text("")
+    tree = _set(base_config(tmp_path), "report.out", str(tmp_path / "a-file" / "reports"))
+    assert pipeline.cli(["--config", str(write_config(tmp_path / "s.yaml", tree))]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"jobs.pipeline: error: report.out {tmp_path}/a-file/reports: cannot write there (Not a directory)"
+    assert not (tmp_path / "runs").exists()
+
+
 @pytest.mark.parametrize(
     "text,message",
     [

@@ -302,7 +302,7 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path, stores, capsys):
         (["--run", str(stores["main"].parent), "--out", str(tmp_path / "o")], "not a run directory"),
         (["--run", run, "--run2", str(tmp_path / "missing"), "--out", str(tmp_path / "o")], "--run2"),
         (["--run", run, "--out", str(tmp_path / "file" / "sub")], "cannot write there"),
-        (["--run", run, "--out", str(tmp_path / "file")], "not a directory"),
+        (["--run", run, "--out", str(tmp_path / "file")], "cannot write there (Not a directory)"),
         (["--run", run, "--out", run], "is a run directory"),
         (["--run", run, "--out", str(tmp_path / "o"), "--var", "min_count"], "NAME=VALUE"),
     ]

@@ -650,6 +650,9 @@ def test_show_prints_the_stored_pair_as_explain_does(stores, tmp_path, capsys):
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert cli.main(["show", "--run", str(stores["run"]), "--pair", "q1"]) == 2
     assert "no such pair" in capsys.readouterr().err
+    (tmp_path / "a-file").write_text("")
+    assert cli.main(["show", "--run", str(stores["run"]), "--pair", pid, "--png", str(tmp_path / "a-file" / "p")]) == 2
+    assert capsys.readouterr().err == f"xsbert: error: --png {tmp_path}/a-file/p: cannot write there (Not a directory)\n"
 
 
 @pytest.mark.slow

@@ -368,6 +368,10 @@ def test_train_job_bad_inputs_fail_before_training(tmp_path, tiny, capsys):
     assert err[-1].startswith("jobs.train: error:") and "StaticEmbedding" in err[-1]
     assert cli(["--variant", "tuned", "--max-steps", "0", "--out", str(out)]) == 2
     assert "--max-steps" in capsys.readouterr().err
+    (tmp_path / "a-file").write_text("")  # an --out that cannot be made: said before the data and model load
+    assert cli(["--variant", "tuned", "--model", str(tmp_path / "no-model"), "--out", str(tmp_path / "a-file")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"jobs.train: error: --out {tmp_path}/a-file: cannot write there (Not a directory)")
     assert not out.exists()  # nothing written by any of them
 
 

@@ -8,14 +8,17 @@ jobs.cli (the jobs layer builds on the library, never the reverse).
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
+import os
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from . import __version__
-from .errors import XsbertError
+from .errors import InputError, XsbertError
 from .precision import DEFAULT_PRECISION
 from .settings import EngineSettings, add_arguments, from_namespace
 
@@ -57,7 +60,7 @@ def add_explain_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--words", action="store_true", help="also aggregate to words (mean over tokens)")
     e.add_argument("--top", type=int, default=5, help="how many top cells to print")
     e.add_argument("--json", dest="json_out", metavar="OUT", help="write the full result as JSON")
-    e.add_argument("--plot", metavar="OUT.png", help="write a heatmap")
+    e.add_argument("--plot", metavar="OUT.png", help="write a heatmap (the suffix picks the format: .svg, .pdf, ...)")
     e.add_argument("--device", default=None, help="torch device (default: cpu)")
     e.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
 
@@ -109,10 +112,76 @@ def format_view(res, a: str, b: str, top: int) -> str:
     return f"{head}\na: {a}\nb: {b}\n{_summary(res, top)}"
 
 
+def writable_folder(folder: str | Path, what: str, create: bool = False) -> Path:
+    """Check, before any work is done, that this user can write files into `folder`: an InputError of one line,
+    "<what>: cannot write there (<why>)", if not; `what` names the place as the user gave it ("--out reports/x").
+
+    A folder that exists gets a temporary file written and removed; one that does not, its nearest existing parent
+    checked (a folder, writable): nothing is made unless `create`, which makes it (and its parents) now."""
+    path = Path(folder).expanduser()
+    try:
+        existing = next(p for p in (path, *path.parents) if p.exists())
+        if not existing.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+        if create or existing == path:
+            path.mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=path).close()
+        elif not os.access(existing, os.W_OK | os.X_OK):  # access(2) is false on a read-only file system too
+            code = errno.EROFS if os.statvfs(existing).f_flag & os.ST_RDONLY else errno.EACCES
+            raise OSError(code, os.strerror(code))
+    except OSError as exc:
+        raise InputError(f"{what}: cannot write there ({exc.strerror or exc})") from None
+    return path
+
+
+def output_file(file: str | Path, flag: str, image: bool = False) -> Path:
+    """The file a flag names, checked before any work: not a folder, its folder writable or one that can be made
+    (InputError if not; write_output makes it). `image`: a name without a suffix gets ".png", as matplotlib saves
+    it, so that the name returned is the file's; a suffix matplotlib cannot write is an InputError that lists those
+    it can."""
+    path = Path(file).expanduser()
+    what = f"{flag} {file}"
+    if image:
+        from .plots import IMAGE_FORMATS
+
+        if not path.suffix:
+            path = path.with_name(f"{path.name}.png")
+        elif path.suffix[1:].lower() not in IMAGE_FORMATS:
+            raise InputError(f"{what}: {path.suffix} is not an image format (use one of {', '.join(IMAGE_FORMATS)})")
+    if path.is_dir():
+        raise InputError(f"{what}: is a directory; give a file name")
+    writable_folder(path.parent, what)
+    return path
+
+
+def write_output(path: Path, flag: str, write: Callable[[Path], object]) -> None:
+    """Make `path`'s folder and run `write(path)`; a failure to write (a full disk, a folder gone since output_file)
+    is one line, not a traceback."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write(path)
+    except OSError as exc:
+        raise XsbertError(f"{flag} {path}: cannot write it ({exc.strerror or exc})") from None
+
+
+def save_heatmap(res, path: Path, flag: str, note: str = "") -> None:
+    """The token heatmap of an attribution (`xsbert explain --plot`, `xsbert show --png`), titled with its score,
+    sum, layer and mode (and `note`)."""
+    from .plots import plot_attributions
+
+    title = (f"f(a,b) = {res.score:.3f}   ΣA = {res.attribution_sum:.3f}   layer {res.settings.get('layer')}, "
+             f"{res.settings.get('mode')}{note}")  # fmt: skip
+    labels_a, labels_b = [_display(t) for t in res.tokens_a], [_display(t) for t in res.tokens_b]
+    write_output(path, flag, lambda p: plot_attributions(res.matrix, labels_a, labels_b, p, title))
+
+
 def explain(args: argparse.Namespace) -> int:
     if (args.text_a is None) != (args.text_b is None):
         raise XsbertError("give both texts, or none for the built-in example pair")
     a, b = (args.text_a, args.text_b) if args.text_a is not None else EXAMPLE_PAIR
+    # where the results go, checked before the model loads
+    json_out = output_file(args.json_out, "--json") if args.json_out else None
+    plot = output_file(args.plot, "--plot", image=True) if args.plot else None
     from .explainer import Explainer  # here: the other commands of `xsbert` need no model (sentence-transformers)
 
     ex = Explainer.from_settings(EngineSettings(**from_namespace(args, EngineSettings)), device=args.device)
@@ -122,25 +191,18 @@ def explain(args: argparse.Namespace) -> int:
     res = ex.explain(a, b, words=args.words, prompt_b=prompt_b)
     if not args.quiet:
         print(format_view(res, a, b, args.top))
-    if args.json_out:
+    if json_out:
         out = res.to_dict()
         out.update(text_a=a, text_b=b)
         out["display_tokens_a"] = [_display(t) for t in res.tokens_a]
         out["display_tokens_b"] = [_display(t) for t in res.tokens_b]
-        Path(args.json_out).write_text(json.dumps(out, indent=1))
+        write_output(json_out, "--json", lambda p: p.write_text(json.dumps(out, indent=1)))
         if not args.quiet:
-            print(f"wrote {args.json_out}")
-    if args.plot:
-        from .plots import plot_attributions
-
-        title = (
-            f"f(a,b) = {res.score:.3f}   ΣA = {res.attribution_sum:.3f}"
-            f"   layer {res.settings['layer']}, {res.settings['mode']}"
-        )
-        labels_a, labels_b = [_display(t) for t in res.tokens_a], [_display(t) for t in res.tokens_b]
-        plot_attributions(res.matrix, labels_a, labels_b, args.plot, title)
+            print(f"wrote {json_out}")
+    if plot:
+        save_heatmap(res, plot, "--plot")
         if not args.quiet:
-            print(f"wrote {args.plot}")
+            print(f"wrote {plot}")
     return 0
 
 

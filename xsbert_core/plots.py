@@ -11,7 +11,10 @@ import matplotlib
 matplotlib.use("Agg")  # headless: plots are written to files
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.backend_bases import FigureCanvasBase  # noqa: E402
 from matplotlib.colors import TwoSlopeNorm  # noqa: E402
+
+IMAGE_FORMATS = tuple(sorted(FigureCanvasBase.get_supported_filetypes()))  # what savefig writes, by file suffix
 
 
 def plot_attributions(

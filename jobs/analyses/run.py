@@ -13,6 +13,7 @@ import duckdb
 import polars as pl
 
 from xsbert_core import InputError
+from xsbert_core.cli import writable_folder
 
 from .. import sqlrun
 from ..store import StoreError, disk_failure
@@ -91,16 +92,7 @@ def _prepare_out(out: str | Path, runs: list[sqlrun.Run]) -> Path:
     for run in runs:
         if isinstance(run, Path) and resolved == run.resolve():
             raise InputError(f"--out {out} is a run directory: choose another folder for the report")
-    if resolved.exists() and not resolved.is_dir():
-        raise InputError(f"--out {out}: exists and is not a directory")
-    try:
-        resolved.mkdir(parents=True, exist_ok=True)
-        probe = resolved / ".report-write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise InputError(f"--out {out}: cannot write there ({exc.strerror or exc})") from exc
-    return resolved
+    return writable_folder(resolved, f"--out {out}", create=True)
 
 
 def open_context(
