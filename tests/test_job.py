@@ -202,6 +202,30 @@ def test_duplicate_column_names_are_one_clear_error(tmp_path, fmt):
     assert ("columns 4 and 5" in message) if fmt != "jsonl" else ("line 1" in message and "columns 4 and 5" in message)
 
 
+@pytest.mark.parametrize("fmt", ["tsv.gz", "jsonl.gz", "parquet"])
+def test_a_broken_or_mislabelled_file_is_one_clear_error(tmp_path, fmt):
+    """A file cut short (a copy that stopped half-way) or not what its name says is one InputError naming the file
+    and what it could not be read as; they were tracebacks (EOFError, BadGzipFile, ArrowInvalid)."""
+    df = pd.DataFrame({"sentence1": [f"Sentence {k}." for k in range(2000)], "sentence2": ["Another."] * 2000})
+    whole = tmp_path / f"whole.{fmt}"
+    if fmt == "parquet":
+        df.to_parquet(whole)
+    elif fmt == "tsv.gz":
+        df.to_csv(whole, sep="\t", index=False)
+    else:
+        df.to_json(whole, orient="records", lines=True)
+    assert len(load_pairs(str(whole)).rows) == 2000
+    data = whole.read_bytes()
+    cut, plain = tmp_path / f"cut.{fmt}", tmp_path / f"plain.{fmt}"
+    cut.write_bytes(data[: len(data) // 2])
+    plain.write_text("sentence1\tsentence2\nOne.\tTwo.\n", encoding="utf-8")  # no gzip, no Parquet
+    kind = {"tsv.gz": "TSV, gzip-compressed", "jsonl.gz": "JSONL, gzip-compressed", "parquet": "Parquet"}[fmt]
+    for path in (cut, plain):
+        with pytest.raises(InputError) as info:
+            load_pairs(str(path))
+        assert str(info.value).startswith(f"{path}: cannot be read as {kind} (") and "\n" not in str(info.value)
+
+
 def test_a_dataset_path_that_is_not_a_file_says_what_it_is(tmp_path):
     """A FIFO, a device or a loop of symbolic links exists: the error says what it is, not 'no such file or
     folder' (before); a link to nothing says that."""

@@ -359,6 +359,21 @@ def _read_datasets(source: Source, chunk_rows: int) -> Iterator[pd.DataFrame]:
         yield _frame(names, [list(r) for r in zip(*(part[n] for n in names))], first)
 
 
+def _readable(chunks: Iterator[pd.DataFrame], path: str, fmt: str) -> Iterator[pd.DataFrame]:
+    """A file's chunks; a file that is not what its name says (not Parquet, not gzip) or was cut short is one
+    InputError that names it, wherever in the stream that shows (the rows before it were read)."""
+    import zlib
+
+    import pyarrow as pa
+
+    try:
+        yield from chunks
+    except (OSError, EOFError, zlib.error, pa.ArrowException) as exc:
+        kind = {"parquet": "Parquet"}.get(fmt, fmt.upper()) + (", gzip-compressed" if path.lower().endswith(".gz") else "")
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InputError(f"{path}: cannot be read as {kind} ({why})") from None
+
+
 # Source rows per chunk of the streaming read (iter_source): what the driver holds as Python objects at once.
 CHUNK_ROWS = 16_384
 
@@ -376,6 +391,7 @@ def iter_source(source: Source, chunk_rows: int = CHUNK_ROWS) -> Iterator[pd.Dat
             chunks = _read_parquet(source.location, chunk_rows)
         else:
             chunks = _read_jsonl(source.location, chunk_rows)
+        chunks = _readable(chunks, source.location, fmt)
         if source.split is None or source.whole_file_split:
             yield from chunks
             return
