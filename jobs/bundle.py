@@ -46,6 +46,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from xsbert_core import InputError
+from xsbert_core.cli import writable_folder
+
 from ._offline import (
     FORMAT,
     MANIFEST,
@@ -321,13 +324,16 @@ def bundle(out: Path, part_size: int, python: str | None = None, platform_tag: s
            models: tuple[str, ...] = (), float16: bool = False, datasets: tuple[str, ...] = (),
            wheels: bool = True, only: tuple[str, ...] = (), log=print) -> dict[str, Any]:  # fmt: skip
     """Write the bundle into `out` (see the module's docstring); returns its manifest."""
-    if out.exists() and any(out.iterdir()):
+    if out.is_dir() and any(out.iterdir()):
         raise BundleError(f"{out} exists and is not empty; choose a new --out")
     if target_python and (python or platform_tag):
         raise BundleError("--target-python resolves for that interpreter: no --python / --platform with it")
     t0 = time.perf_counter()
     made = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        writable_folder(out, f"--out {out}", create=True)
+    except InputError as exc:
+        raise BundleError(str(exc)) from None
     try:
         return _write(out, part_size, python, platform_tag, exclude, have, target_python, models, float16, datasets,
                       wheels, only, log, t0)  # fmt: skip

@@ -103,6 +103,21 @@ def test_parts_join_to_the_file_and_sizes_parse(tmp_path):
         _offline.parse_size("60 parsecs")
 
 
+def test_an_out_folder_that_cannot_be_written_is_one_line(tmp_path, capsys):
+    """--out a file, or under one: one line and status 2 before anything is built (they were tracebacks)."""
+    from jobs.bundle import cli
+
+    (tmp_path / "a-file").write_text("")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+    for out, why in (("a-file", "--out {}: cannot write there (Not a directory)"),
+                     ("a-file/sub", "--out {}: cannot write there (Not a directory)"),
+                     ("full", "{} exists and is not empty; choose a new --out")):  # fmt: skip
+        assert cli(["--out", str(tmp_path / out), "--no-wheels", "--datasets", "qqp"]) == 2
+        assert capsys.readouterr().err == f"jobs.bundle: error: {why.format(tmp_path / out)}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "full"]
+
+
 def test_float16_weights_are_torch_rounding_and_the_recorded_error(tmp_path):
     """The installer's float32 is torch's float32(float16(w)) to the bit; the recorded error is max |that - w|; a
     tensor float16 cannot hold stays float32; other dtypes pass as they are."""
