@@ -77,6 +77,14 @@ DROPPED_RECORDS = (
     # actors' memory (the model and a batch's JVPs) is the job's by design; the log file keeps the warning.
     re.compile(r"^\s*Operator '[^']*' uses [\d.]+\s*\w+ of memory per worker"),
     re.compile(r"^Found \d+ issues?\. To disable issue detection"),
+    # Ray Data's own account of a failed execution (a stack trace through its internals, and the actor's): the job
+    # says what failed in its own one line (a factor actor that could not start and why, a batch that killed its
+    # worker); the log file keeps them.
+    re.compile(r"^Exception occurred in (?:Ray Data or Ray Core internal|user) code"),
+    # ... and its warning that a map stage asks for CPUs and GPUs both: the factor actors do, by design (stage1.py).
+    re.compile(r"^Specifying both num_cpus and num_gpus for map tasks is experimental"),
+    re.compile(r"^Full stack trace:"),
+    re.compile(r"actors died during initialization \d+ consecutive time"),
 )
 
 

@@ -88,6 +88,7 @@ def test_default_example_pair(entry, tmp_path):
         (["explain", "Some text.", "Other.", "--rule", "simpson"], "rule"),
         (["explain", "Some text.", "Other.", "--similarity", "l2"], "similarity"),
         (["explain", "only one text"], "both texts"),
+        (["explain", "Some text.", "Other.", "--device", "gpu"], "device 'gpu': not a torch device"),
     ],
 )
 def test_bad_input_exits_2_with_message(argv, needle, capsys, tmp_path):

@@ -724,7 +724,19 @@ def test_bad_arguments_exit_2_with_a_clear_message(tmp_path, capsys):
     assert "--text-a-column" in capsys.readouterr().err
     assert cli(["--dataset", "stsb", "--limit", "2", "--steps", "0", "--out", str(tmp_path)]) == 2
     assert "jobs.attribute: error:" in capsys.readouterr().err
+    # a device torch does not know: said before anything is read (and before Ray starts)
+    assert cli(["--dataset", "stsb", "--limit", "2", "--device", "gpu0", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith("jobs.attribute: error: device 'gpu0': not a torch device (")
     assert not list(tmp_path.glob("*/pairs"))  # nothing written
+
+
+def test_cuda_for_factor_actors_on_a_cluster_without_gpus_is_one_line(ray_cluster):
+    """Ray hides every GPU from an actor that gets none: --device cuda there is said before the pool starts."""
+    from jobs.attribute import settings
+    from jobs.attribution.stage1 import resources
+
+    with pytest.raises(InputError, match=r"^--device cuda:0: the factor actors get no GPU \(the cluster has none\)"):
+        resources(settings(["--device", "cuda:0"]).execution, ray_cluster)
 
 
 def test_the_driver_holds_the_selection_compactly():
@@ -961,8 +973,9 @@ def test_waves_group_pairs_that_share_sentences():
 
 
 def test_the_console_drops_ray_datas_snapshot_warnings_and_keeps_the_rest():
-    """The job's console filter (jobs.raycluster) drops Ray Data's resource snapshot and its issue detector's repeated
-    memory warning, as Ray 2.60 words them, and nothing else: a real error or an operator's resource warning stays."""
+    """The job's console filter (jobs.raycluster) drops Ray Data's resource snapshot, its issue detector's repeated
+    memory warning and its own account of a failed execution (the job says what failed in one line), as Ray 2.60
+    words them, and nothing else: a real error or an operator's resource warning stays."""
     import logging
 
     from jobs.raycluster import _DropRecords
@@ -977,6 +990,14 @@ def test_the_console_drops_ray_datas_snapshot_warnings_and_keeps_the_rest():
         "Found 1 issues. To disable issue detection, run DataContext.get_current().issue_detectors_config.detectors = [].",
         "Warning: The Ray cluster currently does not have any available CPUs. The Dataset job will hang unless more "
         "CPUs are freed up.",
+        # a failed execution, which the job says in its own line (a factor actor that could not start, ...)
+        "Exception occurred in Ray Data or Ray Core internal code. If you continue to see this error, please open an "
+        "issue on the Ray project GitHub page with the full stack trace below: https://github.com/ray-project/ray/",
+        "Full stack trace:",
+        "MapBatches(FactorActor): actors died during initialization 1 consecutive time(s) "
+        "(max_consecutive_actor_init_deaths=0); failing execution.",
+        "Specifying both num_cpus and num_gpus for map tasks is experimental, and may result in scheduling or "
+        "stability issues.",
     ]
     kept = [
         "Cluster resources are not enough to run any task from ActorPoolMapOperator[MapBatches(FactorActor)]. The "

@@ -19,11 +19,13 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 from jobtools import q, run_job, stsb_rows, write_tsv
 
 from jobs.attribute import settings
 from jobs.attribution.stage1 import resources
 from jobs.config import DEFAULT_BATCH_SIZE_GPU, DEFAULT_WAVE_SIZE_GPU
+from xsbert_core import InputError
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +53,8 @@ def test_resources_plan_one_actor_per_gpu(gpu_ray):
     assert (half["num_actors"], half["cpus_per_actor"], half["cells_cpus"]) == (4, 0.25, 1.0)
     forced = resources(settings(["--dataset", "stsb", "--device", "cpu", "--gpus-per-actor", "0"]).execution, gpu_ray)
     assert (forced["device"], forced["num_actors"], forced["batch_size"]) == ("cpu", 2, 16)  # the CPU branch
+    with pytest.raises(InputError, match=r"^--device cuda: the factor actors get no GPU \(--gpus-per-actor 0\)"):
+        resources(settings(["--dataset", "stsb", "--device", "cuda", "--gpus-per-actor", "0"]).execution, gpu_ray)
 
 
 @pytest.mark.slow
@@ -99,3 +103,22 @@ def test_an_actor_that_runs_out_of_memory_halves_its_batch_and_loses_no_pair(gpu
 
     a, b = cells(free), cells(tight)
     assert len(a) == len(b) and np.abs(a - b).max() <= 1e-5 * np.abs(a).max()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="about GPUs this torch cannot use")
+def test_a_factor_actor_that_cannot_start_stops_the_run_in_one_line_that_says_why(gpu_ray, tmp_path, capsys):
+    """Factor actors placed on GPUs this torch cannot use (a CPU-only torch on GPU nodes; here Ray's logical GPUs,
+    the actors' default device cuda) fail in their __init__: the run stops with that error in its last line, not as
+    a batch that killed its worker (Ray Data's account of it is kept off the console: test_job.py's console filter
+    test). Last in the module: its dead actor would count among test_factor_actors_run_on_logical_gpus' actors."""
+    from jobs.attribute import cli
+
+    data = write_tsv(tmp_path / "pairs.tsv", stsb_rows(2, start=80))
+    code = cli(["--dataset", str(data), "--layer", "-1", "--steps", "2", "--num-actors", "1", "--max-retries", "0",
+                "--out", str(tmp_path / "runs"), "-q"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.strip().splitlines()[-1].startswith(
+        "jobs.attribute: error: wave 1/1 failed: a factor actor could not start: InputError: device 'cuda': no CUDA "
+        "device here (this torch is built without CUDA"), err[-2000:]  # fmt: skip

@@ -71,6 +71,21 @@ def test_unknown_model_offline_raises_model_not_found(offline_empty_hub):
     assert isinstance(info.value, FileNotFoundError)
 
 
+def test_a_device_torch_does_not_know_or_this_machine_lacks_is_one_line(minilm):
+    from xsbert_core import InputError
+    from xsbert_core.models import check_device
+
+    assert (check_device(None), check_device("cpu"), check_device("cuda:1", here=False)) == ("cpu", "cpu", "cuda:1")
+    with pytest.raises(InputError, match=r"^device 'gpu': not a torch device \(Expected one of cpu, cuda"):
+        check_device("gpu", here=False)
+    if not torch.cuda.is_available():  # a CUDA device asked for where torch has none: before the model loads
+        with pytest.raises(InputError, match=r"^device 'cuda': no CUDA device here \(.*torch .*\); use cpu$"):
+            load_model(MINILM, device="cuda")
+    else:
+        with pytest.raises(InputError, match=r"^device 'cuda:99': this machine has \d+ CUDA device"):
+            check_device("cuda:99")
+
+
 def test_missing_local_folder_raises_model_not_found(offline_empty_hub, tmp_path):
     with pytest.raises(ModelNotFoundError):
         load_model(str(tmp_path / "no" / "such" / "folder"))

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import ModelNotFoundError
+from .errors import InputError, ModelNotFoundError
 from .settings import DEFAULT_MODEL
 
 if TYPE_CHECKING:
@@ -166,6 +166,30 @@ def resolve_model(name: str | os.PathLike) -> str:
     return text
 
 
+def check_device(device: str | None, here: bool = True) -> str:
+    """The torch device a model goes on (None: "cpu"); an InputError of one line for a name torch does not know, or
+    (`here`: the model goes on this machine) a CUDA / MPS device this machine does not have."""
+    import torch
+
+    name = device or "cpu"
+    try:
+        kind = torch.device(name)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise InputError(f"device {name!r}: not a torch device ({str(exc).splitlines()[0]})") from None
+    if not here:
+        return name
+    if kind.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not count:
+            why = "this torch is built without CUDA" if torch.version.cuda is None else "torch sees no CUDA device"
+            raise InputError(f"device {name!r}: no CUDA device here ({why}, torch {torch.__version__}); use cpu")
+        if kind.index is not None and kind.index >= count:
+            raise InputError(f"device {name!r}: this machine has {count} CUDA device(s), cuda:0..cuda:{count - 1}")
+    if kind.type == "mps" and not torch.backends.mps.is_available():
+        raise InputError(f"device {name!r}: no MPS device here; use cpu")
+    return name
+
+
 def load_model(
     name: str | os.PathLike = DEFAULT_MODEL, device: str | None = None, attn_implementation: str | None = "eager"
 ) -> SentenceTransformer:
@@ -177,10 +201,11 @@ def load_model(
     """
     from sentence_transformers import SentenceTransformer  # here: resolving names needs no model library
 
+    device = check_device(device)
     source = resolve_model(name)
     kwargs = {"model_kwargs": {"attn_implementation": attn_implementation}} if attn_implementation else {}
     try:
-        model = SentenceTransformer(source, device=device or "cpu", **kwargs)
+        model = SentenceTransformer(source, device=device, **kwargs)
     except (OSError, ValueError) as exc:
         if Path(source).exists():
             raise

@@ -12,6 +12,7 @@ import pyarrow as pa
 
 import xsbert_core
 from xsbert_core import Explainer, InputError, weights_fingerprint
+from xsbert_core.models import check_device
 
 from ..config import Attribution, JobSettings, RunConfig
 from ..store import STORE_VERSION, open_store, run_id
@@ -94,6 +95,9 @@ def _prepare(job: JobSettings, chunk_rows: int) -> Prepared:
     t_start = time.perf_counter()
     started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     sel, a = job.selection, job.attribution
+    # --device before anything is read: a name torch knows, and with --executor local a device this machine has (the
+    # factor actors' machines are theirs to check)
+    check_device(job.execution.device, here=job.execution.executor == "local")
     stream = stream_pairs(
         sel.dataset, split=sel.split, config=sel.config, qqp=sel.qqp_path,
         text_a=sel.text_a_column, text_b=sel.text_b_column, label=sel.label_column, ids=sel.id_column,

@@ -4,6 +4,7 @@ done + quarantined, `summarize`) and the manifest (`update_manifest`); `attribut
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -65,6 +66,16 @@ def open_executor(job: JobSettings, store: RunStore, engine: EngineSettings, hoo
     return RayExecutor(job, store, engine, hooks)
 
 
+def _crash(exc: BaseException, max_retries: int) -> str:
+    """What a crash of stage 1 was: a factor actor that could not start (the error its __init__ raised, the last line
+    of the traceback Ray gives), or a batch that killed its worker every time it was tried."""
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    if getattr(exc, "actor_init_failed", False):
+        return "a factor actor could not start: " + re.sub(r"^(?:[\w]+\.)+(?=\w+: )", "", lines[-1].strip())
+    return (f"a batch killed its worker {max_retries + 1} times (--max-retries {max_retries}; {type(exc).__name__}: "
+            f"{lines[0]})")
+
+
 def compute(store: RunStore, prep: Prepared, on_wave: Callable[[WaveDone], None] | None = print,
             hooks: Hooks | None = None) -> Progress:  # fmt: skip
     """Stages 1-2 for the selection's pairs not in the store yet, wave by wave, each wave one commit, on the run's
@@ -103,10 +114,8 @@ def compute(store: RunStore, prep: Prepared, on_wave: Callable[[WaveDone], None]
                 factors, meta, timings = stream.wave(w)
             except executor.crashes as exc:
                 raise JobFailedError(
-                    f"wave {w + 1}/{n_waves} failed: a batch killed its worker {ex.max_retries + 1} times "
-                    f"(--max-retries {ex.max_retries}; {type(exc).__name__}: {str(exc).splitlines()[0]}). "
-                    f"{w} earlier wave(s) of this run are committed, nothing of wave {w + 1} was written; "
-                    "the same command resumes the run"
+                    f"wave {w + 1}/{n_waves} failed: {_crash(exc, ex.max_retries)}. {w} earlier wave(s) of this run "
+                    f"are committed, nothing of wave {w + 1} was written; the same command resumes the run"
                 ) from exc
             out, cell_timings = executor.compute_cells(wave, factors, sink, seq)
             del factors  # the wave's factors leave the object store

@@ -14,7 +14,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from xsbert_core import EngineSettings
+from xsbert_core import EngineSettings, InputError
 
 from ..config import DEFAULT_BATCH_SIZE_CPU, DEFAULT_BATCH_SIZE_GPU, Execution
 from .hooks import Hooks
@@ -40,6 +40,9 @@ def resources(ex: Execution, ray) -> dict[str, Any]:
     total = ray.cluster_resources()
     cpus, gpus = float(total.get("CPU", 1)), float(total.get("GPU", 0))
     gpus_per_actor = ex.gpus_per_actor if ex.gpus_per_actor is not None else (1.0 if gpus > 0 else 0.0)
+    if gpus_per_actor == 0 and (ex.device or "").startswith("cuda"):  # Ray hides every GPU from such an actor
+        raise InputError(f"--device {ex.device}: the factor actors get no GPU ("
+                         + ("the cluster has none" if gpus == 0 else "--gpus-per-actor 0") + "); leave --device out")
     if gpus_per_actor > 0:
         n_actors = ex.num_actors or max(1, int(gpus // gpus_per_actor))
         cpus_per_actor = min(ex.cpus_per_actor or 1.0, max(0.25, cpus / n_actors))
