@@ -81,10 +81,10 @@ DROPPED_RECORDS = (
     # says what failed in its own one line (a factor actor that could not start and why, a batch that killed its
     # worker); the log file keeps them.
     re.compile(r"^Exception occurred in (?:Ray Data or Ray Core internal|user) code"),
-    # ... and its warning that a map stage asks for CPUs and GPUs both: the factor actors do, by design (stage1.py).
-    re.compile(r"^Specifying both num_cpus and num_gpus for map tasks is experimental"),
     re.compile(r"^Full stack trace:"),
     re.compile(r"actors died during initialization \d+ consecutive time"),
+    # ... and its warning that a map stage asks for CPUs and GPUs both: the factor actors do, by design (stage1.py).
+    re.compile(r"^Specifying both num_cpus and num_gpus for map tasks is experimental"),
 )
 
 

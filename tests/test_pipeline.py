@@ -116,7 +116,8 @@ def test_a_report_folder_that_cannot_be_written_fails_before_anything_runs(tmp_p
     tree = _set(base_config(tmp_path), "report.out", str(tmp_path / "a-file" / "reports"))
     assert pipeline.cli(["--config", str(write_config(tmp_path / "s.yaml", tree))]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == f"jobs.pipeline: error: report.out {tmp_path}/a-file/reports: cannot write there (Not a directory)"
+    assert err[-1] == (f"jobs.pipeline: error: report.out {tmp_path}/a-file/reports: cannot write there "
+                       "(Not a directory)")
     assert not (tmp_path / "runs").exists()
 
 

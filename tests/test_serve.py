@@ -652,7 +652,8 @@ def test_show_prints_the_stored_pair_as_explain_does(stores, tmp_path, capsys):
     assert "no such pair" in capsys.readouterr().err
     (tmp_path / "a-file").write_text("")
     assert cli.main(["show", "--run", str(stores["run"]), "--pair", pid, "--png", str(tmp_path / "a-file" / "p")]) == 2
-    assert capsys.readouterr().err == f"xsbert: error: --png {tmp_path}/a-file/p: cannot write there (Not a directory)\n"
+    err = capsys.readouterr().err
+    assert err == f"xsbert: error: --png {tmp_path}/a-file/p: cannot write there (Not a directory)\n"
 
 
 @pytest.mark.slow

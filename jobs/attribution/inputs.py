@@ -369,7 +369,8 @@ def _readable(chunks: Iterator[pd.DataFrame], path: str, fmt: str) -> Iterator[p
     try:
         yield from chunks
     except (OSError, EOFError, zlib.error, pa.ArrowException) as exc:
-        kind = {"parquet": "Parquet"}.get(fmt, fmt.upper()) + (", gzip-compressed" if path.lower().endswith(".gz") else "")
+        kind = {"parquet": "Parquet"}.get(fmt, fmt.upper())
+        kind += ", gzip-compressed" if path.lower().endswith(".gz") else ""
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InputError(f"{path}: cannot be read as {kind} ({why})") from None
 

@@ -71,7 +71,7 @@ def _crash(exc: BaseException, max_retries: int) -> str:
     of the traceback Ray gives), or a batch that killed its worker every time it was tried."""
     lines = str(exc).strip().splitlines() or [type(exc).__name__]
     if getattr(exc, "actor_init_failed", False):
-        return "a factor actor could not start: " + re.sub(r"^(?:[\w]+\.)+(?=\w+: )", "", lines[-1].strip())
+        return "a factor actor could not start: " + re.sub(r"^(?:\w+\.)+(?=\w+: )", "", lines[-1].strip())
     return (f"a batch killed its worker {max_retries + 1} times (--max-retries {max_retries}; {type(exc).__name__}: "
             f"{lines[0]})")
 
