@@ -100,24 +100,27 @@ def serve(args: argparse.Namespace) -> int:
     if not 1 <= args.workers <= 256:
         raise InputError(f"--workers {args.workers}: use 1..256")
     app = App(args.run, args.run2, args.page_size)
-    log = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
-    server = make_server(app, args.host, args.port, log, args.workers)
-    host, port = server.server_address[:2]
-    shown = f"[{host}]" if ":" in str(host) else host
-    for info in app.runs():
-        print(f"{info.flag[2:]}: {info.path} ({info.counts['pairs']:,} pairs, {info.label()})", flush=True)
-        if info.note:
-            print(f"note: {info.note}", flush=True)
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"warning: listening on {args.host}: anyone who can reach this machine's port {port} can read the run",
-              file=sys.stderr, flush=True)  # fmt: skip
-    print(f"serving http://{shown}:{port}/ (read-only; Ctrl-C stops)", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        print("stopped", flush=True)
+    try:  # the app's background build stopped before the process ends, however it ends (App.close)
+        log = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+        server = make_server(app, args.host, args.port, log, args.workers)
+        host, port = server.server_address[:2]
+        shown = f"[{host}]" if ":" in str(host) else host
+        for info in app.runs():
+            print(f"{info.flag[2:]}: {info.path} ({info.counts['pairs']:,} pairs, {info.label()})", flush=True)
+            if info.note:
+                print(f"note: {info.note}", flush=True)
+        if args.host not in ("127.0.0.1", "localhost", "::1"):
+            print(f"warning: listening on {args.host}: anyone who can reach this machine's port {port} can read the "
+                  "run", file=sys.stderr, flush=True)  # fmt: skip
+        print(f"serving http://{shown}:{port}/ (read-only; Ctrl-C stops)", flush=True)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            print("stopped", flush=True)
+        finally:
+            server.server_close()
     finally:
-        server.server_close()
+        app.close()
     return 0
 
 

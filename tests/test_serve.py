@@ -628,6 +628,20 @@ def test_missing_and_half_written_runs_are_one_line(tmp_path, capsys):
     serve.App(run)  # the whole one opens
 
 
+def test_a_port_in_use_is_one_line(stores, capsys):
+    """The port taken: one line and exit 2 (it was a traceback, the server's half-made pool closed before it was
+    made, then an abort from the app's background DuckDB build at exit)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert cli.main(["serve", "--run", str(stores["run"]), "--port", str(port), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"xsbert: error: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+
+
 # --------------------------------------------------------------------------- xsbert show
 def test_show_prints_the_stored_pair_as_explain_does(stores, tmp_path, capsys):
     pid = "p00"

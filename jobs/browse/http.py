@@ -244,13 +244,13 @@ class Server(HTTPServer):
                  waiting: int | None = None) -> None:  # fmt: skip
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
-        super().__init__(address, handler)
         self.listen = listen
         self.workers = workers
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="xsbert-serve")
         self.slots = threading.BoundedSemaphore(workers + (WAITING_PER_WORKER * workers if waiting is None else waiting))
         self.refused: queue.Queue[socket.socket | None] = queue.Queue(maxsize=LISTEN_BACKLOG)
         self.busy_answer = _busy_response(workers)
+        super().__init__(address, handler)  # binds: a port in use closes the server (server_close) and raises
         threading.Thread(target=self._refuse, name="xsbert-serve-busy", daemon=True).start()
 
     def process_request(self, request: Any, client_address: Any) -> None:

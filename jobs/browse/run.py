@@ -251,7 +251,16 @@ class App:
         t = time.perf_counter()
         self.con.execute(_dedent(self.PAIRS_MEMORY_SQL))
         self.pairs_memory_seconds = time.perf_counter() - t
+        self._builder = self.con.cursor()
         threading.Thread(target=self._build_same_tokens, name="same-token-cells", daemon=True).start()
+
+    def close(self) -> None:
+        """Stop the background build if it still runs (DuckDB's interrupt; the thread ends at once) and close the
+        connection: a process that exits with the build mid-query is aborted by DuckDB's native code."""
+        if not self.same_tokens.is_set():
+            self._builder.interrupt()
+            self.same_tokens.wait(30)
+        self.con.close()
 
     # the pairs list's columns in memory, once per start (~100 MB at 404k pairs): the list pages sort and filter
     # them without reading Parquet; `search_text` is both texts lowercased, for the substring search
@@ -282,7 +291,7 @@ class App:
 
     def _build_same_tokens(self) -> None:
         t = time.perf_counter()
-        con = self.con.cursor()
+        con = self._builder
         try:
             con.execute(_dedent(self.SAME_TOKEN_SQL))
             con.execute(_dedent(self.SPECIAL_SQL))
