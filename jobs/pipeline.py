@@ -454,7 +454,13 @@ def load_config(path: str | os.PathLike, sets: list[str] | tuple[str, ...] = ())
     if not p.is_file():
         raise InputError(f"--config {path}: no such file")
     try:
-        tree = yaml.safe_load(p.read_text(encoding="utf-8"))
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})") from None
+    except OSError as exc:
+        raise InputError(f"--config {path}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        tree = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise InputError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from exc
     if not isinstance(tree, dict):

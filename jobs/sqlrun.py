@@ -496,9 +496,24 @@ def query(con: duckdb.DuckDBPyConnection, sql: str) -> pl.DataFrame:
     return pl.DataFrame() if relation is None else relation.pl()
 
 
+def file_sql(path: str | os.PathLike) -> str:
+    """The SQL of a file by path or sql/ name, with the files it `.read`s (jobs/sqlfiles.py); InputError, one line,
+    for a file that is missing, unreadable, not UTF-8, or `.read`s one that is, or itself."""
+    found = resolve_file(path)
+    try:
+        return sqlfiles.text(found)
+    except UnicodeDecodeError as exc:
+        raise InputError(f"--file {path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}"
+                         + (f" of {exc.filename}" if getattr(exc, "filename", None) else "") + ")") from None
+    except OSError as exc:
+        raise InputError(f"--file {path}: cannot read {exc.filename or found} ({exc.strerror or exc})") from None
+    except ValueError as exc:  # a .read of itself
+        raise InputError(f"--file {path}: {exc}") from None
+
+
 def run_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike) -> pl.DataFrame:
     """Run a sql/ file (one statement, after the macros it `.read`s: jobs/sqlfiles.py) on the connection's run(s)."""
-    return query(con, sqlfiles.text(resolve_file(path)))
+    return query(con, file_sql(path))
 
 
 # --------------------------------------------------------------------------- `xsbert sql`
@@ -579,7 +594,7 @@ def cli(args: argparse.Namespace, out=None) -> int:
     if args.max_rows < 1:
         raise InputError(f"--max-rows must be >= 1, got {args.max_rows}")
     con = connect(args.run, args.run2, parse_vars(args.var))
-    sql = sqlfiles.text(resolve_file(args.file)) if args.file else args.query
+    sql = file_sql(args.file) if args.file else args.query
     if not sql.strip():
         raise InputError("the query is empty")
     try:

@@ -135,6 +135,13 @@ def test_unreadable_config(tmp_path, capsys, text, message):
     assert message in capsys.readouterr().err
 
 
+def test_a_config_that_is_not_utf8_is_one_line(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_bytes("study: caf\u00e9\n".encode("latin-1"))  # saved by an editor in Latin-1
+    assert pipeline.cli(["--config", str(path), "--check"]) == 2
+    assert capsys.readouterr().err == f"jobs.pipeline: error: {path}: not UTF-8 text (byte 0xe9 at offset 10)\n"
+
+
 def test_missing_config_file(tmp_path, capsys):
     assert pipeline.cli(["--config", str(tmp_path / "nope.yaml"), "--check"]) == 2
     assert "no such file" in capsys.readouterr().err

@@ -1281,6 +1281,13 @@ def test_xsbert_sql_bad_inputs_exit_2_with_one_line(tmp_path, capsys):
         (["--run", str(run), "select 1", "--max-rows", "0"], "--max-rows"),
         (["--run", str(run), "  "], "empty"),
     ]
+    # a file of one's own: not UTF-8, `.read`ing one that is not there, or itself
+    (tmp_path / "latin1.sql").write_bytes("select 'caf\u00e9'".encode("latin-1"))
+    (tmp_path / "reads.sql").write_text(".read sql/lib/nope.sql\nselect 1\n", encoding="utf-8")
+    (tmp_path / "self.sql").write_text(f".read {tmp_path / 'self.sql'}\nselect 1\n", encoding="utf-8")
+    cases += [(["--run", str(run), "--file", str(tmp_path / "latin1.sql")], "not UTF-8 text (byte 0xe9 at offset 11)"),
+              (["--run", str(run), "--file", str(tmp_path / "reads.sql")], "cannot read "),
+              (["--run", str(run), "--file", str(tmp_path / "self.sql")], "reads itself")]  # fmt: skip
     (run / "manifest.json").unlink()
     cases.append((["--run", str(run), "--file", "pos_neg_sums"], "manifest.json"))
     for argv, message in cases:
