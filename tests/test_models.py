@@ -86,6 +86,14 @@ def test_a_device_torch_does_not_know_or_this_machine_lacks_is_one_line(minilm):
             check_device("cuda:99")
 
 
+def test_a_folder_that_is_no_model_is_one_line(tmp_path):
+    from xsbert_core import InputError
+
+    (tmp_path / "config.json").write_text('{"model_type": "bert"}')  # a config, no weights
+    with pytest.raises(InputError, match=rf"^Could not load model '{tmp_path}' from the folder {tmp_path}: OSError: "):
+        load_model(str(tmp_path))
+
+
 def test_missing_local_folder_raises_model_not_found(offline_empty_hub, tmp_path):
     with pytest.raises(ModelNotFoundError):
         load_model(str(tmp_path / "no" / "such" / "folder"))

@@ -207,8 +207,9 @@ def load_model(
     try:
         model = SentenceTransformer(source, device=device, **kwargs)
     except (OSError, ValueError) as exc:
-        if Path(source).exists():
-            raise
+        if Path(source).exists():  # a folder that is no model, or a model it cannot read
+            raise InputError(f"Could not load model {str(name)!r} from the folder {source}: {type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
         raise ModelNotFoundError(
             f"Could not load model {str(name)!r}: it is not a local folder, no installed package "
             f"carries it, and the Hugging Face hub did not provide it ({type(exc).__name__}: "
