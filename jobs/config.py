@@ -232,12 +232,12 @@ class Execution(Bounded):
 
 
 @dataclass(frozen=True)
-class Output:
+class Output(Bounded):
     """Where the run goes and how the job talks."""
 
     out: str = setting(DEFAULT_OUT, help="store root: a local folder, s3://bucket/prefix or gs://bucket/prefix; the "
                                          "run is <out>/<run id>")  # fmt: skip
-    store_retry_s: float | None = setting(None, metavar="S", study=False,
+    store_retry_s: float | None = setting(None, ge=0, metavar="S", study=False,
                                           help="how long one call to object storage is retried when the store "
                                                "answers 5xx/429 or the connection fails, with backoff and jitter, "
                                                "before the job stops (exit 2; the same command resumes); default "
