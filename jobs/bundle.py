@@ -459,6 +459,9 @@ def cli(argv: list[str] | None = None) -> int:
     except BundleError as exc:
         print(f"jobs.bundle: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # bundle() removes what it wrote on the way out
+        print("jobs.bundle: interrupted: nothing of the bundle was kept", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -658,6 +658,10 @@ def cli(argv: list[str] | None = None) -> int:
     except XsbertError as exc:
         print(f"jobs.evaluate: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("jobs.evaluate: interrupted: the results saved in summary.json stay; the same command reuses them",
+              file=sys.stderr)  # fmt: skip
+        return 130
     return 0
 
 

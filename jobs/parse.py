@@ -252,6 +252,10 @@ def cli(argv: list[str] | None = None) -> int:
     except XsbertError as exc:
         print(f"jobs.parse: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("jobs.parse: interrupted: the committed parts stay (the run's parses, the parser's cache); the same "
+              "command resumes", file=sys.stderr)  # fmt: skip
+        return 130
     return 0
 
 

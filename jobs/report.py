@@ -64,6 +64,10 @@ def cli(argv: list[str] | None = None) -> int:
     except XsbertError as exc:
         print(f"{PROG.split()[-1]}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"{PROG.split()[-1]}: interrupted: the report in --out may be incomplete; the same command writes it "
+              "again", file=sys.stderr)  # fmt: skip
+        return 130
     failed = [s for s in result["sections"] if s.status == "failed"]
     for s in failed:
         print(f"{PROG.split()[-1]}: {s.name} failed: {s.reason}", file=sys.stderr)

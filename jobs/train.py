@@ -362,6 +362,10 @@ def cli(argv: list[str] | None = None) -> int:
     except XsbertError as exc:
         print(f"jobs.train: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the training's staging folder is removed on the way out (train_model)
+        print("jobs.train: interrupted: nothing of this training was kept; the model folders are as they were",
+              file=sys.stderr)  # fmt: skip
+        return 130
     return 0
 
 

@@ -126,6 +126,17 @@ def test_a_plot_without_a_suffix_is_a_png_and_says_so(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines()[-1] == f"wrote {tmp_path / 'sub' / 'heat.png'}"
 
 
+def test_ctrl_c_is_one_line_and_exit_130(capsys):
+    """Every `xsbert` command runs under run(): a Ctrl-C (KeyboardInterrupt) in it is one line, not a traceback."""
+    from xsbert_core.cli import build_parser, run
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    assert run(build_parser(), {"explain": interrupted}, ["explain"]) == 130
+    assert capsys.readouterr().err == "xsbert: interrupted\n"
+
+
 def test_unknown_model_exits_2(capsys, tmp_path):
     code = main(["explain", "a", "b", "--model", str(tmp_path / "no-model-here"), "--steps", "1"])
     err = capsys.readouterr().err

@@ -305,9 +305,10 @@ def test_one_recipe_trained_twice_gives_the_same_weights(tmp_path, tiny):
 
 @pytest.mark.slow
 def test_a_killed_training_keeps_the_old_model_and_the_next_one_clears_what_it_left(tmp_path, tiny):
-    """jobs.train writes beside the target and replaces it at the end. A training SIGKILLed after its first epoch's
-    checkpoint leaves the model it was to replace as it was (its weights' sha256), and a hidden folder; the next
-    training into that target removes the folder. A training without a best-dev epoch removes an earlier one's."""
+    """jobs.train writes beside the target and replaces it at the end. A training interrupted (Ctrl-C) after its
+    first epoch's checkpoint says so in one line and leaves nothing; one SIGKILLed there leaves the model it was to
+    replace as it was (its weights' sha256), and a hidden folder; the next training into that target removes the
+    folder. A training without a best-dev epoch removes an earlier one's."""
     import os
     import signal
     import socket
@@ -320,17 +321,29 @@ def test_a_killed_training_keeps_the_old_model_and_the_next_one_clears_what_it_l
             "--train-limit", "8", "--dev-limit", "6", "--batch-size", "4", "-q", "--overwrite"]
     assert cli([*argv, "--epochs", "1"]) == 0
     old = json.loads((out / "m" / "xsbert_training.json").read_text())["weights_sha256"]
-    proc = subprocess.Popen([sys.executable, "-m", "jobs.train", *argv, "--epochs", "10000"], cwd=ROOT,
-                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
-    try:
+
+    def training_past_its_first_epoch() -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-m", "jobs.train", *argv, "--epochs", "10000"], cwd=ROOT,
+                                start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
         deadline = time.monotonic() + 120
         while not list(out.glob(".m.partial-*/xsbert-train-*/checkpoint-*")):
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-            assert time.monotonic() < deadline, "no epoch saved in 120 s"
+            if proc.poll() is not None or time.monotonic() > deadline:
+                os.killpg(proc.pid, signal.SIGKILL)
+                raise AssertionError(f"no epoch saved: {proc.stderr.read().decode()[-2000:]}")
             time.sleep(0.1)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        return proc
+
+    # Ctrl-C: one line and exit 130; the hidden folder removed on the way out, the model as it was
+    proc = training_past_its_first_epoch()
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=120)[1].decode()
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == (
+        "jobs.train: interrupted: nothing of this training was kept; the model folders are as they were"), err[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == ["m", "m-best-dev"]
+
+    proc = training_past_its_first_epoch()
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
     assert [p.name for p in out.glob(".m.partial-*")] == [f".m.partial-{socket.gethostname()}-{proc.pid}"]
     assert json.loads((out / "m" / "xsbert_training.json").read_text())["weights_sha256"] == old
     assert load_model(str(out / "m")) is not None

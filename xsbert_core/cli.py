@@ -217,6 +217,9 @@ def run(parser: argparse.ArgumentParser, commands: dict[str, Callable[[argparse.
     except XsbertError as exc:
         print(f"xsbert: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, as every command says it (nothing is written before the end)
+        print("xsbert: interrupted", file=sys.stderr)
+        return 130
 
 
 def main(argv: list[str] | None = None) -> int:
