@@ -304,7 +304,7 @@ def test_one_recipe_trained_twice_gives_the_same_weights(tmp_path, tiny):
 
 
 @pytest.mark.slow
-def test_a_killed_training_keeps_the_old_model_and_the_next_one_clears_what_it_left(tmp_path, tiny):
+def test_a_killed_training_keeps_the_old_model_and_the_next_one_clears_what_it_left(tmp_path, tiny, capsys):
     """jobs.train writes beside the target and replaces it at the end. A training interrupted (Ctrl-C) after its
     first epoch's checkpoint says so in one line and leaves nothing; one SIGKILLed there leaves the model it was to
     replace as it was (its weights' sha256), and a hidden folder; the next training into that target removes the
@@ -312,6 +312,7 @@ def test_a_killed_training_keeps_the_old_model_and_the_next_one_clears_what_it_l
     import os
     import signal
     import socket
+    import threading
     import time
 
     from jobs.train import cli
@@ -322,28 +323,32 @@ def test_a_killed_training_keeps_the_old_model_and_the_next_one_clears_what_it_l
     assert cli([*argv, "--epochs", "1"]) == 0
     old = json.loads((out / "m" / "xsbert_training.json").read_text())["weights_sha256"]
 
-    def training_past_its_first_epoch() -> subprocess.Popen:
-        proc = subprocess.Popen([sys.executable, "-m", "jobs.train", *argv, "--epochs", "10000"], cwd=ROOT,
-                                start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
-        deadline = time.monotonic() + 120
+    def first_epoch_saved(timeout: float = 120) -> bool:
+        deadline = time.monotonic() + timeout
         while not list(out.glob(".m.partial-*/xsbert-train-*/checkpoint-*")):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                os.killpg(proc.pid, signal.SIGKILL)
-                raise AssertionError(f"no epoch saved: {proc.stderr.read().decode()[-2000:]}")
+            if time.monotonic() > deadline:
+                return False
             time.sleep(0.1)
-        return proc
+        return True
 
-    # Ctrl-C: one line and exit 130; the hidden folder removed on the way out, the model as it was
-    proc = training_past_its_first_epoch()
-    proc.send_signal(signal.SIGINT)
-    err = proc.communicate(timeout=120)[1].decode()
-    assert proc.returncode == 130 and err.strip().splitlines()[-1] == (
-        "jobs.train: interrupted: nothing of this training was kept; the model folders are as they were"), err[-2000:]
+    # Ctrl-C (a real SIGINT to this process, in-process) after the first epoch's checkpoint: one line and exit 130;
+    # the hidden folder removed on the way out, the model as it was
+    watcher = threading.Thread(target=lambda: first_epoch_saved() and os.kill(os.getpid(), signal.SIGINT))
+    watcher.start()
+    assert cli([*argv, "--epochs", "10000"]) == 130
+    watcher.join()
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "jobs.train: interrupted: nothing of this training was kept; the model folders are as they were")
     assert sorted(p.name for p in out.iterdir()) == ["m", "m-best-dev"]
+    assert json.loads((out / "m" / "xsbert_training.json").read_text())["weights_sha256"] == old
 
-    proc = training_past_its_first_epoch()
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    proc = subprocess.Popen([sys.executable, "-m", "jobs.train", *argv, "--epochs", "10000"], cwd=ROOT,
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        assert first_epoch_saved(), proc.stderr.read().decode()[-2000:] if proc.poll() is not None else "no epoch"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
     assert [p.name for p in out.glob(".m.partial-*")] == [f".m.partial-{socket.gethostname()}-{proc.pid}"]
     assert json.loads((out / "m" / "xsbert_training.json").read_text())["weights_sha256"] == old
     assert load_model(str(out / "m")) is not None
