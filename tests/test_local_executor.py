@@ -146,3 +146,24 @@ def test_a_local_run_without_ray_resumes_and_equals_the_ray_run(ray_cluster, tmp
     assert printed.startswith("token,n,mean,std,rank\n") and printed.count("\n") > 3
     again = run_job(out, "--dataset", str(data), *FLAGS)
     assert (again["run_id"], again["computed_pairs"], again["n_done"]) == (run_dir.name, 0, N_PAIRS)
+
+
+def test_a_pair_whose_texts_changed_under_its_id_stops_the_rerun_and_a_grown_dataset_resumes(tmp_path):
+    """A run knows its pairs by id: a rerun skips those it holds. A pair whose texts the dataset changed since (its
+    id the same) is not skipped silently with its old texts' numbers: the rerun stops in one line naming it, before
+    anything is computed. The texts as they were, with a pair more, compute that pair only."""
+    from xsbert_core import InputError
+
+    pairs = stsb_rows(3, start=70)
+    data = write_tsv(tmp_path / "pairs.tsv", pairs.iloc[:2])
+    flags = ("--dataset", str(data), "--executor", "local")
+    assert run_job(tmp_path / "runs", *flags)["computed_pairs"] == 2
+    edited = pairs.iloc[:2].copy()
+    edited.iloc[1, edited.columns.get_loc("sentence2")] = "A sentence that was not there when the pair was computed."
+    write_tsv(data, edited)
+    with pytest.raises(InputError, match=r"^1 pair\(s\) of the dataset are in the run with other texts than the "
+                                         r"dataset has now \(first: pair 'p071'\)"):  # fmt: skip
+        run_job(tmp_path / "runs", *flags)
+    write_tsv(data, pairs)
+    s = run_job(tmp_path / "runs", *flags)
+    assert (s["computed_pairs"], s["n_done"]) == (1, 3)

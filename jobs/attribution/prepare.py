@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
@@ -15,7 +16,7 @@ from xsbert_core import Explainer, InputError, weights_fingerprint
 from xsbert_core.models import check_device
 
 from ..config import Attribution, JobSettings, RunConfig
-from ..store import STORE_VERSION, open_store, run_id
+from ..store import STORE_VERSION, open_store, pair_keys, pair_text_keys, run_id
 from .inputs import CHUNK_ROWS, Pairs
 from .memory import release_memory, system_memory_pool
 from .validate import SeenIds, quarantine_frame, stream_pairs, validate
@@ -114,9 +115,10 @@ def _prepare(job: JobSettings, chunk_rows: int) -> Prepared:
     peek = open_store(job.output.out, rid, retry_s=job.output.store_retry_s)
     peek.check()  # an unreachable or missing bucket says so here, as it would when the run opens
     stored = peek.done_pair_keys()
+    stored_texts = peek.done_pair_text_keys() if len(stored) else stored
     seen, work, rejected = SeenIds(), WorkList(), []
-    n_in = n_long = 0
-    first_long = None
+    n_in = n_long = n_changed = 0
+    first_long = first_changed = None
     try:
         for rows in stream.chunks:
             n_in += len(rows)
@@ -131,12 +133,23 @@ def _prepare(job: JobSettings, chunk_rows: int) -> Prepared:
             if len(quarantine):
                 rejected.append(quarantine)
             if len(good):
-                work.append(with_sentence_ids(compact(good)))
+                chunk = with_sentence_ids(compact(good))
+                changed = changed_pairs(chunk, stored, stored_texts)
+                n_changed += len(changed)
+                first_changed = first_changed if first_changed is not None or not changed else changed[0]
+                work.append(chunk)
+                del chunk
             del good, quarantine
         if n_long:
             raise InputError(
                 f"{n_long} pairs have a text over max_seq_length={max_tokens} (first: pair {first_long}); "
                 "use --truncation quarantine or warn"
+            )
+        if n_changed:
+            raise InputError(
+                f"{n_changed} pair(s) of the dataset are in the run with other texts than the dataset has now (first: "
+                f"pair {first_changed!r}): a run knows its pairs by id, so texts changed under the same ids make "
+                "another dataset; write it to another --out, or give the changed pairs new ids"
             )
         work.finish()
     except BaseException:
@@ -147,6 +160,20 @@ def _prepare(job: JobSettings, chunk_rows: int) -> Prepared:
     release_memory()
     return Prepared(job, pairs, explainer, work, quarantine, config, rid, n_in=n_in, started_at=started_at,
                     t_start=t_start)  # fmt: skip
+
+
+def changed_pairs(chunk: pd.DataFrame, stored: np.ndarray, stored_texts: np.ndarray) -> list[str]:
+    """The ids of the chunk's pairs that the run holds already (`stored`: done_pair_keys) computed for other texts
+    (`stored_texts`: done_pair_text_keys), in the chunk's order."""
+    if not len(stored):
+        return []
+    held = np.isin(pair_keys(chunk.pair_id.tolist()), stored)
+    if not held.any():
+        return []
+    sub = chunk[held]
+    same = np.isin(pair_text_keys(sub.pair_id.tolist(), sub.sentence_id_a.tolist(), sub.sentence_id_b.tolist()),
+                   stored_texts)  # fmt: skip
+    return sub.pair_id[~same].tolist()
 
 
 def compact(frame: pd.DataFrame) -> pd.DataFrame:

@@ -224,3 +224,13 @@ def pair_keys(ids: Any) -> np.ndarray:
         values = ids.slice(start, KEY_SLICE).to_numpy(zero_copy_only=False).astype(object)
         out[start : start + len(values)] = pd.util.hash_array(values, categorize=False)
     return out
+
+
+def pair_text_keys(ids: Any, sentence_ids_a: Any, sentence_ids_b: Any) -> np.ndarray:
+    """64-bit keys of (pair id, sentence_id_a, sentence_id_b): a pair with the texts it was computed for (pair_keys
+    of the three joined by U+001F), so that a rerun finds a stored pair whose texts the dataset has changed since."""
+    import pyarrow.compute as pc
+
+    columns = [c if isinstance(c, (pa.Array, pa.ChunkedArray)) else pa.array(list(c), pa.string())
+               for c in (ids, sentence_ids_a, sentence_ids_b)]  # fmt: skip
+    return pair_keys(pc.binary_join_element_wise(*columns, "\x1f"))

@@ -30,6 +30,7 @@ from .layout import (
     disk_failure,
     fsync_dir,
     pair_keys,
+    pair_text_keys,
     part_name,
     part_seq,
     write_json_atomic,
@@ -214,6 +215,11 @@ class RunStore:
     def done_pair_keys(self) -> np.ndarray:
         """The stored pairs' ids as sorted 64-bit keys (pair_keys): what a large run's driver holds of them."""
         return np.unique(pair_keys(self.column("pairs", "pair_id")))
+
+    def done_pair_text_keys(self) -> np.ndarray:
+        """The stored pairs with their texts' sentence ids as sorted 64-bit keys (pair_text_keys)."""
+        return np.unique(pair_text_keys(*(self.column("pairs", c) for c in ("pair_id", "sentence_id_a",
+                                                                            "sentence_id_b"))))  # fmt: skip
 
     def quarantine_keys(self) -> set[tuple[int, str | None, str]]:
         t = self.read_table("quarantine", ["row", "pair_id", "reason"])
