@@ -87,6 +87,15 @@ def test_train_config_errors_are_one_line_naming_the_key(tmp_path, capsys, assig
     assert not (tmp_path / "models").exists() and not (tmp_path / "runs").exists()  # nothing trained, nothing run
 
 
+def test_a_models_dir_that_cannot_be_written_is_one_line_before_any_training(tmp_path, capsys):
+    (tmp_path / "a-file").write_text("")
+    tree = {**study_tree(tmp_path, "sentence-transformers/all-MiniLM-L6-v2"), "models_dir": str(tmp_path / "a-file")}
+    assert pipeline.cli(["--config", str(write(tmp_path / "s.yaml", tree))]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"jobs.pipeline: error: models_dir {tmp_path}/a-file: cannot write there (Not a directory)"
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_trained_base_and_a_recipe_by_name(tmp_path, capsys):
     tree = study_tree(tmp_path, "sentence-transformers/all-MiniLM-L6-v2")
     tree["models"]["tuned"] = {"train": {"base": "exact", "variant": "tuned"}}
