@@ -114,8 +114,7 @@ def _prepare(job: JobSettings, chunk_rows: int) -> Prepared:
     # A rerun tokenises only the pairs not in the store yet (404k QQP: ~1M texts, twice, otherwise). Read-only.
     peek = open_store(job.output.out, rid, retry_s=job.output.store_retry_s)
     peek.check()  # an unreachable or missing bucket says so here, as it would when the run opens
-    stored = peek.done_pair_keys()
-    stored_texts = peek.done_pair_text_keys() if len(stored) else stored
+    stored, stored_texts = peek.done_pair_keys_with_texts()
     seen, work, rejected = SeenIds(), WorkList(), []
     n_in = n_long = n_changed = 0
     first_long = first_changed = None
@@ -163,8 +162,8 @@ def _prepare(job: JobSettings, chunk_rows: int) -> Prepared:
 
 
 def changed_pairs(chunk: pd.DataFrame, stored: np.ndarray, stored_texts: np.ndarray) -> list[str]:
-    """The ids of the chunk's pairs that the run holds already (`stored`: done_pair_keys) computed for other texts
-    (`stored_texts`: done_pair_text_keys), in the chunk's order."""
+    """The ids of the chunk's pairs that the run holds already (`stored`) computed for other texts (`stored_texts`;
+    both RunStore.done_pair_keys_with_texts), in the chunk's order."""
     if not len(stored):
         return []
     held = np.isin(pair_keys(chunk.pair_id.tolist()), stored)

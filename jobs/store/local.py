@@ -205,9 +205,14 @@ class RunStore:
 
     def column(self, table: str, column: str) -> pa.ChunkedArray:
         """One column of every part, as Arrow (no Python object per value)."""
-        type_ = SCHEMAS[table].field(column).type
-        chunks = [c.cast(type_) for part in self.committed(table) for c in self._read(part, [column]).column(column).chunks]
-        return pa.chunked_array(chunks, type_)
+        return self.columns(table, [column])[0]
+
+    def columns(self, table: str, names: list[str]) -> list[pa.ChunkedArray]:
+        """Some columns of every part, each part read once, as Arrow (each in its SCHEMAS type)."""
+        parts = [self._read(part, names) for part in self.committed(table)]
+        types = [SCHEMAS[table].field(name).type for name in names]
+        return [pa.chunked_array([c.cast(type_) for p in parts for c in p.column(name).chunks], type_)
+                for name, type_ in zip(names, types)]  # fmt: skip
 
     def done_pair_ids(self) -> set[str]:
         return set(self.read_column("pairs", "pair_id"))
@@ -216,10 +221,11 @@ class RunStore:
         """The stored pairs' ids as sorted 64-bit keys (pair_keys): what a large run's driver holds of them."""
         return np.unique(pair_keys(self.column("pairs", "pair_id")))
 
-    def done_pair_text_keys(self) -> np.ndarray:
-        """The stored pairs with their texts' sentence ids as sorted 64-bit keys (pair_text_keys)."""
-        return np.unique(pair_text_keys(*(self.column("pairs", c) for c in ("pair_id", "sentence_id_a",
-                                                                            "sentence_id_b"))))  # fmt: skip
+    def done_pair_keys_with_texts(self) -> tuple[np.ndarray, np.ndarray]:
+        """done_pair_keys, and the stored pairs with their texts' sentence ids as sorted 64-bit keys
+        (pair_text_keys), from one read of each part."""
+        ids, a, b = self.columns("pairs", ["pair_id", "sentence_id_a", "sentence_id_b"])
+        return np.unique(pair_keys(ids)), np.unique(pair_text_keys(ids, a, b))
 
     def quarantine_keys(self) -> set[tuple[int, str | None, str]]:
         t = self.read_table("quarantine", ["row", "pair_id", "reason"])
