@@ -54,6 +54,7 @@ from pydantic import (
 
 from xsbert_core import InputError, XsbertError
 from xsbert_core.cli import writable_folder
+from xsbert_core.errors import not_utf8
 from xsbert_core.models import is_packaged, missing_weights
 from xsbert_core.settings import base_type
 from xsbert_core.training import CHECKPOINTS, RECIPES, VARIANTS, TrainConfig, TrainProgress
@@ -456,7 +457,7 @@ def load_config(path: str | os.PathLike, sets: list[str] | tuple[str, ...] = ())
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})") from None
+        raise InputError(f"{path}: {not_utf8(exc)}") from None
     except OSError as exc:
         raise InputError(f"--config {path}: cannot read it ({exc.strerror or exc})") from None
     try:

@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from xsbert_core import InputError
+from xsbert_core.errors import not_utf8
 
 from . import sqlfiles
 from .sqlfiles import SQL_DIR
@@ -503,8 +504,7 @@ def file_sql(path: str | os.PathLike) -> str:
     try:
         return sqlfiles.text(found)
     except UnicodeDecodeError as exc:
-        raise InputError(f"--file {path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}"
-                         + (f" of {exc.filename}" if getattr(exc, "filename", None) else "") + ")") from None
+        raise InputError(f"--file {path}: {not_utf8(exc)}") from None
     except OSError as exc:
         raise InputError(f"--file {path}: cannot read {exc.filename or found} ({exc.strerror or exc})") from None
     except ValueError as exc:  # a .read of itself

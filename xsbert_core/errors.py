@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 
+def not_utf8(exc: UnicodeDecodeError) -> str:
+    """How a file that is not UTF-8 is said, in every command: its first byte that is not, and where."""
+    return f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})"
+
+
 class XsbertError(Exception):
     """Base class of every error this package raises on purpose."""
 
