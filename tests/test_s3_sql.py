@@ -348,6 +348,26 @@ def test_xsbert_sql_on_a_store_that_stops_answering_is_one_line(hand, s3, capsys
     assert "cells/part-" in err and "HTTP 500" in err and "given up after" in err and "Traceback" not in err, err
 
 
+def test_a_long_wait_on_the_store_is_said_before_its_error(hand, s3):
+    """Retries past retry.RETRY_NOTICE_S (5 s) are said on the console while they go on, once, then the error line
+    at the deadline (before: a silent wait of XSBERT_STORE_RETRY_S, 120 s by default). A process of its own: the
+    console is the user's."""
+    import os
+
+    from faultproxy import FaultProxy
+
+    _, _, uri, _ = hand["table1.sql"]
+    with FaultProxy(s3.endpoint_url, seed=1) as proxy, s3.environ(AWS_ENDPOINT_URL=proxy.url, XSBERT_STORE_RETRY_S="6"):
+        proxy.set(rate=1.0, kinds=("503",), match=r"^GET \S*/cells/part-")
+        done = subprocess.run([sys.executable, "-m", "jobs.cli", "sql", "--run", uri, "select count(*) from cells"],
+                              cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=120)  # fmt: skip
+    err = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(err) == 2, done.stderr
+    assert err[0].startswith("WARNING jobs.store: a store call keeps failing (HTTP 503 "), err[0]
+    assert "trying again for up to 6 s in all (--store-retry-s / XSBERT_STORE_RETRY_S)" in err[0], err[0]
+    assert err[1].startswith("xsbert: error: ") and "given up after" in err[1] and "in 6 s" in err[1], err[1]
+
+
 def test_the_read_side_sends_one_request_per_try(hand, s3):
     """One layer of retries on the read side: each of retry.retried's tries is one request, the S3 client trying
     none again under it (before: three per try, each fault also costing the AWS SDK's backoff), so

@@ -17,6 +17,12 @@ logger = logging.getLogger("jobs.store")
 STORE_RETRY_S = 120.0
 RETRY_FIRST_S = 0.2
 RETRY_MAX_SLEEP_S = 10.0
+# A call whose retries go past RETRY_NOTICE_S is said on the console (a warning of this logger), and again every
+# NOTICE_EVERY_S while calls keep failing, once per process however many calls wait: a wrong endpoint or a dark
+# store is not a silent wait of XSBERT_STORE_RETRY_S.
+RETRY_NOTICE_S = 5.0
+NOTICE_EVERY_S = 30.0
+_noticed = [float("-inf")]  # when this process last said so (time.monotonic)
 
 
 def store_retry_s() -> float:
@@ -92,13 +98,13 @@ class GaveUp(Exception):
         self.error, self.tries, self.waited = error, tries, waited
 
 
-def retried(fn, deadline_s: float, sleep=None):
-    """fn(), tried again on transient failures (backoff with full jitter) for up to `deadline_s` seconds; GaveUp
-    with the last error when a failure is not transient or the deadline would pass."""
+def retried(fn, deadline_s: float):
+    """fn(), tried again on transient failures (backoff with full jitter, the last pause cut to end at the deadline)
+    for up to `deadline_s` seconds; GaveUp with the last error when a failure is not transient or the deadline has
+    passed. A call failing past RETRY_NOTICE_S is said once on the console (_notice)."""
     import random
     import time as _time
 
-    sleep = sleep or _time.sleep
     start = _time.monotonic()
     tries = 0
     while True:
@@ -109,12 +115,26 @@ def retried(fn, deadline_s: float, sleep=None):
             raise
         except Exception as exc:
             waited = _time.monotonic() - start
-            pause = random.uniform(0, min(RETRY_MAX_SLEEP_S, RETRY_FIRST_S * 2 ** (tries - 1)))
-            if not transient(exc) or waited + pause > deadline_s:
+            if not transient(exc) or waited >= deadline_s:
                 raise GaveUp(exc, tries, waited) from exc
+            pause = min(deadline_s - waited, random.uniform(0, min(RETRY_MAX_SLEEP_S, RETRY_FIRST_S * 2 ** (tries - 1))))
             logger.info("store call failed (%s), try %d again in %.2f s", " ".join(str(exc).split())[:200], tries + 1,
                         pause)  # fmt: skip
-            sleep(pause)
+            if waited + pause >= RETRY_NOTICE_S:
+                _notice(exc, tries, waited, deadline_s)
+            _time.sleep(pause)
+
+
+def _notice(exc: BaseException, tries: int, waited: float, deadline_s: float) -> None:
+    """The console's warning that store calls keep failing: at most once per NOTICE_EVERY_S in a process."""
+    import time as _time
+
+    now = _time.monotonic()
+    if now - _noticed[0] >= NOTICE_EVERY_S:
+        _noticed[0] = now
+        logger.warning("a store call keeps failing (%s; %d tr%s in %.0f s); trying again for up to %.0f s in all "
+                       "(--store-retry-s / XSBERT_STORE_RETRY_S)", describe_failure(exc), tries,
+                       "y" if tries == 1 else "ies", waited, deadline_s)  # fmt: skip
 
 
 def describe_failure(exc: BaseException) -> str:
