@@ -49,6 +49,19 @@ def test_the_pairs_of_the_sample_of_30_are_in_the_sample_of_300():
     assert small.row.tolist() == sorted(small.row)  # kept in source order
 
 
+def test_a_sample_larger_than_the_source_takes_every_row_and_says_so(caplog):
+    """--sample 2000 of STS-B test's 1,379 rows: all of them, in source order, and a warning naming the source and
+    its size (before: silently fewer than asked); a sample that fits says nothing."""
+    with caplog.at_level("WARNING", logger="jobs.attribution.validate"):
+        rows = load_pairs("stsb", split="test", sample=2000, seed=0).rows
+    assert len(rows) == 1379 and rows.row.tolist() == sorted(rows.row)
+    assert [r.getMessage() for r in caplog.records] == ["--sample 2000: stsb (test) has 1379 rows; all of them are taken"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="jobs.attribution.validate"):
+        load_pairs("stsb", split="test", sample=1379, seed=0)
+    assert not caplog.records
+
+
 def _job(out: Path, model: Path, sample: int) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "jobs.attribute", "--dataset", "stsb", "--split", "test", "--sample", str(sample),
            "--seed", "0", "--model", str(model), "--layer", "1", "--steps", "2", "--cells", "none",

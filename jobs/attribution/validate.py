@@ -5,6 +5,7 @@ them). Reading and selecting the rows: inputs.py."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from .inputs import (
     select_chunks,
 )
 
+logger = logging.getLogger(__name__)
 
 def _is_missing(value: Any) -> bool:
     if value is None:
@@ -362,7 +364,11 @@ def stream_pairs(
     kind, bounds = label_rule(columns, source, label_range)
     positions = None
     if sample is not None:
-        positions = sample_positions(len(first) + sum(len(df) for df in chunks), sample, seed)
+        n = len(first) + sum(len(df) for df in chunks)
+        if sample > n:  # what was asked cannot be had: said, not silently less
+            split = f" ({source.split})" if source.split else ""
+            logger.warning("--sample %d: %s%s has %d rows; all of them are taken", sample, source.identity, split, n)
+        positions = sample_positions(n, sample, seed)
         chunks = iter_source(source, chunk_rows)
         first = next(chunks)
     pairs = Pairs(rows=normalise(first.iloc[:0], columns), columns=columns, source=source, label_kind=kind,
