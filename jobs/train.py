@@ -36,7 +36,7 @@ from typing import Any
 import xsbert_core
 from xsbert_core import InputError, XsbertError
 from xsbert_core.cli import writable_folder
-from xsbert_core.models import DEFAULT_MODEL
+from xsbert_core.models import DEFAULT_MODEL, transformers_bars
 from xsbert_core.training import (
     VARIANT_SIMILARITY,
     VARIANTS,
@@ -45,7 +45,6 @@ from xsbert_core.training import (
     build_variant,
     fine_tune,
     pairs_dataset,
-    transformers_bars,
 )
 
 from .attribution.validate import load_pairs, validate

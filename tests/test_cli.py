@@ -71,11 +71,13 @@ def test_words_and_plot(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("entry", [main, library_main], ids=["xsbert", "xsbert_core"])
-def test_default_example_pair(entry, tmp_path):
+def test_default_example_pair(entry, tmp_path, capfd):
+    """... and with -q (or stderr not a terminal) nothing on stderr: no "Loading weights" bar of transformers'."""
     out = tmp_path / "d.json"
     assert entry(["explain", "--steps", "1", "--layer", "-1", "--json", str(out), "-q"]) == 0
     d = json.loads(out.read_text())
     assert (d["text_a"], d["text_b"]) == EXAMPLE_PAIR
+    assert capfd.readouterr().err == ""
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ import yaml
 
 from jobs import pipeline, trained
 from xsbert_core import load_model, weights_fingerprint
-from xsbert_core.training import transformers_bars
+from xsbert_core.models import transformers_bars
 
 SMOKE = {"epochs": 1, "batch_size": 4}  # 8 pairs: 2 steps, one evaluated epoch (so best-dev is saved too)
 

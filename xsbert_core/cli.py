@@ -183,8 +183,10 @@ def explain(args: argparse.Namespace) -> int:
     json_out = output_file(args.json_out, "--json") if args.json_out else None
     plot = output_file(args.plot, "--plot", image=True) if args.plot else None
     from .explainer import Explainer  # here: the other commands of `xsbert` need no model (sentence-transformers)
+    from .models import transformers_bars
 
-    ex = Explainer.from_settings(EngineSettings(**from_namespace(args, EngineSettings)), device=args.device)
+    with transformers_bars(sys.stderr.isatty() and not args.quiet):  # no loading bar in a log or with --quiet
+        ex = Explainer.from_settings(EngineSettings(**from_namespace(args, EngineSettings)), device=args.device)
     prompt_b = None
     if args.prompt_b is not None or args.prompt_name_b is not None:
         prompt_b = ex.resolve_prompt(args.prompt_b, args.prompt_name_b)

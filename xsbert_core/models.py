@@ -9,6 +9,7 @@ which forward-mode AD needs; gradients of the weights off).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata as md
 import logging
@@ -233,3 +234,20 @@ def weights_fingerprint(model: torch.nn.Module) -> str:
         # reshape(-1): view(uint8) refuses 0-dim tensors (scalar parameters, BatchNorm's num_batches_tracked)
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
+
+
+@contextlib.contextmanager
+def transformers_bars(shown: bool):
+    """transformers' own progress bars ("Loading weights", a checkpoint's "Writing model shards") off while the block
+    runs when not `shown`, as they were after; a trainer's bar is its disable_tqdm."""
+    import transformers
+
+    bars = transformers.utils.logging
+    hide = not shown and bars.is_progress_bar_enabled()
+    if hide:
+        bars.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if hide:
+            bars.enable_progress_bar()

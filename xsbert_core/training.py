@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import InputError, UnsupportedModelError
+from .models import transformers_bars
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -136,23 +137,6 @@ def _progress_callback(on_progress: Callable[[TrainProgress], None] | None,
             self.report(state)
 
     return Progress()
-
-
-@contextlib.contextmanager
-def transformers_bars(shown: bool):
-    """transformers' own progress bars (a checkpoint's "Writing model shards", say) off while the block runs when not
-    `shown`, as they were after; the trainer's bar is its disable_tqdm."""
-    import transformers
-
-    bars = transformers.utils.logging
-    hide = not shown and bars.is_progress_bar_enabled()
-    if hide:
-        bars.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if hide:
-            bars.enable_progress_bar()
 
 
 @contextlib.contextmanager
