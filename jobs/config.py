@@ -114,14 +114,20 @@ class Selection(Bounded):
                                        help="dataset columns copied as strings into the pairs table (part of the "
                                             "run config)")  # fmt: skip
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.label_bounds()  # checked when made, as a bound is
+
     def label_bounds(self) -> tuple[float, float] | None:
-        """--label-range as (lo, hi); InputError when it is not LO:HI."""
+        """--label-range as (lo, hi); InputError when it is not LO:HI with LO <= HI (else every label is out)."""
         if not self.label_range:
             return None
         try:
             lo, hi = (float(x) for x in self.label_range.split(":"))
         except ValueError as exc:
             raise InputError(f"--label-range must be LO:HI, got {self.label_range!r}") from exc
+        if lo > hi:
+            raise InputError(f"--label-range {self.label_range}: LO is above HI, so every label would be quarantined")
         return lo, hi
 
 

@@ -230,7 +230,9 @@ def test_a_setting_out_of_its_bounds_fails_when_made_naming_its_flag():
                           (lambda: Attribution(tolerance=0.0), "--tolerance must be > 0, got 0.0"),
                           (lambda: config.Execution(max_retries=-1), "--max-retries must be >= 0, got -1"),
                           (lambda: config.Selection("stsb", limit=0), "--limit must be >= 1, got 0"),
-                          (lambda: config.Output(store_retry_s=-1.0), "--store-retry-s must be >= 0, got -1.0")):  # fmt: skip
+                          (lambda: config.Output(store_retry_s=-1.0), "--store-retry-s must be >= 0, got -1.0"),
+                          (lambda: config.Selection("stsb", label_range="5:0"),
+                           "--label-range 5:0: LO is above HI, so every label would be quarantined")):  # fmt: skip
         with pytest.raises(InputError, match=f"^{re.escape(message)}$"):
             make()
     assert config.Execution(num_actors=None, max_retries=0).max_retries == 0
