@@ -26,6 +26,9 @@ What a plain local run printed before (non-TTY, Ray 2.60), and where it goes now
 - pyarrow's S3 client retrying a request itself ("arrow/filesystem/s3fs.cc:817: CompletedMultipartUpload got error
   embedded in a 200 OK response: SlowDown ..., retry = 1"): dropped the same way (the store's own retries say a
   failure for good in one line).
+- a Ray worker's traceback, forwarded to the driver's console line by line ("(MapWorker(MapBatches(FactorActor))
+  pid=N) Exception raised in creation task: ...", then ~30 lines of frames): one line there saying where it is kept
+  (the worker's log file); the job's own last line says what failed (a factor actor that could not start and why).
 
 Two traps of `ray job submit` against a head with token authentication (Ray's default for a head started where
 `~/.ray/auth_token` exists, e.g. after any local `ray.init()`), each caught here with one line instead of a traceback:
@@ -86,6 +89,33 @@ DROPPED_RECORDS = (
     # ... and its warning that a map stage asks for CPUs and GPUs both: the factor actors do, by design (stage1.py).
     re.compile(r"^Specifying both num_cpus and num_gpus for map tasks is experimental"),
 )
+
+
+# The start of a Ray worker's traceback forwarded to the driver (its lines prefixed "(<worker> pid=N[, ip=A]) ").
+_WORKER_TRACEBACK = re.compile(r"^(\(.*?pid=\d+(?:, ip=[^)\s]+)?\)) (?:Exception raised in creation task|"
+                               r"Traceback \(most recent call last\):)")  # fmt: skip
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class ConsoleLines:
+    """fd 2's lines as the console shows them: those matching `patterns` left out, and a worker's forwarded traceback
+    (the lines with its prefix from the first on) one line that says where the worker's log keeps it."""
+
+    def __init__(self, patterns=DROPPED_STDERR) -> None:
+        self.patterns = patterns
+        self.block: str | None = None  # the prefix of the traceback being left out
+
+    def __call__(self, line: str) -> str | None:
+        plain = _ANSI.sub("", line)
+        if self.block is not None:
+            if plain.startswith(self.block) or not plain.strip():  # Ray forwards it in batches, a blank line between
+                return None
+            self.block = None
+        if m := _WORKER_TRACEBACK.match(plain):
+            self.block = m.group(1) + " "
+            return (f"{m.group(1)} a traceback, left out here: the worker's log file keeps it (Ray's logs folder on its "
+                    "node, /tmp/ray/session_latest/logs by default)")  # fmt: skip
+        return None if any(p.search(plain) for p in self.patterns) else line
 
 
 class _DropRecords(logging.Filter):
@@ -226,10 +256,10 @@ _filter_installed = False
 
 
 def filter_stderr(patterns=DROPPED_STDERR) -> None:
-    """Drop the lines matching `patterns` from this process's fd 2 (Ray's C++ logs write there directly).
+    """This process's fd 2 through ConsoleLines(patterns) (Ray's C++ logs write there directly).
 
     For the command-line entry points only: fd 2 becomes a pipe read by a thread that passes every other line
-    through unchanged; at exit the pipe is drained before the process ends."""
+    through unchanged (its bytes); at exit the pipe is drained before the process ends."""
     global _filter_installed
     with _filter_lock:
         if _filter_installed:
@@ -241,15 +271,21 @@ def filter_stderr(patterns=DROPPED_STDERR) -> None:
     os.dup2(write_fd, 2)
     os.close(write_fd)
 
+    shown = ConsoleLines(patterns)
+
     def pump() -> None:
         with os.fdopen(read_fd, "rb", buffering=0) as pipe:
             pending = b""
             while chunk := pipe.read(65536):
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
-                keep = [ln for ln in lines if not any(p.search(ln.decode("utf-8", "replace")) for p in patterns)]
+                keep = []
+                for ln in lines:
+                    text = ln.decode("utf-8", "replace")
+                    if (said := shown(text)) is not None:
+                        keep.append(ln if said == text else said.encode())  # a line kept: its bytes as they came
                 if keep:
-                    os.write(original, b"".join(ln + b"\n" for ln in keep))
+                    os.write(original, b"".join(k + b"\n" for k in keep))
             if pending:
                 os.write(original, pending)
 

@@ -1075,3 +1075,21 @@ def test_a_ray_start_that_only_took_too_long_is_tried_once_more(capsys):
     with pytest.raises(Exception, match=RAY_SLOW_START):
         once_more_if_slow(init, shutdown)
     assert calls == ["init", "shutdown", "init"]
+
+
+def test_the_console_makes_a_forwarded_worker_traceback_one_line():
+    """raycluster.ConsoleLines on lines as Ray forwards a worker's traceback (a prefix per line, colour codes, in
+    batches with a blank line between): one line for the block; the lines around it, another worker's included,
+    pass unchanged (the real thing: test_job_gpu.py's actor that cannot start)."""
+    from jobs.raycluster import ConsoleLines
+
+    who = "\x1b[36m(MapWorker(MapBatches(FactorActor)) pid=7, ip=10.0.0.2)\x1b[0m "
+    other = "\x1b[36m(cells pid=8)\x1b[0m wave 2: 40 pairs"
+    lines = ["before", f"{who}Exception raised in creation task: The actor died because of an error",
+             f"{who}  File \"x.py\", line 1, in __init__", "", f"{who}InputError: no CUDA device here", other,
+             f"{who}Traceback (most recent call last):", f"{who}  File \"y.py\", line 2", "after"]  # fmt: skip
+    shown = ConsoleLines()
+    said = [line for line in (shown(x) for x in lines) if line is not None]
+    note = ("(MapWorker(MapBatches(FactorActor)) pid=7, ip=10.0.0.2) a traceback, left out here: the worker's log file "
+            "keeps it (Ray's logs folder on its node, /tmp/ray/session_latest/logs by default)")  # fmt: skip
+    assert said == ["before", note, other, note, "after"]

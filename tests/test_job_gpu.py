@@ -107,18 +107,27 @@ def test_an_actor_that_runs_out_of_memory_halves_its_batch_and_loses_no_pair(gpu
 
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="about GPUs this torch cannot use")
-def test_a_factor_actor_that_cannot_start_stops_the_run_in_one_line_that_says_why(gpu_ray, tmp_path, capsys):
+def test_a_factor_actor_that_cannot_start_stops_the_run_in_one_line_that_says_why(gpu_ray, tmp_path):
     """Factor actors placed on GPUs this torch cannot use (a CPU-only torch on GPU nodes; here Ray's logical GPUs,
     the actors' default device cuda) fail in their __init__: the run stops with that error in its last line, not as
-    a batch that killed its worker (Ray Data's account of it is kept off the console: test_job.py's console filter
-    test). Last in the module: its dead actor would count among test_factor_actors_run_on_logical_gpus' actors."""
-    from jobs.attribute import cli
+    a batch that killed its worker. The job is a process of its own, on this Ray, and its console is the user's: Ray's
+    forwarded traceback of the actor is one line there (raycluster.ConsoleLines), Ray Data's account of it is kept
+    off (test_job.py's console filter test). Last in the module: its dead actor would count among
+    test_factor_actors_run_on_logical_gpus' actors."""
+    import subprocess
+    import sys
 
+    root = Path(__file__).resolve().parents[1]
     data = write_tsv(tmp_path / "pairs.tsv", stsb_rows(2, start=80))
-    code = cli(["--dataset", str(data), "--layer", "-1", "--steps", "2", "--num-actors", "1", "--max-retries", "0",
-                "--out", str(tmp_path / "runs"), "-q"])  # fmt: skip
-    err = capsys.readouterr().err
-    assert code == 2
-    assert err.strip().splitlines()[-1].startswith(
+    env = {**os.environ, "PYTHONPATH": str(root), "RAY_ADDRESS": gpu_ray.get_runtime_context().gcs_address}
+    done = subprocess.run([sys.executable, "-m", "jobs.attribute", "--dataset", str(data), "--layer", "-1", "--steps",
+                           "2", "--num-actors", "1", "--max-retries", "0", "--out", str(tmp_path / "runs"), "-q"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    err = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert err[-1].startswith(
         "jobs.attribute: error: wave 1/1 failed: a factor actor could not start: InputError: device 'cuda': no CUDA "
-        "device here ("), err[-2000:]  # fmt: skip
+        "device here ("), done.stderr[-3000:]  # fmt: skip
+    assert not any("Traceback" in line or 'File "' in line for line in err), done.stderr[-3000:]
+    assert any(line.endswith("a traceback, left out here: the worker's log file keeps it (Ray's logs folder on its "
+                             "node, /tmp/ray/session_latest/logs by default)") for line in err), err  # fmt: skip
