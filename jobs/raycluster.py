@@ -113,8 +113,8 @@ class ConsoleLines:
             self.block = None
         if m := _WORKER_TRACEBACK.match(plain):
             self.block = m.group(1) + " "
-            return (f"{m.group(1)} a traceback, left out here: the worker's log file keeps it (Ray's logs folder on its "
-                    "node, /tmp/ray/session_latest/logs by default)")  # fmt: skip
+            return (f"{m.group(1)} a traceback, left out here: the worker's log file keeps it (Ray's logs folder on "
+                    "its node, /tmp/ray/session_latest/logs by default)")  # fmt: skip
         return None if any(p.search(plain) for p in self.patterns) else line
 
 

@@ -55,7 +55,8 @@ def test_a_sample_larger_than_the_source_takes_every_row_and_says_so(caplog):
     with caplog.at_level("WARNING", logger="jobs.attribution.validate"):
         rows = load_pairs("stsb", split="test", sample=2000, seed=0).rows
     assert len(rows) == 1379 and rows.row.tolist() == sorted(rows.row)
-    assert [r.getMessage() for r in caplog.records] == ["--sample 2000: stsb (test) has 1379 rows; all of them are taken"]
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["--sample 2000: stsb (test) has 1379 rows; all of them are taken"]
     caplog.clear()
     with caplog.at_level("WARNING", logger="jobs.attribution.validate"):
         load_pairs("stsb", split="test", sample=1379, seed=0)

@@ -33,6 +33,7 @@ from .inputs import (
 
 logger = logging.getLogger(__name__)
 
+
 def _is_missing(value: Any) -> bool:
     if value is None:
         return True

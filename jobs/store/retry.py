@@ -117,7 +117,8 @@ def retried(fn, deadline_s: float):
             waited = _time.monotonic() - start
             if not transient(exc) or waited >= deadline_s:
                 raise GaveUp(exc, tries, waited) from exc
-            pause = min(deadline_s - waited, random.uniform(0, min(RETRY_MAX_SLEEP_S, RETRY_FIRST_S * 2 ** (tries - 1))))
+            backoff = min(RETRY_MAX_SLEEP_S, RETRY_FIRST_S * 2 ** (tries - 1))
+            pause = min(deadline_s - waited, random.uniform(0, backoff))
             logger.info("store call failed (%s), try %d again in %.2f s", " ".join(str(exc).split())[:200], tries + 1,
                         pause)  # fmt: skip
             if waited + pause >= RETRY_NOTICE_S:
