@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import re
+import time
 
 from .uri import Location, StoreError, redact
 
@@ -102,10 +104,7 @@ def retried(fn, deadline_s: float):
     """fn(), tried again on transient failures (backoff with full jitter, the last pause cut to end at the deadline)
     for up to `deadline_s` seconds; GaveUp with the last error when a failure is not transient or the deadline has
     passed. A call failing past RETRY_NOTICE_S is said once on the console (_notice)."""
-    import random
-    import time as _time
-
-    start = _time.monotonic()
+    start = time.monotonic()
     tries = 0
     while True:
         tries += 1
@@ -114,7 +113,7 @@ def retried(fn, deadline_s: float):
         except StoreError:
             raise
         except Exception as exc:
-            waited = _time.monotonic() - start
+            waited = time.monotonic() - start
             if not transient(exc) or waited >= deadline_s:
                 raise GaveUp(exc, tries, waited) from exc
             backoff = min(RETRY_MAX_SLEEP_S, RETRY_FIRST_S * 2 ** (tries - 1))
@@ -123,14 +122,12 @@ def retried(fn, deadline_s: float):
                         pause)  # fmt: skip
             if waited + pause >= RETRY_NOTICE_S:
                 _notice(exc, tries, waited, deadline_s)
-            _time.sleep(pause)
+            time.sleep(pause)
 
 
 def _notice(exc: BaseException, tries: int, waited: float, deadline_s: float) -> None:
     """The console's warning that store calls keep failing: at most once per NOTICE_EVERY_S in a process."""
-    import time as _time
-
-    now = _time.monotonic()
+    now = time.monotonic()
     if now - _noticed[0] >= NOTICE_EVERY_S:
         _noticed[0] = now
         logger.warning("a store call keeps failing (%s; %d tr%s in %.0f s); trying again for up to %.0f s in all "
