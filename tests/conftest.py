@@ -358,7 +358,7 @@ def ray_cluster(_ray_session, s3):
     # Token authentication off for this in-process Ray only: these modules test what the job computes and stores,
     # not how it is submitted or joined. With it on, ray.init() would write a token into the machine's shared
     # ~/.ray/auth_token, whose mere presence turns authentication on for every later `ray start --head` of the
-    # user. Submission and joining with Ray's default authentication: tests/test_readme_submit.py, test_cluster.py.
+    # user. Submission and joining with Ray's default authentication: tests/test_readme_submit.py.
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if not ray.is_initialized():

@@ -42,7 +42,7 @@ START_TIMEOUT_S = 600
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
     # Token authentication off for these two private nodes only: the test is about where stage 2 writes, not about
-    # joining (tests/test_cluster.py and test_readme_submit.py join with tokens).
+    # joining (tests/test_readme_submit.py submits and joins with tokens).
     env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0", RAY_raylet_start_wait_time_s="500",
                RAY_agent_register_timeout_ms="300000")  # fmt: skip

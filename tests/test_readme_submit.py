@@ -25,6 +25,7 @@ Python, from a head started as `.venv/bin/ray start --head` outside the activate
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -38,6 +39,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import duckdb
 import pytest
 import yaml
 from endpoints import free_ports
@@ -165,7 +167,15 @@ class BlockRun:
     returncode: int
     log: str
     gcs_address: str | None
+    gcs_port: int
     dashboard: str
+
+    def client(self):
+        """The head's job API, with the token the block made (~/.ray/auth_token of its HOME)."""
+        from ray.job_submission import JobSubmissionClient
+
+        token = (self.home / ".ray" / "auth_token").read_text().strip()
+        return JobSubmissionClient(self.dashboard, headers={"Authorization": f"Bearer {token}"})
 
     def head_log(self) -> str:
         logs = sorted(Path(self.env["RAY_TMPDIR"]).glob("ray/session_latest/logs/*.err"))
@@ -227,7 +237,7 @@ def block_run():
     address_file = ray_tmpdir / "ray" / "ray_current_cluster"
     run = BlockRun(
         clone=clone, home=home, env=env, returncode=returncode, log=log_path.read_text(errors="replace"),
-        gcs_address=address_file.read_text().strip() if address_file.is_file() else None,
+        gcs_address=address_file.read_text().strip() if address_file.is_file() else None, gcs_port=gcs,
         dashboard=f"http://127.0.0.1:{dash}",
     )  # fmt: skip
     try:
@@ -249,6 +259,41 @@ def test_readme_block_runs_the_study_through_ray_job_submit(block_run):
     assert len(manifests) == 1, sorted((run.clone / "runs").rglob("*"))[:20]
     assert (run.clone / "reports" / "default" / "index.html").is_file()
     assert (run.clone / "reports" / "default" / "stsb" / "index.html").is_file()
+    # Its console is the quiet one: no Ray Data execution logs, no actor-restart notice, no token notice.
+    client = run.client()
+    (job,) = [j for j in client.list_jobs() if j.submission_id]  # (a driver that joins is listed too)
+    log = client.get_job_logs(job.submission_id)
+    for noise in ("Execution plan of Dataset", "has constructor arguments in the object store", "Token authentication"):
+        assert noise not in log, noise
+    # The attribution ran on the head the block started, not on a Ray of its own: the Ray job and node its manifest
+    # recorded are the ones the head lists for the submission, and its GCS is the head's; DuckDB reads the store.
+    used = json.loads(manifests[0].read_text(encoding="utf-8"))["runs"][-1]["ray"]
+    assert job.job_id and (used["job_id"], used["node_id"]) == (job.job_id, job.driver_node_id), (used, job)
+    assert used["gcs_address"].rsplit(":", 1)[1] == str(run.gcs_port), used
+    con = duckdb.connect()
+    run_dir = manifests[0].parent
+    assert con.execute(f"select count(*), count(distinct pair_id) from read_parquet('{run_dir}/pairs/*.parquet')"
+                       ).fetchone() == (3, 3)  # fmt: skip
+    assert con.execute(f"select count(*) from read_parquet('{run_dir}/cells/*.parquet')").fetchone()[0] > 3
+
+
+def resubmission_script(commands: list[str]) -> str:
+    """The block without its head's start and its `ray stop`: the shell's set-up, then the submission."""
+    return "\n".join(["set -e", *(c for c in commands[:-1] if not is_head_start(c))]) + "\n"
+
+
+@pytest.mark.slow
+def test_the_same_submission_again_finds_every_stage_up_to_date(block_run):
+    """A scheduled rerun: the block's submission once more (a new upload of the working dir) computes nothing, since
+    a run's id does not depend on where the job's copy of the repository lies."""
+    assert block_run.returncode == 0, f"the README block failed:\n{block_run.log[-3000:]}"
+    script = resubmission_script(readme_block(README.read_text(encoding="utf-8")))
+    done = subprocess.run(["bash", "-c", script], cwd=block_run.clone, env=block_run.env, capture_output=True,
+                          text=True, timeout=BLOCK_TIMEOUT_S)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for stage in ("attribute stsb: up to date", "parse: up to date", "report stsb: up to date"):
+        assert stage in done.stdout, (stage, done.stdout[-3000:])
+    assert len([j for j in block_run.client().list_jobs() if j.submission_id]) == 2
 
 
 def _get(url: str, token: str | None = None) -> int:
