@@ -21,7 +21,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from jobtools import stsb_rows, write_tsv
+from jobtools import FAST, FAST_ENGINE, stsb_rows, write_tsv
 
 from jobs import store as jstore
 from jobs.attribution import inputs as _inputs
@@ -29,7 +29,6 @@ from jobs.attribution.inputs import resolve_source
 from jobs.attribution.validate import load_pairs, validate
 from xsbert_core import EngineSettings, InputError
 
-FAST = ["--layer", "-1", "--steps", "2"]  # attribution settings of every Ray test run
 TABLES = ("pairs", "cells", "word_cells", "sentences", "quarantine")
 
 
@@ -583,7 +582,7 @@ def explain_json(tmp_path: Path, a: str, b: str) -> dict:
     from jobs.cli import main as xsbert
 
     out = tmp_path / "explain.json"
-    assert xsbert(["explain", a, b, *FAST, "--words", "--json", str(out), "-q"]) == 0
+    assert xsbert(["explain", a, b, *FAST_ENGINE, "--words", "--json", str(out), "-q"]) == 0
     return json.loads(out.read_text())
 
 

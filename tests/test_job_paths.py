@@ -74,7 +74,8 @@ def bad(ray_cluster, tmp_path_factory):
     root = tmp_path_factory.mktemp("bad")
     data = root / "pairs.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r, _ in BAD_ROWS), encoding="utf-8")  # \ud800, NaN as escapes
-    s = run_job(root / "runs", "--dataset", str(data), hooks=Hooks(fail_text=FAIL))
+    # two factor actors (a 2-CPU Ray's default pool): the rows of a pool of several, in order
+    s = run_job(root / "runs", "--dataset", str(data), "--num-actors", "2", hooks=Hooks(fail_text=FAIL))
     return s, Path(s["run_dir"]), data
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from jobtools import FAST
 
 from jobs import parse as job
 from jobs import parsing
@@ -37,7 +38,6 @@ from xsbert_core.syntax import (
 )
 from xsbert_core.words import words_of
 
-FAST = ["--layer", "-1", "--steps", "2"]  # attribution settings of the real run, as in tests/test_job.py
 # The UD v2 universal relations; a converted label is one of these or a subtype of one.
 UD_RELATIONS = set(
     "acl advcl advmod amod appos aux case cc ccomp clf compound conj cop csubj dep det discourse dislocated "
