@@ -86,6 +86,7 @@ DROPPED_RECORDS = (
     re.compile(r"^Exception occurred in (?:Ray Data or Ray Core internal|user) code"),
     re.compile(r"^Full stack trace:"),
     re.compile(r"actors died during initialization \d+ consecutive time"),
+    re.compile(r"^An exception was raised from a task of operator "),  # a batch that kept killing its worker
     # ... and its warning that a map stage asks for CPUs and GPUs both: the factor actors do, by design (stage1.py).
     re.compile(r"^Specifying both num_cpus and num_gpus for map tasks is experimental"),
 )

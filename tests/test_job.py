@@ -995,6 +995,8 @@ def test_the_console_drops_ray_datas_snapshot_warnings_and_keeps_the_rest():
         "Full stack trace:",
         "MapBatches(FactorActor): actors died during initialization 1 consecutive time(s) "
         "(max_consecutive_actor_init_deaths=0); failing execution.",
+        "An exception was raised from a task of operator \"MapBatches(FactorActor)\". Dataset execution will now "
+        "abort. To ignore this exception and continue, set DataContext.max_errored_blocks.",
         "Specifying both num_cpus and num_gpus for map tasks is experimental, and may result in scheduling or "
         "stability issues.",
     ]
