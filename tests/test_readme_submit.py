@@ -1,5 +1,7 @@
 """README.md's local `ray job submit` block, run as written, against the head it starts, with Ray's token
-authentication left at Ray's default; and the one-line messages for the two traps of that flow.
+authentication left at Ray's default: the study runs on that head's Ray (the Ray job, node and GCS its manifest
+records), into a store DuckDB reads, with the quiet console, and the same submission again finds every stage up to
+date. And the one-line messages for the two traps of that flow.
 
 The block is read from README.md at test time: the first ```bash block after the paragraph that begins "On one
 machine". It runs in bash, in a copy of the repository as a fresh clone has it (the files git tracks, `.venv` a link
