@@ -62,8 +62,9 @@ def test_factor_actors_run_on_logical_gpus(gpu_ray, tmp_path):
     from ray.util.state import list_actors
 
     data = write_tsv(tmp_path / "pairs.tsv", stsb_rows(4, start=80))
-    # --batch-size 4: two factor batches, so that the pool starts both actors
-    s = run_job(tmp_path / "runs", "--dataset", str(data), "--device", "cpu", "--batch-size", "4")
+    # --batch-size 4: two factor batches, so that the pool starts both actors; --num-actors 2, one per logical GPU,
+    # is the default here (resources() above), which FAST's one actor would override
+    s = run_job(tmp_path / "runs", "--dataset", str(data), "--device", "cpu", "--batch-size", "4", "--num-actors", "2")
     run_dir = Path(s["run_dir"])
     assert (s["n_done"], s["computed_pairs"]) == (4, 4)
     assert q(run_dir, "select count(*), count(distinct pair_id) from {cells}")[0][1] == 4
