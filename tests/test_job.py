@@ -21,15 +21,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from jobtools import FAST, FAST_ENGINE, stsb_rows, write_tsv
+from jobtools import FAST, FAST_ENGINE, TABLES, run_job, stsb_rows, write_tsv
 
 from jobs import store as jstore
 from jobs.attribution import inputs as _inputs
 from jobs.attribution.inputs import resolve_source
 from jobs.attribution.validate import load_pairs, validate
 from xsbert_core import EngineSettings, InputError
-
-TABLES = ("pairs", "cells", "word_cells", "sentences", "quarantine")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -571,12 +569,6 @@ def test_a_failed_sentence_fails_only_its_pairs(small_factors):
 
 
 # --------------------------------------------------------------------------- real Ray runs (ray_cluster: conftest.py)
-def run_job(out: Path, *flags: str) -> dict:
-    from jobs.attribute import main, parse_args
-
-    return main(parse_args([*flags, *FAST, "--out", str(out), "--quiet"]))
-
-
 def explain_json(tmp_path: Path, a: str, b: str) -> dict:
     """What `xsbert explain` writes for the pair, with the test runs' settings."""
     from jobs.cli import main as xsbert
