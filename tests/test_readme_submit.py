@@ -172,12 +172,16 @@ class BlockRun:
     gcs_port: int
     dashboard: str
 
+    @property
+    def token(self) -> str:
+        """The token the block made: ~/.ray/auth_token of its HOME."""
+        return (self.home / ".ray" / "auth_token").read_text().strip()
+
     def client(self):
-        """The head's job API, with the token the block made (~/.ray/auth_token of its HOME)."""
+        """The head's job API, with the block's token."""
         from ray.job_submission import JobSubmissionClient
 
-        token = (self.home / ".ray" / "auth_token").read_text().strip()
-        return JobSubmissionClient(self.dashboard, headers={"Authorization": f"Bearer {token}"})
+        return JobSubmissionClient(self.dashboard, headers={"Authorization": f"Bearer {self.token}"})
 
     def head_log(self) -> str:
         logs = sorted(Path(self.env["RAY_TMPDIR"]).glob("ray/session_latest/logs/*.err"))
@@ -313,10 +317,9 @@ def _get(url: str, token: str | None = None) -> int:
 def test_the_head_the_block_started_requires_the_token(block_run):
     """Token authentication is on: the job API answers only a request that carries ~/.ray/auth_token."""
     assert block_run.gcs_address, f"no head recorded:\n{block_run.log[-3000:]}"
-    token = (block_run.home / ".ray" / "auth_token").read_text().strip()
     assert _get(f"{block_run.dashboard}/api/jobs/") == 401
     assert _get(f"{block_run.dashboard}/api/jobs/", token="not-the-token") == 403
-    assert _get(f"{block_run.dashboard}/api/jobs/", token=token) == 200
+    assert _get(f"{block_run.dashboard}/api/jobs/", token=block_run.token) == 200
 
 
 def _join(block_run: BlockRun, tmp_path: Path, env_update: dict[str, str]) -> subprocess.CompletedProcess:
