@@ -344,10 +344,26 @@ def _ray_session():
         ray.shutdown()
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's own teardown hook, which tears the module's fixtures down
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop this process's Ray after a module when the next module does not use the shared one (ray_cluster): an
+    idle local Ray draws ~4 CPU-s a minute (its daemons, Ray Data's actors, idle workers), and a test process ends
+    its Ray modules long before its last file (bench/results/tests.md). A later module that needs it starts it
+    again."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is None or nextitem is None or nextitem.path == item.path or "ray_cluster" in nextitem.fixturenames:
+        return
+    if ray.is_initialized():
+        ray.shutdown()
+
+
 @pytest.fixture(scope="module")
 def ray_cluster(_ray_session, s3):
     """A local Ray (2 CPUs, no dashboard, no progress bars), shared by the modules that need one: started on
-    first use, started again when a module shut it down to run its own (tests/test_job_gpu.py), stopped at the
+    first use, started again when a module shut it down to run its own (tests/test_job_gpu.py) or when it was
+    stopped after a module because the next one did not need it (pytest_runtest_teardown above), stopped at the
     end of the session. Starting one costs ~10-30 s on 2 cores, so modules do not each start their own.
 
     Its workers have the S3 endpoint and the (dummy) credentials of the moto fixture in their environment, as a
@@ -381,21 +397,25 @@ def shared_root(tmp_path_factory) -> Path:
 def reference_run(ray_cluster, shared_root) -> tuple[Path, Path]:
     """(pairs.tsv, its run directory): jobtools.REFERENCE_PAIRS real pairs and their uninterrupted run on Ray with the
     test runs' settings (FAST) and REFERENCE_FLAGS, what the fault modules compare every store with (the run id
-    depends on the dataset's path, so they share that too). Made once per session, by the first test process that
-    asks (the others wait for it, then read it); a test never writes into it."""
+    depends on the dataset's path, so they share that too), its two waves on one pool of one factor actor. Made once
+    per session, by the first test process that asks (the others wait for it, then read it); a test never writes
+    into it."""
     import fcntl
 
     from jobtools import REFERENCE_FLAGS, REFERENCE_PAIRS, run_job, stsb_rows, write_tsv
 
+    from jobs.attribution.hooks import Hooks
+
     root = shared_root / "reference-run"
     root.mkdir(exist_ok=True)
-    data, done = root / "pairs.tsv", root / "run_dir.txt"
+    data, done, starts = root / "pairs.tsv", root / "run_dir.txt", root / "actor-starts.log"
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not done.exists():
             write_tsv(data, stsb_rows(REFERENCE_PAIRS, start=40))
-            s = run_job(root / "runs", "--dataset", str(data), *REFERENCE_FLAGS)
+            s = run_job(root / "runs", "--dataset", str(data), *REFERENCE_FLAGS, hooks=Hooks(start_log=str(starts)))
             assert (s["computed_pairs"], s["waves"], s["duplicates_dropped"]) == (REFERENCE_PAIRS, 2, 0), s
+            assert len(starts.read_text().splitlines()) == 1  # one actor pool (of one) for both waves
             done.write_text(s["run_dir"], encoding="utf-8")
     return data, Path(done.read_text(encoding="utf-8"))
 
