@@ -1,19 +1,18 @@
-"""One test body, every backend of the store: jobs.attribute and the pipeline with `--out` a local folder, S3
+"""One test body, every object-store backend of the store: jobs.attribute and the pipeline with `--out` on S3
 (moto's standalone server on 127.0.0.1, tests/s3tools.py) or GCS (gcp-storage-emulator on 127.0.0.1 with GCS's
 ifGenerationMatch precondition, tests/gcstools.py), reached over HTTP by the same pyarrow, boto3 and
-google-cloud-storage code a cluster uses. The same guarantees on every backend, checked on values against a local
-run. A test that needs what only object storage has (its writer lock object, a bucket, an endpoint) runs on the
-object-store backends; one that needs what one backend has (moto checks credentials, the emulator does not) on that
-one. (Reading S3 runs with `xsbert sql` and jobs.report: tests/test_s3_sql.py.)
+google-cloud-storage code a cluster uses. The same guarantees on each, checked on values against a local run (the
+local store's own: tests/test_job.py and tests/test_job_faults.py). A test that needs what one backend has (moto
+checks credentials, the emulator does not) runs on that one. (Reading S3 runs with `xsbert sql` and jobs.report:
+tests/test_s3_sql.py.)
 
 Adding a backend: a fixture in tests/conftest.py whose server has .family, .env, .uri(), .listing(), .upload()
-(tests/s3tools.py, tests/gcstools.py), and its name in BACKENDS below.
+(tests/s3tools.py, tests/gcstools.py), and its name in OBJECT below.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,8 +39,7 @@ from jobs import store as jstore
 ROOT = Path(__file__).resolve().parents[1]
 N_PAIRS = REFERENCE_PAIRS
 FLAGS = REFERENCE_FLAGS  # the reference run's (tests/conftest.py reference_run)
-BACKENDS = ("local", "s3", "gcs")
-OBJECT = ("s3", "gcs")  # the backends with a bucket, an endpoint and a writer-lock object
+OBJECT = ("s3", "gcs")  # the backends: each with a bucket, an endpoint and a writer-lock object
 SCHEME = {"s3": "s3", "gcs": "gs"}
 
 
@@ -49,55 +47,39 @@ SCHEME = {"s3": "s3", "gcs": "gs"}
 @dataclass
 class Backend:
     """One backend as the tests use it: where runs go (`uri`), what is stored under a prefix (`listing`: name ->
-    what changes when the object or file is rewritten), a copy of a local folder (`upload`)."""
+    what changes when the object is rewritten)."""
 
     name: str
-    server: Any  # S3Server / GcsServer; None for local
-    root: Path  # local: the folder that stands for the bucket
+    server: Any  # S3Server / GcsServer
 
     @property
     def bucket(self) -> str:
         return self.server.bucket
 
-    @property
-    def env(self) -> dict[str, str]:
-        return self.server.env if self.server is not None else {}
-
     def uri(self, *parts: str) -> str:
-        if self.server is None:
-            return str(self.root.joinpath(*(p.strip("/") for p in parts)))
         return self.server.uri(*parts)
 
     def listing(self, prefix: str = "") -> dict[str, Any]:
-        if self.server is not None:
-            return self.server.listing(prefix)
-        out = {}
-        for path in sorted(self.root.rglob("*")):
-            rel = path.relative_to(self.root).as_posix()
-            if path.is_file() and rel.startswith(prefix) and path.name != ".lock":
-                out[rel] = (path.stat().st_size, path.stat().st_mtime_ns)
-        return out
+        return self.server.listing(prefix)
 
     def lock(self, key: str) -> jstore.LockObject:
         """The writer-lock object `key` of the bucket, through the store's own client."""
         return jstore.LockObject(self.server.family, self.bucket, key)
 
     def subprocess_env(self) -> dict[str, str]:
-        return self.server.subprocess_env() if self.server is not None else dict(os.environ)
+        return self.server.subprocess_env()
 
 
 @pytest.fixture()
-def backend(request, monkeypatch, tmp_path) -> Backend:
+def backend(request, monkeypatch) -> Backend:
     """The backend named by the test's parameter, its endpoint and credentials in this process's environment."""
     name = request.param
-    server = request.getfixturevalue(name) if name != "local" else None
-    for key, value in (server.env.items() if server is not None else ()):
+    server = request.getfixturevalue(name)
+    for key, value in server.env.items():
         monkeypatch.setenv(key, value)
     if name == "gcs":
         monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
-    root = tmp_path / "bucket"
-    root.mkdir()
-    return Backend(name, server, root)
+    return Backend(name, server)
 
 
 def on(*names: str):
@@ -116,24 +98,20 @@ def local_clean(s3_ray, reference_run) -> Path:
     return reference_run[1]
 
 
-def fetch(backend: Backend, run_dir: str, dest: Path) -> Path:
-    """A run of the backend as a local folder (a copy of an object-store run; a local run as it is)."""
-    return Path(run_dir) if backend.server is None else download(run_dir, dest)
-
-
 # --------------------------------------------------------------------------- the job on every backend
 @pytest.mark.slow
-@on(*BACKENDS)
+@on(*OBJECT)
 def test_job_equals_local_reruns_without_changes_and_grows(backend, data, local_clean, tmp_path):
     """Workers write the cells (they get the endpoint, not the driver's environment); a run grown from the first 4
     pairs to all 8 (--limit is not in the run id: the same run) computes only the new ones, and the store equals the
-    local run's cell by cell; a rerun writes nothing (ETags, generations and MD5s, sizes and mtimes unchanged)."""
+    local run's cell by cell; a rerun writes nothing (ETags, generations and MD5s unchanged). (A local store: the
+    reference run is one; its growth and its rerun that writes nothing, tests/test_job.py.)"""
     out = backend.uri("job/runs")
     first = run_job(out, "--dataset", str(data), *FLAGS, "--limit", "4")  # type: ignore[arg-type]
     s = run_job(out, "--dataset", str(data), *FLAGS)  # type: ignore[arg-type]
     assert first["run_dir"] == s["run_dir"] == f"{out}/{local_clean.name}"
     assert (first["computed_pairs"], s["computed_pairs"], s["n_done"]) == (4, N_PAIRS - 4, N_PAIRS)
-    assert_same_rows(fetch(backend, s["run_dir"], tmp_path / "copy"), local_clean)
+    assert_same_rows(download(s["run_dir"], tmp_path / "copy"), local_clean)
 
     before = backend.listing("job/runs/")
     assert f"job/runs/{local_clean.name}/manifest.json" in before and not any("_lock" in k for k in before)
@@ -144,11 +122,13 @@ def test_job_equals_local_reruns_without_changes_and_grows(backend, data, local_
 
 
 @pytest.mark.slow
-@on(*OBJECT)
+@on("s3")
 def test_driver_killed_mid_run_resumes_to_the_same_store(s3_ray, backend, data, local_clean, tmp_path):
     """SIGKILL the driver (a process of its own, joined to the module's Ray) after its first commit: its lock stays
     behind (a dead pid on this host), the rerun takes it over, recomputes only the second wave, and the store equals
-    the uninterrupted local run. (A local run's killed driver: tests/test_job_faults.py.)"""
+    the uninterrupted local run. (A local run's killed driver: tests/test_job_faults.py. On GCS: a lock is taken over
+    by the same steps whatever made it stale, test_expired_lock_is_taken_over_and_the_old_writer_is_fenced, and a job
+    resumes there as it grows, test_job_equals_local_reruns_without_changes_and_grows.)"""
     out = backend.uri("killed/runs")
     env = {**backend.subprocess_env(), "PYTHONPATH": str(ROOT)}
     cmd = hooked_attribute("--dataset", str(data), *FAST, *FLAGS, "--out", out, "-q", "--ray-address",
