@@ -126,7 +126,7 @@ def test_read_only_store_answers_a_rerun_and_refuses_a_write_in_one_line(ray_clu
     pairs = write_tsv(tmp_path / "pairs.tsv", stsb_rows(N_PAIRS, start=40))
     with tmpfs(tmp_path / "ro", 8 * pages(clean) + 64 * PAGE) as mnt:
         out = mnt / "runs"
-        run = Path(run_job(out, "--dataset", str(pairs), *FLAGS)["run_dir"])
+        run = Path(run_job(out, "--dataset", str(pairs), *FLAGS, "--executor", "local")["run_dir"])  # its store
         assert subprocess.run(["mount", "-o", "remount,ro", str(mnt)], capture_output=True).returncode == 0
         # nothing to do: answered from the read-only store
         code, stdout, err = run_cli(capsys, out, "--dataset", str(pairs), *FLAGS)

@@ -568,7 +568,8 @@ def test_a_failed_sentence_fails_only_its_pairs(small_factors):
     assert out.column("failure").to_pylist() == [None, "NumericalError: NaN"]
 
 
-# --------------------------------------------------------------------------- real Ray runs (ray_cluster: conftest.py)
+# --------------------------------------------------------------------------- real runs: on Ray (ray_cluster, conftest.py),
+# or --executor local where what a test checks is the driver's (no actor to start)
 def explain_json(tmp_path: Path, a: str, b: str) -> dict:
     """What `xsbert explain` writes for the pair, with the test runs' settings."""
     from jobs.cli import main as xsbert
@@ -639,16 +640,18 @@ def test_job_counts_cells_and_rerun(ray_cluster, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_job_grown_dataset_computes_only_new_pairs(ray_cluster, tmp_path):
+def test_job_grown_dataset_computes_only_new_pairs(tmp_path):
+    """Which pairs a run computes is the driver's to decide, before any executor (--executor local: no actor to
+    start; a grown run on Ray: tests/test_store_backends.py)."""
     data, out = tmp_path / "pairs.tsv", tmp_path / "runs"
-    first = run_job(out, "--dataset", str(write_tsv(data, stsb_rows(8))))
+    first = run_job(out, "--dataset", str(write_tsv(data, stsb_rows(8))), "--executor", "local")
     run_dir = Path(first["run_dir"])
     assert first["computed_pairs"] == 8
     old = {r[0]: r[1:] for r in q(run_dir, "select pair_id, score, attribution_sum from {pairs}")}
     before = file_hashes(run_dir)
 
     write_tsv(data, pd.concat([stsb_rows(8), stsb_rows(5, start=8)]))  # the dataset grew by 5 pairs
-    second = run_job(out, "--dataset", str(data))
+    second = run_job(out, "--dataset", str(data), "--executor", "local")
     assert second["run_id"] == first["run_id"] and second["computed_pairs"] == 5
     assert (second["n_in"], second["n_done"], second["n_quarantined"]) == (13, 13, 0)
     assert q(run_dir, "select count(*), count(distinct pair_id) from {pairs}") == [(13, 13)]
@@ -663,9 +666,11 @@ def test_job_grown_dataset_computes_only_new_pairs(ray_cluster, tmp_path):
 
 
 @pytest.mark.slow
-def test_job_quarantines_bad_rows_and_attributes_the_rest(ray_cluster, tmp_path):
+def test_job_quarantines_bad_rows_and_attributes_the_rest(tmp_path):
+    """The driver quarantines before any executor (--executor local: no actor to start)."""
     out = tmp_path / "runs"
-    s = run_job(out, "--dataset", str(write_bad_file(tmp_path / "bad.tsv")), "--label-range", "0:5")
+    data = write_bad_file(tmp_path / "bad.tsv")
+    s = run_job(out, "--dataset", str(data), "--label-range", "0:5", "--executor", "local")
     run_dir = Path(s["run_dir"])
     n_bad = sum(1 for r in BAD_ROWS if r[4])
     assert (s["n_in"], s["n_done"], s["n_quarantined"]) == (len(BAD_ROWS), len(BAD_ROWS) - n_bad, n_bad)
@@ -675,7 +680,7 @@ def test_job_quarantines_bad_rows_and_attributes_the_rest(ray_cluster, tmp_path)
     assert q(run_dir, "select label is null from {pairs} where pair_id = 'g3'") == [(True,)]
     assert all(d for (d,) in q(run_dir, "select detail from {quarantine}"))
     # A rerun adds no quarantine rows (deduplicated by row, pair id and reason).
-    again = run_job(out, "--dataset", str(tmp_path / "bad.tsv"), "--label-range", "0:5")
+    again = run_job(out, "--dataset", str(data), "--label-range", "0:5", "--executor", "local")
     assert again["wrote_files"] == 0 and again["n_quarantined"] == n_bad
     assert q(run_dir, "select count(*) from {quarantine}") == [(n_bad,)]
 

@@ -231,13 +231,15 @@ def short_minilm(tmp_path_factory, minilm_folder) -> Path:
 
 
 @pytest.fixture(scope="module")
-def exact(ray_cluster, tmp_path_factory, short_minilm):
+def exact(tmp_path_factory, short_minilm):
+    """A run in exact mode with dot similarity, a tolerance and a text past the model's 24 tokens. What it stores is
+    the executor's to neither choose nor change (tests/test_local_executor.py): --executor local, no actor to start."""
     root = tmp_path_factory.mktemp("exact")
     long = pd.DataFrame({"id": ["long"], "sentence1": [" ".join(["word"] * 40)], "sentence2": ["A short one."],
                          "score": ["1.0"]})  # fmt: skip
     rows = pd.concat([stsb_rows(4, start=60), long])
     data = write_tsv(root / "pairs.tsv", rows)
-    s = run_job(root / "runs", "--dataset", str(data), "--model", str(short_minilm), *EXACT)
+    s = run_job(root / "runs", "--dataset", str(data), "--model", str(short_minilm), *EXACT, "--executor", "local")
     return s, Path(s["run_dir"]), data
 
 
@@ -294,7 +296,7 @@ def test_min_abs_stores_fewer_cells_and_the_same_sums(exact, short_minilm):
     s, full, data = exact
     ((threshold,),) = q(full, "select quantile_cont(abs(value), 0.75) from {cells}")
     pruned = run_job(full.parent, "--dataset", str(data), "--model", str(short_minilm), *EXACT,
-                     "--min-abs", repr(threshold))  # fmt: skip
+                     "--min-abs", repr(threshold), "--executor", "local")  # fmt: skip
     run_dir = Path(pruned["run_dir"])
     assert run_dir != full  # min_abs is in the run id
     sums = "select pair_id, score, attribution_sum, positive_sum, negative_sum, completeness_error from {pairs} " \

@@ -555,11 +555,13 @@ def hand_built_run(root: Path, name: str, tok, texts: list[str]) -> Path:
 
 @pytest.fixture(scope="module")
 def real_run(ray_cluster, tmp_path_factory):
-    """A real jobs.attribute run: all-MiniLM-L6-v2, 6 STS-B test pairs, FAST settings."""
+    """A real jobs.attribute run: all-MiniLM-L6-v2, 6 STS-B test pairs, FAST settings (--executor local: what the
+    parses read is the store, which the executor does not change; the parses themselves run on the module's Ray)."""
     from jobs.attribute import main, parse_args
 
     out = tmp_path_factory.mktemp("parse-runs") / "runs"
-    s = main(parse_args(["--dataset", "stsb", "--split", "test", "--limit", "6", *FAST, "--out", str(out), "-q"]))
+    s = main(parse_args(["--dataset", "stsb", "--split", "test", "--limit", "6", *FAST, "--executor", "local",
+                         "--out", str(out), "-q"]))  # fmt: skip
     return Path(s["run_dir"])
 
 
