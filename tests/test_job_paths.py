@@ -189,7 +189,8 @@ def test_attribution_error_is_retried_on_rerun(bad, tmp_path, minilm):
     s, first, data = bad
     run_dir = tmp_path / first.name  # a copy: the other tests read the first run as it was
     shutil.copytree(first, run_dir)
-    again = run_job(tmp_path, "--dataset", str(data))  # the hook is off now: the engine succeeds
+    # the hook is off now: the engine succeeds (which pairs a rerun computes is the driver's: --executor local)
+    again = run_job(tmp_path, "--dataset", str(data), "--executor", "local")
     assert again["run_id"] == s["run_id"]
     assert (again["computed_pairs"], again["n_done"]) == (1, len(GOOD) + 1)
     assert "attribution_error" not in again["quarantine_reasons"]

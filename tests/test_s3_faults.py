@@ -265,10 +265,11 @@ def test_blackout_mid_run_stops_in_one_line_and_the_rerun_resumes(s3_ray, proxy,
 def test_failed_manifest_write_is_one_line_and_the_rerun_rewrites_it(s3_ray, proxy, s3, data, clean, capsys):
     """Every PUT of manifest.json fails (500) after the pairs are committed: one line naming manifest.json and
     HTTP 500, exit 2 (before: a raw traceback, exit 1). The rerun has nothing to compute, yet it sees that the
-    manifest disagrees with the store (there is none) and writes it (before: the manifest stayed stale)."""
+    manifest disagrees with the store (there is none) and writes it (before: the manifest stayed stale). The driver
+    writes the manifest, whatever the executor: --executor local, no actor to start."""
     out = s3.uri("manifest")
     proxy.set(rate=1.0, kinds=("500",), match=r"^(PUT|POST) \S*/manifest\.json")
-    code, _, err = run_cli(capsys, out, "--dataset", str(data), *FLAGS, "--store-retry-s", "2")
+    code, _, err = run_cli(capsys, out, "--dataset", str(data), *FLAGS, "--store-retry-s", "2", "--executor", "local")
     proxy.set(rate=0.0)
     assert code == 2 and not any("Traceback" in line for line in err), err[-20:]
     assert "manifest.json" in err[-1] and "HTTP 500" in err[-1], err[-1]
