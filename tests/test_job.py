@@ -568,8 +568,8 @@ def test_a_failed_sentence_fails_only_its_pairs(small_factors):
     assert out.column("failure").to_pylist() == [None, "NumericalError: NaN"]
 
 
-# --------------------------------------------------------------------------- real runs: on Ray (ray_cluster, conftest.py),
-# or --executor local where what a test checks is the driver's (no actor to start)
+# --------------------------------------------------------------------------- real runs
+# On Ray (ray_cluster, conftest.py), or --executor local where what a test checks is the driver's (no actor to start).
 def explain_json(tmp_path: Path, a: str, b: str) -> dict:
     """What `xsbert explain` writes for the pair, with the test runs' settings."""
     from jobs.cli import main as xsbert
