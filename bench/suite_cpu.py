@@ -1,6 +1,6 @@
 """Where the CPU of one `make test` run goes: by kind of process, by test file, by test.
 
-    python bench/suite_cpu.py run                      # `make test`'s command, sampled; then the report
+    python bench/suite_cpu.py run                      # `make test`, sampled; then the report
     python bench/suite_cpu.py run -- tests/test_job.py # pytest's arguments after --
     python bench/suite_cpu.py report DIR               # the report of a sampled run again
 
@@ -18,16 +18,14 @@ import argparse
 import collections
 import json
 import os
+import shlex
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SITE = Path(__file__).resolve().parent / "suite_cpu_site"
-# `make test`'s command (Makefile: TEST_PROCESSES)
-PYTEST = ["-m", "pytest", "-q", "-n", "3", "--dist", "loadfile", "--no-loadscope-reorder", "-p", "suite_cpu_plugin"]
 
 
 def busy_cpu_s() -> float:
@@ -38,10 +36,12 @@ def busy_cpu_s() -> float:
 
 def run(folder: Path, args: list[str]) -> int:
     folder.mkdir(parents=True, exist_ok=True)
+    # `make test` itself (its test processes: the Makefile's), with the plugin and pytest's arguments added
     env = {**os.environ, "XSBERT_SUITE_CPU": str(folder),
+           "PYTEST_ADDOPTS": shlex.join(["-p", "suite_cpu_plugin", *args]),
            "PYTHONPATH": os.pathsep.join(p for p in (str(SITE), os.environ.get("PYTHONPATH", "")) if p)}  # fmt: skip
     busy, start = busy_cpu_s(), time.time()
-    code = subprocess.call([sys.executable, *PYTEST, *args], cwd=ROOT, env=env)
+    code = subprocess.call(["make", "-s", "test"], cwd=ROOT, env=env)
     (folder / "machine.json").write_text(json.dumps({"wall_s": time.time() - start, "busy_cpu_s": busy_cpu_s() - busy,
                                                      "exit": code, "args": args}))  # fmt: skip
     print(report(folder))

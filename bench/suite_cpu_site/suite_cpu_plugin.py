@@ -20,9 +20,9 @@ def pytest_runtest_setup(item) -> None:
 
 
 def pytest_runtest_logfinish(nodeid, location) -> None:
-    if _WORKER == "main" and os.environ.get("PYTEST_XDIST_WORKER") is None and nodeid not in _started:
-        return  # the controller of a run with test processes: its workers write the lines
-    t0, own0, kids0 = _started.pop(nodeid, (time.time(), *_cpu()))
+    if nodeid not in _started:
+        return  # the controller of a run with test processes, which runs no test: its workers write the lines
+    t0, own0, kids0 = _started.pop(nodeid)
     own1, kids1 = _cpu()
     line = {"worker": _WORKER, "pid": os.getpid(), "test": nodeid, "t0": t0, "t1": time.time(),
             "own": own1 - own0, "children": kids1 - kids0}  # fmt: skip
