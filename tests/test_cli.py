@@ -122,6 +122,13 @@ def test_an_output_that_cannot_be_written_is_one_line_before_the_model_loads(fla
     assert len(err.splitlines()) == 1  # not the model's error: the output is checked first
 
 
+@pytest.mark.parametrize("a,b", [("", "b"), ("a", " \t\n")])
+def test_an_empty_text_is_one_line_before_the_model_loads(a, b, capsys, tmp_path):
+    code = main(["explain", a, b, "--model", str(tmp_path / "no-model-here")])
+    err = capsys.readouterr().err
+    assert code == 2 and err == "xsbert: error: Empty or whitespace-only text cannot be attributed\n"
+
+
 def test_a_plot_without_a_suffix_is_a_png_and_says_so(tmp_path, capsys):
     assert main(["explain", "a", "b", "--steps", "1", "--layer", "-1", "--plot", str(tmp_path / "sub" / "heat")]) == 0
     assert (tmp_path / "sub" / "heat.png").read_bytes()[:8] == PNG_MAGIC  # its folder made, matplotlib's suffix

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import __version__
-from .errors import InputError, XsbertError
+from .errors import InputError, XsbertError, check_text
 from .precision import DEFAULT_PRECISION
 from .settings import EngineSettings, add_arguments, from_namespace
 
@@ -179,7 +179,9 @@ def explain(args: argparse.Namespace) -> int:
     if (args.text_a is None) != (args.text_b is None):
         raise XsbertError("give both texts, or none for the built-in example pair")
     a, b = (args.text_a, args.text_b) if args.text_a is not None else EXAMPLE_PAIR
-    # where the results go, checked before the model loads
+    # the texts, and where the results go, checked before the model loads
+    for text in (a, b):
+        check_text(text)
     json_out = output_file(args.json_out, "--json") if args.json_out else None
     plot = output_file(args.plot, "--plot", image=True) if args.plot else None
     from .explainer import Explainer  # here: the other commands of `xsbert` need no model (sentence-transformers)

@@ -16,6 +16,15 @@ class InputError(XsbertError, ValueError):
     """A text, pair or setting that cannot be attributed (empty text, only special tokens, N < 1, bad layer, ...)."""
 
 
+def check_text(text: object) -> None:
+    """The rule every attributed text meets, checked where the texts come in (before a model loads): a string with
+    something in it but white space; an InputError if not."""
+    if not isinstance(text, str):
+        raise InputError(f"Texts must be strings, got {type(text).__name__}")
+    if not text.strip():
+        raise InputError("Empty or whitespace-only text cannot be attributed")
+
+
 class TruncationError(InputError):
     """A text is longer than the model's max_seq_length and truncation was set to 'error'."""
 

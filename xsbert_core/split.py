@@ -28,7 +28,7 @@ import torch
 from sentence_transformers import SentenceTransformer
 from torch import Tensor
 
-from .errors import InputError, TruncationError, UnsupportedModelError
+from .errors import InputError, TruncationError, UnsupportedModelError, check_text
 from .families import Family, entered_at, family_of, input_of, layer_list
 from .precision import tf32_matmuls
 from .references import pad_token_id, reference_ids
@@ -292,10 +292,7 @@ class SplitModel:
                 "or attribute the prompt"
             )
         for text in texts:
-            if not isinstance(text, str):
-                raise InputError(f"Texts must be strings, got {type(text).__name__}")
-            if not text.strip():
-                raise InputError("Empty or whitespace-only text cannot be attributed")
+            check_text(text)
         inputs = [prompt + text for text in texts]
         full_lengths = [len(ids) for ids in self.tokenizer(inputs, truncation=False)["input_ids"]]
         truncated = [n > self.max_seq_length for n in full_lengths]
