@@ -148,6 +148,7 @@ def test_a_batch_that_kills_every_actor_fails_the_run_clearly(s3, s3_ray, clean,
                               "(--max-retries 1"), said  # fmt: skip
     assert "1 earlier wave(s) of this run are committed, nothing of wave 2 was written" in said[0]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]  # Ray Data's own account stays in its log file
+    assert "Loading weights" not in done.stderr  # the actors' model loads: no bar each in the job's console
     assert len(log.read_text().splitlines()) == 2  # the first try and one retry on a restarted actor
 
     # Nothing half-written: wave 1 committed, no part of wave 2 in any table, no staging left.

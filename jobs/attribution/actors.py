@@ -200,15 +200,11 @@ class FactorActor:
         self.hooks.actor_started()
         if threads:
             torch.set_num_threads(threads)
-        try:  # one "Loading weights" bar per actor start is noise in the job log
-            from transformers.utils import logging as hf_logging
-
-            hf_logging.disable_progress_bar()
-        except ImportError:  # pragma: no cover
-            pass
         from xsbert_core.explainer import Explainer  # here: stage 2's cell tasks import this module without a model
+        from xsbert_core.models import transformers_bars
 
-        self.explainer = Explainer.from_settings(engine, device=device)
+        with transformers_bars(False):  # one "Loading weights" bar per actor start is noise in the job log
+            self.explainer = Explainer.from_settings(engine, device=device)
         # The factor batch's memory: planned within a budget on a GPU, and a limit where one is asked for
         # (jobs/attribution/memory.py: the caching allocator's on CUDA, each call's tensors' on a CPU).
         self.explainer.memory.budget, self.tensor_limit = actor_memory(self.explainer, memory_limit, gpu_share)
