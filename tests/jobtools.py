@@ -123,6 +123,15 @@ def run_cli(capsys: Any, out: Path | str, *flags: str) -> tuple[int, str, list[s
     return code, captured.out, captured.err.strip().splitlines()
 
 
+def job_error(stderr: str) -> str:
+    """The job's one `jobs.attribute: error:` line in a job process's stderr, among any lines that Ray's log monitor
+    forwards from the workers at its own time (before it or after it); exactly one, with no traceback anywhere."""
+    said = [line for line in stderr.splitlines() if line.startswith("jobs.attribute: error: ")]
+    assert len(said) == 1, stderr[-3000:]
+    assert "Traceback" not in stderr and 'File "' not in stderr, stderr[-3000:]
+    return said[0]
+
+
 def hooked(module: str, *argv: str, **hooks: Any) -> list[str]:
     """The command of a job (jobs.attribute, jobs.pipeline) in a subprocess with test hooks (tests/hooked.py): hooks
     as Hooks' fields, e.g. hold_after_wave=1 (the driver sleeps after its first commit, for kill_after_first_commit)."""

@@ -1091,3 +1091,48 @@ def test_the_console_makes_a_forwarded_worker_traceback_one_line():
     note = ("(MapWorker(MapBatches(FactorActor)) pid=7, ip=10.0.0.2) a traceback, left out here: the worker's log file "
             "keeps it (Ray's logs folder on its node, /tmp/ray/session_latest/logs by default)")  # fmt: skip
     assert said == ["before", note, other, note, "after"]
+
+
+def test_the_console_keeps_lines_that_threads_print_at_once_whole(monkeypatch):
+    """The job's error line and Ray's log monitor (a thread that prints the workers' lines) print at once: print()
+    writes a text and its end in two calls, so on a plain stream one line can end up inside another's, where
+    ConsoleLines would take the job's error for part of a worker's traceback and leave it out. Through the console's
+    WholeLines (quiet_console makes stdout and stderr one) each line comes out whole; a thread's flush still shows a
+    line it has not ended (a progress bar's "\\r")."""
+    import io
+    import sys
+    import threading
+
+    from jobs.console import WholeLines, quiet_console
+
+    raw = io.TextIOWrapper(io.BytesIO(), line_buffering=True)
+    stream = WholeLines(raw)
+
+    def say(tag: str) -> None:
+        for i in range(2000):
+            print(f"({tag}) line {i}", file=stream)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch as often as they can
+    try:
+        threads = [threading.Thread(target=say, args=(tag,)) for tag in "abc"]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    lines = raw.buffer.getvalue().decode().splitlines()
+    assert sorted(lines) == sorted(f"({tag}) line {i}" for tag in "abc" for i in range(2000))
+
+    stream.write("\r 40%")
+    assert raw.buffer.getvalue().decode().endswith("line 1999\n")  # not yet: the line is not ended
+    stream.flush()
+    assert raw.buffer.getvalue().decode().endswith("\r 40%") and stream.isatty() is False  # the rest is raw's
+
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    quiet_console()
+    quiet_console()  # every entry point calls it, some more than once in a process: wrapped once
+    assert isinstance(sys.stderr, WholeLines) and isinstance(sys.stdout, WholeLines)
+    assert not isinstance(sys.stderr.stream, WholeLines)
