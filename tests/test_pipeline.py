@@ -1,6 +1,6 @@
 """jobs.pipeline: config validation (one line, exit 2, before anything is computed), the shipped configs,
 and a tiny study end to end through real Ray (attribute -> parse -> report), its rerun doing nothing, and
-a grown dataset computing only its new pairs."""
+a grown dataset computing only its new pairs (in the driver's process: the runs that Ray began grow without it)."""
 
 from __future__ import annotations
 
@@ -313,10 +313,11 @@ def test_tiny_study_end_to_end_rerun_and_growth(tmp_path, ray_cluster, capsys):
     changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
     assert changed <= {"r/index.html", "r/pipeline.json"}, changed  # the index is rewritten, nothing else
 
-    # Grown dataset: only the 2 new pairs are computed, their new sentences parsed, the reports refreshed.
+    # Grown dataset: only the 2 new pairs are computed, their new sentences parsed, the reports refreshed. (Without
+    # Ray this time: the executor is not in a run's id, so the runs that Ray began grow in this process.)
     hashes = {n: parquet_hashes(r) for n, r in runs.items()}
     write_tsv(tmp_path / "pairs.tsv", stsb_rows(6))
-    grown = pipeline.main(pipeline.parse_args(["--config", str(path)]))
+    grown = pipeline.main(pipeline.parse_args(["--config", str(path), "--set", "ray.executor=local"]))
     out = capsys.readouterr().out
     for name, run in runs.items():
         assert grown["runs"][name]["computed_pairs"] == 2 and grown["runs"][name]["run_dir"] == str(run)
