@@ -103,12 +103,13 @@ def local_clean(s3_ray, reference_run) -> Path:
 @on(*OBJECT)
 def test_job_equals_local_reruns_without_changes_and_grows(backend, data, local_clean, tmp_path):
     """Workers write the cells (they get the endpoint, not the driver's environment); a run grown from the first 4
-    pairs to all 8 (--limit is not in the run id: the same run) computes only the new ones, and the store equals the
-    local run's cell by cell; a rerun writes nothing (ETags, generations and MD5s unchanged). (A local store: the
-    reference run is one; its growth and its rerun that writes nothing, tests/test_job.py.)"""
+    pairs to all 8 (--limit is not in the run id: the same run; grown by the driver alone, --executor local, which is
+    not in it either) computes only the new ones, and the store equals the local run's cell by cell; a rerun writes
+    nothing (ETags, generations and MD5s unchanged). (A local store: the reference run is one; its growth and its
+    rerun that writes nothing, tests/test_job.py.)"""
     out = backend.uri("job/runs")
     first = run_job(out, "--dataset", str(data), *FLAGS, "--limit", "4")  # type: ignore[arg-type]
-    s = run_job(out, "--dataset", str(data), *FLAGS)  # type: ignore[arg-type]
+    s = run_job(out, "--dataset", str(data), *FLAGS, "--executor", "local")  # type: ignore[arg-type]
     assert first["run_dir"] == s["run_dir"] == f"{out}/{local_clean.name}"
     assert (first["computed_pairs"], s["computed_pairs"], s["n_done"]) == (4, N_PAIRS - 4, N_PAIRS)
     assert_same_rows(download(s["run_dir"], tmp_path / "copy"), local_clean)
