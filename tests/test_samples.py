@@ -4,8 +4,6 @@ seeded order), so a run grown from a sample of 30 to one of 300 computes exactly
 from __future__ import annotations
 
 import itertools
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +12,6 @@ import pytest
 from jobs import store as _store
 from jobs.attribution.inputs import sample_positions
 from jobs.attribution.validate import load_pairs
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 12345])
@@ -63,23 +59,25 @@ def test_a_sample_larger_than_the_source_takes_every_row_and_says_so(caplog):
     assert not caplog.records
 
 
-def _job(out: Path, model: Path, sample: int) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "jobs.attribute", "--dataset", "stsb", "--split", "test", "--sample", str(sample),
-           "--seed", "0", "--model", str(model), "--layer", "1", "--steps", "2", "--cells", "none",
-           "--wave-size", "150", "--batch-size", "64", "--executor", "local", "--out", str(out), "--quiet"]  # fmt: skip
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+def _job(out: Path, model: Path, sample: int, capsys) -> tuple[int, str]:
+    """`python -m jobs.attribute`'s command line in this process: (exit code, stdout)."""
+    from jobs.attribute import cli
+
+    code = cli(["--dataset", "stsb", "--split", "test", "--sample", str(sample), "--seed", "0", "--model", str(model),
+                "--layer", "1", "--steps", "2", "--cells", "none", "--wave-size", "150", "--batch-size", "64",
+                "--executor", "local", "--out", str(out), "--quiet"])  # fmt: skip
+    return code, capsys.readouterr().out
 
 
-def test_a_run_grown_from_a_sample_of_30_to_300_computes_the_270_new_pairs(tiny, tmp_path):
+def test_a_run_grown_from_a_sample_of_30_to_300_computes_the_270_new_pairs(tiny, tmp_path, capsys):
     model, out = tiny.folder("bert", 2), tmp_path / "runs"
-    first = _job(out, model, 30)
-    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
-    assert "computed now        30 pairs" in first.stdout
-    grown = _job(out, model, 300)
-    assert grown.returncode == 0, grown.stdout[-2000:] + grown.stderr[-3000:]
+    code, said = _job(out, model, 30, capsys)
+    assert code == 0 and "computed now        30 pairs" in said, said
+    code, said = _job(out, model, 300, capsys)
+    assert code == 0, said
     (run_dir,) = out.iterdir()  # one run id: the sample selects rows, it is not part of the id
-    assert f"run {run_dir.name}: 300 pairs in = 300 done + 0 quarantined" in grown.stdout
-    assert "computed now        270 pairs" in grown.stdout
+    assert f"run {run_dir.name}: 300 pairs in = 300 done + 0 quarantined" in said
+    assert "computed now        270 pairs" in said
     stored = _store.RunStore(out, run_dir.name).done_pair_ids()
     assert len(stored) == 300  # the store holds the sample of 300 and nothing else
     assert set(stored) == set(load_pairs("stsb", split="test", sample=300, seed=0).rows.pair_id)
