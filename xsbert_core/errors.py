@@ -16,12 +16,18 @@ class InputError(XsbertError, ValueError):
     """A text, pair or setting that cannot be attributed (empty text, only special tokens, N < 1, bad layer, ...)."""
 
 
+def is_blank(text: str | None) -> bool:
+    """Whether a text has nothing to attribute: none, empty, or white space only (check_text's rule; a dataset's row
+    with such a text is quarantined, jobs/attribution/validate.py)."""
+    return text is None or not text.strip()
+
+
 def check_text(text: object) -> None:
     """The rule every attributed text meets, checked where the texts come in (before a model loads): a string with
     something in it but white space; an InputError if not."""
     if not isinstance(text, str):
         raise InputError(f"Texts must be strings, got {type(text).__name__}")
-    if not text.strip():
+    if is_blank(text):
         raise InputError("Empty or whitespace-only text cannot be attributed")
 
 

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from xsbert_core import InputError
+from xsbert_core.errors import is_blank
 
 from ..store import pair_keys
 from .inputs import (
@@ -225,7 +226,7 @@ def validate(
             continue
         local[r.pair_id] = k
         for side, text in (("a", r.text_a), ("b", r.text_b)):
-            if text is None or not text.strip():
+            if is_blank(text):
                 reasons[k] = (f"empty_text_{side}", "empty or whitespace-only text")
                 break
         if reasons[k]:
