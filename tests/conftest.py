@@ -449,7 +449,7 @@ def gcs(tmp_path_factory):
 def s3_ray(s3, ray_cluster):
     """The shared local Ray (ray_cluster: its workers have the endpoint and the dummy credentials, so the stage-2
     tasks write their parts with credentials of their own), with this process's environment set to them too for
-    the module, as a driver on a cluster has them. Local runs work on it too (tests/test_job_faults.py runs its
-    killed actor and cell task on a local and an S3 store)."""
+    the module, as a driver on a cluster has them. Local runs work on it too (tests/test_job_faults.py's fresh-directory
+    and killed-driver runs write local stores; its killed actor and cell task write to S3)."""
     with s3.environ():
         yield ray_cluster
