@@ -4,7 +4,7 @@
         --exclude torch --models all-MiniLM-L6-v2,all-mpnet-base-v2 --float16 --datasets qqp
     # copy bundle/ to the machine, then there:
     python bundle/install.py --into /opt/xsbert --system-site-packages
-    /opt/xsbert/bin/python -m jobs.attribute --dataset qqp --qqp-path /opt/xsbert/data/qqp_glue_train_subset.tsv.gz \\
+    /opt/xsbert/bin/python -m jobs.attribute --dataset qqp --qqp-path /opt/xsbert/data/<$XSBERT_QQP's file name> \\
         --model /opt/xsbert/models/all-mpnet-base-v2 ...
 
 What it writes (docs/OFFLINE.md): the wheels of the project's dependencies for the target interpreter and platform,
@@ -304,13 +304,13 @@ def model_archive(name: str, work: Path, float16: bool) -> tuple[Path, dict[str,
 
 
 def dataset_file(name: str) -> Path:
-    """`qqp` (the QQP subset file of --qqp-path / $XSBERT_QQP, as jobs.attribute finds it), or a file."""
+    """`qqp` (the QQP subset file $XSBERT_QQP names, as jobs.attribute finds it without --qqp-path), or a file."""
     from .attribution.inputs import qqp_path
 
     if name == "qqp":
         path = qqp_path(None)
         if path is None:
-            raise BundleError("dataset qqp: the QQP subset is not on this machine (--qqp-path / $XSBERT_QQP)")
+            raise BundleError("dataset qqp: the QQP subset is not on this machine (set $XSBERT_QQP to its file)")
         return path
     path = Path(name).expanduser()
     if not path.is_file():
@@ -443,7 +443,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     m = p.add_argument_group("models and data")
     m.add_argument("--models", default=None, metavar="M1,M2", help="model names or folders (as --model takes them)")
     m.add_argument("--float16", action="store_true", help="models' float32 weights stored as float16 (half the bytes)")
-    m.add_argument("--datasets", default=None, metavar="D1,D2", help="qqp (the bundled subset) or files")
+    m.add_argument("--datasets", default=None, metavar="D1,D2",
+                   help="qqp (the QQP subset file $XSBERT_QQP names; the project ships only STS-B) or files")
     return p.parse_args(argv)
 
 

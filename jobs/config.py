@@ -93,7 +93,8 @@ class Selection(Bounded):
     row's numbers: they are not in the run id."""
 
     dataset: str = setting(key="source", required=False,
-                           help="stsb | qqp (bundled) | negation | adjectives (generated, docs/ANALYSES.md) | "
+                           help="stsb (bundled) | qqp (the --qqp-path / $XSBERT_QQP file, else the hub's GLUE "
+                                "QQP) | negation | adjectives (generated, docs/ANALYSES.md) | "
                                 "a TSV/CSV/Parquet/JSONL file (.gz ok) | a `datasets` folder | "
                                 "a hub name such as glue/qqp or sentence-transformers/stsb")  # fmt: skip
     split: str | None = setting(None, help="split (stsb: train|dev|test, default test; qqp: train)")
