@@ -2,6 +2,7 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+TORCH_INDEX ?=
 # One stamp per set-up: the package (what `make run`, `make explain` and `make bench` use), then the test set-up on
 # top of it (the test and peer extras, all-mpnet-base-v2's weights).
 STAMP      := $(VENV)/.installed
@@ -18,13 +19,14 @@ setup: $(STAMP)
 
 setup-test: $(TEST_STAMP)
 
-# torch==2.13.0 first: it is the CPU build on this machine's disk; a bare `torch` would pull CUDA.
+# torch==2.13.0 first, pinned: pip's build for the platform, or the one of TORCH_INDEX (e.g.
+# https://download.pytorch.org/whl/cpu for the CPU-only build).
 # httpfs pins the Python duckdb to the CLI's version: --no-deps; jobs._duckdb_cli puts it into the CLI's extension
 # directory in the venv.
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(BIN)/python -m pip install --quiet -e .
 	$(BIN)/python -m pip install --quiet --no-deps "$(DUCKDB_HTTPFS)"
 	$(BIN)/python -m jobs._duckdb_cli
