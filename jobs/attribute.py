@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from xsbert_core import XsbertError
+from xsbert_core.errors import exit_status
 
 from .attribution.hooks import Hooks
 from .config import DEFAULT_DATASET, DEFAULT_SAMPLE, DEFAULT_SPLIT, JobSettings
@@ -127,16 +127,9 @@ def print_summary(s: dict[str, Any], run_dir: str | Path) -> None:
 def cli(argv: list[str] | None = None, hooks: Hooks | None = None) -> int:
     args = parse_args(argv)
     quiet_console()
-    try:
-        main(args, hooks)
-    except XsbertError as exc:
-        print(f"jobs.attribute: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("jobs.attribute: interrupted: the committed waves stay, the wave in progress was removed; the same "
-              "command resumes", file=sys.stderr)  # fmt: skip
-        return 130
-    return 0
+    return exit_status("jobs.attribute", lambda: main(args, hooks),
+                       interrupted="the committed waves stay, the wave in progress was removed; the same command "
+                                   "resumes")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ from typing import Any
 
 from xsbert_core import InputError
 from xsbert_core.cli import writable_folder
+from xsbert_core.errors import exit_status
 
 from ._offline import (
     FORMAT,
@@ -450,20 +451,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def cli(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
+
+    def write() -> None:
         part_size = parse_size(args.part_size)
         if args.no_wheels and not (args.models or args.datasets):
             raise BundleError("--no-wheels with no --models and no --datasets: nothing to bundle")
         bundle(args.out, part_size, args.python, args.platform, _names(args.exclude), args.have, args.target_python,
                _names(args.models), args.float16, _names(args.datasets), wheels=not args.no_wheels,
                only=_requirements(args.only))  # fmt: skip
-    except BundleError as exc:
-        print(f"jobs.bundle: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # bundle() removes what it wrote on the way out
-        print("jobs.bundle: interrupted: nothing of the bundle was kept", file=sys.stderr)
-        return 130
-    return 0
+
+    # Ctrl-C: bundle() removes what it wrote on the way out
+    return exit_status("jobs.bundle", write, interrupted="nothing of the bundle was kept", errors=(BundleError,))
 
 
 if __name__ == "__main__":

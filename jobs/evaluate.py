@@ -45,8 +45,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from xsbert_core import InputError, XsbertError
+from xsbert_core import InputError
 from xsbert_core.cli import writable_folder
+from xsbert_core.errors import exit_status
 from xsbert_core.metrics import aso_both_ways, pearson, spearman
 from xsbert_core.models import DEFAULT_MODEL
 from xsbert_core.settings import DEFAULT_LAYER, add_arguments, from_namespace
@@ -653,16 +654,8 @@ def cli(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     args.command = "python -m jobs.evaluate " + " ".join(shlex.quote(a) for a in argv)
-    try:
-        main(args)
-    except XsbertError as exc:
-        print(f"jobs.evaluate: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("jobs.evaluate: interrupted: the results saved in summary.json stay; the same command reuses them",
-              file=sys.stderr)  # fmt: skip
-        return 130
-    return 0
+    return exit_status("jobs.evaluate", lambda: main(args),
+                       interrupted="the results saved in summary.json stay; the same command reuses them")
 
 
 if __name__ == "__main__":

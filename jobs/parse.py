@@ -32,7 +32,8 @@ from typing import Any
 
 import polars as pl
 
-from xsbert_core import InputError, XsbertError
+from xsbert_core import InputError
+from xsbert_core.errors import exit_status
 from xsbert_core.models import cache_dir
 from xsbert_core.settings import add_arguments
 from xsbert_core.syntax import ALIGNMENTS
@@ -247,16 +248,10 @@ def cli(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     quiet_console()
-    try:
-        main(args)  # the settings made there: a value out of its bounds is a one-line error
-    except XsbertError as exc:
-        print(f"jobs.parse: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("jobs.parse: interrupted: the committed parts stay (the run's parses, the parser's cache); the same "
-              "command resumes", file=sys.stderr)  # fmt: skip
-        return 130
-    return 0
+    # the settings are made in main: a value out of its bounds is a one-line error
+    return exit_status("jobs.parse", lambda: main(args),
+                       interrupted="the committed parts stay (the run's parses, the parser's cache); the same "
+                                   "command resumes")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -52,9 +52,9 @@ from pydantic import (
     model_validator,
 )
 
-from xsbert_core import InputError, XsbertError
+from xsbert_core import InputError
 from xsbert_core.cli import writable_folder
-from xsbert_core.errors import not_utf8
+from xsbert_core.errors import exit_status, not_utf8
 from xsbert_core.models import is_packaged, missing_weights
 from xsbert_core.settings import base_type
 from xsbert_core.training import CHECKPOINTS, RECIPES, VARIANTS, TrainConfig, TrainProgress
@@ -69,7 +69,7 @@ from .trained import TrainSpec
 
 PROG = "python -m jobs.pipeline"
 # What a Ctrl-C (SIGINT) leaves: every stage commits whole units (a run's waves, a parse's parts, a report's folder).
-INTERRUPTED = ("interrupted: what was committed stays (whole waves, whole parts, whole reports) and nothing else; "
+INTERRUPTED = ("what was committed stays (whole waves, whole parts, whole reports) and nothing else; "
                "the same command resumes")  # fmt: skip
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STATE_FILE = "pipeline.json"
@@ -907,23 +907,19 @@ def cli(argv: list[str] | None = None, hooks: Hooks | None = None) -> int:
     from .console import quiet_console
 
     args = parse_args(argv)
-    try:
+
+    def run() -> None:
         if args.check:
             study = load_config(args.config, args.set)
             print(f"{args.config}: ok (study {study.study}: {len(study.runs)} run(s), "
                   f"{len(study.compare)} comparison(s))")  # fmt: skip
             for line in weights_notes(study):
                 print(line)
-            return 0
+            return
         quiet_console()
         main(args, hooks)
-    except XsbertError as exc:
-        print(f"jobs.pipeline: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"jobs.pipeline: {INTERRUPTED}", file=sys.stderr)
-        return 130
-    return 0
+
+    return exit_status("jobs.pipeline", run, interrupted=INTERRUPTED)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import shlex
 import sys
 from typing import Any
 
-from xsbert_core import XsbertError
+from xsbert_core.errors import exit_status
 from xsbert_core.settings import add_arguments
 
 from . import sqlrun
@@ -59,19 +59,16 @@ def cli(argv: list[str] | None = None) -> int:
     """Exit 0 when the report is written (skips included), 1 when an analysis failed, 2 on bad input."""
     args = parse_args(argv)
     command = f"{PROG} " + shlex.join(sys.argv[1:] if argv is None else argv)
-    try:
-        result = main(ReportSettings.from_args(args, command))
-    except XsbertError as exc:
-        print(f"{PROG.split()[-1]}: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"{PROG.split()[-1]}: interrupted: the report in --out may be incomplete; the same command writes it "
-              "again", file=sys.stderr)  # fmt: skip
-        return 130
-    failed = [s for s in result["sections"] if s.status == "failed"]
-    for s in failed:
-        print(f"{PROG.split()[-1]}: {s.name} failed: {s.reason}", file=sys.stderr)
-    return 1 if failed else 0
+    name = PROG.split()[-1]
+
+    def report() -> int:
+        failed = [s for s in main(ReportSettings.from_args(args, command))["sections"] if s.status == "failed"]
+        for s in failed:
+            print(f"{name}: {s.name} failed: {s.reason}", file=sys.stderr)
+        return 1 if failed else 0
+
+    return exit_status(name, report, interrupted="the report in --out may be incomplete; the same command writes "
+                                                 "it again")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -34,8 +34,9 @@ from pathlib import Path
 from typing import Any
 
 import xsbert_core
-from xsbert_core import InputError, XsbertError
+from xsbert_core import InputError
 from xsbert_core.cli import writable_folder
+from xsbert_core.errors import exit_status
 from xsbert_core.models import DEFAULT_MODEL, transformers_bars
 from xsbert_core.training import (
     VARIANT_SIMILARITY,
@@ -356,16 +357,9 @@ def cli(argv: list[str] | None = None) -> int:
     quiet_console()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    try:
-        main(args, argv)
-    except XsbertError as exc:
-        print(f"jobs.train: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # the training's staging folder is removed on the way out (train_model)
-        print("jobs.train: interrupted: nothing of this training was kept; the model folders are as they were",
-              file=sys.stderr)  # fmt: skip
-        return 130
-    return 0
+    # Ctrl-C: the training's staging folder is removed on the way out (train_model)
+    return exit_status("jobs.train", lambda: main(args, argv),
+                       interrupted="nothing of this training was kept; the model folders are as they were")
 
 
 if __name__ == "__main__":

@@ -146,6 +146,28 @@ def test_ctrl_c_is_one_line_and_exit_130(capsys):
     assert capsys.readouterr().err == "xsbert: interrupted\n"
 
 
+def test_every_command_exits_through_exit_status(capsys):
+    """xsbert_core.errors.exit_status, the way out of every command (jobs.* and xsbert): a summary is exit 0, an int
+    is the status, an error raised on purpose one `PROG: error:` line and 2, Ctrl-C one line and 130 with what
+    stays, and any other exception is not swallowed (a bug keeps its traceback)."""
+    from xsbert_core.errors import InputError, exit_status
+
+    def raises(exc):
+        def body():
+            raise exc
+        return body
+
+    assert exit_status("jobs.x", lambda: {"pairs": 3}) == 0 and exit_status("jobs.x", lambda: 1) == 1
+    assert capsys.readouterr().err == ""
+    assert exit_status("jobs.x", raises(InputError("bad --steps"))) == 2
+    assert capsys.readouterr().err == "jobs.x: error: bad --steps\n"
+    assert exit_status("jobs.x", raises(KeyboardInterrupt()), interrupted="the committed waves stay") == 130
+    assert capsys.readouterr().err == "jobs.x: interrupted: the committed waves stay\n"
+    assert exit_status("jobs.b", raises(OSError("disk")), errors=(OSError,)) == 2
+    with pytest.raises(ZeroDivisionError):
+        exit_status("jobs.x", raises(ZeroDivisionError()))
+
+
 def test_unknown_model_exits_2(capsys, tmp_path):
     code = main(["explain", "a", "b", "--model", str(tmp_path / "no-model-here"), "--steps", "1"])
     err = capsys.readouterr().err

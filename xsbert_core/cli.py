@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import __version__
-from .errors import InputError, XsbertError, check_text
+from .errors import InputError, XsbertError, check_text, exit_status
 from .precision import DEFAULT_PRECISION
 from .settings import EngineSettings, add_arguments, from_namespace
 
@@ -212,18 +212,11 @@ def explain(args: argparse.Namespace) -> int:
 
 def run(parser: argparse.ArgumentParser, commands: dict[str, Callable[[argparse.Namespace], int]],
         argv: list[str] | None = None) -> int:  # fmt: skip
-    """Parse argv and run its subcommand; an XsbertError is one `xsbert: error: ...` line and exit status 2."""
+    """Parse argv and run its subcommand (exit_status: nothing is written before the end of one)."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = parser.parse_args(argv)
-    try:
-        command = commands.get(args.command)
-        return command(args) if command is not None else 1
-    except XsbertError as exc:
-        print(f"xsbert: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # Ctrl-C: one line, as every command says it (nothing is written before the end)
-        print("xsbert: interrupted", file=sys.stderr)
-        return 130
+    command = commands.get(args.command)
+    return exit_status("xsbert", lambda: command(args) if command is not None else 1)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+
 
 def not_utf8(exc: UnicodeDecodeError) -> str:
     """How a file that is not UTF-8 is said, in every command: its first byte that is not, and where."""
@@ -45,3 +48,19 @@ class ModelNotFoundError(XsbertError, FileNotFoundError):
 
 class NumericalError(XsbertError, ArithmeticError):
     """NaN or Inf appeared in attributions or embeddings."""
+
+
+def exit_status(prog: str, body: Callable[[], object], interrupted: str = "",
+                errors: tuple[type[Exception], ...] = (XsbertError,)) -> int:  # fmt: skip
+    """Every command's way out: the body's result if it is an exit status (an int), else 0 (a summary, None); an
+    error it raises on purpose (`errors`) is one `PROG: error: ...` line and status 2, Ctrl-C one
+    `PROG: interrupted[: what stays]` line and 130, never a traceback."""
+    try:
+        result = body()
+    except errors as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted" + (f": {interrupted}" if interrupted else ""), file=sys.stderr)
+        return 130
+    return result if isinstance(result, int) else 0
