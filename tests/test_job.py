@@ -301,6 +301,28 @@ def test_malformed_jsonl_line_is_quarantined(tmp_path):
     assert quarantine.reason.tolist() == ["malformed_row", "malformed_row"]
 
 
+@pytest.mark.parametrize(("name", "text"), [
+    ("p.tsv", "sentence1\tsentence2\nA cat\tsits on a mat.\tA dog sits on a rug.\nA.\tB.\nOnly one field\n\n"),
+    ("p.csv", 'sentence1,sentence2,score\n"Unclosed quote,"x",2\nA.,B.,4\n'),
+])
+def test_a_delimited_row_of_more_or_fewer_fields_than_the_header_is_quarantined(tmp_path, name, text):
+    """Which field is which is not known in a row of the wrong length (a tab inside a TSV text, a stray quote in a
+    CSV): it is quarantined as malformed_row with the counts, never read as texts shifted by a column. An empty line
+    has no fields: its texts are empty."""
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    pairs = load_pairs(str(path), label="score" if name.endswith(".csv") else "none")
+    good, quarantine = validate(pairs.rows, pairs.label_kind, pairs.label_range)
+    assert good.text_a.tolist() == ["A."] and good.text_b.tolist() == ["B."]
+    wrong = quarantine[quarantine.reason == "malformed_row"]
+    if name.endswith(".tsv"):
+        assert wrong.row.tolist() == [0, 2] and quarantine.reason.tolist()[-1] == "empty_text_a"
+        assert wrong.detail.tolist() == ["3 field(s) where the header has 2", "1 field(s) where the header has 2"]
+    else:
+        assert wrong.row.tolist() == [0] and wrong.detail.tolist() == ["2 field(s) where the header has 3"]
+    assert len(good) + len(quarantine) == text.count("\n") - 1  # every line but the header, one row each
+
+
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
 def test_float_nan_and_inf_labels_are_bad_labels_null_is_no_label(tmp_path, fmt):
     # JSON's NaN/Infinity literals and Parquet's float NaN are labels that are not finite numbers; null is "none".

@@ -54,13 +54,15 @@ TEXT_B_COLUMNS = ("sentence2", "question2", "text_b", "sentence_b", "text2", "hy
 LABEL_COLUMNS = ("score", "label", "is_duplicate", "similarity_score", "relatedness_score")
 ID_COLUMNS = ("pair_id", "id", "idx", "sid")
 NO_COLUMN = ("", "none", "-")  # --id-column none: row numbers; --label-column none: no labels
+# The column a reader adds for rows it could not take apart: what was wrong (None for the rows that are fine).
+MALFORMED = "__malformed__"
 
 # Labels that must be 0 or 1; other label columns must be finite numbers (and in --label-range).
 BINARY_LABEL_COLUMNS = ("is_duplicate",)
 
 # Quarantine reasons, in the order they are checked (a row gets the first that applies).
 REASONS: tuple[str, ...] = (
-    "malformed_row",  # a JSONL line that is not a JSON object
+    "malformed_row",  # a JSONL line that is not a JSON object; a TSV/CSV row with more or fewer fields than the header
     "missing_pair_id",
     "duplicate_pair_id",  # the second and later rows with an id already seen
     "empty_text_a",
@@ -279,9 +281,16 @@ def _read_delimited(path: str, fmt: str, chunk_rows: int) -> Iterator[pd.DataFra
         if header is None:
             raise InputError(f"{path} is empty")
         header = _unique_columns(path, [h.lstrip("\ufeff").strip() for h in header])
+        n = len(header)
         first = 0
         for records in _batched(reader, chunk_rows):
-            yield _frame(header, records, first)
+            frame = _frame(header, records, first)
+            # A row of more or fewer fields than the header cannot be taken apart (a tab inside a TSV text, a stray
+            # quote in a CSV): which of its fields is which is not known. An empty line has no fields: empty texts.
+            wrong = [None if not r or len(r) == n else f"{len(r)} field(s) where the header has {n}" for r in records]
+            if any(wrong):
+                frame[MALFORMED] = pd.Series(wrong, dtype=object)
+            yield frame
             first += len(records)
 
 
@@ -298,7 +307,7 @@ def _jsonl_records(path: str) -> Iterator[dict[str, Any]]:
                 raise
             except ValueError:
                 obj = None
-            yield obj if isinstance(obj, dict) else {"__malformed__": text[:200]}
+            yield obj if isinstance(obj, dict) else {MALFORMED: "not a JSON object"}
 
 
 def _object(path: str, line: int, pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from .inputs import (
     BINARY_LABEL_COLUMNS,
     CHUNK_ROWS,
     KEEP_PREFIX,
+    MALFORMED,
     Columns,
     Pairs,
     Source,
@@ -62,15 +63,16 @@ def _id_part(value: Any) -> str | None:
 
 
 def normalise(df: pd.DataFrame, columns: Columns) -> pd.DataFrame:
-    """row, pair_id (str or None), text_a, text_b, label_raw, malformed, and keep:<name> (str or None) per
-    pass-through column: one row per source row."""
+    """row, pair_id (str or None), text_a, text_b, label_raw, malformed (what the reader found wrong, or None), and
+    keep:<name> (str or None) per pass-through column: one row per source row."""
     rows = np.array(df["__row__"], dtype=np.int64)  # a copy: no view of the source chunk outlives it
     if columns.ids:
         parts = [[_id_part(v) for v in df[c].tolist()] for c in columns.ids]
         ids = [None if any(p is None for p in ps) else ":".join(ps) for ps in zip(*parts)]
     else:
         ids = [str(r) for r in rows]
-    malformed = df["__malformed__"].notna().tolist() if "__malformed__" in df.columns else [False] * len(df)
+    why = df[MALFORMED].tolist() if MALFORMED in df.columns else [None] * len(df)
+    malformed = [w if isinstance(w, str) else None for w in why]  # what the reader said was wrong, else None
     return pd.DataFrame(
         {
             "row": pd.Series(rows, dtype=np.int64),
@@ -78,7 +80,7 @@ def normalise(df: pd.DataFrame, columns: Columns) -> pd.DataFrame:
             "text_a": pd.Series([_as_text(v) for v in df[columns.text_a].tolist()], dtype=object),
             "text_b": pd.Series([_as_text(v) for v in df[columns.text_b].tolist()], dtype=object),
             "label_raw": pd.Series(df[columns.label].tolist() if columns.label else [None] * len(df), dtype=object),
-            "malformed": pd.Series(malformed, dtype=bool),
+            "malformed": pd.Series(malformed, dtype=object),
             **{
                 KEEP_PREFIX + str(c): pd.Series([safe_text(_as_text(v), 10_000) for v in df[c].tolist()], dtype=object)
                 for c in columns.keep
@@ -212,7 +214,7 @@ def validate(
     source_rows = rows.row.to_numpy()
     for k, r in enumerate(rows.itertuples(index=False)):
         if r.malformed:
-            reasons[k] = ("malformed_row", "not a JSON object")
+            reasons[k] = ("malformed_row", r.malformed)
             continue
         if r.pair_id is None:
             reasons[k] = ("missing_pair_id", "the id column is empty")
