@@ -129,6 +129,13 @@ def test_an_empty_text_is_one_line_before_the_model_loads(a, b, capsys, tmp_path
     assert code == 2 and err == "xsbert: error: Empty or whitespace-only text cannot be attributed\n"
 
 
+def test_a_text_of_bytes_that_are_not_utf8_is_one_line_before_the_model_loads(capsys, tmp_path):
+    """A shell's $'caf\\xff' reaches argv as a lone surrogate (surrogateescape); no tokenizer takes it."""
+    code = main(["explain", "caf\udcff bad", "b", "--model", str(tmp_path / "no-model-here")])
+    err = capsys.readouterr().err
+    assert code == 2 and err == "xsbert: error: Text cannot be attributed: not UTF-8 text (byte 0xff at character 3)\n"
+
+
 def test_a_plot_without_a_suffix_is_a_png_and_says_so(tmp_path, capsys):
     assert main(["explain", "a", "b", "--steps", "1", "--layer", "-1", "--plot", str(tmp_path / "sub" / "heat")]) == 0
     assert (tmp_path / "sub" / "heat.png").read_bytes()[:8] == PNG_MAGIC  # its folder made, matplotlib's suffix

@@ -40,6 +40,14 @@ def test_empty_and_whitespace_texts(ex, text):
         ex.explain_pairs([("A fine text.", "Another one."), ("A fine text.", text)])
 
 
+@pytest.mark.parametrize("text", ["caf\udcff", "\ud83d alone"])
+def test_a_lone_surrogate_is_rejected_before_the_tokenizer(ex, text):
+    """Bytes that were not UTF-8 (surrogateescape) or half of a UTF-16 pair: a clear InputError, not the tokenizer's
+    TypeError."""
+    with pytest.raises(InputError, match="not UTF-8 text|lone surrogate"):
+        ex.explain(text, "A fine text.")
+
+
 @pytest.mark.parametrize("text", ["\u200b", "\x00\x01", "\u0301"])
 @pytest.mark.parametrize("mode", ["approx", "exact"])
 def test_text_without_any_token_is_rejected(minilm, text, mode):

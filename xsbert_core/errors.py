@@ -27,11 +27,19 @@ def is_blank(text: str | None) -> bool:
 
 def check_text(text: object) -> None:
     """The rule every attributed text meets, checked where the texts come in (before a model loads): a string with
-    something in it but white space; an InputError if not."""
+    something in it but white space, and no lone surrogate (what Python makes of bytes that are not UTF-8, in argv
+    or a file read with surrogateescape: no tokenizer takes it); an InputError if not."""
     if not isinstance(text, str):
         raise InputError(f"Texts must be strings, got {type(text).__name__}")
     if is_blank(text):
         raise InputError("Empty or whitespace-only text cannot be attributed")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        point = ord(text[exc.start])
+        what = (f"not UTF-8 text (byte {point - 0xDC00:#04x} at character {exc.start})" if 0xDC80 <= point <= 0xDCFF
+                else f"a lone surrogate (U+{point:04X} at character {exc.start})")  # fmt: skip
+        raise InputError(f"Text cannot be attributed: {what}") from None
 
 
 class TruncationError(InputError):
