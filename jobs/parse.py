@@ -80,8 +80,11 @@ class Run:
 
 
 def check_run(path: Path | str) -> None:
-    """A clear error unless `path` is a run with a readable sentences table."""
-    run_at(path).require("sentences", REQUIRED_SENTENCE_COLUMNS)
+    """A clear error unless `path` is a run with a readable sentences table and, when it has one, a readable
+    manifest (the job adds its "parses" entry to it after parsing: said before anything is parsed)."""
+    store = run_at(path)
+    store.require("sentences", REQUIRED_SENTENCE_COLUMNS)
+    store.read_manifest()
 
 
 def open_run(path: Path | str, stack: contextlib.ExitStack) -> Run:

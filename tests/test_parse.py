@@ -755,6 +755,10 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys, tokenizers, monkeypat
         return captured.err
 
     assert "does not exist" in error("--run", str(tmp_path / "nope"))
+    broken = hand_built_run(tmp_path, "broken-manifest", tokenizers["wordpiece"], ["A man plays guitar."])
+    (broken / "manifest.json").write_text("{not json", encoding="utf-8")
+    assert "manifest.json: not readable JSON" in error("--run", str(broken), "--executor", "local")
+    assert not (broken / "parses").exists()  # said before anything is parsed
     (tmp_path / "empty-run").mkdir()
     assert "has no sentences table" in error("--run", str(tmp_path / "empty-run"))
     assert not (tmp_path / "empty-run" / "parses").exists()  # nothing created in a directory that is no run

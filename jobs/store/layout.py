@@ -153,6 +153,19 @@ def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
 
 
+def manifest_json(body: str | bytes, where: str) -> dict[str, Any]:
+    """A run's manifest.json as read (`where`: its path or URI): a StoreError in one line when it is not a JSON object
+    (the job writes it whole, temp file then rename: one that does not parse was changed by something else)."""
+    try:
+        manifest = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise StoreError(f"{where}: not readable JSON ({exc}); the job writes it whole, so something else changed it: "
+                         "restore it, or remove the run's folder and run the job again") from None  # fmt: skip
+    if not isinstance(manifest, dict):
+        raise StoreError(f"{where}: not a JSON object; restore it, or remove the run's folder and run the job again")
+    return manifest
+
+
 def run_id(config: dict[str, Any]) -> str:
     """First 16 hex digits of sha256 over the canonical JSON of the run config."""
     return hashlib.sha256(canonical_json(config).encode()).hexdigest()[:16]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import logging
 import os
 import shutil
@@ -29,6 +28,7 @@ from .layout import (
     committed_waves,
     disk_failure,
     fsync_dir,
+    manifest_json,
     pair_keys,
     pair_text_keys,
     part_name,
@@ -355,7 +355,7 @@ class RunStore:
         path = self.path / "manifest.json"
         if not path.exists():
             return None
-        return json.loads(path.read_text(encoding="utf-8"))
+        return manifest_json(path.read_bytes(), str(path))
 
     def counts(self) -> dict[str, int]:
         """Rows per table (from the Parquet footers, no data read)."""

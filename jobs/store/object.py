@@ -24,7 +24,16 @@ import pyarrow.parquet as pq
 
 from ..processes import process_gone, this_process
 from .clients import abort_uploads
-from .layout import DERIVED_TABLES, PART_RE, TABLES, WAVE_TABLES, canonical_json, part_name, write_parquet
+from .layout import (
+    DERIVED_TABLES,
+    PART_RE,
+    TABLES,
+    WAVE_TABLES,
+    canonical_json,
+    manifest_json,
+    part_name,
+    write_parquet,
+)
 from .local import RunStore
 from .lock import LOCK_NAME, LOCK_TTL_S, LockObject, lock_expiry
 from .retry import GaveUp, retried, store_failure, store_retry_s
@@ -292,7 +301,7 @@ class ObjectRunStore(RunStore):
                 return fh.read()
 
         body = self._call("cannot read", "manifest.json", read)
-        return None if body is None else json.loads(body.decode("utf-8"))
+        return None if body is None else manifest_json(body, f"{self.path}/manifest.json")
 
     # ------------------------------------------------------------------ writing
     def _put(self, rel: str, write) -> None:
