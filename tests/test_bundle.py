@@ -118,6 +118,20 @@ def test_an_out_folder_that_cannot_be_written_is_one_line(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "full"]
 
 
+def test_a_missing_have_file_or_a_folder_without_a_model_is_one_line_before_anything_is_built(tmp_path, capsys):
+    """--have naming no file was a traceback after the project wheel was built; an empty folder as a model was
+    bundled as one (exit 0), to fail on the offline machine."""
+    from jobs.bundle import cli
+
+    (tmp_path / "empty-model").mkdir()
+    for argv, why in ((["--have", str(tmp_path / "freeze.txt")], f"--have {tmp_path / 'freeze.txt'}: no such file"),
+                      (["--no-wheels", "--models", str(tmp_path / "empty-model")],
+                       f"model {str(tmp_path / 'empty-model')!r}: {tmp_path / 'empty-model'} holds no model")):
+        assert cli(["--out", str(tmp_path / "out"), *argv]) == 2
+        assert capsys.readouterr().err.startswith(f"jobs.bundle: error: {why}")
+    assert not (tmp_path / "out").exists()
+
+
 def test_float16_weights_are_torch_rounding_and_the_recorded_error(tmp_path):
     """The installer's float32 is torch's float32(float16(w)) to the bit; the recorded error is max |that - w|; a
     tensor float16 cannot hold stays float32; other dtypes pass as they are."""
