@@ -42,7 +42,8 @@ def _add_sql_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--run2", metavar="DIR2", help="a second run, for two-run analyses (views <table>_2)")
     s.add_argument("--file", "-f", metavar="F", help="a SQL file instead of QUERY: a path, or a name in sql/")
     s.add_argument("--var", action="append", default=[], metavar="NAME=VALUE",
-                   help="set a DuckDB variable (repeatable): --var min_count=10")  # fmt: skip
+                   help="set a DuckDB variable (repeatable): --var min_count=10; with --file, one the file "
+                        "reads")  # fmt: skip
     s.add_argument("--csv", action="store_true", help="print CSV (all rows) instead of a table")
     s.add_argument("--max-rows", type=int, default=100, help="rows printed as a table (default 100)")
 

@@ -534,6 +534,18 @@ def parse_value(text: str) -> Any:
     return text
 
 
+_GETVARIABLE_RE = re.compile(r"getvariable\(\s*'(\w+)'\s*\)", re.IGNORECASE)
+
+
+def check_vars(name: str, sql: str, variables: dict[str, Any]) -> None:
+    """An InputError naming every --var the file (with what it `.read`s) never reads, and those it does."""
+    reads = set(_GETVARIABLE_RE.findall(sql)) - {"run", "run2"}
+    unknown = sorted(set(variables) - reads)
+    if unknown:
+        known = ", ".join(sorted(reads)) or "none"
+        raise InputError(f"--var {', '.join(unknown)}: {name} reads no such variable (it reads: {known})")
+
+
 def parse_vars(items: list[str]) -> dict[str, Any]:
     """NAME=VALUE strings -> {name: typed value}."""
     out: dict[str, Any] = {}
@@ -593,10 +605,13 @@ def cli(args: argparse.Namespace, out=None) -> int:
         raise InputError("give a QUERY or --file F (one of the two)")
     if args.max_rows < 1:
         raise InputError(f"--max-rows must be >= 1, got {args.max_rows}")
-    con = connect(args.run, args.run2, parse_vars(args.var))
+    variables = parse_vars(args.var)
     sql = file_sql(args.file) if args.file else args.query
     if not sql.strip():
         raise InputError("the query is empty")
+    if args.file:  # a misspelt --var would leave the file at its default without a word
+        check_vars(args.file, sql, variables)
+    con = connect(args.run, args.run2, variables)
     try:
         df = query(con, sql)
     except duckdb.Error as exc:

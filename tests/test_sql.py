@@ -1278,6 +1278,8 @@ def test_xsbert_sql_bad_inputs_exit_2_with_one_line(tmp_path, capsys):
         (["--run", str(run), "select 1", "--file", "sql/table1.sql"], "QUERY or --file"),
         (["--run", str(run), "--file", "sql/nope.sql"], "no such file"),
         (["--run", str(run), "--file", "table1", "--var", "min_count"], "NAME=VALUE"),
+        (["--run", str(run), "--file", "lexical_ranks", "--var", "min_cout=10"],  # a typo is not the default
+         "--var min_cout: lexical_ranks reads no such variable (it reads: include_special, min_count)"),
         (["--run", str(run), "select 1", "--max-rows", "0"], "--max-rows"),
         (["--run", str(run), "  "], "empty"),
     ]
