@@ -463,7 +463,7 @@ def load_config(path: str | os.PathLike, sets: list[str] | tuple[str, ...] = ())
     try:
         tree = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise InputError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from exc
+        raise InputError(f"{path}: not valid YAML{_yaml_problem(exc)}") from None
     if not isinstance(tree, dict):
         raise InputError(f"{path}: expected a mapping at the top (study:, datasets:, models:, runs:, ...)")
     for assignment in sets:
@@ -471,7 +471,25 @@ def load_config(path: str | os.PathLike, sets: list[str] | tuple[str, ...] = ())
     try:
         return Study.model_validate(tree)
     except ValidationError as exc:
-        raise InputError(f"{path}: {_error_line(exc)}") from None
+        # a key --set gave is said to come from there, not from the file
+        locs = [".".join(str(x) for x in err["loc"]) for err in exc.errors()]
+        given = [a for a in sets if any(_within(loc, a.partition("=")[0].strip()) for loc in locs)]
+        where = f"{path} with --set {' '.join(given)}" if given else str(path)
+        raise InputError(f"{where}: {_error_line(exc)}") from None
+
+
+def _within(loc: str, key: str) -> bool:
+    """Whether the dotted `loc` is `key`, under it, or above it (a --set of a.b=1 where a is what is wrong)."""
+    return loc == key or loc.startswith(f"{key}.") or key.startswith(f"{loc}.")
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """Where and what: ' at line L, column C: what it found (while parsing what)'."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    context = getattr(exc, "context", None)
+    return f"{where}: {what}" + (f" ({context})" if context else "")
 
 
 # --------------------------------------------------------------------------- stage settings
@@ -899,7 +917,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value by its dotted key (repeatable): --set datasets.stsb.sample=300, "
                         "--set out=/data/runs, --set defaults.steps=32")  # fmt: skip
-    p.add_argument("--check", action="store_true", help="validate the config and exit")
+    p.add_argument("--check", action="store_true",
+                   help="validate the config (keys, values, datasets, model folders) and exit; no model is loaded")
     return p.parse_args(argv)
 
 
@@ -912,7 +931,7 @@ def cli(argv: list[str] | None = None, hooks: Hooks | None = None) -> int:
         if args.check:
             study = load_config(args.config, args.set)
             print(f"{args.config}: ok (study {study.study}: {len(study.runs)} run(s), "
-                  f"{len(study.compare)} comparison(s))")  # fmt: skip
+                  f"{len(study.compare)} comparison(s); a run's layer is checked when its model loads)")  # fmt: skip
             for line in weights_notes(study):
                 print(line)
             return

@@ -392,12 +392,18 @@ def test_text_of_exactly_max_length_is_not_truncated(tiny):
     assert sf.truncated is False and len(sf.tokens) == 48
 
 
-def test_truncation_error_policy(tiny):
+def test_truncation_error_policy(tiny, capfd, caplog):
     ex = Explainer(tiny.get("bert"), layer=1, steps=2, truncation="error")
+    tok = ex.split.tokenizer
+    tok.model_max_length = 48  # as sentence-transformers sets it: its max_seq_length
+    tok.deprecation_warnings.clear()  # transformers warns once per tokenizer: this session's shared model may have
     with pytest.raises(TruncationError, match="max_seq_length"):
         ex.explain(LONG, "Short text.")
     with pytest.raises(InputError):  # TruncationError is an InputError
         ex.factors(["Short text.", LONG])
+    # the lengths are measured untruncated on purpose: no tokenizer warning beside the one error
+    assert "Token indices sequence length" not in capfd.readouterr().err
+    assert not [r for r in caplog.records if "Token indices sequence length" in r.getMessage()]
 
 
 def test_undecodable_is_the_per_character_definition():

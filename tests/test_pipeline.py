@@ -125,7 +125,8 @@ def test_a_report_folder_that_cannot_be_written_fails_before_anything_runs(tmp_p
     "text,message",
     [
         ("- a\n- b\n", "expected a mapping at the top"),
-        ("study: [unclosed\n", "not valid YAML"),
+        ("study: [unclosed\n", "not valid YAML at line 2, column 1: expected ',' or ']', but got '<stream end>' "
+                                "(while parsing a flow sequence)"),
     ],
 )
 def test_unreadable_config(tmp_path, capsys, text, message):
@@ -155,7 +156,7 @@ def test_set_overrides_by_dotted_key(tmp_path):
     assert study.report.vars == {"min_count": 5} and study.quiet is False
     with pytest.raises(pipeline.InputError, match="expected KEY=VALUE"):
         pipeline.load_config(path, ["steps"])
-    with pytest.raises(pipeline.InputError, match="defaults.stpes: unknown key"):
+    with pytest.raises(pipeline.InputError, match=r"with --set defaults.stpes=3: defaults.stpes: unknown key"):
         pipeline.load_config(path, ["defaults.stpes=3"])
     with pytest.raises(pipeline.InputError, match="'study' is not a mapping"):
         pipeline.load_config(path, ["study.x=1"])

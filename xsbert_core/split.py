@@ -294,7 +294,8 @@ class SplitModel:
         for text in texts:
             check_text(text)
         inputs = [prompt + text for text in texts]
-        full_lengths = [len(ids) for ids in self.tokenizer(inputs, truncation=False)["input_ids"]]
+        # untruncated on purpose, to measure: the tokenizer's too-long warning (verbose) would say it twice
+        full_lengths = [len(ids) for ids in self.tokenizer(inputs, truncation=False, verbose=False)["input_ids"]]
         truncated = [n > self.max_seq_length for n in full_lengths]
         for text, n, cut in zip(texts, full_lengths, truncated):
             if cut and truncation == "error":
@@ -362,7 +363,7 @@ class SplitModel:
         """(tokens, content tokens) per text, untruncated, from one tokenizer call: tokens count the special ones and
         the prompt's (what max_seq_length bounds), content tokens are `content_count`'s of the text's own tokens."""
         inputs = [prompt + text for text in texts]
-        enc = self.tokenizer(inputs, truncation=False, return_offsets_mapping=True)
+        enc = self.tokenizer(inputs, truncation=False, return_offsets_mapping=True, verbose=False)
         ids_all, offsets_all = enc["input_ids"], enc["offset_mapping"]
         cut = len(prompt)
         counts = []
