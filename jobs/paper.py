@@ -165,7 +165,8 @@ VALUES: tuple[PaperValue, ...] = (
                ASSUMED_LAYER, NEGATION_SUBSET, NOT_RELATIVE, "§5.2, Fig 8",
                '"In 90% of the cases relative attributions to the not-token account for less than 8% (14%) of the '
                'prediction." ' + PARAPHRASE + "neither the absolute value nor the denominator is written out: "
-               "|not / f(a, b)| is our reading"),
+               "|not / f(a, b)| is our default reading; |not / (f(a, b) + 1)| (Eq. 4's sum) and |not / ΣA| are the "
+               "others"),
     PaperValue("fig8_not_relative_exact", "Fig 8", "14%", 0.14,
                "of the prediction bounds the relative 'not' attribution in 90% of the cases", f"{MODEL} exact",
                ASSUMED_LAYER, NEGATION_SUBSET, NOT_RELATIVE, "§5.2, Fig 8",

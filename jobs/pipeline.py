@@ -918,7 +918,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="override a config value by its dotted key (repeatable): --set datasets.stsb.sample=300, "
                         "--set out=/data/runs, --set defaults.steps=32")  # fmt: skip
     p.add_argument("--check", action="store_true",
-                   help="validate the config (keys, values, datasets, model folders) and exit; no model is loaded")
+                   help="validate the config (keys, values, references, datasets) and exit; no model is loaded")
     return p.parse_args(argv)
 
 
