@@ -422,15 +422,16 @@ def test_jaccard_top_k():
 
 def test_grouped_ranks_and_top_k_are_scipys_and_sorteds_per_group():
     """The one-sort forms stage 2 uses for a batch of pairs: per group, scipy's average ranks, and the positions of
-    the k largest |x| (or x), largest first, ties by the lower position; groups in any order, of any size."""
+    the k largest |x| (or x), largest first, ties by the lower position; groups in any order, of any size, and of
+    any numbers (a radix sort for group numbers in [0, 2**16), a lexsort for others: negative or larger)."""
     from scipy import stats
 
     rng = np.random.default_rng(3)
-    for n in (0, 1, 2, 7, 300):
+    for n, numbers in [(n, numbers) for n in (0, 1, 2, 7, 300) for numbers in ("small", "large", "negative")]:
         x = np.round(rng.normal(size=n), int(rng.integers(0, 2)))  # ties
         x[: n // 3] = np.abs(x[: n // 3])  # ties in |x| between +v and -v
         x[n // 3 : 2 * n // 3] *= -1
-        g = rng.integers(0, 6, size=n)
+        g = rng.integers(0, 6, size=n) * {"small": 1, "large": 20_000, "negative": -1}[numbers]
         want = np.empty(n)
         for q in set(g.tolist()):
             want[g == q] = stats.rankdata(x[g == q])
