@@ -292,6 +292,30 @@ def test_validation_gives_every_bad_row_its_reason(tmp_path, minilm):
     pa.table({"t": quarantine.text_a.tolist()})  # valid UTF-8 throughout
 
 
+def test_the_manifests_commands_give_the_same_run_id(tmp_path):
+    """The report's "equivalent command" of an invocation: the one the manifest records (its settings, not its --out)
+    and, for a store made before commands were recorded, the one made from its config, each run again: the same run
+    folder, nothing computed. With the settings that leave the run id's defaults: adaptive N by doubling (the CLI's
+    default is panels), same-token cells, a prompt."""
+    import shlex
+
+    from jobs.analyses.facts import attribute_command
+    from jobs.attribute import main, parse_args
+
+    data = write_tsv(tmp_path / "pairs.tsv", stsb_rows(3))
+    flags = ["--dataset", str(data), "--layer", "-1", "--steps", "2", "--tolerance", "0.5", "--refine", "double",
+             "--cells", "same-token", "--prompt", "query: ", "--executor", "local", "--quiet"]  # fmt: skip
+    first = main(parse_args([*flags, "--out", str(tmp_path / "runs")]))
+    manifest = json.loads((Path(first["run_dir"]) / "manifest.json").read_text(encoding="utf-8"))
+    recorded = manifest["runs"][0]["command"]
+    made = attribute_command(manifest["config"], manifest["runs"][0]["selection"])
+    assert "--out" not in recorded and "--refine double" in made and "--cells same-token" in made
+    for command in (recorded, made):
+        argv = shlex.split(command)[3:]  # python -m jobs.attribute
+        again = main(parse_args([*argv, "--executor", "local", "--out", str(tmp_path / "runs"), "--quiet"]))
+        assert again["run_dir"] == first["run_dir"] and again["computed_pairs"] == 0, command
+
+
 def test_malformed_jsonl_line_is_quarantined(tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text('{"id": "1", "sentence1": "A.", "sentence2": "B."}\nnot json\n[1, 2]\n', encoding="utf-8")

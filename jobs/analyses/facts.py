@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import fields
 from typing import Any
 
 import duckdb
@@ -12,6 +13,7 @@ import duckdb
 from xsbert_core import InputError
 
 from .. import paper, sqlrun
+from ..config import RunConfig
 from .base import Context, first_row
 
 
@@ -62,7 +64,8 @@ def run_facts(con: duckdb.DuckDBPyConnection, run: sqlrun.Run, suffix: str = "")
         facts["parses"] = {"parsers": parsers, "rows": rows, "aligned_share": aligned}
     for entry in manifest.get("runs") or []:
         if isinstance(entry, dict):
-            facts["commands"].append(attribute_command(config, entry.get("selection") or {}))
+            # the invocation's own command (recorded since 2026-12-01), else one made from the config
+            facts["commands"].append(entry.get("command") or attribute_command(config, entry.get("selection") or {}))
     return facts
 
 
@@ -119,7 +122,9 @@ def coverage_label(facts: dict[str, Any]) -> str:
 
 
 def attribute_command(config: dict[str, Any], selection: dict[str, Any]) -> str:
-    """A jobs.attribute command equivalent to one invocation recorded in manifest.json (config + selection)."""
+    """A jobs.attribute command equivalent to one invocation recorded in manifest.json (config + selection), for a
+    store whose invocations did not record their own: every key of the run id that has a flag (a key absent from
+    the config is at the value that left it out: RunConfig's `omitted_at`)."""
     dataset = config.get("dataset") or {}
     flags: list[str] = ["--dataset", str(selection.get("dataset") or dataset.get("name"))]
     if selection.get("split") or dataset.get("split"):
@@ -128,13 +133,21 @@ def attribute_command(config: dict[str, Any], selection: dict[str, Any]) -> str:
         flags += ["--sample", str(selection["sample"]), "--seed", str(selection.get("seed", 0))]
     if selection.get("limit") is not None:
         flags += ["--limit", str(selection["limit"])]
+    adaptive = config.get("tolerance") is not None
+    omitted = {f.name: f.metadata["omitted_at"] for f in fields(RunConfig) if "omitted_at" in f.metadata}
     for key, flag in (("model", "--model"), ("layer", "--layer"), ("mode", "--mode"), ("similarity", "--similarity"),
                       ("rule", "--rule"), ("steps", "--steps"), ("tolerance", "--tolerance"),
-                      ("max_steps", "--max-steps"), ("min_abs", "--min-abs")):  # fmt: skip
-        value = config.get(key)
-        if value is None or (key == "min_abs" and not value) or (key == "max_steps" and not config.get("tolerance")):
-            continue  # defaults: no pruning; max-steps only matters with a tolerance
+                      ("max_steps", "--max-steps"), ("min_abs", "--min-abs"), ("truncation", "--truncation"),
+                      ("precision", "--precision"), ("cells", "--cells"), ("prompt", "--prompt"),
+                      ("refine", "--refine")):  # fmt: skip
+        value = config.get(key, omitted.get(key))
+        if value is None or (key == "min_abs" and not value) or (key in ("max_steps", "refine") and not adaptive):
+            continue  # defaults: no pruning; max-steps and refine only matter with a tolerance
+        if key == "prompt" and not value:
+            continue
         flags += [flag, str(value)]
+    if config.get("exclude_prompt"):
+        flags.append("--exclude-prompt")
     return "python -m jobs.attribute " + shlex.join(flags)
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import pyarrow.compute as pc
 
 from xsbert_core import EngineSettings
 
-from ..config import DEFAULT_WAVE_SIZE_CPU, DEFAULT_WAVE_SIZE_GPU, JobSettings
+from ..config import DEFAULT_WAVE_SIZE_CPU, DEFAULT_WAVE_SIZE_GPU, JobSettings, Output
 from ..store import STORE_VERSION, TABLES, RunStore, open_store, pair_keys
 from .executor import Executor
 from .hooks import Hooks
@@ -226,6 +227,8 @@ def update_manifest(store: RunStore, prep: Prepared, progress: Progress, summary
     manifest["runs"].append(
         {
             "started_at": prep.started_at,
+            # its settings (this run id again), not where it wrote: a store that is moved keeps a true command
+            "command": "python -m jobs.attribute " + shlex.join(replace(job, output=Output()).command()),
             "selection": {"dataset": job.selection.dataset, "split": prep.pairs.source.split,
                           "limit": job.selection.limit, "sample": job.selection.sample, "seed": job.selection.seed,
                           "n_source_rows": prep.pairs.n_source_rows},
