@@ -135,6 +135,12 @@ _AUTH_REFUSED = re.compile(r"InvalidAuthToken|Unauthenticated: RPC error|Authent
                            r"Unauthorized: Missing authentication token|Forbidden: Invalid authentication token")
 
 
+def spare_cpus(cpus: float) -> float:
+    """The CPUs of a cluster that a long-lived actor pool (the job's factor actors, jobs.parse's parsers) leaves to
+    the work beside it (the job's stage-2 tasks, Ray Data's other operators): one, or half of a smaller cluster."""
+    return min(1.0, cpus / 2)
+
+
 def token_source(environ=os.environ) -> str:
     """Where Ray reads this process's token: $RAY_AUTH_TOKEN, the file $RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token."""
     if environ.get("RAY_AUTH_TOKEN"):

@@ -39,7 +39,7 @@ from xsbert_core.results import SentenceFactors
 from xsbert_core.settings import EngineSettings
 from xsbert_core.words import averaging_matrix
 
-from ..config import CELL_CHOICES
+from ..config import CELL_CHOICES, DEFAULT_BATCH_SIZE_CPU
 from ..store import SCHEMAS
 from .hooks import Hooks
 from .memory import actor_memory, device_lost
@@ -193,7 +193,8 @@ class FactorActor:
     Explainer.engine) once per actor, on `device` with `threads` torch threads, and computes `batch_size` sentences
     per engine call. `hooks`: faults a test injects (hooks.py)."""
 
-    def __init__(self, engine: EngineSettings, device: str = "cpu", threads: int | None = None, batch_size: int = 32,
+    def __init__(self, engine: EngineSettings, device: str = "cpu", threads: int | None = None,
+                 batch_size: int = DEFAULT_BATCH_SIZE_CPU,
                  memory_limit: int | None = None, gpu_share: float | None = None,
                  hooks: Hooks | None = None) -> None:  # fmt: skip
         self.hooks = hooks or Hooks()

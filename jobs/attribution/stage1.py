@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 from xsbert_core import EngineSettings, InputError
 
 from ..config import DEFAULT_BATCH_SIZE_CPU, DEFAULT_BATCH_SIZE_GPU, Execution
+from ..raycluster import spare_cpus
 from .hooks import Hooks
 
 # Factor batches (Ray Data blocks) per stage-1 pipeline: the waves of a run are served in groups of at most this
@@ -49,10 +50,10 @@ def resources(ex: Execution, ray) -> dict[str, Any]:
     else:
         cpus_per_actor = ex.cpus_per_actor or 1.0
         n_actors = ex.num_actors or max(1, int(cpus // cpus_per_actor))
-    # The actor pool lives for the whole run, so stage 2 runs beside it: the pool reserves at most all but one CPU
-    # (half of a one-CPU cluster) and the stage-2 tasks take that one. On CPU only, the actors still run
-    # `threads` torch threads each; the reservation is Ray's bookkeeping (as in jobs.parse's pool).
-    spare = min(1.0, cpus / 2)
+    # The actor pool lives for the whole run, so stage 2 runs beside it: the pool reserves at most all but the spare
+    # CPUs and the stage-2 tasks take those. On CPU only, the actors still run `threads` torch threads each; the
+    # reservation is Ray's bookkeeping (as in jobs.parse's pool).
+    spare = spare_cpus(cpus)
     reserved = min(cpus_per_actor, (cpus - spare) / n_actors)
     return {
         "cluster_cpus": cpus,

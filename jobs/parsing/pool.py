@@ -11,16 +11,16 @@ import pyarrow as pa
 from xsbert_core import InputError
 
 from ..config import ParseSettings
-from ..raycluster import init_ray, quiet_ray
+from ..raycluster import init_ray, quiet_ray, spare_cpus
 from .actor import CACHE_SCHEMA, ParserActor
 from .cache import ParseCache
 from .choice import ParserSpec
 
 
 def pool(args: ParseSettings, ray, n_blocks: int) -> tuple[int, float]:
-    """(actors, CPUs per actor): one CPU stays free for Ray Data's other operators (docs/DESIGN.md §5)."""
+    """(actors, CPUs per actor): the spare CPUs stay free for Ray Data's other operators (docs/DESIGN.md §5)."""
     cpus = float(ray.cluster_resources().get("CPU", 1))
-    budget = max(0.5, cpus - 1)
+    budget = cpus - spare_cpus(cpus)
     n = max(1, min(args.num_actors or max(1, int(budget)), n_blocks))
     return n, min(1.0, budget / n)
 
