@@ -13,8 +13,9 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from .settings import SIMILARITIES
+
 Similarity = Literal["cos", "dot"]
-SIMILARITIES: tuple[str, ...] = ("cos", "dot")
 _ALIASES = {"cos": "cos", "cosine": "cos", "cos_sim": "cos", "dot": "dot", "dot_product": "dot"}
 
 

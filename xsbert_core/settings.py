@@ -45,9 +45,14 @@ DEFAULT_LAYER = -3  # "layer nine" of the paper for 12-layer models
 DEFAULT_RULE = "gauss-legendre"
 DEFAULT_STEPS = 16
 DEFAULT_MAX_STEPS = 512  # 3 of the first 40 QQP questions need 512 with mpnet at layer 8 (bench/results/gpu-job.md)
-MODE_CHOICES = ("auto", "approx", "exact")
-SIMILARITY_CHOICES = ("auto", "cos", "dot")
-TRUNCATION_CHOICES = ("warn", "error")
+# The engine's modes, similarities and truncation policies (split.py and pairs.py take them from here: this module
+# imports no torch); a setting may also be `auto`, resolved from the model.
+MODES: tuple[str, ...] = ("approx", "exact")
+SIMILARITIES: tuple[str, ...] = ("cos", "dot")
+TRUNCATION_POLICIES: tuple[str, ...] = ("warn", "error")
+MODE_CHOICES = ("auto", *MODES)
+SIMILARITY_CHOICES = ("auto", *SIMILARITIES)
+TRUNCATION_CHOICES = TRUNCATION_POLICIES
 
 
 def setting(default: Any = MISSING, *, help: str | None = None, **metadata: Any) -> Any:  # noqa: A002 - argparse's name

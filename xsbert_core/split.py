@@ -32,14 +32,13 @@ from .errors import InputError, TruncationError, UnsupportedModelError, check_te
 from .families import Family, entered_at, family_of, input_of, layer_list
 from .precision import tf32_matmuls
 from .references import pad_token_id, reference_ids
+from .settings import MODES, TRUNCATION_POLICIES
 from .shift import is_shifted, outer_reference_ids
 
 logger = logging.getLogger(__name__)
 
 Mode = Literal["approx", "exact"]
 Truncation = Literal["warn", "error"]
-MODES: tuple[str, ...] = ("approx", "exact")
-TRUNCATION_POLICIES: tuple[str, ...] = ("warn", "error")
 
 # A text that checks, when a split model is made, that entering the model at layer L reproduces its own embedding
 # (long enough for ModernBERT's and Qwen3's sliding windows to matter).
