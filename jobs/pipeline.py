@@ -63,7 +63,15 @@ from . import config, paper
 from .attribution.hooks import Hooks
 from .attribution.inputs import BUILTINS, resolve_source
 from .config import JobSettings
-from .store import DERIVED_TABLES, TABLES, Location, canonical_json, committed_parts, committed_waves, disk_failure
+from .store import (
+    DERIVED_TABLES,
+    TABLES,
+    Location,
+    committed_parts,
+    committed_waves,
+    disk_failure,
+    short_hash,
+)
 from .store.files import is_file, location_fs, read_text, upload
 from .trained import TrainSpec
 
@@ -511,7 +519,7 @@ def job_settings(study: Study, name: str, paths: dict[str, str] | None = None) -
 
 # --------------------------------------------------------------------------- up to date?
 def _sha(obj: Any) -> str:
-    return hashlib.sha256(canonical_json(obj).encode()).hexdigest()[:16]
+    return short_hash(obj)
 
 
 def run_state(run: str) -> dict[str, list[list[Any]]]:

@@ -39,13 +39,14 @@ import xsbert_core
 from xsbert_core import InputError, XsbertError
 from xsbert_core.training import CHECKPOINTS, TrainConfig, TrainProgress
 
+from . import config
 from .processes import owned_path, remove_orphans
-from .store import canonical_json
+from .store import short_hash
 
 # The training record in a model folder (jobs.train writes it); its model_id marks a folder trained here.
 RECORD = "xsbert_training.json"
 BEST_SUFFIX = "-best-dev"  # jobs.train's sibling folder of the best-dev epoch
-EXECUTORS = ("local", "ray")
+EXECUTORS = config.EXECUTORS  # where a training runs: as the job's stages
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def model_config(spec: TrainSpec, base_weights_sha256: str) -> dict[str, Any]:
 
 
 def model_id(config: dict[str, Any]) -> str:
-    return hashlib.sha256(canonical_json(config).encode()).hexdigest()[:16]
+    return short_hash(config)
 
 
 def model_folder(root: str | Path, spec: TrainSpec, mid: str, checkpoint: str | None = None) -> Path:

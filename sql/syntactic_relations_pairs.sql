@@ -209,7 +209,7 @@ resample_hashes as (
     select
         range as b,
         xs_resample_hash(settings.seed, range) as resample_hash,
-    from range(coalesce(getvariable('resamples'), 2000))
+    from range(coalesce(getvariable('resamples'), xs_resamples_cap()))
     cross join settings
     where range < (select resamples from resample_count)
 ),

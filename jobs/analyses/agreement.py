@@ -8,7 +8,17 @@ from typing import Any
 import polars as pl
 
 from .. import paper, sqlrun
-from .base import REPORT_SQL, TOP_SCORE, Analysis, Context, Finding, Headline, needs_cells, needs_two_runs
+from .base import (
+    FIG4_SCORE_ABOVE,
+    REPORT_SQL,
+    TOP_SCORE,
+    Analysis,
+    Context,
+    Finding,
+    Headline,
+    needs_cells,
+    needs_two_runs,
+)
 from .facts import (
     cite,
     layer_label,
@@ -148,7 +158,7 @@ def agreement(df: pl.DataFrame, ctx: Context) -> list[Finding]:
                 f"{num(every['jaccard_top3_mean'])}){_every_cell_reading(row, every)}.",
                 {f"every_cell_{k}": every[k] for k in keys}))  # fmt: skip
     bin_width = float(ctx.var("bin_width", 0.25))
-    for low, key, what in ((0.5, jaccard, "jaccard"), (TOP_SCORE, "fig3_spearman_top", "spearman")):
+    for low, key, what in ((FIG4_SCORE_ABOVE, jaccard, "jaccard"), (TOP_SCORE, "fig3_spearman_top", "spearman")):
         part = above(df, low, ctx)
         if part is None:
             out.append(Finding(

@@ -166,9 +166,15 @@ def manifest_json(body: str | bytes, where: str) -> dict[str, Any]:
     return manifest
 
 
+def short_hash(obj: Any) -> str:
+    """First 16 hex digits of sha256 over the canonical JSON of `obj`: a run id, a training's recipe id, a stage's
+    inputs."""
+    return hashlib.sha256(canonical_json(obj).encode()).hexdigest()[:16]
+
+
 def run_id(config: dict[str, Any]) -> str:
-    """First 16 hex digits of sha256 over the canonical JSON of the run config."""
-    return hashlib.sha256(canonical_json(config).encode()).hexdigest()[:16]
+    """The run id: short_hash of the run config."""
+    return short_hash(config)
 
 
 def fsync_dir(path: Path) -> None:

@@ -20,10 +20,13 @@ create or replace temp macro xs_resample_hash(seed, b) as
 create or replace temp macro xs_draw(resample_hash, d, n) as
     (xs_hash((resample_hash + d) % 4294967296) * n) >> 32;
 
--- how many resamples: the requested number, else 2000, fewer on a large run
--- (resamples x clusters at most 40 million, at least 100 resamples)
+-- how many resamples: the requested number, else xs_resamples_cap() (2000),
+-- fewer on a large run (resamples x clusters at most 40 million, at least 100
+-- resamples)
+create or replace temp macro xs_resamples_cap() as 2000;
+
 create or replace temp macro xs_resamples(requested, n_clusters) as
     coalesce(
         requested,
-        least(2000, greatest(100, 40000000 // greatest(n_clusters, 1)))
+        least(xs_resamples_cap(), greatest(100, 40000000 // greatest(n_clusters, 1)))
     )::bigint;
