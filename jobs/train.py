@@ -51,13 +51,12 @@ from xsbert_core.training import (
 from .attribution.validate import load_pairs, validate
 from .console import quiet_console
 from .processes import owned_path, remove_orphans
-from .trained import BEST_SUFFIX, RECORD
 
 logger = logging.getLogger("jobs.train")
 
 DEFAULT_OUT = "models"
-# The best-dev epoch's model is saved beside the last epoch's, in <name> + BEST_SUFFIX (jobs/trained.py, which finds
-# the folders this writes, declares it and the training record's name).
+# The best-dev epoch's model is saved beside the last epoch's, in <name> + this.
+BEST_SUFFIX = "-best-dev"
 LABEL_MAX = 5.0  # STS-B scores are 0..5; the losses take similarities in [0, 1]
 
 
@@ -351,7 +350,7 @@ def _replace(folder: Path, finished: Path) -> None:
 def write_card(folder: Path, info: dict[str, Any]) -> None:
     """The model card (README.md) and xsbert_training.json of a saved model folder."""
     (folder / "README.md").write_text(model_card(info), encoding="utf-8")
-    (folder / RECORD).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+    (folder / "xsbert_training.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
 
 
 def cli(argv: list[str] | None = None) -> int:
