@@ -35,6 +35,10 @@ ASSUMED = "assumed"
 UNSURE = (NOT_RECORDED, NOT_STATED, ASSUMED)
 SETTINGS = ("model", "layer", "subset", "metric")
 PARAPHRASE = "paraphrase: "
+# The score subsets of the agreement (§4.4): Fig 3's headline is for pairs of mean score s > 0.75, Fig 4's values for
+# s > 0.5.
+TOP_SCORE = 0.75
+FIG4_SCORE_ABOVE = 0.5
 
 
 @dataclass(frozen=True)
