@@ -77,8 +77,8 @@ PAPER_FIG3 = {f"paper (§4.4): mpnet exact vs tuned, L11 (\"layer eleven\"), s>0
               (0, _FIG3.value)}
 PAPER_FIG4 = {f"paper (§4.4): mpnet, L11, top-10, s>0.5: {_FIG4_L11.value:.2f}": (0, _FIG4_L11.value),
               f"paper (§4.4): mpnet, L8 (3 below L11), top-10, s>0.5: {_FIG4_L8.value:.2f}": (3, _FIG4_L8.value)}
-# The paper's Fig 4 values are for pairs of mean score s > 0.5: ours are drawn on the same subset.
-FIG4_SCORE_ABOVE, TOP_SCORE = paper.FIG4_SCORE_ABOVE, paper.TOP_SCORE
+# The paper's Fig 4 values are for pairs of mean score s > 0.5 (paper.FIG4_SCORE_ABOVE): ours are drawn on the same
+# subset.
 DEFAULT_STEPS_GRID = (4, 8, 16, 32, 64, 128)
 # jobs.train saves both epochs; the last is the model (App. A states no checkpoint rule), the best-dev one is ours.
 DEFAULT_CHECKPOINT = CHECKPOINTS[0]
@@ -448,7 +448,7 @@ def plot_all(out: Path, summary: dict[str, Any]) -> list[Path]:
             ag = ag.filter(~pl.col("include_special"))
         overall = ag.filter(pl.col("score_bin") == "all")
         layers = overall["layer"].to_list()
-        top = ag.filter(pl.col("bin_low") == TOP_SCORE)
+        top = ag.filter(pl.col("bin_low") == paper.TOP_SCORE)
         n_layers = int(summary.get("n_layers") or (max(layers) + 1))
         model = base_name(str(summary.get("base") or "model"))
         span = (f"layers {min(layers)}–{max(layers)} of {n_layers}" if len(layers) > 1
@@ -480,7 +480,7 @@ def plot_all(out: Path, summary: dict[str, Any]) -> list[Path]:
                                           f"{_counts(n_top)}; the paper's star: mpnet, another model and depth"))
         # fmt: skip
         # Fig 4 on the paper's subset, s > 0.5 (pooled exactly from the score bins above 0.5)
-        above = {label: _pooled_above(df_all, FIG4_SCORE_ABOVE, layers) for label, df_all in
+        above = {label: _pooled_above(df_all, paper.FIG4_SCORE_ABOVE, layers) for label, df_all in
                  [("exact vs tuned", ag)] + [(lab, frame) for lab, frame in noise_bins.items()]}  # fmt: skip
         main = above["exact vs tuned"]
         jac = {"top-3 Jaccard, s > 0.5": (main["jaccard_top3_mean"], main["jaccard_top3_std"]),

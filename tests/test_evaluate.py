@@ -249,11 +249,11 @@ def test_fig4_is_drawn_on_the_papers_subset_from_the_committed_bins(tmp_path):
     """Fig 4's paper markers are s > 0.5: ours are pooled exactly from the bins above 0.5 (the committed noise-floor
     agreement.parquet: layer 5, exact vs tuned, 0.81 / 0.53 for 195 pairs as docs/RESULTS.md states), and the figures
     are drawn from that file alone."""
-    from jobs import evaluate
+    from jobs import evaluate, paper
 
     ag = pl.read_parquet(NOISE_FLOOR / "agreement.parquet")
     ag = ag.filter(pl.col("comparison") == "exact vs tuned", ~pl.col("include_special"))
-    pooled = evaluate._pooled_above(ag, evaluate.FIG4_SCORE_ABOVE, [5])
+    pooled = evaluate._pooled_above(ag, paper.FIG4_SCORE_ABOVE, [5])
     assert pooled["n_pairs"] == [195]
     assert round(float(pooled["jaccard_top3_mean"][0]), 2) == 0.81
     assert round(float(pooled["jaccard_top10_mean"][0]), 2) == 0.53

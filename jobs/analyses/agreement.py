@@ -8,17 +8,7 @@ from typing import Any
 import polars as pl
 
 from .. import paper, sqlrun
-from .base import (
-    FIG4_SCORE_ABOVE,
-    REPORT_SQL,
-    TOP_SCORE,
-    Analysis,
-    Context,
-    Finding,
-    Headline,
-    needs_cells,
-    needs_two_runs,
-)
+from .base import REPORT_SQL, Analysis, Context, Finding, Headline, needs_cells, needs_two_runs
 from .facts import (
     cite,
     layer_label,
@@ -158,7 +148,8 @@ def agreement(df: pl.DataFrame, ctx: Context) -> list[Finding]:
                 f"{num(every['jaccard_top3_mean'])}){_every_cell_reading(row, every)}.",
                 {f"every_cell_{k}": every[k] for k in keys}))  # fmt: skip
     bin_width = float(ctx.var("bin_width", 0.25))
-    for low, key, what in ((FIG4_SCORE_ABOVE, jaccard, "jaccard"), (TOP_SCORE, "fig3_spearman_top", "spearman")):
+    for low, key, what in ((paper.FIG4_SCORE_ABOVE, jaccard, "jaccard"), (paper.TOP_SCORE, "fig3_spearman_top",
+                                                                          "spearman")):
         part = above(df, low, ctx)
         if part is None:
             out.append(Finding(
@@ -200,7 +191,7 @@ def plot_agreement(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:
     bins = df.filter(pl.col("score_bin") != "all", pl.col("n_pairs") > 0)
     # The paper's s > 0.75 value goes on a bin only when one bin is exactly s > 0.75 of cosine scores, (0.75, 1.0].
     fig3 = paper.get("fig3_spearman_top")
-    last = bins.filter((pl.col("bin_low") - TOP_SCORE).abs() < 1e-9, (pl.col("bin_high") - 1.0).abs() < 1e-9)
+    last = bins.filter((pl.col("bin_low") - paper.TOP_SCORE).abs() < 1e-9, (pl.col("bin_high") - 1.0).abs() < 1e-9)
     top_bin = last["score_bin"][0] if last.height else None
     unlike = paper_comparison(ctx.facts, ctx.facts2)
     reference = ({f"paper {fig3.value:.2f} (mpnet exact vs tuned, L11; not like for like)": (top_bin, fig3.value)}

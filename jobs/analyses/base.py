@@ -13,15 +13,13 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from .. import paper, sqlrun
+from .. import sqlrun
 from ..config import SERVE_URL  # noqa: F401 - where `xsbert serve` answers by default (--serve-url's default)
 
 # Bars per list in the ranked charts (top and bottom tokens, relation pairs).
 TOP_K = 15
 # Queries the report runs besides the analyses (the agreement pre-check, the reference norms): sql/report/.
 REPORT_SQL = sqlrun.SQL_DIR / "report"
-# The paper's score subsets of the agreement (Fig 3: s > 0.75; Fig 4: s > 0.5), as jobs.paper declares them.
-TOP_SCORE, FIG4_SCORE_ABOVE = paper.TOP_SCORE, paper.FIG4_SCORE_ABOVE
 
 
 @dataclass(frozen=True)
