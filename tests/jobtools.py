@@ -97,6 +97,19 @@ def commit_large_rows(store, n: int = 10_000) -> dict:
     return tables
 
 
+def add_adjective_columns(run: Path) -> None:
+    """Give a run's pairs the adjectives dataset's pass-through columns (triplet, kind, template), empty: what
+    sql/adjectives.sql reads from pairs, on a run of another dataset."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for part in (run / "pairs").glob("*.parquet"):
+        t = pq.read_table(part)
+        for name in ("triplet", "kind", "template"):
+            t = t.append_column(name, pa.nulls(t.num_rows, pa.string()))
+        pq.write_table(t, part)
+
+
 def row_groups(path: Path) -> list[int]:
     """The number of rows of each row group of a Parquet file."""
     import pyarrow.parquet as pq

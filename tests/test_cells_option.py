@@ -151,17 +151,13 @@ def test_guards_of_the_word_cell_files_on_runs_they_otherwise_fit(stores, tmp_pa
     guard is what stops them on a same-token run, and not on a full one."""
     import shutil
 
-    import pyarrow as pa
     import pyarrow.parquet as pq
+    from jobtools import add_adjective_columns
 
     for choice in ("all", "same-token"):
         run = tmp_path / choice
         shutil.copytree(stores[choice], run)
-        for part in (run / "pairs").glob("*.parquet"):  # adjectives.sql reads the triplet columns of pairs
-            t = pq.read_table(part)
-            for name in ("triplet", "kind", "template"):
-                t = t.append_column(name, pa.nulls(t.num_rows, pa.string()))
-            pq.write_table(t, part)
+        add_adjective_columns(run)  # adjectives.sql reads the triplet columns of pairs
         parses = jstore.SCHEMAS["parses"].empty_table()
         (run / "parses").mkdir()
         pq.write_table(parses, run / "parses" / "part-000000.parquet")

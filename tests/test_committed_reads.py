@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from jobtools import assert_same_rows, q, run_job, stsb_rows, write_tsv
+from jobtools import add_adjective_columns, assert_same_rows, q, run_job, stsb_rows, write_tsv
 from test_s3_sql import same_csv
 
 from jobs import sqlrun
@@ -64,19 +64,12 @@ def clean(data, tmp_path_factory) -> Path:
 def complete(clean, tmp_path_factory) -> Path:
     """The clean run with what every sql/ file reads: its parses (jobs.parse, spaCy) and the adjectives dataset's
     pass-through columns, empty here (adjectives.sql reads them from pairs)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     from jobs import parse
 
     run = tmp_path_factory.mktemp("committed-complete") / clean.name
     shutil.copytree(clean, run)
     parse.main(parse.parse_args(["--run", str(run), "--parser", "spacy", "--executor", "local", "-q"]), echo=False)
-    for part in (run / "pairs").glob("*.parquet"):
-        t = pq.read_table(part)
-        for name in ("triplet", "kind", "template"):
-            t = t.append_column(name, pa.nulls(t.num_rows, pa.string()))
-        pq.write_table(t, part)
+    add_adjective_columns(run)
     return run
 
 
