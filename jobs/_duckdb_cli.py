@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from xsbert_core import InputError
+from xsbert_core.errors import exit_status
 
 from .sqlfiles import INIT_DIR, SQL_DIR
 
@@ -121,18 +122,17 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m jobs._duckdb_cli", description=__doc__.split("\n\n")[0])
     p.add_argument("--path", action="store_true", help="print the packaged httpfs extension's path only")
     args = p.parse_args(argv)
-    try:
+
+    def run() -> None:
         if args.path:
             print(httpfs_extension())
-            return 0
+            return
         there = install_httpfs()
-    except InputError as exc:
-        print(f"{p.prog}: error: {exc}", file=sys.stderr)
-        return 2
-    print(f"httpfs for duckdb CLI {cli_version()}: {there}")
-    print(f"runs on S3: .venv/bin/duckdb -cmd \".read {S3_INIT.relative_to(SQL_DIR.parent)}\" "
-          "-cmd \"set variable run = 's3://bucket/prefix/<run id>'\" -f sql/table1.sql")  # fmt: skip
-    return 0
+        print(f"httpfs for duckdb CLI {cli_version()}: {there}")
+        print(f"runs on S3: .venv/bin/duckdb -cmd \".read {S3_INIT.relative_to(SQL_DIR.parent)}\" "
+              "-cmd \"set variable run = 's3://bucket/prefix/<run id>'\" -f sql/table1.sql")  # fmt: skip
+
+    return exit_status(p.prog, run)
 
 
 if __name__ == "__main__":
