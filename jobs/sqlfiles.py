@@ -39,3 +39,24 @@ def text(path: str | Path, _seen: tuple[Path, ...] = ()) -> str:
 def sources() -> list[Path]:
     """Every sql/ file a report runs or reads: the analyses, sql/report/, sql/lib/."""
     return sorted(SQL_DIR.glob("*.sql")) + sorted(REPORT_DIR.glob("*.sql")) + sorted(LIB_DIR.glob("*.sql"))
+
+
+# `coalesce(getvariable('<name>'), <literal>)`: a variable's default where a file reads it
+_DEFAULT_RE = r"coalesce\(\s*getvariable\('{name}'\)\s*,\s*('(?:[^']|'')*'|true|false|-?\d+(?:\.\d+)?)\s*\)"
+
+
+def default(file: str, name: str) -> bool | int | float | str:
+    """The default of variable `name` in sql/`file` (a name in sql/, or a path; its `.read` files included): the
+    literal of its `coalesce(getvariable('name'), <literal>)`, the one place it is declared; the Python side reads it
+    here. A file that never reads the variable this way, or gives it two defaults, is an error."""
+    path = SQL_DIR / file
+    found = set(re.findall(_DEFAULT_RE.format(name=re.escape(name)), text(path), re.IGNORECASE))
+    if len(found) != 1:
+        where = path.relative_to(SQL_DIR.parent) if path.is_relative_to(SQL_DIR.parent) else path
+        raise ValueError(f"{where}: {len(found)} defaults of variable {name} ({', '.join(sorted(found))})")
+    literal = found.pop()
+    if literal.lower() in ("true", "false"):
+        return literal.lower() == "true"
+    if literal.startswith("'"):
+        return literal[1:-1].replace("''", "'")
+    return float(literal) if "." in literal else int(literal)

@@ -35,7 +35,8 @@
 --           n_parsed     two words with a real relation (neither
 --                        'unaligned' nor 'unparsed')
 --           n_unaligned  n_top - n_parsed
---           on every row: n_pairs, n_clusters, resamples, and each share
+--           on every row: n_pairs, n_clusters, resamples, cluster_by (the
+--           relation_clusters that ran: 'sentence' or 'pair'), and each share
 --           with its _low and _high: nsubj_share (sum n_nsubj / sum
 --           n_top), nsubj_share_of_parsed (sum n_nsubj / sum n_parsed),
 --           same_function_share (sum n_same / sum n_top),
@@ -249,6 +250,7 @@ shares as (
         count(*) as n_pairs,
         (select n_clusters from cluster_count) as n_clusters,
         (select resamples from resample_count) as resamples,
+        (select cluster_by from settings) as cluster_by,
         sum(n_nsubj) / nullif(sum(n_top), 0) as nsubj_share,
         sum(n_nsubj) / nullif(sum(n_parsed), 0) as nsubj_share_of_parsed,
         sum(n_same) / nullif(sum(n_top), 0) as same_function_share,
@@ -283,6 +285,7 @@ summarised as (
         shares.n_pairs,
         shares.n_clusters,
         shares.resamples,
+        shares.cluster_by,
         shares.nsubj_share,
         intervals.nsubj_share_low,
         intervals.nsubj_share_high,

@@ -1169,6 +1169,33 @@ def store_for(name: str, root: Path) -> tuple[Path, Path | None]:
     return run, make_run(root, "r2", data["pairs"], cells2, [], data["sentences"])
 
 
+def test_variable_defaults_are_read_from_the_sql_files(tmp_path):
+    """jobs.sqlfiles.default gives the literal of a file's `coalesce(getvariable(name), literal)` as DuckDB reads it;
+    the analyses take their defaults from there (declared once)."""
+    from jobs.analyses import agreement, lexical_ranks, lexical_ranks_compare, syntactic_relations
+
+    con, seen = duckdb.connect(), 0
+    for path in sqlfiles.sources():
+        for name, _ in set(re.findall(sqlfiles._DEFAULT_RE.format(name=r"(\w+)"), sqlfiles.text(path), re.I)):
+            value = sqlfiles.default(str(path), name)  # one default per file
+            literal = re.search(sqlfiles._DEFAULT_RE.format(name=name), sqlfiles.text(path), re.I).group(1)
+            want = con.execute(f"select {literal}").fetchone()[0]  # a decimal for 0.25
+            assert isinstance(value, bool) == isinstance(want, bool) and isinstance(value, str) == isinstance(want, str)
+            assert value == (want if isinstance(want, (bool, str)) else pytest.approx(float(want))), (path.name, name)
+            seen += 1
+    assert seen >= 10
+    assert (lexical_ranks.MIN_COUNT, lexical_ranks_compare.INCLUDE_SPECIAL, agreement.BIN_WIDTH,
+            syntactic_relations.TOP_SHARE) == (30, True, 0.25, 0.10)  # fmt: skip
+    bad = tmp_path / "two.sql"
+    bad.write_text("select coalesce(getvariable('k'), 1), coalesce(getvariable('k'), 2), 'it''s'", encoding="utf-8")
+    with pytest.raises(ValueError, match="2 defaults of variable k"):
+        sqlfiles.default(str(bad), "k")
+    with pytest.raises(ValueError, match="0 defaults of variable absent"):
+        sqlfiles.default(str(bad), "absent")
+    bad.write_text("select coalesce(getvariable('s'), 'it''s')", encoding="utf-8")
+    assert sqlfiles.default(str(bad), "s") == "it's"
+
+
 @pytest.mark.parametrize("name", FILES)
 def test_duckdb_cli_runs_each_file_as_documented(tmp_path, name):
     run, run2 = store_for(name, tmp_path)

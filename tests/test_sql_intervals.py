@@ -421,6 +421,10 @@ def test_syntactic_relations_pairs_counts_and_intervals_against_a_slow_bootstrap
             tally[clusters[pid]][key] += value
     first = df.row(0, named=True)
     assert (first["n_pairs"], first["n_clusters"], first["resamples"]) == (len(counts), len(names), 400)
+    assert first["cluster_by"] == cluster_by
+    if cluster_by == "sentence":  # the file's default on a run of up to 50,000 pairs
+        default = run_sql(run, "syntactic_relations_pairs.sql", resamples=10).row(0, named=True)
+        assert default["cluster_by"] == "sentence"
     resamples = draws(3, 400, len(names))
     for share, (num, den) in SHARES.items():
         total = {k: sum(t[k] for t in tally.values()) for k in (num, den)}

@@ -7,7 +7,7 @@ from typing import Any
 
 import polars as pl
 
-from .. import paper, sqlrun
+from .. import paper, sqlfiles, sqlrun
 from .base import REPORT_SQL, Analysis, Context, Finding, Headline, needs_cells, needs_two_runs
 from .facts import (
     cite,
@@ -19,6 +19,9 @@ from .facts import (
     two_layers,
 )
 from .format import missing, num, plural
+
+# the SQL file's defaults of these variables (declared there: jobs.sqlfiles.default)
+BIN_WIDTH = sqlfiles.default("agreement.sql", "bin_width")
 
 
 def check_agreement(ctx: Context) -> str | None:
@@ -69,7 +72,7 @@ def above(df: pl.DataFrame, low: float, ctx: Context) -> dict[str, Any] | None:
     """The agreement of the pairs with mean score s > low, pooled from agreement.sql's bins above `low` (exact:
     the bins' counts, means and standard deviations determine the pooled ones); None when `low` is not a bin edge at
     the run's bin_width (then no set of bins is s > low), {'n_pairs': 0, ...} when no pair is above it."""
-    if not is_bin_edge(low, float(ctx.var("bin_width", 0.25))):
+    if not is_bin_edge(low, float(ctx.var("bin_width", BIN_WIDTH))):
         return None
     rows = df.filter(pl.col("score_bin") != "all", pl.col("bin_low") >= low - 1e-9).to_dicts()
     out: dict[str, Any] = {"n_pairs": sum(r["n_pairs"] or 0 for r in rows),
@@ -147,7 +150,7 @@ def agreement(df: pl.DataFrame, ctx: Context) -> list[Finding]:
                 f"{num(every['spearman_mean'])}, top-10 Jaccard {num(every['jaccard_top10_mean'])} (top-3: "
                 f"{num(every['jaccard_top3_mean'])}){_every_cell_reading(row, every)}.",
                 {f"every_cell_{k}": every[k] for k in keys}))  # fmt: skip
-    bin_width = float(ctx.var("bin_width", 0.25))
+    bin_width = float(ctx.var("bin_width", BIN_WIDTH))
     for low, key, what in ((paper.FIG4_SCORE_ABOVE, jaccard, "jaccard"), (paper.TOP_SCORE, "fig3_spearman_top",
                                                                           "spearman")):
         part = above(df, low, ctx)

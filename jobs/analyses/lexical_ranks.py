@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import polars as pl
 
+from .. import sqlfiles
 from .base import TOP_K, Analysis, Context, Finding, Headline, needs_cells, needs_pairs
 from .format import signed
+
+# the SQL file's defaults of these variables (declared there: jobs.sqlfiles.default)
+MIN_COUNT = sqlfiles.default("lexical_ranks.sql", "min_count")
 
 
 def check_lexical_ranks(ctx: Context) -> str | None:
@@ -15,7 +19,7 @@ def check_lexical_ranks(ctx: Context) -> str | None:
 def empty_lexical(df: pl.DataFrame, ctx: Context) -> str | None:
     if df.height:
         return None
-    m = ctx.var("min_count", 30)
+    m = ctx.var("min_count", MIN_COUNT)
     return f"no token has at least {m} same-token cells (min_count); lower it, e.g. --var min_count={max(1, m // 5)}"
 
 
@@ -25,7 +29,7 @@ def _placement(rank: int, total: int) -> str:
 
 
 def lexical_ranks(df: pl.DataFrame, ctx: Context) -> list[Finding]:
-    k, m = df.height, ctx.var("min_count", 30)
+    k, m = df.height, ctx.var("min_count", MIN_COUNT)
     first, last = df.row(0, named=True), df.row(k - 1, named=True)
     out = [Finding(
         f"Of {k} tokens with at least {m} same-token cells (our reading of the paper's 'words appearing 30 and more "

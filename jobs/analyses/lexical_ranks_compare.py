@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from .. import paper
+from .. import paper, sqlfiles
 from .base import Analysis, Context, Finding, Headline, needs_cells, needs_two_runs
 from .facts import (
     cite,
@@ -19,6 +19,10 @@ from .facts import (
 )
 from .format import num
 
+# the SQL file's defaults of these variables (declared there: jobs.sqlfiles.default)
+MIN_COUNT = sqlfiles.default("lexical_ranks_compare.sql", "min_count")
+INCLUDE_SPECIAL = sqlfiles.default("lexical_ranks_compare.sql", "include_special")
+
 
 def check_lexical_ranks_compare(ctx: Context) -> str | None:
     return needs_two_runs(ctx) or needs_cells(ctx, "same-token", both=True)
@@ -27,7 +31,7 @@ def check_lexical_ranks_compare(ctx: Context) -> str | None:
 def empty_lexical_compare(df: pl.DataFrame, ctx: Context) -> str | None:
     if df.height:
         return None
-    m = ctx.var("min_count", 30)
+    m = ctx.var("min_count", MIN_COUNT)
     return f"no token has at least {m} same-token cells in both runs (min_count; --var min_count=N lowers it)"
 
 
@@ -57,9 +61,9 @@ def lexical_ranks_compare(df: pl.DataFrame, ctx: Context) -> list[Finding]:
 
 def _lexical_metric(ctx: Context) -> str:
     """The lexical-rank comparison as jobs.paper spells the paper's."""
-    special = "ranked" if ctx.var("include_special", True) is not False else "left out"
-    return (f"Spearman of lexical ranks, tokens with ≥ {ctx.var('min_count', 30)} same-token cells, special tokens "
-            f"{special}")
+    special = "ranked" if ctx.var("include_special", INCLUDE_SPECIAL) is not False else "left out"
+    return (f"Spearman of lexical ranks, tokens with ≥ {ctx.var('min_count', MIN_COUNT)} same-token cells, special "
+            f"tokens {special}")
 
 
 def plot_lexical_ranks_compare(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]:

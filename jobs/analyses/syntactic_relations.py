@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from .. import paper, sqlrun
+from .. import paper, sqlfiles, sqlrun
 from .base import TOP_K, Analysis, Context, Finding, Headline, needs_cells, needs_pairs
 from .facts import (
     cite,
@@ -14,6 +14,9 @@ from .facts import (
     subset_label,
 )
 from .format import pct, plural
+
+# the SQL file's defaults of these variables (declared there: jobs.sqlfiles.default)
+TOP_SHARE = sqlfiles.default("syntactic_relations.sql", "top_share")
 
 
 def check_syntactic_relations(ctx: Context) -> str | None:
@@ -38,7 +41,7 @@ def syntactic_relations(df: pl.DataFrame, ctx: Context) -> list[Finding]:
     row = df.row(0, named=True)
     same, mixed, unaligned = row["same_function_share"], row["mixed_share"], row["unaligned_share"]
     parsed = same / (same + mixed) if same + mixed else None
-    top_share = ctx.var("top_share", 0.10)
+    top_share = ctx.var("top_share", TOP_SHARE)
     real = df.filter(~pl.col("relation_a").is_in(["unaligned", "unparsed"]),
                      ~pl.col("relation_b").is_in(["unaligned", "unparsed"]))  # fmt: skip
     # our setting as jobs.paper spells the paper's: the parser is part of the subset (the paper's: stanza)

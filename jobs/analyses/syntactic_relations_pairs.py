@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from .. import paper
+from .. import paper, sqlfiles
 from .base import Analysis, Context, Finding
 from .facts import (
     cite,
@@ -27,6 +27,10 @@ SHARES = {
 }
 
 
+# the SQL file's defaults of these variables (declared there: jobs.sqlfiles.default)
+TOP_SHARE = sqlfiles.default("syntactic_relations_pairs.sql", "top_share")
+
+
 def empty_syntactic_relations_pairs(df: pl.DataFrame, ctx: Context) -> str | None:
     return None if df.height else "no pair has a top word cell (the run has no word cells)"
 
@@ -37,23 +41,21 @@ def _with_interval(row: dict, share: str) -> str:
     return f"{pct(row[share])}{interval}"
 
 
-def _clusters(row: dict, ctx: Context) -> str:
-    default = "sentence" if ctx.facts["n_pairs"] <= 50_000 else "pair"  # the file's default (its header)
-    kind = ctx.var("relation_clusters", default)
-    what = "clusters of pairs that share a sentence" if kind == "sentence" else "pairs"
+def _clusters(row: dict) -> str:
+    what = "clusters of pairs that share a sentence" if row["cluster_by"] == "sentence" else "pairs"
     return f"{row['n_clusters']} {what}, {row['n_pairs']} pairs, {row['resamples']} resamples"
 
 
 def syntactic_relations_pairs(df: pl.DataFrame, ctx: Context) -> list[Finding]:
     row = df.row(0, named=True)
-    top_share = ctx.var("top_share", 0.10)
+    top_share = ctx.var("top_share", TOP_SHARE)
     setting = (model_label(ctx.facts), layer_label(ctx.facts), f"{subset_label(ctx.facts)}, {_parser_label(ctx)}")
     values = {k: row[k] for k in SHARES} | {f"{k}_ci95": [row[f"{k}_low"], row[f"{k}_high"]] for k in SHARES}
     return [
         Finding(
             f"nsubj–nsubj holds {_with_interval(row, 'nsubj_share')} of all top {100 * top_share:g}% word cells and "
             f"{_with_interval(row, 'nsubj_share_of_parsed')} of those between two parsed words (95% bootstrap "
-            f"intervals over {_clusters(row, ctx)}).",
+            f"intervals over {_clusters(row)}).",
             {k: values[k] for k in values if k.startswith("nsubj")} | {"n_pairs": row["n_pairs"],
                                                                         "n_clusters": row["n_clusters"]},
             **cite("fig6_nsubj_share", *setting, f"share of the top {100 * top_share:g}% cells with relation pair "
@@ -86,7 +88,7 @@ def plot_syntactic_relations_pairs(df: pl.DataFrame, ctx: Context) -> list[tuple
                                                                           else "same function") for k in names],
                      vlines={f"paper: nsubj–nsubj around {nsubj.text} (its model and denominator not stated)":
                              100 * nsubj.value},
-                     note=f"{_parser_label(ctx)}; intervals over {_clusters(row, ctx)}",
+                     note=f"{_parser_label(ctx)}; intervals over {_clusters(row)}",
                      value_format="{:.1f}%")  # fmt: skip
     return [("syntactic_relations_pairs.png", "The shares of the top word cells over the run, each with its 95% "
              "bootstrap interval over clusters of pairs; the dashed line is the paper's nsubj–nsubj share (Fig 6: "
