@@ -39,6 +39,8 @@ from xsbert_core.cli import writable_folder
 from xsbert_core.errors import exit_status
 from xsbert_core.models import DEFAULT_MODEL, transformers_bars
 from xsbert_core.training import (
+    BEST_SUFFIX,
+    TRAINING_RECORD,
     VARIANT_SIMILARITY,
     VARIANTS,
     TrainConfig,
@@ -55,8 +57,6 @@ from .processes import owned_path, remove_orphans
 logger = logging.getLogger("jobs.train")
 
 DEFAULT_OUT = "models"
-# The best-dev epoch's model is saved beside the last epoch's, in <name> + this.
-BEST_SUFFIX = "-best-dev"
 LABEL_MAX = 5.0  # STS-B scores are 0..5; the losses take similarities in [0, 1]
 
 
@@ -350,7 +350,7 @@ def _replace(folder: Path, finished: Path) -> None:
 def write_card(folder: Path, info: dict[str, Any]) -> None:
     """The model card (README.md) and xsbert_training.json of a saved model folder."""
     (folder / "README.md").write_text(model_card(info), encoding="utf-8")
-    (folder / "xsbert_training.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+    (folder / TRAINING_RECORD).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
 
 
 def cli(argv: list[str] | None = None) -> int:

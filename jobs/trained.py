@@ -37,15 +37,12 @@ from typing import Any
 
 import xsbert_core
 from xsbert_core import InputError, XsbertError
-from xsbert_core.training import CHECKPOINTS, TrainConfig, TrainProgress
+from xsbert_core.training import BEST_SUFFIX, CHECKPOINTS, TRAINING_RECORD, TrainConfig, TrainProgress
 
 from . import config
 from .processes import owned_path, remove_orphans
 from .store import short_hash
 
-# The training record in a model folder (jobs.train writes it); its model_id marks a folder trained here.
-RECORD = "xsbert_training.json"
-BEST_SUFFIX = "-best-dev"  # jobs.train's sibling folder of the best-dev epoch
 EXECUTORS = config.EXECUTORS  # where a training runs: as the job's stages
 
 
@@ -109,7 +106,7 @@ def model_folder(root: str | Path, spec: TrainSpec, mid: str, checkpoint: str | 
 def trained_record(folder: Path, mid: str) -> dict[str, Any] | None:
     """The training record of a model folder trained for `mid`, else None (no folder, another id, no weights)."""
     try:
-        record = json.loads((folder / RECORD).read_text(encoding="utf-8"))
+        record = json.loads((folder / TRAINING_RECORD).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return None
     if record.get("model_id") != mid or not (folder / "modules.json").is_file():
@@ -207,17 +204,18 @@ def train_into(spec: TrainSpec, mid: str, config: dict[str, Any], root: str) -> 
             if trained_record(model_folder(root, spec, mid, "last-epoch"), mid) is None:
                 raise
             shutil.rmtree(work, ignore_errors=True)
-            return {**json.loads((model_folder(root, spec, mid, "last-epoch") / RECORD).read_text()), "reused": True}
+            record = (model_folder(root, spec, mid, "last-epoch") / TRAINING_RECORD).read_text(encoding="utf-8")
+            return {**json.loads(record), "reused": True}
         # the records name the folders they are in now
         for checkpoint in CHECKPOINTS:
             folder = model_folder(root, spec, mid, checkpoint)
-            if (folder / RECORD).is_file():
-                info = json.loads((folder / RECORD).read_text(encoding="utf-8"))
+            if (folder / TRAINING_RECORD).is_file():
+                info = json.loads((folder / TRAINING_RECORD).read_text(encoding="utf-8"))
                 last, best = model_folder(root, spec, mid, "last-epoch"), model_folder(root, spec, mid, "best-dev")
                 info.update(path=str(folder), last_epoch_path=str(last),
                             best_dev_path=str(best) if info.get("best_dev_path") else None)  # fmt: skip
                 write_card(folder, info)
-        return json.loads((model_folder(root, spec, mid, "last-epoch") / RECORD).read_text(encoding="utf-8"))
+        return json.loads((model_folder(root, spec, mid, "last-epoch") / TRAINING_RECORD).read_text(encoding="utf-8"))
     except XsbertError as exc:
         shutil.rmtree(work, ignore_errors=True)
         return {"error": str(exc)}

@@ -37,6 +37,11 @@ VARIANT_SIMILARITY = {"tuned": "cosine", "exact": "cosine", "orig": "dot"}
 # Which epoch a trained model is: the last (App. A states no rule, so the recipe's training as it ends), or the one with
 # the best dev score (ours: an option, not the paper's).
 CHECKPOINTS: tuple[str, ...] = ("last-epoch", "best-dev")
+# A trained model's folder holds its last epoch; the best-dev epoch is saved beside it, in <folder> + BEST_SUFFIX.
+BEST_SUFFIX = f"-{CHECKPOINTS[1]}"
+# The training record in a saved model folder (jobs.train writes it: data, variant, hyper-parameters, dev score,
+# weights' sha256); its model_id marks a folder a study trained (jobs.trained).
+TRAINING_RECORD = "xsbert_training.json"
 # cuBLAS's setting for reproducible results (PyTorch's notes on randomness); read when a process first uses cuBLAS.
 CUBLAS_DETERMINISTIC = ":4096:8"
 
