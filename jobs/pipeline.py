@@ -784,6 +784,7 @@ def stage_parse(study: Study, run_dirs: dict[str, str]) -> dict[str, Any] | None
 def stage_report(study: Study, run_dirs: dict[str, str]) -> tuple[Reports, list[dict[str, Any]]]:
     """jobs.report per run and per comparison, each redone only when what it reads changed."""
     from . import report
+    from .analyses.base import REPORT_JSON
 
     reports = Reports(study.report_root())
     state = State(reports)
@@ -797,7 +798,7 @@ def stage_report(study: Study, run_dirs: dict[str, str]) -> tuple[Reports, list[
                             "run2": [str(run2), run_state(run2)] if run2 else None})  # fmt: skip
         previous = state.get(name)
         fresh = previous and previous.get("fingerprint") == fingerprint and "findings" in previous
-        if fresh and reports.exists(f"{name}/report.json"):
+        if fresh and reports.exists(f"{name}/{REPORT_JSON}"):
             say(f"report {name}: up to date ({reports.where(name)})")
             done.append({"name": name, "out": out, "findings": previous["findings"], "run": str(run),
                          "run2": str(run2) if run2 else None})  # fmt: skip
@@ -851,14 +852,14 @@ def finding_lines(found: list[dict[str, Any]], paper_ok: bool) -> list[str]:
 def write_index(target: Reports, study: Study, reports: list[dict[str, Any]], models: dict[str, str]) -> str:
     """The study's index page (jobs/analyses/study.py, from each report's report.json): key figures, headline
     numbers, findings."""
-    from .analyses.base import SERVE_URL
+    from .analyses.base import REPORT_JSON, SERVE_URL
     from .analyses.study import StudyReport, study_page
 
     root = target.local
     items = []
     for r in reports:
         try:
-            text = target.read_text(f"{r['name']}/report.json")
+            text = target.read_text(f"{r['name']}/{REPORT_JSON}")
             doc = json.loads(text) if text else None
         except (OSError, json.JSONDecodeError):
             doc = None

@@ -20,6 +20,8 @@ from ..config import SERVE_URL  # noqa: F401 - where `xsbert serve` answers by d
 TOP_K = 15
 # Queries the report runs besides the analyses (the agreement pre-check, the reference norms): sql/report/.
 REPORT_SQL = sqlrun.SQL_DIR / "report"
+# A report's findings with their numbers, beside its index.html (jobs.analyses.page.write_json); the study page reads it.
+REPORT_JSON = "report.json"
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,13 @@ from xsbert_core import InputError
 
 from .. import paper, sqlrun
 from ..config import RunConfig
+from ..store import MANIFEST
 from .base import Context, first_row
 
 
 def run_facts(con: duckdb.DuckDBPyConnection, run: sqlrun.Run, suffix: str = "") -> dict[str, Any]:
     """Settings (manifest config) and counts of one run, from its views."""
-    manifest_path = sqlrun.join(run, "manifest.json")
+    manifest_path = sqlrun.join(run, MANIFEST)
     try:
         text = sqlrun.read_text(manifest_path)
         manifest = json.loads(text) if text is not None else {}

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..pages import environment
-from .base import Context, Section
+from .base import REPORT_JSON, Context, Section
 from .facts import coverage_label
 from .format import pct
 
@@ -93,6 +93,6 @@ def write_json(sections: list[Section], ctx: Context, command: str) -> Path:
                       "captions": [caption for _, caption in s.figures], "key_figure": s.key_figure,
                       "serve_page": pages.get(s.name)} for s in sections],
     }  # fmt: skip
-    path = ctx.out / "report.json"
+    path = ctx.out / REPORT_JSON
     path.write_text(json.dumps(doc, indent=1, default=str), encoding="utf-8")
     return path

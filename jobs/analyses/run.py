@@ -17,7 +17,7 @@ from xsbert_core.cli import writable_folder
 
 from .. import sqlrun
 from ..store import StoreError, disk_failure
-from .base import SERVE_URL, Analysis, Context, Finding, Section
+from .base import REPORT_JSON, SERVE_URL, Analysis, Context, Finding, Section
 from .examples import plot_examples
 from .facts import run_facts
 from .format import markdown_table, plural
@@ -141,7 +141,7 @@ def writing(out: Path) -> Iterator[None]:
 def clear_previous(out: Path) -> None:
     """Remove the tables and figures of an earlier report in `out` (one with report.json), so that a section
     skipped now leaves no stale files; nothing else is touched."""
-    if not (out / "report.json").is_file():
+    if not (out / REPORT_JSON).is_file():
         return
     from .registry import ANALYSES
 

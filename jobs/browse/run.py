@@ -17,7 +17,7 @@ import duckdb
 from xsbert_core import InputError, XsbertError
 
 from .. import sqlrun
-from ..store import part_seq
+from ..store import MANIFEST, part_seq
 
 DEFAULT_HOST = "127.0.0.1"
 
@@ -143,7 +143,7 @@ def open_run(con: duckdb.DuckDBPyConnection, run: str, flag: str, suffix: str) -
     """Check that `run` is a whole, readable run (InputError in one line when it is missing or half-written) and
     read its manifest and counts (Parquet footers only)."""
     path = sqlrun.check_run(run, flag)
-    text = sqlrun.read_text(sqlrun.join(path, "manifest.json"))
+    text = sqlrun.read_text(sqlrun.join(path, MANIFEST))
     if text is None:
         raise InputError(f"{flag} {run}: no manifest.json: a half-written run (python -m jobs.attribute writes it when "
                          "the run ends: still running, or killed before its end; rerun the same command to finish it)")

@@ -19,6 +19,7 @@ import os
 
 from .layout import (
     DERIVED_TABLES,
+    MANIFEST,
     MARKER_PREFIX,
     PARQUET_OPTIONS,
     PART_RE,
@@ -67,6 +68,7 @@ __all__ = [
     "DERIVED_TABLES",
     "LOCK_NAME",
     "LOCK_TTL_S",
+    "MANIFEST",
     "MARKER_PREFIX",
     "PARQUET_OPTIONS",
     "PART_RE",

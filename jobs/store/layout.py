@@ -43,6 +43,7 @@ DERIVED_TABLES: tuple[str, ...] = ("parses",)
 # written by the stage-2 task that computed them, named by the first pair of its batch).
 PART_RE = re.compile(r"^part-(\d{6})(?:-(\d{7}))?\.parquet$")
 STAGING = "_staging"
+MANIFEST = "manifest.json"  # a run's settings, versions, runs and counts (docs/STORE.md)
 # A local run's marker of the per-wave node check (jobs/attribution/placement.py): `.node-check-<token>` in the run
 # folder while a Ray job runs; a killed job's is removed by the next writer's open (RunStore.recover).
 MARKER_PREFIX = ".node-check-"
@@ -200,13 +201,20 @@ def write_parquet_synced(data: pa.Table, path: Path, table: str | None) -> None:
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
+    """`obj` as JSON at `path`, written to a temporary file beside it, fsynced and moved into place: `path` is the old
+    file or the new one, never half of one; a write that fails removes its temporary file."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(obj, fh, indent=1, sort_keys=True, allow_nan=False)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(obj, fh, indent=1, sort_keys=True, allow_nan=False)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(path.parent)
 
 

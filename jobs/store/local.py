@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from .layout import (
     DERIVED_TABLES,
+    MANIFEST,
     MARKER_PREFIX,
     PART_RE,
     SCHEMAS,
@@ -346,13 +347,12 @@ class RunStore:
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         self.check_writable()
         try:
-            write_json_atomic(self.path / "manifest.json", manifest)
+            write_json_atomic(self.path / MANIFEST, manifest)
         except OSError as exc:
-            (self.path / ".manifest.json.tmp").unlink(missing_ok=True)
-            raise disk_failure(self.path / "manifest.json", exc) from None
+            raise disk_failure(self.path / MANIFEST, exc) from None
 
     def read_manifest(self) -> dict[str, Any] | None:
-        path = self.path / "manifest.json"
+        path = self.path / MANIFEST
         if not path.exists():
             return None
         return manifest_json(path.read_bytes(), str(path))

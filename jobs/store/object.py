@@ -26,6 +26,7 @@ from ..processes import process_gone, this_process
 from .clients import abort_uploads
 from .layout import (
     DERIVED_TABLES,
+    MANIFEST,
     PART_RE,
     TABLES,
     WAVE_TABLES,
@@ -292,7 +293,7 @@ class ObjectRunStore(RunStore):
     def read_manifest(self) -> dict[str, Any] | None:
         import pyarrow.fs as pafs
 
-        key = self._key("manifest.json")
+        key = self._key(MANIFEST)
 
         def read() -> bytes | None:
             if self.fs.get_file_info(key).type == pafs.FileType.NotFound:
@@ -300,8 +301,8 @@ class ObjectRunStore(RunStore):
             with self.fs.open_input_stream(key) as fh:
                 return fh.read()
 
-        body = self._call("cannot read", "manifest.json", read)
-        return None if body is None else manifest_json(body, f"{self.path}/manifest.json")
+        body = self._call("cannot read", MANIFEST, read)
+        return None if body is None else manifest_json(body, f"{self.path}/{MANIFEST}")
 
     # ------------------------------------------------------------------ writing
     def _put(self, rel: str, write) -> None:
@@ -361,7 +362,7 @@ class ObjectRunStore(RunStore):
         data = (json.dumps(manifest, indent=1, sort_keys=True, allow_nan=False) + "\n").encode("utf-8")
 
         def write() -> None:
-            with self.fs.open_output_stream(self._key("manifest.json")) as fh:
+            with self.fs.open_output_stream(self._key(MANIFEST)) as fh:
                 fh.write(data)
 
-        self._put("manifest.json", write)
+        self._put(MANIFEST, write)

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .layout import SCHEMAS, STORE_VERSION, write_parquet
+from .layout import MANIFEST, SCHEMAS, STORE_VERSION, write_parquet
 
 PROG = "python -m jobs.store.upgrade"
 
@@ -61,7 +61,7 @@ def upgrade(src: Path, dst: Path, log=print) -> int:
     cells; the number of pairs."""
     from jobs.attribution.actors import TOP_CELLS, Grids  # stage 2's own code for the new columns
 
-    if not (src / "manifest.json").is_file():
+    if not (src / MANIFEST).is_file():
         raise UpgradeError(f"{src}: not a run directory (no manifest.json)")
     t0 = time.perf_counter()
     pairs = pq.read_table(src / "pairs", columns=["pair_id", "sentence_id_a", "sentence_id_b",
@@ -113,10 +113,10 @@ def upgrade(src: Path, dst: Path, log=print) -> int:
         for f in (src / table).iterdir() if (src / table).is_dir() else ():
             if not (dst / table / f.name).exists():
                 os.link(f, dst / table / f.name)
-    manifest = json.loads((src / "manifest.json").read_text())
+    manifest = json.loads((src / MANIFEST).read_text())
     manifest["config"]["store_version"] = STORE_VERSION
     manifest["upgraded_from"] = {"run": str(src), "by": PROG}
-    (dst / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    (dst / MANIFEST).write_text(json.dumps(manifest, indent=1))
     log(f"done: {len(info)} pairs in {time.perf_counter() - t0:.0f} s")
     return len(info)
 
