@@ -57,7 +57,7 @@ from xsbert_core.cli import writable_folder
 from xsbert_core.errors import exit_status, not_utf8
 from xsbert_core.models import is_packaged, missing_weights
 from xsbert_core.settings import base_type
-from xsbert_core.training import CHECKPOINTS, RECIPES, VARIANTS, TrainConfig, TrainProgress
+from xsbert_core.training import CHECKPOINTS, RECIPES, VARIANTS, TrainConfig, TrainData, TrainProgress
 
 from . import config, paper
 from .attribution.hooks import Hooks
@@ -237,9 +237,10 @@ class Train(Strict):
     recipe: Annotated[Recipe, BeforeValidator(_recipe)] = Recipe()
     checkpoint: Literal[CHECKPOINTS] = Field(  # type: ignore[valid-type]
         CHECKPOINTS[0], description="the epoch the runs use: last-epoch (App. A states no rule) or best-dev (ours)")
-    dataset: str = Field("stsb", description="the training pairs: stsb (bundled) or a file with a split column")
-    train_split: str = "train"
-    dev_split: str = "dev"
+    dataset: str = Field(TrainData.dataset,
+                         description="the training pairs: stsb (bundled) or a file with a split column")
+    train_split: str = TrainData.train_split
+    dev_split: str = TrainData.dev_split
     train_limit: int | None = Field(None, ge=1, description="the first N training pairs (smoke tests)")
     dev_limit: int | None = Field(None, ge=1, description="the first N dev pairs (smoke tests)")
 

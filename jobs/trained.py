@@ -37,7 +37,7 @@ from typing import Any
 
 import xsbert_core
 from xsbert_core import InputError, XsbertError
-from xsbert_core.training import BEST_SUFFIX, CHECKPOINTS, TRAINING_RECORD, TrainConfig, TrainProgress
+from xsbert_core.training import BEST_SUFFIX, CHECKPOINTS, TRAINING_RECORD, TrainConfig, TrainData, TrainProgress
 
 from . import config
 from .processes import owned_path, remove_orphans
@@ -55,9 +55,9 @@ class TrainSpec:
     variant: str
     recipe: TrainConfig
     recipe_name: str = "paper"
-    dataset: str = "stsb"
-    train_split: str = "train"
-    dev_split: str = "dev"
+    dataset: str = TrainData.dataset
+    train_split: str = TrainData.train_split
+    dev_split: str = TrainData.dev_split
     train_limit: int | None = None
     dev_limit: int | None = None
     checkpoint: str = CHECKPOINTS[0]

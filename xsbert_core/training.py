@@ -67,6 +67,20 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class TrainData:
+    """The pairs a variant is fine-tuned on (App. A: STS-B train, labels / 5) and scored on after each epoch (dev):
+    a dataset as the jobs' loaders take it (`stsb`, the bundled copy, or a file with a split column), its two splits,
+    and the first N pairs of each only (smoke tests). The defaults of jobs.train's flags, a study's `train` block and
+    jobs.trained.TrainSpec."""
+
+    dataset: str = "stsb"
+    train_split: str = "train"
+    dev_split: str = "dev"
+    train_limit: int | None = None
+    dev_limit: int | None = None
+
+
+@dataclass(frozen=True)
 class TrainProgress:
     """Where a training is: `step` of `max_steps` optimizer steps, `epoch` (fractional), `seconds` since its first
     step began, and the last logged training `loss` and dev Spearman. The time left is the rate so far times the
