@@ -45,7 +45,7 @@ def _add_sql_parser(sub: argparse._SubParsersAction) -> None:
                    help="set a DuckDB variable (repeatable): --var min_count=10; with --file, one the file "
                         "reads")  # fmt: skip
     s.add_argument("--csv", action="store_true", help="print CSV (all rows) instead of a table")
-    s.add_argument("--max-rows", type=int, default=100, help="rows printed as a table (default 100)")
+    s.add_argument("--max-rows", type=int, default=100, help="rows printed as a table (default %(default)s)")
 
 
 def sql(args: argparse.Namespace) -> int:

@@ -74,6 +74,10 @@ DEFAULT_WAVE_SIZE_GPU = 16384
 # A batch whose actor dies is retried on a restarted actor; bounded so a poisonous batch fails the run
 # (Ray Data's own default is unbounded); the actors themselves restart as often as needed over a run.
 DEFAULT_MAX_RETRIES = 3  # --max-retries: retries of a factor batch on a restarted actor (and of a cell task)
+# Of a GPU actor's share of its card (--gpus-per-actor), what its factor batches are planned in when no
+# --factor-memory is given (jobs.attribution.memory); the rest is for the model, the caching allocator's rounding and
+# cuBLAS's workspaces.
+GPU_PLAN_SHARE = 0.85
 # Characters a text may have before it is tokenized: a longer one is quarantined (too_long_a / too_long_b) at once,
 # in every --truncation mode, without being tokenized (a 50 MB field took minutes of CPU and 3 GB in the tokenizer).
 # Far above any model's max_seq_length (512 tokens are a few thousand characters); not in the run id: it decides
@@ -222,8 +226,8 @@ class Execution(Bounded):
     factor_memory: str | None = setting(None, metavar="SIZE",
                                         help="memory a factor actor may take for its batches beyond its model, e.g. "
                                              "40GiB: on a GPU the caching allocator's limit, within which batches are "
-                                             "planned (default: 85%% of the actor's share of the card, planned, no "
-                                             "limit); on a CPU the limit of the tensors one call holds. A batch that "
+                                             f"planned (default: {GPU_PLAN_SHARE * 100:g}%% of the actor's share of "
+                                             "the card, planned, no limit); on a CPU the limit of the tensors one call holds. A batch that "
                                              "runs out is halved and retried, never dropped")  # fmt: skip
 
     def factor_memory_bytes(self) -> int | None:

@@ -85,8 +85,6 @@ _LIST_ARGUMENT_RE = re.compile(r"\s*(list_transform\s*\(|\[)", re.IGNORECASE)
 _READ_PARQUET_RE = re.compile(r"read_parquet\s*\(", re.IGNORECASE)
 _TABLE_GLOB_RE = re.compile(r"'/(?:" + "|".join(TABLES) + r")/\*\.parquet'\s*\)*\s*$")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# `xsbert sql` prints at most this many rows as a table (all of them with --csv).
-DEFAULT_MAX_ROWS = 100
 # A run: a local directory, or an object-store URI (str, no trailing slash).
 Run = Path | str
 
@@ -573,7 +571,7 @@ def error_line(exc: duckdb.Error, con: duckdb.DuckDBPyConnection) -> str:
     return first
 
 
-def format_table(df: pl.DataFrame, max_rows: int = DEFAULT_MAX_ROWS) -> str:
+def format_table(df: pl.DataFrame, max_rows: int) -> str:
     """The frame as a text table: every column, at most `max_rows` rows (then a note saying how many)."""
     shown = df.head(max_rows)
     with pl.Config(

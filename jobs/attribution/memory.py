@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from ..config import GPU_PLAN_SHARE
+
 
 @contextlib.contextmanager
 def system_memory_pool() -> Iterator[None]:
@@ -90,9 +92,6 @@ def driver_memory_mb() -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------- a factor actor's memory
-# Of a GPU actor's share of its card (--gpus-per-actor), what its factor batches are planned in when no
-# --factor-memory is given; the rest is for the model, the caching allocator's rounding and cuBLAS's workspaces.
-GPU_PLAN_SHARE = 0.85
 
 
 def actor_memory(explainer, limit: int | None, gpu_share: float | None) -> tuple[int | None, int | None]:
