@@ -1196,6 +1196,25 @@ def test_variable_defaults_are_read_from_the_sql_files(tmp_path):
     assert sqlfiles.default(str(bad), "s") == "it's"
 
 
+def test_each_file_header_states_its_variables_defaults_as_the_file_sets_them():
+    """A file's `-- Params` block names every variable it gives a default, with that default (numbers by value)."""
+    literal = r"\(?('(?:[^']|'')*'|true|false|-?\d+(?:\.\d+)?)"
+    checked = 0
+    for path in sqlfiles.sources():
+        own = path.read_text(encoding="utf-8")  # its own defaults, not those of the files it .reads
+        block = re.search(r"^-- Params(.*?)(?=^-- [A-Z][a-z]+ |^(?!--))", own, re.S | re.M)
+        for name, _ in set(re.findall(sqlfiles._DEFAULT_RE.format(name=r"(\w+)"), own, re.I)):
+            stated = re.search(rf"\b{name}\s+{literal}", block.group(1) if block else "", re.I)
+            assert stated, f"{path.name}: -- Params does not state {name}'s default"
+            said, default = stated.group(1).lower(), sqlfiles.default(str(path), name)
+            if isinstance(default, bool) or isinstance(default, str):
+                assert said.strip("'") == str(default).lower(), (path.name, name, said)
+            else:
+                assert float(said) == default, (path.name, name, said)
+            checked += 1
+    assert checked >= 15
+
+
 @pytest.mark.parametrize("name", FILES)
 def test_duckdb_cli_runs_each_file_as_documented(tmp_path, name):
     run, run2 = store_for(name, tmp_path)
