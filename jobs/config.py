@@ -227,8 +227,9 @@ class Execution(Bounded):
                                         help="memory a factor actor may take for its batches beyond its model, e.g. "
                                              "40GiB: on a GPU the caching allocator's limit, within which batches are "
                                              f"planned (default: {GPU_PLAN_SHARE * 100:g}%% of the actor's share of "
-                                             "the card, planned, no limit); on a CPU the limit of the tensors one call holds. A batch that "
-                                             "runs out is halved and retried, never dropped")  # fmt: skip
+                                             "the card, planned, no limit); on a CPU the limit of the tensors one "
+                                             "call holds. A batch that runs out is halved and retried, never "
+                                             "dropped")  # fmt: skip
 
     def factor_memory_bytes(self) -> int | None:
         """--factor-memory in bytes (None when not given); InputError naming the flag when it is no size."""
