@@ -14,6 +14,12 @@ would recompute nothing: the run id is idempotent), then reads the store with Du
                          time (the waves' factor + cell stages: what grows with the data)
   unique-sentence ratio  unique sentences / (2 x pairs): each unique sentence is integrated once
   store bytes per pair   bytes on disk of the run directory / stored pairs
+  engine alone           the baseline, in the same run after the job: one factor actor as the job builds it
+                         (jobs.attribution.actors.FactorActor with the job's engine settings, device, torch threads
+                         and batch size) called in this process, without Ray, on a seeded sample of
+                         --engine-sentences of the run's unique sentences, longest first in the job's batches. The
+                         job's compute sentences/s over (the engine's sentences/s x the job's actors) is the share
+                         of its actors' ideal rate the job reaches: what Ray, the driver, stage 2 and the writes cost.
 
 The markdown table is printed and written into bench/results/job.md (its own section per mode,
 so a GPU run does not overwrite the CPU table and vice versa).
@@ -46,6 +52,7 @@ CLUSTER_GPUS = 8
 
 CPU_DEFAULTS = {"model": "sentence-transformers/all-MiniLM-L6-v2", "layer": None, "pairs": 1000}
 GPU_DEFAULTS = {"model": "all-mpnet-base-v2", "layer": 8, "pairs": 5000}
+ENGINE_SENTENCES = 400  # the engine alone's sample of the run's unique sentences
 
 
 def parse_args() -> argparse.Namespace:
@@ -63,6 +70,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", default=None, help="run root (default: a temp dir, removed afterwards)")
     p.add_argument("--results", default=str(RESULTS), help="markdown file to update ('' = don't write)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds before the job is killed")
+    p.add_argument("--engine-sentences", type=int, default=ENGINE_SENTENCES,
+                   help="unique sentences of the run the engine alone computes (a seeded sample; 0: none)")
     return p.parse_args()
 
 
@@ -200,6 +209,41 @@ def measure(args: argparse.Namespace, out: Path) -> dict:
     }
 
 
+def engine_alone(args: argparse.Namespace, m: dict, cmd: list[str]) -> dict | None:
+    """The engine alone on a seeded sample of the run's unique sentences: one FactorActor as the job's (its engine
+    settings, device, threads, batch size, factor memory), called here without Ray, the sentences longest first in
+    the job's batches (stage 1's blocks), after a warm-up call. Returns its sentences/s, or None for 0 sentences."""
+    if not args.engine_sentences:
+        return None
+    import random
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from jobs.attribute import settings
+    from jobs.attribution.actors import FactorActor
+    from jobs.attribution.hooks import Hooks
+    from jobs.attribution.stage1 import actor_args
+
+    rows = pq.read_table(m["run_dir"] / "sentences", columns=["sentence_id", "text", "n_tokens"]).to_pylist()
+    rows = sorted(rows, key=lambda r: r["sentence_id"])
+    if args.engine_sentences < len(rows):
+        rows = random.Random(0).sample(rows, args.engine_sentences)
+    rows.sort(key=lambda r: (-r["n_tokens"], r["text"]))
+    job = settings(cmd[3:])  # the job's own command line, parsed as it parsed it
+    res = m["resources"]
+    actor = FactorActor(**actor_args(job.attribution.engine, res, Hooks()))
+    size = res["batch_size"]
+    blocks = [pa.table({"sentence_id": [[r["sentence_id"] for r in rows[k : k + size]]],
+                        "text": [[r["text"] for r in rows[k : k + size]]]}) for k in range(0, len(rows), size)]  # fmt: skip
+    actor(pa.table({"sentence_id": [["warm-up"]], "text": [[rows[-1]["text"]]]}))
+    t0 = time.perf_counter()
+    done = sum(actor(b).num_rows for b in blocks)
+    seconds = time.perf_counter() - t0
+    return {"sentences": done, "tokens": sum(r["n_tokens"] for r in rows), "seconds": seconds,
+            "sentences_per_s": done / seconds, "threads": res["threads"], "device": res["device"]}  # fmt: skip
+
+
 def machine() -> str:
     import torch
 
@@ -228,8 +272,9 @@ def report(args: argparse.Namespace, m: dict) -> str:
             "{:.1f} / {:.1f}".format(*m["load"]),
         ),
         (
-            "model / layer / rule / steps",
-            f"{cfg.get('model')} / {cfg.get('layer')} / {cfg.get('rule')} / {cfg.get('steps')}",
+            "model / layer / rule / steps (adaptive N's tolerance)",
+            f"{cfg.get('model')} / {cfg.get('layer')} / {cfg.get('rule')} / {cfg.get('steps')} "
+            f"({cfg.get('tolerance') or 'fixed N'})",
         ),
         (
             "actors",
@@ -259,6 +304,20 @@ def report(args: argparse.Namespace, m: dict) -> str:
             f"{m['cells'] / max(1, m['pairs']):.1f} / {m['word_cells'] / max(1, m['pairs']):.1f}",
         ),
     ]
+    if eng := m.get("engine"):
+        ideal = eng["sentences_per_s"] * res["num_actors"]
+        rows += [
+            (
+                f"engine alone, one actor ({eng['threads']} torch threads, {eng['device']}), same run, "
+                f"{eng['sentences']:,} of the unique sentences: sentences/s",
+                f"{eng['sentences_per_s']:.2f}",
+            ),
+            (
+                f"job compute sentences/s / (engine alone x {res['num_actors']} actors)",
+                f"**{rate['compute'][1] / ideal:.2f}**",
+            ),
+            ("job process sentences/s / (engine alone x actors)", f"{rate['process'][1] / ideal:.2f}"),
+        ]
     if args.gpu:
         pairs_s, sentences_s = rate["compute"]
         by_pairs_h = QQP_FULL_PAIRS / pairs_s / 3600
@@ -278,7 +337,9 @@ def report(args: argparse.Namespace, m: dict) -> str:
                 f"{QQP_FULL_PAIRS * m['store_bytes'] / max(1, m['pairs']) / 1e9:.1f}",
             ),
         ]
-    command = f"python bench/job.py{' --gpu' if args.gpu else ''} --pairs {args.pairs}"
+    command = (f"python bench/job.py{' --gpu' if args.gpu else ''} --pairs {args.pairs}"
+               + (f" --steps {args.steps}" if args.steps else "")
+               + (f" --engine-sentences {args.engine_sentences}" if args.engine_sentences != ENGINE_SENTENCES else ""))
     lines = [
         f"## {title}: `{command}` ({dt.date.today().isoformat()})",
         "",
@@ -336,6 +397,7 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="xsbert-bench-job-"))
     try:
         m = measure(args, out)
+        m["engine"] = engine_alone(args, m, job_command(args, out))
     finally:
         if not args.out:
             shutil.rmtree(out, ignore_errors=True)
