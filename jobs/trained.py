@@ -201,11 +201,11 @@ def train_into(spec: TrainSpec, mid: str, config: dict[str, Any], root: str) -> 
         try:
             work.rename(final)
         except OSError:  # another study trained the same id meanwhile: theirs stands
-            if trained_record(model_folder(root, spec, mid, "last-epoch"), mid) is None:
+            theirs = trained_record(model_folder(root, spec, mid, "last-epoch"), mid)
+            if theirs is None:
                 raise
             shutil.rmtree(work, ignore_errors=True)
-            record = (model_folder(root, spec, mid, "last-epoch") / TRAINING_RECORD).read_text(encoding="utf-8")
-            return {**json.loads(record), "reused": True}
+            return {**theirs, "reused": True}
         # the records name the folders they are in now
         for checkpoint in CHECKPOINTS:
             folder = model_folder(root, spec, mid, checkpoint)

@@ -133,6 +133,21 @@ def test_the_model_id_hashes_what_changes_the_weights():
     assert trained.model_folder("m", spec, same) == Path("m") / same / "b-exact"
 
 
+def test_a_training_whose_id_another_study_finished_meanwhile_keeps_theirs(tiny, tmp_path):
+    """train_into's model folder appears while it trains (another study, same model id): its rename fails, the
+    other model stands and is returned as reused, and nothing of this training is left."""
+    spec = trained.TrainSpec(base=str(tiny.folder("mpnet", 2)), variant="exact", train_limit=8, dev_limit=6,
+                             recipe=trained.TrainConfig(**SMOKE))  # fmt: skip
+    mid, root = "0123456789abcdef", tmp_path / "models"
+    theirs = trained.model_folder(root, spec, mid, "last-epoch")
+    theirs.mkdir(parents=True)
+    (theirs / "modules.json").write_text("[]", encoding="utf-8")
+    (theirs / "xsbert_training.json").write_text(json.dumps({"model_id": mid, "by": "them"}), encoding="utf-8")
+    got = trained.train_into(spec, mid, {"what": "changes the weights"}, str(root))
+    assert got == {"model_id": mid, "by": "them", "reused": True}
+    assert sorted(p.name for p in root.iterdir()) == [mid] and [p.name for p in (root / mid).iterdir()] == [theirs.name]
+
+
 # --------------------------------------------------------------------------- the stage, end to end
 @pytest.mark.slow
 def test_train_stage_trains_once_per_recipe_and_the_runs_use_the_trained_model(tiny, tmp_path, capsys):
