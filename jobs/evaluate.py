@@ -157,7 +157,6 @@ def is_model(folder: str | Path) -> bool:
 def checkpoint_path(path: str, checkpoint: str) -> str:
     """The folder of a trained model's `checkpoint`: the last epoch is the folder itself, the best dev epoch its
     sibling <folder>-best-dev (jobs.train)."""
-
     return path if checkpoint == "last-epoch" else f"{path.rstrip('/')}{BEST_SUFFIX}"
 
 
