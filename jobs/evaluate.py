@@ -51,7 +51,7 @@ from xsbert_core.errors import exit_status
 from xsbert_core.metrics import aso_both_ways, pearson, spearman
 from xsbert_core.models import DEFAULT_MODEL
 from xsbert_core.settings import DEFAULT_LAYER, add_arguments, from_namespace
-from xsbert_core.training import BEST_SUFFIX, CHECKPOINTS
+from xsbert_core.training import CHECKPOINTS, checkpoint_folder
 
 from . import paper
 from .attribution.validate import load_pairs, validate
@@ -156,8 +156,8 @@ def is_model(folder: str | Path) -> bool:
 
 def checkpoint_path(path: str, checkpoint: str) -> str:
     """The folder of a trained model's `checkpoint`: the last epoch is the folder itself, the best dev epoch its
-    sibling <folder>-best-dev (jobs.train)."""
-    return path if checkpoint == "last-epoch" else f"{path.rstrip('/')}{BEST_SUFFIX}"
+    sibling <folder>-best-dev (xsbert_core.training.checkpoint_folder)."""
+    return str(checkpoint_folder(Path(path), checkpoint))
 
 
 def require_models(paths: dict[str, str], needed: tuple[str, ...],

@@ -39,7 +39,7 @@ from xsbert_core.cli import writable_folder
 from xsbert_core.errors import exit_status
 from xsbert_core.models import DEFAULT_MODEL, transformers_bars
 from xsbert_core.training import (
-    BEST_SUFFIX,
+    CHECKPOINTS,
     TRAINING_RECORD,
     VARIANT_SIMILARITY,
     VARIANTS,
@@ -47,6 +47,7 @@ from xsbert_core.training import (
     TrainData,
     TrainProgress,
     build_variant,
+    checkpoint_folder,
     fine_tune,
     pairs_dataset,
 )
@@ -223,7 +224,7 @@ def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, A
     base_name = Path(str(args.model)).name or str(args.model)
     name = args.name or f"{base_name}-{args.variant}"
     target = Path(args.out) / name
-    for folder in (target, target.with_name(f"{name}{BEST_SUFFIX}")):
+    for folder in (checkpoint_folder(target, c) for c in CHECKPOINTS):
         if folder.exists() and any(folder.iterdir()) and not args.overwrite:
             raise InputError(f"{folder} exists; pass --overwrite to replace it, or --name for another folder")
     command = "python -m jobs.train " + " ".join(shlex.quote(a) for a in (argv or []))
@@ -275,7 +276,7 @@ def train_model(base: str, variant: str, config: TrainConfig, target: Path, *, d
         say(f"training {variant} from {base}: {len(train)} train / {len(dev)} dev pairs, "
             f"similarity {VARIANT_SIMILARITY[variant]}")  # fmt: skip
         name = target.name
-        best_target = target.with_name(f"{name}{BEST_SUFFIX}")
+        best_target = checkpoint_folder(target, CHECKPOINTS[1])
         partial = f".{name}.partial-"  # + the process's tag: a training into `target`, before it replaces it
         remove_orphans(target.parent, partial)  # what killed ones left
         staging = owned_path(target.parent, partial)
@@ -290,7 +291,7 @@ def train_model(base: str, variant: str, config: TrainConfig, target: Path, *, d
                 best_model = SentenceTransformer(best.pop("checkpoint"), device="cpu") if best else None
             seconds = time.perf_counter() - t0
             model.eval()
-            last = staging / "last-epoch"
+            last, best_staged = (staging / c for c in CHECKPOINTS)
             model.save(str(last), create_model_card=False)
             info = {
                 "name": name,
@@ -313,17 +314,17 @@ def train_model(base: str, variant: str, config: TrainConfig, target: Path, *, d
                 "xsbert_version": xsbert_core.__version__,
                 "command": command,
                 "weights_sha256": weights_sha256(last),
-                "checkpoint": "last-epoch",
+                "checkpoint": CHECKPOINTS[0],
                 "last_epoch_path": str(target),
                 "best_dev_path": str(best_target) if best else None,
             }
             write_card(last, info)
             if best_model is not None:
-                best_model.save(str(staging / "best-dev"), create_model_card=False)
-                write_card(staging / "best-dev", {**info, "path": str(best_target), "name": best_target.name,
-                                                  "checkpoint": "best-dev", "dev_spearman": best["dev_spearman"],
-                                                  "weights_sha256": weights_sha256(staging / "best-dev")})  # fmt: skip
-                _replace(best_target, staging / "best-dev")
+                best_model.save(str(best_staged), create_model_card=False)
+                write_card(best_staged, {**info, "path": str(best_target), "name": best_target.name,
+                                         "checkpoint": CHECKPOINTS[1], "dev_spearman": best["dev_spearman"],
+                                         "weights_sha256": weights_sha256(best_staged)})  # fmt: skip
+                _replace(best_target, best_staged)
             elif best_target.exists():  # an earlier training's best epoch: not this model's
                 shutil.rmtree(best_target)
             _replace(target, last)

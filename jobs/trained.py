@@ -37,7 +37,7 @@ from typing import Any
 
 import xsbert_core
 from xsbert_core import InputError, XsbertError
-from xsbert_core.training import BEST_SUFFIX, CHECKPOINTS, TRAINING_RECORD, TrainConfig, TrainData, TrainProgress
+from xsbert_core.training import CHECKPOINTS, TRAINING_RECORD, TrainConfig, TrainData, TrainProgress, checkpoint_folder
 
 from . import config
 from .processes import owned_path, remove_orphans
@@ -99,8 +99,7 @@ def model_id(config: dict[str, Any]) -> str:
 def model_folder(root: str | Path, spec: TrainSpec, mid: str, checkpoint: str | None = None) -> Path:
     """<root>/<id>/<base name>-<variant>[-best-dev]: the folder name ends in the variant (or -best-dev after it), as
     the reports read a model's variant from it (jobs/analyses/facts.py)."""
-    folder = Path(root) / mid / f"{base_name(spec.base)}-{spec.variant}"
-    return folder.with_name(folder.name + BEST_SUFFIX) if (checkpoint or spec.checkpoint) == "best-dev" else folder
+    return checkpoint_folder(Path(root) / mid / f"{base_name(spec.base)}-{spec.variant}", checkpoint or spec.checkpoint)
 
 
 def trained_record(folder: Path, mid: str) -> dict[str, Any] | None:

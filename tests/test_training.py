@@ -400,6 +400,15 @@ def test_train_job_bad_inputs_fail_before_training(tmp_path, tiny, capsys):
 
 
 # --------------------------------------------------------------------------- metrics
+def test_checkpoint_folder_is_the_folder_or_its_best_dev_sibling():
+    from xsbert_core.training import checkpoint_folder
+
+    assert checkpoint_folder(Path("models/m"), "last-epoch") == Path("models/m")
+    assert checkpoint_folder(Path("models/m"), "best-dev") == Path("models/m-best-dev")
+    with pytest.raises(InputError, match="checkpoint 'best'"):
+        checkpoint_folder(Path("models/m"), "best")
+
+
 def test_spearman_is_pearson_over_average_ranks_like_scipy():
     from scipy import stats
 

@@ -46,6 +46,14 @@ TRAINING_RECORD = "xsbert_training.json"
 CUBLAS_DETERMINISTIC = ":4096:8"
 
 
+def checkpoint_folder(folder: Path, checkpoint: str) -> Path:
+    """Where a trained model's `checkpoint` is saved: the last epoch in `folder` itself, the best dev epoch beside it
+    in <folder> + BEST_SUFFIX."""
+    if checkpoint not in CHECKPOINTS:
+        raise InputError(f"checkpoint {checkpoint!r}: expected one of {', '.join(CHECKPOINTS)}")
+    return folder if checkpoint == CHECKPOINTS[0] else folder.with_name(folder.name + BEST_SUFFIX)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """The paper's hyper-parameters (App. A), the seed, and whether the run is deterministic; `max_steps` > 0 caps
