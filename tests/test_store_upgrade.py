@@ -64,6 +64,6 @@ def test_a_pruned_run_is_refused_in_one_line(run, tmp_path):
     data = pq.read_table(part)
     pq.write_table(data.slice(1), part)  # the first pair loses a cell
     done = _upgrade(old, tmp_path / "new")
-    assert done.returncode == 1
+    assert done.returncode == 2
     assert done.stderr.startswith("python -m jobs.store.upgrade: error: pair ") and "a pruned run?" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr

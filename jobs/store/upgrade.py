@@ -23,7 +23,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .layout import MANIFEST, SCHEMAS, STORE_VERSION, write_parquet
+from xsbert_core.errors import exit_status
+
+from .layout import MANIFEST, SCHEMAS, STORE_VERSION, write_json_atomic, write_parquet
 
 PROG = "python -m jobs.store.upgrade"
 
@@ -116,7 +118,7 @@ def upgrade(src: Path, dst: Path, log=print) -> int:
     manifest = json.loads((src / MANIFEST).read_text())
     manifest["config"]["store_version"] = STORE_VERSION
     manifest["upgraded_from"] = {"run": str(src), "by": PROG}
-    (dst / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    write_json_atomic(dst / MANIFEST, manifest)  # last: a destination with a manifest is a whole run
     log(f"done: {len(info)} pairs in {time.perf_counter() - t0:.0f} s")
     return len(info)
 
@@ -126,12 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("src", type=Path, help="the run directory to upgrade (read only)")
     ap.add_argument("dst", type=Path, help="the run directory to write, as the current store version")
     args = ap.parse_args(argv)
-    try:
+
+    def body() -> None:
         upgrade(args.src, args.dst, log=lambda line: print(line, flush=True))
-    except (UpgradeError, OSError) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+
+    return exit_status(PROG, body, f"{args.dst} has no manifest.json until an upgrade finishes; run it again",
+                       errors=(UpgradeError, OSError))  # fmt: skip
 
 
 if __name__ == "__main__":
