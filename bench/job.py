@@ -2,6 +2,7 @@
 
     python bench/job.py                          # CPU: 1,000 QQP pairs, all-MiniLM-L6-v2, this machine
     python bench/job.py --pairs 200 --steps 4    # shorter
+    python bench/job.py --executor local         # the job's stages in one process, without Ray
     python bench/job.py --gpu                    # all-mpnet-base-v2, layer 8, one GPU actor; extrapolated
                                                  # to the full QQP (404,290 pairs). Exits 0 without a GPU.
 
@@ -41,6 +42,8 @@ import threading
 import time
 from pathlib import Path
 
+from jobs.config import EXECUTORS
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "job.md"
 
@@ -66,6 +69,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--layer", type=int, default=None, help="default: the job's (CPU), 8 (GPU)")
     p.add_argument("--steps", type=int, default=None, help="quadrature nodes (default: the job's)")
     p.add_argument("--num-actors", type=int, default=None)
+    p.add_argument("--executor", choices=EXECUTORS, default=EXECUTORS[0],
+                   help="the job's --executor (local: its stages in one process, without Ray)")
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--out", default=None, help="run root (default: a temp dir, removed afterwards)")
     p.add_argument("--results", default=str(RESULTS), help="markdown file to update ('' = don't write)")
@@ -89,6 +94,7 @@ def job_command(args: argparse.Namespace, out: Path) -> list[str]:
         ("--num-actors", args.num_actors),
         ("--gpus-per-actor", 1 if args.gpu else None),
         ("--batch-size", args.batch_size),
+        ("--executor", None if args.executor == EXECUTORS[0] else args.executor),
     ):
         if value is not None:
             cmd += [flag, str(value)]
@@ -280,7 +286,7 @@ def report(args: argparse.Namespace, m: dict) -> str:
             "actors",
             (
                 f"{res.get('num_actors')} x ({res.get('cpus_per_actor')} CPU, {res.get('gpus_per_actor')} GPU, "
-                f"{res.get('threads')} torch threads) on {res.get('device')}"
+                f"{res.get('threads')} torch threads) on {res.get('device')}, executor {res.get('executor', 'ray')}"
             ),
         ),
         ("dataset", f"first {args.pairs:,} rows of {args.dataset} ({cfg.get('dataset', {}).get('name')})"),
@@ -339,6 +345,7 @@ def report(args: argparse.Namespace, m: dict) -> str:
         ]
     command = (f"python bench/job.py{' --gpu' if args.gpu else ''} --pairs {args.pairs}"
                + (f" --steps {args.steps}" if args.steps else "")
+               + (f" --executor {args.executor}" if args.executor != EXECUTORS[0] else "")
                + (f" --engine-sentences {args.engine_sentences}" if args.engine_sentences != ENGINE_SENTENCES else ""))
     lines = [
         f"## {title}: `{command}` ({dt.date.today().isoformat()})",
@@ -411,4 +418,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(parse_args()))
+    try:
+        sys.exit(main(parse_args()))
+    except (RuntimeError, TimeoutError) as exc:  # the job's own output, above, says why
+        sys.exit(f"bench/job.py: error: {exc}")
