@@ -16,7 +16,6 @@ Python side uses (it reads object storage through pyarrow, jobs/sqlrun.py): the 
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
 import importlib.util
 import subprocess
@@ -24,7 +23,7 @@ import sys
 from pathlib import Path
 
 from xsbert_core import InputError
-from xsbert_core.errors import exit_status
+from xsbert_core.errors import CommandParser, exit_status
 
 from .sqlfiles import INIT_DIR, SQL_DIR
 
@@ -119,7 +118,7 @@ def install_httpfs() -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m jobs._duckdb_cli", description=__doc__.split("\n\n")[0])
+    p = CommandParser(prog="python -m jobs._duckdb_cli", description=__doc__.split("\n\n")[0])
     p.add_argument("--path", action="store_true", help="print the packaged httpfs extension's path only")
     args = p.parse_args(argv)
 

@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from xsbert_core.errors import exit_status
+from xsbert_core.errors import CommandParser, exit_status
 
 from .attribution.hooks import Hooks
 from .config import DEFAULT_DATASET, DEFAULT_SAMPLE, DEFAULT_SPLIT, JobSettings
@@ -62,7 +62,7 @@ def __getattr__(name: str) -> Any:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """jobs.attribute's flags: one per field of jobs/config.py's JobSettings (JobSettings.add_arguments)."""
-    p = argparse.ArgumentParser(
+    p = CommandParser(
         prog="python -m jobs.attribute",
         description="Token-pair attributions for every pair of a dataset, on Ray, into a Parquet store. "
         f"Without --dataset: --dataset {DEFAULT_DATASET} --split {DEFAULT_SPLIT} --sample {DEFAULT_SAMPLE} --seed 0.",

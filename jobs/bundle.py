@@ -48,7 +48,7 @@ from typing import Any
 
 from xsbert_core import InputError
 from xsbert_core.cli import writable_folder
-from xsbert_core.errors import exit_status
+from xsbert_core.errors import CommandParser, exit_status
 
 from ._offline import (
     FORMAT,
@@ -434,7 +434,7 @@ def _requirements(text: str | None) -> tuple[str, ...]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m jobs.bundle", description=__doc__.split("\n\n")[0],
+    p = CommandParser(prog="python -m jobs.bundle", description=__doc__.split("\n\n")[0],
                                 epilog="docs/OFFLINE.md has the whole story.")  # fmt: skip
     p.add_argument("--out", required=True, type=Path, help="the bundle's folder (new or empty)")
     p.add_argument("--part-size", default=DEFAULT_PART_SIZE,

@@ -47,7 +47,7 @@ import numpy as np
 
 from xsbert_core import InputError
 from xsbert_core.cli import writable_folder
-from xsbert_core.errors import exit_status
+from xsbert_core.errors import CommandParser, exit_status
 from xsbert_core.metrics import aso_both_ways, pearson, spearman
 from xsbert_core.models import DEFAULT_MODEL
 from xsbert_core.settings import DEFAULT_LAYER, add_arguments, from_namespace
@@ -90,7 +90,7 @@ SETTINGS = ("base", "models", "split", "sample", "seed", "max_error", "checkpoin
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    p = CommandParser(
         prog="python -m jobs.evaluate",
         description="Table 1 with significance, exact-vs-approximate agreement at every layer, Fig 2-5.",
     )

@@ -33,7 +33,7 @@ from typing import Any
 import polars as pl
 
 from xsbert_core import InputError
-from xsbert_core.errors import exit_status
+from xsbert_core.errors import CommandParser, exit_status
 from xsbert_core.models import cache_dir
 from xsbert_core.settings import add_arguments
 from xsbert_core.syntax import ALIGNMENTS
@@ -57,7 +57,7 @@ REQUIRED_SENTENCE_COLUMNS = ("sentence_id", "text", "word_ids", "token_start", "
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    p = CommandParser(
         prog="python -m jobs.parse",
         description="UD parses of every sentence of the given runs (one parse per unique text, on Ray), "
         "aligned to each run's tokenizer words, into <run>/parses/*.parquet.",

@@ -54,7 +54,7 @@ from pydantic import (
 
 from xsbert_core import InputError
 from xsbert_core.cli import writable_folder
-from xsbert_core.errors import exit_status, not_utf8
+from xsbert_core.errors import CommandParser, exit_status, not_utf8
 from xsbert_core.models import is_packaged, missing_weights
 from xsbert_core.settings import base_type
 from xsbert_core.training import CHECKPOINTS, RECIPES, VARIANTS, TrainConfig, TrainData, TrainProgress
@@ -918,7 +918,7 @@ def main(args: argparse.Namespace, hooks: Hooks | None = None) -> dict[str, Any]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    p = CommandParser(
         prog=PROG,
         description="Bring a study up to date: attribute its runs, parse, run every applicable analysis, write "
         "the reports. Stages whose output is up to date are skipped.",

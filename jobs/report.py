@@ -21,7 +21,7 @@ import shlex
 import sys
 from typing import Any
 
-from xsbert_core.errors import exit_status
+from xsbert_core.errors import CommandParser, exit_status
 from xsbert_core.settings import add_arguments
 
 from . import sqlrun
@@ -32,7 +32,7 @@ PROG = "python -m jobs.report"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    p = CommandParser(
         prog=PROG,
         description="Run every applicable analysis of sql/ on a run (and a second run), write CSV, Markdown, "
         "figures and index.html into --out, and print the findings.",

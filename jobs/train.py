@@ -36,7 +36,7 @@ from typing import Any
 import xsbert_core
 from xsbert_core import InputError
 from xsbert_core.cli import writable_folder
-from xsbert_core.errors import exit_status
+from xsbert_core.errors import CommandParser, exit_status
 from xsbert_core.models import DEFAULT_MODEL, transformers_bars
 from xsbert_core.training import (
     CHECKPOINTS,
@@ -64,7 +64,7 @@ LABEL_MAX = 5.0  # STS-B scores are 0..5; the losses take similarities in [0, 1]
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     d = TrainConfig()
-    p = argparse.ArgumentParser(
+    p = CommandParser(
         prog="python -m jobs.train",
         description="Fine-tune a variant of the paper's Table 1 on STS-B train (labels / 5), evaluating on dev.",
     )

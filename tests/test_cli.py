@@ -175,6 +175,38 @@ def test_every_command_exits_through_exit_status(capsys):
         exit_status("jobs.x", raises(ZeroDivisionError()))
 
 
+COMMANDS = [("jobs.cli", "main", "xsbert"), ("xsbert_core.cli", "main", "xsbert"),
+            *((f"jobs.{m}", "parse_args", f"python -m jobs.{m}") for m in ("attribute", "parse", "report", "evaluate",
+                                                                          "bundle", "pipeline", "train")),
+            ("jobs.store.upgrade", "main", "python -m jobs.store.upgrade"),
+            ("jobs._duckdb_cli", "main", "python -m jobs._duckdb_cli")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("module", "function", "prog"), COMMANDS, ids=[c[0] for c in COMMANDS])
+def test_a_usage_error_is_one_line_in_every_command(module, function, prog, capsys):
+    """argparse's usage block (30 lines for jobs.attribute) is not printed before the error: one line, status 2."""
+    import importlib
+
+    with pytest.raises(SystemExit) as info:
+        getattr(importlib.import_module(module), function)(["--no-such-flag"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert err.startswith(f"{prog}: error: ") and err.endswith(f" (see {prog} --help)\n"), err
+    assert "--no-such-flag" in err or "arguments are required" in err, err
+    assert err.count("\n") == 1, err
+
+
+def test_every_parser_is_a_command_parser():
+    """Each command's parser is xsbert_core.errors.CommandParser (a new one with argparse's own would print its usage
+    block again); the offline bundle's install.py alone keeps argparse's, as it runs before anything is installed."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    plain = [str(f.relative_to(root)) for d in ("jobs", "xsbert_core") for f in sorted((root / d).rglob("*.py"))
+             if "argparse.ArgumentParser(" in f.read_text(encoding="utf-8")]  # fmt: skip
+    assert plain == ["jobs/_offline.py"]
+
+
 def test_unknown_model_exits_2(capsys, tmp_path):
     code = main(["explain", "a", "b", "--model", str(tmp_path / "no-model-here"), "--steps", "1"])
     err = capsys.readouterr().err

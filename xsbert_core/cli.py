@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import __version__
-from .errors import InputError, XsbertError, check_text, exit_status
+from .errors import CommandParser, InputError, XsbertError, check_text, exit_status
 from .precision import DEFAULT_PRECISION
 from .settings import EngineSettings, add_arguments, from_namespace
 
@@ -32,7 +32,7 @@ def _display(token: str) -> str:
 
 def new_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
     """The top-level `xsbert` parser (--version) and its subcommand set, without subcommands."""
-    p = argparse.ArgumentParser(prog="xsbert", description="Token-pair attributions for sentence transformers.")
+    p = CommandParser(prog="xsbert", description="Token-pair attributions for sentence transformers.")
     p.add_argument("--version", action="version", version=f"xsbert {__version__}")
     return p, p.add_subparsers(dest="command", required=True)
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 
 def not_utf8(exc: UnicodeDecodeError) -> str:
@@ -72,3 +74,12 @@ def exit_status(prog: str, body: Callable[[], object], interrupted: str = "",
         print(f"{prog}: interrupted" + (f": {interrupted}" if interrupted else ""), file=sys.stderr)
         return 130
     return result if isinstance(result, int) else 0
+
+
+class CommandParser(argparse.ArgumentParser):
+    """Every command's argument parser: argparse's, with a usage error said in one line and status 2, `PROG: error:
+    MESSAGE (see PROG --help)`, instead of the usage block first (a long command's buries the line that matters).
+    Sub-commands' parsers are of this class too (argparse makes them of the parent's)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

@@ -12,7 +12,6 @@ current version and an `upgraded_from` note. Local run directories only. Prints 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -23,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from xsbert_core.errors import exit_status
+from xsbert_core.errors import CommandParser, exit_status
 
 from .layout import MANIFEST, SCHEMAS, STORE_VERSION, write_json_atomic, write_parquet
 
@@ -124,7 +123,7 @@ def upgrade(src: Path, dst: Path, log=print) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    ap = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("src", type=Path, help="the run directory to upgrade (read only)")
     ap.add_argument("dst", type=Path, help="the run directory to write, as the current store version")
     args = ap.parse_args(argv)
