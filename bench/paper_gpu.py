@@ -198,7 +198,9 @@ class Runner:
             install_wheels([], self.work / "site")
         from jobs import evaluate, pipeline
         from jobs.attribution.inputs import QQP_ENV, resolve_source
+        from jobs.study import schema as study_schema
         from jobs.trained import TrainingStopped
+        from xsbert_core import InputError
 
         carried = carried_qqp(self.work) if a.transfer else None
         if carried and not os.environ.get(QQP_ENV):
@@ -208,7 +210,7 @@ class Runner:
         only = [n.strip() for n in a.only.split(",")] if a.only else list(study.runs)
         unknown = [n for n in only if n not in study.runs]
         if unknown:
-            raise pipeline.InputError(f"--only: no run {', '.join(unknown)} in {a.config}")
+            raise InputError(f"--only: no run {', '.join(unknown)} in {a.config}")
         # A run whose data is on the hub (`qqp` without a subset file is GLUE's QQP there) is out of reach of a
         # machine without network: named in --only, an error; else left out, saying why
         data = {n: study.datasets[study.runs[n].dataset] for n in only}
@@ -222,7 +224,7 @@ class Runner:
                 hub = ", ".join(sorted({sources[n].identity for n in on_hub}))
                 need = left = f"{hub} from the hub, out of reach here"
             if a.only:
-                raise pipeline.InputError(f"--only: {', '.join(on_hub)} need(s) {need}")
+                raise InputError(f"--only: {', '.join(on_hub)} need(s) {need}")
             say(f"left out: {', '.join(on_hub)} ({left})")
             only = [n for n in only if n not in on_hub]
 
@@ -233,7 +235,7 @@ class Runner:
         wanted = set(study.trained()) if not table1_before else {
             study.runs[n].model for n in only if not done_runs.get(n, {}).get("complete")}  # fmt: skip
         train_study = study.model_copy(update={"models": {
-            k: v for k, v in study.models.items() if not isinstance(v, pipeline.Train) or k in wanted}})  # fmt: skip
+            k: v for k, v in study.models.items() if not isinstance(v, study_schema.Train) or k in wanted}})  # fmt: skip
         self.time_left("train")
         t = time.perf_counter()
         try:
@@ -272,7 +274,7 @@ class Runner:
             run = study.runs[name]
             trained_here = run.model in paths or run.model not in study.trained()
             where = paths if trained_here else {**paths, run.model: "(not trained by this call)"}
-            command = pipeline.job_settings(study, name, where).command()
+            command = study_schema.job_settings(study, name, where).command()
             settings = same_run_key(command, run.model)
             sha = shas.get(run.model)  # None: the shelf model (its weights are the bundle's, checked by sha256)
             old = self.progress["runs"].get(name) or previous.get(name)

@@ -1,7 +1,7 @@
 """The settings of the jobs, each declared once: a field of a dataclass here carries its name, type, default,
 choices and help (xsbert_core/settings.py's `setting`). The command lines of jobs.attribute, jobs.parse and
 jobs.report are made from these fields (`add_arguments`), and so is the study config schema of jobs.pipeline
-(`jobs.pipeline.schema_of`); the stages take these objects, never argv or an argparse.Namespace.
+(`jobs.study.schema.schema_fields`); the stages take these objects, never argv or an argparse.Namespace.
 
     JobSettings    jobs.attribute's settings
       selection    Selection     which pairs: dataset, split, columns, sample / limit

@@ -115,12 +115,14 @@ def test_the_default_study_keeps_its_fixed_n_and_run_settings():
     from pathlib import Path
 
     from jobs import attribute, pipeline
+    from jobs.study import schema as study_schema
 
     study = pipeline.load_config(Path(__file__).resolve().parents[1] / "configs" / "default.yaml")
     for name in study.runs:
-        a = pipeline.job_settings(study, name).attribution
+        job = study_schema.job_settings(study, name)
+        a = job.attribution
         assert (a.steps, a.tolerance, a.precision) == (12, None, "fp32")
-        assert attribute.settings(pipeline.job_settings(study, name).command()) == pipeline.job_settings(study, name)
+        assert attribute.settings(job.command()) == job
 
 
 def test_a_sentence_above_the_tolerance_at_max_steps_is_a_not_converged_failure(minilm_folder):

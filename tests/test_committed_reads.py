@@ -155,8 +155,9 @@ def test_duckdb_cli_gives_the_committed_answers_too(runs):
 def test_serve_parse_and_the_pipeline_read_the_committed_waves(runs):
     """`xsbert serve` counts and lists the committed pairs and its same-token cells are theirs; jobs.parse reads the
     committed sentences (RunStore.read_table); the pipeline's up-to-date check lists the committed parts."""
-    from jobs import pipeline, serve
+    from jobs import serve
     from jobs.store import run_at
+    from jobs.study import state as study_state
 
     apps = {name: serve.App(run) for name, run in runs.items()}
     assert apps["leftover"].run.counts == apps["reference"].run.counts
@@ -170,7 +171,7 @@ def test_serve_parse_and_the_pipeline_read_the_committed_waves(runs):
                  for name, run in runs.items()}  # fmt: skip
     assert sorted(sentences["leftover"]) == sorted(sentences["reference"])
     assert run_at(runs["leftover"]).counts() == run_at(runs["reference"]).counts()
-    names = {name: {t: [p[0] for p in v] for t, v in pipeline.run_state(str(run)).items()} for name, run in
+    names = {name: {t: [p[0] for p in v] for t, v in study_state.run_state(str(run)).items()} for name, run in
              runs.items()}  # fmt: skip
     assert names["leftover"] == names["reference"]
 

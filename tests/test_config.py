@@ -109,36 +109,37 @@ def test_bench_sql_run_ids_are_unchanged():
 def test_the_pipeline_config_is_made_from_the_jobs_fields():
     """The study config's blocks are the settings' fields (their name or `key`), with their choices, bounds and help:
     declared once, in jobs/config.py."""
-    from jobs import pipeline
+    from jobs.study import schema as study_schema
 
     def keys(cls, skip=()):
         return {f.metadata.get("key", f.name) for f in dataclasses.fields(cls)
                 if f.metadata.get("study", True) and f.name not in skip}  # fmt: skip
 
-    assert set(pipeline.Attribution.model_fields) == keys(Attribution, skip=("model",))
-    assert set(pipeline.Ray.model_fields) == keys(config.Execution)
-    assert set(pipeline.Dataset.model_fields) == keys(config.Selection) | {"hub"}
-    assert "address" in pipeline.Ray.model_fields and "source" in pipeline.Dataset.model_fields
-    for cls, block in ((Attribution, pipeline.Attribution), (config.Execution, pipeline.Ray)):
+    assert set(study_schema.Attribution.model_fields) == keys(Attribution, skip=("model",))
+    assert set(study_schema.Ray.model_fields) == keys(config.Execution)
+    assert set(study_schema.Dataset.model_fields) == keys(config.Selection) | {"hub"}
+    assert "address" in study_schema.Ray.model_fields and "source" in study_schema.Dataset.model_fields
+    for cls, block in ((Attribution, study_schema.Attribution), (config.Execution, study_schema.Ray)):
         for f in dataclasses.fields(cls):
             if f.name in block.model_fields:
-                assert block.model_fields[f.name].description == pipeline.described(f.metadata["help"]), f.name
-    with pytest.raises(pipeline.ValidationError, match="Input should be 'all', 'same-token' or 'none'"):
-        pipeline.Attribution(cells="some")
-    with pytest.raises(pipeline.ValidationError, match="greater than or equal to 1"):
-        pipeline.Ray(wave_size=0)
+                assert block.model_fields[f.name].description == study_schema.described(f.metadata["help"]), f.name
+    with pytest.raises(study_schema.ValidationError, match="Input should be 'all', 'same-token' or 'none'"):
+        study_schema.Attribution(cells="some")
+    with pytest.raises(study_schema.ValidationError, match="greater than or equal to 1"):
+        study_schema.Ray(wave_size=0)
 
 
 def test_a_study_and_a_command_line_give_the_same_settings(tmp_path):
     from jobs import pipeline
     from jobs.attribute import settings
+    from jobs.study import schema as study_schema
 
     path = tmp_path / "s.yaml"
     path.write_text("study: s\nout: o\ndatasets:\n  d: {source: owner/pairs, text_a: q1, keep: [a, b], sample: 3}\n"
                     "models:\n  m: some/model\ndefaults: {steps: 8, cells: same-token}\n"
                     "runs:\n  r: {dataset: d, model: m, layer: 2, tolerance: 0.01}\n"
                     "ray: {executor: local, address: auto, wave_size: 4}\n")  # fmt: skip
-    job = pipeline.job_settings(pipeline.load_config(path), "r")
+    job = study_schema.job_settings(pipeline.load_config(path), "r")
     argv = ["--dataset", "owner/pairs", "--text-a-column", "q1", "--keep-columns", "a,b", "--sample", "3", "--model",
             "some/model", "--steps", "8", "--cells", "same-token", "--layer", "2", "--tolerance", "0.01",
             "--executor", "local", "--ray-address", "auto", "--wave-size", "4", "--out", "o"]  # fmt: skip
@@ -155,10 +156,11 @@ def test_the_default_studys_run_ids_are_unchanged(tmp_path):
     from jobs import pipeline
     from jobs.attribute import settings
     from jobs.attribution.prepare import prepare
+    from jobs.study import schema as study_schema
 
     study = pipeline.load_config(ROOT / "configs" / "default.yaml")
     for name, want in DEFAULT_STUDY_RUN_IDS.items():
-        job = pipeline.job_settings(study, name)
+        job = study_schema.job_settings(study, name)
         job = dataclasses.replace(job, output=dataclasses.replace(job.output, out=str(tmp_path / "peek")))
         prep = prepare(job)
         prep.work.discard()

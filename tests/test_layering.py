@@ -8,7 +8,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from jobs.pipeline import imported_names
+from jobs.study.state import imported_names
 
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = ROOT / "xsbert_core"

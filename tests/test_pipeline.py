@@ -14,7 +14,10 @@ import pytest
 import yaml
 
 from jobs import pipeline
+from jobs.study import schema as study_schema
+from jobs.study import state as study_state
 from tests.jobtools import parquet_hashes, q, stsb_rows, write_tsv
+from xsbert_core import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -154,11 +157,11 @@ def test_set_overrides_by_dotted_key(tmp_path):
                                         "report.vars.min_count=5", "quiet=false"])  # fmt: skip
     assert study.datasets["pairs"].sample == 3 and study.defaults.steps == 8 and study.out == "/data/runs"
     assert study.report.vars == {"min_count": 5} and study.quiet is False
-    with pytest.raises(pipeline.InputError, match="expected KEY=VALUE"):
+    with pytest.raises(InputError, match="expected KEY=VALUE"):
         pipeline.load_config(path, ["steps"])
-    with pytest.raises(pipeline.InputError, match=r"with --set defaults.stpes=3: defaults.stpes: unknown key"):
+    with pytest.raises(InputError, match=r"with --set defaults.stpes=3: defaults.stpes: unknown key"):
         pipeline.load_config(path, ["defaults.stpes=3"])
-    with pytest.raises(pipeline.InputError, match="'study' is not a mapping"):
+    with pytest.raises(InputError, match="'study' is not a mapping"):
         pipeline.load_config(path, ["study.x=1"])
 
 
@@ -167,12 +170,12 @@ def test_run_settings_become_the_jobs_flags(tmp_path):
     from jobs import attribute, config
 
     study = pipeline.load_config(write_config(tmp_path / "s.yaml", base_config(tmp_path)), ["ray.num_actors=1"])
-    job = pipeline.job_settings(study, "n3")
+    job = study_schema.job_settings(study, "n3")
     a = job.attribution
     assert (a.steps, a.layer, job.execution.num_actors, job.output.quiet) == (3, -1, 1, True)
     assert job.attribution.rule == config.DEFAULT_RULE and job.selection.sample is None
     assert job.output.out == str(tmp_path / "runs")
-    assert pipeline.job_settings(study, "n2").attribution.steps == 2
+    assert study_schema.job_settings(study, "n2").attribution.steps == 2
     # the same settings as the command line the summary records
     assert attribute.settings(job.command()) == job
 
@@ -215,9 +218,9 @@ def test_default_config_is_the_readme_main_command():
     assert "-m jobs.pipeline --config configs/default.yaml" in makefile
     # In the driver's process, without Ray (a study of a few hundred sentences); the same study on Ray is one --set.
     assert study.ray.executor == "local"
-    assert {pipeline.job_settings(study, name).execution.executor for name in study.runs} == {"local"}
+    assert {study_schema.job_settings(study, name).execution.executor for name in study.runs} == {"local"}
     on_ray = pipeline.load_config(CONFIGS / "default.yaml", ["ray.executor=ray"])
-    assert pipeline.job_settings(on_ray, "stsb").execution.executor == "ray"
+    assert study_schema.job_settings(on_ray, "stsb").execution.executor == "ray"
 
 
 def make_commands(target: str, tmp_path: Path, *variables: str) -> list[str]:
@@ -359,7 +362,7 @@ def test_a_local_study_runs_where_ray_cannot_be_imported(tmp_path):
     assert "attribute n2: computed 2 pairs" in done.stdout and "parse: " in done.stdout
     on_ray = pipeline.load_config(path, ["ray.executor=ray"])
     for name in ("n2", "n3"):
-        run_id = prepare(pipeline.job_settings(on_ray, name)).run_id
+        run_id = prepare(study_schema.job_settings(on_ray, name)).run_id
         manifest = json.loads((tmp_path / "runs" / run_id / "manifest.json").read_text())
         assert [r["resources"]["executor"] for r in manifest["runs"]] == ["local"]
         assert manifest["parses"]["rows"] > 0 and q(tmp_path / "runs" / run_id, "select count(*) from {pairs}") == [(2,)]
@@ -378,25 +381,25 @@ def test_pipeline_help_lists_the_options(capsys):
 
 
 def test_the_report_fingerprint_covers_the_code_the_report_imports():
-    """pipeline.code_state hashes what jobs.report reads: its sql/ files (sql/lib/ among them) and the modules it
+    """jobs.study.state.code_state hashes what jobs.report reads: its sql/ files (sql/lib/ among them) and the modules it
     imports, found from the imports (no list kept by hand): the analyses, the pages, sqlrun, the store's readers."""
     from jobs import sqlfiles
 
-    files = {p.relative_to(pipeline.REPO_ROOT).as_posix() for p in pipeline.imported_files("jobs.report")}
+    files = {p.relative_to(study_state.REPO_ROOT).as_posix() for p in study_state.imported_files("jobs.report")}
     # every module of jobs/analyses/ but study.py: that one writes the study's index page, which the pipeline writes
     # again on every run, not a report
-    analyses = {p.relative_to(pipeline.REPO_ROOT).as_posix()
-                for p in (pipeline.REPO_ROOT / "jobs" / "analyses").glob("*.py")}  # fmt: skip
+    analyses = {p.relative_to(study_state.REPO_ROOT).as_posix()
+                for p in (study_state.REPO_ROOT / "jobs" / "analyses").glob("*.py")}  # fmt: skip
     assert analyses - {"jobs/analyses/study.py"} <= files and "jobs/analyses/study.py" not in files
     assert {"jobs/report.py", "jobs/sqlrun.py", "jobs/pages.py", "jobs/paper.py", "jobs/store/reading.py",
             "xsbert_core/plots.py"} <= files  # fmt: skip
     assert not any(f.startswith(("jobs/attribution/", "jobs/parsing/")) for f in files)
-    sources = {p.relative_to(pipeline.REPO_ROOT).as_posix() for p in sqlfiles.sources()}
+    sources = {p.relative_to(study_state.REPO_ROOT).as_posix() for p in sqlfiles.sources()}
     assert {"sql/lib/cells_guard.sql", "sql/report/agreement_check.sql", "sql/table1.sql"} <= sources
 
 
 def test_the_config_schema_shows_a_percent_as_written():
     """Help texts are written for argparse (`%%` is a literal %); the study config's schema shows them as read."""
-    schema = json.dumps(pipeline.Study.model_json_schema())
+    schema = json.dumps(study_schema.Study.model_json_schema())
     assert "85% of the actor" in schema and "~4% of QQP" in schema
     assert "%%" not in schema

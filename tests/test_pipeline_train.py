@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from jobs import pipeline, trained
-from xsbert_core import load_model, weights_fingerprint
+from xsbert_core import InputError, load_model, weights_fingerprint
 from xsbert_core.models import transformers_bars
 
 SMOKE = {"epochs": 1, "batch_size": 4}  # 8 pairs: 2 steps, one evaluated epoch (so best-dev is saved too)
@@ -110,7 +110,7 @@ def test_a_trained_base_and_a_recipe_by_name(tmp_path, capsys):
     assert spec.base == "sentence-transformers/all-MiniLM-L6-v2" and spec.checkpoint == "last-epoch"
     assert study.trained()["exact"].recipe_name == "paper with epochs=1.0, batch_size=4"
     tree["models"]["tuned"] = {"train": {"base": "shelf", "variant": "tuned", "recipe": "papers"}}
-    with pytest.raises(pipeline.InputError, match="models.tuned.train.recipe: unknown recipe 'papers'"):
+    with pytest.raises(InputError, match="models.tuned.train.recipe: unknown recipe 'papers'"):
         pipeline.load_config(write(tmp_path / "s.yaml", tree))
 
 

@@ -149,16 +149,17 @@ def test_float32_run_ids_are_those_made_before_precision_was_a_setting():
 
 
 def test_pipeline_passes_precision_to_the_job(tmp_path):
-    from jobs import attribute, pipeline
+    from jobs import attribute
+    from jobs.study import schema as study_schema
 
     tree = {"study": "p", "datasets": {"d": {"source": "stsb", "split": "test", "limit": 2}},
             "models": {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}, "defaults": {"precision": "fp16"},
             "runs": {"a": {"dataset": "d", "model": "minilm"}, "b": {"dataset": "d", "model": "minilm",
                                                                    "precision": "bf16", "steps": 4}}}  # fmt: skip
-    study = pipeline.Study.model_validate(tree)
-    a = pipeline.job_settings(study, "a")
-    b = pipeline.job_settings(study, "b")
+    study = study_schema.Study.model_validate(tree)
+    a = study_schema.job_settings(study, "a")
+    b = study_schema.job_settings(study, "b")
     assert (a.attribution.precision, b.attribution.precision) == ("fp16", "bf16")
     assert attribute.settings(b.command()) == b
     with pytest.raises(Exception, match="precision"):
-        pipeline.Study.model_validate({**tree, "defaults": {"precision": "fp8"}})
+        study_schema.Study.model_validate({**tree, "defaults": {"precision": "fp8"}})

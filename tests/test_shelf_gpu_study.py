@@ -19,6 +19,7 @@ from test_local_executor import HIDE
 from test_paper_gpu import MISSING_THERE
 
 from jobs import attribute, pipeline, sqlrun
+from jobs.study import schema as study_schema
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "shelf-gpu.yaml"
@@ -36,7 +37,7 @@ def test_the_configs_runs_are_the_runs_made_on_the_gpu(tiny):
         argv = shlex.split(piece["command"])[3:]  # python -m jobs.attribute ...
         argv[argv.index("--model") + 1] = model
         argv[argv.index("--out") + 1] = study.out
-        assert pipeline.job_settings(study, name) == attribute.settings(argv), name
+        assert study_schema.job_settings(study, name) == attribute.settings(argv), name
 
 
 @pytest.fixture(scope="module")

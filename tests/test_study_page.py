@@ -21,6 +21,7 @@ from test_serve import Served, make_store
 
 from jobs import paper, pipeline, report
 from jobs.analyses.study import StudyReport, _paper_cell, serving, study_page
+from jobs.study import state as study_state
 
 # A port nothing listens on: no `xsbert serve` answers there.
 NO_SERVE = "http://127.0.0.1:9"
@@ -48,7 +49,7 @@ def write_index(study: dict[str, Any]) -> str:
     items = [{"name": n, "run": str(study["run"]), "run2": str(study["run2"]) if n != "n2" else None, "findings": []}
              for n in ("n2", "n2-vs-n3")]  # fmt: skip
     models = {n: "sentence-transformers/all-MiniLM-L6-v2" for n in ("n2", "n2-vs-n3")}
-    where = pipeline.write_index(pipeline.Reports(str(study["reports"])), study["study"], items, models)
+    where = pipeline.write_index(study_state.Reports(str(study["reports"])), study["study"], items, models)
     assert where == f"{study['reports']}/index.html"
     return (study["reports"] / "index.html").read_text(encoding="utf-8")
 
