@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from sentence_transformers.models import Pooling
 
-    from jobs.evaluate import stsb
+    from jobs.evaluation.inputs import stsb
     from xsbert_core import Explainer, resolve_model
 
     if args.threads:

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=None, help="first N test pairs for Table 1 (default all)")
     p.add_argument("--out", type=Path, default=Path("bench/results/fp16_shelf"))
     args = p.parse_args(argv)
-    from jobs.evaluate import stsb
+    from jobs.evaluation.inputs import stsb
 
     a, b, gold, _ = stsb("test")
     if args.limit:

@@ -12,7 +12,7 @@ only carries it there, runs its stages piece by piece, and carries the results b
     there   python3 bench/paper_gpu.py run --transfer TRANSFER --work /tmp/paper-gpu --out OUT [--received N]
             installs the wheels and the model from the batches (every part checked), then: the train stage
             (jobs.pipeline's: Tuned, Exact, Orig at once on the GPU, deterministic) -> Table 1's predictions (by
-            encoding: jobs.evaluate.table1_rows) -> the runs (jobs.pipeline's attribute stage, --executor local), one
+            encoding: jobs.evaluation.table1.table1_rows) -> the runs (jobs.pipeline's attribute stage, --executor local), one
             piece at a time. After each piece its new files become a tar in parts of at most --part-mib (the
             outbox), and OUT gets outbox.json (the pieces, their parts and checksums, the progress) and the first
             parts not yet received (--received: how many of the outbox's parts, in order, have come back), at most
@@ -196,8 +196,9 @@ class Runner:
         base = str(install_base(a.transfer, self.work)) if a.transfer else a.base
         if not a.transfer:
             install_wheels([], self.work / "site")
-        from jobs import evaluate, pipeline
+        from jobs import pipeline
         from jobs.attribution.inputs import QQP_ENV, resolve_source
+        from jobs.evaluation.table1 import table1_rows
         from jobs.study import schema as study_schema
         from jobs.trained import TrainingStopped
         from xsbert_core import InputError
@@ -264,7 +265,7 @@ class Runner:
             t = time.perf_counter()
             # the last epochs' folders: table1_rows finds each one's best-dev epoch beside it
             by_variant = {"shelf": base} | {study.trained()[n].variant: m["record"]["path"] for n, m in models.items()}
-            rows, _, per_pair = evaluate.table1_rows(by_variant, "test", a.table1_sample)
+            rows, _, per_pair = table1_rows(by_variant, "test", a.table1_sample)
             write_json(self.results / "table1.json", {"rows": rows, "per_pair": per_pair, "weights_sha256": shas,
                                                       "split": "test", "wall_s": time.perf_counter() - t})  # fmt: skip
             self.finish("table1", {"rows": len(rows), "wall_s": time.perf_counter() - t})
@@ -323,18 +324,18 @@ def table1_report(results: Path, aso_iterations: int) -> dict[str, Any]:
     """Table 1's rows as the machine computed them, and the ASO test here (deepsig) from the per-pair predictions."""
     import numpy as np
 
-    from jobs import evaluate
+    from jobs.evaluation import table1
 
     t1 = read_json(results / "table1.json")
     if not t1:
         return {}
-    gold = np.asarray(t1["per_pair"]["label"]) / evaluate.LABEL_MAX
+    gold = np.asarray(t1["per_pair"]["label"]) / table1.LABEL_MAX
     errors = {}
     for key, pred in t1["per_pair"]["predictions"].items():
         model, checkpoint, sim = key.split("/")
         if sim == "cos":
             errors[model, checkpoint] = (np.asarray(pred) - gold) ** 2
-    out = {"rows": t1["rows"], "aso": evaluate.aso_tests(errors, aso_iterations),
+    out = {"rows": t1["rows"], "aso": table1.aso_tests(errors, aso_iterations),
            "weights_sha256": t1["weights_sha256"]}
     write_json(results / "table1-aso.json", out)
     return out

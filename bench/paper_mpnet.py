@@ -52,7 +52,7 @@ def fig2(args: argparse.Namespace) -> dict:
     import numpy as np
     import torch
 
-    from jobs.evaluate import stsb
+    from jobs.evaluation.inputs import stsb
     from xsbert_core import load_model
     from xsbert_core.split import SplitModel
 

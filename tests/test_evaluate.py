@@ -138,9 +138,9 @@ def test_evaluate_all_stages_on_tiny_variants(tiny_variants, tmp_path):
     assert sums["n_pairs"].to_list() == [6, 6] and sums["model"].to_list() == ["shelf", "exact"]
     terms = pl.read_parquet(out / "reference_terms.parquet").filter(pl.col("quantity") == "ref_term")
     assert terms["n"].to_list() == [6, 6]
-    from jobs.evaluate import _pairs_columns  # what the Fig 2/5 histograms draw
+    from jobs.evaluation.figures import pairs_columns  # what the Fig 2/5 histograms draw
 
-    drawn = _pairs_columns(fig_runs["exact"], ["positive_sum", "negative_sum"], fig_runs["shelf"])
+    drawn = pairs_columns(fig_runs["exact"], ["positive_sum", "negative_sum"], fig_runs["shelf"])
     assert [len(v) for v in drawn.values()] == [6, 6]
 
     # A second call reuses the recorded runs (no new attribution) and only redoes what is asked
@@ -249,11 +249,12 @@ def test_fig4_is_drawn_on_the_papers_subset_from_the_committed_bins(tmp_path):
     """Fig 4's paper markers are s > 0.5: ours are pooled exactly from the bins above 0.5 (the committed noise-floor
     agreement.parquet: layer 5, exact vs tuned, 0.81 / 0.53 for 195 pairs as docs/RESULTS.md states), and the figures
     are drawn from that file alone."""
-    from jobs import evaluate, paper
+    from jobs import paper
+    from jobs.evaluation import figures
 
     ag = pl.read_parquet(NOISE_FLOOR / "agreement.parquet")
     ag = ag.filter(pl.col("comparison") == "exact vs tuned", ~pl.col("include_special"))
-    pooled = evaluate._pooled_above(ag, paper.FIG4_SCORE_ABOVE, [5])
+    pooled = figures.pooled_above(ag, paper.FIG4_SCORE_ABOVE, [5])
     assert pooled["n_pairs"] == [195]
     assert round(float(pooled["jaccard_top3_mean"][0]), 2) == 0.81
     assert round(float(pooled["jaccard_top10_mean"][0]), 2) == 0.53
@@ -263,28 +264,28 @@ def test_fig4_is_drawn_on_the_papers_subset_from_the_committed_bins(tmp_path):
     assert pooled["jaccard_top3_mean"][0] == pytest.approx(expected)
     (tmp_path / "agreement.parquet").write_bytes((NOISE_FLOOR / "agreement.parquet").read_bytes())
     summary = {k: v for k, v in json.loads((NOISE_FLOOR / "summary.json").read_text()).items() if k != "figures"}
-    written = evaluate.plot_all(tmp_path, summary)
+    written = figures.plot_all(tmp_path, summary)
     assert [p.name for p in written] == ["fig3_agreement_correlation.png", "fig4_agreement_jaccard.png"]
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in written)
 
 
 def test_fig5_draws_no_line_at_2_where_the_run_shows_it_is_no_bound():
-    from jobs import evaluate
+    from jobs.evaluation.figures import approx_bound_holds
 
-    assert evaluate.approx_bound_holds(np.array([1.5, 1.2]), np.array([-0.2, -0.1]))
-    assert not evaluate.approx_bound_holds(np.array([3.2, 3.1]), np.array([-0.01, -0.02]))  # MiniLM: mean ΣA 3.1
+    assert approx_bound_holds(np.array([1.5, 1.2]), np.array([-0.2, -0.1]))
+    assert not approx_bound_holds(np.array([3.2, 3.1]), np.array([-0.01, -0.02]))  # MiniLM: mean ΣA 3.1
 
 
 def test_fig2_and_fig5_are_drawn_from_two_runs(tmp_path):
     """plot_all's Fig 2/5 path on hand-built shelf and exact stores (tests/test_sql.py), without Ray."""
     from test_sql import make_run, random_run
 
-    from jobs import evaluate
+    from jobs.evaluation.figures import plot_all
 
     shelf, data = random_run(tmp_path, "shelf", np.random.default_rng(3), n_pairs=8)
     exact = make_run(tmp_path, "exact", data["pairs"], data["cells"], [], data["sentences"], mode="exact")
     summary = {"base": "sentence-transformers/all-MiniLM-L6-v2",
                "figures": {"layer": 3, "runs": {"shelf": str(shelf), "exact": str(exact)}}}  # fmt: skip
-    written = evaluate.plot_all(tmp_path, summary)
+    written = plot_all(tmp_path, summary)
     assert [p.name for p in written] == ["fig2_reference_terms.png", "fig5_pos_neg_sums.png"]
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in written)

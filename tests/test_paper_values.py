@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs import evaluate, paper
+from jobs import paper
+from jobs.evaluation import figures, inputs, table1
 
 ROOT = Path(__file__).resolve().parents[1]
 SENTENCES = ROOT / "tests" / "data" / "paper_sentences.txt"
@@ -249,9 +250,9 @@ def test_stored_evaluate_results_quote_the_table():
 
 
 def test_evaluate_reads_the_table():
-    assert evaluate.PAPER_TABLE1 == {k: paper.get(f"table1_{k}").value for k in ("shelf", "tuned", "exact", "orig")}
-    assert [v for v, _ in [(p[1], p[0]) for p in evaluate.PAPER_FIG4.values()]] == [0.83, 0.60]
-    assert list(evaluate.PAPER_FIG3.values()) == [(0, paper.get("fig3_spearman_top").value)]
+    assert table1.PAPER_TABLE1 == {k: paper.get(f"table1_{k}").value for k in ("shelf", "tuned", "exact", "orig")}
+    assert [v for v, _ in [(p[1], p[0]) for p in figures.PAPER_FIG4.values()]] == [0.83, 0.60]
+    assert list(figures.PAPER_FIG3.values()) == [(0, paper.get("fig3_spearman_top").value)]
 
 
 def test_like_for_like_names_what_differs():
@@ -333,7 +334,8 @@ def test_nothing_calls_best_dev_the_papers_choice():
     """The paper's App. A states no checkpoint rule: the last epoch is the model, best-dev our option, never "the paper's
     choice"."""
     for name in ("README.md", "docs/RESULTS.md", "docs/ANALYSES.md", "jobs/train.py", "jobs/evaluate.py",
+                 *(f"jobs/evaluation/{f.name}" for f in (ROOT / "jobs" / "evaluation").glob("*.py")),
                  "xsbert_core/training.py", "bench/paper_gpu.py"):
         text = " ".join((ROOT / name).read_text(encoding="utf-8").split())
         assert "the paper's choice" not in text and "the paper keeps the best dev" not in text, name
-    assert evaluate.DEFAULT_CHECKPOINT == "last-epoch" and not hasattr(evaluate, "PAPER_CHECKPOINT")
+    assert inputs.DEFAULT_CHECKPOINT == "last-epoch" and not hasattr(inputs, "PAPER_CHECKPOINT")
