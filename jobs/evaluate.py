@@ -45,7 +45,7 @@ from xsbert_core.cli import writable_folder
 from xsbert_core.errors import CommandParser, exit_status
 from xsbert_core.models import DEFAULT_MODEL
 from xsbert_core.settings import DEFAULT_LAYER, add_arguments
-from xsbert_core.training import CHECKPOINTS, VARIANTS
+from xsbert_core.training import CHECKPOINTS, VARIANTS, base_name
 
 from .config import Execution
 from .console import quiet_console
@@ -53,7 +53,6 @@ from .evaluation.agreement import agreement_frames, attribute, layer_runs, sql_f
 from .evaluation.figures import plot_all, write_table
 from .evaluation.inputs import (
     DEFAULT_CHECKPOINT,
-    base_name,
     checkpoint_path,
     is_model,
     model_paths,

@@ -46,6 +46,7 @@ from xsbert_core.training import (
     TrainConfig,
     TrainData,
     TrainProgress,
+    base_name,
     build_variant,
     checkpoint_folder,
     fine_tune,
@@ -221,8 +222,7 @@ def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, A
     for the model card (`python -m jobs.train ...`)."""
     config = config_of(args)
     writable_folder(args.out, f"--out {args.out}")  # before the data and the model load
-    base_name = Path(str(args.model)).name or str(args.model)
-    name = args.name or f"{base_name}-{args.variant}"
+    name = args.name or f"{base_name(args.model)}-{args.variant}"
     target = Path(args.out) / name
     for folder in (checkpoint_folder(target, c) for c in CHECKPOINTS):
         if folder.exists() and any(folder.iterdir()) and not args.overwrite:

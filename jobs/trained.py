@@ -37,7 +37,15 @@ from typing import Any
 
 import xsbert_core
 from xsbert_core import InputError, XsbertError
-from xsbert_core.training import CHECKPOINTS, TRAINING_RECORD, TrainConfig, TrainData, TrainProgress, checkpoint_folder
+from xsbert_core.training import (
+    CHECKPOINTS,
+    TRAINING_RECORD,
+    TrainConfig,
+    TrainData,
+    TrainProgress,
+    base_name,
+    checkpoint_folder,
+)
 
 from . import config
 from .processes import owned_path, remove_orphans
@@ -61,10 +69,6 @@ class TrainSpec:
     train_limit: int | None = None
     dev_limit: int | None = None
     checkpoint: str = CHECKPOINTS[0]
-
-
-def base_name(base: str) -> str:
-    return Path(str(base).rstrip("/")).name or str(base)
 
 
 def data_fingerprint(dataset: str) -> str:

@@ -400,8 +400,11 @@ def test_train_job_bad_inputs_fail_before_training(tmp_path, tiny, capsys):
 
 
 # --------------------------------------------------------------------------- metrics
-def test_checkpoint_folder_is_the_folder_or_its_best_dev_sibling():
-    from xsbert_core.training import checkpoint_folder
+def test_a_trained_models_folder_is_named_after_its_base_and_its_best_dev_epoch_beside_it():
+    from xsbert_core.training import base_name, checkpoint_folder
+
+    assert base_name("sentence-transformers/all-MiniLM-L6-v2") == "all-MiniLM-L6-v2"
+    assert base_name("models/m/") == base_name(Path("models/m")) == "m" and base_name("/") == "/"
 
     assert checkpoint_folder(Path("models/m"), "last-epoch") == Path("models/m")
     assert checkpoint_folder(Path("models/m"), "best-dev") == Path("models/m-best-dev")

@@ -46,6 +46,12 @@ TRAINING_RECORD = "xsbert_training.json"
 CUBLAS_DETERMINISTIC = ":4096:8"
 
 
+def base_name(model: str | Path) -> str:
+    """A model's short name, what its trained variants' folders are named after (<base name>-<variant>): the last
+    part of its folder or hub id (sentence-transformers/all-MiniLM-L6-v2 -> all-MiniLM-L6-v2)."""
+    return Path(str(model)).name or str(model)
+
+
 def checkpoint_folder(folder: Path, checkpoint: str) -> Path:
     """Where a trained model's `checkpoint` is saved: the last epoch in `folder` itself, the best dev epoch beside it
     in <folder> + BEST_SUFFIX."""

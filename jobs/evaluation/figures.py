@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from xsbert_core.training import base_name
+
 from .. import paper
 from .agreement import COMPARISONS
-from .inputs import base_name
 
 if TYPE_CHECKING:
     import polars as pl

@@ -9,17 +9,13 @@ from pathlib import Path
 import numpy as np
 
 from xsbert_core import InputError
-from xsbert_core.training import CHECKPOINTS, VARIANTS, checkpoint_folder
+from xsbert_core.training import CHECKPOINTS, VARIANTS, base_name, checkpoint_folder
 
 from ..attribution.validate import load_pairs, validate
 
 SECOND_SEED = ("tuned2", "exact2")  # the noise floor's models: one recipe, another seed
 # jobs.train saves both epochs; the last is the model (App. A states no checkpoint rule), the best-dev one is ours.
 DEFAULT_CHECKPOINT = CHECKPOINTS[0]
-
-
-def base_name(base: str) -> str:
-    return Path(str(base)).name or str(base)
 
 
 def model_paths(args: argparse.Namespace) -> dict[str, str]:
