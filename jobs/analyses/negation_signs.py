@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 
 from .. import paper
-from .base import Analysis, Context, Finding, needs_cells, needs_pairs
+from .base import Analysis, Context, Finding
 from .facts import (
     cite,
     layer_label,
@@ -17,17 +17,7 @@ from .facts import (
     subset_label,
 )
 from .format import pct, plural
-
-
-def check_negation_signs(ctx: Context) -> str | None:
-    return needs_pairs(ctx) or needs_cells(ctx)
-
-
-def empty_negation_signs(df: pl.DataFrame, ctx: Context) -> str | None:
-    if df.height:
-        return None
-    return ("no pair differs by a standalone 'not' on one side (python -m jobs.attribute --dataset negation makes "
-            "such pairs)")  # fmt: skip
+from .negation import check_negation, empty_negation  # the same pairs as Fig 8's
 
 
 def _steps(df: pl.DataFrame) -> list[int]:
@@ -135,5 +125,5 @@ def plot_negation_signs(df: pl.DataFrame, ctx: Context) -> list[tuple[str, str]]
     return figures
 
 
-ANALYSIS = Analysis("negation_signs", "Negation: signs clear of the error", "Fig 8", check_negation_signs,
-                    negation_signs, plot_negation_signs, empty_negation_signs, serve_page="/pairs?token=not")
+ANALYSIS = Analysis("negation_signs", "Negation: signs clear of the error", "Fig 8", check_negation,
+                    negation_signs, plot_negation_signs, empty_negation, serve_page="/pairs?token=not")
