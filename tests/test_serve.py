@@ -593,6 +593,10 @@ def test_tokens_page_is_lexical_ranks_sql_and_links_the_pairs(served, stores):
     want = sqlrun.run_file(sqlrun.connect(stores["run"], variables={"min_count": 3, "include_special": False}),
                          "lexical_ranks")  # fmt: skip
     assert count(served.get("/tokens?min_count=3&include_special=0")[1]) == want.height
+    # without parameters, the file's own defaults (jobs.sqlfiles.default)
+    page = served.get("/tokens")[1]
+    assert count(page) == sqlrun.run_file(sqlrun.connect(stores["run"]), "lexical_ranks").height
+    assert "--var min_count=30 --var include_special=true" in page
     # a token's cells, largest first, each linked to its pair
     cells = sorted(((c["value"], c["pair_id"]) for c in stores["data"]["cells"]
                     if c["token_a"] == c["token_b"] == "big"), key=lambda x: (-x[0], x[1]))  # fmt: skip

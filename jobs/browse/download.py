@@ -20,6 +20,7 @@ from .pages import (
     TOKENS_FILTER,
     TOKENS_RANKED,
     Params,
+    TokensQuery,
     _quarantine_where,
     _wait_same_tokens,
     pairs_filter,
@@ -91,18 +92,13 @@ def csv_pairs(app: App, p: Params) -> Download:
 
 def csv_tokens(app: App, p: Params) -> Download:
     """The rows of /tokens with the same parameters: every token kept, ranked."""
-    min_count = p.integer("min_count", 30, 1)
-    include_special = p.flag("include_special", True)
-    q = p.text("q").strip()
-    sort = p.choice("sort", TOKEN_SORTS, "rank")
-    order = p.choice("order", ("asc", "desc"), "asc" if sort in ("rank", "token") else "desc")
+    t = TokensQuery.of(p)
     if _wait_same_tokens(app):
         raise Busy("the same-token cells are being read (once per start of the server): retry in a moment")
     columns = ("rank", "token", "n", "mean", "std")
     return Download("tokens.csv", columns, f"""{TOKENS_RANKED}
         select {', '.join(columns)} from ranked {TOKENS_FILTER}
-        order by {TOKEN_SORTS[sort]} {order} nulls last, token""",
-                    {"min_count": min_count, "include_special": include_special, "q": q.lower()})  # fmt: skip
+        order by {TOKEN_SORTS[t.sort]} {t.order} nulls last, token""", t.args())  # fmt: skip
 
 
 def csv_token(app: App, p: Params) -> Download:

@@ -7,8 +7,10 @@ import shlex
 import time
 import urllib.parse
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from typing import Any
 
+from .. import sqlfiles
 from .heatmap import MAX_CELL_PX, MIN_ASKED_PX, Heatmap, load_pair, top_cells, views
 from .run import (
     COLUMN_NAMES,
@@ -243,7 +245,11 @@ def _wait_same_tokens(app: App) -> dict[str, Any] | None:
     return None
 
 
-# The tokens list: the ranks over token_stats of the tokens kept ($min_count, $include_special), then the search $q.
+# The tokens list: lexical_ranks.sql's rows (the file its pages link to), with its variables' defaults (declared there:
+# jobs.sqlfiles.default): the ranks over token_stats of the tokens kept ($min_count, $include_special), then the
+# search $q.
+LEXICAL_MIN_COUNT = sqlfiles.default("lexical_ranks.sql", "min_count")
+LEXICAL_INCLUDE_SPECIAL = sqlfiles.default("lexical_ranks.sql", "include_special")
 TOKENS_RANKED = """
     with kept as (
         select token, n, mean, std from token_stats
@@ -253,32 +259,50 @@ TOKENS_RANKED = """
 TOKENS_FILTER = "where $q = '' or contains(lower(token), $q)"
 
 
+@dataclass(frozen=True)
+class TokensQuery:
+    """/tokens' and /tokens.csv's parameters: the tokens kept (lexical_ranks.sql's variables, with its defaults), the
+    search, the order."""
+
+    min_count: int
+    include_special: bool
+    q: str
+    sort: str
+    order: str
+
+    @classmethod
+    def of(cls, p: Params) -> TokensQuery:
+        sort = p.choice("sort", TOKEN_SORTS, "rank")
+        return cls(p.integer("min_count", LEXICAL_MIN_COUNT, 1), p.flag("include_special", LEXICAL_INCLUDE_SPECIAL),
+                   p.text("q").strip(), sort,
+                   p.choice("order", ("asc", "desc"), "asc" if sort in ("rank", "token") else "desc"))  # fmt: skip
+
+    def args(self) -> dict[str, Any]:
+        """TOKENS_RANKED's and TOKENS_FILTER's variables."""
+        return {"min_count": self.min_count, "include_special": self.include_special, "q": self.q.lower()}
+
+    def variables(self) -> str:
+        """The same tokens kept, as `xsbert sql -f lexical_ranks` takes them."""
+        return f"--var min_count={self.min_count} --var include_special={str(self.include_special).lower()}"
+
+
 def page_tokens(app: App, page: Page, p: Params) -> dict[str, Any]:
-    min_count = p.integer("min_count", 30, 1)
-    include_special = p.flag("include_special", True)
-    q = p.text("q").strip()
-    sort = p.choice("sort", TOKEN_SORTS, "rank")
-    order = p.choice("order", ("asc", "desc"), "asc" if sort in ("rank", "token") else "desc")
+    t = TokensQuery.of(p)
     size = p.integer("size", app.page_size, 1, MAX_PAGE_SIZE)
     number = p.integer("page", 1, 1)
-    out: dict[str, Any] = {"min_count": min_count, "include_special": include_special, "q": q, "sort": sort,
-                           "order": order, "sorts": TOKEN_SORTS, "number": number, "size": size}  # fmt: skip
+    out: dict[str, Any] = {**asdict(t), "sorts": TOKEN_SORTS, "number": number, "size": size}
     building = _wait_same_tokens(app)
     if building:
         return {**out, **building, "items": [], "total": 0, "pages": 1}
-    args = {"min_count": min_count, "include_special": include_special, "q": q.lower(), "limit": size,
-            "offset": (number - 1) * size}  # fmt: skip
+    args = {**t.args(), "limit": size, "offset": (number - 1) * size}
     ranked, filt = TOKENS_RANKED, TOKENS_FILTER
-    total = page.run("how many tokens", f"{ranked}\nselect count(*) from ranked {filt}", args,
-                     view_sql=f"-- xsbert sql --run {shlex.quote(str(app.run.path))} -f lexical_ranks "
-                              f"--var min_count={min_count} --var include_special={str(include_special).lower()}",
+    command = f"xsbert sql --run {shlex.quote(str(app.run.path))} -f lexical_ranks {t.variables()}"
+    total = page.run("how many tokens", f"{ranked}\nselect count(*) from ranked {filt}", args, view_sql=f"-- {command}",
                      note="over token_stats, built at start: " + " ".join(App.TOKEN_STATS_SQL.split()))[0][0]  # fmt: skip
     rows = page.run("the page of tokens", f"""{ranked}
         select token, n, mean, std, rank from ranked {filt}
-        order by {TOKEN_SORTS[sort]} {order} nulls last, token
-        limit $limit offset $offset""", args,
-        view_sql=f"-- the rows of: xsbert sql --run {shlex.quote(str(app.run.path))} -f lexical_ranks "
-                 f"--var min_count={min_count} --var include_special={str(include_special).lower()}")  # fmt: skip
+        order by {TOKEN_SORTS[t.sort]} {t.order} nulls last, token
+        limit $limit offset $offset""", args, view_sql=f"-- the rows of: {command}")  # fmt: skip
     items = [dict(zip(("token", "n", "mean", "std", "rank"), r)) for r in rows]
     return {**out, "items": items, "total": total, "pages": max(1, math.ceil(total / size)), "building": False}
 
