@@ -192,16 +192,17 @@ class RunStore:
     def read_column(self, table: str, column: str) -> list[Any]:
         values: list[Any] = []
         for part in self.committed(table):
-            values.extend(pq.read_table(part, columns=[column]).column(column).to_pylist())
+            values.extend(self._read(part, [column]).column(column).to_pylist())
         return values
 
     def read_table(self, table: str, columns: list[str] | None = None) -> pa.Table | None:
         parts = self.committed(table)
         if not parts:
             return None
-        return pa.concat_tables([pq.read_table(p, columns=columns) for p in parts])
+        return pa.concat_tables([self._read(p, columns) for p in parts])
 
     def _read(self, part: Any, columns: list[str] | None = None) -> pa.Table:
+        """One part (object storage: its reads retried, ObjectRunStore)."""
         return pq.read_table(part, columns=columns)
 
     def column(self, table: str, column: str) -> pa.ChunkedArray:

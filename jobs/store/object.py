@@ -240,18 +240,6 @@ class ObjectRunStore(RunStore):
     def require(self, table: str, columns: tuple[str, ...] | list[str]) -> None:
         self._require_columns(table, columns, "a run")
 
-    def read_column(self, table: str, column: str) -> list[Any]:
-        values: list[Any] = []
-        for part in self.committed(table):
-            values.extend(self._read(part, [column]).column(column).to_pylist())
-        return values
-
-    def read_table(self, table: str, columns: list[str] | None = None) -> pa.Table | None:
-        parts = self.committed(table)
-        if not parts:
-            return None
-        return pa.concat_tables([self._read(p, columns) for p in parts])
-
     def recover(self) -> list[PurePosixPath]:  # type: ignore[override]
         """Delete wave parts whose pairs part never landed (a commit cut short) and abort unfinished uploads."""
         removed = []
