@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import os
@@ -9,11 +10,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 import pandas as pd
+import pytest
 
 from jobs.attribution import inputs as _inputs
 
@@ -252,3 +254,23 @@ def stop_process_group(proc: subprocess.Popen, log: IO[bytes]) -> None:
         pass
     proc.wait(timeout=10)
     log.close()
+
+
+# A tmpfs's page: a file there takes whole pages.
+PAGE = 4096
+
+
+@contextlib.contextmanager
+def tmpfs(where: Path, size_bytes: int) -> Iterator[Path]:
+    """A tmpfs of `size_bytes` mounted at `where` for the block; skips the test where mounting is not allowed."""
+    where.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(where)],
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root and mount rights): {done.stderr.strip()[:200]}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", str(where)], capture_output=True)
+        if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(where)], capture_output=True)

@@ -15,7 +15,6 @@ waves only. Every reader gives `leftover` the answers of
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import shutil
@@ -24,7 +23,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from jobtools import add_adjective_columns, assert_same_rows, q, run_job, stsb_rows, write_tsv
+from jobtools import PAGE, add_adjective_columns, assert_same_rows, q, run_job, stsb_rows, tmpfs, write_tsv
 from test_s3_sql import same_csv
 
 from jobs import sqlrun
@@ -36,7 +35,6 @@ FLAGS = ["--wave-size", "4", "--batch-size", "4", "--executor", "local", "--cpus
 FILES = sorted(p.name for p in (ROOT / "sql").glob("*.sql"))
 # What an STS-B run has none of: adjective triplets, pairs that differ by one 'not'. Every other file answers rows.
 NO_ROWS_HERE = {"adjectives.sql", "negation.sql", "negation_signs.sql"}
-PAGE = 4096
 
 
 def file_args(name: str) -> list[str]:
@@ -214,20 +212,6 @@ def test_committed_sql_reads_each_table_glob_through_the_snapshot_and_nothing_el
 # --------------------------------------------------------------------------- a job that really dies mid-wave
 def pages(paths: list[Path]) -> int:
     return sum(-(-p.stat().st_size // PAGE) for p in paths)
-
-
-@contextlib.contextmanager
-def tmpfs(where: Path, size_bytes: int):
-    where.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(where)],
-                          capture_output=True, text=True)  # fmt: skip
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root and mount rights): {done.stderr.strip()[:200]}")
-    try:
-        yield where
-    finally:
-        if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
 def test_a_job_that_fills_the_disk_in_wave_2_leaves_only_committed_waves(data, clean, tmp_path, capsys):

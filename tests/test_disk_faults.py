@@ -12,31 +12,24 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from jobtools import REFERENCE_FLAGS, REFERENCE_PAIRS, assert_same_rows, q, run_cli, run_job, stsb_rows, write_tsv
+from jobtools import (
+    PAGE,
+    REFERENCE_FLAGS,
+    REFERENCE_PAIRS,
+    assert_same_rows,
+    q,
+    run_cli,
+    run_job,
+    stsb_rows,
+    tmpfs,
+    write_tsv,
+)
 
 N_PAIRS = REFERENCE_PAIRS
 FLAGS = REFERENCE_FLAGS  # the reference run's (tests/conftest.py reference_run)
-PAGE = 4096
-
-
-@contextlib.contextmanager
-def tmpfs(where: Path, size_bytes: int) -> Iterator[Path]:
-    """A tmpfs of `size_bytes` mounted at `where` for the block; skips the test where mounting is not allowed."""
-    where.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(where)],
-                          capture_output=True, text=True)  # fmt: skip
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root and mount rights): {done.stderr.strip()[:200]}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["mount", "-o", "remount,rw", str(where)], capture_output=True)
-        if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
 def free_bytes(path: Path) -> int:
