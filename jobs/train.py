@@ -53,6 +53,7 @@ from xsbert_core.training import (
     pairs_dataset,
 )
 
+from .attribution.inputs import STSB_LABELS
 from .attribution.validate import load_pairs, validate
 from .console import quiet_console
 from .processes import owned_path, remove_orphans
@@ -60,7 +61,7 @@ from .processes import owned_path, remove_orphans
 logger = logging.getLogger("jobs.train")
 
 DEFAULT_OUT = "models"
-LABEL_MAX = 5.0  # STS-B scores are 0..5; the losses take similarities in [0, 1]
+LABEL_MAX = STSB_LABELS[1]  # the losses take similarities in [0, 1]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -47,6 +47,8 @@ GENERATED: dict[str, tuple[str, ...]] = {"negation": (), "adjectives": _datasets
 # Pass-through columns travel through normalise/validate under this prefix (no clash with own columns).
 KEEP_PREFIX = "keep:"
 STSB_SPLITS = {"train": "train", "dev": "dev", "validation": "dev", "test": "test"}
+# STS-B's similarity scores: 0 (unrelated) to 5 (the same meaning); the training losses and Table 1 take score / 5.
+STSB_LABELS = (0.0, 5.0)
 
 # Recognised without flags, first match wins (compared case-insensitively).
 TEXT_A_COLUMNS = ("sentence1", "question1", "text_a", "sentence_a", "text1", "premise")
@@ -165,7 +167,7 @@ def resolve_source(
         # sid repeats across source files and years; (source_file, year, sid) is unique in the file.
         return Source(
             kind="file", location=str(BUNDLED_STSB), identity="stsb", split=s,
-            id_columns=("source_file", "year", "sid"), label_range=(0.0, 5.0), split_column="split",
+            id_columns=("source_file", "year", "sid"), label_range=STSB_LABELS, split_column="split",
         )  # fmt: skip
     if key.lower() == "qqp":
         path = qqp_path(qqp)

@@ -12,12 +12,13 @@ from xsbert_core.metrics import aso_both_ways, pearson, spearman
 from xsbert_core.training import CHECKPOINTS, VARIANTS
 
 from .. import paper
+from ..attribution.inputs import STSB_LABELS
 from .inputs import DEFAULT_CHECKPOINT, SECOND_SEED, checkpoint_path, is_model, stsb
 
 if TYPE_CHECKING:
     import polars as pl
 
-LABEL_MAX = 5.0
+LABEL_MAX = STSB_LABELS[1]  # Table 1's squared errors are of cosine against score / 5
 # The paper's figures for all-mpnet-base-v2 (jobs/paper.py, the one table of them), shown beside ours.
 PAPER_TABLE1 = {v: paper.get(f"table1_{v}").value for v in ("shelf", *VARIANTS)}
 
