@@ -73,9 +73,9 @@ def _run_record(summary: dict[str, Any]) -> dict[str, Any]:
 
 def layer_runs(models: dict[str, str], layer: int, args: argparse.Namespace, pilot: list[tuple[str, str]],
                record: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
-    """tuned (approx) and exact runs at `layer` with N chosen as jobs.evaluate says (its agreement stage) (unless `record` holds
-    them already); then the second seed's models (tuned2, exact2: the noise floor), where `models` has them, at the
-    same N."""
+    """tuned (approx) and exact runs at `layer`, N chosen as jobs.evaluate's agreement stage says (unless `record`
+    holds them already); then the second seed's models (tuned2, exact2: the noise floor), where `models` has them, at
+    the same N."""
     if record is None:
         record = {"layer": layer, "pilot": {}, "models": {}}
         chosen = []
