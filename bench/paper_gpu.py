@@ -200,7 +200,7 @@ class Runner:
         from jobs.attribution.inputs import QQP_ENV, resolve_source
         from jobs.evaluation.table1 import table1_rows
         from jobs.study import schema as study_schema
-        from jobs.trained import TrainingStopped
+        from jobs.training.study import TrainingStopped
         from xsbert_core import InputError
 
         carried = carried_qqp(self.work) if a.transfer else None

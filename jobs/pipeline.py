@@ -7,7 +7,7 @@
 Stages, each skipped when its output is up to date for the same config:
 
     train      the models the config declares with `train:` (base, variant, recipe), each fine-tuned once per model
-               id (the hash of what changes its weights: jobs/trained.py) into <models_dir>/<id>/ and reused after;
+               id (the hash of what changes its weights: jobs/training/study.py) into <models_dir>/<id>/ and reused after;
                the runs on it follow
     attribute  jobs.attribute's stages (prepare -> attribute) per run: a run id hashes what changes the
                numbers, so an unchanged run computes nothing and a grown dataset only its new pairs

@@ -334,7 +334,7 @@ def test_nothing_calls_best_dev_the_papers_choice():
     """The paper's App. A states no checkpoint rule: the last epoch is the model, best-dev our option, never "the paper's
     choice"."""
     for name in ("README.md", "docs/RESULTS.md", "docs/ANALYSES.md", "jobs/train.py", "jobs/evaluate.py",
-                 *(f"jobs/evaluation/{f.name}" for f in (ROOT / "jobs" / "evaluation").glob("*.py")),
+                 *(f"jobs/{d}/{f.name}" for d in ("evaluation", "training") for f in (ROOT / "jobs" / d).glob("*.py")),
                  "xsbert_core/training.py", "bench/paper_gpu.py"):
         text = " ".join((ROOT / name).read_text(encoding="utf-8").split())
         assert "the paper's choice" not in text and "the paper keeps the best dev" not in text, name

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jobs import pipeline, trained
+from jobs import pipeline
+from jobs.training import study as trained
 from xsbert_core import InputError, load_model, weights_fingerprint
 from xsbert_core.models import transformers_bars
 

@@ -208,9 +208,9 @@ def test_train_job_keeps_the_last_epoch_and_the_best_dev_epoch(tmp_path, tiny):
         assert info["weights_sha256"] == hashlib.sha256((out / folder / "model.safetensors").read_bytes()).hexdigest()
         assert info["weights_sha256"] in card
     # each folder's own dev score, recomputed from its weights, is the one recorded for its epoch
-    from jobs.train import _stsb_pairs
+    from jobs.training.model import training_pairs
 
-    dev = pairs_dataset(*_stsb_pairs("stsb", "dev", 24))
+    dev = pairs_dataset(*training_pairs("stsb", "dev", 24))
     for folder, want in ((out / "m", scores[-1]), (out / "m-best-dev", max(scores))):
         model = load_model(str(folder), attn_implementation=None)
         got = dev_evaluator(dev, "exact")(model)[last["metric"]]

@@ -35,7 +35,7 @@ from .. import config
 from ..attribution.inputs import BUILTINS, resolve_source
 from ..config import JobSettings
 from ..store import Location
-from ..trained import TrainSpec
+from ..training.study import TrainSpec
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]*$"
 Name = Annotated[str, Field(pattern=NAME)]
@@ -311,7 +311,7 @@ class Study(Strict):
         return self
 
     def trained(self) -> dict[str, TrainSpec]:
-        """The models to fine-tune, as jobs/trained.py takes them (a base named after a model of the study is that
+        """The models to fine-tune, as jobs/training/study.py takes them (a base named after a model of the study is that
         model's folder or name)."""
         out = {}
         for name, model in self.models.items():

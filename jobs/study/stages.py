@@ -24,10 +24,10 @@ def say(line: str) -> None:
 
 def stage_train(study: Study, on_progress: Callable[[str, TrainProgress], bool | None] | None = None,
                 poll_s: float = 30.0) -> dict[str, dict[str, Any]]:  # fmt: skip
-    """Every model the config declares with `train:`, trained once per model id (jobs/trained.py); {model name:
+    """Every model the config declares with `train:`, trained once per model id (jobs/training/study.py); {model name:
     {"path", "model_id", "trained", "record", ...}}. Meanwhile every `poll_s`, each running training's progress:
     `on_progress(names, TrainProgress)`, by default a line `train NAME: step S/N (epoch E), T s, ~L s left`."""
-    from ..trained import ensure_trained
+    from ..training.study import ensure_trained
 
     specs = study.trained()
     if not specs:

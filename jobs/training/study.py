@@ -47,9 +47,9 @@ from xsbert_core.training import (
     checkpoint_folder,
 )
 
-from . import config
-from .processes import owned_path, remove_orphans
-from .store import short_hash
+from .. import config
+from ..processes import owned_path, remove_orphans
+from ..store import short_hash
 
 EXECUTORS = config.EXECUTORS  # where a training runs: as the job's stages
 
@@ -176,7 +176,7 @@ def train_into(spec: TrainSpec, mid: str, config: dict[str, Any], root: str) -> 
     progress in progress_file(root, mid) meanwhile, and silent (the stage says what it does, from that file). Returns
     the last epoch's training record, or {"error": one line} for a bad input (so that it crosses a process boundary as
     text)."""
-    from .train import train_model, write_card
+    from .model import train_model, write_card
 
     final = Path(root) / mid
     clear_leftovers(root, mid)
@@ -251,7 +251,7 @@ def _ray(todo: list[tuple[TrainSpec, str, dict[str, Any]]], root: str, per_gpu: 
          watch: Callable[[], None], poll_s: float) -> list[dict[str, Any]]:  # fmt: skip
     """Each training a Ray task in a fresh worker (max_calls=1), 1/per_gpu of a GPU where the cluster has GPUs;
     `watch()` every poll_s meanwhile."""
-    from .raycluster import init_ray
+    from ..raycluster import init_ray
 
     ray = init_ray(address)
     resources = {"num_gpus": 1 / per_gpu} if ray.cluster_resources().get("GPU", 0) > 0 else {"num_cpus": 1}
