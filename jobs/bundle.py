@@ -435,7 +435,7 @@ def _requirements(text: str | None) -> tuple[str, ...]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = CommandParser(prog="python -m jobs.bundle", description=__doc__.split("\n\n")[0],
-                                epilog="docs/OFFLINE.md has the whole story.")  # fmt: skip
+                      epilog="docs/OFFLINE.md has the whole story.")  # fmt: skip
     p.add_argument("--out", required=True, type=Path, help="the bundle's folder (new or empty)")
     p.add_argument("--part-size", default=DEFAULT_PART_SIZE,
                    help=f"largest part, e.g. 15MiB (default {DEFAULT_PART_SIZE})")
