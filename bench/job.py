@@ -182,11 +182,11 @@ class LoadSampler:
         return max(self.samples)
 
 
-def measure(args: argparse.Namespace, out: Path) -> dict:
+def measure(args: argparse.Namespace, cmd: list[str]) -> dict:
     load = LoadSampler()
     load.start()
     try:
-        output, process_wall = run_job(job_command(args, out), args.timeout)
+        output, process_wall = run_job(cmd, args.timeout)
     finally:
         load.stop()
     run_dir = store_dir(output)
@@ -403,8 +403,9 @@ def main(args: argparse.Namespace) -> int:
 
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="xsbert-bench-job-"))
     try:
-        m = measure(args, out)
-        m["engine"] = engine_alone(args, m, job_command(args, out))
+        cmd = job_command(args, out)
+        m = measure(args, cmd)
+        m["engine"] = engine_alone(args, m, cmd)
     finally:
         if not args.out:
             shutil.rmtree(out, ignore_errors=True)
