@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load, load_file, save, save_file
 
-from jobs.bundle import BundleError, check_parts, join_parts, sha256_file, split_file
+from jobs.bundling import BundleError, check_parts, join_parts, sha256_file, split_file
 
 WEIGHTS = "model.safetensors"
 PART_MIB = 15  # the default largest part (--part-mib); set it under the transfer's per-file limit
@@ -63,7 +63,7 @@ def pack(base: Path, models: Path, out: Path, name: str, part_mib: float = PART_
     out.mkdir(parents=True, exist_ok=True)
     blob_path = out / f"{name}.delta"
     blob_path.write_bytes(save(delta))
-    # parts <name>.delta.000, ... (jobs/_offline.py)
+    # parts <name>.delta.000, ... (jobs/bundling/installer.py)
     entry = split_file(blob_path, out, int(part_mib * 2**20), root=out)
     blob_path.unlink()
     info = {"name": name, "tensors": len(w), "as_difference": len(delta), "as_is": sorted(extra),

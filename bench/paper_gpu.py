@@ -74,7 +74,7 @@ from paper_gpu_transfer import (  # noqa: E402  beside this file: what carries t
     write_json,
 )
 
-from jobs.bundle import BundleError  # noqa: E402
+from jobs.bundling import BundleError  # noqa: E402
 
 CONFIG = ROOT / "configs" / "paper-gpu.yaml"
 PROGRESS = "progress.json"

@@ -235,7 +235,7 @@ class Execution(Bounded):
         """--factor-memory in bytes (None when not given); InputError naming the flag when it is no size."""
         if self.factor_memory is None:
             return None
-        from ._offline import BundleError, parse_size
+        from .bundling import BundleError, parse_size
 
         try:
             return parse_size(self.factor_memory)

@@ -1,4 +1,4 @@
-"""The offline bundle (jobs.bundle, jobs/_offline.py): float16 weights against torch's rounding, pip's resolution
+"""The offline bundle (jobs.bundle, jobs/bundling): float16 weights against torch's rounding, pip's resolution
 narrowed to what the target lacks, and a bundle built, installed with `pip --no-index` into a fresh virtualenv
 with no network, and the job run from it; a corrupt or missing part is one line naming the part.
 
@@ -23,8 +23,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from jobs import _offline
-from jobs.bundle import _requirements, needed, only_requirements, platform_tags, read_freeze
+from jobs.bundle import _requirements
+from jobs.bundling import installer
+from jobs.bundling.wheels import needed, only_requirements, platform_tags, read_freeze
 
 LEFT_FOR_THE_BUNDLE = ("xsbert-scale", "pyyaml", "tqdm")  # what the test target lacks
 
@@ -84,23 +85,23 @@ def test_only_takes_the_projects_own_requirement_with_the_extras_asked_for(tmp_p
     assert only_requirements(wheel, ("ray[data]", "tqdm")) == ["ray[data]<2.64,>=2.40", "tqdm>=4.60"]
     assert only_requirements(wheel, ("ray",)) == ["ray[data,default]<2.64,>=2.40"]  # the project's extras
     for bad in ("duckdb", "pytest"):  # not a requirement; only an extra's
-        with pytest.raises(_offline.BundleError, match="not one of the project's requirements"):
+        with pytest.raises(installer.BundleError, match="not one of the project's requirements"):
             only_requirements(wheel, (bad,))
 
 
 def test_parts_join_to_the_file_and_sizes_parse(tmp_path):
     data = os.urandom(10_000)
     (tmp_path / "f.bin").write_bytes(data)
-    entry = _offline.split_file(tmp_path / "f.bin", tmp_path / "parts", 4096)
+    entry = installer.split_file(tmp_path / "f.bin", tmp_path / "parts", 4096)
     assert [p["size"] for p in entry["parts"]] == [4096, 4096, 1808]
-    exact = _offline.split_file(tmp_path / "f.bin", tmp_path / "parts2", 5000)
+    exact = installer.split_file(tmp_path / "f.bin", tmp_path / "parts2", 5000)
     assert [p["size"] for p in exact["parts"]] == [5000, 5000]  # no empty third part
     assert entry["parts"][0]["file"] == "parts/f.bin.000"  # relative to the bundle (parts' parent)
     for e in (entry, exact):
-        assert _offline.join_parts(tmp_path, e, tmp_path / "joined").read_bytes() == data
-    assert _offline.parse_size("60MiB") == 60 * 2**20 and _offline.parse_size("15MB") == 15 * 10**6
-    with pytest.raises(_offline.BundleError, match="unit"):
-        _offline.parse_size("60 parsecs")
+        assert installer.join_parts(tmp_path, e, tmp_path / "joined").read_bytes() == data
+    assert installer.parse_size("60MiB") == 60 * 2**20 and installer.parse_size("15MB") == 15 * 10**6
+    with pytest.raises(installer.BundleError, match="unit"):
+        installer.parse_size("60 parsecs")
 
 
 def test_an_out_folder_that_cannot_be_written_is_one_line(tmp_path, capsys):
@@ -118,17 +119,21 @@ def test_an_out_folder_that_cannot_be_written_is_one_line(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "full"]
 
 
-def test_a_missing_have_file_or_a_folder_without_a_model_is_one_line_before_anything_is_built(tmp_path, capsys):
+def test_a_missing_have_file_model_or_dataset_is_one_line_before_anything_is_built(tmp_path, capsys):
     """--have naming no file was a traceback after the project wheel was built; an empty folder as a model was
-    bundled as one (exit 0), to fail on the offline machine."""
+    bundled as one (exit 0), to fail on the offline machine; a dataset that is no file is found out before the wheels
+    are resolved (minutes), not after."""
     from jobs.bundle import cli
 
     (tmp_path / "empty-model").mkdir()
     for argv, why in ((["--have", str(tmp_path / "freeze.txt")], f"--have {tmp_path / 'freeze.txt'}: no such file"),
                       (["--no-wheels", "--models", str(tmp_path / "empty-model")],
-                       f"model {str(tmp_path / 'empty-model')!r}: {tmp_path / 'empty-model'} holds no model")):
+                       f"model {str(tmp_path / 'empty-model')!r}: {tmp_path / 'empty-model'} holds no model"),
+                      (["--datasets", str(tmp_path / "pairs.tsv")],
+                       f"dataset {str(tmp_path / 'pairs.tsv')!r}: not `qqp` and not a file")):
         assert cli(["--out", str(tmp_path / "out"), *argv]) == 2
-        assert capsys.readouterr().err.startswith(f"jobs.bundle: error: {why}")
+        said = capsys.readouterr()
+        assert said.err.startswith(f"jobs.bundle: error: {why}") and "project wheel" not in said.out, said
     assert not (tmp_path / "out").exists()
 
 
@@ -140,10 +145,10 @@ def test_float16_weights_are_torch_rounding_and_the_recorded_error(tmp_path):
          "huge": torch.tensor([1e5, -2.0]), "ids": torch.arange(5, dtype=torch.int64),
          "half": torch.randn(3, generator=g).half()}  # fmt: skip
     save_file(w, tmp_path / "model.safetensors", metadata={"format": "pt"})
-    info = _offline.weights_to_float16(tmp_path / "model.safetensors", tmp_path / "f16.safetensors")
+    info = installer.weights_to_float16(tmp_path / "model.safetensors", tmp_path / "f16.safetensors")
     assert (info["float16_tensors"], info["float32_tensors_kept"]) == (2, ["huge"])
     assert (tmp_path / "f16.safetensors").stat().st_size < (tmp_path / "model.safetensors").stat().st_size
-    _offline.weights_to_float32(tmp_path / "f16.safetensors", tmp_path / "back.safetensors")
+    installer.weights_to_float32(tmp_path / "f16.safetensors", tmp_path / "back.safetensors")
     back = load_file(tmp_path / "back.safetensors")
     for k in ("a.weight", "b.bias"):
         assert back[k].dtype == torch.float32 and torch.equal(back[k], w[k].half().float())
@@ -151,7 +156,7 @@ def test_float16_weights_are_torch_rounding_and_the_recorded_error(tmp_path):
         assert back[k].dtype == w[k].dtype and torch.equal(back[k], w[k])
     err = max(float((w[k].half().float() - w[k]).abs().max()) for k in ("a.weight", "b.bias"))
     assert info["max_abs_rounding_error"] == pytest.approx(err, rel=0, abs=0) and 0 < err < 3 * 2**-11
-    assert info["float32_sha256"] == _offline.sha256_file(tmp_path / "back.safetensors")
+    assert info["float32_sha256"] == installer.sha256_file(tmp_path / "back.safetensors")
     with open(tmp_path / "back.safetensors", "rb") as fh:  # the metadata as it was, no marker of ours left
         n = int.from_bytes(fh.read(8), "little")
         assert json.loads(fh.read(n))["__metadata__"] == {"format": "pt"}

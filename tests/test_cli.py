@@ -204,7 +204,7 @@ def test_every_parser_is_a_command_parser():
     root = Path(__file__).resolve().parents[1]
     plain = [str(f.relative_to(root)) for d in ("jobs", "xsbert_core") for f in sorted((root / d).rglob("*.py"))
              if "argparse.ArgumentParser(" in f.read_text(encoding="utf-8")]  # fmt: skip
-    assert plain == ["jobs/_offline.py"]
+    assert plain == ["jobs/bundling/installer.py"]
 
 
 def test_unknown_model_exits_2(capsys, tmp_path):

@@ -1,6 +1,6 @@
 """Offline bundles: files in parts with a manifest of checksums, float16 model weights, and the installer.
 
-This one file is both the library `jobs.bundle` writes bundles with and the bundle's own `install.py` (it is copied
+This one file is both the library jobs.bundling writes bundles with and the bundle's own `install.py` (it is copied
 into every bundle as it is): it needs nothing but the Python standard library, and numpy for float16 model weights
 (the installer finds numpy among the wheels it has just installed, or in the interpreter that runs it).
 
