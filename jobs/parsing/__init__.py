@@ -1,6 +1,6 @@
 """The machinery of jobs.parse: choosing the parser (choice), the Ray actor and its rows (actor), the parser-output
 cache shared by runs (cache), a run's `parses` rows (rows), the actor pool on Ray or one parser in this process
-(pool)."""
+(pool), the runs parsed into (runs), and the job that puts them together (job: `parse_runs`)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from .choice import (
     stanza_candidates,
     stanza_spec,
 )
+from .job import parse_runs
 from .pool import parse_here, parse_on_ray, pool
 from .rows import UNUSABLE_SHOWN, alignment_counts, parse_rows, realigned
 
@@ -29,6 +30,6 @@ __all__ = [
     "CACHE_DIRNAME", "CACHE_SCHEMA", "DEFAULT_BATCH_SIZE", "PARSERS", "SPACY_EXCLUDE", "SPACY_MODEL",
     "STANZA_DOWNLOAD_HINT", "STANZA_PROCESSORS", "STANZA_REQUIRED", "UNUSABLE_SHOWN", "ParseCache", "ParserActor",
     "ParserSpec", "alignment_counts", "cache_rows", "choose_parser", "download_stanza", "find_stanza",
-    "has_stanza_english", "parse_here", "parse_on_ray", "parse_rows", "parsed_words", "pool", "realigned", "spacy_spec",
-    "stanza_candidates", "stanza_spec",
+    "has_stanza_english", "parse_here", "parse_on_ray", "parse_rows",
+    "parse_runs", "parsed_words", "pool", "realigned", "spacy_spec", "stanza_candidates", "stanza_spec",
 ]  # fmt: skip
