@@ -95,7 +95,7 @@ def main(args: argparse.Namespace) -> int:
         made = json.loads(stamp.read_text())
     if args.generate_only:
         return 0
-    from jobs import serve, sqlrun
+    from jobs import serve, sqlfiles, sqlrun
 
     t = time.perf_counter()
     app = serve.App(run)
@@ -137,7 +137,7 @@ def main(args: argparse.Namespace) -> int:
         "cells": ("the pair's cells from the whole cells view (xsbert sql)",
                   lambda: con.execute("select i, j, value from cells where pair_id = $p", {"p": pid}).fetchall()),
         "tokens": ("sql/lexical_ranks.sql over every cell (xsbert sql -f lexical_ranks)",
-                   lambda: sqlrun.run_file(con, sqlrun.SQL_DIR / "lexical_ranks.sql")),
+                   lambda: sqlrun.run_file(con, sqlfiles.SQL_DIR / "lexical_ranks.sql")),
     }
     rows = []
     for name, path, base in pages:

@@ -11,7 +11,7 @@ equal the CLI's (pinned together: pyproject.toml and the Makefile). `install_htt
 
 sql/init/s3.sql loads httpfs and makes an S3 secret from the standard AWS_* variables (AWS_ENDPOINT_URL for a
 non-AWS endpoint). The package pins the Python `duckdb` to its version too, which is not what this project's
-Python side uses (it reads object storage through pyarrow, jobs/sqlrun.py): the Makefile installs it --no-deps.
+Python side uses (it reads object storage through pyarrow, jobs/sqlrun/): the Makefile installs it --no-deps.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ the library's (xsbert_core.cli, also `python -m xsbert_core explain ...`). The a
 imports xsbert_core, never the reverse (tests/test_layering.py).
 
     xsbert explain [A B] [...]            one pair at a terminal (xsbert_core.cli)
-    xsbert sql --run DIR [QUERY | -f F]   DuckDB over a run directory (jobs/sqlrun.py, docs/ANALYSES.md)
+    xsbert sql --run DIR [QUERY | -f F]   DuckDB over a run directory (jobs/sqlrun/, docs/ANALYSES.md)
     xsbert serve --run DIR [--run2 DIR2]  browse a run in a local web app (jobs/serve.py)
     xsbert show --run DIR --pair ID       one stored pair, as xsbert explain prints it (jobs/serve.py)
 """
@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_sql_parser(sub: argparse._SubParsersAction) -> None:
-    """`xsbert sql`: DuckDB over a run directory (jobs/sqlrun.py, docs/ANALYSES.md)."""
+    """`xsbert sql`: DuckDB over a run directory (jobs/sqlrun/, docs/ANALYSES.md)."""
     s = sub.add_parser(
         "sql",
         help="run DuckDB SQL (a query or a sql/ analysis) over a run directory",

@@ -4,7 +4,7 @@ A real S3 endpoint: moto's server on 127.0.0.1 (the `s3` fixture, tests/s3tools.
 (AWS_* variables, AWS_ENDPOINT_URL). The runs are tests/test_sql.py's hand-built stores (known answers, no Ray)
 copied up with S3Server.upload, and its small real runs (all-MiniLM-L6-v2 through the job: slow). Every answer on
 S3 equals the one on the local copy (the same rows; floats to 1e-9: DuckDB's parallel sums differ in the last
-bit between two runs on the same files, local or not); the Python side reads through pyarrow (jobs/sqlrun.py), the CLI
+bit between two runs on the same files, local or not); the Python side reads through pyarrow (jobs/sqlrun/), the CLI
 through httpfs from PyPI (jobs/_duckdb_cli.py, sql/init/s3.sql). A missing bucket or run, an endpoint that does
 not answer and denied credentials (moto checking signatures) are one line and exit 2, with no secret in it.
 """
@@ -120,7 +120,7 @@ def test_locations_local_or_object_store():
     assert sqlrun.join(Path("runs/x"), "manifest.json") == Path("runs/x/manifest.json")
     assert sqlrun.run_name("gs://b/p/abc123/") == "abc123" and sqlrun.run_name("runs/abc123") == "abc123"
     for bad in ("http://host/x", "file:///tmp/x", "s3://key:secret@bucket/x"):
-        with pytest.raises(sqlrun.InputError) as info:
+        with pytest.raises(InputError) as info:
             sqlrun.run_location(bad)
         assert "secret" not in str(info.value)
 

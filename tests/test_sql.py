@@ -33,6 +33,7 @@ from jobs.attribution import datasets as _datasets
 from jobs.attribution import inputs as _inputs
 from jobs.attribution import validate as _validate
 from jobs.store import SCHEMAS
+from xsbert_core import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
 SQL = ROOT / "sql"
@@ -1267,7 +1268,7 @@ def test_connect_views_and_variables(tmp_path):
     got = con.sql("select getvariable('run'), getvariable('run2'), getvariable('min_count'), getvariable('word'), "
                   "getvariable('flag')").fetchall()  # fmt: skip
     assert got == [(str(run), str(run2), 7, "it's", True)]
-    with pytest.raises(sqlrun.InputError, match="--run"):
+    with pytest.raises(InputError, match="--run"):
         sqlrun.connect(run, variables={"run": "x"})
     assert sqlrun.parse_vars(["a=3", "b=0.5", "c=true", "d=text", "e='12'", "f=null"]) == {
         "a": 3, "b": 0.5, "c": True, "d": "text", "e": "12", "f": None}
@@ -1391,7 +1392,7 @@ def test_adjectives_dataset_triplets_templates_and_columns():
         anchor, synonym, opposite = triplet.split("/")
         other = synonym if kind == "synonym" else opposite
         assert (a, b) == (template.replace("X", anchor), template.replace("X", other))
-    with pytest.raises(sqlrun.InputError, match="no splits"):
+    with pytest.raises(InputError, match="no splits"):
         _validate.load_pairs("adjectives", split="test")
 
 
@@ -1419,7 +1420,7 @@ def test_keep_columns_flag_passes_columns_through_and_changes_the_run_id(tmp_pat
     assert "keep" not in without["dataset"]["columns"]
     assert run_id(with_keep) != run_id(without)
     for bad, message in (("target", "already has a column"), ("nope", "no such column")):
-        with pytest.raises(sqlrun.InputError, match=message):
+        with pytest.raises(InputError, match=message):
             _validate.load_pairs(str(path), keep=bad)
     with RunStore(tmp_path, "r", ("topic",)) as store:  # the run's pairs schema has the column, as a string
         table = pa.Table.from_pylist([{"pair_id": "x", "topic": "sport"}], store.schema("pairs"))

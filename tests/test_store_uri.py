@@ -13,6 +13,7 @@ from jobtools import FAST, stsb_rows, write_tsv
 
 from jobs import sqlrun
 from jobs import store as jstore
+from xsbert_core import InputError
 
 URI = "az://container/runs"
 
@@ -25,7 +26,7 @@ def test_one_rule_for_store_and_sql():
     for location in (URI, "http://host/x", "file:///tmp/x"):
         with pytest.raises(jstore.StoreError, match="unsupported location"):
             jstore.Location.parse(location)
-        with pytest.raises(sqlrun.InputError, match="unsupported location"):
+        with pytest.raises(InputError, match="unsupported location"):
             sqlrun.run_location(location)
 
 

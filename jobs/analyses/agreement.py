@@ -105,7 +105,7 @@ def every_cell_agreement(ctx: Context) -> dict[str, Any] | None:
     """agreement.sql's 'all' row with include_special = true (every cell), the figure beside the content one; the
     connection's variables are left as they were."""
     with ctx.variable("include_special", True):
-        df = sqlrun.run_file(ctx.con, sqlrun.SQL_DIR / "agreement.sql")
+        df = sqlrun.run_file(ctx.con, sqlfiles.SQL_DIR / "agreement.sql")
     rows = df.filter(pl.col("score_bin") == "all")
     return rows.row(0, named=True) if rows.height else None
 

@@ -13,13 +13,13 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from .. import sqlrun
+from .. import sqlfiles, sqlrun
 from ..config import SERVE_URL  # noqa: F401 - where `xsbert serve` answers by default (--serve-url's default)
 
 # Bars per list in the ranked charts (top and bottom tokens, relation pairs).
 TOP_K = 15
 # Queries the report runs besides the analyses (the agreement pre-check, the reference norms): sql/report/.
-REPORT_SQL = sqlrun.SQL_DIR / "report"
+REPORT_SQL = sqlfiles.SQL_DIR / "report"
 # A report's findings with their numbers, beside its index.html (jobs.analyses.page.write_json); the study page reads it.
 REPORT_JSON = "report.json"
 
@@ -94,14 +94,14 @@ class Context:
     def variable(self, name: str, value: Any) -> Iterator[None]:
         """The SQL variable `name` set to `value` inside the block, as it was (or unset) after it."""
         before = self.var(name, None)
-        self.con.execute(f"set variable {name} = {sqlrun._literal(value)}")
+        self.con.execute(f"set variable {name} = {sqlrun.literal(value)}")
         try:
             yield
         finally:
             if before is None:
                 self.con.execute(f"reset variable {name}")
             else:
-                self.con.execute(f"set variable {name} = {sqlrun._literal(before)}")
+                self.con.execute(f"set variable {name} = {sqlrun.literal(before)}")
 
 
 @dataclass

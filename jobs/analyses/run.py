@@ -15,7 +15,7 @@ import polars as pl
 from xsbert_core import InputError
 from xsbert_core.cli import writable_folder
 
-from .. import sqlrun
+from .. import sqlfiles, sqlrun
 from ..store import StoreError, disk_failure
 from .base import REPORT_JSON, SERVE_URL, Analysis, Context, Finding, Section
 from .examples import plot_examples
@@ -41,7 +41,7 @@ def run_analysis(spec: Analysis, ctx: Context) -> Section:
     try:
         reason = spec.check(ctx) if spec.check else None
         if reason is None:
-            df = sqlrun.run_file(ctx.con, sqlrun.SQL_DIR / f"{spec.name}.sql")
+            df = sqlrun.run_file(ctx.con, sqlfiles.SQL_DIR / f"{spec.name}.sql")
             reason = spec.empty(df, ctx) if spec.empty else None
     except InputError as exc:  # a table or manifest the file reads is missing: the runner says what makes it
         reason = str(exc)
@@ -145,7 +145,7 @@ def clear_previous(out: Path) -> None:
         return
     from .registry import ANALYSES
 
-    names = {spec.name for spec in ANALYSES} | {p.stem for p in sqlrun.SQL_DIR.glob("*.sql")}
+    names = {spec.name for spec in ANALYSES} | {p.stem for p in sqlfiles.SQL_DIR.glob("*.sql")}
     for path in out.iterdir():
         stem = path.name.split(".")[0].split("-")[0]
         if path.is_file() and path.suffix in (".csv", ".md", ".png") and (stem in names or stem == "example"):
@@ -169,7 +169,7 @@ def write_report(
         clear_previous(out)
         sections = [run_analysis(spec, ctx) for spec in ANALYSES]
         known = {spec.name for spec in ANALYSES}
-        sections += [run_extra_file(p, ctx) for p in sorted(sqlrun.SQL_DIR.glob("*.sql")) if p.stem not in known]
+        sections += [run_extra_file(p, ctx) for p in sorted(sqlfiles.SQL_DIR.glob("*.sql")) if p.stem not in known]
         sections.append(plot_examples(ctx))
         write_page(sections, ctx, command)
         write_json(sections, ctx, command)

@@ -191,7 +191,7 @@ def sql_literal(value: Any) -> str:
     """A value as a SQL literal, for the command shown on the page (never for running)."""
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(sql_literal(v) for v in value) + "]"
-    return sqlrun._literal(value)
+    return sqlrun.literal(value)
 
 
 def _dedent(sql: str) -> str:

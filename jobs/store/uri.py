@@ -14,12 +14,12 @@ from xsbert_core.errors import XsbertError
 # 15 minutes: an unreachable endpoint would hang the job that long before it says so).
 GCS_RETRY_S = 30.0
 # How many times the S3 client tries one request on a filesystem whose every call the caller retries: the read side
-# (xsbert sql, serve, show, the report: jobs/sqlrun.py's reads). The job's writes keep the client's own retries of each
+# (xsbert sql, serve, show, the report: jobs/sqlrun's reads). The job's writes keep the client's own retries of each
 # multipart request under ours. pyarrow's default (3, with the AWS SDK's own backoff) under retry.retried's
 # multiplied the tries and made each fault cost the SDK's sleeps besides ours: one layer of retries, ours, whose
 # deadline is XSBERT_STORE_RETRY_S.
 AWS_CLIENT_ATTEMPTS_UNDER_RETRIED = 1
-# Object-store URI schemes -> their family (pyarrow's filesystem type); jobs/sqlrun.py reads runs under all of them.
+# Object-store URI schemes -> their family (pyarrow's filesystem type); jobs/sqlrun reads runs under all of them.
 REMOTE_SCHEMES: dict[str, str] = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
 # Where each family's credentials come from (for a message).
 CREDENTIALS: dict[str, str] = {
@@ -54,7 +54,7 @@ class Location:
 
     @classmethod
     def parse(cls, location: str | os.PathLike | Location, error: type[Exception] = StoreError) -> Location:
-        """The one parser of store locations. `error` (StoreError; jobs/sqlrun.py's InputError) for any other
+        """The one parser of store locations. `error` (StoreError; jobs.sqlrun's InputError) for any other
         `scheme://` (az://, http://, file://, ...: never taken for a local folder) and for a URI with credentials
         in it."""
         if isinstance(location, Location):
