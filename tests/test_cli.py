@@ -98,7 +98,7 @@ def test_bad_input_exits_2_with_message(argv, needle, capsys, tmp_path):
     code = main(argv + ["--json", str(out)])
     err = capsys.readouterr().err
     assert code == 2
-    messages = [line for line in err.splitlines() if line.startswith("xsbert: error:")]  # (HF progress bars aside)
+    messages = [line for line in err.splitlines() if line.startswith("xsbert explain: error:")]  # (HF progress bars aside)
     assert len(messages) == 1 and needle in messages[0]
     assert "Traceback" not in err
     assert not out.exists()
@@ -118,7 +118,7 @@ def test_an_output_that_cannot_be_written_is_one_line_before_the_model_loads(fla
     (tmp_path / "a-folder").mkdir()
     code = main(["explain", "a", "b", "--model", str(tmp_path / "no-model-here"), flag, str(tmp_path / name)])
     err = capsys.readouterr().err
-    assert code == 2 and err.startswith(f"xsbert: error: {flag} {tmp_path / name}: {needle}")
+    assert code == 2 and err.startswith(f"xsbert explain: error: {flag} {tmp_path / name}: {needle}")
     assert len(err.splitlines()) == 1  # not the model's error: the output is checked first
 
 
@@ -126,14 +126,14 @@ def test_an_output_that_cannot_be_written_is_one_line_before_the_model_loads(fla
 def test_an_empty_text_is_one_line_before_the_model_loads(a, b, capsys, tmp_path):
     code = main(["explain", a, b, "--model", str(tmp_path / "no-model-here")])
     err = capsys.readouterr().err
-    assert code == 2 and err == "xsbert: error: Empty or whitespace-only text cannot be attributed\n"
+    assert code == 2 and err == "xsbert explain: error: Empty or whitespace-only text cannot be attributed\n"
 
 
 def test_a_text_of_bytes_that_are_not_utf8_is_one_line_before_the_model_loads(capsys, tmp_path):
     """A shell's $'caf\\xff' reaches argv as a lone surrogate (surrogateescape); no tokenizer takes it."""
     code = main(["explain", "caf\udcff bad", "b", "--model", str(tmp_path / "no-model-here")])
     err = capsys.readouterr().err
-    assert code == 2 and err == "xsbert: error: Text cannot be attributed: not UTF-8 text (byte 0xff at character 3)\n"
+    assert code == 2 and err == "xsbert explain: error: Text cannot be attributed: not UTF-8 text (byte 0xff at character 3)\n"
 
 
 def test_a_plot_without_a_suffix_is_a_png_and_says_so(tmp_path, capsys):
@@ -150,7 +150,7 @@ def test_ctrl_c_is_one_line_and_exit_130(capsys):
         raise KeyboardInterrupt
 
     assert run(build_parser(), {"explain": interrupted}, ["explain"]) == 130
-    assert capsys.readouterr().err == "xsbert: interrupted\n"
+    assert capsys.readouterr().err == "xsbert explain: interrupted\n"
 
 
 def test_every_command_exits_through_exit_status(capsys):
@@ -210,7 +210,7 @@ def test_every_parser_is_a_command_parser():
 def test_unknown_model_exits_2(capsys, tmp_path):
     code = main(["explain", "a", "b", "--model", str(tmp_path / "no-model-here"), "--steps", "1"])
     err = capsys.readouterr().err
-    assert code == 2 and "xsbert: error:" in err and "Traceback" not in err
+    assert code == 2 and "xsbert explain: error:" in err and "Traceback" not in err
 
 
 def test_argparse_rejects_bad_choices(capsys):
@@ -223,7 +223,7 @@ def test_argparse_rejects_bad_choices(capsys):
 def test_library_cli_is_explain_only(capsys):
     """xsbert_core.cli offers explain; `sql` (jobs.sqlrun) belongs to the jobs layer's `xsbert` (jobs.cli)."""
     code = library_main(["explain", "only one text"])
-    assert code == 2 and "xsbert: error: give both texts" in capsys.readouterr().err
+    assert code == 2 and "xsbert explain: error: give both texts" in capsys.readouterr().err
     with pytest.raises(SystemExit) as info:
         library_main(["sql", "--run", "runs/x", "select 1"])
     err = capsys.readouterr().err

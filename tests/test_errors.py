@@ -128,7 +128,7 @@ def test_cli_exits_2_on_a_text_of_special_tokens_only(capsys, tmp_path):
     out = tmp_path / "never.json"
     code = main(["explain", "[CLS] [SEP]", "Some text.", "--steps", "1", "--json", str(out)])
     err = capsys.readouterr().err
-    messages = [line for line in err.splitlines() if line.startswith("xsbert: error:")]
+    messages = [line for line in err.splitlines() if line.startswith("xsbert explain: error:")]
     assert code == 2 and len(messages) == 1 and "'[CLS] [SEP]' has no tokens but special ones" in messages[0]
     assert "Traceback" not in err and not out.exists()
 

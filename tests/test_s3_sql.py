@@ -223,7 +223,7 @@ def test_report_on_s3_runs_states_the_local_findings(report_stores, s3, tmp_path
 def one_line_error(capsys, argv: list[str]) -> str:
     code, out, err = xsbert_sql(capsys, *argv)
     assert code == 2 and not out, (argv, out, err)
-    assert len(err.strip().splitlines()) == 1 and err.startswith("xsbert: error: "), (argv, err)
+    assert len(err.strip().splitlines()) == 1 and err.startswith("xsbert sql: error: "), (argv, err)
     assert DUMMY_SECRET not in err
     return err
 
@@ -365,7 +365,7 @@ def test_a_long_wait_on_the_store_is_said_before_its_error(hand, s3):
     assert done.returncode == 2 and len(err) == 2, done.stderr
     assert err[0].startswith("WARNING jobs.store: a store call keeps failing (HTTP 503 "), err[0]
     assert "trying again for up to 6 s in all (--store-retry-s / XSBERT_STORE_RETRY_S)" in err[0], err[0]
-    assert err[1].startswith("xsbert: error: ") and "given up after" in err[1] and "in 6 s" in err[1], err[1]
+    assert err[1].startswith("xsbert sql: error: ") and "given up after" in err[1] and "in 6 s" in err[1], err[1]
 
 
 def test_the_read_side_sends_one_request_per_try(hand, s3):

@@ -628,7 +628,7 @@ def test_missing_and_half_written_runs_are_one_line(tmp_path, capsys):
             serve.App(path)
         assert cli.main(["serve", "--run", str(path), "--port", "0"]) == 2, name
         err = capsys.readouterr().err.strip()
-        assert err.startswith("xsbert: error: ") and text in err and len(err.splitlines()) == 1, (name, err)
+        assert err.startswith("xsbert serve: error: ") and text in err and len(err.splitlines()) == 1, (name, err)
     assert cli.main(["serve", "--run", str(run), "--run2", str(tmp_path / "nope"), "--port", "0"]) == 2
     assert "--run2" in capsys.readouterr().err
     serve.App(run)  # the whole one opens
@@ -645,7 +645,7 @@ def test_a_port_in_use_is_one_line(stores, capsys):
         port = taken.getsockname()[1]
         assert cli.main(["serve", "--run", str(stores["run"]), "--port", str(port), "-q"]) == 2
     err = capsys.readouterr().err
-    assert err == f"xsbert: error: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+    assert err == f"xsbert serve: error: cannot listen on 127.0.0.1:{port}: Address already in use\n"
 
 
 # --------------------------------------------------------------------------- xsbert show
@@ -673,7 +673,7 @@ def test_show_prints_the_stored_pair_as_explain_does(stores, tmp_path, capsys):
     (tmp_path / "a-file").write_text("")
     assert cli.main(["show", "--run", str(stores["run"]), "--pair", pid, "--png", str(tmp_path / "a-file" / "p")]) == 2
     err = capsys.readouterr().err
-    assert err == f"xsbert: error: --png {tmp_path}/a-file/p: cannot write there (Not a directory)\n"
+    assert err == f"xsbert show: error: --png {tmp_path}/a-file/p: cannot write there (Not a directory)\n"
 
 
 @pytest.mark.slow

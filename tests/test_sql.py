@@ -1342,7 +1342,7 @@ def test_xsbert_sql_bad_inputs_exit_2_with_one_line(tmp_path, capsys):
     for argv, message in cases:
         code, out, err = xsbert_sql(capsys, *argv)
         assert code == 2 and not out, argv
-        assert len(err.strip().splitlines()) == 1 and err.startswith("xsbert: error: ") and message in err, (argv, err)
+        assert len(err.strip().splitlines()) == 1 and err.startswith("xsbert sql: error: ") and message in err, (argv, err)
 
 
 def test_empty_run_gives_empty_answers_not_errors(tmp_path):

@@ -372,7 +372,7 @@ def test_bad_remote_locations_are_one_line_exit_2(backend, monkeypatch, capsys):
              ("gs://user:top-secret@b/run", "URI with credentials in it: not accepted")]  # fmt: skip
     for uri, want in cases:
         code, out, err = xsbert_sql(capsys, "--run", uri, "select 1")
-        assert code == 2 and not out and len(err.strip().splitlines()) == 1 and err.startswith("xsbert: error: ")
+        assert code == 2 and not out and len(err.strip().splitlines()) == 1 and err.startswith("xsbert sql: error: ")
         assert want in err and "top-secret" not in err, err
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")
     monkeypatch.setenv("XSBERT_GCS_RETRY_S", "1")

@@ -212,11 +212,12 @@ def explain(args: argparse.Namespace) -> int:
 
 def run(parser: argparse.ArgumentParser, commands: dict[str, Callable[[argparse.Namespace], int]],
         argv: list[str] | None = None) -> int:  # fmt: skip
-    """Parse argv and run its subcommand (exit_status: nothing is written before the end of one)."""
+    """Parse argv and run its subcommand (exit_status: nothing is written before the end of one). An error is said
+    as the subcommand's usage errors are, `xsbert sql: error: ...`."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = parser.parse_args(argv)
     command = commands.get(args.command)
-    return exit_status("xsbert", lambda: command(args) if command is not None else 1)
+    return exit_status(f"{parser.prog} {args.command}", lambda: command(args) if command is not None else 1)
 
 
 def main(argv: list[str] | None = None) -> int:
