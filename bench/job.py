@@ -34,6 +34,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -58,7 +59,7 @@ GPU_DEFAULTS = {"model": "all-mpnet-base-v2", "layer": 8, "pairs": 5000}
 ENGINE_SENTENCES = 400  # the engine alone's sample of the run's unique sentences
 
 
-def parse_args() -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--gpu", action="store_true", help="all-mpnet-base-v2 layer 8 on one GPU actor")
     p.add_argument("--pairs", type=int, default=None, help="QQP pairs (default 1000 CPU, 5000 GPU)")
@@ -77,7 +78,23 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=3600, help="seconds before the job is killed")
     p.add_argument("--engine-sentences", type=int, default=ENGINE_SENTENCES,
                    help="unique sentences of the run the engine alone computes (a seeded sample; 0: none)")
-    return p.parse_args()
+    return p
+
+
+# Flags that say where things go and how long to wait, not what is measured: left out of the results' command line.
+NOT_MEASURED = ("help", "out", "results", "timeout", "qqp_path")
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """`python bench/job.py ...` with every flag that sets what is measured, read from the parser's own flags (a new
+    flag shows here without a word more) and the values the run used (the model and pairs filled in by main)."""
+    words = ["python", "bench/job.py"]
+    for action in build_parser()._actions:
+        value = getattr(args, action.dest, None)
+        if action.dest in NOT_MEASURED or value is None or value is False or value == action.default:
+            continue
+        words += [action.option_strings[-1], *([] if action.nargs == 0 else [str(value)])]
+    return shlex.join(words)
 
 
 # --------------------------------------------------------------------------- running the job
@@ -343,12 +360,8 @@ def report(args: argparse.Namespace, m: dict) -> str:
                 f"{QQP_FULL_PAIRS * m['store_bytes'] / max(1, m['pairs']) / 1e9:.1f}",
             ),
         ]
-    command = (f"python bench/job.py{' --gpu' if args.gpu else ''} --pairs {args.pairs}"
-               + (f" --steps {args.steps}" if args.steps else "")
-               + (f" --executor {args.executor}" if args.executor != EXECUTORS[0] else "")
-               + (f" --engine-sentences {args.engine_sentences}" if args.engine_sentences != ENGINE_SENTENCES else ""))
     lines = [
-        f"## {title}: `{command}` ({dt.date.today().isoformat()})",
+        f"## {title}: `{command_line(args)}` ({dt.date.today().isoformat()})",
         "",
         "| metric | value |",
         "|---|---|",
@@ -420,6 +433,6 @@ def main(args: argparse.Namespace) -> int:
 
 if __name__ == "__main__":
     try:
-        sys.exit(main(parse_args()))
+        sys.exit(main(build_parser().parse_args()))
     except (RuntimeError, TimeoutError) as exc:  # the job's own output, above, says why
         sys.exit(f"bench/job.py: error: {exc}")

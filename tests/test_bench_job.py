@@ -32,7 +32,10 @@ def test_the_job_bench_measures_the_job_beside_its_engine_alone(tmp_path, tiny):
     text = results.read_text()
     assert gpu in text  # the other mode's section stays
     cpu = text[text.index("<!-- bench/job.py cpu -->"):]
-    assert "`python bench/job.py --pairs 6 --steps 4 --executor local --engine-sentences 5`" in cpu
+    # every flag that sets what was measured, the model and dataset included; not where the results went
+    model = tiny.folder("bert", 2)
+    assert (f"`python bench/job.py --pairs 6 --dataset stsb --model {model} --layer 1 --steps 4 --executor local "
+            "--engine-sentences 5`") in cpu, cpu[:400]
     assert _value(cpu, "actors").endswith("on cpu, executor local")
     assert _value(cpu, "pairs stored (quarantined)") == "6 (0)"
     sentences = int(_value(cpu, "unique sentences"))
