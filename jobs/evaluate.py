@@ -27,44 +27,29 @@ Stages:
              sql/pos_neg_sums.sql (Fig 5); plots of Fig 2-5.
 Everything lands in --out: Markdown, CSV and Parquet tables, PNG figures, summary.json (commands, N per
 layer, run directories, timings). polars is imported where a table is made: Table 1's predictions (table1_rows)
-need only torch and sentence-transformers, so a GPU machine without polars computes them.
+need only torch and sentence-transformers, so a GPU machine without polars computes them. The machinery is
+jobs/evaluation/ (its __init__ names the modules).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shlex
 import sys
-import time
-from pathlib import Path
 from typing import Any
 
-from xsbert_core.cli import writable_folder
 from xsbert_core.errors import CommandParser, exit_status
 from xsbert_core.models import DEFAULT_MODEL
 from xsbert_core.settings import DEFAULT_LAYER, add_arguments
-from xsbert_core.training import CHECKPOINTS, VARIANTS, base_name
+from xsbert_core.training import CHECKPOINTS, VARIANTS
 
 from .config import Execution
 from .console import quiet_console
-from .evaluation.agreement import agreement_frames, attribute, layer_runs, sql_file
-from .evaluation.figures import plot_all, write_table
-from .evaluation.inputs import (
-    DEFAULT_CHECKPOINT,
-    checkpoint_path,
-    is_model,
-    model_paths,
-    require_models,
-    stsb,
-)
-from .evaluation.table1 import table1
+from .evaluation.inputs import DEFAULT_CHECKPOINT
+from .evaluation.run import evaluate
 
 STAGES = ("table1", "agreement", "figures")
 DEFAULT_STEPS_GRID = (4, 8, 16, 32, 64, 128)
-# What summary.json records of an invocation's settings (each save writes them with its results).
-SETTINGS = ("base", "models", "split", "sample", "seed", "max_error", "checkpoint")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -111,121 +96,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
-    import polars as pl
-
-    t0 = time.perf_counter()
-    out = Path(args.out or Path("docs") / "results" / base_name(args.base))
-    writable_folder(out, f"--out {out}", create=True)  # before any model loads
-    paths = model_paths(args)
-    needed = {"table1": VARIANTS, "agreement": ("tuned", "exact"), "figures": ("exact",)}
-    require_models(paths, tuple(sorted({v for s in args.stages for v in needed[s]})))
-    attributed = {s for s in args.stages if s != "table1"}
-    require_models(paths, tuple(sorted({v for s in attributed for v in needed[s]})), (args.checkpoint,))
-    # the folders the attribution stages use: the chosen epoch of each trained model (the noise floor's too)
-    models = {name: checkpoint_path(path, args.checkpoint) for name, path in paths.items() if name != "shelf"}
-    models = {name: path for name, path in models.items() if name in VARIANTS or is_model(path)}
-    summary_path = out / "summary.json"
-    summary: dict[str, Any] = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    summary.update(base=str(args.base), models=paths, split=args.split, sample=args.sample, seed=args.seed,
-                   max_error=args.max_error, checkpoint=args.checkpoint)  # fmt: skip
-    summary.setdefault("commands", {})
-
-    def save(*keys: str) -> None:
-        """Write `keys` of summary (and the run settings, and commands) into summary.json as it is on disk now,
-        so that two invocations on one --out (say table1 beside a long agreement run) keep each other's results."""
-        disk = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-        for key in (*SETTINGS, *keys):
-            if key in summary:
-                disk[key] = summary[key]
-        disk["commands"] = {**disk.get("commands", {}), **summary["commands"]}
-        tmp = summary_path.with_name(f".{summary_path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(disk, indent=1, default=str) + "\n", encoding="utf-8")
-        os.replace(tmp, summary_path)
-        summary.update(disk)
-
-    if "table1" in args.stages:
-        t = time.perf_counter()
-        df, test = table1(paths, args.split, args.aso_iterations)
-        print(write_table(df, out, "table1", f"Table 1: Spearman x 100, STS-B {args.split}"), flush=True)
-        summary["table1"] = {"rows": df.to_dicts(), "aso": test, "seconds": time.perf_counter() - t}
-        summary["commands"]["table1"] = args.command
-        print(json.dumps(test, indent=1), flush=True)
-        save("table1")
-
-    if "agreement" in args.stages or "figures" in args.stages:
-        a, b, _, _ = stsb(args.split, args.sample, args.seed)
-        pilot = list(zip(a, b))[: args.pilot_pairs]
-        from xsbert_core import Explainer, load_model
-
-        n_layers = Explainer(load_model(models["exact"]), layer=0, steps=1).split.n_layers
-        summary["n_layers"] = n_layers
-        # "all": the deepest layer first, the cheapest to attribute (and the paper's), so an interrupted
-        # evaluation has those; a rerun reuses every layer recorded in summary.json.
-        layers = list(range(n_layers))[::-1] if args.layers == "all" else [int(x) for x in args.layers.split(",")]
-        fig_layer = args.fig_layer % n_layers
-        records = {int(k): v for k, v in summary.get("layers", {}).items()}
-
-        def run_layer(layer: int) -> dict:
-            rec = records.get(layer)
-            if rec is not None and any(rec.get("models", {}).get(n) != models[n] for n in ("tuned", "exact")):
-                rec = None  # recorded with other model folders (another checkpoint, an earlier training): redo
-            missing = rec is None or any(n in models and n not in rec["runs"] for n in ("tuned2", "exact2"))
-            if missing:
-                records[layer] = layer_runs(models, layer, args, pilot, rec)
-                summary["layers"] = {str(k): v for k, v in sorted(records.items())}
-                save("n_layers", "layers")
-            return records[layer]
-
-        if "agreement" in args.stages:
-            frames = []
-            for layer in layers:
-                run_layer(layer)
-            for layer in sorted(records):  # the requested layers and those recorded by earlier invocations
-                for df in agreement_frames(records[layer]):
-                    frames.append(df)
-                    rho = df.filter(pl.col("score_bin") == "all", ~pl.col("include_special"))["spearman_mean"][0]
-                    shown = "undefined (no pair with a correlation)" if rho is None else f"{rho:.3f}"
-                    print(f"layer {layer}, {df['comparison'][0]}: N={df['steps'][0]}, mean |error| <= "
-                          f"{df['max_mean_abs_error'][0]:.1e}, spearman {shown}", flush=True)  # fmt: skip
-            first = ["layer", "comparison", "steps", "max_mean_abs_error"]
-            agreement = pl.concat(frames).select([*first, *(c for c in frames[0].columns if c not in first)])
-            write_table(agreement, out, "agreement", "Agreement by layer and score bin: exact vs approximate (tuned), "
-                        "and the noise floor (the same recipe trained with another seed)")
-            summary["commands"]["agreement"] = args.command
-            save()
-
-        if "figures" in args.stages:
-            rec = run_layer(fig_layer)
-            shelf = summary.get("shelf_run")
-            if not shelf or shelf.get("layer") != fig_layer or shelf.get("steps") != rec["steps"]:
-                s = attribute(paths["shelf"], fig_layer, rec["steps"], args)
-                shelf = {"layer": fig_layer, "steps": rec["steps"], "run_dir": s["run_dir"], "command": s["command"],
-                         "mean_abs_completeness_error": s["mean_abs_completeness_error"]}  # fmt: skip
-                summary["shelf_run"] = shelf
-                save("shelf_run")
-            runs = {"shelf": shelf["run_dir"], "exact": rec["runs"]["exact"]["run_dir"]}
-            # Each on the pairs both runs hold: a store is found by its settings, not its sample, so a later
-            # `jobs.attribute` with the same settings and more pairs (all 1,379) adds them to the same run.
-            other = {"shelf": runs["exact"], "exact": runs["shelf"]}
-            terms, sums = (pl.concat([sql_file(name, r, pairs_of=other[n]).with_columns(pl.lit(n).alias("model"))
-                                      for n, r in runs.items()])
-                           for name in ("reference_terms", "pos_neg_sums"))  # fmt: skip
-            write_table(terms.select(["model", *terms.columns[:-1]]), out, "reference_terms",
-                        f"Reference terms (Fig 2), layer {fig_layer}")  # fmt: skip
-            write_table(sums.select(["model", *sums.columns[:-1]]), out, "pos_neg_sums",
-                        f"Positive / negative sums (Fig 5), layer {fig_layer}")  # fmt: skip
-            summary["figures"] = {"layer": fig_layer, "runs": runs}
-            summary["commands"]["figures"] = args.command
-            save("figures")
-
-    if {"agreement", "figures"} & set(args.stages):
-        written = plot_all(out, summary)
-        summary["plots"] = sorted({*summary.get("plots", []), *(str(p) for p in written)})
-        save("plots")
-    summary.setdefault("seconds", {})[",".join(args.stages)] = time.perf_counter() - t0
-    save("seconds")
-    print(f"results: {out}", flush=True)
-    return summary
+    """Run the evaluation of parse_args's flags (jobs.evaluation.run); returns summary.json's contents."""
+    return evaluate(args)
 
 
 def cli(argv: list[str] | None = None) -> int:

@@ -35,7 +35,8 @@ def tiny_variants(tiny, tmp_path_factory):
 
 @pytest.mark.slow
 def test_evaluate_all_stages_on_tiny_variants(tiny_variants, tmp_path):
-    from jobs.evaluate import cli, stsb
+    from jobs.evaluate import cli
+    from jobs.evaluation.inputs import stsb
 
     base, models = tiny_variants
     out = tmp_path / "results"
@@ -104,7 +105,7 @@ def test_evaluate_all_stages_on_tiny_variants(tiny_variants, tmp_path):
         assert (config["mode"], config["layer"], config["steps"]) == (mode, 1, rec["steps"])
         assert config["model"] == str(models / folder) == rec["models"][name]
     # the noise floor's rows are sql/agreement.sql of the two seeds' runs
-    from jobs.evaluate import sql_file
+    from jobs.evaluation.agreement import sql_file
 
     direct = sql_file("agreement", rec["runs"]["tuned"]["run_dir"], rec["runs"]["tuned2"]["run_dir"])
     noise = ag.filter(pl.col("comparison") == "tuned vs tuned'", ~pl.col("include_special"))
@@ -148,25 +149,21 @@ def test_evaluate_all_stages_on_tiny_variants(tiny_variants, tmp_path):
     assert cli([*argv, "--stages", "agreement"]) == 0
     assert json.loads((out / "summary.json").read_text())["layers"] == before
 
-    # Two invocations on one --out keep each other's results: a layer recorded by another process while this
-    # one computes Table 1 survives its save.
-    import jobs.evaluate as evaluate
+    # Two invocations on one --out keep each other's results: what another one saved after this one read
+    # summary.json (here a layer) survives this one's save (here Table 1's), and the next invocation's
+    from jobs.evaluation.run import Summary
 
-    real_table1 = evaluate.table1
-
-    def table1_while_another_records_a_layer(*a, **k):
-        on_disk = json.loads((out / "summary.json").read_text())
-        on_disk["layers"]["0"] = {"layer": 0, "by": "another process"}
-        (out / "summary.json").write_text(json.dumps(on_disk))
-        return real_table1(*a, **k)
-
-    evaluate.table1 = table1_while_another_records_a_layer
-    try:
-        assert cli([*argv, "--stages", "table1"]) == 0
-    finally:
-        evaluate.table1 = real_table1
+    mine, other = Summary(out / "summary.json"), Summary(out / "summary.json")
+    other.data["layers"]["0"] = {"layer": 0, "by": "another process"}
+    other.save("layers")
+    mine.data["table1"]["by"] = "this process"
+    mine.save("table1")
+    after = json.loads((out / "summary.json").read_text())
+    assert after["layers"]["0"]["by"] == "another process" and after["table1"]["by"] == "this process"
+    assert cli([*argv, "--stages", "table1"]) == 0
     after = json.loads((out / "summary.json").read_text())
     assert after["layers"]["0"]["by"] == "another process" and after["layers"]["1"] == before["1"]
+    assert "by" not in after["table1"]
     assert set(after["commands"]) == {"table1", "agreement", "figures"} and len(after["table1"]["rows"]) == 13
 
     # Another checkpoint: the layer recorded with the last epochs' folders is attributed again with the best-dev ones
@@ -198,7 +195,8 @@ def test_models_kept_only_at_their_best_dev_epoch_are_found(tmp_path):
     """A models folder that holds only the best-dev epochs (what bench/gpu_train.py carries back from a GPU machine):
     the attribution stages at --checkpoint best-dev find every model, the second seed's too; last-epoch names them
     as missing; Table 1 takes whichever epoch is there."""
-    from jobs.evaluate import model_paths, parse_args, require_models
+    from jobs.evaluate import parse_args
+    from jobs.evaluation.inputs import model_paths, require_models
     from xsbert_core import InputError
 
     for name in ("m-tuned", "m-exact", "m-orig", "m-tuned-seed1", "m-exact-seed1"):
