@@ -70,7 +70,7 @@ def prepare(into: Path, base: str = BASE, wheels: tuple[str, ...] = DEVICE_WHEEL
     """The model as float16 parts (jobs.bundle), the QQP subset file `qqp` (the QQP runs' data; None: none goes, and
     those runs are left out there) and the wheels, in batch folders of at most batch_mib each: batch-01 holds the
     bundle's manifest.json and install.py, and the wheels; the parts fill the batches in order."""
-    from jobs.bundling import bundle
+    from jobs.bundling.write import bundle
 
     if into.exists() and any(into.iterdir()):
         raise BundleError(f"{into} exists and is not empty; choose a new --into")

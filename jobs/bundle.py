@@ -37,7 +37,8 @@ from pathlib import Path
 
 from xsbert_core.errors import CommandParser, exit_status
 
-from .bundling import BundleError, bundle, parse_size
+from .bundling import BundleError, parse_size
+from .bundling.write import bundle
 
 DEFAULT_PART_SIZE = "60MiB"
 
