@@ -14,7 +14,7 @@ import polars as pl
 
 from xsbert_core import InputError
 
-from .connection import _NAME_RE, _variable, connect, one_line
+from .connection import NAME_RE, connect, one_line, variable
 from .files import file_sql, query
 from .runs import TABLES, as_run, missing_table_message
 
@@ -53,7 +53,7 @@ def parse_vars(items: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items:
         name, sep, value = item.partition("=")
-        if not sep or not _NAME_RE.match(name.strip()):
+        if not sep or not NAME_RE.match(name.strip()):
             raise InputError(f"--var {item!r}: use NAME=VALUE (NAME of letters, digits and _)")
         out[name.strip()] = parse_value(value)
     return out
@@ -68,7 +68,7 @@ def error_line(exc: duckdb.Error, con: duckdb.DuckDBPyConnection) -> str:
         second = name.endswith("_2")
         base = name[:-2] if second else name
         if base in TABLES:
-            run = _variable(con, "run2" if second else "run")
+            run = variable(con, "run2" if second else "run")
             if run is None:
                 return f"no view {name}: the second run's views ({base}_2, ...) need --run2 DIR"
             return missing_table_message(as_run(run), base)

@@ -16,7 +16,6 @@ from xsbert_core import InputError
 from ..store import REMOTE_SCHEMES, retried_fsspec
 from .runs import (
     TABLES,
-    _object_store,
     as_run,
     check_run,
     committed,
@@ -26,6 +25,7 @@ from .runs import (
     is_file,
     join,
     missing_table_message,
+    object_store,
     run_location,
 )
 
@@ -53,7 +53,7 @@ PARTS_LIST_MACRO = ("create or replace temp macro committed_parts_list(patterns)
 _LIST_ARGUMENT_RE = re.compile(r"\s*(list_transform\s*\(|\[)", re.IGNORECASE)
 _READ_PARQUET_RE = re.compile(r"read_parquet\s*\(", re.IGNORECASE)
 _TABLE_GLOB_RE = re.compile(r"'/(?:" + "|".join(TABLES) + r")/\*\.parquet'\s*\)*\s*$")
-_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def literal(value: Any) -> str:
@@ -75,7 +75,7 @@ def _duckdb_filesystem(location: str):
     calls retried as the store's are (jobs/store/reading.py)."""
     family = run_location(location).family
     protocols = tuple(s for s, f in REMOTE_SCHEMES.items() if f == family)  # DuckDB routes these to it
-    return retried_fsspec(location, _object_store(location)[0], protocols)
+    return retried_fsspec(location, object_store(location)[0], protocols)
 
 
 def connect(
@@ -129,7 +129,7 @@ def connect(
                     raise InputError(f"{'--run2' if suffix else '--run'} {path}: its {table} table cannot be read "
                                      f"({one_line(exc)}): a damaged or half-copied run") from None  # fmt: skip
     for name, value in settings.items():
-        if not _NAME_RE.match(name):
+        if not NAME_RE.match(name):
             raise InputError(f"variable name {name!r}: use letters, digits and _")
         con.execute(f"set variable {name} = {literal(value)}")
     return con
@@ -222,7 +222,8 @@ def one_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _variable(con: duckdb.DuckDBPyConnection, name: str) -> str | None:
+def variable(con: duckdb.DuckDBPyConnection, name: str) -> str | None:
+    """The value of the connection's variable `name` (None when unset); a run variable's path unescaped."""
     value = con.sql(f"select getvariable('{name}')").fetchall()[0][0]
     return glob_unescape(value) if isinstance(value, str) and name in ("run", "run2", *RUN_VARIABLES) else value
 
@@ -235,11 +236,11 @@ def check_inputs(con: duckdb.DuckDBPyConnection, sql: str) -> None:
         found |= {(var, table, kind) for var in _RUN_VARIABLE_RE.findall(sql)}
     inputs = sorted(found)
     for var in dict.fromkeys(var for var, _, _ in inputs):
-        if _variable(con, var) is None:
+        if variable(con, var) is None:
             which = "a second run: pass --run2 DIR" if var == "run2" else "a run: pass --run DIR"
             raise InputError(f"this analysis reads {which} (DuckDB variable {var!r})")
     for var, table, kind in inputs:
-        run = as_run(_variable(con, var))
+        run = as_run(variable(con, var))
         there = is_file(join(run, f"{table}.json")) if kind == ".json" else has_table(run, table)
         if not there:
             raise InputError(missing_table_message(run, table))

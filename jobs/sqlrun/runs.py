@@ -92,7 +92,7 @@ def _store_error(exc: Exception, location: str, flag: str | None = None) -> Inpu
 _FILESYSTEMS: dict[tuple, pafs.FileSystem] = {}
 
 
-def _object_store(location: str, flag: str | None = None) -> tuple[pafs.FileSystem, str]:
+def object_store(location: str, flag: str | None = None) -> tuple[pafs.FileSystem, str]:
     """pyarrow's filesystem for an object-store URI and the path in it ('bucket/prefix/...'). One filesystem per
     (scheme family, bucket) as long as the environment's settings stay the same."""
     loc = run_location(location)
@@ -130,7 +130,7 @@ def _info(location: str | os.PathLike, flag: str | None = None) -> pafs.FileInfo
     location = as_run(location)
     if isinstance(location, Path):
         return pafs.LocalFileSystem().get_file_info(str(location))
-    fs, path = _object_store(location, flag)
+    fs, path = object_store(location, flag)
     return _remote(location, flag, lambda: fs.get_file_info(path))
 
 
@@ -139,7 +139,7 @@ def _list(location: str | os.PathLike, flag: str | None = None) -> list[pafs.Fil
     location = as_run(location)
     if isinstance(location, Path):
         return list(pafs.LocalFileSystem().get_file_info(pafs.FileSelector(str(location), allow_not_found=True)))
-    fs, path = _object_store(location, flag)
+    fs, path = object_store(location, flag)
     return _remote(location, flag, lambda: list(fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))))
 
 
@@ -153,7 +153,7 @@ def read_text(location: str | os.PathLike) -> str | None:
     location = as_run(location)
     if isinstance(location, Path):
         return location.read_text(encoding="utf-8") if location.is_file() else None
-    fs, path = _object_store(location)
+    fs, path = object_store(location)
 
     def read() -> bytes | None:
         if fs.get_file_info(path).type == pafs.FileType.NotFound:
