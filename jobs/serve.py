@@ -43,7 +43,7 @@ import sys
 from xsbert_core import InputError
 
 from . import sqlrun
-from .browse.heatmap import StoredPair, load_pair
+from .browse.heatmap import load_pair
 from .browse.http import make_server
 from .browse.run import (
     DEFAULT_HOST,
@@ -124,28 +124,6 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def stored_attribution(pair: StoredPair, words: bool):
-    """The stored pair as xsbert_core's PairAttribution (what `xsbert explain` computes), settings from the manifest."""
-    from xsbert_core.results import PairAttribution
-
-    r = pair.row
-
-    def f(key: str, default: float = float("nan")) -> float:
-        value = r.get(key)
-        return default if value is None else float(value)
-
-    return PairAttribution(
-        tokens_a=pair.tokens_a, tokens_b=pair.tokens_b, matrix=pair.matrix, score=f("score"),
-        attribution_sum=f("attribution_sum"), positive_sum=f("positive_sum"), negative_sum=f("negative_sum"),
-        ref_sim_a=f("ref_sim_a"), ref_sim_b=f("ref_sim_b"), ref_term=f("ref_term"), target=f("target"),
-        error=f("completeness_error"), factor_error_a=f("factor_error_a"), factor_error_b=f("factor_error_b"),
-        steps_a=int(r.get("steps_a") or 0), steps_b=int(r.get("steps_b") or 0),
-        truncated_a=bool(r.get("truncated_a")), truncated_b=bool(r.get("truncated_b")),
-        words_a=pair.words_a if words else None, words_b=pair.words_b if words else None,
-        word_matrix=pair.word_matrix if words else None, settings=pair.run.settings,
-    )  # fmt: skip
-
-
 def show(args: argparse.Namespace, out=None) -> int:
     """`xsbert show`: the pair as `xsbert explain` prints it, from the store."""
     from xsbert_core.cli import format_view, output_file, save_heatmap
@@ -166,7 +144,7 @@ def show(args: argparse.Namespace, out=None) -> int:
         raise InputError(f"--pair {args.pair}: no such pair in {args.run}"
                          + (f" (quarantined: {why[0][0]}: {why[0][1]})" if why else ""))  # fmt: skip
     min_abs = (info.manifest.get("config") or {}).get("min_abs")
-    res = stored_attribution(pair, args.words)
+    res = pair.attribution(args.words)
     print(format_view(res, pair.row["text_a"], pair.row["text_b"], args.top), file=out)
     if min_abs:
         print(f"(cells with |value| < {min_abs} are not stored: --min-abs {min_abs}; they count as 0 here)", file=out)

@@ -120,7 +120,7 @@ def test_the_read_side_loads_neither_torch_nor_sentence_transformers():
     xsbert_core.losses); the job's stage-2 cell tasks (torch's arithmetic) load no model library (the engine's
     results are plain data: xsbert_core.results; the factor actor imports the Explainer when it starts)."""
     probe = ("import sys, jobs.store, jobs.sqlrun, jobs.serve, jobs.cli, jobs.report, jobs.pipeline; "
-             "from jobs.serve import stored_attribution; "
+             "from jobs.browse.heatmap import StoredPair; "
              "print(*(m in sys.modules for m in ('torch', 'sentence_transformers'))); "
              "import jobs.attribution.stage2; "
              "print('sentence_transformers' in sys.modules)")  # fmt: skip

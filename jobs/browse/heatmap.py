@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from xsbert_core.results import PairAttribution
+
 from ..store import part_seq
 from .run import (
     PAIR_FIELDS,
@@ -114,6 +116,25 @@ class StoredPair:
     matrix: np.ndarray
     word_matrix: np.ndarray
     wave: int | None
+
+    def attribution(self, words: bool) -> PairAttribution:
+        """The pair as xsbert_core's PairAttribution (what `xsbert explain` computes), its settings the manifest's."""
+        r = self.row
+
+        def f(key: str, default: float = float("nan")) -> float:
+            value = r.get(key)
+            return default if value is None else float(value)
+
+        return PairAttribution(
+            tokens_a=self.tokens_a, tokens_b=self.tokens_b, matrix=self.matrix, score=f("score"),
+            attribution_sum=f("attribution_sum"), positive_sum=f("positive_sum"), negative_sum=f("negative_sum"),
+            ref_sim_a=f("ref_sim_a"), ref_sim_b=f("ref_sim_b"), ref_term=f("ref_term"), target=f("target"),
+            error=f("completeness_error"), factor_error_a=f("factor_error_a"), factor_error_b=f("factor_error_b"),
+            steps_a=int(r.get("steps_a") or 0), steps_b=int(r.get("steps_b") or 0),
+            truncated_a=bool(r.get("truncated_a")), truncated_b=bool(r.get("truncated_b")),
+            words_a=self.words_a if words else None, words_b=self.words_b if words else None,
+            word_matrix=self.word_matrix if words else None, settings=self.run.settings,
+        )  # fmt: skip
 
 
 def _fill(shape: tuple[int, int], rows: list[tuple]) -> np.ndarray:
