@@ -405,25 +405,13 @@ resample_count as (
     from cluster_count
 ),
 
-resample_hashes as (
-    select
-        range as b,
-        xs_resample_hash(settings.seed, range) as resample_hash,
-    from range(coalesce(getvariable('resamples'), xs_resamples_cap()))
-    cross join settings
-    where range < (select resamples from resample_count)
-),
-
+-- each resample b's draws: cluster numbers k (sql/lib/resample.sql)
 draws as (
-    select
-        resample_hashes.b,
-        xs_draw(resample_hashes.resample_hash, position.d,
-                cluster_count.n_clusters) as k,
-    from resample_hashes
-    cross join cluster_count
-    cross join (
-        select unnest(range(n_clusters)) as d from cluster_count
-    ) as position
+    select b, k,
+    from xs_cluster_draws(
+        (select n_clusters from cluster_count),
+        (select seed from settings)
+    )
 ),
 
 resampled as (

@@ -184,13 +184,13 @@ def _macro(name: str, macro: str) -> str:
 
 def test_the_shared_macros_are_written_once_in_sql_lib():
     """What several files use is one macro in sql/lib/ (a run's lexical ranks, the cells guard, the negation pairs,
-    the top cells' relations, the bootstrap's draws), which each file reads with the duckdb CLI's `.read`
+    the top cells' relations, a cluster bootstrap's draws), which each file reads with the duckdb CLI's `.read`
     (jobs.sqlfiles.text does the same for the Python side), never a copy."""
     shared = {m: lib.stem for lib in sorted((SQL / "lib").glob("*.sql"))
               for m in re.findall(r"^create or replace temp macro (\w+)\(", lib.read_text(encoding="utf-8"), re.M)}
     assert {"lexical_token_ranks": "lexical_token_ranks", "cells_guard": "cells_guard",
             "negation_pairs": "negation_pairs", "syntactic_top_cells": "syntactic_top_cells", "xs_hash": "resample",
-            "xs_draw": "resample"}.items() <= shared.items()  # fmt: skip
+            "xs_draw": "resample", "xs_cluster_draws": "resample"}.items() <= shared.items()  # fmt: skip
     users = {name: 0 for name in shared}
     for path in sorted(SQL.glob("*.sql")):
         text = path.read_text(encoding="utf-8")
@@ -202,7 +202,7 @@ def test_the_shared_macros_are_written_once_in_sql_lib():
                 assert f".read sql/lib/{lib}.sql" in text.splitlines(), (path.name, name)
                 assert f"temp macro {name}(" in sqlfiles.text(path), (path.name, name)
     assert users["cells_guard"] >= 7 and users["lexical_token_ranks"] == 2 and users["negation_pairs"] == 2
-    assert users["syntactic_top_cells"] == 2 and users["xs_draw"] == 2
+    assert users["syntactic_top_cells"] == 2 and users["xs_cluster_draws"] == 2 and users["xs_draw"] == 0
     compare = (SQL / "lexical_ranks_compare.sql").read_text(encoding="utf-8")
     assert "lexical_token_ranks(getvariable('run'))" in compare and "lexical_token_ranks(getvariable('run2'))" in compare
     agreement = (SQL / "agreement.sql").read_text(encoding="utf-8")

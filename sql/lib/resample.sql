@@ -30,3 +30,20 @@ create or replace temp macro xs_resamples(requested, n_clusters) as
         requested,
         least(xs_resamples_cap(), greatest(100, 40000000 // greatest(n_clusters, 1)))
     )::bigint;
+
+-- the draws of a cluster bootstrap: for each resample b (as many as
+-- xs_resamples gives for n_clusters), n_clusters draws of a cluster number
+-- k in [0, n_clusters), with replacement. Rows (b, k).
+create or replace temp macro xs_cluster_draws(n_clusters, seed) as table
+    with resample_hashes as (
+        select
+            range as b,
+            xs_resample_hash(seed, range) as resample_hash,
+        from range(coalesce(getvariable('resamples'), xs_resamples_cap()))
+        where range < xs_resamples(getvariable('resamples'), n_clusters)
+    )
+    select
+        resample_hashes.b,
+        xs_draw(resample_hashes.resample_hash, position.d, n_clusters) as k,
+    from resample_hashes
+    cross join (select unnest(range(n_clusters)) as d) as position;
