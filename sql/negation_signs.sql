@@ -278,16 +278,10 @@ measured as (
 valued as (
     select
         *,
-        case definition
-            when 'paper' then not_total
-            when 'word_cells' then not_word_attribution
-            else error('negation_signs.sql: definition must be paper or '
-                       || 'word_cells, not ' || definition)
-        end as not_attribution,
-        case definition
-            when 'paper' then not_total / nullif(score, 0)
-            else not_word_attribution / nullif(word_attribution_sum, 0)
-        end as relative,
+        not_attribution(definition, not_total, not_word_attribution)
+            as not_attribution,
+        not_relative(definition, not_total, score, not_word_attribution,
+                     word_attribution_sum) as relative,
         not_total / nullif(score + 1, 0) as relative_plus_one,
         not_total / nullif(attribution_sum, 0) as relative_to_sum,
     from measured

@@ -1,7 +1,8 @@
 -- negation_pairs.sql: the pairs that differ by one standalone "not", a table
 -- macro that negation.sql calls for its run and negation_signs.sql for every
--- run it reads (each reads this file first: `.read sql/lib/negation_pairs.sql`,
--- from the repository root).
+-- run it reads, and the not attribution's two definitions (each file reads
+-- this one first: `.read sql/lib/negation_pairs.sql`, from the repository
+-- root).
 --
 -- negation_pairs(runs): the pairs of the runs of the list `runs` (the same
 -- pairs may be in several; one row per pair id, score and attribution_sum
@@ -92,3 +93,25 @@ create or replace temp macro negation_pairs(runs) as table
     )
 
     select * from negation_pairs;
+
+-- the not attribution under the variable `definition`: 'paper', the total of
+-- the not-token's cells (not_total); 'word_cells', the not-word's word cells
+-- (not_word_attribution); anything else stops with one line
+create or replace temp macro not_attribution(definition, not_total,
+                                             not_word_attribution) as
+    case definition
+        when 'paper' then not_total
+        when 'word_cells' then not_word_attribution
+        else error('definition must be paper or word_cells, not '
+                   || definition)
+    end;
+
+-- its size relative to the prediction: over the score ('paper'), over the sum
+-- of all word cells ('word_cells'); null where that is 0
+create or replace temp macro not_relative(definition, not_total, score,
+                                          not_word_attribution,
+                                          word_attribution_sum) as
+    case definition
+        when 'paper' then not_total / nullif(score, 0)
+        else not_word_attribution / nullif(word_attribution_sum, 0)
+    end;
