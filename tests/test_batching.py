@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 import pytest
 import torch
 
-import xsbert_core.explainer as explainer_module
 from xsbert_core import Explainer
 
 TEXTS = [
@@ -114,39 +115,47 @@ def test_jvp_calls_are_cut_to_their_own_rows_length(tiny, ibs):
         assert chunks[0][2] < 40 and chunks[-1][2] == 40
 
 
-def test_duplicates_are_computed_once(tiny, monkeypatch):
+def forward_rows(model, compute) -> collections.Counter:
+    """How often each token sequence (padding left out) enters the model's token embeddings while `compute()` runs:
+    what was computed, seen through a forward pre-hook."""
+    embeddings = next(m for m in model.modules() if isinstance(m, torch.nn.Embedding))
+    pad = model.tokenizer.pad_token_id
+    seen: collections.Counter = collections.Counter()
+
+    def count(module, args):
+        ids = args[0]
+        seen.update(tuple(t for t in row if t != pad) for row in ids.reshape(-1, ids.shape[-1]).tolist())
+
+    hook = embeddings.register_forward_pre_hook(count)
+    try:
+        compute()
+    finally:
+        hook.remove()
+    return seen
+
+
+def test_duplicates_are_computed_once(tiny):
+    """Texts given several times cost what they cost once: the same forward passes as the unique texts alone."""
     model = tiny.get("bert")
-    seen: list[str] = []
-    real_integrate = explainer_module.integrate_panels
-
-    def spy(split, ends, *args, **kwargs):
-        seen.extend(ends.batch.texts)
-        return real_integrate(split, ends, *args, **kwargs)
-
-    monkeypatch.setattr(explainer_module, "integrate_panels", spy)
+    ex = Explainer(model, layer=1, steps=2)
     texts = ["a cat", "a dog", "a cat", "the bird sings", "a dog", "a cat"]
-    fs = Explainer(model, layer=1, steps=2).factors(texts, batch_size=2)
-    assert sorted(seen) == sorted(set(texts))
+    once = forward_rows(model, lambda: ex.factors(list(dict.fromkeys(texts)), batch_size=2))
+    fs = []
+    assert forward_rows(model, lambda: fs.extend(ex.factors(texts, batch_size=2))) == once
+    assert len(once) > len(set(texts))  # each text (and the reference) did go through the model
     assert [f.text for f in fs] == texts
     assert fs[0] is fs[2] is fs[5] and fs[1] is fs[4]
 
 
-def test_explain_pairs_equals_explain(tiny, monkeypatch):
+def test_explain_pairs_equals_explain(tiny):
     model = tiny.get("roberta")
     ex = Explainer(model, layer=1, steps=4)
     pairs = [(TEXTS[0], TEXTS[1]), (TEXTS[2], TEXTS[3]), (TEXTS[1], TEXTS[0]), (TEXTS[4], TEXTS[4])]
     pairs.append((TEXTS[5], TEXTS[1]))
-    seen: list[str] = []
-    real_integrate = explainer_module.integrate_panels
-
-    def spy(split, ends, *args, **kwargs):
-        seen.extend(ends.batch.texts)
-        return real_integrate(split, ends, *args, **kwargs)
-
-    monkeypatch.setattr(explainer_module, "integrate_panels", spy)
-    many = ex.explain_pairs(pairs, batch_size=3)
-    assert sorted(seen) == sorted({t for p in pairs for t in p})  # each unique sentence integrated once
-    monkeypatch.setattr(explainer_module, "integrate_panels", real_integrate)
+    unique = list(dict.fromkeys(t for p in pairs for t in p))
+    many = []
+    pairs_rows = forward_rows(model, lambda: many.extend(ex.explain_pairs(pairs, batch_size=3)))
+    assert pairs_rows == forward_rows(model, lambda: ex.factors(unique, batch_size=3))  # each sentence once
     assert len(many) == len(pairs)
     for (a, b), res in zip(pairs, many):
         one = ex.explain(a, b)
