@@ -95,27 +95,42 @@ DROPPED_RECORDS = (
 # The start of a Ray worker's traceback forwarded to the driver (its lines prefixed "(<worker> pid=N[, ip=A]) ").
 _WORKER_TRACEBACK = re.compile(r"^(\(.*?pid=\d+(?:, ip=[^)\s]+)?\)) (?:Exception raised in creation task|"
                                r"Traceback \(most recent call last\):)")  # fmt: skip
+# A line of a traceback after its first (the worker's prefix taken off): its frames and their code (indented), a
+# chained exception's header, the exception's own line.
+_TRACEBACK_REST = re.compile(r"\s|\^|During handling of the above exception|The above exception was the direct cause|"
+                             r"[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 class ConsoleLines:
     """fd 2's lines as the console shows them: those matching `patterns` left out, and a worker's forwarded traceback
-    (the lines with its prefix from the first on) one line that says where the worker's log keeps it."""
+    (the lines with its prefix from the first on) one line that says where the worker's log keeps it.
+
+    Another process's line may come in the middle of a traceback (Ray forwards it in batches): the rest of it, the
+    worker's next lines that read as a traceback's (indented, the exception's), are left out too."""
 
     def __init__(self, patterns=DROPPED_STDERR) -> None:
         self.patterns = patterns
         self.block: str | None = None  # the prefix of the traceback being left out
+        self.cut: set[str] = set()  # the prefixes of tracebacks that another line came into
 
     def __call__(self, line: str) -> str | None:
         plain = _ANSI.sub("", line)
         if self.block is not None:
             if plain.startswith(self.block) or not plain.strip():  # Ray forwards it in batches, a blank line between
                 return None
+            self.cut.add(self.block)
             self.block = None
         if m := _WORKER_TRACEBACK.match(plain):
             self.block = m.group(1) + " "
+            self.cut.discard(self.block)
             return (f"{m.group(1)} a traceback, left out here: the worker's log file keeps it (Ray's logs folder on "
                     "its node, /tmp/ray/session_latest/logs by default)")  # fmt: skip
+        if prefix := next((p for p in self.cut if plain.startswith(p)), None):
+            self.cut.discard(prefix)
+            if _TRACEBACK_REST.match(plain[len(prefix) :]):  # the traceback goes on: left out, as its start
+                self.block = prefix
+                return None
         return None if any(p.search(plain) for p in self.patterns) else line
 
 

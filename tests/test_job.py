@@ -1150,6 +1150,16 @@ def test_the_console_makes_a_forwarded_worker_traceback_one_line():
             "keeps it (Ray's logs folder on its node, /tmp/ray/session_latest/logs by default)")  # fmt: skip
     assert said == ["before", note, other, note, "after"]
 
+    # another process's line in the middle of a traceback: the rest of it is left out still; the worker's next line
+    # that is not a traceback's is shown
+    lines = [f"{who}Exception raised in creation task: The actor died because of an error", other,
+             f"{who}    self._map_transformer.init()", f"{who}             ^^^^^^^^^^", "",
+             f"{who}xsbert_core.errors.InputError: no CUDA device here", other, f"{who}KeyError: 'x'", other,
+             f"{who}wave 3: 40 pairs", f"{who}  indented, not after a traceback"]  # fmt: skip
+    shown = ConsoleLines()
+    said = [line for line in (shown(x) for x in lines) if line is not None]
+    assert said == [note, other, other, other, f"{who}wave 3: 40 pairs", f"{who}  indented, not after a traceback"]
+
 
 def test_the_console_keeps_lines_that_threads_print_at_once_whole(monkeypatch):
     """The job's error line and Ray's log monitor (a thread that prints the workers' lines) print at once: print()
