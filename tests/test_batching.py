@@ -115,11 +115,11 @@ def test_jvp_calls_are_cut_to_their_own_rows_length(tiny, ibs):
         assert chunks[0][2] < 40 and chunks[-1][2] == 40
 
 
-def forward_rows(model, compute) -> collections.Counter:
+def forward_rows(ex: Explainer, compute) -> collections.Counter:
     """How often each token sequence (padding left out) enters the model's token embeddings while `compute()` runs:
     what was computed, seen through a forward pre-hook."""
-    embeddings = next(m for m in model.modules() if isinstance(m, torch.nn.Embedding))
-    pad = model.tokenizer.pad_token_id
+    embeddings = ex.split.auto_model.get_input_embeddings()
+    pad = ex.model.tokenizer.pad_token_id
     seen: collections.Counter = collections.Counter()
 
     def count(module, args):
@@ -139,9 +139,9 @@ def test_duplicates_are_computed_once(tiny):
     model = tiny.get("bert")
     ex = Explainer(model, layer=1, steps=2)
     texts = ["a cat", "a dog", "a cat", "the bird sings", "a dog", "a cat"]
-    once = forward_rows(model, lambda: ex.factors(list(dict.fromkeys(texts)), batch_size=2))
+    once = forward_rows(ex, lambda: ex.factors(list(dict.fromkeys(texts)), batch_size=2))
     fs = []
-    assert forward_rows(model, lambda: fs.extend(ex.factors(texts, batch_size=2))) == once
+    assert forward_rows(ex, lambda: fs.extend(ex.factors(texts, batch_size=2))) == once
     assert len(once) > len(set(texts))  # each text (and the reference) did go through the model
     assert [f.text for f in fs] == texts
     assert fs[0] is fs[2] is fs[5] and fs[1] is fs[4]
@@ -154,8 +154,8 @@ def test_explain_pairs_equals_explain(tiny):
     pairs.append((TEXTS[5], TEXTS[1]))
     unique = list(dict.fromkeys(t for p in pairs for t in p))
     many = []
-    pairs_rows = forward_rows(model, lambda: many.extend(ex.explain_pairs(pairs, batch_size=3)))
-    assert pairs_rows == forward_rows(model, lambda: ex.factors(unique, batch_size=3))  # each sentence once
+    pairs_rows = forward_rows(ex, lambda: many.extend(ex.explain_pairs(pairs, batch_size=3)))
+    assert pairs_rows == forward_rows(ex, lambda: ex.factors(unique, batch_size=3))  # each sentence once
     assert len(many) == len(pairs)
     for (a, b), res in zip(pairs, many):
         one = ex.explain(a, b)

@@ -83,8 +83,7 @@ def test_text_of_special_token_strings_only_is_rejected_before_any_computation(t
     def no_computation(module, args):  # a forward pre-hook on the token embeddings: any forward pass stops here
         raise AssertionError("computed before rejecting the text")
 
-    embeddings = next(m for m in ex.model.modules() if isinstance(m, torch.nn.Embedding))
-    hook = embeddings.register_forward_pre_hook(no_computation)
+    hook = ex.split.auto_model.get_input_embeddings().register_forward_pre_hook(no_computation)
     try:
         with pytest.raises(AssertionError, match="computed before"):
             ex.explain("A fine text.", "Another one.")  # the hook sees a forward pass
