@@ -212,30 +212,32 @@ def test_models_kept_only_at_their_best_dev_epoch_are_found(tmp_path):
     assert "exact2" not in model_paths(parse_args(["--base", "m", "--models", str(tmp_path)]))
 
 
-def test_plot_by_layer_clips_bands_to_the_metric_range(tmp_path, monkeypatch):
-    """mean ± std bands stay inside `bounds` (a Jaccard index cannot exceed 1); without bounds they are as given."""
-    import matplotlib.axes
+def test_plot_by_layer_clips_bands_to_the_metric_range(tmp_path):
+    """mean ± std bands stay inside `bounds` (a Jaccard index cannot exceed 1); without bounds they are as given.
+    The bands are read back from the drawn figure: each is a polygon whose points at a layer are its low and high."""
+    import matplotlib.pyplot as plt
 
     from xsbert_core.plots import plot_by_layer
 
-    bands = []
-    real = matplotlib.axes.Axes.fill_between
-
-    def spy(self, x, y1, y2=0, **kw):
-        bands.append((np.asarray(y1, dtype=float), np.asarray(y2, dtype=float)))
-        return real(self, x, y1, y2, **kw)
-
-    monkeypatch.setattr(matplotlib.axes.Axes, "fill_between", spy)
     series = {"top-3 Jaccard": (np.array([0.2, 0.7, 0.9]), np.array([0.3, 0.2, 0.3])), "Pearson": ([0.5] * 3, None)}
-    for bounds in ((0.0, 1.0), None):
-        png = plot_by_layer([0, 1, 2], series, tmp_path / f"{bounds}.png", "t", "y", {"paper: 0.8": (2, 0.8)}, bounds)
-        assert png.read_bytes()[:4] == b"\x89PNG"
-    assert len(bands) == 2  # one band per series with a std, per plot
-    (low, high), (raw_low, raw_high) = bands
-    np.testing.assert_allclose(low, [0.0, 0.5, 0.6])
-    np.testing.assert_allclose(high, [0.5, 0.9, 1.0])
-    np.testing.assert_allclose(raw_low, [-0.1, 0.5, 0.6])
-    np.testing.assert_allclose(raw_high, [0.5, 0.9, 1.2])
+    reference = {"paper: 0.8": (2, 0.8)}
+    png = plot_by_layer([0, 1, 2], series, tmp_path / "bounded.png", "t", "y", reference, (0.0, 1.0))
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+    def drawn_bands(bounds):
+        fig = plot_by_layer([0, 1, 2], series, None, "t", "y", reference, bounds)
+        (ax,) = fig.axes
+        bands = []
+        for band in ax.collections:  # fill_between's polygons: one per series with a std
+            xy = band.get_paths()[0].vertices
+            bands.append([(xy[xy[:, 0] == x, 1].min(), xy[xy[:, 0] == x, 1].max()) for x in (0, 1, 2)])
+        plt.close(fig)
+        return bands
+
+    (clipped,) = drawn_bands((0.0, 1.0))
+    np.testing.assert_allclose(clipped, [(0.0, 0.5), (0.5, 0.9), (0.6, 1.0)])
+    (raw,) = drawn_bands(None)
+    np.testing.assert_allclose(raw, [(-0.1, 0.5), (0.5, 0.9), (0.6, 1.2)])
 
 
 # --------------------------------------------------------------------------- the figures' subsets

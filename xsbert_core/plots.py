@@ -89,7 +89,7 @@ def plot_histograms(
 def plot_by_layer(
     layers: list[int],
     series: dict[str, tuple[np.ndarray, np.ndarray | None]],
-    path: str | Path,
+    path: str | Path | None,
     title: str,
     ylabel: str,
     reference: dict[str, tuple[float, float]] | None = None,
@@ -104,6 +104,8 @@ def plot_by_layer(
     mean ± std bands to the metric's range (e.g. (0, 1) for a Jaccard index); the series named in `dashed`
     (a baseline such as a noise floor) are drawn dashed. The bands are named once in the legend (`band_label`);
     `note` (e.g. the pairs each point is over) is written under the title.
+
+    Writes the figure to `path` and returns the path; with `path` None, returns the open matplotlib Figure.
     """
     from matplotlib.patches import Patch
 
@@ -135,6 +137,8 @@ def plot_by_layer(
     # below the axes, not inside: with a noise floor the lines and bands fill the plot wherever a legend could go
     fig.legend(handles=[h for h in ax.get_lines() if not h.get_label().startswith("_")], fontsize=8,
                loc="outside lower center", ncol=2)
+    if path is None:
+        return fig
     fig.savefig(path, dpi=150)
     plt.close(fig)
     return path
