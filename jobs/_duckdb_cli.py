@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from xsbert_core import InputError
-from xsbert_core.errors import CommandParser, exit_status
+from xsbert_core.errors import CommandParser, command_name, exit_status
 
 from .sqlfiles import INIT_DIR, SQL_DIR
 
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"runs on S3: .venv/bin/duckdb -cmd \".read {S3_INIT.relative_to(SQL_DIR.parent)}\" "
               "-cmd \"set variable run = 's3://bucket/prefix/<run id>'\" -f sql/table1.sql")  # fmt: skip
 
-    return exit_status(p.prog, run)
+    return exit_status(command_name(p.prog), run)
 
 
 if __name__ == "__main__":

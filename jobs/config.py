@@ -251,7 +251,7 @@ class Output(Bounded):
                                          "run is <out>/<run id>")  # fmt: skip
     store_retry_s: float | None = setting(None, ge=0, metavar="S", study=False,
                                           help="how long one call to object storage is retried when the store "
-                                               "answers 5xx/429 or the connection fails, with backoff and jitter, "
+                                               "answers 5xx/408/429 or the connection fails, with backoff and jitter, "
                                                "before the job stops (exit 2; the same command resumes); default "
                                                f"$XSBERT_STORE_RETRY_S, else {STORE_RETRY_S:.0f} s")  # fmt: skip
     quiet: bool = setting(False, flags=("-q",), help="no Ray Data progress bars")

@@ -21,7 +21,7 @@ import shlex
 import sys
 from typing import Any
 
-from xsbert_core.errors import CommandParser, exit_status
+from xsbert_core.errors import CommandParser, command_name, exit_status
 from xsbert_core.settings import add_arguments
 
 from . import sqlrun
@@ -59,7 +59,7 @@ def cli(argv: list[str] | None = None) -> int:
     """Exit 0 when the report is written (skips included), 1 when an analysis failed, 2 on bad input."""
     args = parse_args(argv)
     command = f"{PROG} " + shlex.join(sys.argv[1:] if argv is None else argv)
-    name = PROG.split()[-1]
+    name = command_name(PROG)
 
     def report() -> int:
         failed = [s for s in main(ReportSettings.from_args(args, command))["sections"] if s.status == "failed"]

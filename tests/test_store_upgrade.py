@@ -65,5 +65,5 @@ def test_a_pruned_run_is_refused_in_one_line(run, tmp_path):
     pq.write_table(data.slice(1), part)  # the first pair loses a cell
     done = _upgrade(old, tmp_path / "new")
     assert done.returncode == 2
-    assert done.stderr.startswith("python -m jobs.store.upgrade: error: pair ") and "a pruned run?" in done.stderr
+    assert done.stderr.startswith("jobs.store.upgrade: error: pair ") and "a pruned run?" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr

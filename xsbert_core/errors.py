@@ -77,9 +77,15 @@ def exit_status(prog: str, body: Callable[[], object], interrupted: str = "",
 
 
 class CommandParser(argparse.ArgumentParser):
-    """Every command's argument parser: argparse's, with a usage error said in one line and status 2, `PROG: error:
+    """Every command's argument parser: argparse's, with a usage error said in one line and status 2, `NAME: error:
     MESSAGE (see PROG --help)`, instead of the usage block first (a long command's buries the line that matters).
-    Sub-commands' parsers are of this class too (argparse makes them of the parent's)."""
+    NAME is `command_name(PROG)`, the prefix of the command's other errors too (exit_status). Sub-commands' parsers
+    are of this class too (argparse makes them of the parent's)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{command_name(self.prog)}: error: {message} (see {self.prog} --help)\n")
+
+
+def command_name(prog: str) -> str:
+    """What a command's error lines begin with: its prog without `python -m ` (`jobs.attribute`, `xsbert explain`)."""
+    return prog.removeprefix("python -m ")

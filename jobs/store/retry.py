@@ -12,7 +12,7 @@ from .uri import Location, StoreError, redact
 
 logger = logging.getLogger("jobs.store")
 
-# How long one object-store call is retried when the store answers 5xx / 429 or the connection fails (a loaded
+# How long one object-store call is retried when the store answers 5xx / 408 / 429 or the connection fails (a loaded
 # store, a network blip), in seconds: backoff doubling from RETRY_FIRST_S up to RETRY_MAX_SLEEP_S, each sleep drawn
 # uniformly below it (full jitter, so that many workers do not retry in step). `--store-retry-s` of jobs.attribute,
 # XSBERT_STORE_RETRY_S for every job. After that the job stops in one line (exit 2); the same command resumes.

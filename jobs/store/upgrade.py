@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from xsbert_core.errors import CommandParser, exit_status
+from xsbert_core.errors import CommandParser, command_name, exit_status
 
 from .layout import MANIFEST, SCHEMAS, STORE_VERSION, write_json_atomic, write_parquet
 
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> None:
         upgrade(args.src, args.dst, log=lambda line: print(line, flush=True))
 
-    return exit_status(PROG, body, f"{args.dst} has no manifest.json until an upgrade finishes; run it again",
+    return exit_status(command_name(PROG), body, f"{args.dst} has no manifest.json until an upgrade finishes; run it again",
                        errors=(UpgradeError, OSError))  # fmt: skip
 
 
