@@ -21,6 +21,7 @@ per recipe (jobs/training/study.py).
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -40,7 +41,7 @@ from xsbert_core.training import (
 )
 
 from .console import quiet_console
-from .training.model import train_model
+from .training.model import MIN_DEV_PAIRS, train_model
 
 DEFAULT_OUT = "models"
 
@@ -78,22 +79,51 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def config_of(args: argparse.Namespace) -> TrainConfig:
-    """The TrainConfig of jobs.train's flags; InputError for values training cannot take."""
+    """The TrainConfig of jobs.train's flags; InputError, naming the flag and its value, for values training cannot
+    take."""
     if args.max_steps == 0 or args.max_steps < -1:
         raise InputError(f"--max-steps must be a positive number of steps, got {args.max_steps}")
-    if args.epochs <= 0 or args.batch_size < 1 or args.lr <= 0 or not 0 <= args.warmup_ratio < 1:
-        raise InputError("--epochs, --batch-size and --lr must be positive, --warmup-ratio in [0, 1)")
+    for flag, value in (("--epochs", args.epochs), ("--lr", args.lr)):
+        if not (math.isfinite(value) and value > 0):
+            raise InputError(f"{flag} must be a positive number, got {value}")
+    if args.batch_size < 1:
+        raise InputError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if not (math.isfinite(args.weight_decay) and args.weight_decay >= 0):
+        raise InputError(f"--weight-decay must be a number >= 0, got {args.weight_decay}")
+    if not 0 <= args.warmup_ratio < 1:  # NaN too
+        raise InputError(f"--warmup-ratio must lie in [0, 1), got {args.warmup_ratio}")
     return TrainConfig(epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.lr,
                        weight_decay=args.weight_decay, warmup_ratio=args.warmup_ratio, seed=args.seed,
                        max_steps=args.max_steps, deterministic=not args.nondeterministic)  # fmt: skip
+
+
+def check_limits(args: argparse.Namespace) -> None:
+    """--train-limit >= 1 and --dev-limit >= 2 (the dev Spearman needs two pairs); an InputError naming the flag."""
+    if args.train_limit is not None and args.train_limit < 1:
+        raise InputError(f"--train-limit must be >= 1, got {args.train_limit}")
+    if args.dev_limit is not None and args.dev_limit < MIN_DEV_PAIRS:
+        raise InputError(f"--dev-limit must be >= {MIN_DEV_PAIRS} (the dev Spearman needs {MIN_DEV_PAIRS} pairs), "
+                         f"got {args.dev_limit}")
+
+
+def folder_name(args: argparse.Namespace) -> str:
+    """The model folder's name: --name, which must be a plain folder name (the folder is <out>/<name>, never outside
+    --out), or <base model>-<variant>."""
+    if args.name is None:
+        return f"{base_name(args.model)}-{args.variant}"
+    if args.name in ("", ".", "..") or set(args.name) & {"/", "\\", "\0"}:
+        raise InputError(f"--name must be a plain folder name (no path separator, not . or ..), got {args.name!r}; "
+                         "the folder is <out>/<name>")
+    return args.name
 
 
 def main(args: argparse.Namespace, argv: list[str] | None = None) -> dict[str, Any]:
     """Train, save, return the training record (also written to xsbert_training.json); `argv`: the command line,
     for the model card (`python -m jobs.train ...`)."""
     config = config_of(args)
+    check_limits(args)
+    name = folder_name(args)
     writable_folder(args.out, f"--out {args.out}")  # before the data and the model load
-    name = args.name or f"{base_name(args.model)}-{args.variant}"
     target = Path(args.out) / name
     for folder in (checkpoint_folder(target, c) for c in CHECKPOINTS):
         if folder.exists() and any(folder.iterdir()) and not args.overwrite:

@@ -267,9 +267,22 @@ def test_a_training_that_cannot_start_is_one_line(tiny, tmp_path, capsys):
 
     tok = Tokenizer.from_file(str(tiny.folder("bert", 1) / "tokenizer.json"))
     SentenceTransformer(modules=[StaticEmbedding(tok, embedding_dim=8)]).save(str(tmp_path / "static"))
+    capsys.readouterr()  # what saving it printed (transformers' bar)
     path = write(tmp_path / "s.yaml", study_tree(tmp_path, str(tmp_path / "static")))
     assert pipeline.cli(["--config", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("jobs.pipeline: error: models.exact: training failed:"), err
     assert "StaticEmbedding" in err[0]
+    assert not [p for p in (tmp_path / "models").iterdir()]  # nothing left behind
+
+
+def test_a_recipe_with_one_dev_pair_is_one_line_before_its_model_loads(tiny, tmp_path, capsys):
+    """dev_limit 1: the dev Spearman would fail after the first epoch; the training says so before it loads the model
+    (as jobs.train --dev-limit 1 does), and the pipeline says it in one line, exit 2."""
+    tree = study_tree(tmp_path, str(tiny.folder("bert", 1)))
+    tree["models"]["exact"]["train"]["dev_limit"] = 1
+    assert pipeline.cli(["--config", str(write(tmp_path / "s.yaml", tree))]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["jobs.pipeline: error: models.exact: training failed: stsb dev: 1 dev pair(s); the dev Spearman "
+                   "needs at least 2"], err
     assert not [p for p in (tmp_path / "models").iterdir()]  # nothing left behind

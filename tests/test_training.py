@@ -399,6 +399,52 @@ def test_train_job_bad_inputs_fail_before_training(tmp_path, tiny, capsys):
     assert not out.exists()  # nothing written by any of them
 
 
+BAD_FLAGS = [
+    # (flags, the one line after "jobs.train: error: ")
+    (["--name", "../../escape"], "--name must be a plain folder name (no path separator, not . or ..), got "
+                                 "'../../escape'; the folder is <out>/<name>"),
+    (["--name", "/abs/path"], "--name must be a plain folder name"),
+    (["--name", ".."], "--name must be a plain folder name"),
+    (["--name", ""], "--name must be a plain folder name"),
+    (["--lr", "nan"], "--lr must be a positive number, got nan"),
+    (["--lr", "0"], "--lr must be a positive number, got 0.0"),
+    (["--epochs", "inf"], "--epochs must be a positive number, got inf"),
+    (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+    (["--weight-decay", "-1"], "--weight-decay must be a number >= 0, got -1.0"),
+    (["--weight-decay", "nan"], "--weight-decay must be a number >= 0, got nan"),
+    (["--warmup-ratio", "1"], "--warmup-ratio must lie in [0, 1), got 1.0"),
+    (["--train-limit", "0"], "--train-limit must be >= 1, got 0"),
+    (["--dev-limit", "1"], "--dev-limit must be >= 2 (the dev Spearman needs 2 pairs), got 1"),
+]
+
+
+@pytest.mark.parametrize("flags,message", BAD_FLAGS, ids=[" ".join(f) for f, _ in BAD_FLAGS])
+def test_train_job_bad_flags_are_one_line_naming_the_flag_before_anything_loads(tmp_path, capsys, flags, message):
+    """Each bad value is said in one line naming its flag, before --out is made and before the data or the model load
+    (the model named here does not exist: a check that came after its load would say that instead)."""
+    from jobs.train import cli
+
+    out = tmp_path / "a" / "models"
+    assert cli(["--variant", "tuned", "--model", str(tmp_path / "no-model"), "--out", str(out), "--train-limit", "4",
+                "--dev-limit", "4", "--max-steps", "1", *flags]) == 2  # fmt: skip
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"jobs.train: error: {message}"), lines
+    assert sorted(p.name for p in tmp_path.rglob("*")) == []  # nothing written, inside --out or beside it
+
+
+def test_train_job_with_fewer_than_two_dev_pairs_is_one_line_before_the_model_loads(tmp_path, capsys):
+    """A dataset whose dev split has one usable pair: the dev Spearman would fail after the first epoch."""
+    from jobs.train import cli
+
+    data = tmp_path / "pairs.tsv"
+    rows = [("train", CORPUS[k], CORPUS[k + 1], k % 5) for k in range(4)] + [("dev", CORPUS[5], CORPUS[6], 3)]
+    data.write_text("split\tsentence1\tsentence2\tscore\n" + "".join("\t".join(map(str, r)) + "\n" for r in rows))
+    assert cli(["--variant", "tuned", "--model", str(tmp_path / "no-model"), "--dataset", str(data),
+                "--out", str(tmp_path / "models")]) == 2  # fmt: skip
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[-1] == f"jobs.train: error: {data} dev: 1 dev pair(s); the dev Spearman needs at least 2", lines
+
+
 # --------------------------------------------------------------------------- metrics
 def test_a_trained_models_folder_is_named_after_its_base_and_its_best_dev_epoch_beside_it():
     from xsbert_core.training import base_name, checkpoint_folder

@@ -38,6 +38,7 @@ from ..processes import owned_path, remove_orphans
 logger = logging.getLogger("jobs.train")
 
 LABEL_MAX = STSB_LABELS[1]  # the losses take similarities in [0, 1]
+MIN_DEV_PAIRS = 2  # the dev Spearman, evaluated each epoch, is undefined on fewer
 
 
 def training_pairs(dataset: str, split: str, limit: int | None) -> tuple[list[str], list[str], list[float]]:
@@ -54,6 +55,15 @@ def training_pairs(dataset: str, split: str, limit: int | None) -> tuple[list[st
     if not all(0.0 <= x <= 1.0 for x in labels):
         raise InputError(f"{dataset} {split}: labels must lie in 0..{LABEL_MAX:g}")
     return good.text_a.tolist(), good.text_b.tolist(), labels
+
+
+def check_sizes(train_of: str, n_train: int, dev_of: str, n_dev: int) -> None:
+    """An InputError, before the model loads, for a training with no training pair or fewer than MIN_DEV_PAIRS dev
+    pairs (its dev Spearman would fail after the first epoch)."""
+    if n_train < 1:
+        raise InputError(f"{train_of}: no training pairs to train on")
+    if n_dev < MIN_DEV_PAIRS:
+        raise InputError(f"{dev_of}: {n_dev} dev pair(s); the dev Spearman needs at least {MIN_DEV_PAIRS}")
 
 
 def model_card(info: dict[str, Any]) -> str:
@@ -187,6 +197,7 @@ def train_model(base: str, variant: str, config: TrainConfig, target: Path, *, d
         # Everything that can fail fails before training: data, model, the variant's construction.
         train_a, train_b, train_y = training_pairs(dataset, train_split, train_limit)
         dev_a, dev_b, dev_y = training_pairs(dataset, dev_split, dev_limit)
+        check_sizes(f"{dataset} {train_split}", len(train_a), f"{dataset} {dev_split}", len(dev_a))
         model = load_model(base, attn_implementation=None)  # fused attention: ~1.3x faster training
         for p in model.parameters():  # load_model freezes the weights for attribution: training needs them back
             p.requires_grad_(True)
