@@ -161,9 +161,26 @@ def test_a_pair_whose_texts_changed_under_its_id_stops_the_rerun_and_a_grown_dat
     edited = pairs.iloc[:2].copy()
     edited.iloc[1, edited.columns.get_loc("sentence2")] = "A sentence that was not there when the pair was computed."
     write_tsv(data, edited)
-    with pytest.raises(InputError, match=r"^1 pair\(s\) of the dataset are in the run with other texts than the "
-                                         r"dataset has now \(first: pair 'p071'\)"):  # fmt: skip
+    with pytest.raises(InputError, match=r"^1 pair\(s\) of the dataset are in the run with other texts or labels "
+                                         r"than the dataset has now \(first: pair 'p071'\)"):  # fmt: skip
+        run_job(tmp_path / "runs", *flags)
+    relabelled = pairs.iloc[:2].copy()  # the same texts, another label: Table 1 would read the old one
+    relabelled.iloc[0, relabelled.columns.get_loc("score")] = "0.25"
+    write_tsv(data, relabelled)
+    with pytest.raises(InputError, match=r"^1 pair\(s\) of the dataset .* other texts or labels .*'p070'"):
+        run_job(tmp_path / "runs", *flags)
+    blanked = pairs.iloc[:2].copy()  # a text gone: the pair would be in the run both computed and quarantined
+    blanked.iloc[1, blanked.columns.get_loc("sentence2")] = " "
+    write_tsv(data, blanked)
+    with pytest.raises(InputError, match=r"^1 pair\(s\) the run holds are quarantined now \(first: pair 'p071', "
+                                         r"empty_text_b\)"):  # fmt: skip
         run_job(tmp_path / "runs", *flags)
     write_tsv(data, pairs)
     s = run_job(tmp_path / "runs", *flags)
     assert (s["computed_pairs"], s["n_done"]) == (1, 3)
+    import duckdb
+
+    run = tmp_path / "runs" / s["run_id"]
+    (held,) = duckdb.sql(f"select count(*), count(distinct pair_id) from '{run}/pairs/*.parquet'").fetchall()
+    (quarantined,) = duckdb.sql(f"select count(*) from '{run}/quarantine/*.parquet'").fetchall()
+    assert (held, quarantined) == ((3, 3), (0,))

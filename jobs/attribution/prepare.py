@@ -16,7 +16,7 @@ from xsbert_core import Explainer, InputError, weights_fingerprint
 from xsbert_core.models import check_device
 
 from ..config import Attribution, JobSettings, RunConfig
-from ..store import STORE_VERSION, open_store, pair_keys, pair_text_keys, run_id
+from ..store import STORE_VERSION, open_store, pair_content_keys, pair_keys, run_id
 from .inputs import CHUNK_ROWS, Pairs
 from .memory import release_memory, system_memory_pool
 from .validate import SeenIds, quarantine_frame, stream_pairs, validate
@@ -114,10 +114,10 @@ def _prepare(job: JobSettings, chunk_rows: int) -> Prepared:
     # A rerun tokenises only the pairs not in the store yet (404k QQP: ~1M texts, twice, otherwise). Read-only.
     peek = open_store(job.output.out, rid, retry_s=job.output.store_retry_s)
     peek.check()  # an unreachable or missing bucket says so here, as it would when the run opens
-    stored, stored_texts = peek.done_pair_keys_with_texts()
+    stored, stored_content = peek.done_pair_keys_with_content()
     seen, work, rejected = SeenIds(), WorkList(), []
-    n_in = n_long = n_changed = 0
-    first_long = first_changed = None
+    n_in = n_long = n_changed = n_rejected = 0
+    first_long = first_changed = first_rejected = None
     try:
         for rows in stream.chunks:
             n_in += len(rows)
@@ -130,10 +130,13 @@ def _prepare(job: JobSettings, chunk_rows: int) -> Prepared:
                 n_long += len(long)
                 first_long = first_long if first_long is not None or not len(long) else long.iat[0]
             if len(quarantine):
+                held = stored_now_rejected(quarantine, stored)
+                n_rejected += len(held)
+                first_rejected = first_rejected if first_rejected is not None or not held else held[0]
                 rejected.append(quarantine)
             if len(good):
                 chunk = with_sentence_ids(compact(good))
-                changed = changed_pairs(chunk, stored, stored_texts)
+                changed = changed_pairs(chunk, stored, stored_content)
                 n_changed += len(changed)
                 first_changed = first_changed if first_changed is not None or not changed else changed[0]
                 work.append(chunk)
@@ -146,9 +149,16 @@ def _prepare(job: JobSettings, chunk_rows: int) -> Prepared:
             )
         if n_changed:
             raise InputError(
-                f"{n_changed} pair(s) of the dataset are in the run with other texts than the dataset has now (first: "
-                f"pair {first_changed!r}): a run knows its pairs by id, so texts changed under the same ids make "
-                "another dataset; write it to another --out, or give the changed pairs new ids"
+                f"{n_changed} pair(s) of the dataset are in the run with other texts or labels than the dataset has "
+                f"now (first: pair {first_changed!r}): a run knows its pairs by id, so texts or labels changed under "
+                "the same ids make another dataset; write it to another --out, or give the changed pairs new ids"
+            )
+        if n_rejected:
+            pair, reason = first_rejected
+            raise InputError(
+                f"{n_rejected} pair(s) the run holds are quarantined now (first: pair {pair!r}, {reason}): their texts "
+                "or labels changed under the same ids, or --max-chars or --label-range rejects what they passed when "
+                "they were computed; write the dataset to another --out, or give the changed pairs new ids"
             )
         work.finish()
     except BaseException:
@@ -161,18 +171,36 @@ def _prepare(job: JobSettings, chunk_rows: int) -> Prepared:
                     t_start=t_start)  # fmt: skip
 
 
-def changed_pairs(chunk: pd.DataFrame, stored: np.ndarray, stored_texts: np.ndarray) -> list[str]:
-    """The ids of the chunk's pairs that the run holds already (`stored`) computed for other texts (`stored_texts`;
-    both RunStore.done_pair_keys_with_texts), in the chunk's order."""
+def changed_pairs(chunk: pd.DataFrame, stored: np.ndarray, stored_content: np.ndarray) -> list[str]:
+    """The ids of the chunk's pairs that the run holds already (`stored`) computed for other texts or stored with
+    another label (`stored_content`; both RunStore.done_pair_keys_with_content), in the chunk's order."""
     if not len(stored):
         return []
     held = np.isin(pair_keys(chunk.pair_id.tolist()), stored)
     if not held.any():
         return []
     sub = chunk[held]
-    same = np.isin(pair_text_keys(sub.pair_id.tolist(), sub.sentence_id_a.tolist(), sub.sentence_id_b.tolist()),
-                   stored_texts)  # fmt: skip
-    return sub.pair_id[~same].tolist()
+    keys = pair_content_keys(sub.pair_id.tolist(), sub.sentence_id_a.tolist(), sub.sentence_id_b.tolist(),
+                             sub.label.to_numpy(np.float64))  # fmt: skip
+    return sub.pair_id[~np.isin(keys, stored_content)].tolist()
+
+
+# What validate quarantines for a row's own texts or label: a pair the run holds (it passed when it was computed)
+# quarantined now for one of these has changed under its id. Not duplicate_pair_id (another row with a held id: the
+# first one is the pair) nor the ones without an id.
+CONTENT_REASONS = ("empty_text_", "too_long_", "undecodable_text_", "no_content_", "bad_label")
+
+
+def stored_now_rejected(quarantine: pd.DataFrame, stored: np.ndarray) -> list[tuple[str, str]]:
+    """(id, reason) of the pairs the run holds (`stored`) that validate quarantines now for their texts or label
+    (CONTENT_REASONS), in the chunk's order: stored, they would be in the run both computed and quarantined."""
+    if not len(stored) or not len(quarantine):
+        return []
+    content = quarantine[quarantine.reason.str.startswith(CONTENT_REASONS) & quarantine.pair_id.notna()]
+    if not len(content):
+        return []
+    held = content[np.isin(pair_keys(content.pair_id.tolist()), stored)]
+    return list(zip(held.pair_id.tolist(), held.reason.tolist()))
 
 
 def compact(frame: pd.DataFrame) -> pd.DataFrame:

@@ -253,11 +253,15 @@ def pair_keys(ids: Any) -> np.ndarray:
     return out
 
 
-def pair_text_keys(ids: Any, sentence_ids_a: Any, sentence_ids_b: Any) -> np.ndarray:
-    """64-bit keys of (pair id, sentence_id_a, sentence_id_b): a pair with the texts it was computed for (pair_keys
-    of the three joined by U+001F), so that a rerun finds a stored pair whose texts the dataset has changed since."""
+def pair_content_keys(ids: Any, sentence_ids_a: Any, sentence_ids_b: Any, labels: Any) -> np.ndarray:
+    """64-bit keys of (pair id, sentence_id_a, sentence_id_b, label): a pair with the texts and the label it was
+    stored with (pair_keys of the four joined by U+001F; the label as float64 text, "" for none: NaN and null are
+    the same), so that a rerun finds a stored pair whose texts or label the dataset has changed since."""
     import pyarrow.compute as pc
 
+    if isinstance(labels, pa.ChunkedArray):
+        labels = labels.to_numpy()  # nulls -> NaN
+    label_text = pc.fill_null(pc.cast(pa.array(np.asarray(labels, np.float64), from_pandas=True), pa.string()), "")
     columns = [c if isinstance(c, (pa.Array, pa.ChunkedArray)) else pa.array(list(c), pa.string())
                for c in (ids, sentence_ids_a, sentence_ids_b)]  # fmt: skip
-    return pair_keys(pc.binary_join_element_wise(*columns, "\x1f"))
+    return pair_keys(pc.binary_join_element_wise(*columns, label_text, "\x1f"))

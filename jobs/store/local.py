@@ -30,8 +30,8 @@ from .layout import (
     disk_failure,
     fsync_dir,
     manifest_json,
+    pair_content_keys,
     pair_keys,
-    pair_text_keys,
     part_name,
     part_seq,
     write_json_atomic,
@@ -223,11 +223,11 @@ class RunStore:
         """The stored pairs' ids as sorted 64-bit keys (pair_keys): what a large run's driver holds of them."""
         return np.unique(pair_keys(self.column("pairs", "pair_id")))
 
-    def done_pair_keys_with_texts(self) -> tuple[np.ndarray, np.ndarray]:
-        """done_pair_keys, and the stored pairs with their texts' sentence ids as sorted 64-bit keys
-        (pair_text_keys), from one read of each part."""
-        ids, a, b = self.columns("pairs", ["pair_id", "sentence_id_a", "sentence_id_b"])
-        return np.unique(pair_keys(ids)), np.unique(pair_text_keys(ids, a, b))
+    def done_pair_keys_with_content(self) -> tuple[np.ndarray, np.ndarray]:
+        """done_pair_keys, and the stored pairs with their texts' sentence ids and their labels as sorted 64-bit
+        keys (pair_content_keys), from one read of each part."""
+        ids, a, b, labels = self.columns("pairs", ["pair_id", "sentence_id_a", "sentence_id_b", "label"])
+        return np.unique(pair_keys(ids)), np.unique(pair_content_keys(ids, a, b, labels))
 
     def quarantine_keys(self) -> set[tuple[int, str | None, str]]:
         t = self.read_table("quarantine", ["row", "pair_id", "reason"])
