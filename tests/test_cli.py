@@ -110,6 +110,7 @@ def test_bad_input_exits_2_with_message(argv, needle, capsys, tmp_path):
         ("--json", "a-file/out.json", "cannot write there (Not a directory)"),
         ("--plot", "a-file/out.png", "cannot write there (Not a directory)"),
         ("--json", "a-folder", "is a directory; give a file name"),
+        ("--plot", "a-folder", "is a directory; give a file name"),  # not a-folder.png beside it
         ("--plot", "out.pngg", ".pngg is not an image format (use one of "),
     ],
 )
@@ -120,6 +121,13 @@ def test_an_output_that_cannot_be_written_is_one_line_before_the_model_loads(fla
     err = capsys.readouterr().err
     assert code == 2 and err.startswith(f"xsbert explain: error: {flag} {tmp_path / name}: {needle}")
     assert len(err.splitlines()) == 1  # not the model's error: the output is checked first
+
+
+@pytest.mark.parametrize("top", ["0", "-1"])
+def test_a_top_below_one_is_one_line_before_the_model_loads(top, capsys, tmp_path):
+    """As in `xsbert show`: --top -1 would print every cell but one (a Python slice), 0 none."""
+    code = main(["explain", "a", "b", "--model", str(tmp_path / "no-model-here"), "--top", top])
+    assert code == 2 and capsys.readouterr().err == f"xsbert explain: error: --top must be >= 1, got {top}\n"
 
 
 @pytest.mark.parametrize("a,b", [("", "b"), ("a", " \t\n")])

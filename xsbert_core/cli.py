@@ -141,6 +141,8 @@ def output_file(file: str | Path, flag: str, image: bool = False) -> Path:
     it can."""
     path = Path(file).expanduser()
     what = f"{flag} {file}"
+    if path.is_dir():  # before a suffix is added: a folder `out` is not a file `out.png` beside it
+        raise InputError(f"{what}: is a directory; give a file name")
     if image:
         from .plots import IMAGE_FORMATS
 
@@ -182,6 +184,8 @@ def explain(args: argparse.Namespace) -> int:
     # the texts, and where the results go, checked before the model loads
     for text in (a, b):
         check_text(text)
+    if args.top < 1:
+        raise InputError(f"--top must be >= 1, got {args.top}")
     json_out = output_file(args.json_out, "--json") if args.json_out else None
     plot = output_file(args.plot, "--plot", image=True) if args.plot else None
     from .explainer import Explainer  # here: the other commands of `xsbert` need no model (sentence-transformers)
