@@ -23,6 +23,7 @@ that every flag has exactly one field. A field's metadata `key` is its name in a
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
@@ -131,6 +132,8 @@ class Selection(Bounded):
             lo, hi = (float(x) for x in self.label_range.split(":"))
         except ValueError as exc:
             raise InputError(f"--label-range must be LO:HI, got {self.label_range!r}") from exc
+        if math.isnan(lo) or math.isnan(hi):  # no label compares with NaN: every one would be quarantined
+            raise InputError(f"--label-range must be LO:HI of two numbers, got {self.label_range!r}")
         if lo > hi:
             raise InputError(f"--label-range {self.label_range}: LO is above HI, so every label would be quarantined")
         return lo, hi

@@ -234,7 +234,9 @@ def test_a_setting_out_of_its_bounds_fails_when_made_naming_its_flag():
                           (lambda: config.Selection("stsb", limit=0), "--limit must be >= 1, got 0"),
                           (lambda: config.Output(store_retry_s=-1.0), "--store-retry-s must be >= 0, got -1.0"),
                           (lambda: config.Selection("stsb", label_range="5:0"),
-                           "--label-range 5:0: LO is above HI, so every label would be quarantined")):  # fmt: skip
+                           "--label-range 5:0: LO is above HI, so every label would be quarantined"),
+                          (lambda: config.Selection("stsb", label_range="nan:5"),
+                           "--label-range must be LO:HI of two numbers, got 'nan:5'")):  # fmt: skip
         with pytest.raises(InputError, match=f"^{re.escape(message)}$"):
             make()
     assert config.Execution(num_actors=None, max_retries=0).max_retries == 0
