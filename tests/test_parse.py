@@ -767,6 +767,9 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys, tokenizers, monkeypat
     msg = error("--run", str(run), "--parser", "stanza", "--stanza-dir", str(tmp_path / "no-models"))
     assert "no stanza English models" in msg and "stanza.download" in msg and "--stanza-dir" in msg
     assert "--num-actors must be >= 1" in error("--run", str(run), "--num-actors", "0")
+    (tmp_path / "a-file").write_text("")  # a parser cache that cannot be: said before the parser loads
+    msg = error("--run", str(run), "--parser", "spacy", "--cache", str(tmp_path / "a-file"))
+    assert f"--cache {tmp_path / 'a-file'}: cannot write there (Not a directory)" in msg
     with RunStore(run.parent, run.name):  # another writer holds the run
         assert "lock held" in error("--run", str(run), "--parser", "spacy")
     assert not (run / "parses").exists() and not (run.parent / parsing.CACHE_DIRNAME).exists()

@@ -12,6 +12,7 @@ from typing import Any
 import polars as pl
 
 from xsbert_core import InputError
+from xsbert_core.cli import writable_folder
 from xsbert_core.models import cache_dir
 from xsbert_core.syntax import ALIGNMENTS
 
@@ -32,15 +33,16 @@ def parse_runs(args: ParseSettings, echo: bool = True) -> dict[str, Any]:
     paths = list(dict.fromkeys(resolve(r) for r in args.runs))
     for path in paths:
         check_run(path)
-    spec = choose_parser(args.parser, args.stanza_dir, args.stanza_download)
-    if echo:
-        print(f"parser: {spec.name} {spec.version}, model {spec.model} ({spec.why})", flush=True)
     if args.cache:
         cache_root = Path(args.cache).expanduser()
     elif isinstance(paths[0], str):  # a run on object storage (resolve: a URI): the parser cache stays here
         cache_root = cache_dir() / "parses"
     else:
         cache_root = paths[0].parent / CACHE_DIRNAME  # type: ignore[union-attr]
+    writable_folder(cache_root, f"--cache {args.cache}" if args.cache else f"the parser cache {cache_root}")
+    spec = choose_parser(args.parser, args.stanza_dir, args.stanza_download)
+    if echo:
+        print(f"parser: {spec.name} {spec.version}, model {spec.model} ({spec.why})", flush=True)
     cache = ParseCache(cache_root, spec)
     mine = (spec.name, spec.version, spec.model)
 
