@@ -104,6 +104,30 @@ def test_parts_join_to_the_file_and_sizes_parse(tmp_path):
         installer.parse_size("60 parsecs")
 
 
+def test_a_damaged_manifest_or_an_into_that_is_a_file_is_one_line_from_the_installer(tmp_path, capsys):
+    """install.py (the bundle's own, standard library only): a manifest.json cut short or of another shape, and an
+    --into that names a file, are one line and status 2 (they were tracebacks); nothing is made."""
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    data = os.urandom(5000)
+    (tmp_path / "f.bin").write_bytes(data)
+    entry = installer.split_file(tmp_path / "f.bin", bundle / "parts", 4096)
+    good = json.dumps({"format": installer.FORMAT, "items": [{**entry, "kind": "data"}]})
+    for text, why in ((good[:40], "not readable JSON"), ("[1, 2]", "format 'list', this installer reads"),
+                      (json.dumps({"format": installer.FORMAT}), "no list of items")):  # fmt: skip
+        (bundle / "manifest.json").write_text(text)
+        for argv in (["--check"], ["--into", str(tmp_path / "into")]):
+            assert installer.main(["--bundle", str(bundle), *argv]) == 2
+            err = capsys.readouterr().err
+            assert err.startswith(f"install: error: {bundle / 'manifest.json'}: {why}") and err.count("\n") == 1, err
+    (bundle / "manifest.json").write_text(good)
+    assert installer.main(["--bundle", str(bundle), "--check"]) == 0
+    (tmp_path / "a-file").write_text("")
+    assert installer.main(["--bundle", str(bundle), "--into", str(tmp_path / "a-file"), "--models-only"]) == 2
+    assert capsys.readouterr().err == f"install: error: --into {tmp_path / 'a-file'}: not a folder\n"
+    assert not (tmp_path / "into").exists()
+
+
 def test_an_out_folder_that_cannot_be_written_is_one_line(tmp_path, capsys):
     """--out a file, or under one: one line and status 2 before anything is built (they were tracebacks)."""
     from jobs.bundle import cli

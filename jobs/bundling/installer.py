@@ -300,19 +300,33 @@ def unmet(python: Path, target: Path, names: set[str]) -> list[str]:
     return [line for line, name in zip(proc.stdout.splitlines(), first) if name and name in names]
 
 
+def read_manifest(bundle: Path) -> dict[str, Any]:
+    """The bundle's manifest.json, checked to be one this installer reads (BundleError in one line if not)."""
+    path = bundle / MANIFEST
+    if not path.is_file():
+        raise BundleError(f"{path} is missing: not a bundle folder")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise BundleError(f"{path}: not readable JSON ({exc}): copy it again") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise BundleError(f"{path}: format {found!r}, this installer reads {FORMAT}")
+    if not isinstance(manifest.get("items"), list):
+        raise BundleError(f"{path}: no list of items: copy it again")
+    return manifest
+
+
 def install(bundle: Path, into: Path, system_site_packages: bool = False, models_only: bool = False,
             python: str | None = None, target: Path | None = None, log=print) -> dict[str, Any]:  # fmt: skip
     """Check every part, then install the bundle into `into` (see the module's docstring); returns the manifest
     with where each item went (also written to into/bundle.json). With `target`, the wheels are unpacked into that
     folder instead (pip --target --no-deps: the bundle was resolved for the interpreter's environment, --have), and
     what they need and the interpreter lacks is reported (`unmet`)."""
-    manifest_path = bundle / MANIFEST
-    if not manifest_path.is_file():
-        raise BundleError(f"{manifest_path} is missing: not a bundle folder")
-    manifest = json.loads(manifest_path.read_text())
-    if manifest.get("format") != FORMAT:
-        raise BundleError(f"{manifest_path}: format {manifest.get('format')!r}, this installer reads {FORMAT}")
+    manifest = read_manifest(bundle)
     items = manifest["items"]
+    if into.exists() and not into.is_dir():
+        raise BundleError(f"--into {into}: not a folder")
     check_parts(bundle, items)
     log(f"install: {len(items)} items in {sum(len(i['parts']) for i in items)} parts checked (sha256)")
     into.mkdir(parents=True, exist_ok=True)
@@ -384,9 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         if args.check:
-            manifest = json.loads((args.bundle / MANIFEST).read_text()) if (args.bundle / MANIFEST).is_file() else None
-            if manifest is None:
-                raise BundleError(f"{args.bundle / MANIFEST} is missing: not a bundle folder")
+            manifest = read_manifest(args.bundle)
             check_parts(args.bundle, manifest["items"])
             print(f"install: all {sum(len(i['parts']) for i in manifest['items'])} parts are there and intact")
             return 0
@@ -396,6 +408,9 @@ def main(argv: list[str] | None = None) -> int:
                 args.target.resolve() if args.target else None)  # fmt: skip
     except BundleError as exc:
         print(f"install: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a full disk, a folder that cannot be written
+        print(f"install: error: {exc.filename or args.into}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     print(f"install: done; models in {args.into / 'models'}, data in {args.into / 'data'}")
     return 0
