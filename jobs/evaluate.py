@@ -34,6 +34,7 @@ jobs/evaluation/ (its __init__ names the modules).
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 from typing import Any
@@ -71,11 +72,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--split", default="test", help="STS-B split to evaluate on")
     p.add_argument("--sample", type=int, default=300, help="seeded sample of pairs for the attribution stages")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--layers", default="all", help="'all' or comma-separated layer indices for the agreement stage")
+    p.add_argument("--layers", default="all",
+                   help="'all' or comma-separated layer indices for the agreement stage (negative: from the top)")
     p.add_argument("--max-error", type=float, default=1e-2, help="bound on each run's mean |completeness error|")
     p.add_argument("--steps-grid", default=",".join(map(str, DEFAULT_STEPS_GRID)), help="candidate N, ascending")
     p.add_argument("--pilot-pairs", type=int, default=12, help="pairs of the sample used to choose N per layer")
-    p.add_argument("--fig-layer", type=int, default=DEFAULT_LAYER, help="layer of the Fig 2/5 runs")
+    p.add_argument("--fig-layer", type=int, default=DEFAULT_LAYER,
+                   help="layer of the Fig 2/5 runs (negative: from the top)")
     p.add_argument("--aso-iterations", type=int, default=1000,
                    help="bootstrap iterations of the ASO test (deepsig's default; ~1-3 min per direction on CPU)")
     p.add_argument("--runs", default="runs", help="store root of the attribution runs")
@@ -89,10 +92,46 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if bad:
         p.error(f"unknown stage(s) {', '.join(bad)}; valid: {', '.join(STAGES)}")
     try:
-        args.steps_grid = sorted({int(x) for x in args.steps_grid.split(",")})
-    except ValueError:
-        p.error(f"--steps-grid must be comma-separated integers, got {args.steps_grid!r}")
+        args.layers = parse_layers(args.layers)
+        args.steps_grid = parse_steps_grid(args.steps_grid)
+        check_numbers(args)
+    except ValueError as exc:
+        p.error(str(exc))
     return args
+
+
+def parse_layers(text: str) -> str | list[int]:
+    """--layers: "all", or its comma-separated layer indices in order, each once (negative: from the top; their
+    range is checked against the model, jobs.evaluation.run.resolve_layers); ValueError naming the flag if not."""
+    if text.strip() == "all":
+        return "all"
+    try:
+        layers = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--layers must be 'all' or comma-separated integers, got {text!r}") from None
+    return list(dict.fromkeys(layers))
+
+
+def parse_steps_grid(text: str) -> list[int]:
+    """--steps-grid: the candidate N, positive integers in ascending order; ValueError naming the flag if not."""
+    try:
+        grid = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--steps-grid must be comma-separated integers, got {text!r}") from None
+    if grid[0] < 1 or any(b <= a for a, b in zip(grid, grid[1:])):
+        raise ValueError(f"--steps-grid must be positive integers in ascending order, got {text!r}")
+    return grid
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    """--max-error a positive number, --sample, --pilot-pairs and --aso-iterations >= 1; ValueError naming the
+    flag if not."""
+    if not (math.isfinite(args.max_error) and args.max_error > 0):
+        raise ValueError(f"--max-error must be a positive number, got {args.max_error}")
+    for flag, value in (("--sample", args.sample), ("--pilot-pairs", args.pilot_pairs),
+                        ("--aso-iterations", args.aso_iterations)):  # fmt: skip
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:

@@ -191,6 +191,71 @@ def test_evaluate_bad_inputs(tmp_path, capsys):
     assert not np.any([p.name.endswith(".parquet") for p in tmp_path.rglob("*")])
 
 
+BAD_FLAGS = [
+    # (flags, the one line after "jobs.evaluate: error: ")
+    (["--layers", "abc"], "--layers must be 'all' or comma-separated integers, got 'abc'"),
+    (["--layers", "3,,4"], "--layers must be 'all' or comma-separated integers, got '3,,4'"),
+    (["--steps-grid", "8,4"], "--steps-grid must be positive integers in ascending order, got '8,4'"),
+    (["--steps-grid", "0,4"], "--steps-grid must be positive integers in ascending order, got '0,4'"),
+    (["--steps-grid", "4,x"], "--steps-grid must be comma-separated integers, got '4,x'"),
+    (["--max-error", "-1"], "--max-error must be a positive number, got -1.0"),
+    (["--max-error", "nan"], "--max-error must be a positive number, got nan"),
+    (["--pilot-pairs", "0"], "--pilot-pairs must be >= 1, got 0"),
+    (["--aso-iterations", "0"], "--aso-iterations must be >= 1, got 0"),
+    (["--sample", "0"], "--sample must be >= 1, got 0"),
+]
+
+
+@pytest.mark.parametrize("flags,message", BAD_FLAGS, ids=[" ".join(f) for f, _ in BAD_FLAGS])
+def test_evaluate_bad_flags_are_one_line_before_anything(tmp_path, capsys, flags, message):
+    """Said as the command's usage error, before --out is made or a model looked for (none is there: a check that came
+    later would say that instead)."""
+    from jobs.evaluate import cli
+
+    with pytest.raises(SystemExit) as exc:
+        cli(["--models", str(tmp_path / "none"), "--out", str(tmp_path / "o"), "--stages", "agreement", *flags])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(lines) == 1, lines
+    assert lines[0] == f"jobs.evaluate: error: {message} (see python -m jobs.evaluate --help)", lines
+    assert not (tmp_path / "o").exists()
+
+
+LAYER_FLAGS = [
+    # (stages, flags, the one line after "jobs.evaluate: error: "): the tiny models have 2 layers
+    ("figures", ["--fig-layer", "99"], "--fig-layer 99 is out of range for a model with 2 layers (valid: 0..1, or "
+                                       "-2..-1 from the top)"),
+    ("figures", ["--fig-layer", "-3"], "--fig-layer -3 is out of range for a model with 2 layers"),
+    ("agreement", ["--layers", "1,99"], "--layers: layer 99 is out of range for a model with 2 layers"),
+    ("table1,agreement,figures", ["--layers", "1", "--fig-layer", "2"], "--fig-layer 2 is out of range"),
+]
+
+
+@pytest.mark.parametrize("stages,flags,message", LAYER_FLAGS, ids=[" ".join(f) for _, f, _ in LAYER_FLAGS])
+def test_evaluate_layers_the_model_has_not_are_one_line_before_table1_and_the_runs(tiny_variants, tmp_path, capsys,
+                                                                                   stages, flags, message):  # fmt: skip
+    from jobs.evaluate import cli
+
+    base, models = tiny_variants
+    out = tmp_path / "results"
+    assert cli(["--base", str(base), "--models", str(models), "--stages", stages, "--sample", "2", "--pilot-pairs",
+                "1", "--steps-grid", "2", "--max-error", "10", "--aso-iterations", "2", "--runs",
+                str(tmp_path / "runs"), "--out", str(out), "--executor", "local", "-q", *flags]) == 2  # fmt: skip
+    lines = [line for line in capsys.readouterr().err.strip().splitlines() if "jobs.evaluate" in line]
+    assert lines[-1].startswith(f"jobs.evaluate: error: {message}"), lines
+    assert not (tmp_path / "runs").exists() and not list(out.iterdir())  # no run, no Table 1
+
+
+def test_evaluate_negative_layers_count_from_the_top(tiny_variants):
+    """--layers -1 and 1 are the same layer of a 2-layer model: run once, recorded under 1 (as --layers all does)."""
+    from jobs.evaluate import parse_args
+    from jobs.evaluation.run import layer_plan
+
+    base, models = tiny_variants
+    args = parse_args(["--base", str(base), "--layers=-1,1,0", "--fig-layer", "-2"])
+    plan = layer_plan(args, str(models / "tinybert-exact"))
+    assert (plan.n_layers, plan.layers, plan.fig_layer) == (2, [1, 0], 0)
+
+
 def test_models_kept_only_at_their_best_dev_epoch_are_found(tmp_path):
     """A models folder that holds only the best-dev epochs (what bench/gpu_train.py carries back from a GPU machine):
     the attribution stages at --checkpoint best-dev find every model, the second seed's too; last-epoch names them

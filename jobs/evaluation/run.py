@@ -8,9 +8,11 @@ import argparse
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from xsbert_core import InputError
 from xsbert_core.cli import writable_folder
 from xsbert_core.training import VARIANTS, base_name
 
@@ -59,13 +61,15 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     # the folders the attribution stages use: the chosen epoch of each trained model (the noise floor's too)
     models = {name: checkpoint_path(path, args.checkpoint) for name, path in paths.items() if name != "shelf"}
     models = {name: path for name, path in models.items() if name in VARIANTS or is_model(path)}
+    # the layers' range is the model's: said before Table 1 and the runs, not after them
+    plan = layer_plan(args, models["exact"]) if attributed else None
     summary = Summary(out / "summary.json")
     summary.data.update(base=str(args.base), models=paths, split=args.split, sample=args.sample, seed=args.seed,
                         max_error=args.max_error, checkpoint=args.checkpoint)  # fmt: skip
     if "table1" in args.stages:
         table1_stage(args, paths, out, summary)
-    if attributed:
-        attribution_stages(args, paths, models, out, summary)
+    if plan is not None:
+        attribution_stages(args, paths, models, out, summary, plan)
         written = plot_all(out, summary.data)
         summary.data["plots"] = sorted({*summary.data.get("plots", []), *(str(p) for p in written)})
         summary.save("plots")
@@ -86,22 +90,51 @@ def table1_stage(args: argparse.Namespace, paths: dict[str, str], out: Path, sum
     summary.save("table1")
 
 
-def attribution_stages(args: argparse.Namespace, paths: dict[str, str], models: dict[str, str], out: Path,
-                       summary: Summary) -> None:  # fmt: skip
-    """The agreement stage (every requested layer's runs, then the agreement table) and the figures' runs (shelf and
-    exact at --fig-layer, Fig 2 and Fig 5's tables); a layer recorded in summary.json with the same models is reused."""
-    import polars as pl
+@dataclass(frozen=True)
+class LayerPlan:
+    """The attribution stages' layers, resolved against the exact model's `n_layers` (0..n_layers - 1): the agreement
+    stage's in the order they are run, and the figures' runs' one."""
 
+    n_layers: int
+    layers: list[int]
+    fig_layer: int
+
+
+def resolve_layer(layer: int, n_layers: int, flag: str) -> int:
+    """`layer` as an index 0..n_layers - 1 (negative: from the top, as jobs.attribute's --layer); an InputError naming
+    `flag` when the model has no such layer."""
+    if not -n_layers <= layer < n_layers:
+        raise InputError(f"{flag} {layer} is out of range for a model with {n_layers} layers "
+                         f"(valid: 0..{n_layers - 1}, or -{n_layers}..-1 from the top)")
+    return layer % n_layers
+
+
+def layer_plan(args: argparse.Namespace, exact: str) -> LayerPlan:
+    """The layers of --layers (agreement stage) and --fig-layer (figures stage), checked against the exact model's
+    layer count (the model is loaded for it); a flag whose stage is not run is not checked."""
     from xsbert_core import Explainer, load_model
+
+    n_layers = Explainer(load_model(exact), layer=0, steps=1).split.n_layers
+    # "all": the deepest layer first, the cheapest to attribute (and the paper's), so an interrupted
+    # evaluation has those; a rerun reuses every layer recorded in summary.json.
+    layers = list(range(n_layers))[::-1] if args.layers == "all" else args.layers
+    if "agreement" in args.stages:
+        layers = list(dict.fromkeys(resolve_layer(x, n_layers, "--layers: layer") for x in layers))
+    fig_layer = resolve_layer(args.fig_layer, n_layers, "--fig-layer") if "figures" in args.stages else args.fig_layer
+    return LayerPlan(n_layers, layers, fig_layer)
+
+
+def attribution_stages(args: argparse.Namespace, paths: dict[str, str], models: dict[str, str], out: Path,
+                       summary: Summary, plan: LayerPlan) -> None:  # fmt: skip
+    """The agreement stage (every layer of `plan`'s runs, then the agreement table) and the figures' runs (shelf and
+    exact at its fig_layer, Fig 2 and Fig 5's tables); a layer recorded in summary.json with the same models is
+    reused."""
+    import polars as pl
 
     a, b, _, _ = stsb(args.split, args.sample, args.seed)
     pilot = list(zip(a, b))[: args.pilot_pairs]
-    n_layers = Explainer(load_model(models["exact"]), layer=0, steps=1).split.n_layers
-    summary.data["n_layers"] = n_layers
-    # "all": the deepest layer first, the cheapest to attribute (and the paper's), so an interrupted
-    # evaluation has those; a rerun reuses every layer recorded in summary.json.
-    layers = list(range(n_layers))[::-1] if args.layers == "all" else [int(x) for x in args.layers.split(",")]
-    fig_layer = args.fig_layer % n_layers
+    summary.data["n_layers"] = plan.n_layers
+    layers, fig_layer = plan.layers, plan.fig_layer
     records = {int(k): v for k, v in summary.data.get("layers", {}).items()}
 
     def run_layer(layer: int) -> dict:
