@@ -399,6 +399,17 @@ class ParseSettings(Bounded):
         return cls(**from_namespace(args, cls))
 
 
+def check_serve_url(url: str | None, what: str) -> None:
+    """A serve URL is 'none' or http(s)://HOST[:PORT][/...]: the page's links are made from it (InputError if not)."""
+    from urllib.parse import urlsplit
+
+    if url is None or url == "none":
+        return
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise InputError(f"{what} {url!r}: not an http:// or https:// address (or 'none': no links)")
+
+
 @dataclass(frozen=True)
 class ReportSettings:
     """jobs.report's settings, one field per flag; `command` is the command line the page shows (the pipeline passes
@@ -416,6 +427,9 @@ class ReportSettings:
                                              f"examples there (default {SERVE_URL}; 'none': no links)")  # fmt: skip
     quiet: bool = setting(False, flags=("-q",), help="print nothing but errors")
     command: str | None = setting(None, cli=False)
+
+    def __post_init__(self) -> None:
+        check_serve_url(self.serve_url, "--serve-url")
 
     def flags(self) -> list[str]:
         """The jobs.report command line of these settings (what the page shows when `command` is not given)."""

@@ -297,6 +297,8 @@ def test_a_failing_query_fails_its_section_only(tmp_path, stores, capsys):
 def test_bad_inputs_exit_2_with_one_line(tmp_path, stores, capsys):
     run = str(stores["negation"])
     (tmp_path / "file").write_text("x")
+    half = shutil.copytree(run, tmp_path / "half-written")
+    (half / "manifest.json").unlink()  # jobs.attribute writes it last: the report would be of "layer None"
     cases = [
         (["--run", str(tmp_path / "missing"), "--out", str(tmp_path / "o")], "no such directory"),
         (["--run", str(stores["main"].parent), "--out", str(tmp_path / "o")], "not a run directory"),
@@ -305,6 +307,12 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path, stores, capsys):
         (["--run", run, "--out", str(tmp_path / "file")], "cannot write there (Not a directory)"),
         (["--run", run, "--out", run], "is a run directory"),
         (["--run", run, "--out", str(tmp_path / "o"), "--var", "min_count"], "NAME=VALUE"),
+        (["--run", run, "--out", str(tmp_path / "o"), "--var", "min_cuont=5"],  # every analysis at its default
+         "--var min_cuont: no analysis of sql/ reads such a variable (they read: "),
+        (["--run", run, "--out", str(tmp_path / "o"), "--serve-url", "localhost:8000"],
+         "--serve-url 'localhost:8000': not an http:// or https:// address"),
+        (["--run", str(half), "--out", str(tmp_path / "o")], f"--run {half}: no manifest.json: a half-written run"),
+        (["--run", run, "--run2", str(half), "--out", str(tmp_path / "o")], f"--run2 {half}: no manifest.json"),
     ]
     for argv, message in cases:
         code = report.cli(argv)

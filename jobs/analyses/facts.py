@@ -23,9 +23,13 @@ def run_facts(con: duckdb.DuckDBPyConnection, run: sqlrun.Run, suffix: str = "")
     manifest_path = sqlrun.join(run, MANIFEST)
     try:
         text = sqlrun.read_text(manifest_path)
-        manifest = json.loads(text) if text is not None else {}
+        manifest = json.loads(text) if text is not None else None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(f"{manifest_path}: not readable JSON ({exc})") from exc
+    if manifest is None:  # a report of "unknown model, layer None" would read as a finding
+        raise sqlrun.no_manifest(run, "--run2" if suffix else "--run")
+    if not isinstance(manifest, dict):
+        raise InputError(f"{manifest_path}: not a JSON object")
     config = manifest.get("config") or {}
     dataset = config.get("dataset") or {}
     counts = first_row(con, f"""

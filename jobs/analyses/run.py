@@ -16,6 +16,7 @@ from xsbert_core import InputError
 from xsbert_core.cli import writable_folder
 
 from .. import sqlfiles, sqlrun
+from ..sqlrun.command import variables_read
 from ..store import StoreError, disk_failure
 from .base import REPORT_JSON, SERVE_URL, Analysis, Context, Finding, Section
 from .examples import plot_examples
@@ -161,6 +162,12 @@ def write_report(
     input."""
     from .registry import ANALYSES
 
+    sql_files = sorted(sqlfiles.SQL_DIR.glob("*.sql"))
+    reads = set().union(*(variables_read(sqlfiles.text(p)) for p in sql_files))
+    unknown = sorted(set(variables) - reads)
+    if unknown:  # a misspelt --var would leave every analysis at its default, silently
+        raise InputError(f"--var {', '.join(unknown)}: no analysis of sql/ reads such a variable (they read: "
+                         f"{', '.join(sorted(reads))})")
     ctx = open_context(run, run2, out, variables, note)
     ctx.serve_url = None if serve_url in (None, "", "none") else serve_url.rstrip("/")
     out, facts = ctx.out, ctx.facts
@@ -169,7 +176,7 @@ def write_report(
         clear_previous(out)
         sections = [run_analysis(spec, ctx) for spec in ANALYSES]
         known = {spec.name for spec in ANALYSES}
-        sections += [run_extra_file(p, ctx) for p in sorted(sqlfiles.SQL_DIR.glob("*.sql")) if p.stem not in known]
+        sections += [run_extra_file(p, ctx) for p in sql_files if p.stem not in known]
         sections.append(plot_examples(ctx))
         write_page(sections, ctx, command)
         write_json(sections, ctx, command)

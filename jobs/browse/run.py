@@ -145,8 +145,7 @@ def open_run(con: duckdb.DuckDBPyConnection, run: str, flag: str, suffix: str) -
     path = sqlrun.check_run(run, flag)
     text = sqlrun.read_text(sqlrun.join(path, MANIFEST))
     if text is None:
-        raise InputError(f"{flag} {run}: no manifest.json: a half-written run (python -m jobs.attribute writes it when "
-                         "the run ends: still running, or killed before its end; rerun the same command to finish it)")
+        raise sqlrun.no_manifest(run, flag)
     try:
         manifest = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -51,6 +51,7 @@ from .runs import (
     is_file,
     join,
     missing_table_message,
+    no_manifest,
     read_text,
     run_location,
     run_name,
@@ -59,6 +60,6 @@ from .runs import (
 __all__ = [
     "RUN_LIST_VARIABLES", "RUN_VARIABLES", "TABLES", "Run", "as_run", "check_inputs", "check_run", "cli", "committed",
     "committed_sql", "connect", "error_line", "file_sql", "glob_escape", "glob_unescape", "has_table", "is_file", "join",
-    "literal", "missing_table_message", "one_line", "parse_value", "parse_vars", "query", "read_text", "resolve_file",
+    "literal", "missing_table_message", "no_manifest", "one_line", "parse_value", "parse_vars", "query", "read_text", "resolve_file",
     "run_file", "run_location", "run_name", "snapshot", "write_csv",
 ]  # fmt: skip

@@ -39,9 +39,14 @@ def parse_value(text: str) -> Any:
 _GETVARIABLE_RE = re.compile(r"getvariable\(\s*'(\w+)'\s*\)", re.IGNORECASE)
 
 
+def variables_read(sql: str) -> set[str]:
+    """The variables an SQL text reads (getvariable('NAME')), but the run's own (run, run2: --run, --run2)."""
+    return set(_GETVARIABLE_RE.findall(sql)) - {"run", "run2"}
+
+
 def check_vars(name: str, sql: str, variables: dict[str, Any]) -> None:
     """An InputError naming every --var the file (with what it `.read`s) never reads, and those it does."""
-    reads = set(_GETVARIABLE_RE.findall(sql)) - {"run", "run2"}
+    reads = variables_read(sql)
     unknown = sorted(set(variables) - reads)
     if unknown:
         known = ", ".join(sorted(reads)) or "none"

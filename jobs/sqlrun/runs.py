@@ -186,6 +186,12 @@ def has_table(run: str | os.PathLike, table: str) -> bool:
     return table in committed(run, tables=(table,))
 
 
+def no_manifest(run: str | os.PathLike, flag: str = "--run") -> InputError:
+    """What a reader says of a run without manifest.json (jobs.attribute writes it last): one line."""
+    return InputError(f"{flag} {run}: no manifest.json: a half-written run (python -m jobs.attribute writes it when the "
+                      "run ends: still running, or killed before its end; rerun the same command to finish it)")
+
+
 def check_run(run: str | os.PathLike, flag: str = "--run") -> Run:
     """The run directory (a Path, or an s3:// / gs:// URI), or an InputError saying what is wrong with it
     (missing, a store root, a missing bucket, an object store that cannot be reached or denies access, ...)."""

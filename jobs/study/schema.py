@@ -33,7 +33,7 @@ from xsbert_core.training import CHECKPOINTS, RECIPES, VARIANTS, TrainConfig, Tr
 
 from .. import config
 from ..attribution.inputs import BUILTINS, resolve_source
-from ..config import JobSettings
+from ..config import JobSettings, check_serve_url
 from ..store import Location
 from ..training.study import TrainSpec
 
@@ -136,6 +136,15 @@ class Report(Strict):
     serve_url: str | None = Field(None, description="where `xsbert serve` answers: the study page links the pairs "
                                   "behind each finding there when it serves that run (default http://127.0.0.1:8000; "
                                   "'none': never)")  # fmt: skip
+
+    @field_validator("serve_url")
+    @classmethod
+    def _serve_url(cls, value: str | None) -> str | None:
+        try:
+            check_serve_url(value, "serve_url")
+        except InputError as exc:
+            raise ValueError(str(exc)) from None
+        return value
 
 
 class Recipe(Strict):
