@@ -276,13 +276,16 @@ def test_a_training_that_cannot_start_is_one_line(tiny, tmp_path, capsys):
     assert not [p for p in (tmp_path / "models").iterdir()]  # nothing left behind
 
 
-def test_a_recipe_with_one_dev_pair_is_one_line_before_its_model_loads(tiny, tmp_path, capsys):
-    """dev_limit 1: the dev Spearman would fail after the first epoch; the training says so before it loads the model
-    (as jobs.train --dev-limit 1 does), and the pipeline says it in one line, exit 2."""
-    tree = study_tree(tmp_path, str(tiny.folder("bert", 1)))
+def test_a_recipe_with_one_dev_pair_is_one_line_before_anything_runs(tiny, tmp_path, capsys):
+    """dev_limit 1: the dev Spearman would fail after the first epoch. The study's schema refuses it (as jobs.train
+    --dev-limit 1 is refused), in one line, exit 2, before anything runs."""
+    folder = str(tiny.folder("bert", 1))
+    capsys.readouterr()  # the tiny model's saving bar
+    tree = study_tree(tmp_path, folder)
     tree["models"]["exact"]["train"]["dev_limit"] = 1
-    assert pipeline.cli(["--config", str(write(tmp_path / "s.yaml", tree))]) == 2
+    config = write(tmp_path / "s.yaml", tree)
+    assert pipeline.cli(["--config", str(config)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["jobs.pipeline: error: models.exact: training failed: stsb dev: 1 dev pair(s); the dev Spearman "
-                   "needs at least 2"], err
-    assert not [p for p in (tmp_path / "models").iterdir()]  # nothing left behind
+    assert err == [f"jobs.pipeline: error: {config}: models.exact.train.dev_limit: Input should be greater than or "
+                   "equal to 2"], err
+    assert not (tmp_path / "models").exists() or not [p for p in (tmp_path / "models").iterdir()]

@@ -204,7 +204,7 @@ class Train(Strict):
     train_split: str = TrainData.train_split
     dev_split: str = TrainData.dev_split
     train_limit: int | None = Field(None, ge=1, description="the first N training pairs (smoke tests)")
-    dev_limit: int | None = Field(None, ge=1, description="the first N dev pairs (smoke tests)")
+    dev_limit: int | None = Field(None, ge=2, description="the first N dev pairs (smoke tests; the dev Spearman needs 2)")
 
 
 def _unwrap_train(value: Any) -> Any:
