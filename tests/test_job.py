@@ -319,6 +319,25 @@ def test_the_manifests_commands_give_the_same_run_id(tmp_path):
         assert again["run_dir"] == first["run_dir"] and again["computed_pairs"] == 0, command
 
 
+@pytest.mark.parametrize("name", ["p.parquet", "p.jsonl"])
+def test_a_text_that_is_a_list_or_a_mapping_is_a_malformed_row(tmp_path, name):
+    """A Parquet list column or a JSON array / object where a text goes: quarantined, not attributed as "['a']"."""
+    path = tmp_path / name
+    if name.endswith(".parquet"):  # a column of lists beside a column of texts
+        pd.DataFrame({"id": ["1", "2"], "sentence1": [["A cat."], ["A dog."]], "sentence2": ["B.", "C."]}).to_parquet(path)
+    else:
+        rows = [{"id": "1", "sentence1": ["A cat."], "sentence2": "B."}, {"id": "2", "sentence1": "A dog.",
+                "sentence2": {"text": "C."}}, {"id": "3", "sentence1": "A bird.", "sentence2": "D."}]  # fmt: skip
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    pairs = load_pairs(str(path))
+    good, quarantine = validate(pairs.rows, pairs.label_kind, pairs.label_range)
+    assert good.pair_id.tolist() == ([] if name.endswith(".parquet") else ["3"])
+    assert quarantine.reason.tolist() == ["malformed_row"] * 2 and quarantine.pair_id.tolist() == ["1", "2"]
+    details = quarantine.detail.tolist()
+    assert details[0].startswith("text_a is a ") and details[0].endswith(", not text"), details
+    assert details[1] == ("text_a is a list, not text" if name.endswith(".parquet") else "text_b is a dict, not text")
+
+
 def test_malformed_jsonl_line_is_quarantined(tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text('{"id": "1", "sentence1": "A.", "sentence2": "B."}\nnot json\n[1, 2]\n', encoding="utf-8")

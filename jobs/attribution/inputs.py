@@ -64,7 +64,8 @@ BINARY_LABEL_COLUMNS = ("is_duplicate",)
 
 # Quarantine reasons, in the order they are checked (a row gets the first that applies).
 REASONS: tuple[str, ...] = (
-    "malformed_row",  # a JSONL line that is not a JSON object; a TSV/CSV row with more or fewer fields than the header
+    "malformed_row",  # a JSONL line that is not a JSON object; a TSV/CSV row with more or fewer fields than the header;
+    # a text that is a list or a mapping (validate.STRUCTURED)
     "missing_pair_id",
     "duplicate_pair_id",  # the second and later rows with an id already seen
     "empty_text_a",

@@ -62,6 +62,19 @@ def _id_part(value: Any) -> str | None:
     return str(value).strip()
 
 
+# Values that are no text: a list (Parquet's list columns, JSON arrays), a mapping, an array. str() of one would be
+# attributed as the text "['a', 'b']"; such a row is a malformed_row instead.
+STRUCTURED = (list, tuple, dict, set, np.ndarray)
+
+
+def _not_text(a: Any, b: Any) -> str | None:
+    """What is wrong with a row whose text_a or text_b is a structured value, or None."""
+    for side, value in (("a", a), ("b", b)):
+        if isinstance(value, STRUCTURED):
+            return f"text_{side} is a {type(value).__name__}, not text"
+    return None
+
+
 def normalise(df: pd.DataFrame, columns: Columns) -> pd.DataFrame:
     """row, pair_id (str or None), text_a, text_b, label_raw, malformed (what the reader found wrong, or None), and
     keep:<name> (str or None) per pass-through column: one row per source row."""
@@ -72,13 +85,15 @@ def normalise(df: pd.DataFrame, columns: Columns) -> pd.DataFrame:
     else:
         ids = [str(r) for r in rows]
     why = df[MALFORMED].tolist() if MALFORMED in df.columns else [None] * len(df)
-    malformed = [w if isinstance(w, str) else None for w in why]  # what the reader said was wrong, else None
+    raw_a, raw_b = df[columns.text_a].tolist(), df[columns.text_b].tolist()
+    # what the reader said was wrong, else a text that is no text, else None
+    malformed = [w if isinstance(w, str) else _not_text(a, b) for w, a, b in zip(why, raw_a, raw_b)]
     return pd.DataFrame(
         {
             "row": pd.Series(rows, dtype=np.int64),
             "pair_id": pd.Series(ids, dtype=object),
-            "text_a": pd.Series([_as_text(v) for v in df[columns.text_a].tolist()], dtype=object),
-            "text_b": pd.Series([_as_text(v) for v in df[columns.text_b].tolist()], dtype=object),
+            "text_a": pd.Series([_as_text(v) for v in raw_a], dtype=object),
+            "text_b": pd.Series([_as_text(v) for v in raw_b], dtype=object),
             "label_raw": pd.Series(df[columns.label].tolist() if columns.label else [None] * len(df), dtype=object),
             "malformed": pd.Series(malformed, dtype=object),
             **{
