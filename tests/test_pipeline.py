@@ -112,6 +112,16 @@ def test_bad_config_fails_before_anything_runs(tmp_path, capsys):
     assert not (tmp_path / "runs").exists() and not (tmp_path / "reports").exists()
 
 
+def test_a_run_whose_settings_its_model_refuses_is_named_in_the_one_line(tmp_path, capsys):
+    """A layer past the model's (known only when it loads): the line names the run of the study, not just the layer."""
+    tree = _set(base_config(tmp_path), "runs.n3.layer", 99)
+    tree["ray"] = {"executor": "local"}
+    assert pipeline.cli(["--config", str(write_config(tmp_path / "s.yaml", tree))]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("jobs.pipeline: error: runs.n3: layer 99 is out of range for a model with 6 layers (valid: "
+                       "0..5, or -6..-1 from the top)"), err
+
+
 def test_a_report_folder_that_cannot_be_written_fails_before_anything_runs(tmp_path, capsys):
     """The study's local folders are checked first: an unwritable report folder is one line before any attribution
     (not after the runs and parses, when the reports are written)."""

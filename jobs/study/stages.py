@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from xsbert_core import InputError
 from xsbert_core.training import TrainProgress
 
 from .. import config, paper
@@ -49,7 +50,10 @@ def stage_attribute(study: Study, paths: dict[str, str] | None = None, names: li
     for name in names if names is not None else study.runs:
         job = job_settings(study, name, paths)
         t0 = time.perf_counter()
-        prep = prepare(job)
+        try:
+            prep = prepare(job)
+        except InputError as exc:  # which run of the study, and its settings' key: the message alone names neither
+            raise InputError(f"runs.{name}: {exc}") from None
         s = attribute(prep, on_wave=lambda wave, n=name: say(f"attribute {n}: {wave}"), hooks=hooks)
         s["command"] = "python -m jobs.attribute " + shlex.join(job.command())
         summaries[name] = s
