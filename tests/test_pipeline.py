@@ -171,6 +171,8 @@ def test_set_overrides_by_dotted_key(tmp_path):
         pipeline.load_config(path, ["steps"])
     with pytest.raises(InputError, match=r"with --set defaults.stpes=3: defaults.stpes: unknown key"):
         pipeline.load_config(path, ["defaults.stpes=3"])
+    with pytest.raises(InputError, match=r"with --set runs.n2.model=nosuch: runs.n2.model: unknown model 'nosuch'"):
+        pipeline.load_config(path, ["runs.n2.model=nosuch"])  # a whole-study check's error: said of the --set too
     with pytest.raises(InputError, match="'study' is not a mapping"):
         pipeline.load_config(path, ["study.x=1"])
 

@@ -443,10 +443,20 @@ def load_config(path: str | os.PathLike, sets: list[str] | tuple[str, ...] = ())
         return Study.model_validate(tree)
     except ValidationError as exc:
         # a key --set gave is said to come from there, not from the file
-        locs = [".".join(str(x) for x in err["loc"]) for err in exc.errors()]
+        locs = [".".join(str(x) for x in err["loc"]) or _key_in(err["msg"]) for err in exc.errors()]
         given = [a for a in sets if any(_within(loc, a.partition("=")[0].strip()) for loc in locs)]
         where = f"{path} with --set {' '.join(given)}" if given else str(path)
         raise InputError(f"{where}: {_error_line(exc)}") from None
+
+
+_KEY_RE = re.compile(r"^(?:Value error, )?([\w-]+(?:\.[\w-]+)+): ")
+
+
+def _key_in(message: str) -> str:
+    """The dotted key a whole-study check's message begins with ('runs.x.model: unknown model ...'; its error has no
+    location of its own), else ''."""
+    m = _KEY_RE.match(message)
+    return m.group(1) if m else ""
 
 
 def _within(loc: str, key: str) -> bool:
