@@ -342,6 +342,9 @@ def test_hostile_strings_are_escaped_everywhere(served, stores):
     status, page, _ = served.get(f"/pair?id={q(hostile_id)}")
     assert status == 200 and unescape(re.search(r"<h1>Pair <code>(.*?)</code>", page).group(1)) == hostile_id
     assert hostile_id in listed_ids(served.get("/pairs?sort=pair_id&order=asc")[1])
+    # a control character in a query is no HTML text: echoed as U+FFFD, the search still the one asked for
+    status, page, _ = served.get("/pairs?q=cat%00%1b")
+    assert status == 200 and "\x00" not in page and "\x1b" not in page and "value='cat\ufffd\ufffd'" in page
 
 
 def test_sql_parameters_are_bound_not_formatted(served, stores):
