@@ -285,6 +285,33 @@ def test_host_check_by_listen_address():
         assert not host_allowed(bad, "127.0.0.1", 8000), bad
 
 
+def test_a_run_damaged_under_the_server_is_a_500_of_one_line_also_in_the_log(stores, tmp_path):
+    """A cells part cut short while the server runs: the pair page is a 500 that says so in one line, and the log
+    gets that line, not a traceback (a damaged file is no bug of the server's)."""
+    import shutil
+
+    run = shutil.copytree(stores["run"], tmp_path / "run")
+    s = Served(run)
+    s.server.server_close()
+    s.server.shutdown()
+    logged: list[str] = []
+    s.server = serve.make_server(s.app, "127.0.0.1", 0, log=logged.append)
+    s.url = f"http://127.0.0.1:{s.server.server_address[1]}"
+    threading.Thread(target=s.server.serve_forever, daemon=True).start()
+    try:
+        pid = stores["data"]["pairs"][0]["pair_id"]
+        assert s.get(f"/pair?id={q(pid)}")[0] == 200
+        for part in (run / "cells").glob("*.parquet"):
+            part.write_bytes(part.read_bytes()[: part.stat().st_size // 2])
+        status, page, _ = s.get(f"/pair?id={q(pid)}")
+        assert status == 500 and "the run cannot be read (" in page and "restart it on a whole run" in page
+        errors = [line for line in logged if "cannot be read" in line or "Traceback" in line]
+        assert len(errors) == 1 and "Traceback" not in errors[0] and errors[0].count("\n") == 0, logged
+        assert errors[0].startswith(f"GET /pair?id={q(pid)}: 500: the run cannot be read ("), errors
+    finally:
+        s.close()
+
+
 def test_many_concurrent_requests_are_answered_or_told_to_retry(stores):
     """Bounded work: 2 workers and 2 waiting. While 4 stalled clients hold every slot, 50 concurrent requests are
     each answered at once with 503 and Retry-After (before: a thread per request, a silent queue); once the

@@ -20,6 +20,8 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
+import duckdb
+
 from xsbert_core import InputError
 
 from ..sqlrun import one_line
@@ -152,11 +154,19 @@ def make_handler(app: App, renderer: Renderer, log: Callable[[str], None] | None
 
         def _failed(self, exc: Exception, head: bool) -> None:
             """The error page for what a page or a download raised (called in its except block): 400, 404 or 503
-            with the message; anything else 500 with one line to the browser and the traceback to the log."""
+            with the message; a run's file that DuckDB cannot read (changed or damaged under the server) 500 with
+            one line to the browser and to the log; anything else 500 with one line to the browser and the
+            traceback to the log."""
             for kind, status in ((BadRequest, HTTPStatus.BAD_REQUEST), (NotFound, HTTPStatus.NOT_FOUND),
                                  (Busy, HTTPStatus.SERVICE_UNAVAILABLE)):  # fmt: skip
                 if isinstance(exc, kind):
                     return self._error(status, str(exc), head)
+            if isinstance(exc, duckdb.IOException | duckdb.InvalidInputException):
+                message = (f"the run cannot be read ({one_line(exc)}): its files changed or were damaged since the "
+                           "server started; restart it on a whole run")  # fmt: skip
+                if log is not None:
+                    log(f"{self.command} {self.path}: 500: {message}")
+                return self._error(HTTPStatus.INTERNAL_SERVER_ERROR, message, head)
             if log is not None:
                 log(traceback.format_exc())
             return self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(exc).__name__}: {one_line(exc)}", head)
