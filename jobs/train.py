@@ -33,6 +33,7 @@ from xsbert_core.errors import CommandParser, exit_status
 from xsbert_core.models import DEFAULT_MODEL
 from xsbert_core.training import (
     CHECKPOINTS,
+    MIN_DEV_PAIRS,
     VARIANTS,
     TrainConfig,
     TrainData,
@@ -41,7 +42,7 @@ from xsbert_core.training import (
 )
 
 from .console import quiet_console
-from .training.model import MIN_DEV_PAIRS, train_model
+from .training.model import train_model
 
 DEFAULT_OUT = "models"
 

@@ -37,6 +37,7 @@ VARIANT_SIMILARITY = {"tuned": "cosine", "exact": "cosine", "orig": "dot"}
 # Which epoch a trained model is: the last (App. A states no rule, so the recipe's training as it ends), or the one with
 # the best dev score (ours: an option, not the paper's).
 CHECKPOINTS: tuple[str, ...] = ("last-epoch", "best-dev")
+MIN_DEV_PAIRS = 2  # the dev Spearman, evaluated each epoch, is undefined on fewer
 # A trained model's folder holds its last epoch; the best-dev epoch is saved beside it, in <folder> + BEST_SUFFIX.
 BEST_SUFFIX = f"-{CHECKPOINTS[1]}"
 # The training record in a saved model folder (jobs.train writes it: data, variant, hyper-parameters, dev score,

@@ -29,7 +29,7 @@ from xsbert_core import InputError
 from xsbert_core.errors import not_utf8
 from xsbert_core.models import is_packaged, missing_weights
 from xsbert_core.settings import base_type
-from xsbert_core.training import CHECKPOINTS, RECIPES, VARIANTS, TrainConfig, TrainData
+from xsbert_core.training import CHECKPOINTS, MIN_DEV_PAIRS, RECIPES, VARIANTS, TrainConfig, TrainData
 
 from .. import config
 from ..attribution.inputs import BUILTINS, resolve_source
@@ -204,7 +204,8 @@ class Train(Strict):
     train_split: str = TrainData.train_split
     dev_split: str = TrainData.dev_split
     train_limit: int | None = Field(None, ge=1, description="the first N training pairs (smoke tests)")
-    dev_limit: int | None = Field(None, ge=2, description="the first N dev pairs (smoke tests; the dev Spearman needs 2)")
+    dev_limit: int | None = Field(None, ge=MIN_DEV_PAIRS,
+                                  description="the first N dev pairs (smoke tests; the dev Spearman needs 2)")
 
 
 def _unwrap_train(value: Any) -> Any:

@@ -20,6 +20,7 @@ from xsbert_core import InputError
 from xsbert_core.models import transformers_bars
 from xsbert_core.training import (
     CHECKPOINTS,
+    MIN_DEV_PAIRS,
     TRAINING_RECORD,
     VARIANT_SIMILARITY,
     TrainConfig,
@@ -38,7 +39,6 @@ from ..processes import owned_path, remove_orphans
 logger = logging.getLogger("jobs.train")
 
 LABEL_MAX = STSB_LABELS[1]  # the losses take similarities in [0, 1]
-MIN_DEV_PAIRS = 2  # the dev Spearman, evaluated each epoch, is undefined on fewer
 
 
 def training_pairs(dataset: str, split: str, limit: int | None) -> tuple[list[str], list[str], list[float]]:
