@@ -102,7 +102,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def parse_layers(text: str) -> str | list[int]:
     """--layers: "all", or its comma-separated layer indices in order, each once (negative: from the top; their
-    range is checked against the model, jobs.evaluation.run.resolve_layers); ValueError naming the flag if not."""
+    range is checked against the model, xsbert_core.split.resolve_layer); ValueError naming the flag if not."""
     if text.strip() == "all":
         return "all"
     try:

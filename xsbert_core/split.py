@@ -107,6 +107,16 @@ class TokenBatch:
         )
 
 
+def resolve_layer(layer: int, n_layers: int, name: str = "layer") -> int:
+    """`layer` as an index 0..n_layers - 1 (negative: from the top, -1 the last); an InputError of one line, the
+    layer called `name`, when the model has no such layer."""
+    resolved = layer + n_layers if layer < 0 else layer
+    if not 0 <= resolved < n_layers:
+        raise InputError(f"{name} {layer} is out of range for a model with {n_layers} layers "
+                         f"(valid: 0..{n_layers - 1}, or -{n_layers}..-1 from the top)")
+    return resolved
+
+
 class SplitModel:
     """`model` split at layer `layer` (negative counts from the top: -1 is the last layer's input)."""
 
@@ -136,13 +146,7 @@ class SplitModel:
         self.n_layers = len(self._layers)
         if isinstance(layer, bool) or not isinstance(layer, int):
             raise InputError(f"layer must be an integer, got {layer!r}")
-        resolved = layer + self.n_layers if layer < 0 else layer
-        if not 0 <= resolved < self.n_layers:
-            raise InputError(
-                f"layer {layer} is out of range for a model with {self.n_layers} layers "
-                f"(valid: 0..{self.n_layers - 1}, or -{self.n_layers}..-1 from the top)"
-            )
-        self.layer = resolved
+        self.layer = resolve_layer(layer, self.n_layers)
         self.mode: Mode = mode
         modules = [model[i] for i in range(1, len(model))]
         while modules and type(modules[-1]).__name__ == "Normalize":

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from xsbert_core import InputError
 from xsbert_core.cli import writable_folder
 from xsbert_core.training import VARIANTS, base_name
 
@@ -100,19 +99,11 @@ class LayerPlan:
     fig_layer: int
 
 
-def resolve_layer(layer: int, n_layers: int, flag: str) -> int:
-    """`layer` as an index 0..n_layers - 1 (negative: from the top, as jobs.attribute's --layer); an InputError naming
-    `flag` when the model has no such layer."""
-    if not -n_layers <= layer < n_layers:
-        raise InputError(f"{flag} {layer} is out of range for a model with {n_layers} layers "
-                         f"(valid: 0..{n_layers - 1}, or -{n_layers}..-1 from the top)")
-    return layer % n_layers
-
-
 def layer_plan(args: argparse.Namespace, exact: str) -> LayerPlan:
     """The layers of --layers (agreement stage) and --fig-layer (figures stage), checked against the exact model's
     layer count (the model is loaded for it); a flag whose stage is not run is not checked."""
     from xsbert_core import Explainer, load_model
+    from xsbert_core.split import resolve_layer  # here: the engine (torch) loads where a job runs, not for --help
 
     n_layers = Explainer(load_model(exact), layer=0, steps=1).split.n_layers
     # "all": the deepest layer first, the cheapest to attribute (and the paper's), so an interrupted
