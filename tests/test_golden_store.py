@@ -7,7 +7,9 @@ tests/test_local_executor.py) is computed, and compared with tests/data/golden_s
 - the run id, and the manifest's `config` (what the run id hashes), `settings` and `cells`, exactly;
 - per table: the part files' names, the Arrow schema of each part (with its metadata) and the row count, exactly;
 - per table: every row, every column, sorted by the table's key (tests/jobtools.py ORDER): strings, integers,
-  booleans and nulls exactly, floats to rel 1e-4 / abs 1e-6 (another CPU's kernels may round differently);
+  booleans and nulls exactly, floats to rel 1e-4 / abs 1e-6, and a vector's elements (an embedding) to abs 1e-5 of
+  the vector's largest |element| too (another CPU's kernels round differently: an AVX-512 machine's embeddings came
+  out up to 9e-7 of that scale apart from the golden's, 1.2e-6 apart near zero in a vector of scale 4.8);
 - the sha256 of every Parquet part, byte for byte, wherever every float above came out bit-identical (the same
   CPU kernels): pyarrow's writer is deterministic, so equal values must give equal files.
 
@@ -52,6 +54,7 @@ VARIANTS = {
                        "--steps", "2"],  # fmt: skip
 }
 REL, ABS = 1e-4, 1e-6
+VECTOR_REL = 1e-5  # of a float vector's largest |element|: each element's abs tolerance
 
 
 def _key(row: dict[str, Any], table: str) -> tuple:
@@ -79,23 +82,26 @@ def store_record(run_dir: Path) -> dict[str, Any]:
             "cells": manifest["cells"], "tables": tables}  # fmt: skip
 
 
-def compare(got: Any, want: Any, where: str, exact: list[bool]) -> None:
-    """Assert `got` equals `want`: floats to REL/ABS (exact[0] turns False when one is not bit-equal), all else ==."""
+def compare(got: Any, want: Any, where: str, exact: list[bool], abs_tol: float = ABS) -> None:
+    """Assert `got` equals `want`: floats to REL and `abs_tol` (ABS, or VECTOR_REL of the largest |element| of the
+    float vector they are in), exact[0] turning False when one is not bit-equal; all else ==."""
     if isinstance(want, float) and isinstance(got, float):
         if math.isnan(want):
             assert math.isnan(got), where
             return
         if got != want:
             exact[0] = False
-        assert got == pytest.approx(want, rel=REL, abs=ABS), where
+        assert got == pytest.approx(want, rel=REL, abs=abs_tol), where
     elif isinstance(want, dict):
         assert isinstance(got, dict) and sorted(got) == sorted(want), where
         for k in want:
             compare(got[k], want[k], f"{where}.{k}", exact)
     elif isinstance(want, list):
         assert isinstance(got, list) and len(got) == len(want), f"{where}: length {len(got)} != {len(want)}"
+        vector = bool(want) and all(isinstance(w, float) and math.isfinite(w) for w in want)
+        tol = max(ABS, VECTOR_REL * max(abs(w) for w in want)) if vector else ABS
         for k, (g, w) in enumerate(zip(got, want)):
-            compare(g, w, f"{where}[{k}]", exact)
+            compare(g, w, f"{where}[{k}]", exact, tol)
     else:
         assert type(got) is type(want) and got == want, f"{where}: {got!r} != {want!r}"
 
