@@ -54,7 +54,19 @@ def default(file: str, name: str) -> bool | int | float | str:
     if len(found) != 1:
         where = path.relative_to(SQL_DIR.parent) if path.is_relative_to(SQL_DIR.parent) else path
         raise ValueError(f"{where}: {len(found)} defaults of variable {name} ({', '.join(sorted(found))})")
-    literal = found.pop()
+    return literal_value(found.pop())
+
+
+def defaults_in(sql: str) -> dict[str, set[str]]:
+    """Every variable an SQL text gives a default (`coalesce(getvariable('name'), <literal>)`), with its literals."""
+    found: dict[str, set[str]] = {}
+    for name, literal in re.findall(_DEFAULT_RE.format(name=r"(\w+)"), sql, re.IGNORECASE):
+        found.setdefault(name, set()).add(literal)
+    return found
+
+
+def literal_value(literal: str) -> bool | int | float | str:
+    """An SQL literal of a default (true/false, 'text' with '' for a quote, a number) as the Python value."""
     if literal.lower() in ("true", "false"):
         return literal.lower() == "true"
     if literal.startswith("'"):

@@ -309,6 +309,10 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path, stores, capsys):
         (["--run", run, "--out", str(tmp_path / "o"), "--var", "min_count"], "NAME=VALUE"),
         (["--run", run, "--out", str(tmp_path / "o"), "--var", "min_cuont=5"],  # every analysis at its default
          "--var min_cuont: no analysis of sql/ reads such a variable (they read: "),
+        (["--run", run, "--out", str(tmp_path / "o"), "--var", "min_count=abc"],  # was a failed section, exit 1
+         "--var min_count=abc: min_count takes a number (its default: 30)"),
+        (["--run", run, "--out", str(tmp_path / "o"), "--var", "include_special=1"],
+         "--var include_special=1: include_special takes true or false (its defaults: false, true)"),
         (["--run", run, "--out", str(tmp_path / "o"), "--serve-url", "localhost:8000"],
          "--serve-url 'localhost:8000': not an http:// or https:// address"),
         (["--run", str(half), "--out", str(tmp_path / "o")], f"--run {half}: no manifest.json: a half-written run"),

@@ -1327,6 +1327,9 @@ def test_xsbert_sql_bad_inputs_exit_2_with_one_line(tmp_path, capsys):
         (["--run", str(run), "--file", "table1", "--var", "min_count"], "NAME=VALUE"),
         (["--run", str(run), "--file", "lexical_ranks", "--var", "min_cout=10"],  # a typo is not the default
          "--var min_cout: lexical_ranks reads no such variable (it reads: include_special, min_count)"),
+        (["--run", str(run), "--file", "lexical_ranks", "--var", "min_count=ten"], "min_count takes a number"),
+        (["--run", str(run), "--file", "negation", "--var", "definition=2"],  # 'paper' or 'word_cells'
+         "--var definition=2: definition takes a text (its default: 'paper'; quote a text that looks like a number"),
         (["--run", str(run), "select 1", "--max-rows", "0"], "--max-rows"),
         (["--run", str(run), "  "], "empty"),
     ]

@@ -16,7 +16,7 @@ from xsbert_core import InputError
 from xsbert_core.cli import writable_folder
 
 from .. import sqlfiles, sqlrun
-from ..sqlrun.command import variables_read
+from ..sqlrun.command import check_kinds, variables_read
 from ..store import StoreError, disk_failure
 from .base import REPORT_JSON, SERVE_URL, Analysis, Context, Finding, Section
 from .examples import plot_examples
@@ -163,11 +163,13 @@ def write_report(
     from .registry import ANALYSES
 
     sql_files = sorted(sqlfiles.SQL_DIR.glob("*.sql"))
-    reads = set().union(*(variables_read(sqlfiles.text(p)) for p in sql_files))
+    texts = [sqlfiles.text(p) for p in sql_files]
+    reads = set().union(*(variables_read(t) for t in texts))
     unknown = sorted(set(variables) - reads)
     if unknown:  # a misspelt --var would leave every analysis at its default, silently
         raise InputError(f"--var {', '.join(unknown)}: no analysis of sql/ reads such a variable (they read: "
                          f"{', '.join(sorted(reads))})")
+    check_kinds("\n".join(texts), variables)  # --var min_count=abc: one line now, not a failed section
     ctx = open_context(run, run2, out, variables, note)
     ctx.serve_url = None if serve_url in (None, "", "none") else serve_url.rstrip("/")
     out, facts = ctx.out, ctx.facts

@@ -14,6 +14,7 @@ import polars as pl
 
 from xsbert_core import InputError
 
+from .. import sqlfiles
 from .connection import NAME_RE, connect, one_line, variable
 from .files import file_sql, query
 from .runs import TABLES, as_run, missing_table_message
@@ -51,6 +52,28 @@ def check_vars(name: str, sql: str, variables: dict[str, Any]) -> None:
     if unknown:
         known = ", ".join(sorted(reads)) or "none"
         raise InputError(f"--var {', '.join(unknown)}: {name} reads no such variable (it reads: {known})")
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true or false"
+    return "a number" if isinstance(value, (int, float)) else "a text"
+
+
+def check_kinds(sql: str, variables: dict[str, Any]) -> None:
+    """An InputError for a --var whose value is not of the kind of its default in `sql` (a number, true/false or a
+    text: `coalesce(getvariable('min_count'), 30)` takes a number), which DuckDB would meet mid-query or compare
+    with a value of another kind; null (the default) is every kind's."""
+    for name, literals in sorted(sqlfiles.defaults_in(sql).items()):
+        if name not in variables or variables[name] is None:
+            continue
+        wanted = {_kind(sqlfiles.literal_value(lit)) for lit in literals}
+        if _kind(variables[name]) not in wanted:
+            given = variables[name]
+            said = f"its default{'s' if len(literals) > 1 else ''}: {', '.join(sorted(literals))}"
+            hint = "; quote a text that looks like a number: '5'" if wanted == {"a text"} else ""
+            raise InputError(f"--var {name}={str(given).lower() if isinstance(given, bool) else given}: {name} "
+                             f"takes {' or '.join(sorted(wanted))} ({said}{hint})")  # fmt: skip
 
 
 def parse_vars(items: list[str]) -> dict[str, Any]:
@@ -118,6 +141,7 @@ def cli(args: argparse.Namespace, out=None) -> int:
         raise InputError("the query is empty")
     if args.file:  # a misspelt --var would leave the file at its default without a word
         check_vars(args.file, sql, variables)
+        check_kinds(sql, variables)
     con = connect(args.run, args.run2, variables)
     try:
         df = query(con, sql)
