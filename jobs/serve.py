@@ -41,6 +41,7 @@ import argparse
 import sys
 
 from xsbert_core import InputError
+from xsbert_core.cli import add_top_argument
 
 from . import sqlrun
 from .browse.heatmap import load_pair
@@ -88,7 +89,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--run", required=True, metavar="DIR", help="the run directory, local or s3://... / gs://...")
     w.add_argument("--pair", required=True, metavar="ID", help="the pair's pair_id")
     w.add_argument("--words", action="store_true", help="also the top word pairs (word_cells)")
-    w.add_argument("--top", type=int, default=5, help="how many top cells to print (default 5)")
+    add_top_argument(w)
     w.add_argument("--png", metavar="OUT.png", help="write the token heatmap, as xsbert explain --plot draws it")
 
 
@@ -126,11 +127,10 @@ def serve(args: argparse.Namespace) -> int:
 
 def show(args: argparse.Namespace, out=None) -> int:
     """`xsbert show`: the pair as `xsbert explain` prints it, from the store."""
-    from xsbert_core.cli import format_view, output_file, save_heatmap
+    from xsbert_core.cli import check_top, format_view, output_file, save_heatmap
 
     out = out or sys.stdout
-    if args.top < 1:
-        raise InputError(f"--top must be >= 1, got {args.top}")
+    check_top(args.top)
     png = output_file(args.png, "--png", image=True) if args.png else None
     con = sqlrun.connect(sqlrun.check_run(args.run))
     info = open_run(con, args.run, "--run", "")

@@ -44,6 +44,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+TOP_CELLS = 5  # the top cells `xsbert explain` and `xsbert show` print
+
+
+def add_top_argument(parser: argparse.ArgumentParser) -> None:
+    """--top, of `xsbert explain` and `xsbert show` (checked by check_top)."""
+    parser.add_argument("--top", type=int, default=TOP_CELLS, help=f"how many top cells to print (default {TOP_CELLS})")
+
+
+def check_top(top: int) -> None:
+    if top < 1:
+        raise InputError(f"--top must be >= 1, got {top}")
+
+
 def add_explain_parser(sub: argparse._SubParsersAction) -> None:
     """`xsbert explain`: one pair at a terminal (run by `explain`)."""
     e = sub.add_parser(
@@ -58,7 +71,7 @@ def add_explain_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--prompt-b", default=None, metavar="TEXT", help="text b's own prompt (a document prompt)")
     e.add_argument("--prompt-name-b", default=None, metavar="NAME", help="text b's own prompt, by name")
     e.add_argument("--words", action="store_true", help="also aggregate to words (mean over tokens)")
-    e.add_argument("--top", type=int, default=5, help="how many top cells to print")
+    add_top_argument(e)
     e.add_argument("--json", dest="json_out", metavar="OUT", help="write the full result as JSON")
     e.add_argument("--plot", metavar="OUT.png", help="write a heatmap (the suffix picks the format: .svg, .pdf, ...)")
     e.add_argument("--device", default=None, help="torch device (default: cpu)")
@@ -184,8 +197,7 @@ def explain(args: argparse.Namespace) -> int:
     # the texts, and where the results go, checked before the model loads
     for text in (a, b):
         check_text(text)
-    if args.top < 1:
-        raise InputError(f"--top must be >= 1, got {args.top}")
+    check_top(args.top)
     json_out = output_file(args.json_out, "--json") if args.json_out else None
     plot = output_file(args.plot, "--plot", image=True) if args.plot else None
     from .explainer import Explainer  # here: the other commands of `xsbert` need no model (sentence-transformers)
