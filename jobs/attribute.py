@@ -126,7 +126,7 @@ def print_summary(s: dict[str, Any], run_dir: str | Path) -> None:
 
 def cli(argv: list[str] | None = None, hooks: Hooks | None = None) -> int:
     args = parse_args(argv)
-    quiet_console()
+    quiet_console(args.quiet)
     return exit_status("jobs.attribute", lambda: main(args, hooks),
                        interrupted="the committed waves stay, the wave in progress was removed; the same command "
                                    "resumes")  # fmt: skip

@@ -4,6 +4,7 @@ jobs.evaluate)."""
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 from typing import Any, TextIO
@@ -46,14 +47,19 @@ class WholeLines:
         return getattr(self.stream, name)
 
 
-def quiet_console() -> None:
-    """For the command line: no download/loading bars of transformers off a TTY, Ray's C++ restart notice dropped
-    (jobs/raycluster.py says why it is harmless), and stdout and stderr written in whole lines (WholeLines)."""
+def quiet_console(quiet: bool = False) -> None:
+    """For the command line: no download/loading bars of transformers and no "Generating train split" bar of
+    `datasets` (a --dataset folder) off a TTY or with `quiet`, Ray's C++ restart notice dropped (jobs/raycluster.py
+    says why it is harmless), and stdout and stderr written in whole lines (WholeLines)."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if not sys.stderr.isatty():
+    if quiet or not sys.stderr.isatty():
         import transformers
 
         transformers.utils.logging.disable_progress_bar()
+        if "datasets" in sys.modules:
+            sys.modules["datasets"].disable_progress_bars()
+        else:  # read when `datasets` is imported (only a dataset from a folder or the hub needs it)
+            os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"
     filter_stderr()
     for name in ("stdout", "stderr"):
         if not isinstance(getattr(sys, name), WholeLines):

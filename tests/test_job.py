@@ -136,6 +136,40 @@ def test_hub_code_path_through_a_local_datasets_folder(tmp_path):
         load_pairs(str(folder))
 
 
+def test_a_csv_folder_keeps_each_field_as_its_text_as_a_file_does(tmp_path):
+    """`datasets` reads a folder's CSV/TSV with pandas, whose default turned `nan`, `NA` and `null` into no value: a
+    label `nan` became a pair without a label (kept), where the same file given directly has it as a bad label
+    (quarantined), and a text `null` became an empty text. keep_default_na=False: the folder reads as the file."""
+    rows = "sentence1\tsentence2\tscore\nA b.\tC d.\tnan\nE f.\tnull\t2.0\nI j.\tK l.\tNA\nM n.\tO p.\t\n"
+    for name in ("folder", "tsv-folder"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "folder" / "test.csv").write_text(rows.replace("\t", ","), encoding="utf-8")
+    (tmp_path / "tsv-folder" / "test.tsv").write_text(rows, encoding="utf-8")
+    (tmp_path / "file.tsv").write_text(rows, encoding="utf-8")
+    want = load_pairs(str(tmp_path / "file.tsv")).rows
+    assert want.label_raw.tolist() == ["nan", "2.0", "NA", ""] and want.text_b.tolist()[1] == "null"
+    for name in ("folder", "tsv-folder"):
+        got = load_pairs(str(tmp_path / name), split="test").rows
+        assert got[["text_a", "text_b", "label_raw"]].equals(want[["text_a", "text_b", "label_raw"]]), (name, got)
+    assert _inputs._folder_options(resolve_source(str(tmp_path / "folder"))) == {"keep_default_na": False}
+    (tmp_path / "pq").mkdir()  # a folder of Parquet (or JSON) files has its types: nothing for pandas to guess
+    assert _inputs._folder_options(resolve_source(str(tmp_path / "pq"))) == {}
+
+
+def test_the_quiet_console_hides_the_datasets_bar_of_a_folder(tmp_path):
+    """`datasets` draws "Generating test split: ..." while it reads a folder: off a TTY, or with -q, the job's
+    console (jobs/console.py quiet_console) has it off, whether `datasets` is imported before or after."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "test.csv").write_text("sentence1,sentence2,score\nA b.,C d.,1.0\n", encoding="utf-8")
+    code = ("import sys; {before}from jobs.console import quiet_console; quiet_console(); "
+            "from jobs.attribution.validate import load_pairs; print(len(load_pairs(sys.argv[1], split='test').rows))")
+    for before in ("", "import datasets; "):
+        proc = subprocess.run([sys.executable, "-c", code.format(before=before), str(tmp_path / "d")], cwd=ROOT,
+                              capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+        assert proc.returncode == 0 and proc.stdout.strip() == "1", proc.stderr[-2000:]
+        assert "Generating" not in proc.stderr, proc.stderr
+
+
 @pytest.mark.parametrize("fmt", ["tsv", "tsv.gz", "csv", "csv.gz", "parquet", "jsonl", "jsonl.gz"])
 def test_every_file_format_reads_the_same_rows(tmp_path, fmt):
     df = pd.DataFrame({"pair_id": ["a", "b", "c"], "text_a": ["He said \"hi\".", "x, y", "ümlaut"],

@@ -342,13 +342,28 @@ def _read_parquet(path: str, chunk_rows: int) -> Iterator[pd.DataFrame]:
         yield _frame(names, [], 0)
 
 
+_TABLE_SUFFIXES = {".parquet", ".json", ".jsonl", ".ndjson", ".arrow"}  # a folder of these is not read as CSV
+
+
+def _folder_options(source: Source) -> dict[str, Any]:
+    """What `datasets` is told for a local folder of CSV/TSV files: keep_default_na=False, so that its CSV reader
+    (pandas) keeps a field as its text, as the job's own reader of a file does, instead of turning `nan`, `NA` or
+    `null` into no value: a label `nan` is then a bad label in a folder as in a file, not a pair without a label."""
+    if source.kind != "hub-folder":
+        return {}
+    suffixes = {Path(p.name.removesuffix(".gz").removesuffix(".bz2").removesuffix(".zst")).suffix.lower()
+                for p in Path(source.location).rglob("*") if p.is_file() and not p.name.startswith(".")}  # fmt: skip
+    csv_like = suffixes & {".csv", ".tsv"} and not suffixes & _TABLE_SUFFIXES
+    return {"keep_default_na": False} if csv_like else {}
+
+
 def _read_datasets(source: Source, chunk_rows: int) -> Iterator[pd.DataFrame]:
     try:
         import datasets
     except ImportError as exc:  # pragma: no cover - a declared dependency
         raise InputError("reading hub datasets needs the `datasets` package") from exc
     try:
-        ds = datasets.load_dataset(source.location, source.config, split=source.split)
+        ds = datasets.load_dataset(source.location, source.config, split=source.split, **_folder_options(source))
     except Exception as exc:  # noqa: BLE001 - offline, unknown name, unknown split: one clear message
         hint = (
             "The built-in `qqp` reads a local subset file of the train split (--qqp-path or $XSBERT_QQP); without one "
