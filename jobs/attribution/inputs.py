@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from xsbert_core import InputError
+from xsbert_core.models import hub_cached, hub_unreachable
 
 from ..store import SCHEMAS
 from . import datasets as _datasets
@@ -357,23 +358,36 @@ def _folder_options(source: Source) -> dict[str, Any]:
     return {"keep_default_na": False} if csv_like else {}
 
 
+def _hub_dataset_cached(name: str) -> bool:
+    """Whether this machine holds hub dataset `name` from an earlier download: its files in the hub's cache, or its
+    prepared tables in `datasets`' cache (which `datasets` reads when the hub cannot be reached)."""
+    import datasets
+
+    prepared = Path(datasets.config.HF_DATASETS_CACHE) / name.replace("/", "___")
+    return hub_cached(name, repo_type="dataset") is not None or prepared.is_dir()
+
+
 def _read_datasets(source: Source, chunk_rows: int) -> Iterator[pd.DataFrame]:
     try:
         import datasets
     except ImportError as exc:  # pragma: no cover - a declared dependency
         raise InputError("reading hub datasets needs the `datasets` package") from exc
+    hint = (
+        "The built-in `qqp` reads a local subset file of the train split (--qqp-path or $XSBERT_QQP); without one "
+        "it is the hub's GLUE QQP, which needs the Hugging Face hub (network), or a local copy passed as a file."
+        if source.identity == "glue/qqp"
+        else "Pass a local file (TSV/CSV/Parquet/JSONL) or run where the Hugging Face hub is reachable."
+    )
+    what = f"dataset {source.identity!r} (config {source.config!r}, split {source.split!r})"
+    if source.kind == "hub" and (why := hub_unreachable()) is not None and not _hub_dataset_cached(source.location):
+        raise InputError(f"could not load {what}: the Hugging Face hub cannot be reached ({why}) and no cache here "
+                         f"holds it. {hint}")  # fmt: skip
     try:
         ds = datasets.load_dataset(source.location, source.config, split=source.split, **_folder_options(source))
     except Exception as exc:  # noqa: BLE001 - offline, unknown name, unknown split: one clear message
-        hint = (
-            "The built-in `qqp` reads a local subset file of the train split (--qqp-path or $XSBERT_QQP); without one "
-            "it is the hub's GLUE QQP, which needs the Hugging Face hub (network), or a local copy passed as a file."
-            if source.identity == "glue/qqp"
-            else "Pass a local file (TSV/CSV/Parquet/JSONL) or run where the Hugging Face hub is reachable."
-        )
         raise InputError(
-            f"could not load dataset {source.identity!r} (config {source.config!r}, split {source.split!r}) "
-            f"with `datasets`: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}. {hint}"
+            f"could not load {what} with `datasets`: {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}. {hint}"
         ) from exc
     if isinstance(ds, datasets.DatasetDict):
         if len(ds) != 1:
