@@ -3,11 +3,12 @@ jobs.evaluate)."""
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import threading
 from typing import Any, TextIO
+
+from xsbert_core.cli import console_logging
 
 from .raycluster import filter_stderr
 
@@ -48,10 +49,10 @@ class WholeLines:
 
 
 def quiet_console(quiet: bool = False) -> None:
-    """For the command line: no download/loading bars of transformers and no "Generating train split" bar of
+    """For the command line: warnings of the libraries once each (WARNING and up), no download/loading bars of transformers and no "Generating train split" bar of
     `datasets` (a --dataset folder) off a TTY or with `quiet`, Ray's C++ restart notice dropped (jobs/raycluster.py
     says why it is harmless), and stdout and stderr written in whole lines (WholeLines)."""
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    console_logging()
     if quiet or not sys.stderr.isatty():
         import transformers
 

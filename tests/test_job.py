@@ -156,6 +156,15 @@ def test_a_csv_folder_keeps_each_field_as_its_text_as_a_file_does(tmp_path):
     assert _inputs._folder_options(resolve_source(str(tmp_path / "pq"))) == {}
 
 
+def test_the_console_prints_a_warning_of_huggingface_hub_once():
+    """huggingface_hub has a handler of its own and passed its records on to the console's too: each retried request
+    of the hub client printed two lines."""
+    code = ("import logging, huggingface_hub; from jobs.console import quiet_console; quiet_console(); "
+            "logging.getLogger('huggingface_hub.utils._http').warning('Retrying in 1s [Retry 1/5].')")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stderr.count("Retrying in 1s") == 1, proc.stderr
+
+
 def test_the_quiet_console_hides_the_datasets_bar_of_a_folder(tmp_path):
     """`datasets` draws "Generating test split: ..." while it reads a folder: off a TTY, or with -q, the job's
     console (jobs/console.py quiet_console) has it off, whether `datasets` is imported before or after."""

@@ -226,11 +226,19 @@ def explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def console_logging() -> None:
+    """The commands' logging (xsbert, and the jobs' quiet console): records of WARNING and up, as `LEVEL name:
+    message`, each once. huggingface_hub prints its records with a handler of its own and still passed them on to
+    this one: each of its warnings (a retried request) came out twice."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("huggingface_hub").propagate = False
+
+
 def run(parser: argparse.ArgumentParser, commands: dict[str, Callable[[argparse.Namespace], int]],
         argv: list[str] | None = None) -> int:  # fmt: skip
     """Parse argv and run its subcommand (exit_status: nothing is written before the end of one). An error is said
     as the subcommand's usage errors are, `xsbert sql: error: ...`."""
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    console_logging()
     args = parser.parse_args(argv)
     command = commands.get(args.command)
     return exit_status(f"{parser.prog} {args.command}", lambda: command(args) if command is not None else 1)
