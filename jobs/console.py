@@ -49,9 +49,10 @@ class WholeLines:
 
 
 def quiet_console(quiet: bool = False) -> None:
-    """For the command line: warnings of the libraries once each (WARNING and up), no download/loading bars of transformers and no "Generating train split" bar of
-    `datasets` (a --dataset folder) off a TTY or with `quiet`, Ray's C++ restart notice dropped (jobs/raycluster.py
-    says why it is harmless), and stdout and stderr written in whole lines (WholeLines)."""
+    """For the command line: the libraries' warnings once each (console_logging); no download/loading bars of
+    transformers and no "Generating train split" bar of `datasets` (a --dataset folder) off a TTY or with `quiet`;
+    Ray's C++ restart notice dropped (jobs/raycluster.py says why it is harmless); stdout and stderr written in whole
+    lines (WholeLines)."""
     console_logging()
     if quiet or not sys.stderr.isatty():
         import transformers
