@@ -205,6 +205,20 @@ def test_a_usage_error_is_one_line_in_every_command(module, function, prog, caps
     assert err.count("\n") == 1, err
 
 
+@pytest.mark.parametrize("argv", [["explain", "a", "b"], ["sql", "--run", "r", "select 1"], ["serve", "--run", "r"],
+                                  ["show", "--run", "r", "--pair", "p"]], ids=lambda argv: argv[0])  # fmt: skip
+def test_a_flag_a_sub_command_does_not_know_is_said_by_that_sub_command(argv, capsys):
+    """argparse said it as the top command's (`xsbert: error: unrecognized arguments`), whose --help does not list
+    the sub-command's flags."""
+    from jobs.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main([*argv, "--no-such-flag", "x"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == (f"xsbert {argv[0]}: error: unrecognized arguments: --no-such-flag x "
+                                       f"(see xsbert {argv[0]} --help)\n")  # fmt: skip
+
+
 def test_every_parser_is_a_command_parser():
     """Each command's parser is xsbert_core.errors.CommandParser (a new one with argparse's own would print its usage
     block again); the offline bundle's install.py alone keeps argparse's, as it runs before anything is installed."""

@@ -85,6 +85,19 @@ class CommandParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{command_name(self.prog)}: error: {message} (see {self.prog} --help)\n")
 
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        """argparse's, but a flag no parser knows is said by the sub-command given (`xsbert explain: error:
+        unrecognized arguments: --bogus (see xsbert explain --help)`), whose flags it was meant for; argparse says it
+        as the top command's."""
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            chosen = self
+            for action in self._actions:
+                if isinstance(action, argparse._SubParsersAction) and action.dest != argparse.SUPPRESS:
+                    chosen = action.choices.get(getattr(namespace, action.dest, None), self)
+            chosen.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace
+
 
 def command_name(prog: str) -> str:
     """What a command's error lines begin with: its prog without `python -m ` (`jobs.attribute`, `xsbert explain`)."""
