@@ -20,7 +20,7 @@
 --           mean_negative_sum, max_positive_sum, min_negative_sum,
 --           n_positive_exceeds      pairs with positive_sum > max_score
 --           share_positive_exceeds  n_positive_exceeds / n_pairs
---           mode, similarity, max_score
+--           max_score, mode, similarity
 -- Params    max_score  from the manifest: 1 (exact) or 2 (approx) for cos
 --                      scores; null (no share) for dot unless set
 --           bin_width  0.25
