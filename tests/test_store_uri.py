@@ -103,3 +103,33 @@ def test_a_scheme_without_a_backend_is_one_line_exit_2_everywhere(entry, tmp_pat
     assert "az://container/runs" in err[-1] and "unsupported location" in err[-1], err[-5:]
     assert not any("Traceback" in line for line in err)
     assert not (tmp_path / "az:").exists()  # nothing written to a local folder named after the URI
+
+
+def test_a_number_of_seconds_from_the_environment_that_is_none_is_one_line_naming_it(monkeypatch):
+    """XSBERT_LOCK_TTL_S was read with float() when jobs.store was imported: `abc` made every command, xsbert explain
+    included, a traceback; XSBERT_GCS_RETRY_S=x was pyarrow's "could not convert string to float" without the name."""
+    import os
+    import subprocess
+    import sys
+
+    from jobs.store.lock import lock_ttl_s
+    from jobs.store.uri import env_seconds, filesystem
+
+    monkeypatch.delenv("XSBERT_LOCK_TTL_S", raising=False)
+    assert lock_ttl_s() == jstore.LOCK_TTL_S == 120.0
+    for text, want in (("30", 30.0), (" 0.5 ", 0.5), ("", 120.0)):
+        monkeypatch.setenv("XSBERT_LOCK_TTL_S", text)
+        assert lock_ttl_s() == want
+    for text in ("abc", "2m", "0", "-1", "nan", "inf"):
+        monkeypatch.setenv("XSBERT_LOCK_TTL_S", text)
+        with pytest.raises(jstore.StoreError, match=rf"^XSBERT_LOCK_TTL_S='{text}': not a number of seconds above 0$"):
+            lock_ttl_s()
+    monkeypatch.setenv("XSBERT_X_S", "0")
+    assert env_seconds("XSBERT_X_S", 5.0) == 0.0  # a retry deadline may be 0: no retry
+    monkeypatch.setenv("XSBERT_GCS_RETRY_S", "x")
+    with pytest.raises(jstore.StoreError, match=r"^XSBERT_GCS_RETRY_S='x': not a number of seconds from 0$"):
+        filesystem("gs://bucket/runs")
+    env = {"XSBERT_LOCK_TTL_S": "abc", "XSBERT_GCS_RETRY_S": "x", "XSBERT_STORE_RETRY_S": "y"}
+    proc = subprocess.run([sys.executable, "-m", "jobs.attribute", "--help"], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[1], env={**os.environ, **env}, timeout=120)
+    assert proc.returncode == 0 and not proc.stderr, proc.stderr  # a local command never reads them

@@ -5,11 +5,16 @@ from __future__ import annotations
 import os
 
 from .clients import s3_client
-from .uri import gcs_emulator
+from .uri import env_seconds, gcs_emulator
 
 LOCK_NAME = "_lock.json"
-LOCK_TTL_S = float(os.environ.get("XSBERT_LOCK_TTL_S", "120"))
+LOCK_TTL_S = 120.0  # how long a writer lock lasts unless renewed (XSBERT_LOCK_TTL_S): lock_ttl_s()
 LOCK_READ_TRIES = 4  # reads of the lock by a part writer before an unreadable body counts as "not this run's"
+
+
+def lock_ttl_s() -> float:
+    """How long a writer lock lasts unless its heartbeat renews it: XSBERT_LOCK_TTL_S, else LOCK_TTL_S."""
+    return env_seconds("XSBERT_LOCK_TTL_S", LOCK_TTL_S, positive=True)
 
 
 def lock_expiry() -> int:
@@ -18,7 +23,7 @@ def lock_expiry() -> int:
     import math
     import time as _time
 
-    return math.ceil(_time.time() + LOCK_TTL_S)
+    return math.ceil(_time.time() + lock_ttl_s())
 
 
 class LockObject:

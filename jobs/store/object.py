@@ -36,7 +36,7 @@ from .layout import (
     write_parquet,
 )
 from .local import RunStore
-from .lock import LOCK_NAME, LOCK_TTL_S, LockObject, lock_expiry
+from .lock import LOCK_NAME, LockObject, lock_expiry, lock_ttl_s
 from .retry import GaveUp, retried, store_failure, store_retry_s
 from .sink import ObjectPartSink
 from .uri import WRITABLE_FAMILIES, Location, StoreError, fs_settings, redact
@@ -120,7 +120,7 @@ class ObjectRunStore(RunStore):
                     self._call("cannot remove the writer lock", LOCK_NAME, self._lock_object().delete,
                                deadline_s=min(self.retry_s, 10.0))  # fmt: skip
             except Exception:  # noqa: BLE001 - the lock expires by itself
-                logger.warning("could not remove the writer lock of %s; it expires in %.0f s", self.path, LOCK_TTL_S)
+                logger.warning("could not remove the writer lock of %s; it expires in %.0f s", self.path, lock_ttl_s())
             self._lock = None
 
     # ------------------------------------------------------------------ the writer lock
@@ -188,7 +188,7 @@ class ObjectRunStore(RunStore):
         stop = threading.Event()
 
         def renew() -> None:
-            while not stop.wait(LOCK_TTL_S / 3):
+            while not stop.wait(lock_ttl_s() / 3):
                 if self._lock is None:
                     return
                 try:
@@ -201,14 +201,14 @@ class ObjectRunStore(RunStore):
         self._beat = (stop, thread)
 
     def renew_lock(self) -> None:
-        """One heartbeat: push the lock's expiry LOCK_TTL_S ahead, if the lock is still this writer's."""
+        """One heartbeat: push the lock's expiry lock_ttl_s() ahead, if the lock is still this writer's."""
         if self._lock is None:
             return
         renewed = {**self._lock, "expires": lock_expiry()}
-        if self._lock_is_mine(deadline_s=LOCK_TTL_S / 3):
+        if self._lock_is_mine(deadline_s=lock_ttl_s() / 3):
             data = canonical_json(renewed).encode()
             self._call("cannot renew the writer lock", LOCK_NAME, lambda: self._lock_object().put(data),
-                       deadline_s=LOCK_TTL_S / 3)  # fmt: skip
+                       deadline_s=lock_ttl_s() / 3)  # fmt: skip
             self._lock = renewed
 
     def _fence(self) -> None:

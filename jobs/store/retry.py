@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import logging
-import os
 import random
 import re
 import time
 
-from .uri import Location, StoreError, redact
+from .uri import Location, StoreError, env_seconds, redact
 
 logger = logging.getLogger("jobs.store")
 
@@ -29,11 +28,7 @@ _noticed = [float("-inf")]  # when this process last said so (time.monotonic)
 
 def store_retry_s() -> float:
     """The deadline of one store call's retries: XSBERT_STORE_RETRY_S, else STORE_RETRY_S."""
-    text = os.environ.get("XSBERT_STORE_RETRY_S", "").strip()
-    try:
-        return max(0.0, float(text)) if text else STORE_RETRY_S
-    except ValueError:
-        raise StoreError(f"XSBERT_STORE_RETRY_S={text!r} is not a number of seconds") from None
+    return env_seconds("XSBERT_STORE_RETRY_S", STORE_RETRY_S)
 
 
 # What a store's answer or a dropped connection looks like in the clients' errors: pyarrow's S3 filesystem ("AWS

@@ -37,6 +37,24 @@ class StoreError(XsbertError, RuntimeError):
     __module__ = "jobs.store"  # its public name, as a remote traceback shows it (jobs.attribute reads that text)
 
 
+def env_seconds(name: str, default: float, positive: bool = False) -> float:
+    """Seconds from the environment variable `name` (XSBERT_STORE_RETRY_S, ...), else `default`; a StoreError of one
+    line that names the variable when its value is not a number of seconds (>= 0; > 0 with `positive`). Read where
+    the value is used, so that a bad one is said by the command that needs it, not as a traceback on import."""
+    import math
+
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise StoreError(f"{name}={text!r}: not a number of seconds {'above' if positive else 'from'} 0")
+    return value
+
+
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
@@ -217,6 +235,6 @@ def filesystem(location: str | Location, settings: dict[str, str] | None = None,
         return pafs.S3FileSystem(**chosen), loc.path
     if loc.family == "gcs":
         anonymous = chosen.pop("anonymous", "") == "true"
-        retry = timedelta(seconds=float(os.environ.get("XSBERT_GCS_RETRY_S", GCS_RETRY_S)))
+        retry = timedelta(seconds=env_seconds("XSBERT_GCS_RETRY_S", GCS_RETRY_S))
         return pafs.GcsFileSystem(anonymous=anonymous, retry_time_limit=retry, **chosen), loc.path
     raise StoreError(f"{loc.uri}: not on object storage (a local folder has no object-store filesystem)")
