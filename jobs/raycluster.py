@@ -193,21 +193,47 @@ def _refused_for_token(exc: BaseException, auth_error: type) -> bool:
     return False
 
 
+# Seconds a TCP connection to the head's GCS may take before the head counts as not answering (_probe_token).
+HEAD_CONNECT_TIMEOUT_S = 10.0
+DEFAULT_GCS_PORT = 6379  # the port of a head's GCS when an address names none (`ray start --head`'s default)
+
+
+def _probe_head(target: str) -> None:
+    """A RayJoinError of one line when nothing answers at the head's address `target` (host[:port]): its name does
+    not resolve, the connection is refused, or none is made within HEAD_CONNECT_TIMEOUT_S. ray.init would retry
+    such an address for minutes, repeating Ray's own warnings, and ignore SIGTERM meanwhile."""
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise RayJoinError(f"cannot join the Ray cluster at {target}: give the head's address as HOST:PORT, its GCS "
+                           f"port ({DEFAULT_GCS_PORT} unless `ray start --head --port` said another)")  # fmt: skip
+    host = host.strip("[]")
+    why = None
+    try:
+        socket.create_connection((host, int(port)), timeout=HEAD_CONNECT_TIMEOUT_S).close()
+    except socket.gaierror as exc:
+        why = f"the name {host!r} does not resolve ({exc.strerror})"
+    except TimeoutError:
+        why = f"no answer from {host}:{port} within {HEAD_CONNECT_TIMEOUT_S:g} s"
+    except OSError as exc:
+        why = f"nothing listens at {host}:{port} ({exc.strerror or type(exc).__name__})"
+    if why is not None:
+        raise RayJoinError(f"cannot join the Ray cluster at {target}: {why} (is its head up? `ray status` on the head "
+                           "prints the address to join)")  # fmt: skip
+
+
 def _probe_token(ray, address: str | None) -> None:
-    """One GCS request to the head before ray.init, which retries a refused token for about a minute before it
-    fails: a refusal raises RayJoinError at once. Anything else (an address that is no GCS, a head not up yet, Ray's
-    private GcsClient changed) is left to ray.init to report, as before."""
+    """Before ray.init: a head that does not answer at all is one line at once (_probe_head); then one GCS request,
+    since ray.init retries a refused token for about a minute before it fails: a refusal raises RayJoinError at once.
+    Anything else (an address that is no GCS, Ray's private GcsClient changed) is left to ray.init to report."""
+    target = address or os.environ.get("RAY_ADDRESS") or ""
+    if "://" in target or target in ("", "auto", "local"):
+        return  # ray:// clients and auto-detection: ray.init's own path
+    _probe_head(target)
     try:
         from ray._raylet import GcsClient
 
-        target = address or os.environ.get("RAY_ADDRESS") or ""
-        if "://" in target or target in ("", "auto", "local"):
-            return  # ray:// clients and auto-detection: ray.init's own path
         gcs = ray._private.services.canonicalize_bootstrap_address_or_die(target)
-        host, _, port = gcs.rpartition(":")
-        # Nothing listening: GcsClient would wait 40 s to say so; ray.init reports it as before.
-        socket.create_connection((host.strip("[]"), int(port)), timeout=2).close()
-    except Exception:  # noqa: BLE001 - not reachable, or no GCS address: ray.init says what is wrong
+    except Exception:  # noqa: BLE001 - no GCS address: ray.init says what is wrong
         return
     for _ in range(3):  # a busy head may time out a request before it answers the token's refusal
         try:

@@ -1195,6 +1195,35 @@ def test_a_ray_start_that_only_took_too_long_is_tried_once_more(capsys):
     assert calls == ["init", "shutdown", "init"]
 
 
+def test_a_ray_head_that_does_not_answer_is_one_line_at_once(tmp_path):
+    """--ray-address / RAY_ADDRESS of a head that is not there: ray.init retried it for minutes, repeating Ray's own
+    warnings, and ignored SIGTERM; an address without its port was a ValueError traceback. Said before ray.init
+    (jobs/raycluster.py _probe_head); an address Ray resolves itself is left to it."""
+    import socket
+
+    from jobs.raycluster import RayJoinError, _probe_token
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once the block ends
+    cases = {f"127.0.0.1:{port}": f"nothing listens at 127.0.0.1:{port} (Connection refused)",
+             "no-such-head.invalid:6379": "the name 'no-such-head.invalid' does not resolve (",
+             "10.0.0.1": "give the head's address as HOST:PORT, its GCS port (6379 unless",
+             ":6379": "give the head's address as HOST:PORT"}  # fmt: skip
+    for address, why in cases.items():
+        with pytest.raises(RayJoinError) as info:
+            _probe_token(None, address)  # before anything of Ray is asked
+        assert str(info.value).startswith(f"cannot join the Ray cluster at {address}: {why}"), str(info.value)
+    for address in ("auto", "ray://head:10001", ""):
+        assert _probe_token(None, address) is None  # ray.init's own paths
+    proc = subprocess.run([sys.executable, "-m", "jobs.attribute", "--dataset", "stsb", "--limit", "2", "--out",
+                           str(tmp_path / "runs"), "-q"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "RAY_ADDRESS": f"127.0.0.1:{port}"})  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"jobs.attribute: error: cannot join the Ray cluster at 127.0.0.1:{port}: nothing listens at 127.0.0.1:{port} "
+        "(Connection refused) (is its head up? `ray status` on the head prints the address to join)"], proc.stderr
+
+
 def test_the_console_makes_a_forwarded_worker_traceback_one_line():
     """raycluster.ConsoleLines on lines as Ray forwards a worker's traceback (a prefix per line, colour codes, in
     batches with a blank line between): one line for the block; the lines around it, another worker's included,
