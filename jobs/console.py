@@ -8,7 +8,7 @@ import sys
 import threading
 from typing import Any, TextIO
 
-from xsbert_core.cli import console_logging
+from xsbert_core.console import console_logging, guard_streams
 
 from .raycluster import filter_stderr
 
@@ -63,6 +63,7 @@ def quiet_console(quiet: bool = False) -> None:
         else:  # read when `datasets` is imported (only a dataset from a folder or the hub needs it)
             os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"
     filter_stderr()
+    guard_streams()  # what is printed cannot fail the command (xsbert_core/console.py); whole lines on top of it
     for name in ("stdout", "stderr"):
         if not isinstance(getattr(sys, name), WholeLines):
             setattr(sys, name, WholeLines(getattr(sys, name)))

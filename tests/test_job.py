@@ -1224,6 +1224,24 @@ def test_a_ray_head_that_does_not_answer_is_one_line_at_once(tmp_path):
         "(Connection refused) (is its head up? `ray status` on the head prints the address to join)"], proc.stderr
 
 
+def test_a_job_whose_output_has_no_reader_goes_on_to_its_end(tmp_path):
+    """`jobs.attribute ... | head -1`, or started with stdout closed (`>&-`): the first broken write was a traceback
+    that stopped the run mid-way (resumable, but not done); the job's result is its store, so it goes on."""
+    argv = [sys.executable, "-m", "jobs.attribute", "--dataset", "stsb", "--limit", "3", "--steps", "2",
+            "--executor", "local", "--cells", "same-token"]  # fmt: skip
+    piped = subprocess.Popen([*argv, "--out", str(tmp_path / "a")], cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert piped.stdout.readline()  # the first line, then the reader goes away
+    piped.stdout.close()
+    assert piped.wait(timeout=600) == 0 and "Traceback" not in piped.stderr.read()
+    closed = subprocess.run(["bash", "-c", " ".join(argv + ["--out", str(tmp_path / "b"), ">&-"])], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert closed.returncode == 0 and "Traceback" not in closed.stderr, closed.stderr[-2000:]
+    for out in ("a", "b"):
+        (run,) = (tmp_path / out).iterdir()
+        assert json.loads((run / "manifest.json").read_text())["tables"]["pairs"]["rows"] == 3
+
+
 def test_the_console_makes_a_forwarded_worker_traceback_one_line():
     """raycluster.ConsoleLines on lines as Ray forwards a worker's traceback (a prefix per line, colour codes, in
     batches with a blank line between): one line for the block; the lines around it, another worker's included,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -1562,3 +1563,30 @@ def test_real_runs_answer_every_analysis(real_runs, capsys):
 
     code, out, _ = xsbert_sql(capsys, "--run", str(stsb), "--file", "table1")
     assert code == 0 and "spearman_x100" in out
+
+
+def test_what_xsbert_sql_prints_cannot_fail_it(tmp_path):
+    """Its own process, its real stdout (xsbert_core/console.py): a terminal without the table's characters
+    (PYTHONIOENCODING=ascii) gets an ASCII table with escapes, not a UnicodeEncodeError; a reader that goes away after
+    a line (`| head -1`) ends nothing in a traceback; a stdout on a full disk is one line, status 2."""
+    run, _ = random_run(tmp_path, "r", np.random.default_rng(12), n_pairs=20)
+    xsbert = str(Path(sys.executable).with_name("xsbert"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONIOENCODING"}
+
+    ascii_ = subprocess.run([xsbert, "sql", "--run", str(run), "select 'caf\u00e9 \u00d7' as x"], capture_output=True,
+                            text=True, env={**env, "PYTHONIOENCODING": "ascii"}, timeout=120)  # fmt: skip
+    assert ascii_.returncode == 0 and not ascii_.stderr, ascii_.stderr
+    assert ascii_.stdout.splitlines()[:4] == ["+--------+", "| x      |", "+========+", "| caf\\xe9 \\xd7 |"]
+
+    reader = subprocess.Popen([xsbert, "sql", "--run", str(run), "select * from cells, range(50)", "--max-rows",
+                               "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    assert reader.stdout.readline().startswith("\u250c")
+    reader.stdout.close()  # as `head -1` does: the rest of the table has no reader
+    assert reader.wait(timeout=120) == 0 and reader.stderr.read() == ""
+
+    if Path("/dev/full").exists():
+        with open("/dev/full", "w") as full:
+            proc = subprocess.run([xsbert, "sql", "--run", str(run), "select * from cells"], stdout=full,
+                                  stderr=subprocess.PIPE, text=True, env=env, timeout=120)  # fmt: skip
+        assert proc.returncode == 2 and proc.stderr.splitlines() == [
+            "xsbert sql: error: cannot write to stdout (No space left on device): what the command printed is lost"]

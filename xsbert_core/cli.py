@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import errno
 import json
-import logging
 import os
 import sys
 import tempfile
@@ -18,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import __version__
+from .console import console_logging
 from .errors import CommandParser, InputError, XsbertError, check_text, exit_status
 from .precision import DEFAULT_PRECISION
 from .settings import EngineSettings, add_arguments, from_namespace
@@ -224,14 +224,6 @@ def explain(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"wrote {plot}")
     return 0
-
-
-def console_logging() -> None:
-    """The commands' logging (xsbert, and the jobs' quiet console): records of WARNING and up, as `LEVEL name:
-    message`, each once. huggingface_hub prints its records with a handler of its own and still passed them on to
-    this one: each of its warnings (a retried request) came out twice."""
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("huggingface_hub").propagate = False
 
 
 def run(parser: argparse.ArgumentParser, commands: dict[str, Callable[[argparse.Namespace], int]],

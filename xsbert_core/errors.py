@@ -64,7 +64,11 @@ def exit_status(prog: str, body: Callable[[], object], interrupted: str = "",
                 errors: tuple[type[Exception], ...] = (XsbertError,)) -> int:  # fmt: skip
     """Every command's way out: the body's result if it is an exit status (an int), else 0 (a summary, None); an
     error it raises on purpose (`errors`) is one `PROG: error: ...` line and status 2, Ctrl-C one
-    `PROG: interrupted[: what stays]` line and 130, never a traceback."""
+    `PROG: interrupted[: what stays]` line and 130, never a traceback. What it prints cannot fail it
+    (xsbert_core.console guard_streams); a stdout that failed (a full disk) is one line at the end, status 2."""
+    from .console import guard_streams, output_failure
+
+    guard_streams()
     try:
         result = body()
     except errors as exc:
@@ -73,6 +77,9 @@ def exit_status(prog: str, body: Callable[[], object], interrupted: str = "",
     except KeyboardInterrupt:
         print(f"{prog}: interrupted" + (f": {interrupted}" if interrupted else ""), file=sys.stderr)
         return 130
+    if (failure := output_failure()) is not None:
+        print(f"{prog}: error: {failure}", file=sys.stderr)
+        return 2
     return result if isinstance(result, int) else 0
 
 

@@ -103,12 +103,23 @@ def error_line(exc: duckdb.Error, con: duckdb.DuckDBPyConnection) -> str:
     return first
 
 
-def format_table(df: pl.DataFrame, max_rows: int) -> str:
-    """The frame as a text table: every column, at most `max_rows` rows (then a note saying how many)."""
+def draws_boxes(stream: Any) -> bool:
+    """Whether `stream`'s encoding has the box-drawing characters of a table (not in ASCII, PYTHONIOENCODING=ascii)."""
+    try:
+        "┌─┬┐│╞═╡└┘┆".encode(getattr(stream, "encoding", None) or "utf-8")
+    except (UnicodeEncodeError, LookupError):
+        return False
+    return True
+
+
+def format_table(df: pl.DataFrame, max_rows: int, boxes: bool = True) -> str:
+    """The frame as a text table: every column, at most `max_rows` rows (then a note saying how many); drawn in
+    ASCII (+---+) where not `boxes`."""
     shown = df.head(max_rows)
     with pl.Config(
         tbl_rows=-1, tbl_cols=-1, tbl_width_chars=10_000, fmt_str_lengths=60, fmt_table_cell_list_len=8,
         tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True,
+        **({} if boxes else {"tbl_formatting": "ASCII_FULL_CONDENSED"}),
     ):  # fmt: skip
         text = str(shown)
     note = f"{df.height} row{'s' if df.height != 1 else ''}"
@@ -150,5 +161,5 @@ def cli(args: argparse.Namespace, out=None) -> int:
     if args.csv:
         write_csv(df, out)
     else:
-        print(format_table(df, args.max_rows), file=out)
+        print(format_table(df, args.max_rows, boxes=draws_boxes(out)), file=out)
     return 0
