@@ -48,6 +48,7 @@ A local Ray whose raylet has not registered within Ray's fixed 30 s (a machine b
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import re
@@ -57,7 +58,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from xsbert_core.errors import XsbertError
+from xsbert_core.errors import XsbertError, terminate
 
 # Lines of the process's stderr (fd 2, C++ included) that the command-line entry points drop.
 DROPPED_STDERR = (
@@ -262,6 +263,22 @@ def once_more_if_slow(init: Callable[[], Any], shutdown: Callable[[], Any]) -> N
         init()
 
 
+@contextlib.contextmanager
+def command_sigterm():
+    """The command's own SIGTERM handler (xsbert_core.errors.terminate: the way out of Ctrl-C, one line) kept
+    through the block: ray.init puts in one of its own, which exits at once with status 15 and nothing said."""
+    import signal
+    import threading
+
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if main and before is terminate:
+            signal.signal(signal.SIGTERM, before)
+
+
 def init_ray(address: str | None = None):
     """Join a running cluster (`address`, $RAY_ADDRESS, or the one this process joined), else start a local one.
 
@@ -274,7 +291,8 @@ def init_ray(address: str | None = None):
         if address or os.environ.get("RAY_ADDRESS"):
             _probe_token(ray, address)
             try:
-                ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING)
+                with command_sigterm():
+                    ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING)
             except Exception as exc:
                 if _refused_for_token(exc, ray.exceptions.AuthenticationError):
                     raise RayJoinError(auth_hint(address)) from None
@@ -284,8 +302,9 @@ def init_ray(address: str | None = None):
                                        "head up? `ray status --address ...` on the head tells)") from None  # fmt: skip
                 raise
         else:
-            once_more_if_slow(lambda: ray.init(num_cpus=os.cpu_count() or 1, logging_level=logging.WARNING),
-                              ray.shutdown)  # fmt: skip
+            with command_sigterm():
+                once_more_if_slow(lambda: ray.init(num_cpus=os.cpu_count() or 1, logging_level=logging.WARNING),
+                                  ray.shutdown)  # fmt: skip
     return ray
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -1240,6 +1241,31 @@ def test_a_job_whose_output_has_no_reader_goes_on_to_its_end(tmp_path):
     for out in ("a", "b"):
         (run,) = (tmp_path / out).iterdir()
         assert json.loads((run / "manifest.json").read_text())["tables"]["pairs"]["rows"] == 3
+
+
+def test_sigterm_stops_a_job_as_ctrl_c_does_in_one_line(tmp_path):
+    """`kill`, a scheduler stopping the job, `ray job stop`: SIGTERM ended the job with nothing said (143, or 15
+    where ray.init's own handler exits); now the way out of Ctrl-C (xsbert_core.errors.exit_status): the committed
+    wave stays, one line, 143, and the same command computes only the rest. (Ray's handler is put back to the
+    command's after ray.init: jobs/raycluster.py command_sigterm.)"""
+    from jobtools import hooked_attribute
+
+    argv = ["--dataset", "stsb", "--limit", "8", "--steps", "2", "--wave-size", "4", "--executor", "local",
+            "--out", str(tmp_path / "runs")]  # fmt: skip
+    proc = subprocess.Popen(hooked_attribute(*argv, hold_after_wave=1), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    try:
+        assert "wave 1/2" in proc.stdout.readline()  # committed; the driver holds before the second wave
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 143
+    finally:
+        proc.kill()
+    assert proc.stderr.read().strip().splitlines() == [
+        "jobs.attribute: terminated (SIGTERM): the committed waves stay, the wave in progress was removed; the same "
+        "command resumes"]  # fmt: skip
+    again = subprocess.run([sys.executable, "-m", "jobs.attribute", *argv, "-q"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=300)  # fmt: skip
+    assert again.returncode == 0 and re.search(r"computed now +4 pairs", again.stdout), again.stdout + again.stderr
 
 
 def test_the_console_makes_a_forwarded_worker_traceback_one_line():

@@ -60,23 +60,43 @@ class NumericalError(XsbertError, ArithmeticError):
     """NaN or Inf appeared in attributions or embeddings."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`kill`, a scheduler stopping the command, `ray job stop`), raised where Ctrl-C's KeyboardInterrupt
+    would be, so that a command stops the same way: what it cleans up on the way out, one line."""
+
+
+def terminate(signum: int, frame: object) -> NoReturn:
+    """The SIGTERM handler of a command (exit_status; jobs.raycluster puts it back after ray.init)."""
+    raise Terminated()
+
+
 def exit_status(prog: str, body: Callable[[], object], interrupted: str = "",
                 errors: tuple[type[Exception], ...] = (XsbertError,)) -> int:  # fmt: skip
     """Every command's way out: the body's result if it is an exit status (an int), else 0 (a summary, None); an
     error it raises on purpose (`errors`) is one `PROG: error: ...` line and status 2, Ctrl-C one
-    `PROG: interrupted[: what stays]` line and 130, never a traceback. What it prints cannot fail it
-    (xsbert_core.console guard_streams); a stdout that failed (a full disk) is one line at the end, status 2."""
+    `PROG: interrupted[: what stays]` line and 130, SIGTERM as Ctrl-C with `PROG: terminated (SIGTERM)[: what
+    stays]` and 143, never a traceback. What it prints cannot fail it (xsbert_core.console guard_streams); a stdout
+    that failed (a full disk) is one line at the end, status 2."""
+    import signal
+    import threading
+
     from .console import guard_streams, output_failure
 
     guard_streams()
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, terminate) if main else None
     try:
         result = body()
     except errors as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted" + (f": {interrupted}" if interrupted else ""), file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        what, status = ("terminated (SIGTERM)", 143) if isinstance(exc, Terminated) else ("interrupted", 130)
+        print(f"{prog}: {what}" + (f": {interrupted}" if interrupted else ""), file=sys.stderr)
+        return status
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, before)
     if (failure := output_failure()) is not None:
         print(f"{prog}: error: {failure}", file=sys.stderr)
         return 2
