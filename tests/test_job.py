@@ -1268,6 +1268,19 @@ def test_sigterm_stops_a_job_as_ctrl_c_does_in_one_line(tmp_path):
     assert again.returncode == 0 and re.search(r"computed now +4 pairs", again.stdout), again.stdout + again.stderr
 
 
+def test_an_out_folder_that_cannot_be_made_is_said_before_the_model_loads(tmp_path, capsys):
+    """The model's load (seconds; minutes for a large one) came first, then the store's "cannot open the store"; now
+    the --out line, before anything is read (a model that is not there is not even looked for)."""
+    from jobs.attribute import cli
+
+    (tmp_path / "a-file").write_text("x")
+    out = tmp_path / "a-file" / "runs"
+    code = cli(["--dataset", "stsb", "--limit", "2", "--model", str(tmp_path / "no-model"), "--executor", "local",
+                "--out", str(out)])  # fmt: skip
+    assert code == 2 and capsys.readouterr().err.strip().splitlines() == [
+        f"jobs.attribute: error: --out {out}: cannot write there (Not a directory)"]
+
+
 def test_the_console_makes_a_forwarded_worker_traceback_one_line():
     """raycluster.ConsoleLines on lines as Ray forwards a worker's traceback (a prefix per line, colour codes, in
     batches with a blank line between): one line for the block; the lines around it, another worker's included,

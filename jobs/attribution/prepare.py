@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,10 +14,12 @@ import pyarrow as pa
 
 import xsbert_core
 from xsbert_core import Explainer, InputError, weights_fingerprint
+from xsbert_core.cli import writable_folder
 from xsbert_core.models import check_device
 
 from ..config import Attribution, JobSettings, RunConfig
 from ..store import STORE_VERSION, open_store, pair_content_keys, pair_keys, run_id
+from ..store.uri import resolve
 from .inputs import CHUNK_ROWS, Pairs
 from .memory import release_memory, system_memory_pool
 from .validate import SeenIds, quarantine_frame, stream_pairs, validate
@@ -99,6 +102,11 @@ def _prepare(job: JobSettings, chunk_rows: int) -> Prepared:
     # --device before anything is read: a name torch knows, and with --executor local a device this machine has (the
     # factor actors' machines are theirs to check)
     check_device(job.execution.device, here=job.execution.executor == "local")
+    # A local --out that cannot be made, before the model loads (one that exists may hold the run: a rerun reads it,
+    # read-only if need be, and the first write says why it cannot be made)
+    out = resolve(job.output.out)
+    if isinstance(out, Path) and not out.exists():
+        writable_folder(out, f"--out {job.output.out}")
     stream = stream_pairs(
         sel.dataset, split=sel.split, config=sel.config, qqp=sel.qqp_path,
         text_a=sel.text_a_column, text_b=sel.text_b_column, label=sel.label_column, ids=sel.id_column,
