@@ -11,6 +11,7 @@ import os
 import shutil
 import socket
 from pathlib import Path
+from typing import IO
 
 
 def this_process() -> tuple[str, int]:
@@ -61,3 +62,51 @@ def remove_orphans(folder: Path, prefix: str, suffix: str = "") -> list[Path]:
             path.unlink(missing_ok=True)
         removed.append(path)
     return removed
+
+
+def lock_file(path: Path, shared: bool = False) -> IO[str] | None:
+    """An flock(2) on the file `path` (made if missing) for this process, exclusive or `shared`, without waiting:
+    the open file, to keep while the lock is needed (closing it releases the lock), or None when another process
+    holds it. An exclusive holder writes who it is into the file, for `held_by` to say."""
+    import fcntl
+
+    while True:
+        fh = open(path, "r" if shared else "a+", encoding="utf-8")
+        try:
+            fcntl.flock(fh, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.close()
+            return None
+        try:  # still the file at `path`: a holder that removes it on release (release_removing) did not just do so
+            if os.stat(path).st_ino == os.fstat(fh.fileno()).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        fh.close()
+    if not shared:  # who holds it, unbuffered and best effort: on a full disk the lock holds all the same
+        host, pid = this_process()
+        try:
+            os.ftruncate(fh.fileno(), 0)
+            os.pwrite(fh.fileno(), f"pid {pid} on {host}\n".encode(), 0)
+        except OSError:
+            pass
+    return fh
+
+
+def release_removing(fh: IO[str]) -> None:
+    """Release a lock_file lock and remove its file, so that nothing of it stays on disk (lock_file's check of the
+    file's identity keeps a process that opened it just before from holding a lock on a removed file)."""
+    try:
+        os.unlink(fh.name)
+    except FileNotFoundError:
+        pass
+    fh.close()
+
+
+def held_by(path: Path) -> str:
+    """Who holds the lock file `path`, as its holder wrote it ("pid 123 on node-1"), or "another process"."""
+    try:
+        said = path.read_text(encoding="utf-8").strip()
+    except OSError:
+        said = ""
+    return said if said.startswith("pid ") else "another process"

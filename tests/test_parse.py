@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 from pathlib import Path
 
 import pyarrow as pa
@@ -770,8 +771,10 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys, tokenizers, monkeypat
     (tmp_path / "a-file").write_text("")  # a parser cache that cannot be: said before the parser loads
     msg = error("--run", str(run), "--parser", "spacy", "--cache", str(tmp_path / "a-file"))
     assert f"--cache {tmp_path / 'a-file'}: cannot write there (Not a directory)" in msg
-    with RunStore(run.parent, run.name):  # another writer holds the run
-        assert "lock held" in error("--run", str(run), "--parser", "spacy")
+    with RunStore(run.parent, run.name):  # another writer holds the run: who, and what to do
+        assert (f"another run is writing {run} (lock held by pid {os.getpid()} on "
+                f"{socket.gethostname()}); try again when it has finished: the same command then "
+                "resumes the run, or finds it up to date") in error("--run", str(run), "--parser", "spacy")
     assert not (run / "parses").exists() and not (run.parent / parsing.CACHE_DIRNAME).exists()
 
 

@@ -368,6 +368,40 @@ def test_a_killed_training_keeps_the_old_model_and_the_next_one_clears_what_it_l
     assert json.loads((out / "m" / "xsbert_training.json").read_text())["best_dev_path"] is None
 
 
+def test_two_trainings_into_one_folder_the_second_is_one_line_at_once(tmp_path, tiny, capsys):
+    """Both trained and printed `saved:`, and the later one replaced the other's model without a word (an outside
+    audit: 4 of 4 tries). The first holds the lock of the folder (.m.lock beside it) while it trains; the second stops
+    before it trains (after its inputs are checked: a bad one writes nothing); a killed first's lock goes with its
+    process, and the next training takes it; a finished training leaves no lock file."""
+    import os
+    import signal
+    import socket
+    import time
+
+    from jobs.train import cli
+
+    out = tmp_path / "models"
+    argv = ["--variant", "tuned", "--model", str(tiny.folder("bert", 1)), "--out", str(out), "--name", "m",
+            "--train-limit", "8", "--dev-limit", "6", "--batch-size", "4", "-q"]  # fmt: skip
+    first = subprocess.Popen([sys.executable, "-m", "jobs.train", *argv, "--epochs", "10000"], cwd=ROOT,
+                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not list(out.glob(".m.partial-*")) and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert first.poll() is None, first.stderr.read().decode()[-2000:]
+        capsys.readouterr()
+        assert cli([*argv, "--epochs", "1"]) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"jobs.train: error: another training is writing {out / 'm'} (lock held by pid {first.pid} on "
+            f"{socket.gethostname()}); wait for it to finish, or give this one another name"]  # fmt: skip
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    assert cli([*argv, "--epochs", "1"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["m", "m-best-dev"]
+
+
 def test_train_job_bad_inputs_fail_before_training(tmp_path, tiny, capsys):
     from jobs.train import cli
 

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..processes import held_by, lock_file
 from .layout import (
     DERIVED_TABLES,
     MANIFEST,
@@ -73,23 +74,22 @@ class RunStore:
 
         On a read-only file system (or one this user cannot write) the run opens read-only when it exists: a rerun
         with nothing to do answers as usual, and the first write says why it cannot be made."""
+        lock = self.path / ".lock"
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             for table in TABLES:
                 (self.path / table).mkdir(exist_ok=True)
-            self._lock_fh = open(self.path / ".lock", "w")
+            self._lock_fh = lock_file(lock)
+            held = self._lock_fh is None
         except OSError as exc:
             if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM) or not self.path.is_dir():
                 raise disk_failure(self.path, exc, "cannot open the store") from None
             self.read_only = disk_failure(self.path, exc)
-            self._lock_fh = open(self.path / ".lock") if (self.path / ".lock").exists() else None
-        if self._lock_fh is not None:
-            try:
-                fcntl.flock(self._lock_fh, (fcntl.LOCK_SH if self.read_only else fcntl.LOCK_EX) | fcntl.LOCK_NB)
-            except OSError as exc:
-                self._lock_fh.close()
-                self._lock_fh = None
-                raise StoreError(f"another run is writing {self.path} (lock held)") from exc
+            self._lock_fh = lock_file(lock, shared=True) if lock.exists() else None
+            held = lock.exists() and self._lock_fh is None
+        if held:
+            raise StoreError(f"another run is writing {self.path} (lock held by {held_by(lock)}); try again when it "
+                             "has finished: the same command then resumes the run, or finds it up to date")  # fmt: skip
         self.recover()
         return self
 

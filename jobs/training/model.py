@@ -4,6 +4,7 @@ training record, written beside the target first so that a killed training leave
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -11,7 +12,7 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from xsbert_core.training import (
 
 from ..attribution.inputs import STSB_LABELS
 from ..attribution.validate import load_pairs, validate
-from ..processes import owned_path, remove_orphans
+from ..processes import held_by, lock_file, owned_path, release_removing, remove_orphans
 
 logger = logging.getLogger("jobs.train")
 
@@ -204,69 +205,90 @@ def train_model(base: str, variant: str, config: TrainConfig, target: Path, *, d
         model.train()
         build_variant(model, variant)
         train, dev = pairs_dataset(train_a, train_b, train_y), pairs_dataset(dev_a, dev_b, dev_y)
-        say(f"training {variant} from {base}: {len(train)} train / {len(dev)} dev pairs, "
-            f"similarity {VARIANT_SIMILARITY[variant]}")  # fmt: skip
-        name = target.name
-        best_target = checkpoint_folder(target, CHECKPOINTS[1])
-        partial = f".{name}.partial-"  # + the process's tag: a training into `target`, before it replaces it
-        remove_orphans(target.parent, partial)  # what killed ones left
-        staging = owned_path(target.parent, partial)
-        staging.mkdir(parents=True)
-        try:
-            t0 = time.perf_counter()
-            with tempfile.TemporaryDirectory(prefix="xsbert-train-", dir=staging) as work:
-                result = fine_tune(model, variant, train, dev, config, work, progress=not quiet,
-                                   on_progress=on_progress, on_step=on_step)  # fmt: skip
-                best = result["best"]
-                # The epoch with the best dev score, from the trainer's checkpoint of it before the work dir goes.
-                best_model = SentenceTransformer(best.pop("checkpoint"), device="cpu") if best else None
-            seconds = time.perf_counter() - t0
-            model.eval()
-            last, best_staged = (staging / c for c in CHECKPOINTS)
-            model.save(str(last), create_model_card=False)
-            info = {
-                "name": name,
-                "path": str(target),
-                "variant": variant,
-                "base_model": str(base),
-                "similarity": VARIANT_SIMILARITY[variant],
-                "loss": "DotProductMSELoss (MSE of e(a)·e(b) vs label)" if variant == "orig"
-                else "CosineSimilarityLoss (MSE of cos vs label)",
-                "dataset": dataset,
-                "n_train": len(train),
-                "n_dev": len(dev),
-                "hyperparameters": config.as_dict(),
-                **result,
-                **(record or {}),
-                "train_seconds": seconds,
-                "device": _device_name(),
-                "versions": _versions(),
-                "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "xsbert_version": xsbert_core.__version__,
-                "command": command,
-                "weights_sha256": weights_sha256(last),
-                "checkpoint": CHECKPOINTS[0],
-                "last_epoch_path": str(target),
-                "best_dev_path": str(best_target) if best else None,
-            }
-            write_card(last, info)
-            if best_model is not None:
-                best_model.save(str(best_staged), create_model_card=False)
-                write_card(best_staged, {**info, "path": str(best_target), "name": best_target.name,
-                                         "checkpoint": CHECKPOINTS[1], "dev_spearman": best["dev_spearman"],
-                                         "weights_sha256": weights_sha256(best_staged)})  # fmt: skip
-                _replace(best_target, best_staged)
-            elif best_target.exists():  # an earlier training's best epoch: not this model's
-                shutil.rmtree(best_target)
-            _replace(target, last)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-        say(f"dev Spearman ({result['metric']}) {result['dev_spearman']:.4f} after {result['steps']} steps (last "
-            f"epoch), {seconds:.0f} s\nsaved: {target}")  # fmt: skip
-        if best:
-            say(f"dev Spearman ({result['metric']}) {best['dev_spearman']:.4f} at epoch {best['epoch']:g} (best dev; "
-                f"ours)\nsaved: {best_target}")  # fmt: skip
-        return info
+        # the folder's lock after what can fail: a bad input writes nothing; a second training into `target`
+        # stops here, before it trains
+        with training_lock(target):
+            say(f"training {variant} from {base}: {len(train)} train / {len(dev)} dev pairs, "
+                f"similarity {VARIANT_SIMILARITY[variant]}")  # fmt: skip
+            name = target.name
+            best_target = checkpoint_folder(target, CHECKPOINTS[1])
+            partial = f".{name}.partial-"  # + the process's tag: a training into `target`, before it replaces it
+            remove_orphans(target.parent, partial)  # what killed ones left
+            staging = owned_path(target.parent, partial)
+            staging.mkdir(parents=True)
+            try:
+                t0 = time.perf_counter()
+                with tempfile.TemporaryDirectory(prefix="xsbert-train-", dir=staging) as work:
+                    result = fine_tune(model, variant, train, dev, config, work, progress=not quiet,
+                                       on_progress=on_progress, on_step=on_step)  # fmt: skip
+                    best = result["best"]
+                    # The epoch with the best dev score, from the trainer's checkpoint of it before the work dir goes.
+                    best_model = SentenceTransformer(best.pop("checkpoint"), device="cpu") if best else None
+                seconds = time.perf_counter() - t0
+                model.eval()
+                last, best_staged = (staging / c for c in CHECKPOINTS)
+                model.save(str(last), create_model_card=False)
+                info = {
+                    "name": name,
+                    "path": str(target),
+                    "variant": variant,
+                    "base_model": str(base),
+                    "similarity": VARIANT_SIMILARITY[variant],
+                    "loss": "DotProductMSELoss (MSE of e(a)·e(b) vs label)" if variant == "orig"
+                    else "CosineSimilarityLoss (MSE of cos vs label)",
+                    "dataset": dataset,
+                    "n_train": len(train),
+                    "n_dev": len(dev),
+                    "hyperparameters": config.as_dict(),
+                    **result,
+                    **(record or {}),
+                    "train_seconds": seconds,
+                    "device": _device_name(),
+                    "versions": _versions(),
+                    "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    "xsbert_version": xsbert_core.__version__,
+                    "command": command,
+                    "weights_sha256": weights_sha256(last),
+                    "checkpoint": CHECKPOINTS[0],
+                    "last_epoch_path": str(target),
+                    "best_dev_path": str(best_target) if best else None,
+                }
+                write_card(last, info)
+                if best_model is not None:
+                    best_model.save(str(best_staged), create_model_card=False)
+                    write_card(best_staged, {**info, "path": str(best_target), "name": best_target.name,
+                                             "checkpoint": CHECKPOINTS[1], "dev_spearman": best["dev_spearman"],
+                                             "weights_sha256": weights_sha256(best_staged)})  # fmt: skip
+                    _replace(best_target, best_staged)
+                elif best_target.exists():  # an earlier training's best epoch: not this model's
+                    shutil.rmtree(best_target)
+                _replace(target, last)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+            say(f"dev Spearman ({result['metric']}) {result['dev_spearman']:.4f} after {result['steps']} steps (last "
+                f"epoch), {seconds:.0f} s\nsaved: {target}")  # fmt: skip
+            if best:
+                say(f"dev Spearman ({result['metric']}) {best['dev_spearman']:.4f} at epoch {best['epoch']:g} (best dev; "
+                    f"ours)\nsaved: {best_target}")  # fmt: skip
+            return info
+
+
+@contextlib.contextmanager
+def training_lock(target: Path) -> Iterator[None]:
+    """An exclusive lock on training into `target` (the file .<name>.lock beside it) for the whole training: a second
+    training into the same folder (jobs.train's --name, two studies sharing a models folder) is one line at once,
+    where both trained and the later one replaced the other's model without a word. The file goes with the lock
+    (one a killed training left is taken by the next)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock = target.parent / f".{target.name}.lock"
+    fh = lock_file(lock)
+    if fh is None:
+        raise InputError(f"another training is writing {target} (lock held by {held_by(lock)}); wait for it to "
+                         "finish, or give this one another name")  # fmt: skip
+    try:
+        yield
+    finally:
+        release_removing(fh)
 
 
 def _replace(folder: Path, finished: Path) -> None:
