@@ -95,7 +95,7 @@ def exit_status(prog: str, body: Callable[[], object], interrupted: str = "",
         print(f"{prog}: {what}" + (f": {interrupted}" if interrupted else ""), file=sys.stderr)
         return status
     finally:
-        if main:
+        if before is not None:  # None: not in the main thread, or a handler not set from Python (left as it is)
             signal.signal(signal.SIGTERM, before)
     if (failure := output_failure()) is not None:
         print(f"{prog}: error: {failure}", file=sys.stderr)
