@@ -4,7 +4,6 @@ its figures; then the examples, the page and report.json."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from xsbert_core import InputError
 from xsbert_core.cli import writable_folder
 
 from .. import sqlfiles, sqlrun
+from ..processes import lock_file
 from ..sqlrun.command import check_kinds, variables_read
 from ..store import StoreError, disk_failure
 from .base import REPORT_JSON, SERVE_URL, Analysis, Context, Finding, Section
@@ -122,19 +122,16 @@ def writing(out: Path) -> Iterator[None]:
     with this one's (an exclusive flock on <out>/.report.lock, released when the block ends, also by a kill); a write
     that fails (a full disk) is one line that names the file and the errno."""
     try:
-        lock = open(out / REPORT_LOCK, "a")
+        lock = lock_file(out / REPORT_LOCK)
     except OSError as exc:
         raise disk_failure(out / REPORT_LOCK, exc) from None
+    if lock is None:
+        raise StoreError(f"another report is being written into {out} (its lock {REPORT_LOCK} is held): try "
+                         "again when it has finished, or give this one another folder")  # fmt: skip
     try:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise StoreError(f"another report is being written into {out} (its lock {REPORT_LOCK} is held): try "
-                             "again when it has finished, or give this one another folder") from None  # fmt: skip
-        try:
-            yield
-        except OSError as exc:  # a full or read-only disk, while writing a table, a figure or the page
-            raise disk_failure(exc.filename or out, exc) from None
+        yield
+    except OSError as exc:  # a full or read-only disk, while writing a table, a figure or the page
+        raise disk_failure(exc.filename or out, exc) from None
     finally:
         lock.close()
 
