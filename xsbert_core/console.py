@@ -74,28 +74,23 @@ def guard_streams() -> None:
     """sys.stdout and sys.stderr as GuardedStream (once; a later call finds them so)."""
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
-        if not _guarded(stream):
+        if _guard_of(stream) is None:
             setattr(sys, name, GuardedStream(stream))
 
 
-def _guarded(stream: Any) -> bool:
-    """Whether `stream` is a GuardedStream or wraps one (jobs/console.py's WholeLines)."""
-    while stream is not None:
-        if isinstance(stream, GuardedStream):
-            return True
-        stream = stream.__dict__.get("stream") if hasattr(stream, "__dict__") else None
-    return False
+def _guard_of(stream: Any) -> GuardedStream | None:
+    """The GuardedStream that `stream` is or wraps (jobs/console.py's WholeLines wraps one), or None."""
+    while stream is not None and not isinstance(stream, GuardedStream):
+        stream = vars(stream).get("stream") if hasattr(stream, "__dict__") else None
+    return stream
 
 
 def output_failure() -> str | None:
     """How this process's stdout failed (a GuardedStream's `failed`), or None."""
-    stream = sys.stdout
-    while stream is not None and not isinstance(stream, GuardedStream):
-        stream = stream.__dict__.get("stream") if hasattr(stream, "__dict__") else None
-    if stream is None or stream.failed is None:
+    guard = _guard_of(sys.stdout)
+    if guard is None or guard.failed is None:
         return None
-    exc = stream.failed
-    return f"cannot write to stdout ({exc.strerror or exc}): what the command printed is lost"
+    return f"cannot write to stdout ({guard.failed.strerror or guard.failed}): what the command printed is lost"
 
 
 def console_logging() -> None:
