@@ -196,7 +196,7 @@ def _refused_for_token(exc: BaseException, auth_error: type) -> bool:
 
 # Seconds a TCP connection to the head's GCS may take before the head counts as not answering (_probe_token).
 HEAD_CONNECT_TIMEOUT_S = 10.0
-DEFAULT_GCS_PORT = 6379  # the port of a head's GCS when an address names none (`ray start --head`'s default)
+DEFAULT_GCS_PORT = 6379  # a head's GCS port unless `ray start --head --port` says another (said for an address without one)
 
 
 def _probe_head(target: str) -> None:
@@ -270,12 +270,11 @@ def command_sigterm():
     import signal
     import threading
 
-    main = threading.current_thread() is threading.main_thread()
-    before = signal.getsignal(signal.SIGTERM) if main else None
+    before = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
     try:
         yield
     finally:
-        if main and before is terminate:
+        if before is terminate:
             signal.signal(signal.SIGTERM, before)
 
 
