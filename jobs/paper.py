@@ -13,10 +13,10 @@ tests/data/paper_sentences.txt, word for word, and tests/test_paper_values.py ch
 A claim without a number (`value` None) is stated as the paper states it, no stronger.
 
 Layers: Fig 2's reference similarities and terms are forward quantities of the whole model (no layer); Fig 3 is
-"layer eleven", Fig 4 layers eleven to eight; §4 states layer nine for its attributions and App. D level 8 for §5.4
-(Fig 10). §5.1-5.3 state no layer: where we set §4's layer beside Fig 6, 8 and 9 the layer says "assumed". A setting
-the paper does not state ("not stated"), that was not recorded ("not recorded") or that we assume ("assumed") is
-never like-for-like.
+"layer eleven", Fig 4 layers eleven "down to the seventh" (its quoted values eleven to eight); §4 states layer nine
+for its attributions and App. D level 8 for §5.4 (Fig 10). §5.1-5.3 state no layer: where we set §4's layer beside
+Fig 6, 8 and 9 the layer says "assumed". A setting the paper does not state ("not stated"), that was not recorded
+("not recorded") or that we assume ("assumed") is never like-for-like.
 
 A number is shown beside one of ours as like-for-like only when model, layer, subset and metric are all equal
 (`differences`); otherwise the settings that differ are named next to it (`beside`).
@@ -71,9 +71,10 @@ FIG3_MODEL = f"{MODEL}, exact vs tuned (approximate)"
 FIG6_SUBSET = f"{STSB_TEST}, stanza parses"
 NEGATION_SUBSET = "STS-B test sentences with one simple 'not' (87 pairs)"
 NOT_TOTAL = "the total attribution to the 'not' token"
-# §5.2's "relative attributions ... of the prediction": neither an absolute value nor a denominator is written out.
-NOT_RELATIVE = (f"90th percentile of |not / f(a, b)| ({NOT_TOTAL}; the denominator {NOT_STATED}: f(a, b) is our "
-                "reading, f(a, b) + 1 and ΣA the others)")
+# §5.2's "relative attributions ... of the prediction": the prediction is f(a, b) (§3.1); whether an absolute value is
+# taken is not written out.
+NOT_RELATIVE = (f"90th percentile of |not / f(a, b)| ({NOT_TOTAL} relative to the prediction f(a, b); the absolute "
+                f"value {ASSUMED})")
 # §5.3: "two sentence pairs per triplet (Appendix C) built from the same sentence template"; App. C gives one example
 # ("This house is beautiful.", "This house is pretty."), not the template set.
 ADJECTIVES_SUBSET = (f"Table 2's 23 triplets, two pairs each from one template (46 pairs; the template {NOT_STATED}: "
@@ -110,7 +111,8 @@ VALUES: tuple[PaperValue, ...] = (
                '"Only 6.7% of all contributions are smaller than 0.9."'),
     # ---------- Fig 3/4: exact (Exact model) vs approximate (Tuned model) attributions; Shelf and Orig left out (§4.4)
     PaperValue("fig3_spearman_top", "Fig 3", "0.81 ± 0.07", 0.81,
-               "Spearman of exact vs approximate token matrices, mean ± std over pairs", FIG3_MODEL,
+               "Spearman of exact vs approximate token matrices, mean over pairs (what its ± is: not stated)",
+               FIG3_MODEL,
                f"11 of {N_LAYERS}", f"{STSB_TEST}, s > 0.75",
                f"Spearman per pair; token set {NOT_STATED} (ours: content tokens)", "§4.4, Fig 3",
                '"In Figure 3, we plot Spearman correlation values of attributions to layer eleven against the average '
@@ -131,6 +133,27 @@ VALUES: tuple[PaperValue, ...] = (
                FIG3_MODEL, f"8 of {N_LAYERS}", f"{STSB_TEST}, s > 0.5",
                f"top-10 Jaccard; ordering and token set {NOT_STATED} (ours: |value|, content tokens)",
                "§4.4, Fig 4", '"and decreases to 0.60 ± 0.14 (0.75 ± 0.20) in layer eight."'),
+    PaperValue("fig4_jaccard_top3_l8", "Fig 4", "0.75 ± 0.20", 0.75, "top-3 Jaccard of exact vs approximate cells",
+               FIG3_MODEL, f"8 of {N_LAYERS}", f"{STSB_TEST}, s > 0.5",
+               f"top-3 Jaccard; ordering and token set {NOT_STATED} (ours: |value|, content tokens)",
+               "§4.4, Fig 4", '"and decreases to 0.60 ± 0.14 (0.75 ± 0.20) in layer eight."'),
+    PaperValue("fig4_spearman_l10", "Fig 4", "0.60 ± 0.13", 0.60,
+               "Spearman of exact vs approximate token matrices", FIG3_MODEL, f"10 of {N_LAYERS}",
+               f"{STSB_TEST}, s > 0.5", f"Spearman per pair; token set {NOT_STATED} (ours: content tokens)",
+               "§4.4, Fig 4", '"Figure 4 summarizes the results for similarity scores s > 0.5." "Spearman '
+               'correlation declines to r_S = 0.60 ± 0.13 and r_S = 0.40 ± 0.17 in layer ten and nine, '
+               'respectively."'),
+    PaperValue("fig4_spearman_l9", "Fig 4", "0.40 ± 0.17", 0.40,
+               "Spearman of exact vs approximate token matrices", FIG3_MODEL, f"9 of {N_LAYERS}",
+               f"{STSB_TEST}, s > 0.5", f"Spearman per pair; token set {NOT_STATED} (ours: content tokens)",
+               "§4.4, Fig 4", '"Spearman correlation declines to r_S = 0.60 ± 0.13 and r_S = 0.40 ± 0.17 in layer '
+               'ten and nine, respectively."'),
+    PaperValue("fig4_pearson_l8", "Fig 4", "0.80 ± 0.11", 0.80,
+               "Pearson of exact vs approximate token matrices", FIG3_MODEL, f"8 of {N_LAYERS}",
+               f"{STSB_TEST}, s > 0.5", f"Pearson per pair; token set {NOT_STATED} (ours: content tokens)",
+               "§4.4, Fig 4", '"Pearson correlation, on the other hand, which remains relatively high with r_P = '
+               '0.80 ± 0.11 in layer eight, is technically not suitable because we cannot presuppose a linear '
+               'relation between attributions."'),
     # ---------- Fig 6: syntactic relations of the top 10% word pairs (stanza parses of all STS test pairs)
     PaperValue("fig6_same_function", "Fig 6",
                "top-contributing pairs are based on words with identical syntactic function; the models regard a "
@@ -168,9 +191,9 @@ VALUES: tuple[PaperValue, ...] = (
                "of the prediction bounds the relative 'not' attribution in 90% of the cases", f"{MODEL} shelf",
                ASSUMED_LAYER, NEGATION_SUBSET, NOT_RELATIVE, "§5.2, Fig 8",
                '"In 90% of the cases relative attributions to the not-token account for less than 8% (14%) of the '
-               'prediction." ' + PARAPHRASE + "neither the absolute value nor the denominator is written out: "
-               "|not / f(a, b)| is our default reading; |not / (f(a, b) + 1)| (Eq. 4's sum) and |not / ΣA| are the "
-               "others"),
+               'prediction." ' + PARAPHRASE + "the prediction is f(a, b), the term §3.1 defines (the sum over A is "
+               "exactly equal to the model prediction, f(a, b)); whether the absolute value is taken is not written "
+               "out; |not / (f(a, b) + 1)| (Eq. 4's sum) and |not / ΣA| are ours beside it"),
     PaperValue("fig8_not_relative_exact", "Fig 8", "14%", 0.14,
                "of the prediction bounds the relative 'not' attribution in 90% of the cases", f"{MODEL} exact",
                ASSUMED_LAYER, NEGATION_SUBSET, NOT_RELATIVE, "§5.2, Fig 8",

@@ -5,15 +5,18 @@
 --           matrices agree, per pair, by the pair's score?
 -- Paper     Fig 3/4 (§4.4): Exact vs Tuned (approximate), "layer eleven":
 --           Spearman 0.81 +- 0.07 for s > 0.75 (the (0.75, 1.0] bin);
---           for s > 0.5: top-3 Jaccard 0.88 +- 0.17 (layer 11), top-10
---           Jaccard 0.83 +- 0.10 (layer 11) to 0.60 +- 0.14 (layer 8).
+--           for s > 0.5 (Fig 4): Spearman 0.60 +- 0.13 (layer 10) and
+--           0.40 +- 0.17 (layer 9), Pearson 0.80 +- 0.11 (layer 8),
+--           top-3 Jaccard 0.88 +- 0.17 (layer 11) to 0.75 +- 0.20
+--           (layer 8), top-10 Jaccard 0.83 +- 0.10 (layer 11) to
+--           0.60 +- 0.14 (layer 8).
 --           Content tokens and top-k by |value| are our choices: the
 --           paper states neither.
 -- Inputs    cells of run and run2 (level 'word': word_cells), joined on
 --           (pair_id, i, j): the cells stored in both (all of them without
 --           --min-abs; runs of different tokenizers do not match); by
 --           default only the cells of two content tokens (special tokens
---           out, as the paper compares them)
+--           out: our default, the paper does not say which cells)
 --           pairs of run and run2: score; only pairs in both runs with
 --           the same texts (sentence ids) and the same token counts count,
 --           so a pair re-tokenised differently (another tokenizer,

@@ -25,7 +25,7 @@
 --           include_special  true   the paper's definition: special tokens
 --                                    ([CLS], EOS, <s>, ...) are ranked with the
 --                                    rest (they come last in the paper's
---                                    Fig 10 / Tables 3-4), as is punctuation;
+--                                    Tables 3-4 and §5.4), as is punctuation;
 --                                    false: word tokens only (content view)
 -- Run       duckdb -cmd "set variable run = 'runs/<id>'" -f sql/lexical_ranks.sql
 --           xsbert sql --run runs/<id> --file sql/lexical_ranks.sql --var min_count=10

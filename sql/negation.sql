@@ -8,9 +8,10 @@
 --           negative in approximately 16% (off-the-shelf) and 9% (exact)
 --           of the cases; in 90% of the cases the relative attribution is
 --           under 8% (off-the-shelf) and 14% (exact) "of the prediction".
---           The paper writes out no denominator: relative reads it as
---           f(a, b); relative_plus_one and relative_to_sum are the two
---           other readings, f(a, b) + 1 (Eq. 4's sum) and sum(A).
+--           "The prediction" is the paper's term for f(a, b) (§3.1):
+--           relative is not / f(a, b); relative_plus_one and
+--           relative_to_sum are ours beside it, f(a, b) + 1 (Eq. 4's
+--           sum) and sum(A).
 --           Signs clear of the completeness error, with intervals:
 --           negation_signs.sql.
 -- Inputs    pairs of run: pair ids, sentence ids, score, attribution_sum
@@ -50,8 +51,8 @@
 --                            not_word_attribution / word_attribution_sum
 --                            ('word_cells'); null when the denominator is 0
 --           relative_plus_one  not_total / (score + 1)
---           relative_to_sum  not_total / attribution_sum (the paper's
---                            relative size under its other two readings,
+--           relative_to_sum  not_total / attribution_sum (two other
+--                            denominators than the paper's, ours,
 --                            whatever the definition)
 --           is_negative      not_attribution < 0
 --           share_negative, p90_abs_relative, p90_abs_relative_plus_one,
@@ -171,7 +172,7 @@ negation as (
             as not_attribution,
         not_relative(definition, not_total, score, not_word_attribution,
                      word_attribution_sum) as relative,
-        -- the paper's relative size under its two other readings
+        -- two other denominators than the paper's f(a, b): ours
         not_total / nullif(score + 1, 0) as relative_plus_one,
         not_total / nullif(attribution_sum, 0) as relative_to_sum,
     from measured

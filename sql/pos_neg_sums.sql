@@ -4,8 +4,9 @@
 -- Question  sum(A) = positive_sum + negative_sum. How often does the
 --           positive part alone exceed the largest value sum(A) can
 --           take (max_score): 1 in exact mode (sum(A) -> f(a,b) <= 1),
---           2 in approximate mode (sum(A) -> f(a,b) + 1 - reference
---           similarities, paper Eq. 4)? Large positive and negative
+--           2 in approximate mode (sum(A) ~ f(a,b) + 1, paper Eq. 4;
+--           exactly f(a,b) - f(a,r_b) - f(b,r_a) + f(r_a,r_b), Eq. 2's
+--           left-hand side)? Large positive and negative
 --           parts that cancel make single cells hard to read.
 -- Paper     Fig 5: positive / negative attribution sums.
 -- Inputs    pairs of run: score, attribution_sum, positive_sum,

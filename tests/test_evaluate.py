@@ -91,7 +91,7 @@ def test_evaluate_all_stages_on_tiny_variants(tiny_variants, tmp_path):
     assert all(r["n_done"] == 6 for r in rec["runs"].values())
     ag = pl.read_parquet(out / "agreement.parquet")
     overall = ag.filter(pl.col("score_bin") == "all")
-    # per comparison, content tokens (the paper's cells) and every cell beside them, one 'all' row each
+    # per comparison, content tokens (our default cells) and every cell beside them, one 'all' row each
     comparisons = ["exact vs tuned", "tuned vs tuned'", "exact vs exact'"]
     assert overall["comparison"].to_list() == [c for c in comparisons for _ in (0, 1)]
     assert overall["include_special"].to_list() == [False, True] * 3 and (overall["layer"] == 1).all()

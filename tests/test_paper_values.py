@@ -163,7 +163,7 @@ def test_settings_as_the_paper_states_them():
     not token, its size relative to the prediction."""
     for key in ("fig2_ref_sim_near_zero", "fig2_ref_term_below", "table1_shelf"):
         assert paper.get(key).layer == paper.NO_LAYER
-    for key in ("fig3_spearman_top", "fig4_jaccard_top10_l11", "fig4_jaccard_top3_l11", "fig4_jaccard_top10_l8"):
+    for key in ("fig3_spearman_top", *(v.key for v in paper.VALUES if v.figure == "Fig 4")):
         v = paper.get(key)
         assert v.model == "all-mpnet-base-v2, exact vs tuned (approximate)" and "§4.4" in v.section
         assert paper.NOT_STATED in v.metric  # content tokens and top-k by |value| are ours
@@ -237,14 +237,15 @@ def test_stored_evaluate_results_quote_the_table():
         quoted = [(cells[0], float(cells[-1])) for cells in rows if cells[-1]]
         for model, value in quoted:
             assert value == pytest.approx(paper.get(f"table1_{model}").value), (path, model)
-        # the paper's number on every row of its protocol (cosine; the best dev epoch where checkpoints are
-        # told apart) and on no other: the second seed's rows and orig's dot product have none
+        # the paper's number on every row of its protocol (cosine; the last epoch where checkpoints are told apart,
+        # as jobs.evaluation.table1 writes it: App. A states no checkpoint rule) and on no other: the second seed's
+        # rows, the best-dev epochs and orig's dot product have none
         col = {name: k for k, name in enumerate(header)}
 
         def on_protocol(cells: list[str]) -> bool:
             checkpoint = cells[col["checkpoint"]] if "checkpoint" in col else "-"  # older tables: one per model
             return (cells[0] in ("shelf", "tuned", "exact", "orig") and cells[col["similarity"]] == "cos"
-                    and checkpoint in ("-", "best-dev"))  # fmt: skip
+                    and checkpoint in ("-", inputs.DEFAULT_CHECKPOINT))  # fmt: skip
 
         assert [m for m, _ in quoted] == [cells[0] for cells in rows if on_protocol(cells)], path
 
@@ -293,7 +294,8 @@ TABLE_ROWS = {
     "Table 1: tuned, exact, orig": ["table1_tuned", "table1_exact", "table1_orig"],
     "Fig 2:": ["fig2_ref_sim_near_zero", "fig2_ref_term_below"],
     "Fig 3:": ["fig3_spearman_top"],
-    "Fig 4:": ["fig4_jaccard_top10_l11", "fig4_jaccard_top10_l8"],
+    "Fig 4:": ["fig4_spearman_l10", "fig4_spearman_l9", "fig4_pearson_l8", "fig4_jaccard_top10_l11",
+               "fig4_jaccard_top10_l8"],
     "Fig 6:": ["fig6_nsubj_share"],
     "Fig 8: *not* attributed negatively": ["fig8_not_negative_shelf"],
     "Fig 8: \\|not\\|": ["fig8_not_relative_shelf"],

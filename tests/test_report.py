@@ -162,7 +162,7 @@ def test_the_numbers_on_the_page_are_the_sqls(reports, stores):
     assert (f"Spearman {fmt.num(agreement['spearman_mean'])} ± {fmt.num(agreement['spearman_std'])}"
             in text["agreement"])  # fmt: skip
     assert f"Jaccard {fmt.num(agreement['jaccard_top10_mean'])}" in text["agreement"]
-    assert "token matrices (content tokens)" in text["agreement"]  # the paper's cells, the default
+    assert "token matrices (content tokens)" in text["agreement"]  # our default cells
     every = run_sql(main, "agreement.sql", second, include_special=True).filter(pl.col("score_bin") == "all").row(0, named=True)
     assert every["spearman_mean"] != agreement["spearman_mean"]
     assert (f"Over every cell (special tokens' rows and columns included) the same pairs read Spearman "
@@ -442,8 +442,10 @@ def test_paper_values_on_the_negation_and_lexical_figures(reports, stores):
     assert neg["paper"].startswith(f"Fig 8: {shelf.text} {shelf.what}; not like-for-like")
     size = finding(doc, "negation", "In 90% of the pairs")
     bound = paper.get("fig8_not_relative_shelf")
-    # the paper writes out no denominator: never the same metric as ours, and the other two readings beside it
-    assert size["paper"].startswith(f"Fig 8: {bound.text} {bound.what}") and "denominator not stated" in size["paper"]
+    # the paper's denominator is the prediction f(a, b) (§3.1) but not whether it takes |not|: never the same metric
+    # as ours, and two other denominators beside it
+    assert size["paper"].startswith(f"Fig 8: {bound.text} {bound.what}")
+    assert "the absolute value assumed" in size["paper"]
     readings = finding(doc, "negation", "with f(a, b) + 1")
     neg_sql = run_sql(stores["negation"], "negation.sql").row(0, named=True)
     assert f"{neg_sql['p90_abs_relative_plus_one']:.3f} with f(a, b) + 1" in readings["text"]

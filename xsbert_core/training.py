@@ -7,9 +7,10 @@
 Labels are similarities in [0, 1] (STS-B scores / 5). The hyper-parameters default to the paper's
 (App. A): batch 16, 5 epochs, AdamW, weight decay 0.1, lr 2e-5, linear warm-up over 10% of the training steps
 (App. A: "taking 10% of the data for linear warm-up"; the authors' public train.py, lucasmllr/xsbert, warms up over
-ceil(steps per epoch x epochs x 0.1) steps: 180 of STS-B's 1,800), MSE loss (App. B: CosineSimilarityLoss, the MSE
-of the cosine against label / 5). App. A states no checkpoint rule: the saved model is the last epoch
-(CHECKPOINTS[0]); the epoch with the best dev score is kept beside it as our option, not the paper's.
+ceil(steps per epoch x epochs x 0.1) steps: 180 of STS-B's 1,800), MSE loss (App. B; ours: CosineSimilarityLoss,
+the MSE of the cosine against label / 5, which the paper does not name). App. A states no checkpoint rule: the saved
+model is the last epoch (CHECKPOINTS[0]); the epoch with the best dev score is kept beside it as our option, not the
+paper's.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class TrainData:
-    """The pairs a variant is fine-tuned on (App. A: STS-B train, labels / 5) and scored on after each epoch (dev):
+    """The pairs a variant is fine-tuned on (§4.2: STS-B train; labels / 5 ours) and scored on after each epoch (dev):
     a dataset as the jobs' loaders take it (`stsb`, the bundled copy, or a file with a split column), its two splits,
     and the first N pairs of each only (smoke tests). The defaults of jobs.train's flags, a study's `train` block and
     jobs.trained.TrainSpec."""

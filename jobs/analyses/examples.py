@@ -43,7 +43,7 @@ def _example_pairs(ctx: Context) -> list[tuple[str, str]]:
         row = neg.sort("not_attribution").row(0, named=True)
         add(row["pair_id"], "negation pair with the smallest 'not' attribution")
     adj = ctx.results.get("adjectives")
-    if adj is not None:  # both kinds of one triplet and template, the paper's own if there
+    if adj is not None:  # both kinds of one triplet and template, App. C's example if there
         cells = adj.filter(pl.col("attribution").is_not_null()).sort(
             pl.col("template") != "This house is X.", pl.col("triplet") != "beautiful/pretty/ugly", "triplet",
             "template", "kind")  # fmt: skip

@@ -65,11 +65,11 @@ def negation(df: pl.DataFrame, ctx: Context) -> list[Finding]:
                        "90th percentile of |not / ΣW| (word cells)"),
                 headline=Headline(f"90th percentile of |{symbol}|", num(p90, 3))),
     ]  # fmt: skip
-    if paper_def:  # the paper writes out no denominator for its "of the prediction": the other two readings
+    if paper_def:  # the paper's "of the prediction" is f(a, b) (§3.1); two other denominators beside it, ours
         out.append(Finding(
             f"The 90th percentile of |not| relative to the prediction is {num(p90, 3)} with f(a, b) as the "
             f"denominator, {num(df['p90_abs_relative_plus_one'][0], 3)} with f(a, b) + 1 (Eq. 4's sum) and "
-            f"{num(df['p90_abs_relative_to_sum'][0], 3)} with ΣA; the paper writes out none. Signs clear of the "
+            f"{num(df['p90_abs_relative_to_sum'][0], 3)} with ΣA (the paper's is f(a, b), §3.1). Signs clear of the "
             "completeness error: the negation_signs section.",
             {"p90_abs_relative_plus_one": df["p90_abs_relative_plus_one"][0],
              "p90_abs_relative_to_sum": df["p90_abs_relative_to_sum"][0]}))  # fmt: skip

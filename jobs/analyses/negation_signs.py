@@ -70,8 +70,8 @@ def negation_signs(df: pl.DataFrame, ctx: Context) -> list[Finding]:
         out.append(Finding(
             f"Over the clear pairs, the 90th percentile of |not| relative to the prediction is "
             f"{row['p90_abs_relative']:.3f} with f(a, b) as the denominator, {row['p90_abs_relative_plus_one']:.3f} "
-            f"with f(a, b) + 1 (Eq. 4's sum) and {row['p90_abs_relative_to_sum']:.3f} with ΣA (the paper writes out "
-            "no denominator).",
+            f"with f(a, b) + 1 (Eq. 4's sum) and {row['p90_abs_relative_to_sum']:.3f} with ΣA (the paper's is "
+            "f(a, b), §3.1).",
             {"p90_abs_relative": row["p90_abs_relative"], "p90_abs_relative_plus_one": row["p90_abs_relative_plus_one"],
              "p90_abs_relative_to_sum": row["p90_abs_relative_to_sum"]},
             **cite(relative, *setting, f"90th percentile of |not / f(a, b)| ({paper.NOT_TOTAL}), signs clear of the "

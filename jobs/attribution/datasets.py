@@ -30,9 +30,10 @@ TRIPLETS: tuple[tuple[str, str, str], ...] = (
     ("chaotic", "hectic", "calm"), ("balanced", "equal", "uneven"), ("unequal", "uneven", "balanced"),
 )  # fmt: skip
 
-# X is the adjective. The first is the paper's; the others vary the sentence length, the adjective's
-# position (last word before the period vs inside the sentence), tense and subject, so that a finding
-# is not an artefact of one context. Every adjective of TRIPLETS reads as a predicate in each.
+# X is the adjective. The first is App. C's example sentence (the paper names no template: assumed); the others
+# vary the sentence length, the adjective's position (last word before the period vs inside the sentence), tense and
+# subject, so that a finding is not an artefact of one context. Every adjective of TRIPLETS reads as a predicate in
+# each.
 TEMPLATES: tuple[str, ...] = (
     "This house is X.",
     "It is X.",

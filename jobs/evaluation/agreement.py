@@ -105,8 +105,9 @@ def layer_runs(models: dict[str, str], layer: int, args: argparse.Namespace, pil
 
 
 def agreement_frames(rec: dict[str, Any]) -> list[pl.DataFrame]:
-    """sql/agreement.sql for each comparison whose two runs the layer has, content tokens (the paper's cells) and
-    every cell, with the comparison, layer, N and the larger mean |completeness error| of its two runs."""
+    """sql/agreement.sql for each comparison whose two runs the layer has, content tokens (our default; the paper
+    states no token set) and every cell, with the comparison, layer, N and the larger mean |completeness error| of its
+    two runs."""
     import polars as pl
 
     frames, recorded = [], rec.get("runs", {})

@@ -8,9 +8,11 @@
 --           are no longer than the sentences'. What does sum(A) converge
 --           to on average (pairs.target), against the mean score, and
 --           how long are the references' embeddings?
--- Paper     Fig 5 and Eq. 4: sum(A) ~ f(a, b) + 1, so 2 bounds the
---           positive sum (the report's pos_neg_sums section uses this
---           file to say whether that bound holds for the run).
+-- Paper     Fig 5 (§4.5) and Eq. 4: sum(A) ~ f(a, b) + 1, so 2 is the
+--           largest sum(A) takes, the off-the-shelf model's "score
+--           maximum"; a positive sum above it is offset by negative
+--           cells (the report's pos_neg_sums section uses this file to
+--           say whether sum(A) stays within 2 for the run).
 -- Inputs    pairs of run: score, target (what sum(A) converges to)
 --           sentences of run: embedding_norm, reference_embedding (a
 --           reference embedding with a null element has no norm: left out)
