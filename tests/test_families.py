@@ -100,6 +100,24 @@ def test_engine_equals_the_independent_reference(tiny, arch, mode, layer):
     check_against_independent(model, ex, fs, layer, mode, "gauss-legendre")
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_path_starts_at_the_models_own_reference_at_layer_0(tiny, arch):
+    """At layer 0 the path's start, tail(h(r)) with the text's own features, is the model's own embedding of the
+    reference ids: nothing outside the layer loop reads the text's ids (DeBERTa-v2's convolution after layer 0 reads
+    the encoder's input, which must be the one replaced); in exact mode sum A -> f(a, b)."""
+    model = tiny.get(arch, pooling(arch), n_layers=LAYERS)
+    ex = Explainer(model, layer=0, steps=STEPS)
+    batch = ex.split.tokenize([A, B])
+    with torch.no_grad():  # the model's own forward on the reference ids (no Normalize: its embedding is e)
+        own = model(dict(batch.reference_features()))["sentence_embedding"]
+    for k, f in enumerate(ex.factors([A, B])):
+        assert rel(as_np(f.reference_embedding), as_np(own[k])) <= TOL
+    if arch == "deberta-v2":
+        assert model[0].auto_model.encoder.conv is not None  # the layout this test is about
+        res = Explainer(model, layer=0, mode="exact", rule="gauss-legendre", steps=64).explain(A, B)
+        assert abs(res.attribution_sum - res.score) <= 1e-4 and res.target == pytest.approx(res.score, abs=1e-6)
+
+
 @pytest.mark.parametrize(
     "arch,mode",
     [("qwen3", "weightedmean"), ("qwen3", "mean"), ("bert", "lasttoken"), ("modernbert", "max"),
@@ -306,6 +324,23 @@ def test_a_split_that_does_not_reproduce_the_model_is_an_error(tiny):
     Explainer(model, layer=0, steps=1)  # entering at layer 0 changes no loop index
     with pytest.raises(UnsupportedModelError, match="does not reproduce the model's own embedding"):
         Explainer(model, layer=1, steps=1)
+
+
+def test_a_forward_that_reads_the_ids_outside_the_layers_is_an_error(tiny):
+    """A layout whose output depends on the input ids outside the layer loop (here: the embedding output added to
+    the last layer's, as DeBERTa-v2's convolution adds the encoder's input to layer 0's) gives the text's own
+    embedding at the path's end but not the reference's at its start: the probe says so, at any layer."""
+    model = tiny.build("bert", n_layers=LAYERS)
+    auto = model[0].auto_model
+    seen: list[torch.Tensor] = []
+
+    def add_embeddings(module, args, out):
+        return (out[0] + 0.5 * seen[-1], *out[1:]) if isinstance(out, tuple) else out + 0.5 * seen[-1]
+
+    auto.embeddings.register_forward_hook(lambda module, args, out: seen.append(out))
+    auto.encoder.layer[-1].register_forward_hook(add_embeddings)
+    with pytest.raises(UnsupportedModelError, match="does not reproduce the model's own reference's embedding"):
+        Explainer(model, layer=2, steps=1)
 
 
 @pytest.mark.parametrize("mode,layer", [("approx", 1), ("exact", -1)])

@@ -9,7 +9,8 @@ where the loop starts, and are set for the slice while inside it:
 
     config.layer_types        a per-layer list (ModernBERT's alternating local/global attention, Qwen3's
                               full/sliding layers) that some models index by the loop counter: sliced to [L:]
-    encoder.conv              DeBERTa-v2's convolution after the first layer, over the embedding output: off for L > 0
+    encoder.conv              DeBERTa-v2's convolution after the first layer, over the encoder's input: off for L > 0;
+                              at L = 0 the encoder's input is the one replaced
     config.use_cache          a decoder's key/value cache (Qwen3; sentence-transformers 6.0 leaves it on): off, as
                               nothing is generated; a cache made from the config has a slot per layer of the slice
                               while the layers keep their own indices, and under jvp it would keep every call's keys
@@ -119,9 +120,14 @@ def entered_at(auto_model: nn.Module, family: Family, layer: int, hidden: Tensor
     layer_types = getattr(config, "layer_types", None)
     slice_types = layer > 0 and isinstance(layer_types, list) and len(layer_types) == len(layers)
     encoder = getattr(auto_model, "encoder", None)
-    conv = getattr(encoder, "conv", None) if layer > 0 else None
+    # DeBERTa-v2's convolution adds the encoder's own input to layer 0's output: at layer 0 the encoder's input is
+    # replaced (layer 0 and the convolution both read `hidden`); above it the convolution is behind the split (its
+    # output is in `hidden`) and is switched off.
+    has_conv = getattr(encoder, "conv", None) is not None
+    conv = encoder.conv if has_conv and layer > 0 else None
     narrowed = relative_positions_narrowed(family, list(layers)[layer:])
-    handle = first.register_forward_pre_hook(replace_input, with_kwargs=True)
+    entered = encoder if has_conv and layer == 0 else first
+    handle = entered.register_forward_pre_hook(replace_input, with_kwargs=True)
     setattr(owner, attr, nn.ModuleList(list(layers)[layer:]))
     if slice_types:
         config.layer_types = layer_types[layer:]

@@ -215,32 +215,45 @@ class SplitModel:
         )
 
     def _check_entering(self) -> None:
-        """tail(h_L(x)) equals the model's own embedding of x (approx mode's e): entering at layer L changed nothing.
+        """tail(h_L(x)) equals the model's own embedding of x (approx mode's e), and tail(h_L(r)) with x's features
+        (the path's start, as the engine computes it) the model's own embedding of the reference r: entering at layer
+        L changed nothing at either end of the path.
 
-        Catches a family whose forward depends on where its layer loop starts in a way xsbert_core.families does
-        not handle (for instance after a transformers upgrade): a clear error instead of wrong attributions.
+        Catches a family whose forward depends on where its layer loop starts, or reads the input ids outside the
+        layer loop, in a way xsbert_core.families does not handle (for instance after a transformers upgrade): a
+        clear error instead of wrong attributions.
         """
         if self.dtype != torch.float32:
             return
-        enc = self.tokenizer([PROBE_TEXT], truncation=True, max_length=self.max_seq_length, return_tensors="pt")
+        enc = self.tokenizer([PROBE_TEXT], truncation=True, max_length=self.max_seq_length, return_tensors="pt",
+                             return_special_tokens_mask=True)  # fmt: skip
         feats = self._features(enc)
+        ref = {**feats, "input_ids": reference_ids(feats["input_ids"], enc["special_tokens_mask"].to(self.device),
+                                                   feats["attention_mask"], self.pad_id)}  # fmt: skip
         with torch.no_grad(), tf32_matmuls(False):
-            h, _ = self.hidden(feats)
-            split = self.tail(h, feats)
-            out = self.auto_model(**feats).last_hidden_state
-            own = {"token_embeddings": out, "attention_mask": feats["attention_mask"]}
-            for module in self.post:
-                own = module(own)
-            own_e = own["sentence_embedding"]
-        if not (torch.isfinite(own_e).all() and torch.isfinite(split).all()):
+            own_x, own_r = self._own_embedding(feats), self._own_embedding(ref)
+            split_x = self.tail(self.hidden(feats)[0], feats)
+            split_r = self.tail(self.hidden(ref)[0], feats)
+        if not all(torch.isfinite(e).all() for e in (own_x, own_r, split_x, split_r)):
             return  # a model that makes NaN/Inf: the attributions say so (NumericalError), not this check
-        err = float((split - own_e).norm() / own_e.norm().clamp_min(1e-30))
-        if not err <= PROBE_RTOL:
-            raise UnsupportedModelError(
-                f"{type(self.auto_model).__name__} split at layer {self.layer} does not reproduce the model's own "
-                f"embedding (relative difference {err:.1e}): its forward depends on where the layer loop starts in "
-                f"a way the engine does not handle for {self.family.name}"
-            )
+        scale = own_x.norm().clamp_min(1e-30)
+        for end, split, own in (("embedding", split_x, own_x), ("reference's embedding", split_r, own_r)):
+            err = float((split - own).norm() / scale)
+            if not err <= PROBE_RTOL:
+                raise UnsupportedModelError(
+                    f"{type(self.auto_model).__name__} split at layer {self.layer} does not reproduce the model's own "
+                    f"{end} (relative difference {err:.1e}): its forward depends on where the layer loop starts in a "
+                    f"way the engine does not handle for {self.family.name}"
+                )
+
+    def _own_embedding(self, features: dict[str, Tensor]) -> Tensor:
+        """The model's own sentence embedding of `features` (its forward, then the modules after the transformer
+        without a trailing Normalize): what `tail` must reproduce."""
+        out = self.auto_model(**features).last_hidden_state
+        own = {"token_embeddings": out, "attention_mask": features["attention_mask"]}
+        for module in self.post:
+            own = module(own)
+        return own["sentence_embedding"]
 
     def _features(self, enc) -> dict[str, Tensor]:
         return {k: enc[k].to(self.device) for k in self._model_inputs if k in enc}
@@ -321,8 +334,10 @@ class SplitModel:
         special = enc["special_tokens_mask"].bool() & mask.bool()
         ends = enc["offset_mapping"][..., 1]
         prompt_mask = mask.bool() & ~special & (ends <= len(prompt)) if prompt else torch.zeros_like(special)
-        # No content: only zero-width or control characters, or only special-token strings ("[CLS] [SEP]",
-        # "<s></s>") and whitespace. Then e(x) = e(r) up to the specials' positions: nothing to attribute.
+        # No content: only zero-width or control characters that the tokenizer drops (WordPiece, SentencePiece; a
+        # byte-level BPE, as ModernBERT's and Qwen3's, keeps their bytes as tokens, which are attributed), or only
+        # special-token strings ("[CLS] [SEP]", "<s></s>") and whitespace. Then e(x) = e(r) up to the specials'
+        # positions: nothing to attribute.
         for b, (text, n) in enumerate(zip(inputs, mask.sum(-1).tolist())):
             keep = (~prompt_mask[b, :n]).tolist()
             ids = [i for i, k in zip(enc["input_ids"][b, :n].tolist(), keep) if k]
