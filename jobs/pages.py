@@ -13,8 +13,8 @@ import markupsafe
 
 
 def plural(n: int, word: str) -> str:
-    """'1 pair', '3 pairs'."""
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+    """'1 pair', '3 pairs', '1,379 pairs'."""
+    return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
 
 
 def cell(value: Any) -> str:

@@ -122,7 +122,7 @@ def cli(argv: list[str] | None = None, hooks: Hooks | None = None) -> int:
             for line in weights_notes(study):
                 print(line)
             return
-        quiet_console()
+        quiet_console(quiet=True)  # a line per stage; no library's loading bar, even at a terminal
         main(args, hooks)
 
     return exit_status("jobs.pipeline", run, interrupted=INTERRUPTED)

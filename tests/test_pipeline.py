@@ -330,6 +330,15 @@ def test_tiny_study_end_to_end_rerun_and_growth(tmp_path, ray_cluster, capsys):
     after = {**_files(tmp_path / "runs"), **{f"r/{k}": v for k, v in _files(reports).items()}}
     changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
     assert changed <= {"r/index.html", "r/pipeline.json"}, changed  # the index is rewritten, nothing else
+    assert "href='http://127.0.0.1:8000/" in (reports / "n2" / "index.html").read_text(encoding="utf-8")
+
+    # report.serve_url reaches the run reports as well as the study page: 'none' rewrites them without links.
+    pipeline.main(pipeline.parse_args(["--config", str(path), "--set", "report.serve_url=none"]))
+    out = capsys.readouterr().out
+    assert "report n2: written" in out and "attribute n2: up to date" in out
+    for page in (reports / "n2" / "index.html", reports / "n2-vs-n3" / "index.html", reports / "index.html"):
+        text = page.read_text(encoding="utf-8")
+        assert "127.0.0.1:8000" not in text and "class='serve'" not in text, page
 
     # Grown dataset: only the 2 new pairs are computed, their new sentences parsed, the reports refreshed. (Without
     # Ray this time: the executor is not in a run's id, so the runs that Ray began grow in this process.)
@@ -415,3 +424,59 @@ def test_the_config_schema_shows_a_percent_as_written():
     schema = json.dumps(study_schema.Study.model_json_schema())
     assert "85% of the actor" in schema and "~4% of QQP" in schema
     assert "%%" not in schema
+
+
+def test_at_a_terminal_the_study_prints_its_lines_and_no_loading_bar(tmp_path):
+    """Run at a terminal (stderr a TTY), the pipeline says a line per stage and nothing of the libraries' loading bars
+    (transformers drew "Loading weights: 100%|...|" for each run's model, even for a run already up to date)."""
+    import pty
+    import sys
+
+    tree = {**base_config(tmp_path, write_tsv(tmp_path / "pairs.tsv", stsb_rows(2))), "ray": {"executor": "local"},
+            "parse": {"enabled": False}, "report": {"enabled": False}, "quiet": False}  # fmt: skip
+    del tree["compare"], tree["runs"]["n3"]
+    path = write_config(tmp_path / "study.yaml", tree)
+    for attempt in ("computed", "up to date"):
+        main, other = pty.openpty()
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "jobs.pipeline", "--config", str(path)], cwd=ROOT,
+                                    stdout=subprocess.PIPE, stderr=other, text=True)  # fmt: skip
+            os.close(other)
+            seen = b""
+            while True:
+                try:
+                    chunk = os.read(main, 4096)
+                except OSError:  # the terminal's other end closed: the command is done
+                    break
+                if not chunk:
+                    break
+                seen += chunk
+            out = proc.communicate(timeout=300)[0]
+        finally:
+            os.close(main)
+        terminal = seen.decode("utf-8", "replace")
+        assert proc.returncode == 0, out + terminal
+        assert f"attribute n2: {attempt}" in out, out
+        assert "Loading weights" not in terminal and "it/s]" not in terminal, terminal
+
+
+def test_a_run_grown_by_two_selections_says_its_report_covers_both(tmp_path, capsys):
+    """sample/limit/seed are not in a run's id: a study whose sample changed writes into the same run folder, and the
+    attribute line's counts are this selection's alone; a note says that the folder (and so its report) holds the
+    union, and how many pairs."""
+    tree = {**base_config(tmp_path, write_tsv(tmp_path / "pairs.tsv", stsb_rows(4))), "ray": {"executor": "local"},
+            "parse": {"enabled": False}, "report": {"enabled": False}}  # fmt: skip
+    del tree["compare"], tree["runs"]["n3"]
+    path = write_config(tmp_path / "study.yaml", tree)
+    pipeline.main(pipeline.parse_args(["--config", str(path), "--set", "datasets.pairs.limit=2"]))
+    out = capsys.readouterr().out
+    assert "attribute n2: computed 2 pairs" in out and "note:" not in out
+    pipeline.main(pipeline.parse_args(["--config", str(path), "--set", "datasets.pairs.limit=3"]))
+    out = capsys.readouterr().out  # grown: the folder holds this selection's pairs, nothing more to say
+    assert "attribute n2: computed 1 pairs" in out and "(3 pairs = 3 done + 0 quarantined" in out
+    assert "note:" not in out
+    pipeline.main(pipeline.parse_args(["--config", str(path), "--set", "datasets.pairs.limit=2"]))
+    out = capsys.readouterr().out
+    assert "attribute n2: up to date (2 pairs = 2 done + 0 quarantined" in out
+    assert ("attribute n2: note: the run folder holds the pairs of 2 selections of rows (3 pairs), and its report "
+            "covers them all") in out, out

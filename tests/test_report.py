@@ -380,7 +380,8 @@ def test_the_bound_finding_is_hidden_when_the_bound_does_not_hold(stores, tmp_pa
     code, doc, page = make_report(tmp_path / "out", "--run", str(run))
     text = " ".join(f["text"] for f in sections(doc)["pos_neg_sums"]["findings"])
     assert code == 0 and "exceed 2" not in text and "exceed 2" not in page
-    assert "does not hold for this model and layer, so the share of positive sums above 2 is not given" in text
+    assert ("does not hold for this model and layer, so the table's share of positive sums above 2 "
+            "(share_positive_exceeds, against max_score) measures against a bound ΣA itself passes") in text
     mean_target = np.mean([p["score"] + 2.6 for p in pairs])
     assert f"ΣA converges to {fmt.num(mean_target)} on average" in text
     # The same numbers from the sql/report file in the duckdb CLI.

@@ -732,16 +732,29 @@ def real_runs(tmp_path_factory):
 
 
 # --------------------------------------------------------------------------- the report links into serve
-def test_the_report_links_its_sections_and_examples_into_serve(stores, tmp_path):
+def test_the_report_links_its_sections_and_examples_into_serve(stores, served, tmp_path):
+    """Each link names its run (run=<id>): the server of that run answers it; one of another run says which run the
+    link is for (404), where it answered with its own run's pairs before."""
     from jobs import report
 
     assert report.cli(["--run", str(stores["run"]), "--out", str(tmp_path / "r"), "--var", "min_count=3", "-q"]) == 0
     page = (tmp_path / "r" / "index.html").read_text(encoding="utf-8")
-    assert "href='http://127.0.0.1:8000/tokens'>Browse the pairs behind it</a>" in page
+    run_id = json.loads((tmp_path / "r" / "report.json").read_text())["run"]["run_id"]
+    assert f"href='http://127.0.0.1:8000/tokens?run={run_id}'>Browse the pairs behind it</a>" in page
     examples = json.loads((tmp_path / "r" / "report.json").read_text())["sections"][-1]["findings"]
+    links = re.findall(r"href='http://127.0.0.1:8000(/[^']*)'", page)
     for f in examples:
-        assert f"href='http://127.0.0.1:8000/pair?id={q(f['values']['pair_id'])}'" in page.replace("%2F", "/")
+        link = f"/pair?id={q(f['values']['pair_id'])}&amp;run={run_id}"
+        assert link in links
+        status, _, _ = served.get(unescape(link))
+        assert status == 200
+    assert links and all(f"run={run_id}" in link for link in links)
     assert f"xsbert serve --run {stores['run']}" in page
+    for path in ("/pairs?sort=score&run=0123456789abcdef", "/tokens?run=0123456789abcdef",
+                 "/pairs.csv?run=0123456789abcdef"):  # fmt: skip
+        status, body, _ = served.get(path)
+        assert status == 404 and "this link is for run 0123456789abcdef, and this server serves run " in body, path
+        assert f"serves run {run_id} and " in body
     assert report.cli(["--run", str(stores["run"]), "--out", str(tmp_path / "r2"), "--serve-url", "none", "-q"]) == 0
     assert "xsbert serve" not in (tmp_path / "r2" / "index.html").read_text(encoding="utf-8")
 

@@ -124,7 +124,7 @@ def test_with_xsbert_serve_running_the_findings_link_its_pages(study):
         served.close()
     one = page.split("id='findings-n2'", 1)[1].split("</section>", 1)[0]
     both = page.split("id='findings-n2-vs-n3'", 1)[1].split("</section>", 1)[0]
-    assert f"<a class='serve' href='{served.url}/pairs?sort=score'>The pairs behind it</a>" in one
+    assert f"<a class='serve' href='{served.url}/pairs?sort=score&amp;run=run'>The pairs behind it</a>" in one
     assert "class='run-page'" not in one.split("id='findings-n2-table1'", 1)[1].split("</details>", 1)[0]
     assert "class='serve'" not in both  # run2 is not what it serves
 

@@ -7,6 +7,7 @@ import json
 import math
 import shlex
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,19 @@ from .format import pct
 PREVIEW_ROWS = 10
 
 
-def serve_pages() -> dict[str, str]:
-    """The `xsbert serve` page of each analysis that names one: the page links its section there."""
+def serve_link(page: str, run_id: str) -> str:
+    """An `xsbert serve` page (path and query) for the run `run_id`: the link names its run (`run=<id>`), and a server
+    that serves another run answers it with a 404 that says so (jobs.browse.pages.check_run), never with its own
+    run's pairs."""
+    return f"{page}{'&' if '?' in page else '?'}{urllib.parse.urlencode({'run': run_id})}"
+
+
+def serve_pages(run_id: str) -> dict[str, str]:
+    """The `xsbert serve` page of each analysis that names one, for the run `run_id`: the page links its section
+    there."""
     from .registry import ANALYSES
 
-    return {a.name: a.serve_page for a in ANALYSES if a.serve_page}
+    return {a.name: serve_link(a.serve_page, run_id) for a in ANALYSES if a.serve_page}
 
 
 def _settings_rows(facts: dict[str, Any]) -> list[tuple[str, str]]:
@@ -61,7 +70,8 @@ def write_page(sections: list[Section], ctx: Context, command: str) -> Path:
         coverage=[(n, coverage_label(f)) for n, f in facts],
         commands=[c for _, f in facts for c in f["commands"]] + [command],
         run_names=[n for n, _ in facts], settings=[(k, [t.get(k, "") for t in tables]) for k in keys],
-        sections=sections, preview_rows=PREVIEW_ROWS, serve_url=ctx.serve_url, serve_pages=serve_pages(),
+        sections=sections, preview_rows=PREVIEW_ROWS, serve_url=ctx.serve_url,
+        serve_pages=serve_pages(ctx.facts["run_id"]),
         serve_command=shlex.join(["xsbert", "serve", "--run", str(ctx.run)]
                                  + (["--run2", str(ctx.run2)] if ctx.run2 is not None else [])),
     )  # fmt: skip
@@ -81,7 +91,7 @@ def _jsonable(value: Any) -> Any:
 def write_json(sections: list[Section], ctx: Context, command: str) -> Path:
     """report.json: the runs' facts and every section's status, reason, findings (with numbers, headline and the
     paper's value), files and figures (the study page's is `key_figure`), and its `xsbert serve` page."""
-    pages = {**serve_pages(), "examples": "/pairs"}
+    pages = {**serve_pages(ctx.facts["run_id"]), "examples": serve_link("/pairs", ctx.facts["run_id"])}
     doc = {
         "command": command, "run": ctx.facts, "run2": ctx.facts2,
         "sections": [{"name": s.name, "title": s.title, "paper": s.paper, "status": s.status, "reason": s.reason,

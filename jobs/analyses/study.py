@@ -130,6 +130,7 @@ def study_context(study: str, reports: list[StudyReport], serve_url: str | None)
         items.append({"name": r.name, "href": href, "runs": r.runs, "about": _describe(r.doc), "figures": figures,
                       "groups": groups, "live": live})  # fmt: skip
     return {"study": study, "reports": items, "rows": rows, "serve_url": serve_url, "served": served,
+            "compared": any((r.doc or {}).get("run2") for r in reports),
             "paper_model": paper.MODEL}  # fmt: skip
 
 

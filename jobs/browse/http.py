@@ -30,6 +30,7 @@ from .pages import (
     HEADERS,
     ROUTES,
     Params,
+    check_run,
 )
 from .run import (
     DEFAULT_HOST,
@@ -175,6 +176,7 @@ def make_handler(app: App, renderer: Renderer, log: Callable[[str], None] | None
             """A list page's rows as CSV, streamed (one request per connection: the end of the answer is the end
             of the connection); an error before the first row is an error page."""
             try:
+                check_run(app, Params(url.query))
                 download = DOWNLOADS[url.path](app, Params(url.query))
                 chunks = download.chunks(app.con)
                 first = next(chunks)
@@ -208,6 +210,7 @@ def make_handler(app: App, renderer: Renderer, log: Callable[[str], None] | None
             page = Page(app.con, app.command)
             try:
                 p = Params(url.query)
+                check_run(app, p)
                 context = fn(app, page, p)
                 body = renderer.render(template, page, p, url.path, **context)
             except Exception as exc:  # noqa: BLE001 - an error page (_failed)

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .. import sqlfiles
+from ..pages import plural
 from .heatmap import MAX_CELL_PX, MIN_ASKED_PX, Heatmap, load_pair, top_cells, views
 from .run import (
     COLUMN_NAMES,
@@ -88,6 +89,16 @@ class Params:
         """This query string with some parameters changed (None drops one)."""
         merged = {**self.raw, **{k: v for k, v in changes.items()}}
         return urllib.parse.urlencode({k: v for k, v in merged.items() if v not in (None, "")})
+
+
+def check_run(app: App, p: Params) -> None:
+    """A link from a report names its run (`run=<run id>`, jobs.analyses.page.serve_link): one for a run this server
+    does not serve is a 404 that says which run it is for, never that run's page answered with this server's pairs."""
+    wanted = p.text("run").strip()
+    served = [r.run_id for r in app.runs()]
+    if wanted and wanted not in served:
+        raise NotFound(f"this link is for run {wanted}, and this server serves run {' and '.join(served)}: start "
+                       f"xsbert serve --run <the folder of run {wanted}> for its pages")
 
 
 def _where_pairs(p: Params, args: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -186,7 +197,7 @@ def page_pairs(app: App, page: Page, p: Params) -> dict[str, Any]:
         kind = "pairs"
     pages = max(1, math.ceil(total / size))
     if number > pages and total:
-        raise NotFound(f"page {number}: there are {pages} pages of {size}")
+        raise NotFound(f"page {number}: there {'is' if pages == 1 else 'are'} {plural(pages, 'page')} of {size}")
     return {"kind": kind, "items": items, "total": total, "number": number, "pages": pages, "size": size,
             "first": (number - 1) * size + 1 if items else 0, "last": (number - 1) * size + len(items),
             "sort": sort, "order": order, "reason": reason, "columns": COLUMNS, "column_names": COLUMN_NAMES,

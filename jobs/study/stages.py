@@ -12,9 +12,9 @@ from typing import Any
 from xsbert_core import InputError
 from xsbert_core.training import TrainProgress
 
-from .. import config, paper
+from .. import config, paper, sqlrun
 from ..attribution.hooks import Hooks
-from ..store import disk_failure, short_hash
+from ..store import MANIFEST, disk_failure, short_hash
 from .schema import Study, job_settings
 from .state import Reports, State, code_state, run_state, unparsed
 
@@ -67,9 +67,33 @@ def stage_attribute(study: Study, paths: dict[str, str] | None = None, names: li
                 f"({counts}; run {s['run_id']})")  # fmt: skip
         if s.get("advice"):
             say(f"attribute {name}: warning: {s['advice']}")
+        if note := union_note(s["run_dir"], s["n_done"]):
+            say(f"attribute {name}: note: {note}")
         if on_run is not None:
             on_run(name, s)
     return summaries
+
+
+def union_note(run_dir: str, n_done: int) -> str | None:
+    """When the run folder holds more pairs than this selection of rows attributed (`n_done`), from several selections
+    (a run's id hashes what its attributions depend on, not --sample, --seed or --limit: docs/STORE.md), that its
+    report covers them all, beside the counts of this selection alone; else None."""
+    from ..analyses.facts import selections
+
+    try:
+        text = sqlrun.read_text(sqlrun.join(run_dir, MANIFEST))
+        manifest = json.loads(text) if text else {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None  # the report says what is wrong with the manifest
+    found = selections(manifest) if isinstance(manifest, dict) else []
+    if len(found) < 2:
+        return None
+    rows = ((manifest.get("tables") or {}).get("pairs") or {}).get("rows")
+    if not isinstance(rows, int) or rows <= n_done:
+        return None
+    held = f" ({rows:,} pairs)"
+    return (f"the run folder holds the pairs of {len(found)} selections of rows{held}, and its report covers them all "
+            "(a new folder for this selection alone: another `out`)")
 
 
 def stage_parse(study: Study, run_dirs: dict[str, str]) -> dict[str, Any] | None:
@@ -102,13 +126,15 @@ def stage_report(study: Study, run_dirs: dict[str, str]) -> tuple[Reports, list[
     reports = Reports(study.report_root())
     state = State(reports)
     code = code_state()
+    serve_url = study_serve_url(study)
     jobs = [(name, run_dirs[name], None) for name in study.runs]
     jobs += [(name, run_dirs[c.run], run_dirs[c.run2]) for name, c in study.compare.items()]
     done = []
     for name, run, run2 in jobs:
         out = reports.local / name
-        fingerprint = short_hash({"code": code, "vars": study.report.vars, "run": [str(run), run_state(run)],
-                            "run2": [str(run2), run_state(run2)] if run2 else None})  # fmt: skip
+        fingerprint = short_hash({"code": code, "vars": study.report.vars, "serve_url": serve_url,
+                                  "run": [str(run), run_state(run)],
+                                  "run2": [str(run2), run_state(run2)] if run2 else None})  # fmt: skip
         previous = state.get(name)
         fresh = previous and previous.get("fingerprint") == fingerprint and "findings" in previous
         if fresh and reports.exists(f"{name}/{REPORT_JSON}"):
@@ -117,7 +143,8 @@ def stage_report(study: Study, run_dirs: dict[str, str]) -> tuple[Reports, list[
                          "run2": str(run2) if run2 else None})  # fmt: skip
             continue
         job = config.ReportSettings(run=str(run), out=str(out), run2=str(run2) if run2 else None, quiet=True,
-                                    vars=tuple(f"{key}={value}" for key, value in study.report.vars.items()))
+                                    vars=tuple(f"{key}={value}" for key, value in study.report.vars.items()),
+                                    serve_url=serve_url)  # fmt: skip
         t0 = time.perf_counter()
         result = report.main(job)
         failed = [s.name for s in result["sections"] if s.status == "failed"]
@@ -131,6 +158,14 @@ def stage_report(study: Study, run_dirs: dict[str, str]) -> tuple[Reports, list[
                      "run2": str(run2) if run2 else None})  # fmt: skip
     state.save()
     return reports, done
+
+
+def study_serve_url(study: Study) -> str:
+    """Where the study's pages link `xsbert serve` (report.serve_url; 'none': no links), for the run reports and the
+    study page alike."""
+    from ..analyses.base import SERVE_URL
+
+    return study.report.serve_url or SERVE_URL
 
 
 # --------------------------------------------------------------------------- the end: index and findings
@@ -165,7 +200,7 @@ def finding_lines(found: list[dict[str, Any]], paper_ok: bool) -> list[str]:
 def write_index(target: Reports, study: Study, reports: list[dict[str, Any]], models: dict[str, str]) -> str:
     """The study's index page (jobs/analyses/study.py, from each report's report.json): key figures, headline
     numbers, findings."""
-    from ..analyses.base import REPORT_JSON, SERVE_URL
+    from ..analyses.base import REPORT_JSON
     from ..analyses.study import StudyReport, study_page
 
     root = target.local
@@ -178,7 +213,7 @@ def write_index(target: Reports, study: Study, reports: list[dict[str, Any]], mo
             doc = None
         items.append(StudyReport(r["name"], r["run"] + (f" vs {r['run2']}" if r["run2"] else ""), doc,
                                  like_for_like(models.get(r["name"], "")), r["findings"]))  # fmt: skip
-    serve_url = study.report.serve_url or SERVE_URL
+    serve_url = study_serve_url(study)
     page = study_page(study.study, items, None if serve_url == "none" else serve_url)
     try:
         root.mkdir(parents=True, exist_ok=True)
