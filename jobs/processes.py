@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import time
 from pathlib import Path
 from typing import IO
 
@@ -103,10 +104,16 @@ def release_removing(fh: IO[str]) -> None:
     fh.close()
 
 
-def held_by(path: Path) -> str:
-    """Who holds the lock file `path`, as its holder wrote it ("pid 123 on node-1"), or "another process"."""
-    try:
-        said = path.read_text(encoding="utf-8").strip()
-    except OSError:
-        said = ""
+def held_by(path: Path, wait_s: float = 0.1) -> str:
+    """Who holds the lock file `path`, as its holder wrote it ("pid 123 on node-1"), or "another process". A holder
+    writes its name just after it takes the lock: an empty file is read again for up to `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            said = path.read_text(encoding="utf-8").strip()
+        except OSError:
+            said = ""
+        if said or time.monotonic() >= deadline:
+            break
+        time.sleep(0.005)
     return said if said.startswith("pid ") else "another process"

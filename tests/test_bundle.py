@@ -143,6 +143,34 @@ def test_an_out_folder_that_cannot_be_written_is_one_line(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "full"]
 
 
+def test_a_second_bundle_into_the_folder_being_written_is_one_line(tmp_path, capsys, monkeypatch):
+    """Two jobs.bundle into one --out both wrote there (exit 0 each; the manifest kept one bundle and the other's parts
+    lay orphaned), and one that failed or was interrupted removed the other's finished bundle. One bundle at a time
+    now: while another process holds the folder's lock, a second stops in one line naming the holder and writes
+    nothing; with the lock free it writes its bundle, and the lock file goes with it."""
+    from jobs.bundle import cli
+
+    monkeypatch.setenv("XSBERT_QQP", str(tmp_path / "qqp.tsv"))
+    (tmp_path / "qqp.tsv").write_text("id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n0\t1\t2\tA?\tB?\t0\n")
+    out, lock = tmp_path / "b", tmp_path / ".b.bundle.lock"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; from jobs.processes "
+                               "import lock_file; fh = lock_file(Path(sys.argv[1])); print(fh is not None, flush=True); "
+                               "time.sleep(120)", str(lock)], cwd=Path(__file__).resolve().parents[1],
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "True"
+        assert cli(["--out", str(out), "--no-wheels", "--datasets", "qqp"]) == 2
+        err = capsys.readouterr().err
+        assert err == (f"jobs.bundle: error: another jobs.bundle is writing {out} (lock held by pid {holder.pid} on "
+                       f"{os.uname().nodename}); wait for it, or choose another --out\n")
+        assert not any(out.iterdir())
+    finally:
+        holder.kill()
+        holder.wait()
+    assert cli(["--out", str(out), "--no-wheels", "--datasets", "qqp"]) == 0
+    assert (out / "manifest.json").is_file() and not lock.exists()
+
+
 def test_a_missing_have_file_model_or_dataset_is_one_line_before_anything_is_built(tmp_path, capsys):
     """--have naming no file was a traceback after the project wheel was built; an empty folder as a model was
     bundled as one (exit 0), to fail on the offline machine; a dataset that is no file is found out before the wheels

@@ -354,3 +354,21 @@ def test_fig2_and_fig5_are_drawn_from_two_runs(tmp_path):
     written = plot_all(tmp_path, summary)
     assert [p.name for p in written] == ["fig2_reference_terms.png", "fig5_pos_neg_sums.png"]
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in written)
+
+
+def test_two_evaluations_saving_into_one_summary_keep_each_others_results(tmp_path):
+    """Summary.save merges its keys into summary.json as it is on disk; two invocations on one --out (table1 beside
+    an agreement run) lost each other's keys when a save fell between the other's read and write: saves are under a
+    lock now. Two processes, 150 saves each, every key kept."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from pathlib import Path; from jobs.evaluation.run import Summary; "
+            "s = Summary(Path(sys.argv[1])); who = sys.argv[2]\n"
+            "for i in range(150):\n    s.data[f'{who}{i}'] = i; s.save(f'{who}{i}')")  # fmt: skip
+    root = Path(__file__).resolve().parents[1]
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "summary.json"), who], cwd=root)
+             for who in ("a", "b")]  # fmt: skip
+    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+    saved = json.loads((tmp_path / "summary.json").read_text(encoding="utf-8"))
+    assert {k for k in saved if k[0] in "ab" and k[1:].isdigit()} == {f"{w}{i}" for w in "ab" for i in range(150)}

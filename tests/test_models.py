@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -249,3 +250,60 @@ def test_hub_name_loads_from_a_local_hub_cache(tiny, tmp_path):
     expected = model.encode(["A man plays guitar."], convert_to_tensor=True)[0]
     assert torch.allclose(torch.tensor(out["embedding"]), expected, atol=1e-5)
     assert "xsbert-test/not-in-cache" in out["missing"]
+
+
+def _zip_in_parts(folder: Path, root: str) -> tuple[str, str]:
+    """A model folder `root` (modules.json) zipped and cut in two files, as the mpnet packages carry it."""
+    import io
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zf:
+        zf.writestr(f"{root}/modules.json", "[]")
+        zf.writestr(f"{root}/weights.bin", os.urandom(4096))
+    data = buffer.getvalue()
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "m.zip.001").write_bytes(data[: len(data) // 2])
+    (folder / "m.zip.002").write_bytes(data[len(data) // 2:])
+    return str(folder / "m.zip.001"), str(folder / "m.zip.002")
+
+
+def test_one_process_assembles_a_split_model_and_a_killed_one_leaves_nothing_for_good(monkeypatch, tmp_path):
+    """The first load of a model split over packages concatenates and unzips it into the cache. Two loads at once
+    each built a copy of their own (~0.8 GB of temporary files apiece for mpnet), and a load killed midway left its
+    temporary folder there for good. Now one process assembles while the others wait for it and use its folder,
+    and a temporary folder a killed one left is removed by the next."""
+    parts = _zip_in_parts(tmp_path / "site", "fake")
+    fake = models_module.PackagedModel(distributions=("xsbert-fake-part-1", "xsbert-fake-part-2"), zip_parts=parts,
+                                       zip_root="fake")  # fmt: skip
+    monkeypatch.setitem(models_module.PACKAGED_MODELS, "fake-model", fake)
+    monkeypatch.setattr(models_module, "_site_file", lambda dist, rel: Path(rel) if Path(rel).is_file() else None)
+    monkeypatch.setenv("XSBERT_CACHE", str(tmp_path / "cache"))
+    cache = tmp_path / "cache" / "models"
+    cache.mkdir(parents=True)
+    # Another process holds the assembly's lock, finishes the model a moment later, then lets go: this load waits for
+    # it and takes its folder (its marker file), building nothing.
+    holder = subprocess.Popen([sys.executable, "-c", """
+import fcntl, sys, time
+from pathlib import Path
+cache = Path(sys.argv[1])
+with open(cache / ".fake-model.lock", "a") as fh:
+    fcntl.flock(fh, fcntl.LOCK_EX)
+    print("held", flush=True)
+    time.sleep(1.0)
+    (cache / "fake-model").mkdir()
+    (cache / "fake-model" / "modules.json").write_text("[]")
+    (cache / "fake-model" / "built-by-the-other").write_text("")
+""", str(cache)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    assert models_module.resolve_model("fake-model") == str(cache / "fake-model")
+    assert holder.wait(timeout=60) == 0
+    assert (cache / "fake-model" / "built-by-the-other").is_file()
+    assert not list(cache.glob(".fake-model.partial-*"))
+    # A load killed midway left its temporary folder: the next assembly removes it and builds the model.
+    shutil.rmtree(cache / "fake-model")
+    (cache / ".fake-model.partial-killed" / "unpacked").mkdir(parents=True)
+    assert models_module.resolve_model("fake-model") == str(cache / "fake-model")
+    assert (cache / "fake-model" / "modules.json").read_text() == "[]"
+    assert (cache / "fake-model" / "weights.bin").is_file()
+    assert sorted(p.name for p in cache.iterdir()) == [".fake-model.lock", "fake-model"]

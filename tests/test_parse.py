@@ -16,6 +16,7 @@ import os
 import socket
 from pathlib import Path
 
+import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -662,7 +663,7 @@ def test_parse_real_runs_rerun_and_share_the_cache(real_run, tokenizers, capsys)
     assert replaced["parsed"] == 0 and replaced["wrote_files"] == 1
     assert q(f"select count(*), count(distinct parser), min(parser) from '{wp}/parses/*.parquet'") == [
         (t.num_rows, 1, "spacy")]  # fmt: skip
-    assert [p.name for p in (wp / "parses").iterdir()] == ["part-000000.parquet"]
+    assert [p.name for p in (wp / "parses").iterdir()] == ["part-000010.parquet"]  # after every part the run had
 
 
 @pytest.mark.slow
@@ -708,9 +709,25 @@ def test_parses_reach_the_cache_while_parsing_and_a_stopped_parse_resumes(ray_cl
     everything = f"select * from '{one}/parses/*.parquet' order by sentence_id, u"
     assert q(everything) == q(f"select * from '{whole}/parses/*.parquet' order by sentence_id, u")
     assert s["runs"][0]["rows"] == o["runs"][0]["rows"] == len(q(everything))
+    # A reader's connection lists the parts it reads when it opens (xsbert sql, jobs.report): --replace numbers the
+    # new parts after every part the run has, so no name it listed ever names other rows; the old parts are gone,
+    # and the reader says so in one line rather than reading a mix or a part of the new rows under an old name.
+    from jobs import sqlrun
+    from jobs.sqlrun.command import error_line
+
+    before = max(int(p.name[5:11]) for p in one.rglob("part-*.parquet"))
+    reader = sqlrun.connect(one)
+    assert reader.execute("select count(*) from parses").fetchone()[0] == len(q(everything))
     run_parse("--run", str(one), "--parser", "spacy", "--cache", str(cache), "--commit-every", "4", "--replace")
-    assert sorted(p.name for p in (one / "parses").iterdir()) == [f"part-{k:06d}.parquet" for k in range(4)]
+    assert sorted(p.name for p in (one / "parses").iterdir()) == [f"part-{k:06d}.parquet"
+                                                                  for k in range(before + 1, before + 5)]
     assert q(everything) == q(f"select * from '{whole}/parses/*.parquet' order by sentence_id, u")
+    with pytest.raises(duckdb.IOException) as stale:
+        reader.execute("select count(*) from parses").fetchone()
+    line = error_line(stale.value, reader)
+    assert "was part of the run when this began and is gone: the run's files changed while they were read" in line
+    assert "\n" not in line and str(one / "parses") in line
+    assert sqlrun.connect(one).execute("select count(*) from parses").fetchone()[0] == len(q(everything))
 
 
 @pytest.mark.slow

@@ -320,6 +320,8 @@ def test_tiny_study_end_to_end_rerun_and_growth(tmp_path, ray_cluster, capsys):
     assert "attribute n2: computed 4 pairs" in out and f"report: {reports / 'index.html'}" in out
     assert "agreement" in out  # the comparison's findings are printed
     assert "(paper:" not in out  # MiniLM: not the paper's model, so no paper number beside a finding
+    mode = {name: (reports / name).stat().st_mode & 0o777 for name in ("index.html", "pipeline.json")}
+    assert mode["pipeline.json"] == mode["index.html"], mode  # the state file was 0600 (mkstemp's) among 0644 files
 
     # Rerun: every stage up to date, not one file of the store or the reports touched.
     before = {**_files(tmp_path / "runs"), **{f"r/{k}": v for k, v in _files(reports).items()}}

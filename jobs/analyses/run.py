@@ -15,7 +15,7 @@ from xsbert_core import InputError
 from xsbert_core.cli import writable_folder
 
 from .. import sqlfiles, sqlrun
-from ..processes import lock_file
+from ..processes import held_by, lock_file
 from ..sqlrun.command import check_kinds, variables_read
 from ..store import StoreError, disk_failure
 from .base import REPORT_JSON, SERVE_URL, Analysis, Context, Finding, Section
@@ -126,8 +126,9 @@ def writing(out: Path) -> Iterator[None]:
     except OSError as exc:
         raise disk_failure(out / REPORT_LOCK, exc) from None
     if lock is None:
-        raise StoreError(f"another report is being written into {out} (its lock {REPORT_LOCK} is held): try "
-                         "again when it has finished, or give this one another folder")  # fmt: skip
+        raise StoreError(f"another report is being written into {out} (its lock {REPORT_LOCK} is held by "
+                         f"{held_by(out / REPORT_LOCK)}): try again when it has finished, or give this one another "
+                         "folder")  # fmt: skip
     try:
         yield
     except OSError as exc:  # a full or read-only disk, while writing a table, a figure or the page

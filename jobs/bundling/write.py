@@ -14,6 +14,7 @@ from typing import Any
 from xsbert_core import InputError
 from xsbert_core.cli import writable_folder
 
+from ..processes import held_by, lock_file, release_removing
 from .installer import FORMAT, MANIFEST, PARTS, BundleError, split_file
 from .items import dataset_file, model_archive, model_folder
 from .wheels import (
@@ -34,7 +35,9 @@ def bundle(out: Path, part_size: int, python: str | None = None, platform_tag: s
            exclude: tuple[str, ...] = (), have: Path | None = None, target_python: str | None = None,
            models: tuple[str, ...] = (), float16: bool = False, datasets: tuple[str, ...] = (),
            wheels: bool = True, only: tuple[str, ...] = (), log=print) -> dict[str, Any]:  # fmt: skip
-    """Write the bundle into `out` (what it holds: jobs.bundling's docstring); returns its manifest."""
+    """Write the bundle into `out` (what it holds: jobs.bundling's docstring); returns its manifest. One bundle at a
+    time into one folder: a second one stops in one line (the lock file .<out>.bundle.lock beside it), where both
+    wrote into it and the manifest kept one of them, and a failed one removed the other's parts."""
     if out.is_dir() and any(out.iterdir()):
         raise BundleError(f"{out} exists and is not empty; choose a new --out")
     if target_python and (python or platform_tag):
@@ -47,18 +50,29 @@ def bundle(out: Path, part_size: int, python: str | None = None, platform_tag: s
         writable_folder(out, f"--out {out}", create=True)
     except InputError as exc:
         raise BundleError(str(exc)) from None
+    lock = out.parent / f".{out.name}.bundle.lock"
+    fh = lock_file(lock)
+    if fh is None:
+        raise BundleError(f"another jobs.bundle is writing {out} (lock held by {held_by(lock)}); wait for it, or "
+                          "choose another --out")  # fmt: skip
     try:
-        # the models and datasets found before the wheels are built and resolved (minutes)
-        folders = {name: model_folder(name) for name in models}
-        files = {name: dataset_file(name) for name in datasets}
-        return _write(out, part_size, python, platform_tag, exclude, have, target_python, folders, float16, files,
-                      wheels, only, log, t0)  # fmt: skip
-    except BaseException:
-        # no half-written bundle left behind to be mistaken for a whole one (out was new or empty)
-        shutil.rmtree(out, ignore_errors=True)
-        if not made:
-            out.mkdir(parents=True, exist_ok=True)
-        raise
+        if any(out.iterdir()):  # a bundle finished there since the check above
+            raise BundleError(f"{out} exists and is not empty; choose a new --out")
+        try:
+            # the models and datasets found before the wheels are built and resolved (minutes)
+            folders = {name: model_folder(name) for name in models}
+            files = {name: dataset_file(name) for name in datasets}
+            return _write(out, part_size, python, platform_tag, exclude, have, target_python, folders, float16,
+                          files, wheels, only, log, t0)  # fmt: skip
+        except BaseException:
+            # no half-written bundle left behind to be mistaken for a whole one (out was new or empty, and only
+            # this process, which holds the lock, writes it)
+            shutil.rmtree(out, ignore_errors=True)
+            if not made:
+                out.mkdir(parents=True, exist_ok=True)
+            raise
+    finally:
+        release_removing(fh)
 
 
 def _write(out: Path, part_size: int, python: str | None, platform_tag: str | None, exclude: tuple[str, ...],

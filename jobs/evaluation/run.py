@@ -37,14 +37,21 @@ class Summary:
         self.data.setdefault("commands", {})
 
     def save(self, *keys: str) -> None:
-        disk = json.loads(self.path.read_text()) if self.path.exists() else {}
-        for key in (*SETTINGS, *keys):
-            if key in self.data:
-                disk[key] = self.data[key]
-        disk["commands"] = {**disk.get("commands", {}), **self.data["commands"]}
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(disk, indent=1, default=str) + "\n", encoding="utf-8")
-        os.replace(tmp, self.path)
+        """Merge this invocation's `keys` (and the settings, commands) into the file as it is on disk, under a lock
+        (.summary.json.lock beside it) so that another invocation's save between the read and the write is not
+        lost."""
+        import fcntl
+
+        with open(self.path.with_name(f".{self.path.name}.lock"), "a", encoding="utf-8") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            disk = json.loads(self.path.read_text()) if self.path.exists() else {}
+            for key in (*SETTINGS, *keys):
+                if key in self.data:
+                    disk[key] = self.data[key]
+            disk["commands"] = {**disk.get("commands", {}), **self.data["commands"]}
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(disk, indent=1, default=str) + "\n", encoding="utf-8")
+            os.replace(tmp, self.path)
         self.data.update(disk)
 
 

@@ -88,8 +88,13 @@ def parse_vars(items: list[str]) -> dict[str, Any]:
 
 
 def error_line(exc: duckdb.Error, con: duckdb.DuckDBPyConnection) -> str:
-    """A DuckDB error as one line; a missing view of a table the run lacks says what makes it."""
+    """A DuckDB error as one line; a missing view of a table the run lacks says what makes it, and a part listed when
+    the connection opened and gone since says that the run changed under the reader."""
     first = one_line(exc)
+    gone = re.search(r'No files found that match the pattern "([^"]+)"', first)
+    if gone:
+        return (f"{gone.group(1)} was part of the run when this began and is gone: the run's files changed while "
+                "they were read (e.g. jobs.parse --replace); run it again")
     match = re.search(r"Table with name (\w+) does not exist", first)
     if match:
         name = match.group(1)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import logging
 import os
 import shutil
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,27 @@ from .sink import LocalPartSink
 from .uri import Location, StoreError
 
 logger = logging.getLogger("jobs.store")
+
+# renameat2(2)'s flag and the "current directory" descriptor (linux/fcntl.h, linux/fs.h)
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap the two existing paths `a` and `b` in one step (Linux's renameat2 with RENAME_EXCHANGE): no instant
+    without either. False where the system or the file system has no such call (the caller renames twice)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        call = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # a C library without it (glibc < 2.28, musl)
+        return False
+    call.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if call(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(a))
 
 
 class RunStore:
@@ -310,29 +333,35 @@ class RunStore:
         return wrote
 
     def replace(self, table: str, data: Iterable[pa.Table]) -> list[Path]:
-        """Swap the whole `table` folder for one holding the tables of `data`, one part each (staged, fsynced, two
-        renames; a reader in between finds the folder missing, never a mix of old and new rows)."""
+        """Swap the whole `table` folder for one holding the tables of `data`, one part each: staged, fsynced, then
+        exchanged with the old folder in one step (two renames where the system cannot, when a reader in between
+        finds the folder missing). The new parts are numbered after every part the run has, so no name a reader
+        listed before the swap ever names other rows: a reader that started before reads the old parts, or fails
+        to find them, never a mix of old and new rows."""
         self.check_writable()
         schema = self.schema(table)
         staging = self.path / STAGING / f"{table}-new"
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
+        first = self.next_seq()
         staged: list[Path] = []
         for rows in data:
             if rows.num_rows:
-                staged.append(staging / part_name(len(staged)))
+                staged.append(staging / part_name(first + len(staged)))
                 write_parquet_synced(rows.select(schema.names).cast(schema), staged[-1], table)
         if not staged:
-            staged.append(staging / part_name(0))
+            staged.append(staging / part_name(first))
             write_parquet_synced(schema.empty_table(), staged[-1], table)
-        old = self.path / STAGING / f"{table}-old"
-        shutil.rmtree(old, ignore_errors=True)
-        if (self.path / table).exists():
-            os.replace(self.path / table, old)
-        os.replace(staging, self.path / table)
+        target = self.path / table
+        if not (target.exists() and exchange(staging, target)):  # else the old parts are in `staging` now
+            old = self.path / STAGING / f"{table}-old"
+            shutil.rmtree(old, ignore_errors=True)
+            if target.exists():
+                os.replace(target, old)
+            os.replace(staging, target)
         fsync_dir(self.path)
         shutil.rmtree(self.path / STAGING, ignore_errors=True)
-        return [self.path / table / part.name for part in staged]
+        return [target / part.name for part in staged]
 
     def commit_missing_tables(self) -> list[Path]:
         """Give every table without a part an empty one, so that `read_parquet('<table>/*.parquet')` works

@@ -19,6 +19,13 @@ STATE_FILE = "pipeline.json"
 LOCK_FILE = ".pipeline.lock"
 
 
+def _umask() -> int:
+    """The process's umask (read by setting it, then setting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def run_state(run: str) -> dict[str, list[list[Any]]]:
     """The committed parts of every table of a run: (name, bytes, mtime). Parts are written once under new
     names, so a run whose listing is unchanged has unchanged rows."""
@@ -196,6 +203,7 @@ class State:
             self.data = {**current, **self.data, "reports": merged}
             fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
             try:
+                os.fchmod(fd, 0o666 & ~_umask())  # as any file the report writes (mkstemp's 0600 kept this one private)
                 with os.fdopen(fd, "w", encoding="utf-8") as fh:
                     fh.write(json.dumps(self.data, indent=1, sort_keys=True) + "\n")
                 os.replace(tmp, self.path)
