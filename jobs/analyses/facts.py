@@ -14,7 +14,7 @@ from xsbert_core import InputError
 
 from .. import paper, sqlrun
 from ..config import RunConfig
-from ..store import MANIFEST
+from ..store import MANIFEST, selections
 from .base import Context, first_row
 
 
@@ -72,23 +72,6 @@ def run_facts(con: duckdb.DuckDBPyConnection, run: sqlrun.Run, suffix: str = "")
             # the invocation's own command (recorded since 2026-12-01), else one made from the config
             facts["commands"].append(entry.get("command") or attribute_command(config, entry.get("selection") or {}))
     return facts
-
-
-def selections(manifest: dict[str, Any]) -> list[dict[str, Any]]:
-    """The distinct selections of rows the jobs.attribute invocations recorded in manifest.json wrote into the run
-    (dataset, split, sample, seed, limit, the source's row count), each with its pairs in (n_in) and how many
-    invocations made it; a run folder grown by several selections holds the union of their pairs."""
-    out: dict[tuple, dict[str, Any]] = {}
-    for entry in manifest.get("runs") or []:
-        selection = entry.get("selection") if isinstance(entry, dict) else None
-        if not isinstance(selection, dict):
-            continue
-        key = tuple(selection.get(k) for k in ("dataset", "split", "sample", "seed", "limit"))
-        n_in = (entry.get("counts") or {}).get("n_in")
-        seen = out.setdefault(key, {**selection, "n_in": n_in, "invocations": 0})
-        seen["invocations"] += 1
-        seen["n_in"] = n_in if n_in is not None else seen["n_in"]
-    return list(out.values())
 
 
 def selection_label(selection: dict[str, Any]) -> str:

@@ -154,6 +154,23 @@ def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
 
 
+def selections(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """The distinct selections of rows the jobs.attribute invocations recorded in manifest.json wrote into the run
+    (dataset, split, sample, seed, limit, the source's row count), each with its pairs in (n_in) and how many
+    invocations made it; a run folder grown by several selections holds the union of their pairs."""
+    out: dict[tuple, dict[str, Any]] = {}
+    for entry in manifest.get("runs") or []:
+        selection = entry.get("selection") if isinstance(entry, dict) else None
+        if not isinstance(selection, dict):
+            continue
+        key = tuple(selection.get(k) for k in ("dataset", "split", "sample", "seed", "limit"))
+        n_in = (entry.get("counts") or {}).get("n_in")
+        seen = out.setdefault(key, {**selection, "n_in": n_in, "invocations": 0})
+        seen["invocations"] += 1
+        seen["n_in"] = n_in if n_in is not None else seen["n_in"]
+    return list(out.values())
+
+
 def manifest_json(body: str | bytes, where: str) -> dict[str, Any]:
     """A run's manifest.json as read (`where`: its path or URI): a StoreError in one line when it is not a JSON object
     (the job writes it whole, temp file then rename: one that does not parse was changed by something else)."""

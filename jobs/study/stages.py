@@ -12,9 +12,10 @@ from typing import Any
 from xsbert_core import InputError
 from xsbert_core.training import TrainProgress
 
-from .. import config, paper, sqlrun
+from .. import config, paper
 from ..attribution.hooks import Hooks
-from ..store import MANIFEST, disk_failure, short_hash
+from ..store import MANIFEST, Location, disk_failure, selections, short_hash
+from ..store.files import read_text
 from .schema import Study, job_settings
 from .state import Reports, State, code_state, run_state, unparsed
 
@@ -78,10 +79,8 @@ def union_note(run_dir: str, n_done: int) -> str | None:
     """When the run folder holds more pairs than this selection of rows attributed (`n_done`), from several selections
     (a run's id hashes what its attributions depend on, not --sample, --seed or --limit: docs/STORE.md), that its
     report covers them all, beside the counts of this selection alone; else None."""
-    from ..analyses.facts import selections
-
     try:
-        text = sqlrun.read_text(sqlrun.join(run_dir, MANIFEST))
+        text = read_text(Location.parse(run_dir).join(MANIFEST))
         manifest = json.loads(text) if text else {}
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None  # the report says what is wrong with the manifest
