@@ -127,6 +127,15 @@ def test_the_read_side_loads_neither_torch_nor_sentence_transformers():
     assert _probe(probe) == ["False", "False", "False"]
 
 
+def test_the_compute_side_imports_no_duckdb():
+    """The GPU machine has no DuckDB (bench/gpu_have.txt): the verbs it runs, and the pipeline's stages, import none,
+    so that one module-level import of jobs.sqlrun (it happened in jobs/study/stages.py) fails here in seconds rather
+    than in the prepared GPU runs' rehearsals."""
+    probe = ("import sys, jobs.pipeline, jobs.study.stages, jobs.attribute, jobs.train, jobs.evaluate, jobs.parse, "
+             "jobs.bundle; print('duckdb' in sys.modules)")  # fmt: skip
+    assert _probe(probe) == ["False"]
+
+
 def test_the_jobs_help_and_flag_errors_come_before_the_engine_loads():
     """`python -m jobs.attribute --help` (jobs.train's, jobs.evaluate's), a flag it does not take, and a setting out of
     its bounds answer without torch and sentence-transformers (seconds per process): what loads the engine or a model
