@@ -7,10 +7,12 @@ leaves the thing alone rather than remove what a live process still writes."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -92,6 +94,18 @@ def lock_file(path: Path, shared: bool = False) -> IO[str] | None:
         except OSError:
             pass
     return fh
+
+
+@contextlib.contextmanager
+def waiting_lock(path: Path) -> Iterator[None]:
+    """An exclusive flock(2) on the file `path` (made if missing) for the block, waiting for another holder to let
+    go: for a short read-modify-write that two processes may do at once (a merge into a JSON file, the next part's
+    number); the file stays."""
+    import fcntl
+
+    with open(path, "a", encoding="utf-8") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 def release_removing(fh: IO[str]) -> None:

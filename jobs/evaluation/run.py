@@ -15,6 +15,7 @@ from typing import Any
 from xsbert_core.cli import writable_folder
 from xsbert_core.training import VARIANTS, base_name
 
+from ..processes import waiting_lock
 from .agreement import agreement_frames, attribute, layer_runs, sql_file
 from .figures import plot_all, write_table
 from .inputs import checkpoint_path, is_model, model_paths, require_models, stsb
@@ -40,10 +41,7 @@ class Summary:
         """Merge this invocation's `keys` (and the settings, commands) into the file as it is on disk, under a lock
         (.summary.json.lock beside it) so that another invocation's save between the read and the write is not
         lost."""
-        import fcntl
-
-        with open(self.path.with_name(f".{self.path.name}.lock"), "a", encoding="utf-8") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        with waiting_lock(self.path.with_name(f".{self.path.name}.lock")):
             disk = json.loads(self.path.read_text()) if self.path.exists() else {}
             for key in (*SETTINGS, *keys):
                 if key in self.data:

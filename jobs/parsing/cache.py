@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ import polars as pl
 import pyarrow as pa
 
 from ..config import CACHE_DIRNAME  # noqa: F401 - the default of --cache, declared with it
+from ..processes import waiting_lock
 from ..store import PART_RE, fsync_dir, write_parquet_synced
 from .actor import CACHE_SCHEMA
 from .choice import ParserSpec
@@ -58,8 +58,7 @@ class ParseCache:
         if rows.num_rows == 0:
             return None
         self.path.mkdir(parents=True, exist_ok=True)
-        with open(self.path / ".lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with waiting_lock(self.path / ".lock"):
             seqs = [int(PART_RE.match(p.name).group(1)) for p in self.parts()]  # type: ignore[union-attr]
             seq = max(seqs, default=-1) + 1
             final = self.path / f"part-{seq:06d}.parquet"

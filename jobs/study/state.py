@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..processes import waiting_lock
 from ..store import DERIVED_TABLES, TABLES, Location, committed_parts, committed_waves, disk_failure
 from ..store.files import is_file, location_fs, read_text, upload
 
@@ -187,12 +188,10 @@ class State:
             raise disk_failure(exc.filename or self.path, exc) from None
 
     def _save(self) -> None:
-        import fcntl
         import tempfile
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.parent / LOCK_FILE, "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        with waiting_lock(self.path.parent / LOCK_FILE):
             try:
                 text = self.reports.read_text(STATE_FILE)  # on object storage: the root's copy (no lock there)
                 current = json.loads(text) if text else {}
