@@ -176,8 +176,9 @@ def make_handler(app: App, renderer: Renderer, log: Callable[[str], None] | None
             """A list page's rows as CSV, streamed (one request per connection: the end of the answer is the end
             of the connection); an error before the first row is an error page."""
             try:
-                check_run(app, Params(url.query))
-                download = DOWNLOADS[url.path](app, Params(url.query))
+                p = Params(url.query)
+                check_run(app, p)
+                download = DOWNLOADS[url.path](app, p)
                 chunks = download.chunks(app.con)
                 first = next(chunks)
             except Exception as exc:  # noqa: BLE001 - an error page (_failed)
