@@ -207,6 +207,7 @@ def test_pages_and_status_codes(served, stores):
         ("/pairs?sort=text_a", 400, "sort: &#39;text_a&#39; is not one of"), ("/pairs?reason=nope", 400, "not a quarantine"),
         ("/tokens?min_count=x", 400, "min_count"), ("/token?t=zebra", 404, "no same-token cell"),
         ("/token", 400, "which token"), ("/pairs?size=100000", 400, "size"),
+        ("/pairs?min_score=0.9&max_score=0.5", 400, "min_score 0.9 is above max_score 0.5: no pair can match"),
     ):  # fmt: skip
         got, page, _ = served.get(path)
         assert got == status and text in page, (path, got, page[-600:])
@@ -401,8 +402,14 @@ def test_search_filters_sort_and_paging_are_the_rows(served, stores):
         ("/pairs?sort=error&order=asc", lambda p: True, lambda p: abs(p["completeness_error"]), False),
         ("/pairs?q=CAT", lambda p: "cat" in p["text_a"].lower() or "cat" in p["text_b"].lower(), lambda p: p["score"], True),
         ("/pairs?q=p07", lambda p: p["pair_id"] == "p07", lambda p: p["score"], True),
+        # a part of a pair id, in any case: p10..p19
+        ("/pairs?q=P1", lambda p: p["pair_id"].startswith("p1"), lambda p: p["score"], True),
         ("/pairs?token=not&sort=label", lambda p: "not" in sentences[p["sentence_id_a"]]["tokens"]
          or "not" in sentences[p["sentence_id_b"]]["tokens"], lambda p: p["label"], True),
+        # the token search ignores case: "[sep]" is every pair's [SEP]
+        ("/pairs?token=NOT&sort=label", lambda p: "not" in sentences[p["sentence_id_a"]]["tokens"]
+         or "not" in sentences[p["sentence_id_b"]]["tokens"], lambda p: p["label"], True),
+        ("/pairs?token=%5Bsep%5D", lambda p: True, lambda p: p["score"], True),
         ("/pairs?min_score=0&max_score=1.5&sort=positive", lambda p: 0 <= p["score"] <= 1.5,
          lambda p: p["positive_sum"], True),
         ("/pairs?min_label=2&max_label=3&min_error=0.01&sort=tokens&order=asc",
@@ -450,7 +457,7 @@ def test_each_list_page_downloads_all_its_rows_as_csv_with_its_filters(served, s
         assert link.startswith("/pairs.csv?") and "page=" not in link and "size=" not in link, link
         status, text, headers = served.get(link)
         assert status == 200 and headers["Content-Type"] == "text/csv; charset=utf-8"
-        assert headers["Content-Disposition"] == 'attachment; filename="pairs.csv"'
+        assert headers["Content-Disposition"] == f'attachment; filename="pairs-{stores["run"].name}.csv"'
         rows = csv_rows(text)
         assert [r["pair_id"] for r in rows] == every_page(served, path), path  # every row, in the page's order
         for r in rows:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,6 +75,12 @@ class Download:
             cursor.close()
 
 
+def csv_name(app: App, table: str) -> str:
+    """A download's file name: the list and the run it is of (`pairs-<run id>.csv`), so that two runs' files differ;
+    a character of a folder's name that a header's quoted file name cannot hold is `_`."""
+    return f"{table}-{re.sub(r'[^A-Za-z0-9._-]', '_', app.run.run_id)}.csv"
+
+
 def csv_pairs(app: App, p: Params) -> Download:
     """The rows of /pairs with the same parameters: the attributed pairs, or the quarantined rows (reason=...)."""
     reason = p.text("reason").strip()
@@ -81,12 +88,12 @@ def csv_pairs(app: App, p: Params) -> Download:
     if reason:
         where = _quarantine_where(app, p, reason, args)
         sql = f"select {', '.join(QUARANTINE_FIELDS)} from quarantine {where} order by row"
-        return Download("quarantine.csv", QUARANTINE_FIELDS, sql, args)
+        return Download(csv_name(app, "quarantine"), QUARANTINE_FIELDS, sql, args)
     sort = p.choice("sort", SORTS, "score")
     order = p.choice("order", ("asc", "desc"), "desc")
     _, where, with_ = pairs_filter(app, p, args)
     columns = tuple(c.strip() for c in LIST_FIELDS.split(","))
-    return Download("pairs.csv", columns, f"""{with_}select {LIST_FIELDS} from pairs_memory {where}
+    return Download(csv_name(app, "pairs"), columns, f"""{with_}select {LIST_FIELDS} from pairs_memory {where}
         order by {SORTS[sort]} {order} nulls last, pair_id""", args)  # fmt: skip
 
 
@@ -96,7 +103,7 @@ def csv_tokens(app: App, p: Params) -> Download:
     if _wait_same_tokens(app):
         raise Busy("the same-token cells are being read (once per start of the server): retry in a moment")
     columns = ("rank", "token", "n", "mean", "std")
-    return Download("tokens.csv", columns, f"""{TOKENS_RANKED}
+    return Download(csv_name(app, "tokens"), columns, f"""{TOKENS_RANKED}
         select {', '.join(columns)} from ranked {TOKENS_FILTER}
         order by {TOKEN_SORTS[t.sort]} {t.order} nulls last, token""", t.args())  # fmt: skip
 
@@ -110,7 +117,7 @@ def csv_token(app: App, p: Params) -> Download:
     if _wait_same_tokens(app):
         raise Busy("the same-token cells are being read (once per start of the server): retry in a moment")
     columns = ("pair_id", "i", "j", "value", "score", "text_a", "text_b")
-    return Download("token.csv", columns, f"""
+    return Download(csv_name(app, "token"), columns, f"""
         select c.pair_id, c.i, c.j, c.value, p.score, p.text_a, p.text_b
         from same_token_cells c join pairs_memory p using (pair_id)
         where c.token = $t

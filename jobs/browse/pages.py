@@ -105,19 +105,21 @@ def _where_pairs(p: Params, args: dict[str, Any]) -> tuple[list[str], list[str]]
     """The WHERE terms of the pairs list and the CTEs they need; `args` gets the bound values."""
     terms: list[str] = []
     ctes: list[str] = []
-    q = p.text("q").strip()
+    q = p.text("q").strip().lower()
     if q:
-        args["q"], args["q_id"] = q.lower().replace(SEARCH_SEPARATOR, ""), q
-        terms.append("(contains(search_text, $q) or pair_id = $q_id)")
-    token = p.text("token").strip()
-    if token:
-        args["token_forms"] = [token, f"Ġ{token}", f"▁{token}"] if not token.startswith(("Ġ", "▁", "##")) else [token]
+        args["q"] = q.replace(SEARCH_SEPARATOR, "")
+        terms.append("(contains(search_text, $q) or contains(lower(pair_id), $q))")
+    token = p.text("token").strip().lower()
+    if token:  # sentence_tokens holds the tokens lowercased: a search for "Not" finds "not" and "Not"
+        args["token_forms"] = [token, f"ġ{token}", f"▁{token}"] if not token.startswith(("ġ", "▁", "##")) else [token]
         ctes.append("with_token as (select sentence_id from sentence_tokens where token in (select unnest($token_forms)))")
         terms.append("(sentence_id_a in (select sentence_id from with_token) or "
                      "sentence_id_b in (select sentence_id from with_token))")  # fmt: skip
     for name, expr in COLUMNS.items():
-        for bound, op in (("min", ">="), ("max", "<=")):
-            x = p.number(f"{bound}_{name}")
+        low, high = p.number(f"min_{name}"), p.number(f"max_{name}")
+        if low is not None and high is not None and low > high:
+            raise BadRequest(f"min_{name} {low:g} is above max_{name} {high:g}: no pair can match")
+        for bound, op, x in (("min", ">=", low), ("max", "<=", high)):
             if x is not None:
                 args[f"{bound}_{name}"] = x
                 terms.append(f"{expr} {op} ${bound}_{name}")
@@ -131,10 +133,10 @@ def _quarantine_where(app: App, p: Params, reason: str, args: dict[str, Any]) ->
         raise BadRequest(f"reason: {reason!r} is not a quarantine reason of this run")
     terms = [] if reason == "any" else ["reason = $reason"]
     args["reason"] = reason
-    q = p.text("q").strip()
+    q = p.text("q").strip().lower()
     if q:
-        args["q"], args["q_id"] = q.lower(), q
-        terms.append("(contains(lower(text_a), $q) or contains(lower(text_b), $q) or pair_id = $q_id)")
+        args["q"] = q
+        terms.append("(contains(lower(text_a), $q) or contains(lower(text_b), $q) or contains(lower(pair_id), $q))")
     return f"where {' and '.join(terms)}" if terms else ""
 
 
@@ -172,7 +174,8 @@ def page_pairs(app: App, page: Page, p: Params) -> dict[str, Any]:
     else:
         terms, where, with_ = pairs_filter(app, p, args)
         view_with = with_.replace("select sentence_id from sentence_tokens where token in (select unnest($token_forms))",
-                                  "select sentence_id from sentences where list_has_any(tokens, $token_forms)")
+                                  "select sentence_id from sentences where list_has_any([lower(t) for t in tokens], "
+                                  "$token_forms)")  # fmt: skip
         view_where = where.replace("contains(search_text, $q)", "contains(lower(text_a), $q) or contains(lower(text_b), $q)")
         note = "over pairs_memory, read at start: " + " ".join(App.PAIRS_MEMORY_SQL.split())
         total = (page.run("how many pairs match", f"{with_}select count(*) from pairs_memory {where}", args,

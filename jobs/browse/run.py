@@ -279,11 +279,11 @@ class App:
         select token, count(*) as n, avg(value) as mean, stddev_samp(value) as std,
                token in (select token from special_tokens) as is_special
         from same_token_cells group by token"""
-    # every (token, sentence) of the run, sorted by token (DuckDB skips the row groups of other tokens): the token
-    # search of the pairs list
+    # every (token, sentence) of the run, the token lowercased and sorted (DuckDB skips the row groups of other
+    # tokens): the token search of the pairs list, which ignores case
     SENTENCE_TOKENS_SQL = """
         create table sentence_tokens as
-        select distinct unnest(tokens) as token, sentence_id from sentences order by token"""
+        select distinct lower(unnest(tokens)) as token, sentence_id from sentences order by token"""
     SPECIAL_SQL = """
         create table special_tokens as
         select distinct unnest([t for t, k in tokens if word_ids[k] is null]) as token from sentences"""
