@@ -427,6 +427,7 @@ class ReportSettings:
                                              f"examples there (default {SERVE_URL}; 'none': no links)")  # fmt: skip
     quiet: bool = setting(False, flags=("-q",), help="print nothing but errors")
     command: str | None = setting(None, cli=False)
+    study: str | None = setting(None, cli=False)  # the study whose page, in the folder above --out, lists this report
 
     def __post_init__(self) -> None:
         check_serve_url(self.serve_url, "--serve-url")

@@ -49,7 +49,8 @@ def main(job: ReportSettings | argparse.Namespace) -> dict[str, Any]:
     if job.note:  # the note is on the page already: the command names it
         command = command.replace(shlex.quote(job.note), "'(the note above)'").replace(job.note, "(the note above)")
     out, sections, summary = write_report(job.run, job.run2, job.out, sqlrun.parse_vars(list(job.vars)), command,
-                                          note=job.note, serve_url=job.serve_url or SERVE_URL)  # fmt: skip
+                                          note=job.note, serve_url=job.serve_url or SERVE_URL,
+                                          study=job.study)  # fmt: skip
     if not job.quiet:
         print("\n".join(summary), flush=True)
     return {"out": out, "sections": sections, "summary": summary}

@@ -313,6 +313,9 @@ def test_tiny_study_end_to_end_rerun_and_growth(tmp_path, ray_cluster, capsys):
     index = (reports / "index.html").read_text(encoding="utf-8")
     assert all(f"href='{n}/index.html'" in index for n in ("n2", "n3", "n2-vs-n3"))
     assert all(f"<img src='{n}/example-1.png'" in index for n in ("n2", "n3"))  # each run's key figures
+    for name in ("n2", "n2-vs-n3"):  # each run's page links back to the study's
+        page = (reports / name / "index.html").read_text(encoding="utf-8")
+        assert f"<a href='../index.html'>← study {pipeline.load_config(path).study}</a>" in page, page[:2000]
     from markupsafe import escape
 
     texts = [f["text"] for r in first["reports"] for f in r["findings"]]

@@ -75,6 +75,7 @@ class Context:
     results: dict[str, pl.DataFrame] = field(default_factory=dict)
     note: str | None = None
     serve_url: str | None = SERVE_URL  # links into `xsbert serve` (None: no links)
+    study: str | None = None  # the study whose page (the folder above) lists this report (None: made on its own)
 
     def scalar(self, sql: str) -> Any:
         row = first_row(self.con, sql)

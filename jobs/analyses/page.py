@@ -70,7 +70,7 @@ def write_page(sections: list[Section], ctx: Context, command: str) -> Path:
         coverage=[(n, coverage_label(f)) for n, f in facts],
         commands=[c for _, f in facts for c in f["commands"]] + [command],
         run_names=[n for n, _ in facts], settings=[(k, [t.get(k, "") for t in tables]) for k in keys],
-        sections=sections, preview_rows=PREVIEW_ROWS, serve_url=ctx.serve_url,
+        sections=sections, preview_rows=PREVIEW_ROWS, serve_url=ctx.serve_url, study=ctx.study,
         serve_pages=serve_pages(ctx.facts["run_id"]),
         serve_command=shlex.join(["xsbert", "serve", "--run", str(ctx.run)]
                                  + (["--run2", str(ctx.run2)] if ctx.run2 is not None else [])),

@@ -153,7 +153,7 @@ def clear_previous(out: Path) -> None:
 
 def write_report(
     run: str | Path, run2: str | Path | None, out: str | Path, variables: dict[str, Any], command: str,
-    note: str | None = None, serve_url: str | None = SERVE_URL,
+    note: str | None = None, serve_url: str | None = SERVE_URL, study: str | None = None,
 ) -> tuple[Path, list[Section], list[str]]:
     """Every analysis of the registry (then every other sql/ file, then the examples) on `run` (and `run2`), into
     `out`: tables, figures, index.html, report.json; returns (out, sections, summary lines). InputError on bad
@@ -170,6 +170,7 @@ def write_report(
     check_kinds("\n".join(texts), variables)  # --var min_count=abc: one line now, not a failed section
     ctx = open_context(run, run2, out, variables, note)
     ctx.serve_url = None if serve_url in (None, "", "none") else serve_url.rstrip("/")
+    ctx.study = study
     out, facts = ctx.out, ctx.facts
 
     with writing(out):

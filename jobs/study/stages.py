@@ -132,7 +132,7 @@ def stage_report(study: Study, run_dirs: dict[str, str]) -> tuple[Reports, list[
     for name, run, run2 in jobs:
         out = reports.local / name
         fingerprint = short_hash({"code": code, "vars": study.report.vars, "serve_url": serve_url,
-                                  "run": [str(run), run_state(run)],
+                                  "study": study.study, "run": [str(run), run_state(run)],
                                   "run2": [str(run2), run_state(run2)] if run2 else None})  # fmt: skip
         previous = state.get(name)
         fresh = previous and previous.get("fingerprint") == fingerprint and "findings" in previous
@@ -143,7 +143,7 @@ def stage_report(study: Study, run_dirs: dict[str, str]) -> tuple[Reports, list[
             continue
         job = config.ReportSettings(run=str(run), out=str(out), run2=str(run2) if run2 else None, quiet=True,
                                     vars=tuple(f"{key}={value}" for key, value in study.report.vars.items()),
-                                    serve_url=serve_url)  # fmt: skip
+                                    serve_url=serve_url, study=study.study)  # fmt: skip
         t0 = time.perf_counter()
         result = report.main(job)
         failed = [s.name for s in result["sections"] if s.status == "failed"]
