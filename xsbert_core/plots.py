@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.backend_bases import FigureCanvasBase  # noqa: E402
 from matplotlib.colors import TwoSlopeNorm  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 IMAGE_FORMATS = tuple(sorted(FigureCanvasBase.get_supported_filetypes()))  # what savefig writes, by file suffix
 
@@ -55,14 +56,15 @@ def plot_attributions(
 
 def plot_histograms(
     series: dict[str, np.ndarray],
-    path: str | Path,
+    path: str | Path | None,
     title: str,
     xlabel: str,
     bins: int = 40,
     vlines: dict[str, float] | None = None,
     note: str | None = None,
 ):
-    """Overlaid histograms (step outlines, shared bins), one per named series; dashed vertical lines."""
+    """Overlaid histograms (step outlines, shared bins), one per named series; dashed vertical lines. Writes the
+    figure to `path` and returns the path; with `path` None, returns the open matplotlib Figure."""
     values = [np.asarray(v, dtype=float) for v in series.values()]
     finite = np.concatenate([v[np.isfinite(v)] for v in values]) if values else np.zeros(0)
     lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
@@ -75,12 +77,16 @@ def plot_histograms(
     _mark(ax, vlines)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("pairs")
-    ax.set_title(title, fontsize=11)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # counts: no tick at 0.5 pairs
+    ax.set_ylim(0, max(ax.get_ylim()[1], 1) * 1.25)  # headroom: the legend above the tallest bar, not over it
+    _title(ax, title)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     if note:  # below the axes, where it cannot cover bars or labels
         fig.subplots_adjust(bottom=fig.subplotpars.bottom + 0.06 * n_note)
         fig.text(0.5, 0.01, note, ha="center", va="bottom", fontsize=8, color="0.2")
+    if path is None:
+        return fig
     fig.savefig(path, dpi=150)
     plt.close(fig)
     return path
@@ -129,7 +135,7 @@ def plot_by_layer(
     ax.set_xticks(layers)
     ax.set_xlabel("layer L (attributions to the input of encoder layer L)")
     ax.set_ylabel(ylabel)
-    ax.set_title(title + (f"\n{note}" if note else ""), fontsize=10)
+    _title(ax, title + (f"\n{note}" if note else ""), fontsize=10)
     ax.grid(alpha=0.3)
     if banded:
         ax.add_artist(ax.legend(handles=[Patch(color="0.6", alpha=0.3, label=band_label)], fontsize=7,
@@ -154,6 +160,14 @@ def _wrapped(note: str | None) -> str | None:
     if not note:
         return note
     return "\n".join(textwrap.fill(line, NOTE_WIDTH) or line for line in note.split("\n"))
+
+
+def _title(ax, title: str, fontsize: float = 11, **kwargs) -> None:
+    """The axes' title, each line wrapped to the figure's width (about 0.6 em a character): a longer line is cut
+    off at the figure's edge."""
+    width = max(20, int(ax.figure.get_figwidth() * 72 / (0.6 * fontsize)))
+    ax.set_title("\n".join(textwrap.fill(line, width) or line for line in title.split("\n")), fontsize=fontsize,
+                 **kwargs)
 
 
 def _finish(fig, path: str | Path, note: str | None = None) -> Path:
@@ -209,7 +223,7 @@ def plot_cdfs(
     ax.set_ylim(0, 1.02)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("share of values ≤ x")
-    ax.set_title(title, fontsize=11)
+    _title(ax, title)
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8, loc="lower right")
@@ -264,7 +278,7 @@ def plot_ranked_bars(
         ax.legend(handles=[Patch(color=color_of[g], label=g) for g in names], fontsize=8, loc="lower center",
                   bbox_to_anchor=(0.5, 1.0), ncol=len(names), frameon=False)  # fmt: skip
     ax.set_xlabel(xlabel)
-    ax.set_title(title, fontsize=11, pad=22 if groups else 6)
+    _title(ax, title, 11, pad=22 if groups else 6)
     ax.grid(axis="x", alpha=0.3)
     return _finish(fig, path, note)
 
@@ -302,7 +316,7 @@ def plot_by_bin(
         plt.setp(ax.get_xticklabels(), rotation=60 if len(bins) > 10 else 35, ha="right", rotation_mode="anchor")
     ax.set_xlabel("score bin")
     ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=11)
+    _title(ax, title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     return _finish(fig, path, note)
@@ -353,7 +367,7 @@ def plot_scatter(
         ax.invert_yaxis()
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=11)
+    _title(ax, title)
     ax.grid(alpha=0.3)
     _spread_labels(fig, texts)
     return _finish(fig, path, note)
@@ -400,7 +414,7 @@ def plot_paired_dots(
     ax.invert_yaxis()
     ax.axvline(0, color="0.2", linewidth=0.8)
     ax.set_xlabel(xlabel)
-    ax.set_title(title, fontsize=11)
+    _title(ax, title)
     ax.grid(axis="x", alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
     return _finish(fig, path, note)
