@@ -210,7 +210,9 @@ def _probe_head(target: str) -> None:
     host = host.strip("[]")
     why = None
     try:
-        socket.create_connection((host, int(port)), timeout=HEAD_CONNECT_TIMEOUT_S).close()
+        with socket.create_connection((host, int(port)), timeout=HEAD_CONNECT_TIMEOUT_S) as conn:
+            if not _tls():
+                why = _not_grpc(conn, f"{host}:{port}")
     except socket.gaierror as exc:
         why = f"the name {host!r} does not resolve ({exc.strerror})"
     except TimeoutError:
@@ -220,6 +222,47 @@ def _probe_head(target: str) -> None:
     if why is not None:
         raise RayJoinError(f"cannot join the Ray cluster at {target}: {why} (is its head up? `ray status` on the head "
                            "prints the address to join)")  # fmt: skip
+
+
+# HTTP/2's client preface and an empty SETTINGS frame (RFC 9113 §3.4, §6.5): a gRPC server, as a head's GCS is,
+# answers with a SETTINGS frame of its own (type 0x4, the fourth byte of its 9-byte header).
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+GRPC_ANSWER_TIMEOUT_S = 5.0
+
+
+def _tls() -> bool:
+    """Whether this process talks TLS to the cluster (RAY_USE_TLS): then the GCS expects a TLS hello, not HTTP/2."""
+    return os.environ.get("RAY_USE_TLS", "0").strip().lower() in ("1", "true", "yes")
+
+
+def _not_grpc(conn: socket.socket, where: str) -> str | None:
+    """Why what accepted the connection is no Ray GCS (None: it answers HTTP/2 as a gRPC server does). Something
+    else listening there (a web server, Ray's dashboard or client port given for the GCS) left ray.init retrying for
+    minutes, repeating its own warnings."""
+    try:
+        conn.settimeout(GRPC_ANSWER_TIMEOUT_S)
+        conn.sendall(_H2_PREFACE)
+        head = b""
+        while len(head) < 9:
+            chunk = conn.recv(9 - len(head))
+            if not chunk:
+                break
+            head += chunk
+    except TimeoutError:
+        return (f"{where} accepts connections but does not answer as a Ray head's GCS (gRPC) within "
+                f"{GRPC_ANSWER_TIMEOUT_S:g} s")  # fmt: skip
+    except OSError as exc:
+        return f"{where} accepts connections but closed this one ({exc.strerror or type(exc).__name__})"
+    if len(head) == 9 and head[3] == 4:
+        return None
+    with contextlib.suppress(OSError):  # the rest of its first line, for the message
+        conn.settimeout(1.0)
+        head += conn.recv(200) if head and b"\n" not in head else b""
+    line = head.split(b"\n")[0].decode("ascii", "replace").strip()
+    said = repr(line[:60] + ("..." if len(line) > 60 else "")) if line else "nothing"
+    return (f"{where} answers, but not as a Ray head's GCS (gRPC) does: it said {said}; the GCS port is "
+            f"{DEFAULT_GCS_PORT} unless `ray start --head --port` said another (the dashboard's 8265 and the Ray "
+            "client's 10001 are not it)")
 
 
 def _probe_token(ray, address: str | None) -> None:

@@ -18,6 +18,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -1223,6 +1224,59 @@ def test_a_ray_head_that_does_not_answer_is_one_line_at_once(tmp_path):
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         f"jobs.attribute: error: cannot join the Ray cluster at 127.0.0.1:{port}: nothing listens at 127.0.0.1:{port} "
         "(Connection refused) (is its head up? `ray status` on the head prints the address to join)"], proc.stderr
+
+
+def test_an_address_where_something_else_answers_is_one_line_not_minutes_of_retries(tmp_path, ray_cluster):
+    """--ray-address / RAY_ADDRESS where something accepts connections but is no Ray GCS (a web server, the
+    dashboard's port): ray.init retried it for minutes, repeating Ray's warnings. Before ray.init, the address gets
+    HTTP/2's preface, which a gRPC server answers with its SETTINGS: anything else is one line at once; a real head's
+    GCS passes."""
+    import socket
+    import threading
+
+    from jobs.raycluster import GRPC_ANSWER_TIMEOUT_S, RayJoinError, _probe_token
+
+    _probe_token(ray_cluster, ray_cluster.get_runtime_context().gcs_address)  # the test Ray's head: no error
+
+    def serve(reply: bytes | None) -> tuple[str, socket.socket]:
+        server = socket.create_server(("127.0.0.1", 0))
+
+        def answer() -> None:
+            while True:
+                try:
+                    conn, _ = server.accept()
+                except OSError:
+                    return
+                conn.recv(100)
+                if reply is not None:
+                    conn.sendall(reply)
+                    conn.close()  # else: kept open, saying nothing
+
+        threading.Thread(target=answer, daemon=True).start()
+        return f"127.0.0.1:{server.getsockname()[1]}", server
+
+    web, web_server = serve(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+    silent, silent_server = serve(None)
+    try:
+        with pytest.raises(RayJoinError) as info:
+            _probe_token(None, web)
+        assert str(info.value).startswith(f"cannot join the Ray cluster at {web}: {web} answers, but not as a Ray "
+                                          "head's GCS (gRPC) does: it said 'HTTP/1.1 400 Bad Request'; the GCS port "
+                                          "is 6379"), str(info.value)  # fmt: skip
+        t0 = time.monotonic()
+        with pytest.raises(RayJoinError) as info:
+            _probe_token(None, silent)
+        assert f"{silent} accepts connections but does not answer as a Ray head's GCS (gRPC) within" in str(info.value)
+        assert time.monotonic() - t0 < GRPC_ANSWER_TIMEOUT_S + 5
+        proc = subprocess.run([sys.executable, "-m", "jobs.attribute", "--dataset", "stsb", "--limit", "2", "--out",
+                               str(tmp_path / "runs"), "-q", "--ray-address", web], cwd=ROOT, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(
+            f"jobs.attribute: error: cannot join the Ray cluster at {web}: {web} answers, but not as"), proc.stderr
+    finally:
+        web_server.close()
+        silent_server.close()
 
 
 def test_a_job_whose_output_has_no_reader_goes_on_to_its_end(tmp_path):
