@@ -103,7 +103,9 @@ class Selection(Bounded):
                                 "a TSV/CSV/Parquet/JSONL file (.gz ok) | a `datasets` folder | "
                                 "a hub name such as glue/qqp or sentence-transformers/stsb")  # fmt: skip
     split: str | None = setting(None, help="split (stsb: train|dev|test, default test; qqp: train)")
-    config: str | None = setting(None, help="hub dataset config (glue/qqp needs none)")
+    config: str | None = setting(None, help="a hub dataset's config (or a `datasets` folder's), e.g. mrpc for "
+                                            "nyu-mll/glue; glue/qqp needs none. Not a study config (that is "
+                                            "python -m jobs.pipeline --config)")  # fmt: skip
     qqp_path: str | None = setting(None, help="a QQP subset file of the train split, GLUE's TSV layout (default: "
                                               "$XSBERT_QQP; without either, --dataset qqp is the hub's GLUE QQP)")
     limit: int | None = setting(None, ge=1, help="the first N rows (after --sample)")
@@ -123,6 +125,10 @@ class Selection(Bounded):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.label_bounds()  # checked when made, as a bound is
+        if self.config is not None:  # a config that is not a hub dataset's: an error before anything is read
+            from .attribution.inputs import resolve_source
+
+            resolve_source(self.dataset, self.split, self.config, self.qqp_path)
 
     def label_bounds(self) -> tuple[float, float] | None:
         """--label-range as (lo, hi); InputError when it is not LO:HI with LO <= HI (else every label is out)."""

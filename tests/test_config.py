@@ -240,3 +240,36 @@ def test_a_setting_out_of_its_bounds_fails_when_made_naming_its_flag():
         with pytest.raises(InputError, match=f"^{re.escape(message)}$"):
             make()
     assert config.Execution(num_actors=None, max_retries=0).max_retries == 0
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--config", "configs/default.yaml"],
+     "--config configs/default.yaml: only a hub dataset or a `datasets` folder takes a config, and stsb is a file; a "
+     "study config runs with python -m jobs.pipeline --config configs/default.yaml"),
+    (["--dataset", "negation", "--config", "mrpc"],
+     "--config mrpc: only a hub dataset or a `datasets` folder takes a config, and negation is generated"),
+    (["--dataset", "jobs/data/stsb.tsv.gz", "--config", "study.yml"],
+     "--config study.yml: only a hub dataset or a `datasets` folder takes a config, and jobs/data/stsb.tsv.gz is "
+     "a file; a study config runs with python -m jobs.pipeline --config study.yml"),
+])  # fmt: skip
+def test_a_config_for_a_dataset_not_from_the_hub_is_one_line_before_anything_is_made(tmp_path, capsys, argv, message):
+    """jobs.attribute --config is a hub dataset's config: given for any other dataset it had been dropped without a
+    word (`--config configs/default.yaml` attributed the embedded STS-B sample); now one line, exit 2, --out not made,
+    and a study YAML is pointed to jobs.pipeline."""
+    from jobs.attribute import cli, settings
+
+    out = tmp_path / "runs"
+    assert cli([*argv, "--executor", "local", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == f"jobs.attribute: error: {message}\n"
+    assert not out.exists()
+    # a hub dataset (or a `datasets` folder) keeps its config
+    assert settings(["--dataset", "nyu-mll/glue", "--config", "mrpc"]).selection.config == "mrpc"
+
+
+def test_a_study_config_for_a_dataset_not_from_the_hub_names_its_key(tmp_path):
+    from jobs.study.schema import load_config
+    from xsbert_core import InputError
+
+    with pytest.raises(InputError, match=r"datasets\.stsb: config mrpc: only a hub dataset or a `datasets` folder "
+                                         r"takes a config, and stsb is a file$"):
+        load_config(ROOT / "configs/default.yaml", ["datasets.stsb.config=mrpc"])

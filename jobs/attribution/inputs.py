@@ -149,9 +149,23 @@ def require_qqp(explicit: str | None = None, who: str = "this") -> Path:
 
 
 def resolve_source(
-    dataset: str, split: str | None = None, config: str | None = None, qqp: str | None = None
+    dataset: str, split: str | None = None, config: str | None = None, qqp: str | None = None,
+    config_key: str = "--config",
 ) -> Source:
-    """Turn --dataset/--split/--config into a Source (no reading yet)."""
+    """Turn --dataset/--split/--config into a Source (no reading yet). A config is a hub dataset's (or a `datasets`
+    folder's): given for any other dataset it is an InputError (`config_key`: how the message names it), not dropped."""
+    source = _resolve_source(dataset, split, config, qqp)
+    if config is not None and source.config != config:
+        what = {"generated": "is generated", "file": "is a file"}.get(
+            source.kind, f"is {source.identity}, whose config is {source.config}")  # qqp without a subset file
+        hint = (f"; a study config runs with python -m jobs.pipeline --config {config}"
+                if config_key == "--config" and config.lower().endswith((".yaml", ".yml")) else "")
+        raise InputError(f"{config_key} {config}: only a hub dataset or a `datasets` folder takes a config, and "
+                         f"{dataset.strip()} {what}{hint}")  # fmt: skip
+    return source
+
+
+def _resolve_source(dataset: str, split: str | None, config: str | None, qqp: str | None) -> Source:
     key = dataset.strip()
     if key.lower() in GENERATED:
         name = key.lower()

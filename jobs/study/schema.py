@@ -377,7 +377,7 @@ def weights_notes(study: Study) -> list[str]:
 def dataset_problem(ds: Dataset) -> str | None:
     """Why `ds` cannot be read (None when it can, as far as can be told without reading it)."""
     try:
-        source = resolve_source(ds.source, ds.split, ds.config, ds.qqp_path)
+        source = resolve_source(ds.source, ds.split, ds.config, ds.qqp_path, config_key="config")
     except InputError as exc:
         return str(exc)
     builtin = ds.source.strip().lower() in BUILTINS  # `qqp` without a subset file is GLUE's QQP on the hub
