@@ -218,7 +218,7 @@ def test_parse_and_report_settings_have_one_field_per_flag():
     argv = ["--run", "r1", "--out", "o", "--run2", "r2", "--var", "min_count=3", "--note", "n", "-q"]
     rep = ReportSettings.from_args(report.parse_args(argv), command=None)
     assert {f.name for f in dataclasses.fields(ReportSettings)} == (set(vars(report.parse_args(argv))) - {"var"}) | {
-        "vars", "command"}
+        "vars", "command", "study"}
     assert ReportSettings.from_args(report.parse_args(rep.flags()), command=None) == rep
 
 
