@@ -125,10 +125,6 @@ class Selection(Bounded):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.label_bounds()  # checked when made, as a bound is
-        if self.config is not None:  # a config that is not a hub dataset's: an error before anything is read
-            from .attribution.inputs import resolve_source
-
-            resolve_source(self.dataset, self.split, self.config, self.qqp_path)
 
     def label_bounds(self) -> tuple[float, float] | None:
         """--label-range as (lo, hi); InputError when it is not LO:HI with LO <= HI (else every label is out)."""
