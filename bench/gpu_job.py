@@ -194,6 +194,11 @@ def torch_cuda_devices() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def cpus() -> int:
+    """The cores this process may use (its affinity: a container's own, where os.cpu_count() says the host's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def start_ray(gpus: int, logical: bool) -> None:
     """The job's Ray, told of `gpus` GPUs: the ones torch sees, so that no detection of Ray's own can leave them out
     (the workers' output reaches the driver, run.log, as with the job's own start of Ray), or `logical` ones it does
@@ -205,18 +210,38 @@ def start_ray(gpus: int, logical: bool) -> None:
     from jobs.raycluster import once_more_if_slow
 
     quiet = {"log_to_driver": False} if logical else {"logging_level": logging.WARNING}
-    once_more_if_slow(lambda: ray.init(num_cpus=os.cpu_count() or 1, num_gpus=gpus, include_dashboard=False, **quiet),
+    once_more_if_slow(lambda: ray.init(num_cpus=cpus(), num_gpus=gpus, include_dashboard=False, **quiet),
                       ray.shutdown)  # fmt: skip
 
 
+def _cuda_seen(batch: dict[str, Any]) -> dict[str, Any]:
+    """A Ray Data task's view of the GPU: whether torch sees CUDA there, and CUDA_VISIBLE_DEVICES as Ray set it."""
+    import numpy as np
+    import torch
+
+    n = len(batch["id"])
+    return {"cuda": np.array([torch.cuda.is_available()] * n),
+            "visible": np.array([os.environ.get("CUDA_VISIBLE_DEVICES", "")] * n)}  # fmt: skip
+
+
 def ray_check() -> int:
-    """Ray started as the job starts it on this machine, its resources printed on one line, and stopped."""
+    """Ray started as the job starts it on this machine, one Ray Data task on a GPU (where torch sees one: ray[data]'s
+    own requirements meet the machine's pandas and pyarrow here, and the task must see CUDA), its resources and the
+    task's view printed on one line, and stopped. Exit 1 when a GPU task sees no CUDA."""
     import ray
+    import ray.data
 
     gpus = torch_cuda_devices()
     start_ray(gpus, logical=False)
-    print("ray-check:", json.dumps({"resources": ray.cluster_resources(), "cuda_devices": gpus}), flush=True)
+    task = ray.data.range(1).map_batches(_cuda_seen, batch_size=1, num_gpus=1 if gpus else 0).take_all()[0]
+    seen = {"cuda": bool(task["cuda"]), "visible": str(task["visible"])}
+    print("ray-check:", json.dumps({"resources": ray.cluster_resources(), "cuda_devices": gpus, "task": seen}),
+          flush=True)  # fmt: skip
     ray.shutdown()
+    if gpus and not seen["cuda"]:
+        print(f"ray-check: a Ray task given a GPU sees no CUDA (CUDA_VISIBLE_DEVICES={seen['visible']!r})",
+              file=sys.stderr)  # fmt: skip
+        return 1
     return 0
 
 

@@ -15,8 +15,10 @@ last copies its own and runs
 
 which checks every part, installs the wheels (pip --target, beside the machine's own torch), the models and the data,
 and runs the pieces below, each in its own process, stopping before --deadline-s. After each piece it rewrites
-OUT/results.tgz (every result but the stores), OUT/progress.json and OUT/run.log. A second start (same --work)
-resumes: finished pieces are kept; with --resume-from results.tgz a fresh machine starts from what came back.
+OUT/results.tgz (every result but the stores), OUT/progress.json, OUT/run.log and OUT/pip-freeze.txt (the machine's
+own packages: a later bundle's --have). A second start (same --work) resumes: finished pieces are kept; with
+--resume-from results.tgz a fresh machine starts from what came back, installing and checking Ray again (what was
+installed lives on the machine, not in results.tgz). A piece that a killed start left running is killed first.
 
   job-minilm      bench/gpu_job.py run: the real job, GPU actors, 2,000 QQP pairs in waves of 1,000 (WAVE),
                   all-MiniLM-L6-v2 layer 4
@@ -33,8 +35,8 @@ resumes: finished pieces are kept; with --resume-from results.tgz a fresh machin
 Before the job pieces, Ray is started once and stopped (ray-check, at most RAY_CHECK_S): where it does not start, the
 job pieces are skipped with its output, and the time goes to the pieces that need no Ray. A job piece stops itself
 after a wave when the time left would not hold another (bench/gpu_job.py --stop-by); job-minilm has at most
-JOB_MINILM_CAP_S (none in a --dry-run), and where it was cut at that (a job that stalls), job-mpnet is skipped: it would
-stall the same way.
+JOB_MINILM_CAP_S (none in a --dry-run), and where it was cut at that before its job ended (a job that stalls),
+job-mpnet is skipped: it would stall the same way.
 
 Here again: `python bench/gpu_run.py report OUT` (the folder that came back, or its results.tgz) writes the
 measured part of bench/results/gpu-job.md, with the full-QQP estimate.
@@ -43,10 +45,12 @@ measured part of bench/results/gpu-job.md, with the full-QQP estimate.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -121,6 +125,9 @@ def plan(args) -> dict[str, Any]:
                    f'--work {args.there_work} --out "$OUT" --deadline-s {args.deadline_s} {args.device_args}'.rstrip()
                    if last
                    else f"{copy} && ls {args.there_bundle}/parts | wc -l")  # fmt: skip
+        if n == 1 and not last:  # the machine's packages come back with the first call, whatever the last one does
+            command += ' && python3 -m pip freeze > "$OUT/freeze.txt"'
+
         out["calls"].append({"call": n, "carry": [rel], "carry_mib": sizes[k] / MiB,
                              "with_tree_mib": (sizes[k] + tree) / MiB, "command": command,
                              "timeout_s": args.deadline_s + 60 if last else 120})  # fmt: skip
@@ -133,7 +140,15 @@ def plan(args) -> dict[str, Any]:
     for c in out["calls"]:
         print(f"  call {c['call']}: carry {c['carry']} ({c['carry_mib']:.1f} MiB, {c['with_tree_mib']:.1f} with the "
               f"tree), timeout_s {c['timeout_s']}:\n    {c['command']}")  # fmt: skip
+    print("  the last call by the device time left B (budget_left_s after the call before it): "
+          + "; ".join(f"B {b}: timeout_s {t}, --deadline-s {t - 60}" for b, t in last_call_limits()))
     return out
+
+
+def last_call_limits(budgets: tuple[int, ...] = (600, 540, 480, 420, 360, 300)) -> list[tuple[int, int]]:
+    """(B, timeout_s) of the last call: min(560, B - 20) seconds, so that the machine's time is not cut under it;
+    its --deadline-s is 60 s less, so that the last piece ends and its results are packed before the call is cut."""
+    return [(b, min(560, b - 20)) for b in budgets]
 
 
 # --------------------------------------------------------------------------- device (there)
@@ -203,21 +218,59 @@ class Progress:
         os.replace(tmp, self.out / "results.tgz")
 
 
-def sh(argv: list[str], log: Path, env: dict[str, str], timeout: float) -> tuple[int, float, str]:
-    """Run argv (its own process group, killed at timeout), its output appended to `log`; (rc, seconds, tail)."""
-    t0 = time.time()
-    with open(log, "a", encoding="utf-8") as fh:
-        fh.write(f"\n$ {shlex.join(argv)}\n")
-        fh.flush()
-        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
+class Pieces:
+    """The piece running now, in its own process group (so that a timeout kills its Ray and actors with it), its
+    group in --work's piece.pid: a start after one that was killed (the call's own limit, a signal) first kills what
+    that one left running, and a SIGTERM to this process kills the running piece's group before it exits."""
+
+    def __init__(self, work: Path) -> None:
+        self.pidfile = work / "piece.pid"
+        self.proc: subprocess.Popen | None = None
+        self.kill_left()
+        signal.signal(signal.SIGTERM, self._terminated)
+
+    def kill_left(self) -> None:
         try:
-            rc = proc.wait(timeout=max(1.0, timeout))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-            rc = 124
-    tail = log.read_text(encoding="utf-8", errors="replace")[-1500:]
-    return rc, time.time() - t0, tail
+            group = int(self.pidfile.read_text())
+        except (OSError, ValueError):
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
+            print(f"gpu_run: killed the process group {group} an earlier start left running", flush=True)
+        self.pidfile.unlink(missing_ok=True)
+
+    def _terminated(self, signum, frame) -> None:
+        self.stop()
+        raise SystemExit(128 + signum)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.pidfile.unlink(missing_ok=True)
+
+    def sh(self, argv: list[str], log: Path, env: dict[str, str], timeout: float) -> tuple[int, float, str]:
+        """Run argv (its own process group, killed at timeout), its output appended to `log`; (rc, seconds, tail)."""
+        t0 = time.time()
+        with open(log, "a", encoding="utf-8") as fh:
+            fh.write(f"\n$ {shlex.join(argv)}\n")
+            fh.flush()
+            self.proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                                         start_new_session=True)  # fmt: skip
+            self.pidfile.write_text(str(self.proc.pid))
+            try:
+                rc = self.proc.wait(timeout=max(1.0, timeout))
+            except subprocess.TimeoutExpired:
+                rc = 124
+            self.stop()
+            self.proc = None
+        tail = log.read_text(encoding="utf-8", errors="replace")[-1500:]
+        return rc, time.time() - t0, tail
+
+
+# What only the machine that ran them holds: a --resume-from on a fresh machine installs and checks Ray again.
+MACHINE_KEYS = ("check", "install")
 
 
 def device(args) -> int:
@@ -231,29 +284,38 @@ def device(args) -> int:
             tar.extractall(work, filter="data")
     prog = Progress(work, out)
     prog.data["starts"].append(time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
+    start = len(prog.data["starts"])
     log = out / "run.log"
     into, site = work / "xs", work / "site"
-    # the checkout first: the driver and the Ray workers import the same jobs/ (the bundled project wheel is its copy)
+    # the checkout first: the driver and the Ray workers import the same jobs/ (the bundled project wheel is its copy);
+    # no Ray token (a local Ray writes one under $HOME, which such a machine need not let it write)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)]), "HF_HUB_OFFLINE": "1",
-           "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}  # fmt: skip
-    if "install" not in prog.data["pieces"]:
-        rc, secs, tail = sh([sys.executable, str(bundle / "install.py"), "--check", "--bundle", str(bundle)], log, env,
-                            120)  # fmt: skip
+           "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}  # fmt: skip
+    runner = Pieces(work)
+    # installed on this machine: its own install folder, from an install that succeeded (progress.json alone came
+    # back with a --resume-from, from another machine)
+    installed = (into / "bundle.json").is_file() and prog.data["pieces"].get("install", {}).get("rc") == 0
+    if not installed:
+        for key in MACHINE_KEYS:
+            prog.data["pieces"].pop(key, None)
+        prog.data.pop("ray_check", None)
+        rc, secs, tail = runner.sh([sys.executable, str(bundle / "install.py"), "--check", "--bundle", str(bundle)],
+                                   log, env, 120)  # fmt: skip
         if rc != 0:
-            prog.data["pieces"]["check"] = {"rc": rc, "seconds": secs, "tail": tail}
+            prog.data["pieces"]["check"] = {"rc": rc, "seconds": secs, "tail": tail, "start": start}
             prog.save()
             print(tail, file=sys.stderr)
             return 3
-        rc, secs, tail = sh([sys.executable, str(bundle / "install.py"), "--bundle", str(bundle), "--into", str(into),
-                             "--target", str(site)], log, env, 600)  # fmt: skip
+        rc, secs, tail = runner.sh([sys.executable, str(bundle / "install.py"), "--bundle", str(bundle), "--into",
+                                    str(into), "--target", str(site)], log, env, 600)  # fmt: skip
         bundled = json.loads((into / "bundle.json").read_text()) if (into / "bundle.json").is_file() else {}
-        prog.data["pieces"]["install"] = {"rc": rc, "seconds": secs, "unmet": bundled.get("unmet"),
+        prog.data["pieces"]["install"] = {"rc": rc, "seconds": secs, "unmet": bundled.get("unmet"), "start": start,
                                           "bundle_mib": sum(i["size"] for i in bundled.get("items", [])) / MiB}
-        freeze = subprocess.run([sys.executable, "-m", "pip", "freeze"], capture_output=True, text=True, env=env)
+        # the machine's own packages (what a later bundle's --have is): without the bundle's site on PYTHONPATH
+        own = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+        freeze = subprocess.run([sys.executable, "-m", "pip", "freeze"], capture_output=True, text=True, env=own)
         (out / "pip-freeze.txt").write_text(freeze.stdout)
-        smi = shutil.which("nvidia-smi")
-        prog.data["nvidia_smi"] = subprocess.run([smi, "-q"], capture_output=True, text=True).stdout[:4000] if smi \
-            else None  # fmt: skip
+        prog.data["nvidia_smi"] = nvidia_smi_q()
         prog.save()
         if rc != 0:
             print(tail, file=sys.stderr)
@@ -262,16 +324,16 @@ def device(args) -> int:
             if prog.data["pieces"].get(p["name"], {}).get("rc") != 0
             and not (args.only and p["name"] not in args.only.split(","))]  # fmt: skip
     if any(p["name"].startswith("job-") for p in todo) and prog.data.get("ray_check", {}).get("rc") != 0:
-        rc, secs, tail = sh([sys.executable, "bench/gpu_job.py", "ray-check"], log, env,
-                            min(RAY_CHECK_S, deadline - time.time()))  # fmt: skip
+        rc, secs, tail = runner.sh([sys.executable, "bench/gpu_job.py", "ray-check"], log, env,
+                                   min(RAY_CHECK_S, deadline - time.time()))  # fmt: skip
         said = [line.removeprefix(RAY_SAID) for line in tail.splitlines() if line.startswith(RAY_SAID)]
-        prog.data["ray_check"] = {"rc": rc, "seconds": secs, **({"said": said[-1]} if said and rc == 0 else
-                                                                  {"tail": tail})}  # fmt: skip
+        prog.data["ray_check"] = {"rc": rc, "seconds": secs, "start": start,
+                                  **({"said": said[-1]} if said and rc == 0 else {"tail": tail})}  # fmt: skip
         prog.save()
         print(f"gpu_run: ray-check: rc {rc} in {secs:.0f} s", flush=True)
     for piece in todo:
         name, left = piece["name"], deadline - time.time()
-        why = skip_reason(name, prog.data)
+        why = skip_reason(name, prog.data, work / "results")
         if why is None and left < piece["min_s"]:
             why = f"{left:.0f} s left, needs {piece['min_s']}"
         if why is not None:
@@ -283,7 +345,7 @@ def device(args) -> int:
         if name.startswith("job-"):  # it stops itself after a wave rather than be cut
             piece["argv"] = [*piece["argv"], f"--stop-by={time.time() + budget:.0f}"]
         print(f"gpu_run: {name} ({left:.0f} s left)", flush=True)
-        rc, secs, tail = sh(piece["argv"], log, env, budget)
+        rc, secs, tail = runner.sh(piece["argv"], log, env, budget)
         prog.data["pieces"][name] = {"rc": rc, "seconds": secs, "argv": piece["argv"],
                                      **({"tail": tail} if rc else {})}  # fmt: skip
         if name == "shelf-n128" and rc == 0:
@@ -295,15 +357,30 @@ def device(args) -> int:
     return 0
 
 
-def skip_reason(name: str, progress: dict[str, Any]) -> str | None:
+def skip_reason(name: str, progress: dict[str, Any], results: Path) -> str | None:
     """Why a piece is not started, from what ran before it (None: start it): a job piece when Ray did not start;
-    job-mpnet when job-minilm was cut at its cap (it stalled; the same job would stall again)."""
+    job-mpnet when job-minilm was cut at its cap before its job ended (it stalled; the same job would stall again).
+    A job that ended and was cut in the steps after it (the subset, the engine alone) did not stall."""
     check = progress.get("ray_check")
     if name.startswith("job-") and check is not None and check.get("rc") != 0:
         return f"Ray did not start (ray-check rc {check.get('rc')}: {check.get('tail', '')[-300:].strip()})"
     if name == "job-mpnet" and progress.get("pieces", {}).get("job-minilm", {}).get("rc") == 124:
-        return "job-minilm was cut at its cap: the job stalled"
+        record = results / "job-minilm" / "gpu-job.json"
+        ended = record.is_file() and "job" in json.loads(record.read_text())
+        if not ended:
+            return "job-minilm was cut at its cap before its job ended: the job stalled"
     return None
+
+
+def nvidia_smi_q() -> str | None:
+    """`nvidia-smi -q`'s first 4,000 characters (None where there is none, it fails or it hangs)."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    try:
+        return subprocess.run([smi, "-q"], capture_output=True, text=True, timeout=30).stdout[:4000]
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"nvidia-smi -q: {exc}"
 
 
 def shelf_summary(store: Path) -> dict[str, Any]:

@@ -22,8 +22,9 @@ memory    the factor batch as N grows: 64 questions of the median length at N = 
           xsbert_core.memory.TensorBudget on a CPU: the batches that ran out and were halved); seconds each, the same
           factors
 
-Each writes --out after every cell, skips the cells already in it (a second start resumes) and stops starting cells
-once --deadline (a Unix time) is near.
+Each writes --out after every cell, skips the cells already in it (a second start resumes; memory keeps an N whose
+three ways are all there) and stops starting cells once --deadline (a Unix time) is near. A cell that fails (out of
+memory, fp16's overflow, a CUDA error) is recorded with its error, and the others run.
 """
 
 from __future__ import annotations
@@ -186,6 +187,10 @@ def sweep(args) -> dict[str, Any]:
         except torch.OutOfMemoryError as exc:
             res.put(key, {"precision": prec, "batch": batch, "chunk": chunk, "error": f"OOM: {str(exc)[:160]}"})
             continue
+        except Exception as exc:  # noqa: BLE001 - a cell's own failure (fp16's NaN, a CUDA error): recorded, the rest run
+            res.put(key, {"precision": prec, "batch": batch, "chunk": chunk,
+                          "error": f"{type(exc).__name__}: {str(exc)[:160]}"})  # fmt: skip
+            continue
         finally:
             if device == "cuda":
                 torch.cuda.empty_cache()
@@ -206,20 +211,24 @@ def adaptive(args) -> dict[str, Any]:
     res = Result(args.out, head(args, device, texts))
     start, tol, cap = (2, TOL, 16) if args.dry_run else (DEFAULT_STEPS, TOL, DEFAULT_MAX_STEPS)  # the job's defaults
     Explainer(model, layer=args.layer, rule="gauss-legendre", steps=start).factors(texts[:4])  # warm-up
-    runs: dict[str, dict] = {}
+    cells = res.data["cells"]
+    # the fixed N of equal worst-case error: the largest N doubling gave a sentence (from a previous start's record)
+    largest = max(map(int, cells["double"]["steps_hist"])) if "double" in cells else None
     for key in ("panels", "double", "fixed"):
-        if late(args) or (key == "fixed" and "double" not in runs):
+        if res.done(key):  # a second start: kept
+            continue
+        if late(args) or (key == "fixed" and largest is None):
             res.data["skipped"].append(key)
             continue
-        if key == "fixed":  # the fixed N of equal worst-case error: the largest N doubling gave a sentence
-            ex = Explainer(model, layer=args.layer, rule="gauss-legendre",
-                           steps=max(sf.n_steps for sf in runs["double"].values()))  # fmt: skip
+        if key == "fixed":
+            ex = Explainer(model, layer=args.layer, rule="gauss-legendre", steps=largest)
         else:  # adaptive N by panels (the job's default, xsbert_core.refine) or by doubling, the same start, tolerance
             ex = Explainer(model, layer=args.layer, rule="gauss-legendre", steps=start, tolerance=tol, max_steps=cap,
                            refine=key)  # fmt: skip
         got, seconds, peak = run_factors(ex, texts, BATCH)
-        runs[key] = got
         steps = [sf.n_steps for sf in got.values()]
+        if key == "double":
+            largest = max(steps)
         res.put(key, {"steps_start": start if key != "fixed" else steps[0], "tolerance": tol if key != "fixed"
                       else None, "seconds": seconds, "sentences_per_s": len(texts) / seconds, "peak_gib": peak,
                       "steps_hist": {str(n): steps.count(n) for n in sorted(set(steps))},
@@ -267,6 +276,10 @@ def memory(args) -> dict[str, Any]:
     s_max = max(lengths[t] for t in chosen)
     res = Result(args.out, {**head(args, device, chosen), "chunk": chunk, "batch": batch, "tokens_max": s_max})
     for n in ([4, 8] if args.dry_run else [128, 256]):
+        # a second start keeps an N whose three ways are done; one missing: the three again (the budget and the
+        # reference of the other two are the whole batch's)
+        if all(res.done(f"N{n}-{way}") for way in ("whole", "planned", "limited")):
+            continue
         if late(args):
             res.data["skipped"].append(f"N{n}")
             continue

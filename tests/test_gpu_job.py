@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -87,7 +89,9 @@ def test_the_prepared_gpu_run_goes_through_on_logical_gpus(tmp_path, tiny):
     ran = [k for k in pieces if k != "install"]
     assert ran == list(PIECES), ran
     assert all(pieces[k]["rc"] == 0 for k in ran), {k: pieces[k].get("tail") for k in ran}
-    assert sorted(p.name for p in out.iterdir()) == ["pip-freeze.txt", "progress.json", "results.tgz", "run.log"]
+    assert sorted(p.name for p in out.iterdir()) == ["freeze.txt", "pip-freeze.txt", "progress.json", "results.tgz",
+                                                     "run.log"]  # fmt: skip
+    assert (out / "freeze.txt").read_text() == (out / "pip-freeze.txt").read_text()  # the machine's, either way
 
     # what came back holds every figure of the report
     md = tmp_path / "gpu-job.md"
@@ -123,6 +127,36 @@ def test_the_prepared_gpu_run_goes_through_on_logical_gpus(tmp_path, tiny):
     assert proc.returncode == 0, proc.stderr[-2000:]
     again = json.loads((out / "progress.json").read_text())
     assert len(again["starts"]) == 2 and again["pieces"] == pieces
+
+    # a fresh machine given what came back, the job piece's record taken out (as if the first machine had been given
+    # back before it): it installs and checks Ray again (progress.json says both were done, on the other machine),
+    # runs the job piece and measures nothing else again
+    fresh, out2 = tmp_path / "xw-fresh", tmp_path / "out2"
+    out2.mkdir()
+    unpacked = tmp_path / "unpacked"
+    with tarfile.open(out / "results.tgz") as tar:
+        tar.extractall(unpacked, filter="data")
+    kept = json.loads((unpacked / "results" / "progress.json").read_text())
+    del kept["pieces"]["job-minilm"]
+    (unpacked / "results" / "progress.json").write_text(json.dumps(kept))
+    shutil.rmtree(unpacked / "results" / "job-minilm")
+    with tarfile.open(tmp_path / "came-back.tgz", "w:gz") as tar:
+        tar.add(unpacked / "results", arcname="results")
+    resume = last.replace(str(tmp_path / "xw"), str(fresh)) + f" --resume-from {tmp_path / 'came-back.tgz'}"
+    proc = subprocess.run(["bash", "-c", resume], capture_output=True, text=True, cwd=ROOT, timeout=600,
+                          env={**ENV, "OUT": str(out2)})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    third = json.loads((out2 / "progress.json").read_text())
+    assert len(third["starts"]) == 3 and (fresh / "xs" / "bundle.json").is_file()
+    assert third["pieces"]["install"]["start"] == 3 and third["pieces"]["install"]["rc"] == 0
+    assert third["ray_check"]["start"] == 3 and third["ray_check"]["rc"] == 0
+    assert third["pieces"]["job-minilm"]["rc"] == 0
+    assert {k: v for k, v in third["pieces"].items() if k not in ("install", "job-minilm")} == \
+        {k: v for k, v in pieces.items() if k not in ("install", "job-minilm")}  # fmt: skip
+    # the machine's own packages, as a later bundle's --have: not those of the bundle's site on PYTHONPATH
+    own = subprocess.run([sys.executable, "-m", "pip", "freeze"], capture_output=True, text=True, cwd=ROOT,
+                         env={k: v for k, v in ENV.items() if k != "PYTHONPATH"}).stdout  # fmt: skip
+    assert (out2 / "pip-freeze.txt").read_text() == own
 
 
 def test_what_stands_between_the_estimate_and_the_hour():
@@ -171,6 +205,28 @@ def test_the_comparison_with_the_cpu_rows_names_the_pairs_either_side_did_not_st
         in said, said
 
 
+def test_a_second_start_of_the_settings_pieces_keeps_their_finished_cells(tmp_path, tiny):
+    """adaptive and memory redid every cell after a start that was cut; now, as sweep does, a second start keeps what
+    the first wrote: adaptive computes only the fixed N, from the largest N the kept doubling gave (here 8, written
+    by hand where the tiny model would need fewer), and memory computes nothing where all of an N's ways are kept."""
+    folder = tmp_path / "model"
+    tiny.build("bert", n_layers=6, seed=0).save(str(folder))
+    data = qqp_file(tmp_path / "qqp.tsv.gz", 4)
+    common = ["--model", str(folder), "--layer", "4", "--qqp-path", str(data), "--pairs", "4", "--dry-run"]
+    out = tmp_path / "adaptive.json"
+    kept = {"seconds": 1.0, "steps_hist": {"4": 3, "8": 2}, "marker": "kept"}
+    out.write_text(json.dumps({"cells": {"panels": {**kept}, "double": {**kept}}}))
+    py("bench/gpu_settings.py", "adaptive", *common, "--out", str(out))
+    cells = json.loads(out.read_text())["cells"]
+    assert cells["panels"]["marker"] == cells["double"]["marker"] == "kept"
+    assert set(cells["fixed"]["steps_hist"]) == {"8"}  # every question at the kept doubling's largest N
+    mem = tmp_path / "memory.json"
+    done = {f"N{n}-{way}": {"marker": "kept"} for n in (4, 8) for way in ("whole", "planned", "limited")}
+    mem.write_text(json.dumps({"cells": done}))
+    py("bench/gpu_settings.py", "memory", *common, "--out", str(mem))
+    assert json.loads(mem.read_text())["cells"] == done
+
+
 def test_the_job_stops_after_the_wave_past_which_time_would_run_out():
     """After each wave the job goes on only if another as long, and the steps after the job, end before --stop-by."""
     sys.path.insert(0, str(ROOT / "bench"))
@@ -213,15 +269,22 @@ def test_a_job_stopped_by_the_deadline_keeps_its_waves_and_is_estimated_from_the
     assert "The job stopped after wave 1/2" in report(str(out / "gpu-job.json"))
 
 
-def test_the_job_pieces_are_skipped_where_ray_did_not_start_and_mpnet_where_minilm_stalled():
+def test_the_job_pieces_are_skipped_where_ray_did_not_start_and_mpnet_where_minilm_stalled(tmp_path):
     sys.path.insert(0, str(ROOT / "bench"))
     from gpu_run import skip_reason
 
     ok = {"ray_check": {"rc": 0}, "pieces": {"job-minilm": {"rc": 0}}}
-    assert skip_reason("job-minilm", ok) is None and skip_reason("job-mpnet", ok) is None
+    assert skip_reason("job-minilm", ok, tmp_path) is None and skip_reason("job-mpnet", ok, tmp_path) is None
     failed = {"ray_check": {"rc": 1, "tail": "RuntimeError: raylet died"}, "pieces": {}}
-    assert skip_reason("job-minilm", failed).startswith("Ray did not start (ray-check rc 1: RuntimeError: raylet")
-    assert skip_reason("sweep-mpnet", failed) is None  # the pieces without Ray still run
-    stalled = {"ray_check": {"rc": 0}, "pieces": {"job-minilm": {"rc": 124}}}
-    assert skip_reason("job-mpnet", stalled) == "job-minilm was cut at its cap: the job stalled"
-    assert skip_reason("job-mpnet", {"ray_check": {"rc": 0}, "pieces": {"job-minilm": {"rc": 1}}}) is None
+    assert skip_reason("job-minilm", failed, tmp_path).startswith(
+        "Ray did not start (ray-check rc 1: RuntimeError: raylet")
+    assert skip_reason("sweep-mpnet", failed, tmp_path) is None  # the pieces without Ray still run
+    cut = {"ray_check": {"rc": 0}, "pieces": {"job-minilm": {"rc": 124}}}
+    record = tmp_path / "job-minilm" / "gpu-job.json"
+    record.parent.mkdir()
+    record.write_text(json.dumps({"status": "running", "job_waves": [{"pairs": 1000}]}))  # cut inside the job
+    assert skip_reason("job-mpnet", cut, tmp_path) == "job-minilm was cut at its cap before its job ended: the job " \
+        "stalled"  # fmt: skip
+    record.write_text(json.dumps({"status": "running", "job": {"pairs": 2000}}))  # cut after it: the engine alone
+    assert skip_reason("job-mpnet", cut, tmp_path) is None
+    assert skip_reason("job-mpnet", {"ray_check": {"rc": 0}, "pieces": {"job-minilm": {"rc": 1}}}, tmp_path) is None
