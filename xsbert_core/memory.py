@@ -22,6 +22,7 @@ out all the same, `FactorMemory.ran_out` caps the rows x tokens of later batches
 
 from __future__ import annotations
 
+import gc
 import weakref
 from dataclasses import dataclass
 
@@ -117,8 +118,10 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 
 def release_cached(device: torch.device) -> None:
-    """What the caching allocator keeps after a failed batch goes back to the device."""
+    """What the caching allocator keeps after a failed batch goes back to the device; first the tensors that only a
+    reference cycle (the failed call's frames) still holds, which would otherwise stay until the collector ran."""
     if device.type == "cuda":
+        gc.collect()
         torch.cuda.empty_cache()
 
 
