@@ -84,6 +84,15 @@ BAD_CONFIGS = [
     ("runs.n2-vs-n3", {"dataset": "pairs", "model": "minilm"}, "also name runs"),
     ("models", _DELETE, "models: Field required"),
     ("ray", {"executor": "dask"}, "ray.executor: Input should be 'ray' or 'local'"),
+    # the report's variables, checked at load as the report checks them (it comes after every compute stage)
+    ("report.vars", {"min_cout": 3}, "report.vars.min_cout: no analysis of sql/ reads such a variable (they read: "),
+    ("report.vars", {"min_count": "ten"},
+     "report.vars.min_count: ten is a text, but min_count takes a number (its default: 30)"),
+    ("report.vars", {"include_special": 1},
+     "report.vars.include_special: 1 is a number, but include_special takes true or false"),
+    ("report.vars", {"agreement_stored_ranks": True},  # agreement.sql sets it itself
+     "report.vars.agreement_stored_ranks: no analysis of sql/ reads such a variable"),
+    ("report.vars", {"min_count": 10, "top_share": 0.05, "include_special": True, "seed": "3"}, None),
 ]
 
 

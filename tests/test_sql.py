@@ -1329,6 +1329,10 @@ def test_xsbert_sql_bad_inputs_exit_2_with_one_line(tmp_path, capsys):
         (["--run", str(run), "--file", "lexical_ranks", "--var", "min_cout=10"],  # a typo is not the default
          "--var min_cout: lexical_ranks reads no such variable (it reads: include_special, min_count)"),
         (["--run", str(run), "--file", "lexical_ranks", "--var", "min_count=ten"], "min_count takes a number"),
+        # a variable the file sets itself is not one to give (it was listed, and the file overwrote what was given)
+        (["--run", str(run), "--run2", str(run), "--file", "agreement", "--var", "agreement_stored_ranks=true"],
+         "--var agreement_stored_ranks: agreement reads no such variable (it reads: bin_width, include_special, level, "
+         "pair_fraction, top_by, use_stored_ranks)"),
         (["--run", str(run), "--file", "negation", "--var", "definition=2"],  # 'paper' or 'word_cells'
          "--var definition=2: definition takes a text (its default: 'paper'; quote a text that looks like a number"),
         (["--run", str(run), "select 1", "--max-rows", "0"], "--max-rows"),

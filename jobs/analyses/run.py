@@ -16,7 +16,6 @@ from xsbert_core.cli import writable_folder
 
 from .. import sqlfiles, sqlrun
 from ..processes import held_by, lock_file
-from ..sqlrun.command import check_kinds, variables_read
 from ..store import StoreError, disk_failure
 from .base import REPORT_JSON, SERVE_URL, Analysis, Context, Finding, Section
 from .examples import plot_examples
@@ -161,13 +160,7 @@ def write_report(
     from .registry import ANALYSES
 
     sql_files = sorted(sqlfiles.SQL_DIR.glob("*.sql"))
-    texts = [sqlfiles.text(p) for p in sql_files]
-    reads = set().union(*(variables_read(t) for t in texts))
-    unknown = sorted(set(variables) - reads)
-    if unknown:  # a misspelt --var would leave every analysis at its default, silently
-        raise InputError(f"--var {', '.join(unknown)}: no analysis of sql/ reads such a variable (they read: "
-                         f"{', '.join(sorted(reads))})")
-    check_kinds("\n".join(texts), variables)  # --var min_count=abc: one line now, not a failed section
+    sqlfiles.check_analysis_vars(variables)  # --var min_cout, min_count=abc: one line now, not after the reads
     ctx = open_context(run, run2, out, variables, note)
     ctx.serve_url = None if serve_url in (None, "", "none") else serve_url.rstrip("/")
     ctx.study = study

@@ -14,35 +14,10 @@ import polars as pl
 
 from xsbert_core import InputError
 
-from .. import sqlfiles
+from ..sqlfiles import check_kinds, parse_value, variables_read
 from .connection import NAME_RE, connect, one_line, variable
 from .files import file_sql, query
 from .runs import TABLES, as_run, missing_table_message
-
-
-def parse_value(text: str) -> Any:
-    """A --var value: int, float, true/false, null, else a string ('quoted' for a string that looks like a number)."""
-    t = text.strip()
-    if len(t) >= 2 and t[0] == t[-1] == "'":
-        return t[1:-1]
-    if t.lower() in ("true", "false"):
-        return t.lower() == "true"
-    if t.lower() == "null":
-        return None
-    for kind in (int, float):
-        try:
-            return kind(t)
-        except ValueError:
-            pass
-    return text
-
-
-_GETVARIABLE_RE = re.compile(r"getvariable\(\s*'(\w+)'\s*\)", re.IGNORECASE)
-
-
-def variables_read(sql: str) -> set[str]:
-    """The variables an SQL text reads (getvariable('NAME')), but the run's own (run, run2: --run, --run2)."""
-    return set(_GETVARIABLE_RE.findall(sql)) - {"run", "run2"}
 
 
 def check_vars(name: str, sql: str, variables: dict[str, Any]) -> None:
@@ -52,28 +27,6 @@ def check_vars(name: str, sql: str, variables: dict[str, Any]) -> None:
     if unknown:
         known = ", ".join(sorted(reads)) or "none"
         raise InputError(f"--var {', '.join(unknown)}: {name} reads no such variable (it reads: {known})")
-
-
-def _kind(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true or false"
-    return "a number" if isinstance(value, (int, float)) else "a text"
-
-
-def check_kinds(sql: str, variables: dict[str, Any]) -> None:
-    """An InputError for a --var whose value is not of the kind of its default in `sql` (a number, true/false or a
-    text: `coalesce(getvariable('min_count'), 30)` takes a number), which DuckDB would meet mid-query or compare
-    with a value of another kind; null (the default) is every kind's."""
-    for name, literals in sorted(sqlfiles.defaults_in(sql).items()):
-        if name not in variables or variables[name] is None:
-            continue
-        wanted = {_kind(sqlfiles.literal_value(lit)) for lit in literals}
-        if _kind(variables[name]) not in wanted:
-            given = variables[name]
-            said = f"its default{'s' if len(literals) > 1 else ''}: {', '.join(sorted(literals))}"
-            hint = "; quote a text that looks like a number: '5'" if wanted == {"a text"} else ""
-            raise InputError(f"--var {name}={str(given).lower() if isinstance(given, bool) else given}: {name} "
-                             f"takes {' or '.join(sorted(wanted))} ({said}{hint})")  # fmt: skip
 
 
 def parse_vars(items: list[str]) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from xsbert_core.models import is_packaged, missing_weights
 from xsbert_core.settings import base_type
 from xsbert_core.training import CHECKPOINTS, MIN_DEV_PAIRS, RECIPES, VARIANTS, TrainConfig, TrainData
 
-from .. import config
+from .. import config, sqlfiles
 from ..attribution.inputs import BUILTINS, resolve_source
 from ..config import JobSettings, check_serve_url
 from ..store import Location
@@ -132,10 +132,23 @@ class Parse(Strict):
 class Report(Strict):
     enabled: bool = True
     out: str | None = Field(None, description="report folder (default reports/<study>)")
-    vars: dict[str, str | int | float | bool] = {}
+    vars: dict[str, str | int | float | bool] = Field({}, description="DuckDB variables of the analyses, as "
+                                                     "jobs.report --var NAME=VALUE (e.g. min_count: 10)")
     serve_url: str | None = Field(None, description="where `xsbert serve` answers: the study page links the pairs "
                                   "behind each finding there when it serves that run (default http://127.0.0.1:8000; "
                                   "'none': never)")  # fmt: skip
+
+    @field_validator("vars")
+    @classmethod
+    def _vars(cls, value: dict[str, str | int | float | bool]) -> dict[str, str | int | float | bool]:
+        """The report's own check, at load (the report stage comes after every compute stage): each name read by an
+        analysis of sql/, each value of its default's kind, as jobs.report reads it (NAME=VALUE, parse_value)."""
+        given = {name: sqlfiles.parse_value(str(v)) for name, v in value.items()}
+        try:
+            sqlfiles.check_analysis_vars(given, key=lambda name: f"report.vars.{name}")
+        except InputError as exc:
+            raise ValueError(str(exc)) from None
+        return value
 
     @field_validator("serve_url")
     @classmethod
