@@ -34,6 +34,7 @@ PART_MIB = 15  # largest part of the outbox
 BATCH_MIB = 50  # largest batch folder of `prepare`
 OUT_FILES, OUT_MIB = 8, 60  # what one OUT carries back: files, MiB together (outbox.json included)
 OUTBOX = "outbox.json"
+INCOMING = ".incoming"  # a part being copied into OUT, renamed once whole
 
 
 def say(line: str) -> None:
@@ -206,27 +207,37 @@ class Outbox:
             (out / f"{OUTBOX}.tmp").replace(out / OUTBOX)
 
     def fill(self, out: Path | None, received: int, max_files: int = OUT_FILES, max_mib: float = OUT_MIB) -> None:
-        """outbox.json and the parts after the first `received`, as many as the limits allow, into OUT."""
+        """outbox.json and the parts after the first `received`, as many as the limits allow, into OUT; a kill at any
+        point leaves an OUT that `receive` reads: the parts the limits now leave out go first, each new part arrives
+        under a temporary name (INCOMING: no `.tar.`, so `receive` passes it by) and is renamed, and outbox.json is
+        replaced last, never removed. OUT holds no more than the limits at any point."""
         if out is None:
             return
         out.mkdir(parents=True, exist_ok=True)
-        for old in out.iterdir():
-            if old.is_file() and (old.name == OUTBOX or ".tar." in old.name):
-                old.unlink()
-        shutil.copyfile(self.folder / OUTBOX, out / OUTBOX)
-        budget, files = max_mib * 2**20 - (out / OUTBOX).stat().st_size, 1
+        budget, files = max_mib * 2**20 - (self.folder / OUTBOX).stat().st_size, 1
         sent = []
         for part in self.parts()[received:]:
             if files >= max_files or part["size"] > budget:
                 break
-            shutil.copyfile(self.folder / part["file"], out / Path(part["file"]).name)
             budget -= part["size"]
             files += 1
-            sent.append(Path(part["file"]).name)
+            sent.append(part)
+        names = {Path(p["file"]).name for p in sent}
+        leftovers = (INCOMING, f"{OUTBOX}.tmp")  # a kill's
+        for old in out.iterdir():  # and what an earlier fill sent that the limits now leave out
+            if old.is_file() and (old.name in leftovers or ".tar." in old.name and old.name not in names):
+                old.unlink()
+        for part in sent:
+            dest = out / Path(part["file"]).name
+            if dest.is_file() and dest.stat().st_size == part["size"]:
+                continue  # an earlier fill of this call sent it (renamed once whole)
+            shutil.copyfile(self.folder / part["file"], out / INCOMING)
+            (out / INCOMING).replace(dest)
+        shutil.copyfile(self.folder / OUTBOX, out / f"{OUTBOX}.tmp")
+        (out / f"{OUTBOX}.tmp").replace(out / OUTBOX)
         left = len(self.parts()) - received - len(sent)
         say(f"OUT: {len(sent)} part(s) after the first {received}" + (f"; {left} more wait for --received "
                                                                       f"{received + len(sent)}" if left else ""))
-
 
 
 def gpu_train():

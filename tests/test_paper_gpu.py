@@ -188,6 +188,65 @@ def test_trainings_that_would_end_after_the_deadline_are_stopped_early(tiny, tmp
         "paper_gpu: error: --only: negation-exact-L9 need(s) glue/mrpc from the hub, out of reach here"]
 
 
+def bench_module(name: str):
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+
+
+def test_a_kill_while_out_is_filled_leaves_an_out_that_receive_reads(tmp_path, monkeypatch):
+    """Outbox.fill after a second piece, killed at each of its copies in turn (the copy cut short): OUT still holds
+    outbox.json, and `receive` extracts every piece whose parts are whole there."""
+    import random
+
+    transfer = bench_module("paper_gpu_transfer")
+    rng = random.Random(0)
+    results, out = tmp_path / "results", tmp_path / "out"
+    results.mkdir()
+    box = transfer.Outbox(results, tmp_path / "outbox", part_mib=0.01)  # parts of 10 KiB
+    data = {name: rng.randbytes(25_000) for name in ("a.bin", "b.bin")}
+    (results / "a.bin").write_bytes(data["a.bin"])
+    box.pack("one", {"pieces": {"one": {}}})
+    box.fill(out, 0)
+    (results / "b.bin").write_bytes(data["b.bin"])
+    box.pack("two", {"pieces": {"one": {}, "two": {}}})
+    real, kills = shutil.copyfile, 0
+
+    class Killed(Exception):
+        pass
+
+    while True:
+        copies = []
+
+        def cut_short(src, dst, copies=copies):
+            copies.append(dst)
+            if len(copies) <= kills:
+                return real(src, dst)
+            Path(dst).write_bytes(Path(src).read_bytes()[: Path(src).stat().st_size // 2])
+            raise Killed
+
+        killed = tmp_path / f"out-{kills}"
+        shutil.copytree(out, killed)
+        monkeypatch.setattr(transfer.shutil, "copyfile", cut_short)
+        try:
+            box.fill(killed, 0)
+        except Killed:
+            pass
+        else:
+            break
+        finally:
+            monkeypatch.setattr(transfer.shutil, "copyfile", real)
+        got = transfer.receive([killed], tmp_path / f"got-{kills}")
+        assert got["pieces"] in ([1], [1, 2]), (kills, got)
+        for seq in got["pieces"]:
+            name = ("a.bin", "b.bin")[seq - 1]
+            assert (tmp_path / f"got-{kills}" / name).read_bytes() == data[name]
+        kills += 1
+    assert kills >= 2  # a kill at each of the second piece's parts and at outbox.json
+    assert transfer.receive([killed], tmp_path / "got")["pieces"] == [1, 2]
+
 @pytest.mark.slow
 def test_prepare_run_resume_fetch_receive_report_and_a_second_session(tiny, tmp_path, capsys):
     base = tiny.folder("mpnet", 12)
