@@ -150,6 +150,9 @@ class Runner:
         self.results.mkdir(parents=True, exist_ok=True)
         self.progress = read_json(self.results / PROGRESS, {"pieces": {}, "models": {}, "runs": {}})
         self.outbox = Outbox(self.results, self.work / "outbox", args.part_mib)
+        if args.done and not args.done.is_file():  # not carried: every run of the earlier attempt would run again
+            raise BundleError(f"--done {args.done}: no such file (an earlier attempt's progress.json: the call "
+                              "carries it)")  # fmt: skip
         self.done = read_json(args.done, {}) if args.done else {}
 
     def finish(self, piece: str, record: dict[str, Any] | None = None, key: str = "pieces") -> None:
@@ -429,6 +432,9 @@ def main(argv: list[str] | None = None) -> int:
     from xsbert_core import XsbertError
 
     args = parse_args(argv)
+    if args.verb == "run":  # there: no network (before anything imports huggingface_hub or datasets, which read them)
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     try:
         if args.verb == "prepare":
             from jobs.attribution.inputs import qqp_path
