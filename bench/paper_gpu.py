@@ -4,34 +4,42 @@ The study is a pipeline config (configs/paper-gpu.yaml: all-mpnet-base-v2's Tune
 paper's recipe, then Fig 3/4/5/8's runs in the order of their value, and last Fig 10's on a QQP sample); this script
 only carries it there, runs its stages piece by piece, and carries the results back:
 
-    here    python bench/paper_gpu.py prepare --into TRANSFER [--qqp FILE]
+    here    python bench/paper_gpu.py prepare [--into TRANSFER] [--qqp FILE]
             all-mpnet-base-v2 as float16 parts (jobs.bundle), the QQP subset file of the QQP runs (--qqp, default
             $XSBERT_QQP; without one those runs are left out there), and the wheels of what such a machine lacks for
             the stages that run there (DEVICE_WHEELS), grouped into TRANSFER/batch-NN folders of at most --batch-mib
-            each, one per transfer
-    there   python3 bench/paper_gpu.py run --transfer TRANSFER --work /tmp/paper-gpu --out OUT [--received N]
+            each, one per call; TRANSFER is bench/.cache/paper-gpu/transfer, git-ignored (a call's working tree
+            carries every file git does not ignore)
+            python bench/paper_gpu.py plan [--done RESULTS/progress.json]
+            the calls, one per batch, each with its carry list and exact command: each copies its own batch out of
+            the checkout into /tmp/pt there (the next call's checkout replaces this one's; /tmp lasts while the
+            machine does), the first also sends back the machine's `pip freeze` and runs `run --check`, the last runs
+            the study from /tmp/pt (carrying --done's file too, where given); then the fetch calls
+    there   python3 bench/paper_gpu.py run --transfer /tmp/pt --work /tmp/paper-gpu --out "$OUT" [--received N]
             installs the wheels and the model from the batches (every part checked), then: the train stage
             (jobs.pipeline's: Tuned, Exact, Orig at once on the GPU, deterministic) -> Table 1's predictions (by
-            encoding: jobs.evaluation.table1.table1_rows) -> the runs (jobs.pipeline's attribute stage, --executor local), one
-            piece at a time. After each piece its new files become a tar in parts of at most --part-mib (the
-            outbox), and OUT gets outbox.json (the pieces, their parts and checksums, the progress) and the first
+            encoding: jobs.evaluation.table1.table1_rows) -> the runs (jobs.pipeline's attribute stage, --executor
+            local), one piece at a time. After each piece its new files become a tar in parts of at most --part-mib
+            (the outbox), and OUT gets outbox.json (the pieces, their parts and checksums, the progress) and the first
             parts not yet received (--received: how many of the outbox's parts, in order, have come back), at most
             --out-files files of --out-mib together; while the trainings run, their progress (step, seconds, time
             left) goes into OUT's outbox.json every --poll-s, so a call killed mid-training still tells their rate.
-            The same command again resumes: what is trained or done is
-            skipped, an unfinished run resumes from its committed waves, and OUT gets the next parts.
-    here    python bench/paper_gpu.py receive --parts OUT1 OUT2 ... --into RESULTS [--transfer TRANSFER]
-            checks and joins every piece whose parts are all there, extracts it into RESULTS (runs/ in the store's
-            layout, training/, table1.json, progress.json), and says the next --received; with --transfer, the
-            models sent back by `run --send-weights` (float16 differences to the base) rebuilt into RESULTS/models
-            python bench/paper_gpu.py report --results RESULTS --out reports/paper-gpu
+            The same command again resumes: what is trained or done is skipped, an unfinished run resumes from its
+            committed waves, and OUT gets the next parts; with --fetch it only gives OUT the next parts.
+    here    python bench/paper_gpu.py receive --parts OUT1 OUT2 ... [--into RESULTS] [--transfer TRANSFER]
+            checks and joins every piece whose parts are all there, extracts it into RESULTS (default
+            bench/.cache/paper-gpu/results, git-ignored: runs/ in the store's layout, training/, table1.json,
+            progress.json), and says the next fetch call's --received; with --transfer, the models sent back by
+            `run --send-weights` (float16 differences to the base) rebuilt into RESULTS/models
+            python bench/paper_gpu.py report [--results RESULTS] --out reports/paper-gpu
             Table 1 with the almost-stochastic-order test (App. B), and jobs.pipeline's report stage over the runs
             and comparisons that came back (DuckDB, here), with the paper's figures beside ours where like for like
 
-A later `run` on a bare machine goes on where an earlier one ended: `run --done RESULTS/progress.json` keeps the
-earlier Table 1, trains only the models of the runs left, and skips each run that came back whose settings are the
-same and whose model, where trained again, has the same weights' sha256 as then (training is deterministic: the same
-recipe on the same GPU and software gives the same weights; a model that differs has its runs done again).
+A later `run` on a bare machine goes on where an earlier one ended: `run --done RESULTS/progress.json` (carried by
+the run call: `plan --done`) keeps the earlier Table 1, trains only the models of the runs left, and skips each run
+that came back whose settings are the same and whose model, where trained again, has the same weights' sha256 as then
+(training is deterministic: the same recipe on the same GPU and software gives the same weights; a model that differs
+has its runs done again).
 """
 
 from __future__ import annotations
@@ -60,12 +68,17 @@ from paper_gpu_transfer import (  # noqa: E402  beside this file: what carries t
     OUT_MIB,
     OUTBOX,
     PART_MIB,
+    RESULTS,
+    THERE_TRANSFER,
+    THERE_WORK,
+    TRANSFER,
     Outbox,
     carried_qqp,
     gather,
     gpu_train,
     install_base,
     install_wheels,
+    plan,
     prepare,
     qqp_item,
     read_json,
@@ -378,7 +391,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python bench/paper_gpu.py", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="verb", required=True)
     s = sub.add_parser("prepare", help="here: the model's float16 parts and the wheels, in batch folders")
-    s.add_argument("--into", type=Path, required=True, help="a new folder: batch-01, batch-02, ...")
+    s.add_argument("--into", type=Path, default=TRANSFER,
+                   help="a new folder, git-ignored: batch-01, batch-02, ... (default: bench/.cache/paper-gpu/transfer)")
     s.add_argument("--base", default=BASE, help="the shelf model (a name or folder)")
     s.add_argument("--part-mib", type=float, default=25, help="largest part of the model (MiB)")
     s.add_argument("--batch-mib", type=float, default=BATCH_MIB, help="largest batch folder (MiB): one transfer")
@@ -387,6 +401,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the QQP subset file (GLUE's TSV layout) for the QQP runs (default: $XSBERT_QQP)")
     s.add_argument("--pin", action="append", default=[], metavar="NAME==VERSION",
                    help="another version of one of the wheels (e.g. one the machine's pyarrow takes)")
+    n = sub.add_parser("plan", help="here: the calls that carry the batches there and run the study, with their "
+                                    "carry lists and exact commands")  # fmt: skip
+    n.add_argument("--transfer", type=Path, default=TRANSFER, help="the batches of `prepare` (git-ignored)")
+    n.add_argument("--there", default=THERE_TRANSFER,
+                   help="where each call copies its batch there, outside the checkout")
+    n.add_argument("--work", default=THERE_WORK, help="the run's work folder there")
+    n.add_argument("--timeout-s", type=int, default=540, help="the run call's limit (seconds)")
+    n.add_argument("--deadline-s", type=float, default=420, help="the run's --deadline-s")
+    n.add_argument("--done", type=Path, default=None,
+                   help="an earlier attempt's progress.json (git-ignored, e.g. bench/.cache/paper-gpu/results/"
+                        "progress.json): carried by the run call, given as its --done")  # fmt: skip
+    n.add_argument("--run-args", default="", help="more arguments of the run call (e.g. --only ...)")
     r = sub.add_parser("run", help="there: install, train, Table 1, the runs; results into OUT in parts")
     r.add_argument("--config", type=Path, default=CONFIG)
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="as jobs.pipeline's --set")
@@ -416,11 +442,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     r.add_argument("--out-mib", type=float, default=OUT_MIB)
     c = sub.add_parser("receive", help="here: join and extract the pieces whose parts came back")
     c.add_argument("--parts", type=Path, nargs="+", required=True, help="folders of parts (and outbox.json)")
-    c.add_argument("--into", type=Path, required=True, help="the results folder")
+    c.add_argument("--into", type=Path, default=RESULTS,
+                   help="the results folder, git-ignored (default: bench/.cache/paper-gpu/results)")
     c.add_argument("--transfer", type=Path, default=None,
                    help="the batches of `prepare`: rebuild the weights that came back (<into>/models/)")
     t = sub.add_parser("report", help="here: Table 1 + ASO, the reports of the runs that came back")
-    t.add_argument("--results", type=Path, required=True)
+    t.add_argument("--results", type=Path, default=RESULTS)
     t.add_argument("--config", type=Path, default=CONFIG)
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     t.add_argument("--out", default="reports/paper-gpu")
@@ -441,6 +468,8 @@ def main(argv: list[str] | None = None) -> int:
 
             prepare(args.into, args.base, () if args.no_wheels else DEVICE_WHEELS, args.part_mib, args.batch_mib,
                     tuple(args.pin), qqp_path(str(args.qqp) if args.qqp else None))  # fmt: skip
+        elif args.verb == "plan":
+            plan(args.transfer, args.there, args.work, args.timeout_s, args.deadline_s, args.done, args.run_args)
         elif args.verb == "run" and args.check:
             check(args.transfer, args.work)
         elif args.verb == "run":

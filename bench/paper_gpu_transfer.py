@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,15 @@ from jobs.bundling import BundleError, check_parts, install, join_parts, split_f
 
 BENCH = Path(__file__).resolve().parent
 BASE = "all-mpnet-base-v2"
+# Here: where `prepare` writes the batches and `receive` the results, in the checkout and git-ignored (bench/.cache/),
+# so that neither travels with a call's working tree.
+CACHE = BENCH / ".cache" / "paper-gpu"
+TRANSFER, RESULTS = CACHE / "transfer", CACHE / "results"
+# There: where each call copies its batch out of the checkout (the next call's checkout replaces this one's; /tmp
+# lasts while the machine does), and the work folder (installs, models, results, the outbox).
+THERE_TRANSFER, THERE_WORK = "/tmp/pt", "/tmp/paper-gpu"
+CARRY_MIB = 64  # what one call carries: the working tree and the paths its carry list names, together
+COMMAND_CHARS = 2000  # the longest command line a call takes
 # What the stages that run there need beyond torch, transformers, sentence-transformers, pyarrow, pandas, numpy and
 # pyyaml: the study config's validation (pydantic) and the trainer's data (datasets), with what only they need. The
 # versions are this environment's (where the tests ran them).
@@ -104,6 +114,101 @@ def prepare(into: Path, base: str = BASE, wheels: tuple[str, ...] = DEVICE_WHEEL
     return out
 
 
+def checkout(path: Path) -> Path:
+    """The git checkout that holds `path` (carry lists name paths relative to it)."""
+    done = subprocess.run(["git", "-C", str(path if path.is_dir() else path.parent), "rev-parse", "--show-toplevel"],
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode != 0:
+        raise BundleError(f"{path} is not in a git checkout: a call carries paths of the checkout it runs in")
+    return Path(done.stdout.strip()).resolve()
+
+
+def tree_bytes(root: Path) -> int:
+    """The working tree that travels with each call: tracked files and untracked ones git does not ignore."""
+    out = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                         capture_output=True, check=True).stdout.decode()  # fmt: skip
+    return sum((root / f).stat().st_size for f in out.split("\0") if f and (root / f).is_file())
+
+
+def carried(root: Path, path: Path, what: str) -> str:
+    """`path` as a carry list names it: relative to the checkout, and git-ignored (else it travels with every call's
+    working tree, this study's and any other's)."""
+    path = path.resolve()
+    if not path.is_relative_to(root):
+        raise BundleError(f"{what} {path} is outside the checkout {root}: a call carries only paths inside it")
+    rel = path.relative_to(root).as_posix()
+    if subprocess.run(["git", "-C", str(root), "check-ignore", "-q", rel]).returncode != 0:
+        raise BundleError(f"{what} {rel} is not git-ignored: it would travel with every call's working tree; keep it "
+                          f"under {CACHE.relative_to(BENCH.parent).as_posix()}/")  # fmt: skip
+    return rel
+
+
+def path_bytes(path: Path) -> int:
+    return path.stat().st_size if path.is_file() else sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def plan(transfer: Path = TRANSFER, there: str = THERE_TRANSFER, work: str = THERE_WORK, timeout_s: int = 540,
+         deadline_s: float = 420, done: Path | None = None, run_args: str = "") -> dict[str, Any]:  # fmt: skip
+    """The calls that carry `prepare`'s batches there and run the study, each with its carry list, its size with the
+    working tree, its timeout_s and its exact command; into <transfer>/plan.json and on stdout.
+
+    One call per batch folder: each copies its own batch out of the checkout into `there` (the next call's checkout
+    replaces this one's; `there` lasts while the machine does, so the calls go back to back), and lists the batches
+    there so far (a machine started afresh between two calls fails that listing: start again at call 1). The first
+    also sends back the machine's own packages (OUT/freeze.txt, before anything of the bundle is installed) and
+    checks the imports and the GPU; the last runs the study from `there`, with --done (an earlier attempt's
+    progress.json, carried: a few KiB) where given. Then fetch calls carry nothing."""
+    transfer = transfer.resolve()
+    batches = sorted(p for p in transfer.glob("batch-*") if p.is_dir())
+    if not batches or not (batches[0] / "manifest.json").is_file():
+        raise BundleError(f"{transfer}: no batch-01 with the bundle's manifest.json (python bench/paper_gpu.py "
+                          f"prepare --into {transfer})")  # fmt: skip
+    root = checkout(transfer)
+    rels = [carried(root, b, "--transfer's batch") for b in batches]
+    done_rel = carried(root, done, "--done") if done is not None else None
+    if done is not None and not done.is_file():
+        raise BundleError(f"--done {done}: no such file (an earlier attempt's progress.json, as `receive` wrote it)")
+    tree, q = tree_bytes(root), shlex.quote
+    out: dict[str, Any] = {"transfer": str(transfer), "there": there, "work": work, "tree_mib": tree / 2**20,
+                           "calls": []}  # fmt: skip
+    for k, (batch, rel) in enumerate(zip(batches, rels), 1):
+        first, last = k == 1, k == len(batches)
+        steps = [f"mkdir -p {q(there)}", f"cp -a {q(rel)} {q(there)}/",
+                 "ls -d " + " ".join(q(f"{there}/{b.name}") for b in batches[:k])]  # fmt: skip
+        carry, size = [rel], path_bytes(batch)
+        if first:  # the machine's own packages, before anything of the bundle is on a path
+            steps.append('python3 -m pip freeze > "$OUT/freeze.txt"')
+        if last:
+            run = (f"PYTHONUNBUFFERED=1 python3 bench/paper_gpu.py run --transfer {q(there)} --work {q(work)} "
+                   f'--out "$OUT" --deadline-s {deadline_s:g}')  # fmt: skip
+            if done_rel:
+                run += f" --done {q(done_rel)}"
+                carry.append(done_rel)
+                size += path_bytes(done)
+            steps.append(f"{run} {run_args}".rstrip())
+        elif first:
+            steps.append(f"python3 bench/paper_gpu.py run --check --transfer {q(there)} --work {q(work)}")
+        command = " && ".join(steps)
+        out["calls"].append({"call": k, "carry": carry, "carry_mib": size / 2**20,
+                             "with_tree_mib": (size + tree) / 2**20, "timeout_s": timeout_s if last else 120,
+                             "command": command})  # fmt: skip
+        if size + tree > CARRY_MIB * 2**20:
+            raise BundleError(f"plan: call {k} carries {(size + tree) / 2**20:.1f} MiB with the working tree, over "
+                              f"{CARRY_MIB}: prepare again with a smaller --batch-mib")  # fmt: skip
+        if len(command) > COMMAND_CHARS:
+            raise BundleError(f"plan: call {k}'s command has {len(command)} characters, over {COMMAND_CHARS}")
+    fetch = f'python3 bench/paper_gpu.py run --work {q(work)} --out "$OUT" --fetch --received N'
+    out["fetch"] = {"carry": [], "timeout_s": 120, "command": fetch}
+    write_json(transfer / "plan.json", out)
+    say(f"plan: {len(batches)} calls, back to back (the working tree {tree / 2**20:.1f} MiB travels with each)")
+    for c in out["calls"]:
+        say(f"call {c['call']}: carry {json.dumps(c['carry'])} ({c['carry_mib']:.1f} MiB, {c['with_tree_mib']:.1f} "
+            f"with the tree), timeout_s {c['timeout_s']}:\n    {c['command']}")  # fmt: skip
+    say(f"then, while receive says parts are left (N: the parts received so far, as it prints), carry [], timeout_s "
+        f"120:\n    {out['fetch']['command']}")  # fmt: skip
+    return out
+
+
 # --------------------------------------------------------------------------- there: install from the batches
 def gather(transfer: Path, work: Path) -> tuple[Path, list[Path]]:
     """The bundle as install.py reads it (work/bundle: manifest.json, parts/ linking into the batches), and the
@@ -143,6 +248,14 @@ def install_base(transfer: Path, work: Path, wheels: bool = True) -> Path:
     if wheels:
         install_wheels(files, work / "site")
     manifest = json.loads((bundle / "manifest.json").read_text())
+    if not (work / "xs" / "bundle.json").is_file():
+        parts = [p["file"] for i in manifest["items"] for p in i["parts"]]
+        missing = [f for f in parts if not (bundle / f).exists()]
+        if missing:
+            found = ", ".join(sorted(p.name for p in transfer.glob("batch-*") if p.is_dir()))
+            raise BundleError(f"{len(missing)} of the bundle's {len(parts)} parts are not under {transfer} (batch "
+                              f"folders there: {found}): every batch must be there before the run; each call "
+                              "copies its own batch out of the checkout into it (python bench/paper_gpu.py plan)")
     models = [i for i in manifest["items"] if i["kind"] == "model"]
     if len(models) != 1:
         raise BundleError(f"the bundle holds {len(models)} models; this study starts from one")
@@ -300,7 +413,8 @@ def receive(parts_dirs: list[Path], into: Path, transfer: Path | None = None) ->
         write_json(into / ".received.json", done)
     total = sum(len(p["parts"]) for p in box["pieces"])
     say(f"{into}: {len(done)} of {len(box['pieces'])} pieces, parts 1-{received} of {total}"
-        + (f"; next: run ... --received {received}" if received < total else ""))  # fmt: skip
+        + (f"; next, the fetch call: python3 bench/paper_gpu.py run --work {THERE_WORK} --out \"$OUT\" --fetch "
+           f"--received {received}" if received < total else ""))  # fmt: skip
     progress = box.get("progress") or {}
     if "train" not in progress.get("pieces", {}):  # the call ended before its trainings did: how far they came
         import dataclasses

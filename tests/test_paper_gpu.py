@@ -188,12 +188,97 @@ def test_trainings_that_would_end_after_the_deadline_are_stopped_early(tiny, tmp
         "paper_gpu: error: --only: negation-exact-L9 need(s) glue/mrpc from the hub, out of reach here"]
 
 
+
 def bench_module(name: str):
     sys.path.insert(0, str(ROOT / "bench"))
     try:
         return importlib.import_module(name)
     finally:
         sys.path.remove(str(ROOT / "bench"))
+
+
+def checkout_copy(src: Path, dest: Path) -> None:
+    """What a call's machine gets of the checkout `src`: its tracked files and the untracked ones git does not ignore
+    (the paths the call's carry list names come on top)."""
+    names = subprocess.run(["git", "-C", str(src), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                           capture_output=True, check=True).stdout.decode().split("\0")  # fmt: skip
+    for name in filter(None, names):
+        if (src / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src / name, dest / name)
+
+
+def test_the_planned_calls_each_carry_their_own_batch_and_the_run_finds_them_all(tiny, tmp_path, capsys):
+    """`plan`'s calls as the device tool runs them: each in a fresh copy of the checkout with only the paths its carry
+    list names (one batch; the run call also the earlier attempt's progress.json), $OUT an empty folder, on one
+    machine whose disk (device/) lasts from call to call. The earlier batches are only where the earlier calls
+    copied them, outside the checkout, and the run installs the model from there. The earlier plan's run call
+    (--transfer naming the checkout's batches) fails on the same layout: its checkout holds its own batch only."""
+    here_, device = tmp_path / "here", tmp_path / "device"
+    checkout_copy(ROOT, here_)  # this checkout, as a repository with nothing committed and the same .gitignore
+    subprocess.run(["git", "init", "-q", str(here_)], check=True)
+    cache = here_ / "bench" / ".cache" / "paper-gpu"
+    assert here("prepare", "--into", str(cache / "transfer"), "--base", str(tiny.folder("mpnet", 1)), "--part-mib",
+                "0.2", "--batch-mib", "0.4", "--no-wheels") == 0  # fmt: skip
+    batches = sorted(p.name for p in (cache / "transfer").glob("batch-*"))
+    assert len(batches) >= 3, batches
+    done = cache / "results" / "progress.json"  # an earlier attempt's, as `receive` wrote it
+    done.parent.mkdir(parents=True)
+    done.write_text(json.dumps({"pieces": {}, "models": {}, "runs": {}}))
+    assert here("plan", "--transfer", str(cache / "transfer"), "--there", str(device / "pt"), "--work",
+                str(device / "work"), "--deadline-s", "0", "--done", str(done)) == 0  # fmt: skip
+    # nothing `prepare`, `plan` or `receive` write travels with a call's working tree; batches that would are refused
+    assert subprocess.run(["git", "-C", str(here_), "status", "--porcelain", "--untracked-files=all", "bench/.cache"],
+                          capture_output=True, text=True, check=True).stdout == ""  # fmt: skip
+    shutil.copytree(cache / "transfer", here_ / "transfer", ignore=shutil.ignore_patterns("plan.json"))
+    capsys.readouterr()
+    assert here("plan", "--transfer", str(here_ / "transfer")) == 2
+    assert "paper_gpu: error: --transfer's batch transfer/batch-01 is not git-ignored" in capsys.readouterr().err
+    shutil.rmtree(here_ / "transfer")
+    calls = json.loads((cache / "transfer" / "plan.json").read_text())["calls"]
+    rel = "bench/.cache/paper-gpu"
+    assert [c["carry"] for c in calls] == [[f"{rel}/transfer/{b}"] for b in batches[:-1]] + [
+        [f"{rel}/transfer/{batches[-1]}", f"{rel}/results/progress.json"]]  # fmt: skip
+    assert all(c["with_tree_mib"] < 64 for c in calls)
+    # `python3` in the commands is this interpreter, as it is the machine's own Python there
+    env = {**there_env(tmp_path), "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])}
+
+    def call(k: int, carry: list[str], command: str) -> tuple[subprocess.CompletedProcess, Path]:
+        tree, out = tmp_path / f"call-{k}" / "checkout", tmp_path / f"call-{k}" / "out"
+        checkout_copy(here_, tree)
+        for path in carry:
+            (tree / path).parent.mkdir(parents=True, exist_ok=True)
+            (shutil.copytree if (here_ / path).is_dir() else shutil.copy2)(here_ / path, tree / path)
+        out.mkdir()
+        path = os.pathsep.join([str(tmp_path / "hide"), str(tree)])  # the checkout's jobs/, not this one's
+        done = subprocess.run(["bash", "-c", command], cwd=tree, capture_output=True, text=True, timeout=600,
+                              env={**env, "OUT": str(out), "PYTHONPATH": path})  # fmt: skip
+        return done, out
+
+    for c in calls:
+        done, out = call(c["call"], c["carry"], c["command"])
+        assert done.returncode == 0, (c["command"], done.stdout[-2000:], done.stderr[-2000:])
+        if c["call"] == 1:  # the machine's own packages, and the check with the first batch's parts
+            assert "torch" in (out / "freeze.txt").read_text()
+            found = json.loads(done.stdout.split("paper_gpu: check: ", 1)[1].splitlines()[0])
+            assert 0 < int(found["parts"].split(" of ")[0]) < int(found["parts"].split(" of ")[1])
+    assert "stopped after the deadline, before train" in done.stdout
+    assert sorted(p.name for p in (device / "pt").iterdir()) == batches
+    assert (device / "work" / "xs" / "models" / tiny.folder("mpnet", 1).name / "model.safetensors").is_file()
+
+    # the earlier plan: the run call names the batches in the checkout, where only its own one is
+    old = (f'python3 bench/paper_gpu.py run --transfer {rel}/transfer --work {device / "work-old"} --out "$OUT" '
+           "--deadline-s 0")  # fmt: skip
+    done, _ = call(len(calls) + 1, calls[-1]["carry"], old)
+    assert done.returncode == 2 and "holds the bundle's manifest.json (batch-01)" in done.stderr, done.stderr
+    # a run call that did not carry --done's file stops at once (it had run every earlier run again), as does one
+    # whose machine lost the earlier batches (started afresh)
+    run = calls[-1]["command"].split(" && ")[-1].replace(str(device / "work"), str(device / "work-fresh"))
+    done, _ = call(len(calls) + 2, calls[-1]["carry"][:1], run)
+    assert done.returncode == 2 and f"--done {rel}/results/progress.json: no such file" in done.stderr, done.stderr
+    shutil.rmtree(device / "pt" / batches[1])
+    done, _ = call(len(calls) + 3, calls[-1]["carry"], run)
+    assert done.returncode == 2 and "parts are not under" in done.stderr and batches[1] not in done.stderr, done.stderr
 
 
 def test_a_kill_while_out_is_filled_leaves_an_out_that_receive_reads(tmp_path, monkeypatch):
