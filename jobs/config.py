@@ -16,7 +16,8 @@ jobs.report are made from these fields (`add_arguments`), and so is the study co
 
 Each field is the destination of the flag of the same name (`--max-steps` -> max_steps); tests/test_config.py checks
 that every flag has exactly one field. A field's metadata `key` is its name in a study config where that differs
-(`address` for ray_address), `study: False` leaves it out of the study config. Plain dataclasses, not pydantic:
+(`address` for ray_address), `study: False` leaves it out of the study config, `study_help` is said in the study
+config's schema only, after the help. Plain dataclasses, not pydantic:
 `--executor local` runs where pydantic is not installed (tests/test_local_executor.py).
 """
 
@@ -201,10 +202,11 @@ class Execution(Bounded):
     """Where and how the pairs are computed; none of it changes a number (not in the run id)."""
 
     executor: str = setting("ray", choices=EXECUTORS,
-                            help="ray (default): stages 1-2 on a Ray cluster; local: in this process, without Ray "
-                                 "(Ray need not be installed; same store, same run id): one model on --device, e.g. "
-                                 "one GPU. In a study: the train, attribute and parse stages (jobs.parse --executor "
-                                 "local)")  # fmt: skip
+                            help="ray (default): the factors and the pairs' cells computed on a Ray cluster; local: in "
+                                 "this process, without Ray (Ray need not be installed; same store, same run id): one "
+                                 "model on --device, e.g. one GPU",
+                            study_help="In a study: the train, attribute and parse stages (jobs.parse --executor "
+                                       "local)")  # fmt: skip
     ray_address: str | None = setting(None, key="address",
                                       help="join this cluster (default: $RAY_ADDRESS, else start one)")
     num_actors: int | None = setting(None, ge=1,
@@ -221,11 +223,11 @@ class Execution(Bounded):
                                help="a batch whose worker died is retried this often (on a restarted actor), then the "
                                     "run fails")  # fmt: skip
     cell_writer: str = setting("auto", choices=CELL_WRITERS,
-                               help="who writes the cells and word cells: the stage-2 tasks (workers; the driver "
-                                    "only commits) or the driver. auto, decided before each wave: workers on object "
-                                    "storage or where every node sees the local --out (nodes that join are asked), "
-                                    "else the driver; workers stops the job before a wave with a node that does not "
-                                    "see it")  # fmt: skip
+                               help="who writes the cells and word cells: the tasks that compute them (workers; "
+                                    "the driver only commits) or the driver. auto, decided before each wave: workers "
+                                    "on object storage or where every node sees the local store root (nodes that join "
+                                    "are asked), else the driver; workers stops the job before a wave with a node "
+                                    "that does not see it")  # fmt: skip
     device: str | None = setting(None, help="torch device of the factor actors (default: cuda when they get GPUs, "
                                             "else cpu)")  # fmt: skip
     factor_memory: str | None = setting(None, metavar="SIZE",

@@ -122,7 +122,8 @@ def test_the_pipeline_config_is_made_from_the_jobs_fields():
     for cls, block in ((Attribution, study_schema.Attribution), (config.Execution, study_schema.Ray)):
         for f in dataclasses.fields(cls):
             if f.name in block.model_fields:
-                assert block.model_fields[f.name].description == study_schema.described(f.metadata["help"]), f.name
+                assert block.model_fields[f.name].description == study_schema.described(
+                    f.metadata["help"], f.metadata.get("study_help")), f.name  # fmt: skip
     with pytest.raises(study_schema.ValidationError, match="Input should be 'all', 'same-token' or 'none'"):
         study_schema.Attribution(cells="some")
     with pytest.raises(study_schema.ValidationError, match="greater than or equal to 1"):
@@ -326,3 +327,20 @@ def test_help_gives_every_flag_a_line_and_its_default(command):
                 "jobs.evaluate": ["(default: 4,8,16,32,64,128)", "(default: last-epoch)", "(default: 1000,"]}
     for words in expected.get(command, []):
         assert words in shown, (command, words)
+
+
+def test_each_commands_help_of_the_execution_flags_is_true_there():
+    """jobs.evaluate takes jobs.attribute's execution flags: their help names no flag of jobs.attribute's that means
+    another thing there (--out is evaluate's results folder, its store root is --runs) and says nothing of a study;
+    what --executor means in a study is said in the study config's schema."""
+    from jobs.study.schema import Study
+
+    for command in ("jobs.attribute", "jobs.evaluate"):
+        text = " ".join(_help_parsers()[command].format_help().split())
+        cell_writer = text[text.index("--cell-writer {auto,workers,driver} who"):]
+        assert "--out" not in cell_writer[:cell_writer.index(" --device")], command
+        assert "local store root" in cell_writer
+        assert "In a study" not in text and "stages 1-2" not in text, command
+    ray = Study.model_json_schema()["$defs"]["Ray"]["properties"]
+    assert ray["executor"]["description"].endswith(". In a study: the train, attribute and parse stages (jobs.parse "
+                                                   "--executor local)")  # fmt: skip

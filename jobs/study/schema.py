@@ -71,12 +71,16 @@ def schema_fields(cls: type, optional: bool, skip: tuple[str, ...] = ()) -> dict
         nullable = optional or (default is None)
         bounds = {k: md[k] for k in ("ge", "gt", "lt", "pattern") if k in md}
         out[md.get("key", f.name)] = (kind | None if nullable else kind,
-                                      Field(default, description=described(md.get("help")), **bounds))  # fmt: skip
+                                      Field(default, description=described(md.get("help"), md.get("study_help")),
+                                            **bounds))  # fmt: skip
     return out
 
 
-def described(help_text: str | None) -> str | None:
-    """A setting's help as the config schema shows it: argparse's `%%` (a literal %) undone."""
+def described(help_text: str | None, study_help: str | None = None) -> str | None:
+    """A setting's help as the config schema shows it: argparse's `%%` (a literal %) undone, its `study_help` (what it
+    means in a study, which the flag's help leaves out) after it."""
+    if study_help:
+        help_text = f"{help_text}. {study_help}" if help_text else study_help
     return help_text.replace("%%", "%") if help_text else help_text
 
 
