@@ -42,7 +42,7 @@ from typing import Any
 from xsbert_core.errors import CommandParser, exit_status
 from xsbert_core.models import DEFAULT_MODEL
 from xsbert_core.settings import DEFAULT_LAYER, DefaultsHelpFormatter, add_arguments
-from xsbert_core.training import CHECKPOINTS, VARIANTS
+from xsbert_core.training import CHECKPOINTS, MODELS_DIR, VARIANTS
 
 from .config import Execution
 from .console import quiet_console
@@ -61,7 +61,7 @@ def build_parser() -> CommandParser:
         formatter_class=DefaultsHelpFormatter,  # each flag's default in --help
     )
     p.add_argument("--base", default=DEFAULT_MODEL, help="the off-the-shelf model (shelf) the variants were tuned from")
-    p.add_argument("--models", default="models", help="folder with <base name>-{tuned,exact,orig} from jobs.train")
+    p.add_argument("--models", default=MODELS_DIR, help="folder with <base name>-{tuned,exact,orig} from jobs.train")
     for v in VARIANTS:
         p.add_argument(f"--{v}", default=None, help=f"the {v} model folder (default <models>/<base name>-{v})")
     p.add_argument("--checkpoint", choices=CHECKPOINTS, default=DEFAULT_CHECKPOINT,

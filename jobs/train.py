@@ -35,6 +35,7 @@ from xsbert_core.settings import DefaultsHelpFormatter
 from xsbert_core.training import (
     CHECKPOINTS,
     MIN_DEV_PAIRS,
+    MODELS_DIR,
     VARIANTS,
     TrainConfig,
     TrainData,
@@ -45,7 +46,7 @@ from xsbert_core.training import (
 from .console import quiet_console
 from .training.model import train_model
 
-DEFAULT_OUT = "models"
+DEFAULT_OUT = MODELS_DIR
 
 
 def build_parser() -> CommandParser:

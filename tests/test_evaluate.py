@@ -191,6 +191,26 @@ def test_evaluate_bad_inputs(tmp_path, capsys):
     assert not np.any([p.name.endswith(".parquet") for p in tmp_path.rglob("*")])
 
 
+def test_the_train_them_first_hint_trains_what_this_evaluation_looks_for(tmp_path, capsys):
+    """The hint had named the default commands whatever --base and --models said (following it trained MiniLM into
+    ./models, and the same command failed again), and --out had been made before the models were looked for: now the
+    jobs.train commands that save the missing folders, and no --out."""
+    from jobs.evaluate import cli
+
+    models, out = tmp_path / "trained", tmp_path / "results"
+    (tmp_path / "mine" / "exact").mkdir(parents=True)
+    (tmp_path / "mine" / "exact" / "modules.json").write_text("[]")  # --exact is there: not to train
+    argv = ["--stages", "table1", "--base", "sentence-transformers/all-mpnet-base-v2", "--models", str(models),
+            "--tuned", str(tmp_path / "mine" / "t1"), "--exact", str(tmp_path / "mine" / "exact"), "--out", str(out)]
+    assert cli(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(
+        f"; train them first: python -m jobs.train --variant tuned --model sentence-transformers/all-mpnet-base-v2 "
+        f"--out {tmp_path / 'mine'} --name t1 && python -m jobs.train --variant orig --model "
+        f"sentence-transformers/all-mpnet-base-v2 --out {models}"), err
+    assert "exact (" not in err and not out.exists()
+
+
 BAD_FLAGS = [
     # (flags, the one line after "jobs.evaluate: error: ")
     (["--layers", "abc"], "--layers must be 'all' or comma-separated integers, got 'abc'"),

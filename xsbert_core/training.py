@@ -39,6 +39,7 @@ VARIANT_SIMILARITY = {"tuned": "cosine", "exact": "cosine", "orig": "dot"}
 # the best dev score (ours: an option, not the paper's).
 CHECKPOINTS: tuple[str, ...] = ("last-epoch", "best-dev")
 MIN_DEV_PAIRS = 2  # the dev Spearman, evaluated each epoch, is undefined on fewer
+MODELS_DIR = "models"  # where jobs.train saves the models (--out) and jobs.evaluate looks for them (--models)
 # A trained model's folder holds its last epoch; the best-dev epoch is saved beside it, in <folder> + BEST_SUFFIX.
 BEST_SUFFIX = f"-{CHECKPOINTS[1]}"
 # The training record in a saved model folder (jobs.train writes it: data, variant, hyper-parameters, dev score,

@@ -4,12 +4,14 @@ noise floor's second seed) and its STS-B pairs."""
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 
 import numpy as np
 
 from xsbert_core import InputError
-from xsbert_core.training import CHECKPOINTS, VARIANTS, base_name, checkpoint_folder
+from xsbert_core.models import DEFAULT_MODEL
+from xsbert_core.training import CHECKPOINTS, MODELS_DIR, VARIANTS, base_name, checkpoint_folder
 
 from ..attribution.validate import load_pairs, validate
 
@@ -46,15 +48,27 @@ def require_models(paths: dict[str, str], needed: tuple[str, ...],
                    checkpoints: tuple[str, ...] = CHECKPOINTS) -> None:
     """Each of `needed` has a saved model at one of `checkpoints` at least (Table 1 takes whichever are there; the
     attribution stages need the one --checkpoint names)."""
-    missing = [f"{v} ({' or '.join(checkpoint_path(paths[v], c) for c in checkpoints)})" for v in needed
-               if not any(is_model(checkpoint_path(paths[v], c)) for c in checkpoints)]  # fmt: skip
-    if missing:
+    absent = [v for v in needed if not any(is_model(checkpoint_path(paths[v], c)) for c in checkpoints)]
+    if absent:
+        missing = [f"{v} ({' or '.join(checkpoint_path(paths[v], c) for c in checkpoints)})" for v in absent]
         hint = ("; models trained before jobs.train kept the best dev epoch have only the last one: "
                 "--checkpoint last-epoch" if checkpoints == ("best-dev",) else "")  # fmt: skip
-        raise InputError(
-            f"model folder(s) not found: {', '.join(missing)}; train them first: "
-            + " && ".join(f"python -m jobs.train --variant {v}" for v in VARIANTS) + hint
-        )
+        train = " && ".join(train_command(v, paths["shelf"], paths[v]) for v in VARIANTS if v in absent)
+        raise InputError(f"model folder(s) not found: {', '.join(missing)}; train them first: {train}{hint}")
+
+
+def train_command(variant: str, base: str, folder: str) -> str:
+    """The jobs.train command that saves `variant` of `base` into `folder` (its last epoch; the best-dev one beside
+    it): --model, --out and --name only where they are not jobs.train's defaults."""
+    target = Path(folder)
+    argv = ["--variant", variant]
+    if base != DEFAULT_MODEL:
+        argv += ["--model", base]
+    if target.parent != Path(MODELS_DIR):
+        argv += ["--out", str(target.parent)]
+    if target.name != f"{base_name(base)}-{variant}":
+        argv += ["--name", target.name]
+    return "python -m jobs.train " + " ".join(shlex.quote(a) for a in argv)
 
 
 def stsb(split: str, sample: int | None = None, seed: int = 0) -> tuple[list[str], list[str], np.ndarray, list[str]]:

@@ -57,11 +57,12 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     """Run `args.stages` (jobs.evaluate's flags) into `args.out`; returns summary.json's contents."""
     t0 = time.perf_counter()
     out = Path(args.out or Path("docs") / "results" / base_name(args.base))
-    writable_folder(out, f"--out {out}", create=True)  # before any model loads
+    writable_folder(out, f"--out {out}")  # before the models are looked for; made once they are found
     paths = model_paths(args)
     require_models(paths, tuple(sorted({v for s in args.stages for v in NEEDS[s]})))
     attributed = {s for s in args.stages if s != "table1"}
     require_models(paths, tuple(sorted({v for s in attributed for v in NEEDS[s]})), (args.checkpoint,))
+    writable_folder(out, f"--out {out}", create=True)  # before any model loads
     # the folders the attribution stages use: the chosen epoch of each trained model (the noise floor's too)
     models = {name: checkpoint_path(path, args.checkpoint) for name, path in paths.items() if name != "shelf"}
     models = {name: path for name, path in models.items() if name in VARIANTS or is_model(path)}
