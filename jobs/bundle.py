@@ -41,6 +41,11 @@ from .bundling import BundleError, parse_size
 from .bundling.write import bundle
 
 DEFAULT_PART_SIZE = "60MiB"
+# --python: what pip's --python-version takes (3, 3.12, 3.12.1)
+PYTHON_RE = re.compile(r"^\d+(\.\d+){0,2}$")
+# --platform: a wheel platform tag's shape (pip's --platform takes any word, and a wrong one resolves to nothing)
+PLATFORM_RE = re.compile(r"^(?:(?:manylinux(?:1|2010|2014|_\d+_\d+)|musllinux_\d+_\d+|linux|macosx_\d+_\d+|win)"
+                         r"_[a-z0-9_]+|win32)$")
 
 
 def _names(text: str | None) -> tuple[str, ...]:
@@ -77,8 +82,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     m.add_argument("--models", default=None, metavar="M1,M2", help="model names or folders (as --model takes them)")
     m.add_argument("--float16", action="store_true", help="models' float32 weights stored as float16 (half the bytes)")
     m.add_argument("--datasets", default=None, metavar="D1,D2",
-                   help="qqp (the QQP subset file $XSBERT_QQP names; the project ships only STS-B) or files")
-    return p.parse_args(argv)
+                   help="qqp (the QQP subset file $XSBERT_QQP names) or files; stsb, negation and adjectives ship "
+                        "in the project itself")  # fmt: skip
+    args = p.parse_args(argv)
+    if args.python is not None and not PYTHON_RE.match(args.python):
+        p.error(f"--python {args.python}: not a Python version (e.g. 3.12)")
+    if args.platform is not None and not PLATFORM_RE.match(args.platform):
+        p.error(f"--platform {args.platform}: not a platform tag (e.g. manylinux_2_28_x86_64, musllinux_1_2_aarch64, "
+                "macosx_11_0_arm64, win_amd64)")
+    return args
 
 
 def cli(argv: list[str] | None = None) -> int:

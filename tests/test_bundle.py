@@ -304,3 +304,40 @@ def test_bundle_installs_offline_and_the_job_runs_from_it(tmp_path, tiny):
         assert model["parts"][1]["file"] in bad.stderr and word in bad.stderr and "Traceback" not in bad.stderr
         assert not (tmp_path / "again" / "models" / "tiny-st").exists()
     shutil.rmtree(out)
+
+
+def test_a_bad_python_or_platform_is_one_line_before_anything_is_built(tmp_path, capsys):
+    """--python 3.x went to pip after the project wheel was built and came back as 15 lines of pip's usage; a platform
+    tag of no known shape resolved against nothing. Both are the command's usage error now."""
+    from jobs.bundle import cli
+
+    for argv, why in ((["--python", "3.x"], "--python 3.x: not a Python version (e.g. 3.12)"),
+                      (["--python", "3.12.1.4"], "--python 3.12.1.4: not a Python version"),
+                      (["--platform", "foo"], "--platform foo: not a platform tag (e.g. manylinux_2_28_x86_64, ")):
+        with pytest.raises(SystemExit) as exc:
+            cli(["--out", str(tmp_path / "out"), *argv])
+        said = capsys.readouterr()
+        assert exc.value.code == 2 and not said.out and said.err.startswith(f"jobs.bundle: error: {why}"), said
+        assert len(said.err.splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+    from jobs.bundle import parse_args
+
+    for platform in ("manylinux_2_28_x86_64", "manylinux2014_aarch64", "musllinux_1_2_x86_64", "linux_x86_64",
+                     "macosx_11_0_arm64", "win_amd64", "win32"):  # fmt: skip
+        assert parse_args(["--out", "b", "--python", "3.12", "--platform", platform]).platform == platform
+
+
+def test_a_pip_failure_is_pips_last_error_in_one_line(tmp_path):
+    """pip's usage error (its usage, then the error wrapped to the terminal) and its ERROR: lines: the error alone."""
+    from jobs.bundling import BundleError
+    from jobs.bundling.wheels import _run
+
+    with pytest.raises(BundleError) as exc:
+        _run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--python-version", "3.x",
+              "--only-binary", ":all:", "nothing"], "resolving (pip install --dry-run)")  # fmt: skip
+    assert str(exc.value) == ("resolving (pip install --dry-run) failed: --python-version error: invalid "
+                              "--python-version value: '3.x': each version part must be an integer")
+    with pytest.raises(BundleError) as exc:
+        _run([sys.executable, "-m", "pip", "download", "--no-index", "--no-deps", "--dest", str(tmp_path),
+              "no-such-distribution==1"], "downloading (pip download)")  # fmt: skip
+    assert str(exc.value).startswith("downloading (pip download) failed: ERROR: ") and "\n" not in str(exc.value)

@@ -145,9 +145,19 @@ def _run(cmd: list[str], what: str) -> str:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     if proc.returncode != 0:
-        tail = "\n".join(line for line in proc.stdout.strip().splitlines() if "is ignored: it is neither" not in line)
-        raise BundleError(f"{what} failed:\n" + "\n".join(tail.splitlines()[-12:]))
+        raise BundleError(f"{what} failed: {pip_error(proc.stdout)}")
     return proc.stdout
+
+
+def pip_error(output: str) -> str:
+    """pip's last error as one line: its last `ERROR: ...` line, else its last paragraph (a usage error is pip's
+    usage, then `--flag error: ...` wrapped to the terminal's width), its lines joined."""
+    lines = [line for line in output.strip().splitlines() if "is ignored: it is neither" not in line]
+    errors = [line.strip() for line in lines if line.startswith("ERROR:")]
+    if errors:
+        return errors[-1]
+    paragraphs = [p for p in "\n".join(lines).split("\n\n") if p.strip()]
+    return " ".join(paragraphs[-1].split()) if paragraphs else "(pip said nothing)"
 
 
 def project_wheel(dest: Path) -> Path:
