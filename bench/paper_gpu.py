@@ -68,6 +68,7 @@ from paper_gpu_transfer import (  # noqa: E402  beside this file: what carries t
     OUT_MIB,
     OUTBOX,
     PART_MIB,
+    PROGRESS,
     RESULTS,
     THERE_TRANSFER,
     THERE_WORK,
@@ -90,7 +91,6 @@ from paper_gpu_transfer import (  # noqa: E402  beside this file: what carries t
 from jobs.bundling import BundleError  # noqa: E402
 
 CONFIG = ROOT / "configs" / "paper-gpu.yaml"
-PROGRESS = "progress.json"
 
 
 # --------------------------------------------------------------------------- there: the study, piece by piece

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ PART_MIB = 15  # largest part of the outbox
 BATCH_MIB = 50  # largest batch folder of `prepare`
 OUT_FILES, OUT_MIB = 8, 60  # what one OUT carries back: files, MiB together (outbox.json included)
 OUTBOX = "outbox.json"
+PROGRESS = "progress.json"  # the results' record of what is done (bench/paper_gpu.py Runner)
 INCOMING = ".incoming"  # a part being copied into OUT, renamed once whole
 
 
@@ -277,13 +279,19 @@ def carried_qqp(work: Path) -> Path | None:
 
 
 # --------------------------------------------------------------------------- there: the outbox
+def outbox_id() -> str:
+    """A new outbox's name: when it began (UTC, to the microsecond) and 4 random hex digits. Its pieces' files begin with it, so that the
+    attempts received into one results folder (each a bare machine, its outbox numbered from 1) never meet."""
+    return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%S%fZ}-{os.urandom(2).hex()}"
+
+
 class Outbox:
     """The results folder's new files after each piece, as a tar in parts; OUT gets outbox.json and the next parts."""
 
     def __init__(self, results: Path, folder: Path, part_mib: float) -> None:
         self.results, self.folder, self.part_size = results, folder, int(part_mib * 2**20)
         folder.mkdir(parents=True, exist_ok=True)
-        self.state = read_json(folder / OUTBOX, {"pieces": []})
+        self.state = read_json(folder / OUTBOX) or {"id": outbox_id(), "pieces": []}
         self.packed = read_json(folder / "packed.json", {})
 
     def parts(self) -> list[dict[str, Any]]:
@@ -298,7 +306,7 @@ class Outbox:
                 changed.append((f, rel, [st.st_size, st.st_mtime_ns]))
         if changed:
             seq = len(self.state["pieces"]) + 1
-            name = f"{seq:03d}-{piece}.tar"
+            name = f"{self.state['id']}-{seq:03d}-{piece}.tar"
             tar_path = self.folder / name
             with tarfile.open(tar_path, "w") as tar:
                 for f, rel, _ in changed:
@@ -382,13 +390,29 @@ def rebuild_weights(into: Path, transfer: Path) -> list[Path]:
     return [into / "models" / n for n in todo]
 
 
+def merged_progress(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """progress.json as a piece brought it, with the runs, models and pieces an earlier attempt received into the
+    same folder had and this one lacks (this attempt's record wins where both have one). Within one attempt each
+    piece's progress.json holds all of the one before it; the next attempt's begins empty (a bare machine), and
+    would otherwise leave `report` and the next --done without the earlier attempt's runs and Table 1."""
+    merged = dict(after)
+    for key in ("pieces", "models", "runs"):
+        merged[key] = {**before.get(key, {}), **after.get(key, {})}
+    return merged
+
+
 def receive(parts_dirs: list[Path], into: Path, transfer: Path | None = None) -> dict[str, Any]:
-    """Join and extract every piece whose parts are all in `parts_dirs` (the newest outbox.json among them lists
-    them), in order, once; returns {"received": parts in order from the first, "pieces": extracted ones}."""
-    boxes = [read_json(d / OUTBOX) for d in parts_dirs if (d / OUTBOX).is_file()]
+    """Join and extract every piece whose parts are all in `parts_dirs`, in order, once: the pieces the newest
+    outbox.json of each attempt (its outbox's id) among them lists, the attempts in the order they began, so that
+    one results folder takes every attempt's. Returns {"received": the latest attempt's parts in order from the
+    first, "total": its parts, "pieces": the extracted pieces' files, ...}."""
+    boxes: dict[str, dict[str, Any]] = {}
+    for d in parts_dirs:
+        box = read_json(d / OUTBOX)
+        if box is not None and len(box["pieces"]) >= len(boxes.get(box.get("id", ""), {"pieces": ()})["pieces"]):
+            boxes[box.get("id", "")] = box
     if not boxes:
         raise BundleError(f"no {OUTBOX} in {', '.join(map(str, parts_dirs))}")
-    box = max(boxes, key=lambda b: len(b["pieces"]))
     into.mkdir(parents=True, exist_ok=True)
     stage = into / ".outbox"
     (stage / "parts").mkdir(parents=True, exist_ok=True)
@@ -397,25 +421,35 @@ def receive(parts_dirs: list[Path], into: Path, transfer: Path | None = None) ->
             if not (stage / "parts" / f.name).is_file():
                 shutil.copyfile(f, stage / "parts" / f.name)
     done = read_json(into / ".received.json", [])
-    received = 0
-    for piece in box["pieces"]:
-        if not all((stage / p["file"]).is_file() for p in piece["parts"]):
-            break
-        received += len(piece["parts"])
-        if piece["seq"] in done:
-            continue
-        check_parts(stage, [piece])
-        tar_path = join_parts(stage, piece, stage / piece["file"])
-        with tarfile.open(tar_path) as tar:
-            tar.extractall(into, filter="data")
-        tar_path.unlink()
-        done.append(piece["seq"])
-        write_json(into / ".received.json", done)
-    total = sum(len(p["parts"]) for p in box["pieces"])
-    say(f"{into}: {len(done)} of {len(box['pieces'])} pieces, parts 1-{received} of {total}"
-        + (f"; next, the fetch call: python3 bench/paper_gpu.py run --work {THERE_WORK} --out \"$OUT\" --fetch "
-           f"--received {received}" if received < total else ""))  # fmt: skip
-    progress = box.get("progress") or {}
+    for key in sorted(boxes):  # an id begins with the time its attempt began
+        box, received = boxes[key], 0
+        for piece in box["pieces"]:
+            if not all((stage / p["file"]).is_file() for p in piece["parts"]):
+                break
+            received += len(piece["parts"])
+            if piece["file"] in done:
+                continue
+            check_parts(stage, [piece])
+            tar_path = join_parts(stage, piece, stage / piece["file"])
+            before = read_json(into / PROGRESS, {})
+            with tarfile.open(tar_path) as tar:
+                tar.extractall(into, filter="data")
+                if PROGRESS in tar.getnames():
+                    write_json(into / PROGRESS, merged_progress(before, read_json(into / PROGRESS)))
+            tar_path.unlink()
+            done.append(piece["file"])
+            write_json(into / ".received.json", done)
+        total = sum(len(p["parts"]) for p in box["pieces"])
+        if received == total:
+            rest = ""
+        elif key == max(boxes):
+            rest = (f"; next, the fetch call: python3 bench/paper_gpu.py run --work {THERE_WORK} --out \"$OUT\" "
+                    f"--fetch --received {received}")  # fmt: skip
+        else:
+            rest = "; the rest stayed on that attempt's machine"
+        extracted = sum(p["file"] in done for p in box["pieces"])
+        say(f"{into}: {key or OUTBOX}: {extracted} of {len(box['pieces'])} pieces, parts 1-{received} of {total}{rest}")
+    progress = box.get("progress") or {}  # the latest attempt's
     if "train" not in progress.get("pieces", {}):  # the call ended before its trainings did: how far they came
         import dataclasses
 

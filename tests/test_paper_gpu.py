@@ -323,14 +323,50 @@ def test_a_kill_while_out_is_filled_leaves_an_out_that_receive_reads(tmp_path, m
             break
         finally:
             monkeypatch.setattr(transfer.shutil, "copyfile", real)
-        got = transfer.receive([killed], tmp_path / f"got-{kills}")
-        assert got["pieces"] in ([1], [1, 2]), (kills, got)
-        for seq in got["pieces"]:
-            name = ("a.bin", "b.bin")[seq - 1]
+        got = [name.rsplit("-", 1)[1] for name in transfer.receive([killed], tmp_path / f"got-{kills}")["pieces"]]
+        assert got in (["one.tar"], ["one.tar", "two.tar"]), (kills, got)
+        for name in ("a.bin", "b.bin")[: len(got)]:
             assert (tmp_path / f"got-{kills}" / name).read_bytes() == data[name]
         kills += 1
     assert kills >= 2  # a kill at each of the second piece's parts and at outbox.json
-    assert transfer.receive([killed], tmp_path / "got")["pieces"] == [1, 2]
+    assert len(transfer.receive([killed], tmp_path / "got")["pieces"]) == 2
+
+
+def test_the_next_attempt_received_into_the_same_folder_adds_to_the_first(tmp_path):
+    """Two attempts (two bare machines, each outbox numbered from 1) received into one results folder, the first
+    alone, then both OUTs at once: the second's pieces are extracted too (not taken for the first's), and
+    progress.json holds both attempts' runs, models and pieces, the second's record where both have one."""
+    transfer = bench_module("paper_gpu_transfer")
+    into = tmp_path / "results"
+    attempts = {1: {"runs": ["exact-L11", "tuned-L11"], "models": ["tuned", "exact", "orig"], "table1": True},
+                2: {"runs": ["tuned-L9"], "models": ["tuned"], "table1": False}}  # fmt: skip
+    for k, attempt in attempts.items():
+        results = tmp_path / f"machine-{k}" / "results"
+        (results / "runs").mkdir(parents=True)
+        box = transfer.Outbox(results, results.parent / "outbox", part_mib=1)
+        progress = {"pieces": {"train": {}}, "models": {m: {"attempt": k} for m in attempt["models"]}, "runs": {}}
+        transfer.write_json(results / "progress.json", progress)
+        box.pack("train", progress)
+        if attempt["table1"]:
+            (results / "table1.json").write_text("{}")
+            progress["pieces"]["table1"] = {}
+            transfer.write_json(results / "progress.json", progress)
+            box.pack("table1", progress)
+        for run in attempt["runs"]:
+            (results / "runs" / run).mkdir()
+            (results / "runs" / run / "manifest.json").write_text(json.dumps({"attempt": k}))
+            progress["runs"][run] = {"run_dir": f"runs/{run}", "attempt": k}
+            transfer.write_json(results / "progress.json", progress)
+            box.pack(run, progress)
+        box.fill(tmp_path / f"out-{k}", 0)
+    transfer.receive([tmp_path / "out-1"], into)
+    got = transfer.receive([tmp_path / "out-1", tmp_path / "out-2"], into)
+    assert (got["received"], got["total"]) == (2, 2) and len(got["pieces"]) == 4 + 2
+    merged = json.loads((into / "progress.json").read_text())
+    assert {n: r["attempt"] for n, r in merged["runs"].items()} == {"exact-L11": 1, "tuned-L11": 1, "tuned-L9": 2}
+    assert {n: m["attempt"] for n, m in merged["models"].items()} == {"tuned": 2, "exact": 1, "orig": 1}
+    assert set(merged["pieces"]) == {"train", "table1"} and (into / "table1.json").is_file()
+    assert json.loads((into / "runs" / "tuned-L9" / "manifest.json").read_text()) == {"attempt": 2}
 
 @pytest.mark.slow
 def test_prepare_run_resume_fetch_receive_report_and_a_second_session(tiny, tmp_path, capsys):
@@ -435,3 +471,18 @@ def test_prepare_run_resume_fetch_receive_report_and_a_second_session(tiny, tmp_
     assert set(progress2["models"]) == {"tuned"}
     assert progress2["models"]["tuned"]["weights_sha256"] == progress["models"]["tuned"]["weights_sha256"]
     assert list(progress2["runs"]) == ["tuned-L9"] and "table1" not in progress2["pieces"]
+    # received into the same results folder: progress.json has both attempts' runs, and the report finds tuned-L9
+    outs = [tmp_path / "out-b"]
+    box = json.loads((outs[0] / "outbox.json").read_text())
+    received, total = len(list(outs[0].glob("*.tar.*"))), sum(len(p["parts"]) for p in box["pieces"])
+    while received < total:
+        outs.append(tmp_path / f"out-b{len(outs)}")
+        fetch = there(tmp_path, "--work", str(work2), "--out", str(outs[-1]), "--fetch", "--received", str(received),
+                      "--out-files", "4", "--out-mib", "1")  # fmt: skip
+        assert fetch.returncode == 0, fetch.stderr[-2000:]
+        received += len(list(outs[-1].glob("*.tar.*")))
+    assert here("receive", "--parts", *map(str, outs), "--into", str(results)) == 0
+    merged = json.loads((results / "progress.json").read_text())
+    assert set(merged["runs"]) == {*RUNS.split(","), "tuned-L9"} and set(merged["models"]) == {"tuned", "exact", "orig"}
+    assert "table1" in merged["pieces"] and merged["runs"]["tuned-L9"] == progress2["runs"]["tuned-L9"]
+    assert (results / merged["runs"]["tuned-L9"]["run_dir"] / "manifest.json").is_file()
