@@ -16,7 +16,8 @@
 --           46 first, the pooled set as our extension.
 -- Inputs    pairs of run, with the pass-through columns triplet, kind,
 --           template of the built-in dataset (python -m jobs.attribute
---           --dataset adjectives); pairs without a triplet are left out
+--           --dataset adjectives; a run without them is an error); pairs
+--           without a triplet are left out
 --           sentences of run: words; word_cells of run: the adjective cell
 --           manifest.json of run: config.cells; a run of --cells
 --           same-token or none is an error (it lacks the cells)
@@ -39,6 +40,25 @@
 --           xsbert sql --run runs/<id> --file sql/adjectives.sql
 
 .read sql/lib/cells_guard.sql
+
+-- a run of another dataset stops here, in one line: its pairs have no
+-- triplet and kind columns to read (a binder error, otherwise)
+set variable adjectives_run = (
+    select
+        case
+            when count(*) = 2 then true
+            else error(
+                'adjectives.sql needs a run of --dataset adjectives '
+                || '(pairs.triplet, pairs.kind); the pairs of run '
+                || getvariable('run') || ' have no such columns'
+            )
+        end as ok,
+    from (
+        describe select *
+        from read_parquet(getvariable('run') || '/pairs/*.parquet')
+    )
+    where column_name in ('triplet', 'kind')
+);
 
 with
 
