@@ -772,15 +772,19 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys, tokenizers, monkeypat
         assert captured.err.startswith("jobs.parse: error: ") and captured.err.count("\n") == 1, captured.err
         return captured.err
 
-    assert "does not exist" in error("--run", str(tmp_path / "nope"))
+    # worded as every verb that takes a run words it (it was 'run directory ... does not exist')
+    assert error("--run", str(tmp_path / "nope")) == f"jobs.parse: error: --run {tmp_path / 'nope'}: no such directory\n"
     broken = hand_built_run(tmp_path, "broken-manifest", tokenizers["wordpiece"], ["A man plays guitar."])
     (broken / "manifest.json").write_text("{not json", encoding="utf-8")
     assert "manifest.json: not readable JSON" in error("--run", str(broken), "--executor", "local")
     assert not (broken / "parses").exists()  # said before anything is parsed
     (tmp_path / "empty-run").mkdir()
-    assert "has no sentences table" in error("--run", str(tmp_path / "empty-run"))
+    assert error("--run", str(tmp_path / "empty-run")) == (
+        f"jobs.parse: error: --run {tmp_path / 'empty-run'}: not a run directory (no pairs/*.parquet)\n")
     assert not (tmp_path / "empty-run" / "parses").exists()  # nothing created in a directory that is no run
     run = hand_built_run(tmp_path / "runs", "r1", tokenizers["wordpiece"], ["A man sings."])
+    assert error("--run", str(run.parent)) == (  # the store root: which runs it holds, as sql, serve and report say
+        f"jobs.parse: error: --run {run.parent}: not a run directory (no pairs/*.parquet); it holds the runs r1\n")
     monkeypatch.setenv("STANZA_RESOURCES_DIR", str(tmp_path))
     msg = error("--run", str(run), "--parser", "stanza", "--stanza-dir", str(tmp_path / "no-models"))
     assert "no stanza English models" in msg and "stanza.download" in msg and "--stanza-dir" in msg

@@ -30,6 +30,10 @@ def parse_runs(args: ParseSettings, echo: bool = True) -> dict[str, Any]:
     returns the summary. `echo`: say which parser was chosen and show the pool's progress."""
     t_start = time.perf_counter()
     started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    from ..sqlrun.runs import check_run as check_run_folder
+
+    for run in dict.fromkeys(args.runs):  # missing, a file, a store root: said as the other verbs say it
+        check_run_folder(run, "--run")
     paths = list(dict.fromkeys(resolve(r) for r in args.runs))
     for path in paths:
         check_run(path)
