@@ -67,3 +67,12 @@ def test_a_pruned_run_is_refused_in_one_line(run, tmp_path):
     assert done.returncode == 2
     assert done.stderr.startswith("jobs.store.upgrade: error: pair ") and "a pruned run?" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+def test_a_run_of_the_current_version_is_refused_in_one_line(run, tmp_path):
+    """It had been copied without a word, an `upgraded_from` note written into its manifest (exit 0)."""
+    done = _upgrade(run, tmp_path / "new")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (f"jobs.store.upgrade: error: {run} is already store version {STORE_VERSION}, the current "
+                           "one: nothing to upgrade\n")
+    assert not (tmp_path / "new").exists()

@@ -64,6 +64,10 @@ def upgrade(src: Path, dst: Path, log=print) -> int:
 
     if not (src / MANIFEST).is_file():
         raise UpgradeError(f"{src}: not a run directory (no manifest.json)")
+    version = json.loads((src / MANIFEST).read_text()).get("config", {}).get("store_version")
+    if isinstance(version, int) and version >= STORE_VERSION:
+        which = "the current one" if version == STORE_VERSION else f"newer than this code's {STORE_VERSION}"
+        raise UpgradeError(f"{src} is already store version {version}, {which}: nothing to upgrade")
     t0 = time.perf_counter()
     pairs = pq.read_table(src / "pairs", columns=["pair_id", "sentence_id_a", "sentence_id_b",
                                                   "n_tokens_a", "n_tokens_b"]).to_pylist()  # fmt: skip
