@@ -35,6 +35,7 @@ def _add_sql_parser(sub: argparse._SubParsersAction) -> None:
         help="run DuckDB SQL (a query or a sql/ analysis) over a run directory",
         description="Run one DuckDB statement over a run: views pairs, cells, word_cells, sentences, quarantine, "
         "parses (those of --run2 suffixed _2), variables run / run2 and --var set. Prints a table, or CSV.",
+        extras_hint=_quote_the_query,
     )
     s.add_argument("query", nargs="?", help="one SQL statement, e.g. \"select count(*) from pairs\"")
     s.add_argument("--run", required=True, metavar="DIR",
@@ -46,6 +47,19 @@ def _add_sql_parser(sub: argparse._SubParsersAction) -> None:
                         "reads")  # fmt: skip
     s.add_argument("--csv", action="store_true", help="print CSV (all rows) instead of a table")
     s.add_argument("--max-rows", type=int, default=100, help="rows printed as a table (default %(default)s)")
+
+
+def _quote_the_query(args: argparse.Namespace, extras: list[str]) -> str:
+    """`xsbert sql --run R select 1`: the query is one argument; the words after its first were left over (those up
+    to an unknown flag: a word after one is taken for its value)."""
+    words = []
+    for word in extras:
+        if word.startswith("-"):
+            break
+        words.append(word)
+    if args.query is None or not words:
+        return ""
+    return f"; quote the query as one argument: \"{' '.join([args.query, *words])}\""
 
 
 def sql(args: argparse.Namespace) -> int:

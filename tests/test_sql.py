@@ -1254,7 +1254,10 @@ def test_duckdb_cli_runs_each_file_as_documented(tmp_path, name):
 def xsbert_sql(capsys, *argv: str) -> tuple[int, str, str]:
     from jobs.cli import main as xsbert
 
-    code = xsbert(["sql", *argv])
+    try:
+        code = xsbert(["sql", *argv])
+    except SystemExit as exc:  # a usage error, as argparse stops on it
+        code = exc.code
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 
@@ -1316,6 +1319,9 @@ def test_xsbert_sql_bad_inputs_exit_2_with_one_line(tmp_path, capsys):
     run, _ = random_run(tmp_path, "r", np.random.default_rng(11), n_pairs=3)
     cases = [
         (["--run", str(run), "selec 1"], "syntax error"),
+        (["--run", str(run), "select", "1", "--csv"],  # unquoted: argparse's line had said only `arguments: 1`
+         'unrecognized arguments: 1; quote the query as one argument: "select 1" (see xsbert sql --help)'),
+        (["--run", str(run), "select 1", "--bogus"], "unrecognized arguments: --bogus (see xsbert sql --help)"),
         (["--run", str(tmp_path / "missing"), "select 1"], "no such directory"),
         (["--run", str(tmp_path), "select 1"], "not a run directory"),  # the store root, not a run
         (["--run", str(run), "--file", "sql/syntactic_relations.sql"], "python -m jobs.parse --run"),

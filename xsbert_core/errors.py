@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 
 def not_utf8(exc: UnicodeDecodeError) -> str:
@@ -107,7 +107,13 @@ class CommandParser(argparse.ArgumentParser):
     """Every command's argument parser: argparse's, with a usage error said in one line and status 2, `NAME: error:
     MESSAGE (see PROG --help)`, instead of the usage block first (a long command's buries the line that matters).
     NAME is `command_name(PROG)`, the prefix of the command's other errors too (exit_status). Sub-commands' parsers
-    are of this class too (argparse makes them of the parent's)."""
+    are of this class too (argparse makes them of the parent's). `extras_hint(namespace, extras)`: what to add to the
+    line for arguments it does not take (xsbert sql: a query given unquoted)."""
+
+    def __init__(self, *args: Any, extras_hint: Callable[[argparse.Namespace, list[str]], str] | None = None,
+                 **kwargs: Any) -> None:  # fmt: skip
+        super().__init__(*args, **kwargs)
+        self.extras_hint = extras_hint
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{command_name(self.prog)}: error: {message} (see {self.prog} --help)\n")
@@ -122,7 +128,8 @@ class CommandParser(argparse.ArgumentParser):
             for action in self._actions:
                 if isinstance(action, argparse._SubParsersAction) and action.dest != argparse.SUPPRESS:
                     chosen = action.choices.get(getattr(namespace, action.dest, None), self)
-            chosen.error(f"unrecognized arguments: {' '.join(extras)}")
+            hint = chosen.extras_hint(namespace, extras) if getattr(chosen, "extras_hint", None) else ""
+            chosen.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
         return namespace
 
 
