@@ -344,3 +344,21 @@ def test_each_commands_help_of_the_execution_flags_is_true_there():
     ray = Study.model_json_schema()["$defs"]["Ray"]["properties"]
     assert ray["executor"]["description"].endswith(". In a study: the train, attribute and parse stages (jobs.parse "
                                                    "--executor local)")  # fmt: skip
+
+
+def test_the_reports_serve_url_is_where_xsbert_serve_answers_by_default():
+    """Declared once, as `xsbert serve`'s --host and --port defaults (jobs/browse/run.py); jobs.config reads them
+    without importing DuckDB, and the study schema says the same URL."""
+    import subprocess
+    import sys
+
+    from jobs.browse.run import DEFAULT_HOST, DEFAULT_PORT
+    from jobs.study.schema import Study
+
+    assert config.serve_defaults() == (DEFAULT_HOST, DEFAULT_PORT)
+    assert config.SERVE_URL == f"http://{DEFAULT_HOST}:{DEFAULT_PORT}" == config.ReportSettings("r", "o").serve_url
+    assert f"(default {config.SERVE_URL};" in Study.model_json_schema()["$defs"]["Report"]["properties"]["serve_url"][
+        "description"]  # fmt: skip
+    loaded = subprocess.run([sys.executable, "-c", "import sys, jobs.config; print('duckdb' in sys.modules)"],
+                            cwd=ROOT, capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert loaded.strip() == "False"

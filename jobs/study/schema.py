@@ -139,8 +139,8 @@ class Report(Strict):
     vars: dict[str, str | int | float | bool] = Field({}, description="DuckDB variables of the analyses, as "
                                                      "jobs.report --var NAME=VALUE (e.g. min_count: 10)")
     serve_url: str | None = Field(None, description="where `xsbert serve` answers: the study page links the pairs "
-                                  "behind each finding there when it serves that run (default http://127.0.0.1:8000; "
-                                  "'none': never)")  # fmt: skip
+                                  "behind each finding there when it serves that run (default "
+                                  f"{config.SERVE_URL}; 'none': never)")  # fmt: skip
 
     @field_validator("vars")
     @classmethod
