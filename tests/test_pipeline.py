@@ -65,7 +65,11 @@ _DELETE = object()
 
 BAD_CONFIGS = [
     # (dotted key, value, what the one line must say)
-    ("defaults.stepz", 4, "defaults.stepz: unknown key"),
+    ("defaults.stepz", 4, "defaults.stepz: unknown key (a typo?)"),
+    # a flag's name where the study key differs: the key to use
+    ("datasets.pairs.text_a_column", "s1", "datasets.pairs.text_a_column: unknown key: use text_a (the study key of "
+                                           "--text-a-column)"),
+    ("ray", {"ray_address": "auto"}, "ray.ray_address: unknown key: use address (the study key of --ray-address)"),
     ("runs.n2.dataset", "pairz", "runs.n2.dataset: unknown dataset 'pairz'"),
     ("runs.n2.model", "mpnet", "runs.n2.model: unknown model 'mpnet'"),
     ("compare.n2-vs-n3.run2", "n4", "compare.n2-vs-n3.run2: no run 'n4'"),

@@ -28,7 +28,7 @@ from pydantic import (
 from xsbert_core import InputError
 from xsbert_core.errors import not_utf8
 from xsbert_core.models import is_packaged, missing_weights
-from xsbert_core.settings import base_type
+from xsbert_core.settings import base_type, flag_of
 from xsbert_core.training import CHECKPOINTS, MIN_DEV_PAIRS, RECIPES, VARIANTS, TrainConfig, TrainData
 
 from .. import config, sqlfiles
@@ -426,13 +426,19 @@ def set_value(tree: dict[str, Any], assignment: str) -> None:
     node[parts[-1]] = value
 
 
+# Per block, a flag's field name that is not its study key (datasets: text_a_column -> text_a, --text-a-column).
+RENAMED = {block: {f.name: (f.metadata["key"], flag_of(f)) for f in dataclasses.fields(cls) if "key" in f.metadata}
+           for block, cls in (("datasets", config.Selection), ("ray", config.Execution))}  # fmt: skip
+
+
 def _error_line(exc: ValidationError) -> str:
     out = []
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"])
         msg = re.sub(r"^Value error, ", "", err["msg"])
         if err["type"] == "extra_forbidden":
-            msg = "unknown key (a typo?)"
+            renamed = RENAMED.get(str(err["loc"][0]), {}).get(str(err["loc"][-1])) if err["loc"] else None
+            msg = f"unknown key: use {renamed[0]} (the study key of {renamed[1]})" if renamed else "unknown key (a typo?)"
         # a validator's message that names its dotted key itself (models.<name>: ...) is not prefixed again
         out.append(f"{loc}: {msg}" if loc and not msg.startswith((f"{loc}.", f"{loc}:")) else msg)
     return "; ".join(out)
