@@ -362,21 +362,12 @@ PARSERS = ("auto", "stanza", "spacy")
 CACHE_DIRNAME = "_parses"  # the parser cache's folder beside the runs, without --cache
 
 
-def serve_defaults() -> tuple[str, int]:
-    """`xsbert serve`'s default host and port (DEFAULT_HOST, DEFAULT_PORT of jobs/browse/run.py, declared there),
-    read from that module's source rather than imported: importing it loads DuckDB, which no job needs to start
-    (bench/startup.py times `python -m jobs.attribute --help`)."""
-    import ast
-    from pathlib import Path
-
-    path = Path(__file__).with_name("browse") / "run.py"
-    found = {node.targets[0].id: node.value for node in ast.parse(path.read_text(encoding="utf-8")).body
-             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)}
-    return ast.literal_eval(found["DEFAULT_HOST"]), ast.literal_eval(found["DEFAULT_PORT"])
-
-
-# Where `xsbert serve --run RUN` answers by default: the report links its sections and examples there.
-SERVE_URL = "http://{}:{}".format(*serve_defaults())
+# `xsbert serve`'s --host and --port defaults (jobs/serve.py), declared here with the other settings rather than in
+# jobs/browse, whose import loads DuckDB, which no job needs to start (bench/startup.py); and so where it answers by
+# default, which the reports link their sections and examples to.
+SERVE_HOST = "127.0.0.1"
+SERVE_PORT = 8000
+SERVE_URL = f"http://{SERVE_HOST}:{SERVE_PORT}"
 
 
 @dataclass(frozen=True)

@@ -347,15 +347,15 @@ def test_each_commands_help_of_the_execution_flags_is_true_there():
 
 
 def test_the_reports_serve_url_is_where_xsbert_serve_answers_by_default():
-    """Declared once, as `xsbert serve`'s --host and --port defaults (jobs/browse/run.py); jobs.config reads them
-    without importing DuckDB, and the study schema says the same URL."""
+    """Declared once, in jobs.config (which imports no DuckDB), as `xsbert serve`'s --host and --port defaults and the
+    URL the reports link to; the study schema says the same URL."""
     import subprocess
     import sys
 
     from jobs.browse.run import DEFAULT_HOST, DEFAULT_PORT
     from jobs.study.schema import Study
 
-    assert config.serve_defaults() == (DEFAULT_HOST, DEFAULT_PORT)
+    assert (config.SERVE_HOST, config.SERVE_PORT) == (DEFAULT_HOST, DEFAULT_PORT)
     assert config.SERVE_URL == f"http://{DEFAULT_HOST}:{DEFAULT_PORT}" == config.ReportSettings("r", "o").serve_url
     assert f"(default {config.SERVE_URL};" in Study.model_json_schema()["$defs"]["Report"]["properties"]["serve_url"][
         "description"]  # fmt: skip

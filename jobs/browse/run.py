@@ -17,12 +17,10 @@ import duckdb
 from xsbert_core import InputError, XsbertError
 
 from .. import sqlrun
+from ..config import SERVE_HOST, SERVE_PORT
 from ..store import MANIFEST, part_seq
 
-DEFAULT_HOST = "127.0.0.1"
-
-
-DEFAULT_PORT = 8000
+DEFAULT_HOST, DEFAULT_PORT = SERVE_HOST, SERVE_PORT  # declared in jobs.config (SERVE_URL is made of them)
 
 
 # Requests answered at once (a thread each; DuckDB does the work); WAITING_PER_WORKER more per worker wait for a free
