@@ -44,7 +44,7 @@ from xsbert_core.models import DEFAULT_MODEL
 from xsbert_core.settings import DEFAULT_LAYER, DefaultsHelpFormatter, add_arguments
 from xsbert_core.training import CHECKPOINTS, MODELS_DIR, VARIANTS
 
-from .config import Execution
+from .config import DEFAULT_OUT, Execution
 from .console import quiet_console
 from .evaluation.inputs import DEFAULT_CHECKPOINT
 from .evaluation.run import evaluate
@@ -84,7 +84,7 @@ def build_parser() -> CommandParser:
     p.add_argument("--aso-iterations", type=int, default=1000,
                    help="bootstrap iterations of the ASO test (default: 1000, deepsig's own; ~1-3 min per direction "
                         "on CPU)")  # fmt: skip
-    p.add_argument("--runs", default="runs", help="store root of the attribution runs")
+    p.add_argument("--runs", default=DEFAULT_OUT, help="store root of the attribution runs")
     p.add_argument("--out", default=None, help="results folder (default docs/results/<base name>)")
     # where the attribution runs compute: jobs.attribute's own flags (jobs/config.py Execution), e.g. --executor local
     add_arguments(p.add_argument_group("execution of the attribution runs (as in jobs.attribute)"), Execution)
