@@ -47,7 +47,7 @@ from xsbert_core.training import CHECKPOINTS, MODELS_DIR, VARIANTS
 from .config import DEFAULT_OUT, Execution
 from .console import quiet_console
 from .evaluation.inputs import DEFAULT_CHECKPOINT
-from .evaluation.run import evaluate
+from .evaluation.run import RESULTS_DIR, evaluate
 
 STAGES = ("table1", "agreement", "figures")
 DEFAULT_STEPS_GRID = (4, 8, 16, 32, 64, 128)
@@ -85,7 +85,7 @@ def build_parser() -> CommandParser:
                    help="bootstrap iterations of the ASO test (default: 1000, deepsig's own; ~1-3 min per direction "
                         "on CPU)")  # fmt: skip
     p.add_argument("--runs", default=DEFAULT_OUT, help="store root of the attribution runs")
-    p.add_argument("--out", default=None, help="results folder (default docs/results/<base name>)")
+    p.add_argument("--out", default=None, help=f"results folder (default {RESULTS_DIR}/<base name>)")
     # where the attribution runs compute: jobs.attribute's own flags (jobs/config.py Execution), e.g. --executor local
     add_arguments(p.add_argument_group("execution of the attribution runs (as in jobs.attribute)"), Execution)
     p.add_argument("-q", "--quiet", action="store_true", help="no Ray Data progress bars in the attribution runs")

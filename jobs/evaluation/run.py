@@ -25,6 +25,8 @@ from .table1 import table1
 NEEDS = {"table1": VARIANTS, "agreement": ("tuned", "exact"), "figures": ("exact",)}
 # What summary.json records of an invocation's settings (each save writes them with its results).
 SETTINGS = ("base", "models", "split", "sample", "seed", "max_error", "checkpoint")
+# Where an evaluation's results go without --out: <RESULTS_DIR>/<base name>.
+RESULTS_DIR = "docs/results"
 
 
 class Summary:
@@ -56,7 +58,7 @@ class Summary:
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     """Run `args.stages` (jobs.evaluate's flags) into `args.out`; returns summary.json's contents."""
     t0 = time.perf_counter()
-    out = Path(args.out or Path("docs") / "results" / base_name(args.base))
+    out = Path(args.out or Path(RESULTS_DIR) / base_name(args.base))
     writable_folder(out, f"--out {out}")  # before the models are looked for; made once they are found
     paths = model_paths(args)
     require_models(paths, tuple(sorted({v for s in args.stages for v in NEEDS[s]})))
