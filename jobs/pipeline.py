@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 import time
 from typing import Any
 
@@ -35,7 +36,7 @@ from xsbert_core.errors import CommandParser, exit_status
 
 from .attribution.hooks import Hooks
 from .store import Location
-from .study.schema import load_config, weights_notes
+from .study.schema import config_keys, load_config, weights_notes
 from .study.stages import (
     PAPER_MODEL,
     finding_lines,
@@ -100,13 +101,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Bring a study up to date: attribute its runs, parse, run every applicable analysis, write "
         "the reports. Stages whose output is up to date are skipped.",
     )
-    p.add_argument("--config", required=True, help="a study config (YAML), e.g. configs/default.yaml")
+    p.add_argument("--config", help="a study config (YAML), e.g. configs/default.yaml")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value by its dotted key (repeatable): --set datasets.stsb.sample=300, "
                         "--set out=/data/runs, --set defaults.steps=32")  # fmt: skip
     p.add_argument("--check", action="store_true",
                    help="validate the config (keys, values, references, datasets) and exit; no model is loaded")
-    return p.parse_args(argv)
+    p.add_argument("--keys", action="store_true",
+                   help="list every key a config takes (as --set names it), its type, default and meaning, with "
+                        "the jobs.attribute flag of the same setting; needs no --config")  # fmt: skip
+    args = p.parse_args(argv)
+    if not args.config and not args.keys:
+        p.error("the following arguments are required: --config")
+    return args
+
+
+def print_keys() -> None:
+    """--keys: every key of a study config, a block of lines each (the key, its type and default; its meaning)."""
+    for key, kind, default, said in config_keys():
+        print(f"{key}: {kind}" + (f" = {default}" if default else ""))
+        if said:
+            print(textwrap.fill(said, 100, initial_indent="    ", subsequent_indent="    "))
 
 
 def cli(argv: list[str] | None = None, hooks: Hooks | None = None) -> int:
@@ -115,6 +130,9 @@ def cli(argv: list[str] | None = None, hooks: Hooks | None = None) -> int:
     args = parse_args(argv)
 
     def run() -> None:
+        if args.keys:
+            print_keys()
+            return
         if args.check:
             study = load_config(args.config, args.set)
             print(f"{args.config}: ok (study {study.study}: {len(study.runs)} run(s), "

@@ -498,3 +498,30 @@ def test_a_run_grown_by_two_selections_says_its_report_covers_both(tmp_path, cap
     assert "attribute n2: up to date (2 pairs = 2 done + 0 quarantined" in out
     assert ("attribute n2: note: the run folder holds the pairs of 2 selections of rows (3 pairs), and its report "
             "covers them all") in out, out
+
+
+def test_keys_lists_every_key_a_config_takes_with_its_flag(capsys):
+    """`jobs.pipeline --keys` (no --config needed) lists the schema's keys as --set names them: every optional one,
+    set to its listed default on the default study, is accepted, and a setting named otherwise than its flag says
+    which flag it is."""
+    from jobs.study.schema import config_keys
+
+    assert pipeline.cli(["--keys"]) == 0
+    out = capsys.readouterr().out
+    keys = config_keys()
+    assert [k for k, *_ in keys] == [line.split(":")[0] for line in out.splitlines() if not line.startswith(" ")]
+    said = {k: (kind, default, text) for k, kind, default, text in keys}
+    assert said["datasets.<name>.text_a"][2].endswith("(flag --text-a-column)")
+    assert said["ray.address"][2].endswith("(flag --ray-address)")
+    assert said["models.<name>.train.recipe.epochs"][2] == "unset: the named recipe's (paper: 5)"
+    names = {"datasets": "stsb", "runs": "stsb"}  # the default study's
+    checked = 0
+    for key, _, default, _ in keys:
+        top = key.split(".")[0]
+        if not default or "<name>" in key and top not in names or top in ("report",) and key.endswith("vars"):
+            continue
+        key = key.replace("<name>", names.get(top, ""))
+        pipeline.load_config(ROOT / "configs" / "default.yaml", [f"{key}={default}"])  # accepted as listed
+        checked += 1
+    assert checked > 40, checked
+

@@ -5,6 +5,7 @@ every problem one InputError line; and a run's jobs.attribute settings from it (
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import typing
@@ -70,9 +71,10 @@ def schema_fields(cls: type, optional: bool, skip: tuple[str, ...] = ()) -> dict
             default = ...  # required
         nullable = optional or (default is None)
         bounds = {k: md[k] for k in ("ge", "gt", "lt", "pattern") if k in md}
+        flag = {"json_schema_extra": {"flag": flag_of(f)}} if md.get("cli", True) else {}
         out[md.get("key", f.name)] = (kind | None if nullable else kind,
                                       Field(default, description=described(md.get("help"), md.get("study_help")),
-                                            **bounds))  # fmt: skip
+                                            **bounds, **flag))  # fmt: skip
     return out
 
 
@@ -85,9 +87,10 @@ def described(help_text: str | None, study_help: str | None = None) -> str | Non
 
 
 def study_field(cls: type, name: str) -> Any:
-    """A top-level field of the study config that is a setting of jobs/config.py (`out`, `quiet`)."""
+    """A field of the study config that is a setting of jobs/config.py (`out`, `quiet`, parse's `parser`): its
+    default, its help, its flag."""
     f = cls.__dataclass_fields__[name]
-    return Field(f.default, description=described(f.metadata.get("help")))
+    return Field(f.default, description=described(f.metadata.get("help")), json_schema_extra={"flag": flag_of(f)})
 
 
 def settings_of(cls: type, *blocks: BaseModel) -> dict[str, Any]:
@@ -116,21 +119,21 @@ Attribution = create_model("Attribution", __base__=Strict,
 
 
 class Run(Attribution):  # type: ignore[valid-type,misc]
-    dataset: Name
-    model: Name
+    dataset: Name = Field(description="a dataset of this study (its name under `datasets`)")
+    model: Name = Field(description="a model of this study (its name under `models`)")
 
 
 class Compare(Strict):
     """A two-run analysis (agreement, lexical-rank comparison): jobs.report --run RUN --run2 RUN2."""
 
-    run: Name
-    run2: Name
+    run: Name = Field(description="a run of this study (its name under `runs`)")
+    run2: Name = Field(description="the run it is compared with")
 
 
 class Parse(Strict):
-    enabled: bool = True
-    parser: Literal["auto", "stanza", "spacy"] = "auto"
-    stanza_dir: str | None = None
+    enabled: bool = Field(True, description="parse the runs' sentences (jobs.parse), for the syntactic analyses")
+    parser: Literal[config.PARSERS] = study_field(config.ParseSettings, "parser")  # type: ignore[valid-type]
+    stanza_dir: str | None = study_field(config.ParseSettings, "stanza_dir")
 
 
 class Report(Strict):
@@ -255,7 +258,7 @@ Ray = create_model("Ray", __base__=Strict, **schema_fields(config.Execution, opt
 class Study(Strict):
     """A study: datasets x models -> runs; comparisons of runs; parses; reports."""
 
-    study: Name
+    study: Name = Field(description="the study's name: its reports go to reports/<study> unless report.out says")
     out: str = study_field(config.Output, "out")
     models_dir: str = Field("models", description="trained models: <models_dir>/<model id>/<base>-<variant> (a local "
                                                   "folder, shared by the nodes of a multi-node cluster)")
@@ -361,6 +364,71 @@ class Study(Strict):
     def report_root(self) -> str:
         """Where the reports go: a local folder, or an object-storage prefix (s3://...) beside the store."""
         return (self.report.out or f"reports/{self.study}").rstrip("/")
+
+
+# --------------------------------------------------------------------------- the keys, as --keys lists them
+def config_keys() -> list[tuple[str, str, str, str]]:
+    """Every key of a study config, dotted as `--set` takes it (`<name>`: a name the config gives: a dataset's, a
+    model's, a run's), with its type, its default ('' where it has none: required, or a block) and its description:
+    read off the schema, so the list is the schema's. What `python -m jobs.pipeline --keys` prints."""
+    schema = Study.model_json_schema()
+    defs = schema["$defs"]
+
+    def block(node: dict[str, Any]) -> str | None:
+        """The $defs name of a block that `node` is (directly, or it or null)."""
+        for option in [node, *node.get("anyOf", []), *node.get("oneOf", []), *node.get("allOf", [])]:
+            if "$ref" in option:
+                return option["$ref"].rsplit("/", 1)[-1]
+        return None
+
+    def kind(node: dict[str, Any]) -> str:
+        options = node.get("anyOf") or node.get("oneOf") or [node]
+        names = []
+        for o in options:
+            if "enum" in o:
+                names.append(" | ".join(str(v) for v in o["enum"]))
+            elif "$ref" in o:
+                names.append("{...}")
+            elif o.get("type") == "array":
+                names.append(f"list of {o.get('items', {}).get('type', 'value')}s")
+            elif o.get("type") == "object":
+                names.append("mapping")
+            elif "type" in o:
+                names.append(o["type"])
+        return " or ".join(dict.fromkeys(names)) or "value"
+
+    out: list[tuple[str, str, str, str]] = []
+
+    def walk(prefix: str, model: dict[str, Any]) -> None:
+        required = set(model.get("required", []))
+        for name, node in model.get("properties", {}).items():
+            key = f"{prefix}{name}"
+            default = "" if name in required or "default" not in node else json.dumps(node["default"])
+            named = node.get("patternProperties")
+            if named:  # a mapping of named blocks: datasets.<name>.source, ...
+                (inner,) = named.values()
+                out.append((key, "mapping of names", "", node.get("description", "")))
+                if name == "models":  # a model, or a model to fine-tune: models.<name>.train.<key>
+                    out.append((f"{key}.<name>", kind(inner), "", "a model as `models` takes one, or {train: {...}}"))
+                    walk(f"{key}.<name>.train.", defs[block(inner)])
+                else:
+                    walk(f"{key}.<name>.", defs[block(inner)])
+                continue
+            inner_block = block(node)
+            if inner_block is not None:
+                if name == "recipe":  # `recipe: paper`, or the paper's recipe with some values changed
+                    out.append((key, "paper or {...}", '"paper"', node.get("description", "")))
+                walk(f"{key}.", defs[inner_block])
+                continue
+            said = " ".join(node.get("description", "").split())
+            if prefix.endswith(".recipe.") and not said and name in RECIPES["paper"].__dataclass_fields__:
+                said = f"unset: the named recipe's (paper: {getattr(RECIPES['paper'], name)})"
+            if "flag" in node:  # a setting of jobs.attribute's: its flag, which may be named otherwise
+                said = f"{said} (flag {node['flag']})".strip()
+            out.append((key, kind(node), default, said))
+
+    walk("", schema)
+    return out
 
 
 def model_problem(model: str) -> str | None:
