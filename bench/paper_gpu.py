@@ -89,6 +89,7 @@ from paper_gpu_transfer import (  # noqa: E402  beside this file: what carries t
 )
 
 from jobs.bundling import BundleError  # noqa: E402
+from xsbert_core.metrics import ASO_ITERATIONS  # noqa: E402
 
 CONFIG = ROOT / "configs" / "paper-gpu.yaml"
 
@@ -451,7 +452,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     t.add_argument("--config", type=Path, default=CONFIG)
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     t.add_argument("--out", default="reports/paper-gpu")
-    t.add_argument("--aso-iterations", type=int, default=1000, help="bootstrap iterations (deepsig's default)")
+    t.add_argument("--aso-iterations", type=int, default=ASO_ITERATIONS,
+                   help="bootstrap iterations (deepsig's default)")
     return p.parse_args(argv)
 
 

@@ -40,6 +40,7 @@ import sys
 from typing import Any
 
 from xsbert_core.errors import CommandParser, exit_status
+from xsbert_core.metrics import ASO_ITERATIONS
 from xsbert_core.models import DEFAULT_MODEL
 from xsbert_core.settings import DEFAULT_LAYER, DefaultsHelpFormatter, add_arguments
 from xsbert_core.training import CHECKPOINTS, MODELS_DIR, VARIANTS
@@ -81,9 +82,9 @@ def build_parser() -> CommandParser:
     p.add_argument("--pilot-pairs", type=int, default=12, help="pairs of the sample used to choose N per layer")
     p.add_argument("--fig-layer", type=int, default=DEFAULT_LAYER,
                    help="layer of the Fig 2/5 runs (negative: from the top)")
-    p.add_argument("--aso-iterations", type=int, default=1000,
-                   help="bootstrap iterations of the ASO test (default: 1000, deepsig's own; ~1-3 min per direction "
-                        "on CPU)")  # fmt: skip
+    p.add_argument("--aso-iterations", type=int, default=ASO_ITERATIONS,
+                   help=f"bootstrap iterations of the ASO test (default: {ASO_ITERATIONS}, deepsig's own; ~1-3 min per "
+                        "direction on CPU)")  # fmt: skip
     p.add_argument("--runs", default=DEFAULT_OUT, help="store root of the attribution runs")
     p.add_argument("--out", default=None, help=f"results folder (default {RESULTS_DIR}/<base name>)")
     # where the attribution runs compute: jobs.attribute's own flags (jobs/config.py Execution), e.g. --executor local

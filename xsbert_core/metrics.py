@@ -16,6 +16,10 @@ import numpy as np
 
 from .errors import InputError
 
+# The ASO test's settings where a caller gives none: deepsig's own defaults.
+ASO_CONFIDENCE_LEVEL = 0.95
+ASO_ITERATIONS = 1000
+
 
 def _vectors(x: Sequence[float], y: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
     a, b = np.asarray(x, dtype=np.float64).ravel(), np.asarray(y, dtype=np.float64).ravel()
@@ -125,9 +129,9 @@ def jaccard_top_k(x: Sequence[float], y: Sequence[float], k: int) -> float:
 def aso(
     scores_a: Sequence[float],
     scores_b: Sequence[float],
-    confidence_level: float = 0.95,
+    confidence_level: float = ASO_CONFIDENCE_LEVEL,
     seed: int = 0,
-    num_bootstrap_iterations: int = 1000,
+    num_bootstrap_iterations: int = ASO_ITERATIONS,
 ) -> float:
     """epsilon_min of the almost-stochastic-order test (Dror et al. 2019) that A is better than B (higher = better).
 

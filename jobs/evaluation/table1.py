@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from xsbert_core.metrics import aso_both_ways, pearson, spearman
+from xsbert_core.metrics import ASO_CONFIDENCE_LEVEL, ASO_ITERATIONS, aso_both_ways, pearson, spearman
 from xsbert_core.training import CHECKPOINTS, VARIANTS
 
 from .. import paper
@@ -70,23 +70,24 @@ def table1_rows(paths: dict[str, str], split: str, sample: int | None = None
     return rows, errors, per_pair
 
 
-def aso_tests(errors: dict[tuple[str, str], np.ndarray], aso_iterations: int = 1000) -> dict[str, Any]:
+def aso_tests(errors: dict[tuple[str, str], np.ndarray], aso_iterations: int = ASO_ITERATIONS) -> dict[str, Any]:
     """The almost-stochastic-order test between tuned and exact on their squared errors, per checkpoint both have
     (App. B: the paper's threshold is epsilon = 0.3; epsilon_min below it says the one is better)."""
     tests: dict[str, Any] = {}
     for checkpoint in CHECKPOINTS:
         if ("tuned", checkpoint) in errors and ("exact", checkpoint) in errors:
-            both = aso_both_ways(errors["tuned", checkpoint], errors["exact", checkpoint], confidence_level=0.95,
-                                 seed=0, num_bootstrap_iterations=aso_iterations)  # fmt: skip
+            both = aso_both_ways(errors["tuned", checkpoint], errors["exact", checkpoint],
+                                 confidence_level=ASO_CONFIDENCE_LEVEL, seed=0,
+                                 num_bootstrap_iterations=aso_iterations)  # fmt: skip
             tests[checkpoint] = {"test": "almost stochastic order (Dror et al. 2019, deepsig.aso)",
-                                 "scores": "squared errors of cosine", "confidence_level": 0.95,
+                                 "scores": "squared errors of cosine", "confidence_level": ASO_CONFIDENCE_LEVEL,
                                  "bootstrap_iterations": aso_iterations, "paper_epsilon": 0.3,
                                  "eps_min_tuned_better": both["eps_a_better"],
                                  "eps_min_exact_better": both["eps_b_better"]}  # fmt: skip
     return tests
 
 
-def table1(paths: dict[str, str], split: str, aso_iterations: int = 1000,
+def table1(paths: dict[str, str], split: str, aso_iterations: int = ASO_ITERATIONS,
            sample: int | None = None) -> tuple[pl.DataFrame, dict[str, Any]]:  # fmt: skip
     """One row per model, checkpoint and similarity: Spearman x 100 (and Pearson) of prediction vs gold, cosine
     for every model (the paper's protocol, §4.2) and the model's own similarity beside it where that differs; a
