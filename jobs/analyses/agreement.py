@@ -157,7 +157,8 @@ def agreement(df: pl.DataFrame, ctx: Context) -> list[Finding]:
         if part is None:
             out.append(Finding(
                 f"The pairs with mean score above {low:g} (the paper's subset for {paper.get(key).figure}) are not a "
-                f"set of bins at bin_width = {bin_width:g}: no figure for them (--var bin_width=0.25 gives one).",
+                f"set of bins at bin_width = {bin_width:g}: no figure for them (--var bin_width={BIN_WIDTH:g} gives "
+                "one).",
                 {"bin_width": bin_width, "score_above": low}))  # fmt: skip
             continue
         if not part["n_pairs"]:
