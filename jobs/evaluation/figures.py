@@ -10,7 +10,7 @@ import numpy as np
 
 from xsbert_core.training import base_name
 
-from .. import paper
+from .. import paper, sqlfiles
 from .agreement import COMPARISONS
 
 if TYPE_CHECKING:
@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 _FIG3, _FIG4_L11, _FIG4_L8 = (paper.get(k) for k in ("fig3_spearman_top", "fig4_jaccard_top10_l11",
                                                      "fig4_jaccard_top10_l8"))  # fmt: skip
 _FIG2_NEAR, _FIG2_BELOW = paper.get("fig2_ref_sim_near_zero"), paper.get("fig2_ref_term_below")
+# Fig 2's thresholds as the report's analysis has them: sql/reference_terms.sql's defaults (jobs.sqlfiles.default)
+NEAR_ZERO = sqlfiles.default("reference_terms.sql", "near_zero")
+TERM_THRESHOLD = sqlfiles.default("reference_terms.sql", "term_threshold")
 PAPER_FIG3 = {f"paper (§4.4): mpnet exact vs tuned, L11 (\"layer eleven\"), s>0.75: {_FIG3.value:.2f}":
               (0, _FIG3.value)}
 PAPER_FIG4 = {f"paper (§4.4): mpnet, L11, top-10, s>0.5: {_FIG4_L11.value:.2f}": (0, _FIG4_L11.value),
@@ -171,16 +174,16 @@ def plot_all(out: Path, summary: dict[str, Any]) -> list[Path]:
                                                       "negative_sum"], fig["runs"]["exact"])  # fmt: skip
         exact = pairs_columns(fig["runs"]["exact"], ["positive_sum", "negative_sum"], fig["runs"]["shelf"])
         sims = np.concatenate([shelf["ref_sim_a"], shelf["ref_sim_b"]])
-        near = float(np.mean(np.abs(sims) <= 0.1))
-        below = float(np.mean(shelf["ref_term"] < 0.9))
+        near = float(np.mean(np.abs(sims) <= NEAR_ZERO))
+        below = float(np.mean(shelf["ref_term"] < TERM_THRESHOLD))
         model_name, n_fig = base_name(str(summary.get("base") or "model")), len(shelf["ref_term"])
         written.append(plot_histograms(
             {"f(a, r_b) and f(b, r_a)": sims, "f(r_a, r_b)": shelf["ref_term"]},
             out / "fig2_reference_terms.png",
             f"{model_name} shelf: reference terms (no layer: forward quantities), n = {n_fig} pairs", "cosine",
-            vlines={"-0.1": -0.1, "+0.1": 0.1, "0.9": 0.9},
-            note=f"{near:.1%} of reference similarities within ±0.1 (paper {_FIG2_NEAR.text})\n"
-                 f"{below:.1%} of reference terms < 0.9 (paper {_FIG2_BELOW.text})"))  # fmt: skip
+            vlines={f"-{NEAR_ZERO:g}": -NEAR_ZERO, f"+{NEAR_ZERO:g}": NEAR_ZERO, f"{TERM_THRESHOLD:g}": TERM_THRESHOLD},
+            note=f"{near:.1%} of reference similarities within ±{NEAR_ZERO:g} (paper {_FIG2_NEAR.text})\n"
+                 f"{below:.1%} of reference terms < {TERM_THRESHOLD:g} (paper {_FIG2_BELOW.text})"))  # fmt: skip
         # 2 bounds the approximate sums only where ΣA converges below it: where the run's mean ΣA is above 2 (the
         # references' norms, docs/ANALYSES.md pos_neg_sums.sql), no "max approx" line is drawn
         mean_target = float(np.mean(shelf["positive_sum"] + shelf["negative_sum"]))
