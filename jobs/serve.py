@@ -45,7 +45,7 @@ from xsbert_core.cli import add_top_argument
 
 from . import sqlrun
 from .browse.heatmap import load_pair
-from .browse.http import make_server
+from .browse.http import is_loopback, make_server
 from .browse.run import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -110,7 +110,7 @@ def serve(args: argparse.Namespace) -> int:
             print(f"{info.flag[2:]}: {info.path} ({info.counts['pairs']:,} pairs, {info.label()})", flush=True)
             if info.note:
                 print(f"note: {info.note}", flush=True)
-        if args.host not in ("127.0.0.1", "localhost", "::1"):
+        if not is_loopback(args.host):
             print(f"warning: listening on {args.host}: anyone who can reach this machine's port {port} can read the "
                   "run", file=sys.stderr, flush=True)  # fmt: skip
         print(f"serving http://{shown}:{port}/ (read-only; Ctrl-C stops)", flush=True)

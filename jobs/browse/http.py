@@ -70,6 +70,18 @@ class Renderer:
             link=(p.link if p is not None else (lambda **_: "")), **context)  # fmt: skip
 
 
+def is_loopback(name: str) -> bool:
+    """Whether a host name or address (as --host or a request's Host gives it) is this machine only: `localhost` or a
+    loopback address (127.0.0.0/8, ::1)."""
+    name = name.lower().strip("[]").rstrip(".")
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
 def host_allowed(value: str | None, listen: str, port: int) -> bool:
     """Whether a request's Host (`name[:port]`, `[v6]:port`) names this server: `localhost` or a loopback address,
     the address it listens on (`listen`, as --host gave it), and where it listens on every address (0.0.0.0, ::) any
@@ -97,7 +109,7 @@ def host_allowed(value: str | None, listen: str, port: int) -> bool:
         ip = ipaddress.ip_address(name)
     except ValueError:
         ip = None
-    if name == "localhost" or (ip is not None and ip.is_loopback):
+    if is_loopback(name):
         return True
     if name == listen.lower().strip("[]").rstrip("."):
         return True
