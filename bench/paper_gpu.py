@@ -393,7 +393,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     sub = p.add_subparsers(dest="verb", required=True)
     s = sub.add_parser("prepare", help="here: the model's float16 parts and the wheels, in batch folders")
     s.add_argument("--into", type=Path, default=TRANSFER,
-                   help="a new folder, git-ignored: batch-01, batch-02, ... (default: bench/.cache/paper-gpu/transfer)")
+                   help="a new folder, git-ignored: batch-01, batch-02, ... (default: "
+                        f"{TRANSFER.relative_to(ROOT)})")
     s.add_argument("--base", default=BASE, help="the shelf model (a name or folder)")
     s.add_argument("--part-mib", type=float, default=25, help="largest part of the model (MiB)")
     s.add_argument("--batch-mib", type=float, default=BATCH_MIB, help="largest batch folder (MiB): one transfer")
@@ -444,7 +445,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     c = sub.add_parser("receive", help="here: join and extract the pieces whose parts came back")
     c.add_argument("--parts", type=Path, nargs="+", required=True, help="folders of parts (and outbox.json)")
     c.add_argument("--into", type=Path, default=RESULTS,
-                   help="the results folder, git-ignored (default: bench/.cache/paper-gpu/results)")
+                   help=f"the results folder, git-ignored (default: {RESULTS.relative_to(ROOT)})")
     c.add_argument("--transfer", type=Path, default=None,
                    help="the batches of `prepare`: rebuild the weights that came back (<into>/models/)")
     t = sub.add_parser("report", help="here: Table 1 + ASO, the reports of the runs that came back")
