@@ -30,7 +30,7 @@ from xsbert_core import InputError
 from xsbert_core.errors import not_utf8
 from xsbert_core.models import is_packaged, missing_weights
 from xsbert_core.settings import base_type, flag_of
-from xsbert_core.training import CHECKPOINTS, MIN_DEV_PAIRS, RECIPES, VARIANTS, TrainConfig, TrainData
+from xsbert_core.training import CHECKPOINTS, MIN_DEV_PAIRS, MODELS_DIR, RECIPES, VARIANTS, TrainConfig, TrainData
 
 from .. import config, sqlfiles
 from ..attribution.inputs import BUILTINS, resolve_source
@@ -260,7 +260,7 @@ class Study(Strict):
 
     study: Name = Field(description="the study's name: its reports go to reports/<study> unless report.out says")
     out: str = study_field(config.Output, "out")
-    models_dir: str = Field("models", description="trained models: <models_dir>/<model id>/<base>-<variant> (a local "
+    models_dir: str = Field(MODELS_DIR, description="trained models: <models_dir>/<model id>/<base>-<variant> (a local "
                                                   "folder, shared by the nodes of a multi-node cluster)")
     trainings_per_gpu: int = Field(1, ge=1, description="trainings sharing one GPU at once: a small model leaves "
                                                         "most of a GPU idle")
