@@ -38,6 +38,8 @@ from ..config import JobSettings, check_serve_url
 from ..store import Location
 from ..training.study import TrainSpec
 
+# Where a study's reports go without report.out: <REPORTS_DIR>/<study>.
+REPORTS_DIR = "reports"
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]*$"
 Name = Annotated[str, Field(pattern=NAME)]
 
@@ -138,7 +140,7 @@ class Parse(Strict):
 
 class Report(Strict):
     enabled: bool = True
-    out: str | None = Field(None, description="report folder (default reports/<study>)")
+    out: str | None = Field(None, description=f"report folder (default {REPORTS_DIR}/<study>)")
     vars: dict[str, str | int | float | bool] = Field({}, description="DuckDB variables of the analyses, as "
                                                      "jobs.report --var NAME=VALUE (e.g. min_count: 10)")
     serve_url: str | None = Field(None, description="where `xsbert serve` answers: the study page links the pairs "
@@ -258,7 +260,7 @@ Ray = create_model("Ray", __base__=Strict, **schema_fields(config.Execution, opt
 class Study(Strict):
     """A study: datasets x models -> runs; comparisons of runs; parses; reports."""
 
-    study: Name = Field(description="the study's name: its reports go to reports/<study> unless report.out says")
+    study: Name = Field(description=f"the study's name: its reports go to {REPORTS_DIR}/<study> unless report.out says")
     out: str = study_field(config.Output, "out")
     models_dir: str = Field(MODELS_DIR, description="trained models: <models_dir>/<model id>/<base>-<variant> (a local "
                                                   "folder, shared by the nodes of a multi-node cluster)")
@@ -363,7 +365,7 @@ class Study(Strict):
 
     def report_root(self) -> str:
         """Where the reports go: a local folder, or an object-storage prefix (s3://...) beside the store."""
-        return (self.report.out or f"reports/{self.study}").rstrip("/")
+        return (self.report.out or f"{REPORTS_DIR}/{self.study}").rstrip("/")
 
 
 # --------------------------------------------------------------------------- the keys, as --keys lists them
