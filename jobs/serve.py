@@ -47,8 +47,6 @@ from . import sqlrun
 from .browse.heatmap import load_pair
 from .browse.http import is_loopback, make_server
 from .browse.run import (
-    DEFAULT_HOST,
-    DEFAULT_PORT,
     DEFAULT_WORKERS,
     MAX_PAGE_SIZE,
     PAGE_SIZE,
@@ -58,6 +56,7 @@ from .browse.run import (
     Page,
     open_run,
 )
+from .config import SERVE_HOST, SERVE_PORT
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -70,10 +69,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     s.add_argument("--run", required=True, metavar="DIR", help="the run directory, local or s3://... / gs://...")
     s.add_argument("--run2", metavar="DIR2", help="a second run of the same pairs: pair pages show both and the difference")  # fmt: skip
-    s.add_argument("--host", default=DEFAULT_HOST,
-                   help=f"address to listen on (default {DEFAULT_HOST}: this machine only; anything else lets others "
+    s.add_argument("--host", default=SERVE_HOST,
+                   help=f"address to listen on (default {SERVE_HOST}: this machine only; anything else lets others "
                         "read the run)")  # fmt: skip
-    s.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: a free one)")
+    s.add_argument("--port", type=int, default=SERVE_PORT, help=f"port (default {SERVE_PORT}; 0: a free one)")
     s.add_argument("--page-size", type=int, default=PAGE_SIZE, help=f"rows per page of a list (default {PAGE_SIZE})")
     s.add_argument("--workers", type=int, default=DEFAULT_WORKERS,
                    help=f"requests answered at once (default {DEFAULT_WORKERS}); {WAITING_PER_WORKER} more per worker "

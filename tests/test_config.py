@@ -4,6 +4,7 @@ argparse.Namespace below the entry points."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 import dataclasses
 import re
@@ -352,11 +353,13 @@ def test_the_reports_serve_url_is_where_xsbert_serve_answers_by_default():
     import subprocess
     import sys
 
-    from jobs.browse.run import DEFAULT_HOST, DEFAULT_PORT
+    from jobs.serve import add_parsers
     from jobs.study.schema import Study
 
-    assert (config.SERVE_HOST, config.SERVE_PORT) == (DEFAULT_HOST, DEFAULT_PORT)
-    assert config.SERVE_URL == f"http://{DEFAULT_HOST}:{DEFAULT_PORT}" == config.ReportSettings("r", "o").serve_url
+    parser = argparse.ArgumentParser()
+    add_parsers(parser.add_subparsers(dest="verb"))
+    served = parser.parse_args(["serve", "--run", "r"])
+    assert config.SERVE_URL == f"http://{served.host}:{served.port}" == config.ReportSettings("r", "o").serve_url
     assert f"(default {config.SERVE_URL};" in Study.model_json_schema()["$defs"]["Report"]["properties"]["serve_url"][
         "description"]  # fmt: skip
     loaded = subprocess.run([sys.executable, "-c", "import sys, jobs.config; print('duckdb' in sys.modules)"],

@@ -24,6 +24,7 @@ import duckdb
 
 from xsbert_core import InputError
 
+from ..config import SERVE_HOST, SERVE_PORT
 from ..sqlrun import one_line
 from .download import DOWNLOADS
 from .pages import (
@@ -33,8 +34,6 @@ from .pages import (
     check_run,
 )
 from .run import (
-    DEFAULT_HOST,
-    DEFAULT_PORT,
     DEFAULT_WORKERS,
     LISTEN_BACKLOG,
     REQUEST_TIMEOUT_S,
@@ -105,17 +104,21 @@ def host_allowed(value: str | None, listen: str, port: int) -> bool:
     name = name.lower().rstrip(".")
     if not name:
         return False
-    try:
-        ip = ipaddress.ip_address(name)
-    except ValueError:
-        ip = None
     if is_loopback(name):
         return True
     if name == listen.lower().strip("[]").rstrip("."):
         return True
     if listen in WILDCARDS:
-        return ip is not None or name in {socket.gethostname().lower(), socket.getfqdn().lower()}
+        return _is_ip(name) or name in {socket.gethostname().lower(), socket.getfqdn().lower()}
     return False
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 def make_handler(app: App, renderer: Renderer, log: Callable[[str], None] | None = None):
@@ -324,7 +327,7 @@ class Server(HTTPServer):
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
-def make_server(app: App, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
+def make_server(app: App, host: str = SERVE_HOST, port: int = SERVE_PORT,
                 log: Callable[[str], None] | None = None, workers: int = DEFAULT_WORKERS,
                 waiting: int | None = None) -> Server:  # fmt: skip
     """The HTTP server (not started: call serve_forever); port 0 picks a free one. `workers` requests are answered at

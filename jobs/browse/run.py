@@ -17,11 +17,7 @@ import duckdb
 from xsbert_core import InputError, XsbertError
 
 from .. import sqlrun
-from ..config import SERVE_HOST, SERVE_PORT
 from ..store import MANIFEST, part_seq
-
-DEFAULT_HOST, DEFAULT_PORT = SERVE_HOST, SERVE_PORT  # declared in jobs.config (SERVE_URL is made of them)
-
 
 # Requests answered at once (a thread each; DuckDB does the work); WAITING_PER_WORKER more per worker wait for a free
 # one, and beyond those a request is answered 503 with Retry-After at once (never a silent queue that times out).
